@@ -1,0 +1,52 @@
+# Every third-party dependency, found in one place (DESIGN.md §4).
+
+# libtorch from the pinned PyPI wheel: pass -DCMAKE_PREFIX_PATH=$(python -c 'import torch.utils;
+# print(torch.utils.cmake_prefix_path)') (scripts/setup.sh does). The wheel is built with CUDA, so its
+# CMake config needs the CUDA toolkit (nvcc) at configure time even for CPU-only use.
+# accel has no .cu sources: keep torch's CUDA setup from probing for GPUs (try_run) and from asking
+# nvcc for C++20, which CMake 3.25 cannot request from nvcc 13.
+if(NOT DEFINED CMAKE_CUDA_STANDARD)
+  set(CMAKE_CUDA_STANDARD 17)
+endif()
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
+endif()
+find_package(Torch REQUIRED)
+message(STATUS "accel: libtorch ${Torch_VERSION} from ${Torch_DIR}")
+
+find_package(MPI REQUIRED COMPONENTS C)
+find_package(Threads REQUIRED)
+# fmt: libtorch's include directory ships fmt 12 headers, which shadow Debian's fmt 9 for every
+# target that includes torch. Use them header-only so headers and code always agree.
+add_library(accel_fmt INTERFACE)
+target_compile_definitions(accel_fmt INTERFACE FMT_HEADER_ONLY=1)
+target_link_libraries(accel_fmt INTERFACE torch)
+find_package(CLI11 REQUIRED)
+
+# yaml-cpp 0.7 exports a target named `yaml-cpp` without a namespace; newer ones `yaml-cpp::yaml-cpp`.
+find_package(yaml-cpp REQUIRED)
+if(TARGET yaml-cpp AND NOT TARGET yaml-cpp::yaml-cpp)
+  add_library(yaml-cpp::yaml-cpp ALIAS yaml-cpp)
+endif()
+find_package(nlohmann_json REQUIRED)
+
+# NCCL backend: CUDA toolkit + NCCL (header and library), searched in the toolkit first.
+set(ACCEL_HAVE_NCCL OFF)
+if(ACCEL_WITH_NCCL)
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}/include)
+    find_library(NCCL_LIBRARY NAMES nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64)
+    if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+      set(ACCEL_HAVE_NCCL ON)
+      add_library(accel_nccl INTERFACE)
+      target_include_directories(accel_nccl INTERFACE ${NCCL_INCLUDE_DIR})
+      target_link_libraries(accel_nccl INTERFACE ${NCCL_LIBRARY} CUDA::cudart)
+    endif()
+  endif()
+endif()
+message(STATUS "accel: NCCL backend ${ACCEL_HAVE_NCCL} (${NCCL_LIBRARY})")
+
+if(ACCEL_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()

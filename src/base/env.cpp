@@ -1,0 +1,63 @@
+#include "base/env.h"
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string_view>
+
+namespace accel::env {
+
+const std::vector<Variable>& table() {
+  static const std::vector<Variable> vars = {
+      {"ACCEL_COMM_TIMEOUT_S", "300",
+       "seconds a collective may take before it raises TimeoutError and the job fails"},
+      {"ACCEL_COMM_CHECK", "1",
+       "1: compare sizes/dtype/op/root across ranks before each collective (MismatchError instead of "
+       "memory corruption); 0: skip that small all-reduce"},
+      {"ACCEL_RANKS_PER_NODE", "",
+       "simulate nodes of this many ranks on one machine (node_rank = rank / k); must divide the "
+       "world size"},
+  };
+  return vars;
+}
+
+static const Variable& find(const char* name) {
+  for (const auto& v : table())
+    if (std::string_view(v.name) == name) return v;
+  throw std::invalid_argument(std::string("accel::env: ") + name + " is not in the variable table");
+}
+
+bool is_set(const char* name) {
+  find(name);
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';
+}
+
+std::string get(const char* name) {
+  const Variable& var = find(name);
+  const char* v = std::getenv(name);
+  return (v && *v) ? std::string(v) : std::string(var.default_value);
+}
+
+long long get_int(const char* name) {
+  std::string s = get(name);
+  try {
+    std::size_t pos = 0;
+    long long x = std::stoll(s, &pos);
+    if (pos == s.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(std::string(name) + "='" + s + "' is not an integer");
+}
+
+double get_double(const char* name) {
+  std::string s = get(name);
+  try {
+    std::size_t pos = 0;
+    double x = std::stod(s, &pos);
+    if (pos == s.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(std::string(name) + "='" + s + "' is not a number");
+}
+
+}  // namespace accel::env

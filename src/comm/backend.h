@@ -1,0 +1,41 @@
+// accel::comm::Backend — what one transport (MPI for CPU tensors, NCCL for CUDA tensors) provides
+// for one group of ranks. The Communicator validates arguments, counts traffic and creates the Work;
+// a backend only moves bytes. Internal to src/comm.
+#pragma once
+
+#include "types.h"
+#include "work.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+
+namespace accel::comm {
+
+// One collective, already validated locally (contiguous, same device and dtype, sizes consistent
+// with the world size, op allowed for the dtype).
+//   AllReduce:     input -> output (may be the same tensor), numel equal.
+//   ReduceScatter: input numel = world * output numel; output may alias input's own rank slice.
+//   AllGather:     output numel = world * input numel; input may alias output's own rank slice.
+//   Broadcast:     input == output, root's data lands everywhere.
+//   Barrier:       no tensors.
+struct Request {
+  Collective kind = Collective::Barrier;
+  at::Tensor input, output;
+  ReduceOp op = ReduceOp::Sum;
+  int root = 0;
+  WorkPtr work;  // finish() it exactly once
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Starts the collective; completion is reported through request.work. Non-blocking unless the
+  // backend says otherwise. Collectives must be enqueued in the same order on every rank.
+  virtual void enqueue(Request request) = 0;
+};
+
+}  // namespace accel::comm

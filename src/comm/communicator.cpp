@@ -1,0 +1,245 @@
+// Communicator: local argument checks, traffic counters and the choice of backend by device; the
+// backends (mpi_backend.cpp, nccl_backend.cpp) move the bytes.
+#include "comm/communicator.h"
+
+#include "comm/dtype.h"
+#include "comm/mpi_backend.h"
+#include "comm/nccl_backend.h"
+
+#include <sstream>
+
+namespace accel::comm {
+namespace {
+
+std::string describe(Collective kind, const at::Tensor& t, ReduceOp op, int root) {
+  std::ostringstream os;
+  os << to_string(kind) << "(";
+  if (t.defined()) os << c10::toString(t.scalar_type()) << "[" << t.numel() << "]";
+  if (kind == Collective::AllReduce || kind == Collective::ReduceScatter) os << ", " << to_string(op);
+  if (kind == Collective::Broadcast) os << ", root " << root;
+  os << ")";
+  return os.str();
+}
+
+[[noreturn]] void bad(Collective kind, const std::string& msg) {
+  throw InvalidArgument(std::string(to_string(kind)) + ": " + msg);
+}
+
+void check_tensor(Collective kind, const at::Tensor& t, const char* role) {
+  if (!t.defined()) bad(kind, std::string(role) + " tensor is undefined");
+  if (!t.is_contiguous())
+    bad(kind, std::string(role) + " tensor is not contiguous (sizes " + c10::str(t.sizes()) + ", strides " +
+                  c10::str(t.strides()) + "); call .contiguous() first");
+  if (classify(t.scalar_type()) == DtypeClass::Unsupported)
+    bad(kind, std::string(role) + " dtype " + c10::toString(t.scalar_type()) + " is not supported; supported: " +
+                  supported_dtypes());
+}
+
+bool overlap(const at::Tensor& a, const at::Tensor& b) {
+  auto a0 = static_cast<const char*>(a.data_ptr()), b0 = static_cast<const char*>(b.data_ptr());
+  return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> Communicator::world() {
+  // One world per process while someone holds it; created again (collectively) after release.
+  static std::mutex mu;
+  static std::weak_ptr<Communicator> cached;
+  std::lock_guard<std::mutex> lk(mu);
+  if (auto w = cached.lock()) return w;
+  auto mpi = MpiBackend::world();
+  auto topo = std::make_shared<const Topology>(mpi->read_topology());
+  std::shared_ptr<Communicator> w(
+      new Communicator(std::move(mpi), std::move(topo), std::make_shared<std::atomic<bool>>(false)));
+  cached = w;
+  return w;
+}
+
+Communicator::Communicator(std::unique_ptr<MpiBackend> mpi, std::shared_ptr<const Topology> topo,
+                           std::shared_ptr<std::atomic<bool>> broken)
+    : mpi_(std::move(mpi)), topo_(std::move(topo)), broken_(std::move(broken)) {
+  rank_ = mpi_->rank();
+  size_ = mpi_->size();
+}
+
+Communicator::~Communicator() {
+  nccl_.reset();  // before the MPI group it was bootstrapped from
+}
+
+const Topology& Communicator::topology() const { return *topo_; }
+
+Backend& Communicator::backend_for(const at::Tensor& t) {
+  if (!t.defined() || t.is_cpu()) return *mpi_;
+  if (t.is_cuda()) {
+    int dev = t.get_device();
+    if (!nccl_) {
+      nccl_ = make_nccl_backend(*mpi_, dev);
+      nccl_device_ = dev;
+    } else if (dev != nccl_device_) {
+      throw InvalidArgument("tensor on cuda:" + std::to_string(dev) + " but this communicator's NCCL backend uses cuda:" +
+                            std::to_string(nccl_device_) + " (one device per rank)");
+    }
+    return *nccl_;
+  }
+  throw InvalidArgument(std::string("no backend for device ") + t.device().str() + " (CPU: mpi, CUDA: nccl)");
+}
+
+const char* Communicator::backend_name(const at::Tensor& t) { return backend_for(t).name(); }
+
+WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                             int root, Duration timeout) {
+  if (broken_->load())
+    throw CommError(std::string(to_string(kind)) + " on rank " + std::to_string(rank_) +
+                    ": the communicator is broken by an earlier timeout; the job must restart");
+  const long long n = size_;
+  if (kind != Collective::Barrier) {
+    check_tensor(kind, input, "input");
+    check_tensor(kind, output, "output");
+    if (input.scalar_type() != output.scalar_type())
+      bad(kind, std::string("input dtype ") + c10::toString(input.scalar_type()) + " differs from output dtype " +
+                    c10::toString(output.scalar_type()));
+    if (input.device() != output.device())
+      bad(kind, "input on " + input.device().str() + " but output on " + output.device().str());
+  }
+  const DtypeClass cls = input.defined() ? classify(input.scalar_type()) : DtypeClass::Integer;
+  switch (kind) {
+    case Collective::AllReduce:
+    case Collective::ReduceScatter:
+      if (cls == DtypeClass::Fp8)
+        bad(kind, std::string(c10::toString(input.scalar_type())) +
+                      " cannot be reduced: fp8 travels as bytes (all_gather, broadcast); reduce in bf16/fp32");
+      if (op == ReduceOp::Avg && cls == DtypeClass::Integer)
+        bad(kind, std::string("avg needs a floating dtype, got ") + c10::toString(input.scalar_type()));
+      if (kind == Collective::AllReduce) {
+        if (input.numel() != output.numel())
+          bad(kind, "input has " + std::to_string(input.numel()) + " elements but output " +
+                        std::to_string(output.numel()));
+        if (!input.is_same(output) && input.data_ptr() != output.data_ptr() && overlap(input, output))
+          bad(kind, "input and output overlap partially");
+      } else {
+        if (input.numel() != n * output.numel())
+          bad(kind, "input must have world_size (" + std::to_string(n) + ") x output elements: input " +
+                        std::to_string(input.numel()) + ", output " + std::to_string(output.numel()));
+        const char* own = static_cast<const char*>(input.data_ptr()) + rank_ * output.nbytes();
+        if (overlap(input, output) && output.data_ptr() != own)
+          bad(kind, "output overlaps input but is not this rank's slice of it");
+      }
+      break;
+    case Collective::AllGather: {
+      if (output.numel() != n * input.numel())
+        bad(kind, "output must have world_size (" + std::to_string(n) + ") x input elements: input " +
+                      std::to_string(input.numel()) + ", output " + std::to_string(output.numel()));
+      const char* own = static_cast<const char*>(output.data_ptr()) + rank_ * input.nbytes();
+      if (overlap(input, output) && input.data_ptr() != own)
+        bad(kind, "input overlaps output but is not this rank's slice of it");
+      break;
+    }
+    case Collective::Broadcast:
+      if (root < 0 || root >= size_)
+        bad(kind, "root " + std::to_string(root) + " is not a rank of this group (0.." + std::to_string(size_ - 1) + ")");
+      break;
+    case Collective::Barrier:
+      break;
+  }
+
+  Backend& backend = backend_for(input);
+  if (timeout <= Duration::zero()) timeout = default_timeout();
+  auto work = std::make_shared<Work>(describe(kind, input, op, root), rank_, size_, timeout);
+  work->keep_alive(std::make_shared<std::pair<at::Tensor, at::Tensor>>(input, output));
+  std::weak_ptr<std::atomic<bool>> broken = broken_;
+  work->set_on_timeout([broken] {
+    if (auto b = broken.lock()) b->store(true);
+    MpiBackend::mark_broken();
+  });
+
+  {
+    std::lock_guard<std::mutex> lk(counters_mu_);
+    CollectiveCount& c = counters_[kind];
+    c.calls += 1;
+    const std::uint64_t in = input.defined() ? input.nbytes() : 0, out = output.defined() ? output.nbytes() : 0;
+    if (kind == Collective::Broadcast) {
+      (rank_ == root ? c.bytes_sent : c.bytes_received) += in;
+    } else {
+      c.bytes_sent += in;
+      c.bytes_received += out;
+    }
+  }
+
+  Request r;
+  r.kind = kind;
+  r.input = input;
+  r.output = output;
+  r.op = op;
+  r.root = root;
+  r.work = work;
+  backend.enqueue(std::move(r));
+  return work;
+}
+
+WorkPtr Communicator::all_reduce_async(const at::Tensor& t, const AllReduceOptions& o) {
+  return submit(Collective::AllReduce, t, t, o.op, 0, o.timeout);
+}
+WorkPtr Communicator::all_reduce_async(const at::Tensor& in, const at::Tensor& out, const AllReduceOptions& o) {
+  return submit(Collective::AllReduce, in, out, o.op, 0, o.timeout);
+}
+void Communicator::all_reduce(const at::Tensor& t, const AllReduceOptions& o) { all_reduce_async(t, o)->wait(); }
+void Communicator::all_reduce(const at::Tensor& in, const at::Tensor& out, const AllReduceOptions& o) {
+  all_reduce_async(in, out, o)->wait();
+}
+
+WorkPtr Communicator::reduce_scatter_async(const at::Tensor& in, const at::Tensor& out,
+                                           const ReduceScatterOptions& o) {
+  return submit(Collective::ReduceScatter, in, out, o.op, 0, o.timeout);
+}
+void Communicator::reduce_scatter(const at::Tensor& in, const at::Tensor& out, const ReduceScatterOptions& o) {
+  reduce_scatter_async(in, out, o)->wait();
+}
+
+WorkPtr Communicator::all_gather_async(const at::Tensor& in, const at::Tensor& out, const AllGatherOptions& o) {
+  return submit(Collective::AllGather, in, out, ReduceOp::Sum, 0, o.timeout);
+}
+void Communicator::all_gather(const at::Tensor& in, const at::Tensor& out, const AllGatherOptions& o) {
+  all_gather_async(in, out, o)->wait();
+}
+
+WorkPtr Communicator::broadcast_async(const at::Tensor& t, const BroadcastOptions& o) {
+  return submit(Collective::Broadcast, t, t, ReduceOp::Sum, o.root, o.timeout);
+}
+void Communicator::broadcast(const at::Tensor& t, const BroadcastOptions& o) { broadcast_async(t, o)->wait(); }
+
+WorkPtr Communicator::barrier_async(const BarrierOptions& o) {
+  return submit(Collective::Barrier, at::Tensor(), at::Tensor(), ReduceOp::Sum, 0, o.timeout);
+}
+void Communicator::barrier(const BarrierOptions& o) { barrier_async(o)->wait(); }
+
+std::shared_ptr<Communicator> Communicator::split(int color, int key) {
+  if (broken_->load()) throw CommError("split: the communicator is broken by an earlier timeout");
+  auto sub = mpi_->split(color, key);
+  if (!sub) return nullptr;
+  return std::shared_ptr<Communicator>(new Communicator(std::move(sub), topo_, broken_));
+}
+
+std::shared_ptr<Communicator> Communicator::node_local() {
+  if (size_ != topo_->world_size) throw InvalidArgument("node_local: only the world communicator knows nodes");
+  if (!node_local_) node_local_ = split(topo_->node_rank, topo_->local_rank);
+  return node_local_;
+}
+
+std::shared_ptr<Communicator> Communicator::cross_node() {
+  if (size_ != topo_->world_size) throw InvalidArgument("cross_node: only the world communicator knows nodes");
+  if (!cross_node_) cross_node_ = split(topo_->local_rank, topo_->node_rank);
+  return cross_node_;
+}
+
+Counters Communicator::counters() const {
+  std::lock_guard<std::mutex> lk(counters_mu_);
+  return counters_;
+}
+
+void Communicator::reset_counters() {
+  std::lock_guard<std::mutex> lk(counters_mu_);
+  counters_ = Counters{};
+}
+
+}  // namespace accel::comm

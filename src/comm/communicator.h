@@ -1,0 +1,105 @@
+// accel::comm::Communicator — the one interface for collectives over a group of ranks.
+//
+// CPU tensors go over MPI, CUDA tensors over NCCL (bootstrapped over MPI on first use); the backend
+// is chosen per call from the tensor's device. Every collective exists as `x_async` returning a Work
+// and as a blocking `x` (= x_async(...)->wait()). Collectives must be issued in the same order on
+// every rank of the group. Tensors must be contiguous, and for out-of-place calls on one device with
+// one dtype. Errors: InvalidArgument (this rank's arguments), MismatchError (ranks disagree on sizes,
+// dtype, op or root; raised on every rank), TimeoutError (then the communicator is broken and the
+// process aborts the job at exit rather than hang), CommError (anything else).
+//
+// Not thread-safe: one thread issues collectives on a communicator (Work::wait may be called from any).
+#pragma once
+
+#include "counters.h"
+#include "topology.h"
+#include "types.h"
+#include "work.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+namespace accel::comm {
+
+class Backend;
+class MpiBackend;
+
+class Communicator {
+ public:
+  // All ranks of the job: the same object for every caller while one holds it. Initializes MPI on
+  // first call (also works without mpirun: a world of 1).
+  static std::shared_ptr<Communicator> world();
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // The job's topology (global ranks), whatever group this communicator spans.
+  const Topology& topology() const;
+
+  // --- all_reduce: in place, or input -> output ---------------------------------------------
+  WorkPtr all_reduce_async(const at::Tensor& tensor, const AllReduceOptions& opts = {});
+  WorkPtr all_reduce_async(const at::Tensor& input, const at::Tensor& output,
+                           const AllReduceOptions& opts = {});
+  void all_reduce(const at::Tensor& tensor, const AllReduceOptions& opts = {});
+  void all_reduce(const at::Tensor& input, const at::Tensor& output, const AllReduceOptions& opts = {});
+
+  // --- reduce_scatter: input of size()*k elements -> this rank's k elements (rank r gets the
+  // reduction of elements [r*k, (r+1)*k)). output may be input's own slice (in place).
+  WorkPtr reduce_scatter_async(const at::Tensor& input, const at::Tensor& output,
+                               const ReduceScatterOptions& opts = {});
+  void reduce_scatter(const at::Tensor& input, const at::Tensor& output,
+                      const ReduceScatterOptions& opts = {});
+
+  // --- all_gather: k elements -> one flat output of size()*k, rank r's at [r*k, (r+1)*k).
+  // input may be output's own slice (in place).
+  WorkPtr all_gather_async(const at::Tensor& input, const at::Tensor& output,
+                           const AllGatherOptions& opts = {});
+  void all_gather(const at::Tensor& input, const at::Tensor& output, const AllGatherOptions& opts = {});
+
+  // --- broadcast: root's tensor into everyone's, in place.
+  WorkPtr broadcast_async(const at::Tensor& tensor, const BroadcastOptions& opts = {});
+  void broadcast(const at::Tensor& tensor, const BroadcastOptions& opts = {});
+
+  WorkPtr barrier_async(const BarrierOptions& opts = {});
+  void barrier(const BarrierOptions& opts = {});
+
+  // --- groups ----------------------------------------------------------------------------------
+  // Collective over this group: ranks passing the same color form a new communicator, ordered by key
+  // (ties by rank). color < 0: this rank joins none and gets nullptr.
+  std::shared_ptr<Communicator> split(int color, int key);
+  // The ranks of this rank's node, and the ranks with this rank's local rank on every node (the
+  // HYBRID_SHARD groups). World communicator only; created on first use (collective), then cached.
+  std::shared_ptr<Communicator> node_local();
+  std::shared_ptr<Communicator> cross_node();
+
+  // --- counting ----------------------------------------------------------------------------------
+  Counters counters() const;
+  void reset_counters();
+
+  // True after a timeout: every later collective raises CommError.
+  bool broken() const { return broken_->load(); }
+  // Name of the backend the tensor's device selects ("mpi", "nccl").
+  const char* backend_name(const at::Tensor& t);
+
+ private:
+  Communicator(std::unique_ptr<MpiBackend> mpi, std::shared_ptr<const Topology> topo,
+               std::shared_ptr<std::atomic<bool>> broken);
+  WorkPtr submit(Collective kind, const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                 int root, Duration timeout);
+  Backend& backend_for(const at::Tensor& t);
+
+  std::unique_ptr<MpiBackend> mpi_;
+  std::unique_ptr<Backend> nccl_;
+  int nccl_device_ = -1;
+  int rank_ = 0, size_ = 1;
+  std::shared_ptr<const Topology> topo_;
+  std::shared_ptr<std::atomic<bool>> broken_;  // shared by the world and every group split from it
+  mutable std::mutex counters_mu_;
+  Counters counters_;
+  std::shared_ptr<Communicator> node_local_, cross_node_;
+};
+
+}  // namespace accel::comm

@@ -1,0 +1,401 @@
+// accel::comm NCCL backend — collectives on CUDA tensors (builds with ACCEL_WITH_NCCL).
+//
+// One NcclBackend per Communicator: one ncclComm_t on one device, bootstrapped over the MPI group's
+// control channel, and one dedicated (high-priority, pooled) stream on which every collective runs.
+//
+// Ordering, per collective:
+//   caller's current stream --(event "ready")--> comm stream: NCCL kernel --(event "done")--> caller's
+//   current stream.
+// The comm stream first waits for the caller's current stream, so the collective sees everything the
+// caller has queued so far. Right after the launch the caller's current stream is made to wait for the
+// "done" event (cudaStreamWaitEvent, asynchronous for the host): kernels the caller queues later on
+// that stream are ordered after the collective even without wait(). This is necessary because the
+// Work API has no hook to make a stream wait at wait() time. Work::wait() additionally blocks the host
+// (it polls the "done" event), which is what callers that read results on the host or on other
+// streams rely on.
+//
+// Completion: the Work polls the "done" event (cudaEventQuery); while it is not ready the poll also
+// checks ncclCommGetAsyncError, so a communicator failure raises instead of hanging until the
+// timeout. On timeout the NCCL communicator is aborted (its kernels exit) and the job is marked broken.
+#include "comm/nccl_backend.h"
+
+#include "comm/mpi_backend.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#ifndef ACCEL_WITH_NCCL
+#error "nccl_backend.cpp is compiled only with ACCEL_WITH_NCCL (use nccl_unavailable.cpp otherwise)"
+#endif
+
+namespace accel::comm {
+
+namespace {
+
+std::string where(int rank, int device) {
+  return " (rank " + std::to_string(rank) + ", cuda:" + std::to_string(device) + ")";
+}
+
+[[noreturn]] void throw_cuda(const char* call, cudaError_t err, int rank, int device) {
+  throw CommError(std::string("NCCL backend: ") + call + " failed: " + cudaGetErrorString(err) + where(rank, device));
+}
+
+void check_cuda(const char* call, cudaError_t err, int rank, int device) {
+  if (err != cudaSuccess) throw_cuda(call, err, rank, device);
+}
+
+std::string nccl_detail(ncclComm_t comm) {
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') return std::string(" — ") + last;
+#else
+  (void)comm;
+#endif
+  return {};
+}
+
+void check_nccl(const char* call, ncclResult_t res, ncclComm_t comm, int rank, int device) {
+  if (res == ncclSuccess) return;
+  throw CommError(std::string("NCCL backend: ") + call + " failed: " + ncclGetErrorString(res) + nccl_detail(comm) +
+                  where(rank, device));
+}
+
+ncclDataType_t nccl_dtype(c10::ScalarType t, int rank, int device) {
+  switch (t) {
+    case c10::ScalarType::Double: return ncclFloat64;
+    case c10::ScalarType::Float: return ncclFloat32;
+    case c10::ScalarType::Half: return ncclFloat16;
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    case c10::ScalarType::BFloat16: return ncclBfloat16;
+#endif
+    case c10::ScalarType::Int: return ncclInt32;
+    case c10::ScalarType::Long: return ncclInt64;
+    case c10::ScalarType::Byte: return ncclUint8;
+    default: break;
+  }
+  throw InvalidArgument(std::string("NCCL backend: dtype ") + c10::toString(t) +
+                        " cannot be reduced over NCCL (float64, float32, bfloat16, float16, int32, int64, uint8)" +
+                        where(rank, device));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op, int rank, int device) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Avg:
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+      return ncclAvg;
+#else
+      break;
+#endif
+  }
+  throw InvalidArgument(std::string("NCCL backend: reduce op ") + to_string(op) + " is not supported by NCCL " +
+                        nccl_version() + where(rank, device));
+}
+
+// Makes `device` current for the lifetime of the object without ever throwing (destructor paths).
+class NoThrowDeviceGuard {
+ public:
+  explicit NoThrowDeviceGuard(int device) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+    if (prev_ != device) (void)cudaSetDevice(device);
+  }
+  ~NoThrowDeviceGuard() {
+    if (prev_ >= 0) (void)cudaSetDevice(prev_);
+  }
+  NoThrowDeviceGuard(const NoThrowDeviceGuard&) = delete;
+  NoThrowDeviceGuard& operator=(const NoThrowDeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+// The NCCL communicator, shared (weakly) with in-flight Works so their poll / timeout callbacks can
+// check or abort it without keeping it alive past the backend. Every use of `comm` holds `mu`, so an
+// abort from a waiting thread cannot race a launch or the destructor.
+struct NcclComm {
+  ncclComm_t comm = nullptr;
+  int rank = 0, size = 1, device = 0;
+  bool aborted = false;
+  std::mutex mu;
+
+  NcclComm() = default;
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  ~NcclComm() {
+    std::lock_guard<std::mutex> lk(mu);
+    if (comm == nullptr) return;
+    NoThrowDeviceGuard g(device);
+    ncclResult_t async = ncclSuccess;
+    const bool failed = ncclCommGetAsyncError(comm, &async) != ncclSuccess ||
+                        (async != ncclSuccess && async != ncclInProgress);
+    // A failed communicator may have kernels that never finish: destroying it would wait on them.
+    if (failed)
+      (void)ncclCommAbort(comm);
+    else
+      (void)ncclCommDestroy(comm);
+    comm = nullptr;
+  }
+
+  // Aborts the communicator (its pending kernels exit). Idempotent, never throws. Caller holds mu.
+  void abort_locked() noexcept {
+    if (comm == nullptr) return;
+    NoThrowDeviceGuard g(device);
+    (void)ncclCommAbort(comm);
+    comm = nullptr;
+    aborted = true;
+  }
+
+  // Throws CommError if the communicator was aborted or reports an asynchronous error (then it is
+  // aborted, as NCCL requires, and the job is marked broken).
+  void check_async_error() {
+    std::lock_guard<std::mutex> lk(mu);
+    if (aborted || comm == nullptr)
+      throw CommError("NCCL backend: the NCCL communicator was aborted (an earlier collective timed out or failed)" +
+                      where(rank, device));
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t res = ncclCommGetAsyncError(comm, &async);
+    if (res != ncclSuccess) {
+      const std::string msg = std::string("NCCL backend: ncclCommGetAsyncError failed: ") + ncclGetErrorString(res) +
+                              nccl_detail(comm) + where(rank, device);
+      abort_locked();
+      MpiBackend::mark_broken();
+      throw CommError(msg);
+    }
+    if (async != ncclSuccess && async != ncclInProgress) {
+      const std::string msg = std::string("NCCL backend: the NCCL communicator failed asynchronously: ") +
+                              ncclGetErrorString(async) + nccl_detail(comm) + where(rank, device) +
+                              "; it has been aborted and the job must restart";
+      abort_locked();
+      MpiBackend::mark_broken();
+      throw CommError(msg);
+    }
+  }
+};
+
+using EventPtr = std::shared_ptr<CUevent_st>;
+
+EventPtr make_event(int rank, int device) {
+  cudaEvent_t ev = nullptr;
+  check_cuda("cudaEventCreateWithFlags", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), rank, device);
+  return EventPtr(ev, [](cudaEvent_t e) { (void)cudaEventDestroy(e); });
+}
+
+class NcclBackend final : public Backend {
+ public:
+  NcclBackend(std::shared_ptr<NcclComm> state, c10::cuda::CUDAStream stream, EventPtr ready, at::Tensor barrier_buf)
+      : state_(std::move(state)),
+        stream_(stream),
+        ready_(std::move(ready)),
+        barrier_buf_(std::move(barrier_buf)) {}
+
+  // The communicator itself is released by ~NcclComm (ncclCommDestroy, or ncclCommAbort when it was
+  // aborted or failed) once no in-flight poll still holds it. Never throws.
+  ~NcclBackend() override = default;
+
+  const char* name() const override { return "nccl"; }
+  int rank() const override { return state_->rank; }
+  int size() const override { return state_->size; }
+
+  void enqueue(Request request) override {
+    const int rank = state_->rank, device = state_->device;
+    if (!request.work) throw CommError("NCCL backend: request without a Work" + where(rank, device));
+    for (const at::Tensor* t : {&request.input, &request.output}) {
+      if (!t->defined()) continue;
+      if (!t->is_cuda() || t->get_device() != device)
+        throw InvalidArgument("NCCL backend: tensor on " + t->device().str() + " but this NCCL communicator uses cuda:" +
+                              std::to_string(device) + where(rank, device));
+    }
+
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const cudaStream_t comm_stream = stream_.stream();
+    const cudaStream_t current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+
+    // The collective runs after everything already queued on the caller's current stream.
+    check_cuda("cudaEventRecord", cudaEventRecord(ready_.get(), current), rank, device);
+    check_cuda("cudaStreamWaitEvent", cudaStreamWaitEvent(comm_stream, ready_.get(), 0), rank, device);
+
+    EventPtr done = make_event(rank, device);
+    {
+      std::lock_guard<std::mutex> lk(state_->mu);
+      if (state_->aborted || state_->comm == nullptr)
+        throw CommError("NCCL backend: the NCCL communicator was aborted (an earlier collective timed out or "
+                        "failed); the job must restart" +
+                        where(rank, device));
+      launch(request, comm_stream);
+      check_cuda("cudaEventRecord", cudaEventRecord(done.get(), comm_stream), rank, device);
+    }
+
+    // The caching allocator must not hand these blocks to another stream before the collective ends.
+    for (const at::Tensor* t : {&request.input, &request.output}) {
+      if (t->defined() && t->has_storage() && t->storage().data_ptr().get() != nullptr)
+        c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), stream_);
+    }
+    request.work->keep_alive(std::make_shared<std::pair<at::Tensor, at::Tensor>>(request.input, request.output));
+    if (request.kind == Collective::Barrier) request.work->keep_alive(std::make_shared<at::Tensor>(barrier_buf_));
+
+    std::weak_ptr<NcclComm> weak = state_;
+    request.work->set_poll([done, weak, rank, device]() -> bool {
+      const cudaError_t e = cudaEventQuery(done.get());
+      if (e == cudaSuccess) return true;
+      if (e != cudaErrorNotReady) throw_cuda("cudaEventQuery", e, rank, device);
+      (void)cudaGetLastError();  // cudaErrorNotReady is not an error; do not leave it behind
+      if (auto s = weak.lock()) s->check_async_error();
+      return false;
+    });
+    request.work->set_on_timeout([weak] {
+      if (auto s = weak.lock()) {
+        std::lock_guard<std::mutex> lk(s->mu);
+        s->abort_locked();
+      }
+      MpiBackend::mark_broken();
+    });
+
+    // Subsequent kernels on the caller's current stream are ordered after the collective (see the
+    // file comment); wait() additionally blocks the host.
+    check_cuda("cudaStreamWaitEvent", cudaStreamWaitEvent(current, done.get(), 0), rank, device);
+  }
+
+ private:
+  // Issues the NCCL call on `s`. Caller holds state_->mu.
+  void launch(const Request& r, cudaStream_t s) {
+    const int rank = state_->rank, device = state_->device;
+    ncclComm_t comm = state_->comm;
+    switch (r.kind) {
+      case Collective::AllReduce: {
+        if (r.output.numel() == 0) return;
+        check_nccl("ncclAllReduce",
+                   ncclAllReduce(r.input.data_ptr(), r.output.data_ptr(), static_cast<size_t>(r.output.numel()),
+                                 nccl_dtype(r.output.scalar_type(), rank, device), nccl_op(r.op, rank, device), comm, s),
+                   comm, rank, device);
+        return;
+      }
+      case Collective::ReduceScatter: {
+        if (r.output.numel() == 0) return;
+        check_nccl("ncclReduceScatter",
+                   ncclReduceScatter(r.input.data_ptr(), r.output.data_ptr(), static_cast<size_t>(r.output.numel()),
+                                     nccl_dtype(r.output.scalar_type(), rank, device), nccl_op(r.op, rank, device),
+                                     comm, s),
+                   comm, rank, device);
+        return;
+      }
+      case Collective::AllGather: {
+        // Every dtype travels as bytes (fp8 included): no arithmetic happens.
+        const size_t bytes = r.input.nbytes();
+        if (bytes == 0) return;
+        check_nccl("ncclAllGather", ncclAllGather(r.input.data_ptr(), r.output.data_ptr(), bytes, ncclUint8, comm, s),
+                   comm, rank, device);
+        return;
+      }
+      case Collective::Broadcast: {
+        const size_t bytes = r.output.nbytes();
+        if (bytes == 0) return;
+        check_nccl("ncclBroadcast",
+                   ncclBroadcast(r.input.data_ptr(), r.output.data_ptr(), bytes, ncclUint8, r.root, comm, s), comm,
+                   rank, device);
+        return;
+      }
+      case Collective::Barrier: {
+        void* p = barrier_buf_.data_ptr();
+        check_nccl("ncclAllReduce (barrier)", ncclAllReduce(p, p, 1, ncclFloat32, ncclSum, comm, s), comm, rank, device);
+        return;
+      }
+    }
+    throw CommError("NCCL backend: unknown collective" + where(rank, device));
+  }
+
+  std::shared_ptr<NcclComm> state_;
+  c10::cuda::CUDAStream stream_;
+  EventPtr ready_;          // reused: cudaStreamWaitEvent captures its state at call time
+  at::Tensor barrier_buf_;  // 1 float32 on the device
+};
+
+}  // namespace
+
+bool nccl_compiled() { return true; }
+
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown (ncclGetVersion failed)";
+  int major, minor, patch;
+  if (v >= 10000) {  // NCCL >= 2.9: major*10000 + minor*100 + patch
+    major = v / 10000;
+    minor = (v % 10000) / 100;
+    patch = v % 100;
+  } else {  // older: major*1000 + minor*100 + patch
+    major = v / 1000;
+    minor = (v % 1000) / 100;
+    patch = v % 100;
+  }
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+int cuda_device_count() {
+  try {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear "no driver" etc.
+      return 0;
+    }
+    return n < 0 ? 0 : n;
+  } catch (...) {
+    return 0;
+  }
+}
+
+std::unique_ptr<Backend> make_nccl_backend(MpiBackend& bootstrap, int device_index) {
+  const int rank = bootstrap.rank(), size = bootstrap.size();
+  const int ndev = cuda_device_count();
+  if (device_index < 0 || device_index >= ndev)
+    throw InvalidArgument("NCCL backend: cuda:" + std::to_string(device_index) + " does not exist (" +
+                          std::to_string(ndev) + " CUDA devices visible)" + where(rank, device_index));
+
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+
+  // Rank 0's id (or its failure) reaches every rank, so a failing ncclGetUniqueId raises everywhere
+  // instead of leaving the other ranks blocked in the broadcast.
+  struct {
+    int status;  // ncclResult_t of rank 0's ncclGetUniqueId
+    ncclUniqueId id;
+  } boot;
+  std::memset(&boot, 0, sizeof boot);
+  if (rank == 0) boot.status = static_cast<int>(ncclGetUniqueId(&boot.id));
+  bootstrap.broadcast_bytes(&boot, sizeof boot, 0);
+  if (boot.status != ncclSuccess)
+    throw CommError(std::string("NCCL backend: ncclGetUniqueId failed on rank 0: ") +
+                    ncclGetErrorString(static_cast<ncclResult_t>(boot.status)) + where(rank, device_index));
+
+  auto state = std::make_shared<NcclComm>();
+  state->rank = rank;
+  state->size = size;
+  state->device = device_index;
+  ncclComm_t comm = nullptr;
+  const ncclResult_t res = ncclCommInitRank(&comm, size, boot.id, rank);
+  if (res != ncclSuccess)
+    throw CommError(std::string("NCCL backend: ncclCommInitRank failed: ") + ncclGetErrorString(res) +
+                    " (world of " + std::to_string(size) + "; NCCL needs one distinct GPU per rank)" +
+                    where(rank, device_index));
+  state->comm = comm;  // from here ~NcclComm releases it if anything below throws
+
+  auto stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(device_index));
+  EventPtr ready = make_event(rank, device_index);
+  at::Tensor barrier_buf =
+      at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
+  c10::cuda::CUDACachingAllocator::recordStream(barrier_buf.storage().data_ptr(), stream);
+  return std::make_unique<NcclBackend>(std::move(state), stream, std::move(ready), std::move(barrier_buf));
+}
+
+}  // namespace accel::comm

@@ -1,0 +1,29 @@
+// accel::comm NCCL backend — collectives on CUDA tensors. Compiled only when CMake finds CUDA and
+// NCCL (ACCEL_WITH_NCCL); otherwise nccl_unavailable.cpp provides the same functions, raising.
+//
+// Contract: the NCCL communicator is created on first use, collectively, on the device of that
+// first tensor (rank 0's ncclUniqueId is broadcast over MPI). Each collective runs on the backend's
+// own stream after the caller's current stream; Work::wait() blocks the host until the collective
+// has finished (or the timeout passes: then the NCCL communicator is aborted and the job fails).
+// 16-bit sums use NCCL's own (fp32-accumulating) reductions; fp8 moves as bytes.
+#pragma once
+
+#include "backend.h"
+
+#include <memory>
+#include <string>
+
+namespace accel::comm {
+
+class MpiBackend;
+
+// True when this build has the NCCL backend.
+bool nccl_compiled();
+// "2.27.7" (ncclGetVersion), or a sentence saying why there is none.
+std::string nccl_version();
+// Number of CUDA devices visible (0 without CUDA or without a driver). Never throws.
+int cuda_device_count();
+// Collective over the group `bootstrap` spans. Throws CommError when NCCL is not compiled in.
+std::unique_ptr<Backend> make_nccl_backend(MpiBackend& bootstrap, int device_index);
+
+}  // namespace accel::comm

@@ -1,0 +1,99 @@
+#include "comm/types.h"
+#include "comm/counters.h"
+#include "comm/dtype.h"
+#include "comm/topology.h"
+
+#include "base/env.h"
+
+#include <sstream>
+
+namespace accel::comm {
+
+Duration default_timeout() {
+  double s = env::get_double("ACCEL_COMM_TIMEOUT_S");
+  if (!(s > 0)) throw std::invalid_argument("ACCEL_COMM_TIMEOUT_S must be > 0 seconds");
+  return Duration(static_cast<long long>(s * 1000.0));
+}
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+const char* to_string(Collective c) {
+  switch (c) {
+    case Collective::AllReduce: return "all_reduce";
+    case Collective::ReduceScatter: return "reduce_scatter";
+    case Collective::AllGather: return "all_gather";
+    case Collective::Broadcast: return "broadcast";
+    case Collective::Barrier: return "barrier";
+  }
+  return "?";
+}
+
+CollectiveCount Counters::total() const {
+  CollectiveCount t;
+  for (const auto& c : by_kind) {
+    t.calls += c.calls;
+    t.bytes_sent += c.bytes_sent;
+    t.bytes_received += c.bytes_received;
+  }
+  return t;
+}
+
+DtypeClass classify(c10::ScalarType t) {
+  switch (t) {
+    case c10::kDouble:
+    case c10::kFloat: return DtypeClass::Float;
+    case c10::kBFloat16:
+    case c10::kHalf: return DtypeClass::HalfFloat;
+    case c10::kInt:
+    case c10::kLong:
+    case c10::kByte: return DtypeClass::Integer;
+    case c10::kFloat8_e4m3fn:
+    case c10::kFloat8_e5m2: return DtypeClass::Fp8;
+    default: return DtypeClass::Unsupported;
+  }
+}
+
+const char* supported_dtypes() {
+  return "float64, float32, bfloat16, float16, int32, int64, uint8, float8_e4m3fn, float8_e5m2 "
+         "(fp8: all_gather and broadcast only)";
+}
+
+std::string Topology::to_string() const {
+  std::ostringstream os;
+  os << "rank " << rank << "/" << world_size << " local_rank " << local_rank << "/"
+     << local_world_size << " node " << node_rank << "/" << num_nodes
+     << (simulated ? " (simulated nodes: ACCEL_RANKS_PER_NODE)" : "");
+  return os.str();
+}
+
+Topology apply_node_override(Topology t, const char* env) {
+  if (env == nullptr || *env == '\0') return t;
+  std::string s(env);
+  long k = 0;
+  try {
+    std::size_t pos = 0;
+    k = std::stol(s, &pos);
+    if (pos != s.size()) k = 0;
+  } catch (const std::exception&) {
+    k = 0;
+  }
+  if (k <= 0 || t.world_size % k != 0)
+    throw std::invalid_argument("ACCEL_RANKS_PER_NODE='" + s + "' must be a positive divisor of the world size " +
+                                std::to_string(t.world_size));
+  t.local_world_size = static_cast<int>(k);
+  t.local_rank = t.rank % t.local_world_size;
+  t.node_rank = t.rank / t.local_world_size;
+  t.num_nodes = t.world_size / t.local_world_size;
+  t.simulated = true;
+  return t;
+}
+
+}  // namespace accel::comm

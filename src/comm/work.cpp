@@ -1,0 +1,103 @@
+#include "comm/work.h"
+
+#include <chrono>
+#include <thread>
+
+namespace accel::comm {
+
+Work::Work(std::string what, int rank, int world_size, Duration timeout)
+    : what_(std::move(what)), rank_(rank), world_size_(world_size), timeout_(timeout) {}
+
+Work::~Work() = default;
+
+void Work::finish(std::exception_ptr err) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (done_) return;
+    done_ = true;
+    error_ = std::move(err);
+  }
+  cv_.notify_all();
+}
+
+void Work::set_poll(std::function<bool()> poll) {
+  std::lock_guard<std::mutex> lk(mu_);
+  poll_ = std::move(poll);
+}
+
+void Work::set_on_timeout(std::function<void()> f) {
+  std::lock_guard<std::mutex> lk(mu_);
+  on_timeout_.push_back(std::move(f));
+}
+
+void Work::keep_alive(std::shared_ptr<void> p) {
+  std::lock_guard<std::mutex> lk(mu_);
+  keep_.push_back(std::move(p));
+}
+
+// Runs the backend's poll (if any) outside the lock; finishes the work when it reports done.
+bool Work::poll_once() {
+  std::function<bool()> poll;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (done_) return true;
+    poll = poll_;
+  }
+  if (!poll) return false;
+  try {
+    if (poll()) finish();
+  } catch (...) {
+    finish(std::current_exception());
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  return done_;
+}
+
+bool Work::is_completed() { return poll_once(); }
+
+std::exception_ptr Work::exception() {
+  poll_once();
+  std::lock_guard<std::mutex> lk(mu_);
+  return error_;
+}
+
+void Work::wait(Duration timeout) {
+  if (timeout <= Duration::zero()) timeout = timeout_;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool polled;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    polled = static_cast<bool>(poll_);
+  }
+  bool done = false;
+  if (polled) {
+    auto nap = std::chrono::microseconds(1);
+    while (!(done = poll_once()) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(200));
+    }
+  } else {
+    std::unique_lock<std::mutex> lk(mu_);
+    done = cv_.wait_until(lk, deadline, [&] { return done_; });
+  }
+  std::vector<std::function<void()>> on_timeout;
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!done) {
+      on_timeout = std::move(on_timeout_);
+      on_timeout_.clear();
+    }
+    err = error_;
+  }
+  if (!done) {
+    for (auto& f : on_timeout) f();
+    throw TimeoutError(what_ + " on rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) +
+                       " did not complete within " + std::to_string(timeout.count() / 1000.0) +
+                       " s: a peer rank is stuck, slow or dead (timeout: ACCEL_COMM_TIMEOUT_S or the "
+                       "collective's options). The communicator is now broken.");
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+}  // namespace accel::comm

@@ -1,0 +1,66 @@
+// accel::comm::Work — the handle every asynchronous collective returns.
+//
+// Contract: the tensors passed to a collective belong to the caller, who must neither free nor touch
+// them until wait() returns (the Work keeps them alive). wait() blocks the calling host thread until
+// the collective is complete, raising its error if it failed: MismatchError, CommError, or
+// TimeoutError when it did not finish in time (the communicator is then broken). Thread-safe.
+#pragma once
+
+#include "types.h"
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace accel::comm {
+
+class Work {
+ public:
+  // what: "all_reduce(float32[1024], sum)", named in errors with the rank; timeout: the options'.
+  Work(std::string what, int rank, int world_size, Duration timeout);
+  ~Work();
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // Waits up to `timeout` (zero: the collective's own timeout). Rethrows the collective's error.
+  void wait(Duration timeout = Duration::zero());
+  // True once finished, successfully or not. Never blocks.
+  bool is_completed();
+  // The error a finished collective failed with, or null.
+  std::exception_ptr exception();
+  const std::string& what() const { return what_; }
+
+  // --- backend side ------------------------------------------------------------------------
+  // Marks the collective finished (err null on success). Called once, from any thread.
+  void finish(std::exception_ptr err = nullptr);
+  // For backends that complete by polling (CUDA events): called under no lock, returns true once
+  // done; wait() and is_completed() call it until it does, then finish() themselves.
+  void set_poll(std::function<bool()> poll);
+  // Adds a callback run once, on the waiting thread, when a wait times out (the communicator marks
+  // itself broken; a backend may abort its transport). Callbacks run in the order added.
+  void set_on_timeout(std::function<void()> f);
+  // Objects kept alive until the Work is destroyed (tensors in flight, staging buffers).
+  void keep_alive(std::shared_ptr<void> p);
+
+ private:
+  bool poll_once();
+
+  const std::string what_;
+  const int rank_, world_size_;
+  const Duration timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::function<bool()> poll_;
+  std::vector<std::function<void()>> on_timeout_;
+  std::vector<std::shared_ptr<void>> keep_;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+}  // namespace accel::comm

@@ -1,0 +1,46 @@
+// A program that misbehaves on purpose, for tests/comm/fault_test.sh:
+//   fault_probe timeout  rank 1 never joins; the others' all_reduce must raise TimeoutError naming
+//                        the collective and the rank, and the job must then end non-zero.
+//   fault_probe exit     rank 1 dies (exit code 7) before a collective; the others must not hang.
+#include "comm/communicator.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+using namespace accel::comm;
+
+int main(int argc, char** argv) {
+  const char* mode = argc > 1 ? argv[1] : "";
+  auto world = Communicator::world();
+  const int r = world->rank();
+  world->barrier();
+  at::Tensor t = at::ones({4}, at::kFloat);
+  if (std::strcmp(mode, "timeout") == 0) {
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(120));  // never joins; killed by the abort
+      return 0;
+    }
+    try {
+      world->all_reduce(t, {ReduceOp::Sum, std::chrono::milliseconds(2000)});
+      std::printf("rank %d: all_reduce returned without rank 1\n", r);
+      return 0;
+    } catch (const TimeoutError& e) {
+      std::printf("rank %d caught TimeoutError: %s\n", r, e.what());
+      std::fflush(stdout);
+      return 3;  // exiting with a broken communicator aborts the MPI job
+    }
+  }
+  if (std::strcmp(mode, "exit") == 0) {
+    if (r == 1) std::_Exit(7);
+    world->all_reduce(t, {ReduceOp::Sum, std::chrono::milliseconds(10000)});
+    std::printf("rank %d: all_reduce returned without rank 1\n", r);
+    return 0;
+  }
+  std::fprintf(stderr, "usage: fault_probe timeout|exit\n");
+  return 2;
+}

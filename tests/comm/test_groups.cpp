@@ -1,0 +1,135 @@
+// Sub-communicators, the (simulated) node topology, and traffic counters.
+#include "test_world.h"
+
+#include "comm/topology.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+using namespace accel::comm;
+using accel::test::world;
+
+namespace {
+
+double sum_of(const std::vector<int>& v) {
+  double s = 0;
+  for (int x : v) s += x;
+  return s;
+}
+
+TEST(Groups, SplitByParity) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  auto sub = comm->split(r % 2, r);
+  ASSERT_NE(sub, nullptr);
+  std::vector<int> members;
+  for (int q = r % 2; q < n; q += 2) members.push_back(q);
+  EXPECT_EQ(sub->size(), static_cast<int>(members.size()));
+  EXPECT_EQ(sub->rank(), r / 2);
+  at::Tensor t = at::full({5}, r, at::kDouble);
+  sub->all_reduce(t);
+  EXPECT_TRUE(at::equal(t, at::full({5}, sum_of(members), at::kDouble)));
+  // the group's collectives are independent of the world's
+  at::Tensor g = at::zeros({2 * sub->size()}, at::kLong);
+  sub->all_gather(at::full({2}, r, at::kLong), g);
+  for (int i = 0; i < sub->size(); ++i) EXPECT_EQ(g[2 * i].item<long>(), members[i]);
+}
+
+TEST(Groups, KeyOrdersRanksAndNegativeColorOptsOut) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  auto rev = comm->split(0, n - 1 - r);
+  ASSERT_NE(rev, nullptr);
+  EXPECT_EQ(rev->rank(), n - 1 - r);
+  auto without0 = comm->split(r == 0 ? -1 : 7, r);
+  if (r == 0) {
+    EXPECT_EQ(without0, nullptr);
+  } else {
+    ASSERT_NE(without0, nullptr);
+    EXPECT_EQ(without0->size(), n - 1);
+    at::Tensor t = at::full({1}, r, at::kLong);
+    without0->all_reduce(t);
+    EXPECT_EQ(t.item<long>(), static_cast<long>(n) * (n - 1) / 2);
+  }
+}
+
+// Under ACCEL_RANKS_PER_NODE=k (ctest's comm_simulated_nodes_np4) the nodes are simulated; otherwise
+// all ranks of this machine are one node.
+TEST(Topology, NodesAndHybridGroups) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  const Topology& t = comm->topology();
+  const char* env = std::getenv("ACCEL_RANKS_PER_NODE");
+  const int k = (env && *env) ? std::atoi(env) : n;
+  EXPECT_EQ(t.rank, r);
+  EXPECT_EQ(t.world_size, n);
+  EXPECT_EQ(t.local_world_size, k);
+  EXPECT_EQ(t.local_rank, r % k);
+  EXPECT_EQ(t.node_rank, r / k);
+  EXPECT_EQ(t.num_nodes, n / k);
+  EXPECT_EQ(t.simulated, env && *env);
+
+  auto node = comm->node_local();
+  auto cross = comm->cross_node();
+  EXPECT_EQ(node->size(), k);
+  EXPECT_EQ(node->rank(), r % k);
+  EXPECT_EQ(cross->size(), n / k);
+  EXPECT_EQ(cross->rank(), r / k);
+  EXPECT_EQ(comm->node_local(), node) << "cached";
+  // HYBRID_SHARD's two steps: sum inside the node, then across nodes = sum over the world.
+  at::Tensor x = at::full({3}, r, at::kDouble);
+  node->all_reduce(x);
+  double node_sum = 0;
+  for (int q = (r / k) * k; q < (r / k + 1) * k; ++q) node_sum += q;
+  EXPECT_TRUE(at::equal(x, at::full({3}, node_sum, at::kDouble)));
+  cross->all_reduce(x);
+  EXPECT_TRUE(at::equal(x, at::full({3}, n * (n - 1) / 2.0, at::kDouble)));
+}
+
+TEST(TopologyOverride, RejectsBadValues) {
+  Topology t;
+  t.rank = 5;
+  t.world_size = 8;
+  EXPECT_THROW(apply_node_override(t, "3"), std::invalid_argument);
+  EXPECT_THROW(apply_node_override(t, "0"), std::invalid_argument);
+  EXPECT_THROW(apply_node_override(t, "two"), std::invalid_argument);
+  Topology s = apply_node_override(t, "4");
+  EXPECT_EQ(s.node_rank, 1);
+  EXPECT_EQ(s.local_rank, 1);
+  EXPECT_EQ(s.num_nodes, 2);
+  EXPECT_EQ(apply_node_override(t, "").num_nodes, 1);
+}
+
+TEST(Counters, BytesPerCollective) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  auto sub = comm->split(0, r);  // fresh counters, untouched by other tests
+  sub->reset_counters();
+  const int k = 10;
+  sub->all_reduce(at::ones({k}, at::kFloat));
+  sub->reduce_scatter(at::ones({n * k}, at::kBFloat16), at::empty({k}, at::kBFloat16));
+  sub->all_gather(at::ones({k}, at::kDouble), at::empty({n * k}, at::kDouble));
+  sub->all_gather(at::ones({k}, at::kDouble), at::empty({n * k}, at::kDouble));
+  sub->broadcast(at::ones({k}, at::kLong), {0});
+  sub->barrier();
+  Counters c = sub->counters();
+  EXPECT_EQ(c[Collective::AllReduce].calls, 1u);
+  EXPECT_EQ(c[Collective::AllReduce].bytes_sent, 4u * k);
+  EXPECT_EQ(c[Collective::AllReduce].bytes_received, 4u * k);
+  EXPECT_EQ(c[Collective::ReduceScatter].bytes_sent, 2u * n * k);
+  EXPECT_EQ(c[Collective::ReduceScatter].bytes_received, 2u * k);
+  EXPECT_EQ(c[Collective::AllGather].calls, 2u);
+  EXPECT_EQ(c[Collective::AllGather].bytes_sent, 2u * 8 * k);
+  EXPECT_EQ(c[Collective::AllGather].bytes_received, 2u * 8 * n * k);
+  EXPECT_EQ(c[Collective::Broadcast].bytes_sent, r == 0 ? 8u * k : 0u);
+  EXPECT_EQ(c[Collective::Broadcast].bytes_received, r == 0 ? 0u : 8u * k);
+  EXPECT_EQ(c[Collective::Barrier].calls, 1u);
+  EXPECT_EQ(c.total().calls, 6u);
+  sub->reset_counters();
+  EXPECT_EQ(sub->counters().total().calls, 0u);
+  EXPECT_EQ(sub->counters().total().bytes_sent, 0u);
+}
+
+}  // namespace
