@@ -14,7 +14,7 @@ namespace {
 std::string describe(Collective kind, const at::Tensor& t, ReduceOp op, int root) {
   std::ostringstream os;
   os << to_string(kind) << "(";
-  if (t.defined()) os << c10::toString(t.scalar_type()) << "[" << t.numel() << "]";
+  if (t.defined()) os << dtype_name(t.scalar_type()) << "[" << t.numel() << "]";
   if (kind == Collective::AllReduce || kind == Collective::ReduceScatter) os << ", " << to_string(op);
   if (kind == Collective::Broadcast) os << ", root " << root;
   os << ")";
@@ -31,7 +31,7 @@ void check_tensor(Collective kind, const at::Tensor& t, const char* role) {
     bad(kind, std::string(role) + " tensor is not contiguous (sizes " + c10::str(t.sizes()) + ", strides " +
                   c10::str(t.strides()) + "); call .contiguous() first");
   if (classify(t.scalar_type()) == DtypeClass::Unsupported)
-    bad(kind, std::string(role) + " dtype " + c10::toString(t.scalar_type()) + " is not supported; supported: " +
+    bad(kind, std::string(role) + " dtype " + dtype_name(t.scalar_type()) + " is not supported; supported: " +
                   supported_dtypes());
 }
 
@@ -97,8 +97,8 @@ WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at:
     check_tensor(kind, input, "input");
     check_tensor(kind, output, "output");
     if (input.scalar_type() != output.scalar_type())
-      bad(kind, std::string("input dtype ") + c10::toString(input.scalar_type()) + " differs from output dtype " +
-                    c10::toString(output.scalar_type()));
+      bad(kind, std::string("input dtype ") + dtype_name(input.scalar_type()) + " differs from output dtype " +
+                    dtype_name(output.scalar_type()));
     if (input.device() != output.device())
       bad(kind, "input on " + input.device().str() + " but output on " + output.device().str());
   }
@@ -107,10 +107,10 @@ WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at:
     case Collective::AllReduce:
     case Collective::ReduceScatter:
       if (cls == DtypeClass::Fp8)
-        bad(kind, std::string(c10::toString(input.scalar_type())) +
+        bad(kind, std::string(dtype_name(input.scalar_type())) +
                       " cannot be reduced: fp8 travels as bytes (all_gather, broadcast); reduce in bf16/fp32");
       if (op == ReduceOp::Avg && cls == DtypeClass::Integer)
-        bad(kind, std::string("avg needs a floating dtype, got ") + c10::toString(input.scalar_type()));
+        bad(kind, std::string("avg needs a floating dtype, got ") + dtype_name(input.scalar_type()));
       if (kind == Collective::AllReduce) {
         if (input.numel() != output.numel())
           bad(kind, "input has " + std::to_string(input.numel()) + " elements but output " +

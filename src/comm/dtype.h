@@ -16,6 +16,8 @@ enum class DtypeClass {
 };
 
 DtypeClass classify(c10::ScalarType t);
+// The PyTorch-style name: "float32", "bfloat16", "float8_e4m3fn", ... (c10's own names otherwise).
+const char* dtype_name(c10::ScalarType t);
 // "float32, bfloat16, ..." — the list printed in errors.
 const char* supported_dtypes();
 

@@ -68,7 +68,7 @@ MPI_Datatype reduce_type(c10::ScalarType t) {
     case c10::kInt: return MPI_INT32_T;
     case c10::kLong: return MPI_INT64_T;
     case c10::kByte: return MPI_UINT8_T;
-    default: throw InvalidArgument(std::string("mpi: no reduction type for ") + c10::toString(t));
+    default: throw InvalidArgument(std::string("mpi: no reduction type for ") + dtype_name(t));
   }
 }
 
@@ -259,7 +259,7 @@ class Engine {
       if (hi == lo) continue;
       std::string mine = std::to_string(op.sig[f]);
       if (f == kKind) mine = to_string(static_cast<Collective>(op.sig[f]));
-      if (f == kDtype) mine = c10::toString(static_cast<c10::ScalarType>(op.sig[f]));
+      if (f == kDtype) mine = dtype_name(static_cast<c10::ScalarType>(op.sig[f]));
       if (f == kOp) mine = to_string(static_cast<ReduceOp>(op.sig[f]));
       throw MismatchError(op.req.work->what() + " on rank " + std::to_string(op.group->rank) + " of " +
                           std::to_string(op.group->size) + ": ranks disagree on the " + kSigNames[f] +

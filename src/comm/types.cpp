@@ -61,6 +61,22 @@ DtypeClass classify(c10::ScalarType t) {
   }
 }
 
+const char* dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::kDouble: return "float64";
+    case c10::kFloat: return "float32";
+    case c10::kBFloat16: return "bfloat16";
+    case c10::kHalf: return "float16";
+    case c10::kInt: return "int32";
+    case c10::kLong: return "int64";
+    case c10::kByte: return "uint8";
+    case c10::kFloat8_e4m3fn: return "float8_e4m3fn";
+    case c10::kFloat8_e5m2: return "float8_e5m2";
+    case c10::kBool: return "bool";
+    default: return c10::toString(t);
+  }
+}
+
 const char* supported_dtypes() {
   return "float64, float32, bfloat16, float16, int32, int64, uint8, float8_e4m3fn, float8_e5m2 "
          "(fp8: all_gather and broadcast only)";

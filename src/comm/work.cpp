@@ -1,9 +1,16 @@
 #include "comm/work.h"
 
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 namespace accel::comm {
+
+static std::string seconds(Duration d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", d.count() / 1000.0);
+  return buf;
+}
 
 Work::Work(std::string what, int rank, int world_size, Duration timeout)
     : what_(std::move(what)), rank_(rank), world_size_(world_size), timeout_(timeout) {}
@@ -93,8 +100,7 @@ void Work::wait(Duration timeout) {
   if (!done) {
     for (auto& f : on_timeout) f();
     throw TimeoutError(what_ + " on rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) +
-                       " did not complete within " + std::to_string(timeout.count() / 1000.0) +
-                       " s: a peer rank is stuck, slow or dead (timeout: ACCEL_COMM_TIMEOUT_S or the "
+                       " did not complete within " + seconds(timeout) + " s: a peer rank is stuck, slow or dead (timeout: ACCEL_COMM_TIMEOUT_S or the "
                        "collective's options). The communicator is now broken.");
   }
   if (err) std::rethrow_exception(err);

@@ -73,7 +73,7 @@ std::string name(at::ScalarType t) { return c10::toString(t); }
 
 }  // namespace
 
-TEST(NcclComm, VersionAndBackend) {
+TEST(NcclComm_CUDA, VersionAndBackend) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
@@ -84,7 +84,7 @@ TEST(NcclComm, VersionAndBackend) {
   EXPECT_STREQ(ctx.comm->backend_name(t.cpu()), "mpi");
 }
 
-TEST(NcclComm, AllReduceSumEveryDtype) {
+TEST(NcclComm_CUDA, AllReduceSumEveryDtype) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
@@ -98,7 +98,7 @@ TEST(NcclComm, AllReduceSumEveryDtype) {
   }
 }
 
-TEST(NcclComm, AllReduceOutOfPlace) {
+TEST(NcclComm_CUDA, AllReduceOutOfPlace) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
@@ -110,7 +110,7 @@ TEST(NcclComm, AllReduceOutOfPlace) {
   expect_all(in, ctx.rank + 1, "out-of-place sum input (untouched)");
 }
 
-TEST(NcclComm, AllReduceAvg) {
+TEST(NcclComm_CUDA, AllReduceAvg) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
@@ -122,7 +122,7 @@ TEST(NcclComm, AllReduceAvg) {
   }
 }
 
-TEST(NcclComm, AllReduceMaxMin) {
+TEST(NcclComm_CUDA, AllReduceMaxMin) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
@@ -140,7 +140,7 @@ TEST(NcclComm, AllReduceMaxMin) {
   }
 }
 
-TEST(NcclComm, ReduceScatter) {
+TEST(NcclComm_CUDA, ReduceScatter) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
@@ -177,7 +177,7 @@ TEST(NcclComm, ReduceScatter) {
   expect_equal(out, at::where(idx < len, tri, 0.0), "reduce_scatter of a padded length");
 }
 
-TEST(NcclComm, AllGather) {
+TEST(NcclComm_CUDA, AllGather) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
@@ -202,7 +202,7 @@ TEST(NcclComm, AllGather) {
   }
 }
 
-TEST(NcclComm, BroadcastFromLastRank) {
+TEST(NcclComm_CUDA, BroadcastFromLastRank) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
@@ -215,7 +215,7 @@ TEST(NcclComm, BroadcastFromLastRank) {
   }
 }
 
-TEST(NcclComm, Fp8AllGatherIsByteExact) {
+TEST(NcclComm_CUDA, Fp8AllGatherIsByteExact) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
@@ -240,7 +240,7 @@ TEST(NcclComm, Fp8AllGatherIsByteExact) {
   }
 }
 
-TEST(NcclComm, Fp8AndIntegerAvgReductionsAreRejected) {
+TEST(NcclComm_CUDA, Fp8AndIntegerAvgReductionsAreRejected) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
@@ -254,7 +254,7 @@ TEST(NcclComm, Fp8AndIntegerAvgReductionsAreRejected) {
   expect_all(t, ctx.world, "sum after rejected calls");
 }
 
-TEST(NcclComm, Barrier) {
+TEST(NcclComm_CUDA, Barrier) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
@@ -267,7 +267,7 @@ TEST(NcclComm, Barrier) {
   EXPECT_EQ(w->exception(), nullptr);
 }
 
-TEST(NcclComm, AsyncCollectivesOverlap) {
+TEST(NcclComm_CUDA, AsyncCollectivesOverlap) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
@@ -297,7 +297,7 @@ TEST(NcclComm, AsyncCollectivesOverlap) {
   expect_all(d, 10 * n * (n + 1) / 2, "sum of a tensor written just before on the current stream");
 }
 
-TEST(NcclComm, CountersCountBytes) {
+TEST(NcclComm_CUDA, CountersCountBytes) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
