@@ -19,6 +19,8 @@
 #include <mutex>
 #include <thread>
 
+#include <sys/prctl.h>
+
 namespace accel::comm {
 namespace {
 
@@ -163,7 +165,12 @@ class Engine {
     MPI_Finalize();
   }
 
+  // Polls without progress before yielding the core, and before sleeping between polls.
+  static constexpr int kSpinPolls = 64, kYieldPolls = 2000;
+
   void loop() {
+    // Sleeps of a few microseconds, not the default 50 us timer slack.
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     int empty_polls = 0;
     for (;;) {
       std::deque<std::unique_ptr<Op>> fresh;
@@ -180,10 +187,11 @@ class Engine {
       for (auto& op : fresh) begin(std::move(op));
       if (advance()) {
         empty_polls = 0;
-      } else if (++empty_polls > 64) {
-        // Nothing moved for a while: back off so waiting ranks leave the cores to working ones.
-        int shift = std::min(empty_polls - 64, 6);
-        std::this_thread::sleep_for(std::chrono::microseconds(1 << shift));
+      } else if (++empty_polls > kSpinPolls + kYieldPolls) {
+        // Nothing moved for a while: sleep so waiting ranks leave the cores to working ones.
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      } else if (empty_polls > kSpinPolls) {
+        std::this_thread::yield();
       }
     }
   }
