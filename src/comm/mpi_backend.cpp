@@ -179,7 +179,15 @@ class Engine {
         std::unique_lock<std::mutex> lk(mu_);
         if (active_.empty())
           cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !tasks_.empty(); });
-        if (stop_ && incoming_.empty() && tasks_.empty() && (active_.empty() || g_broken)) return;
+        if (stop_ && incoming_.empty() && tasks_.empty()) {
+          // At exit: finish what is in flight, but never wait longer than one collective timeout.
+          if (stop_deadline_ == Clock::time_point{}) stop_deadline_ = Clock::now() + exit_grace_;
+          if (active_.empty() || g_broken) return;
+          if (Clock::now() > stop_deadline_) {
+            g_broken = true;  // the destructor aborts the job instead of finalizing
+            return;
+          }
+        }
         fresh.swap(incoming_);
         tasks.swap(tasks_);
       }
@@ -311,7 +319,10 @@ class Engine {
     }
   }
 
+  using Clock = std::chrono::steady_clock;
   Group world_;
+  Duration exit_grace_ = default_timeout();
+  Clock::time_point stop_deadline_{};
   bool owns_mpi_ = false;
   bool check_enabled_ = true;
   std::mutex mu_;
