@@ -42,6 +42,15 @@ else
   say "apt: all ${#APT_PKGS[@]} packages present"
 fi
 
+# Let `mpirun -np N` start more ranks than this machine has cores (tests and examples use 4 ranks on
+# small machines): Open MPI's per-user parameter file, one line, added once.
+MCA_FILE=$HOME/.openmpi/mca-params.conf
+if ! grep -qs '^rmaps_base_oversubscribe' "$MCA_FILE"; then
+  mkdir -p "$(dirname "$MCA_FILE")"
+  echo "rmaps_base_oversubscribe = 1" >> "$MCA_FILE"
+  say "mpi: allowed oversubscription in $MCA_FILE"
+fi
+
 # --- 2. python venv with the pinned torch wheel ----------------------------------------------
 # Kept outside the checkout so fresh clones (and CI) reuse it. '.complete' is written last, so an
 # interrupted install is redone, never trusted.
