@@ -24,7 +24,7 @@ struct Request {
   at::Tensor input, output;
   ReduceOp op = ReduceOp::Sum;
   int root = 0;
-  WorkPtr work;  // finish() it exactly once
+  WorkPtr work;  // finish() it exactly once, or throw from enqueue() before anything started
 };
 
 class Backend {
