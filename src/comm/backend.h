@@ -27,6 +27,12 @@ struct Request {
   WorkPtr work;  // finish() it exactly once, or throw from enqueue() before anything started
 };
 
+// True when the two tensors' bytes overlap (both non-empty).
+inline bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  auto a0 = static_cast<const char*>(a.data_ptr()), b0 = static_cast<const char*>(b.data_ptr());
+  return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -2,6 +2,7 @@
 // backends (mpi_backend.cpp, nccl_backend.cpp) move the bytes.
 #include "comm/communicator.h"
 
+#include "comm/backend.h"
 #include "comm/dtype.h"
 #include "comm/mpi_backend.h"
 #include "comm/nccl_backend.h"
@@ -33,11 +34,6 @@ void check_tensor(Collective kind, const at::Tensor& t, const char* role) {
   if (classify(t.scalar_type()) == DtypeClass::Unsupported)
     bad(kind, std::string(role) + " dtype " + dtype_name(t.scalar_type()) + " is not supported; supported: " +
                   supported_dtypes());
-}
-
-bool overlap(const at::Tensor& a, const at::Tensor& b) {
-  auto a0 = static_cast<const char*>(a.data_ptr()), b0 = static_cast<const char*>(b.data_ptr());
-  return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
 }
 
 }  // namespace
@@ -115,14 +111,14 @@ WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at:
         if (input.numel() != output.numel())
           bad(kind, "input has " + std::to_string(input.numel()) + " elements but output " +
                         std::to_string(output.numel()));
-        if (!input.is_same(output) && input.data_ptr() != output.data_ptr() && overlap(input, output))
+        if (!input.is_same(output) && input.data_ptr() != output.data_ptr() && overlaps(input, output))
           bad(kind, "input and output overlap partially");
       } else {
         if (input.numel() != n * output.numel())
           bad(kind, "input must have world_size (" + std::to_string(n) + ") x output elements: input " +
                         std::to_string(input.numel()) + ", output " + std::to_string(output.numel()));
         const char* own = static_cast<const char*>(input.data_ptr()) + rank_ * output.nbytes();
-        if (overlap(input, output) && output.data_ptr() != own)
+        if (overlaps(input, output) && output.data_ptr() != own)
           bad(kind, "output overlaps input but is not this rank's slice of it");
       }
       break;
@@ -131,7 +127,7 @@ WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at:
         bad(kind, "output must have world_size (" + std::to_string(n) + ") x input elements: input " +
                       std::to_string(input.numel()) + ", output " + std::to_string(output.numel()));
       const char* own = static_cast<const char*>(output.data_ptr()) + rank_ * input.nbytes();
-      if (overlap(input, output) && input.data_ptr() != own)
+      if (overlaps(input, output) && input.data_ptr() != own)
         bad(kind, "input overlaps output but is not this rank's slice of it");
       break;
     }

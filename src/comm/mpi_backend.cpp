@@ -91,11 +91,6 @@ int checked_count(long long n, const char* what) {
   return static_cast<int>(n);
 }
 
-bool overlaps(const at::Tensor& a, const at::Tensor& b) {
-  auto a0 = static_cast<const char*>(a.data_ptr()), b0 = static_cast<const char*>(b.data_ptr());
-  return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
 // The progress thread. Owns every MPI call between MPI_Init_thread and MPI_Finalize.
 class Engine {
  public:

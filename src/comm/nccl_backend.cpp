@@ -244,7 +244,7 @@ class NcclBackend final : public Backend {
       if (t->defined() && t->has_storage() && t->storage().data_ptr().get() != nullptr)
         c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), stream_);
     }
-    request.work->keep_alive(std::make_shared<std::pair<at::Tensor, at::Tensor>>(request.input, request.output));
+    // (the Communicator keeps input and output alive in the Work)
     if (request.kind == Collective::Barrier) request.work->keep_alive(std::make_shared<at::Tensor>(barrier_buf_));
 
     std::weak_ptr<NcclComm> weak = state_;
