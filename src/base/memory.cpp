@@ -1,0 +1,123 @@
+#include "base/memory.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+
+namespace accel::memory {
+namespace {
+
+struct Counter {
+  std::atomic<std::int64_t> current{0};
+  std::atomic<std::int64_t> peak{0};
+  void add(std::int64_t n) {
+    std::int64_t now = current.fetch_add(n) + n;
+    std::int64_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+  void sub(std::int64_t n) { current.fetch_sub(n); }
+  Usage read() const { return {current.load(), peak.load()}; }
+  void reset_peak() { peak.store(current.load()); }
+};
+
+Counter g_total;
+std::array<Counter, kNumCategories> g_by_cat;
+thread_local Category t_category = Category::Other;
+
+// What a counted allocation carries to its deleter: the inner allocation and what to credit back.
+struct Record {
+  c10::DataPtr inner;
+  std::int64_t bytes;
+  Category category;
+};
+
+void release(void* ctx) {
+  auto* r = static_cast<Record*>(ctx);
+  g_total.sub(r->bytes);
+  g_by_cat[static_cast<int>(r->category)].sub(r->bytes);
+  delete r;
+}
+
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr d = inner_->allocate(n);
+    void* data = d.get();
+    c10::Device dev = d.device();
+    auto* r = new Record{std::move(d), static_cast<std::int64_t>(n), t_category};
+    g_total.add(r->bytes);
+    g_by_cat[static_cast<int>(r->category)].add(r->bytes);
+    return c10::DataPtr(data, r, &release, dev);
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    inner_->copy_data(dest, src, count);
+  }
+
+ private:
+  c10::Allocator* inner_;
+};
+
+std::atomic<bool> g_installed{false};
+
+std::string human(std::int64_t b) {
+  char buf[64];
+  if (b >= (1 << 20))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / 1048576.0);
+  else
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+  return buf;
+}
+
+}  // namespace
+
+const char* to_string(Category c) {
+  switch (c) {
+    case Category::Other: return "other";
+    case Category::Parameters: return "parameters";
+    case Category::Gradients: return "gradients";
+    case Category::OptimizerState: return "optimizer_state";
+    case Category::Gathered: return "gathered";
+  }
+  return "?";
+}
+
+void install_counting_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static CountingAllocator counting(c10::GetDefaultCPUAllocator());
+    c10::SetCPUAllocator(&counting, /*priority=*/100);
+    g_installed = true;
+  });
+}
+
+bool counting_installed() { return g_installed.load(); }
+
+Snapshot snapshot() {
+  Snapshot s;
+  s.total = g_total.read();
+  for (int i = 0; i < kNumCategories; ++i) s.by_category[i] = g_by_cat[i].read();
+  return s;
+}
+
+void reset_peaks() {
+  g_total.reset_peak();
+  for (auto& c : g_by_cat) c.reset_peak();
+}
+
+std::string Snapshot::to_string() const {
+  std::string out = "total " + human(total.current) + " (peak " + human(total.peak) + ")";
+  for (int i = 0; i < kNumCategories; ++i)
+    out += std::string(", ") + memory::to_string(static_cast<Category>(i)) + " " + human(by_category[i].current) +
+           " (peak " + human(by_category[i].peak) + ")";
+  return out;
+}
+
+CategoryScope::CategoryScope(Category c) : saved_(t_category) { t_category = c; }
+CategoryScope::~CategoryScope() { t_category = saved_; }
+
+}  // namespace accel::memory

@@ -1,0 +1,144 @@
+#include "sharding/flat_param.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <stdexcept>
+
+namespace accel::sharding {
+namespace {
+
+std::vector<std::int64_t> numels_of(const std::vector<at::Tensor>& ps) {
+  std::vector<std::int64_t> n;
+  for (const auto& p : ps) n.push_back(p.numel());
+  return n;
+}
+
+}  // namespace
+
+// Writes through such an alias do not touch the version counter of the parameter views (which
+// autograd checks for saved tensors).
+at::Tensor storage_alias(const at::Tensor& t) {
+  c10::NoGradGuard ng;
+  at::Tensor a = at::empty({0}, t.options());
+  a.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+  return a;
+}
+
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(c10::DataPtr(nullptr, s->device()));
+  s->set_nbytes(0);
+}
+
+void alloc_storage(const at::Tensor& t, std::size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (!s->resizable() || !s->allocator())
+    throw std::logic_error("accel: cannot re-allocate a storage that is not resizable");
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+bool storage_allocated(const at::Tensor& t) { return t.defined() && t.storage().nbytes() > 0; }
+
+FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vector<std::string> names, Options opts)
+    : name_(std::move(name)),
+      params_(std::move(params)),
+      names_(std::move(names)),
+      opts_(opts),
+      layout_(numels_of(params_), opts.world, opts.align) {
+  if (params_.size() != names_.size()) throw std::invalid_argument("FlatParam: one name per parameter");
+  if (opts.rank < 0 || opts.rank >= opts.world) throw std::invalid_argument("FlatParam: rank outside the shard group");
+  c10::NoGradGuard no_grad;
+  at::TensorOptions to = at::TensorOptions().dtype(opts.dtype);
+  if (!params_.empty()) to = to.device(params_[0].device());
+  full_ = at::zeros({layout_.padded()}, to);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i];
+    if (!p.is_leaf()) throw std::invalid_argument("FlatParam: parameter " + names_[i] + " is not a leaf tensor");
+    requires_grad_ = requires_grad_ || p.requires_grad();
+    at::Tensor view = full_.narrow(0, layout_.offset(i), p.numel()).view(p.sizes());
+    view.copy_(p);
+  }
+  // Re-point the parameters last: a parameter listed twice would otherwise read its own new view.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i];
+    at::Tensor view = storage_alias(full_).narrow(0, layout_.offset(i), p.numel()).view(p.sizes());
+    p.set_data(view);
+  }
+  auto [begin, end] = layout_.shard_range(opts.rank);
+  if (opts.sharded) {
+    shard_ = full_.narrow(0, begin, end - begin).clone();
+    free_full();
+  } else {
+    shard_ = full_.narrow(0, begin, end - begin);
+  }
+}
+
+bool FlatParam::gathered() const { return storage_allocated(full_) || layout_.padded() == 0; }
+
+void FlatParam::alloc_full() {
+  if (gathered()) return;
+  alloc_storage(full_, layout_.padded() * full_.element_size());
+}
+
+void FlatParam::free_full() {
+  if (!opts_.sharded) throw std::logic_error("FlatParam " + name_ + ": free_full on an unsharded parameter");
+  if (storage_allocated(full_)) free_storage(full_);
+}
+
+void FlatParam::shard_to_full() {
+  auto [begin, end] = layout_.shard_range(opts_.rank);
+  if (opts_.sharded) full_.narrow(0, begin, end - begin).copy_(shard_);
+}
+
+bool FlatParam::grad_allocated() const { return storage_allocated(grad_full_) || (grad_full_.defined() && layout_.padded() == 0); }
+
+void FlatParam::alloc_grad() {
+  if (grad_allocated()) return;
+  if (!grad_full_.defined()) {
+    grad_full_ = at::zeros({layout_.padded()}, full_.options());
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      grad_views_.push_back(grad_full_.narrow(0, layout_.offset(i), params_[i].numel()).view(params_[i].sizes()));
+    return;
+  }
+  alloc_storage(grad_full_, layout_.padded() * grad_full_.element_size());
+  grad_full_.zero_();
+}
+
+void FlatParam::free_grad() {
+  detach_grads();
+  if (storage_allocated(grad_full_)) free_storage(grad_full_);
+}
+
+bool FlatParam::grad_is_view(std::size_t i) const {
+  const at::Tensor& g = params_[i].grad();
+  return g.defined() && grad_views_.size() > i && g.is_alias_of(grad_views_[i]) &&
+         g.data_ptr() == grad_views_[i].data_ptr();
+}
+
+void FlatParam::take_grad(std::size_t i, bool accumulate) {
+  at::Tensor& p = params_[i];
+  const at::Tensor& g = p.grad();
+  if (!g.defined() || grad_is_view(i)) return;
+  c10::NoGradGuard no_grad;
+  if (accumulate)
+    grad_views_[i].add_(g);
+  else
+    grad_views_[i].copy_(g);
+  p.mutable_grad() = grad_views_[i];
+}
+
+void FlatParam::zero_grad_of(std::size_t i) { grad_views_[i].zero_(); }
+
+void FlatParam::attach_grads() {
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].requires_grad()) params_[i].mutable_grad() = grad_views_[i];
+}
+
+void FlatParam::detach_grads() {
+  for (auto& p : params_) p.mutable_grad() = at::Tensor();
+}
+
+}  // namespace accel::sharding

@@ -1,0 +1,99 @@
+// accel::sharding::FlatParam — one unit's parameters (of one optimizer param group) flattened into
+// one padded buffer, sharded by a ShardLayout over the ranks of a shard group.
+//
+// Every original parameter is re-pointed in place (same TensorImpl, same autograd identity, same
+// name) at its view into full(): module members, named_parameters() and optimizers' references keep
+// working. The buffer's storage can be freed and re-allocated in place (free_full/alloc_full) while
+// the views stay valid; touching a parameter while it is freed is the caller's bug.
+//
+// Gradients live in a second padded buffer, grad_full(), with the same layout. take_grad(i) moves what
+// autograd accumulated into params[i].grad into its view and points .grad at that view, so later
+// backward passes accumulate in place.
+//
+// The buffers are written through their own TensorImpls (never the parameters'), so gathering into
+// them does not bump the parameters' version counters (autograd's saved tensors stay valid).
+// Not thread-safe; one thread drives forward and backward.
+#pragma once
+
+#include "sharding/shard_layout.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace accel::sharding {
+
+class FlatParam {
+ public:
+  struct Options {
+    int rank = 0;      // rank within the shard group
+    int world = 1;     // shard group size (the layout's world)
+    c10::ScalarType dtype = c10::kFloat;  // compute dtype of the flat buffer
+    std::int64_t align = 1;
+    // true: this rank keeps only its shard at rest (own buffer); full() is allocated while gathered.
+    // false: full() is always allocated and shard() is a view into it.
+    bool sharded = false;
+  };
+
+  // params: leaf tensors of one dtype family and device, each at most once. Their values are copied
+  // into the flat buffer, then they become views into it.
+  FlatParam(std::string name, std::vector<at::Tensor> params, std::vector<std::string> names, Options opts);
+
+  const std::string& name() const { return name_; }
+  const ShardLayout& layout() const { return layout_; }
+  const Options& options() const { return opts_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
+  const std::vector<std::string>& names() const { return names_; }
+  bool requires_grad() const { return requires_grad_; }
+  std::int64_t numel() const { return layout_.total(); }
+
+  // --- parameters ------------------------------------------------------------------------------
+  const at::Tensor& full() const { return full_; }    // padded() elements; storage freed when !gathered()
+  const at::Tensor& shard() const { return shard_; }  // shard_size() elements, always allocated
+  bool gathered() const;
+  // Gives full() storage again (contents undefined until filled, e.g. by an all-gather). No-op if gathered.
+  void alloc_full();
+  // Returns full()'s storage to the allocator (sharded only). The parameter views stay valid objects.
+  void free_full();
+  // Copies the own shard into its place in full() (e.g. after the shard was updated on this rank).
+  void shard_to_full();
+
+  // --- gradients -------------------------------------------------------------------------------
+  const at::Tensor& grad_full() const { return grad_full_; }
+  bool grad_allocated() const;
+  // Allocates grad_full() filled with zeros (no-op if allocated).
+  void alloc_grad();
+  // Detaches the parameters' .grad and returns grad_full()'s storage.
+  void free_grad();
+  // Moves params[i].grad into its view of grad_full() (copy, or add when `accumulate`), and points
+  // .grad at the view. No-op if .grad already is the view or is undefined.
+  void take_grad(std::size_t i, bool accumulate);
+  // Zeros params[i]'s region of grad_full().
+  void zero_grad_of(std::size_t i);
+  bool grad_is_view(std::size_t i) const;
+  // params' .grad := their views of grad_full() / := undefined.
+  void attach_grads();
+  void detach_grads();
+
+ private:
+  std::string name_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  Options opts_;
+  ShardLayout layout_;
+  bool requires_grad_ = false;
+  at::Tensor full_, shard_, grad_full_;
+  std::vector<at::Tensor> grad_views_;
+};
+
+// Frees / re-allocates a tensor's storage in place (every view of it sees the change). The storage's
+// own allocator is used, so a counting allocator sees both.
+void free_storage(const at::Tensor& t);
+void alloc_storage(const at::Tensor& t, std::size_t nbytes);
+bool storage_allocated(const at::Tensor& t);
+// A new tensor (own TensorImpl, own version counter, not an autograd view) over t's memory: same
+// storage, offset, sizes and strides.
+at::Tensor storage_alias(const at::Tensor& t);
+
+}  // namespace accel::sharding

@@ -1,0 +1,515 @@
+// The engine: building units and flat parameters from a model, the hooks around forward and
+// backward, and the step's bracket. The reduction itself is GradReducer's; the optimizer wrapper is
+// in sharded_optimizer.cpp.
+#include "zero/engine.h"
+
+#include "base/memory.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace accel::zero {
+namespace {
+
+constexpr std::size_t npos = static_cast<std::size_t>(-1);
+using memory::Category;
+using memory::CategoryScope;
+
+class UnitHooksImpl final : public sharding::UnitHooks {
+ public:
+  UnitHooksImpl(std::weak_ptr<Engine> e, std::size_t unit) : e_(std::move(e)), unit_(unit) {}
+  void pre_forward() override {
+    if (auto e = e_.lock()) e->pre_forward(unit_);
+  }
+  void post_forward(std::vector<at::Tensor>& outs) override {
+    if (auto e = e_.lock()) e->post_forward(unit_, outs, true);
+  }
+  void post_forward_untracked() override {
+    std::vector<at::Tensor> none;
+    if (auto e = e_.lock()) e->post_forward(unit_, none, false);
+  }
+
+ private:
+  std::weak_ptr<Engine> e_;
+  std::size_t unit_;
+};
+
+class GradReadyHook final : public torch::autograd::PostAccumulateGradHook {
+ public:
+  GradReadyHook(Engine* e, std::size_t flat, std::size_t param) : e_(e), flat_(flat), param_(param) {}
+  void operator()(const torch::autograd::Variable&) override { e_->on_grad_accumulated(flat_, param_); }
+
+ private:
+  Engine* e_;
+  std::size_t flat_, param_;
+};
+
+bool type_matches(const std::string& module_name, const std::string& wanted) {
+  if (module_name == wanted) return true;
+  return module_name.size() > wanted.size() + 2 &&
+         module_name.compare(module_name.size() - wanted.size() - 2, std::string::npos, "::" + wanted) == 0;
+}
+
+std::int64_t subtree_numel(torch::nn::Module& m) {
+  std::int64_t n = 0;
+  for (const auto& p : m.parameters(/*recurse=*/true)) n += p.numel();
+  return n;
+}
+
+}  // namespace
+
+Engine::Engine(std::shared_ptr<torch::nn::Module> model, const torch::optim::Optimizer* optimizer, ShardingSpec spec,
+               std::shared_ptr<comm::Communicator> world)
+    : spec_(std::move(spec)), world_(std::move(world)), model_(std::move(model)) {
+  spec_.validate();
+  if (spec_.hybrid()) {
+    shard_ = world_->node_local();
+    replicate_ = world_->cross_node();
+  } else {
+    shard_ = world_;
+  }
+  build(*model_, optimizer);
+}
+
+Engine::~Engine() { uninstall_hooks(); }
+
+// ---------------------------------------------------------------------------------------------------
+// Building: units from the marks and the wrap policy, then one FlatParam per (unit, param group,
+// requires_grad), in module order.
+
+void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* optimizer) {
+  std::unordered_map<const void*, int> group_of;
+  if (optimizer)
+    for (std::size_t g = 0; g < optimizer->param_groups().size(); ++g)
+      for (const auto& p : optimizer->param_groups()[g].params()) group_of[p.unsafeGetTensorImpl()] = static_cast<int>(g);
+
+  units_.push_back(UnitInfo{"", &model, {}, {}, false});
+  struct Owned {
+    at::Tensor param;
+    std::string name;
+    std::size_t unit;
+  };
+  std::vector<Owned> owned;
+  std::unordered_map<const void*, std::size_t> seen;  // TensorImpl -> index into owned
+
+  const WrapPolicy& wrap = spec_.wrap;
+  std::function<void(torch::nn::Module&, const std::string&, std::size_t)> walk =
+      [&](torch::nn::Module& m, const std::string& prefix, std::size_t unit) {
+        if (&m != &model && wrap.kind != WrapPolicy::Kind::None) {
+          if (auto slot = sharding::find_unit(&m)) {
+            bool take = wrap.kind == WrapPolicy::Kind::Marked;
+            if (wrap.kind == WrapPolicy::Kind::TypeName)
+              for (const auto& t : wrap.type_names) take = take || type_matches(m.name(), t);
+            if (wrap.kind == WrapPolicy::Kind::Size) take = subtree_numel(m) >= wrap.min_num_params;
+            if (take) {
+              std::string name = prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1);
+              units_.push_back(UnitInfo{name, &m, {}, {}, false});
+              slots_.push_back(slot);
+              unit = units_.size() - 1;
+            }
+          }
+        }
+        for (const auto& kv : m.named_parameters(/*recurse=*/false)) {
+          const at::Tensor& p = kv.value();
+          std::string name = prefix + kv.key();
+          auto it = seen.find(p.unsafeGetTensorImpl());
+          if (it != seen.end()) {
+            const Owned& first = owned[it->second];
+            if (first.unit != unit)
+              throw std::invalid_argument(
+                  "accel: parameter '" + name + "' is the same tensor as '" + first.name + "', but they belong to " +
+                  "different units ('" + (units_[first.unit].name.empty() ? "<root>" : units_[first.unit].name) +
+                  "' and '" + (units_[unit].name.empty() ? "<root>" : units_[unit].name) +
+                  "'); a shared (tied) parameter must stay inside one unit: unmark one of them or move the "
+                  "shared module into their common parent");
+            continue;  // tied inside one unit: flattened once
+          }
+          seen[p.unsafeGetTensorImpl()] = owned.size();
+          owned.push_back({p, name, unit});
+        }
+        for (const auto& kv : m.named_children()) walk(*kv.value(), prefix + kv.key() + ".", unit);
+      };
+  walk(model, "", 0);
+
+  // Every rank starts from rank 0's weights (as DDP does), before anything is sharded.
+  {
+    c10::NoGradGuard ng;
+    std::vector<comm::WorkPtr> works;
+    for (auto& o : owned)
+      if (o.param.numel() > 0 && o.param.is_contiguous()) works.push_back(world_->broadcast_async(o.param, {0}));
+    for (auto& w : works) w->wait();
+  }
+
+  // Group by (unit, group, requires_grad), keeping module order inside each.
+  std::map<std::tuple<std::size_t, int, bool>, std::vector<std::size_t>> keys;
+  for (std::size_t i = 0; i < owned.size(); ++i) {
+    int g = -1;
+    if (auto it = group_of.find(owned[i].param.unsafeGetTensorImpl()); it != group_of.end()) g = it->second;
+    if (!owned[i].param.requires_grad()) g = -1;
+    keys[{owned[i].unit, g, owned[i].param.requires_grad()}].push_back(i);
+  }
+  const bool sharded_params = spec_.shards_parameters();
+  for (auto& [key, members] : keys) {
+    auto [unit, group, requires_grad] = key;
+    std::vector<at::Tensor> ps;
+    std::vector<std::string> names;
+    for (auto i : members) {
+      ps.push_back(owned[i].param);
+      names.push_back(owned[i].name);
+    }
+    sharding::FlatParam::Options o;
+    o.rank = shard_->rank();
+    o.world = shard_->size();
+    o.dtype = spec_.param_dtype.value_or(ps[0].scalar_type());
+    o.align = spec_.align_elements;
+    o.sharded = sharded_params;
+    std::string fname = (units_[unit].name.empty() ? "<root>" : units_[unit].name) + "[group " + std::to_string(group) +
+                        (requires_grad ? "" : ", frozen") + "]";
+    Flat f;
+    {
+      CategoryScope cat(Category::Parameters);
+      f.flat = std::make_unique<sharding::FlatParam>(fname, std::move(ps), std::move(names), o);
+    }
+    f.unit = static_cast<int>(unit);
+    f.group = group;
+    f.persistent = sharded_params && unit == 0;
+    f.fired.assign(f.flat->params().size(), 0);
+    for (const auto& p : f.flat->params()) f.need += p.requires_grad() ? 1 : 0;
+    units_[unit].flats.push_back(flats_.size());
+    flats_.push_back(std::move(f));
+  }
+
+  // Master copies: the optimizer's parameters (the flat buffer or this rank's shard of it), in the
+  // master dtype; aliases of the compute buffer when the dtypes agree.
+  for (auto& f : flats_) {
+    if (f.group < 0) continue;
+    const at::Tensor& src = spec_.shards_optimizer() ? f.flat->shard() : f.flat->full();
+    c10::ScalarType mdt = spec_.master_dtype.value_or(src.scalar_type());
+    CategoryScope cat(Category::OptimizerState);
+    f.master = (mdt == src.scalar_type() ? src.alias() : src.to(mdt).detach()).set_requires_grad(false);
+  }
+
+  // Root flats under ZeRO-3 stay gathered from step to step.
+  for (auto& f : flats_)
+    if (f.persistent) {
+      CategoryScope cat(Category::Gathered);
+      f.flat->alloc_full();
+      shard_->all_gather(f.flat->shard(), f.flat->full());
+    }
+
+  // Reduction order: reverse module order (the order backward usually finishes units in).
+  reducer_index_.assign(flats_.size(), npos);
+  std::vector<sharding::FlatParam*> order;
+  for (std::size_t i = flats_.size(); i-- > 0;)
+    if (flats_[i].flat->requires_grad()) {
+      reducer_index_[i] = order.size();
+      reduce_order_.push_back(i);
+      order.push_back(flats_[i].flat.get());
+    }
+  GradReducer::Mode mode = !spec_.shards_optimizer()   ? GradReducer::Mode::AllReduce
+                           : !spec_.shards_gradients() ? GradReducer::Mode::ReduceScatterInPlace
+                                                       : GradReducer::Mode::ReduceScatter;
+  c10::ScalarType rdt = spec_.reduce_dtype.value_or(flats_.empty() ? c10::kFloat : flats_[0].flat->full().scalar_type());
+  reducer_ = std::make_unique<GradReducer>(std::move(order), mode, rdt, shard_, replicate_, spec_.bucket_bytes);
+}
+
+void Engine::install_hooks() {
+  if (hooks_installed_) return;
+  hooks_installed_ = true;
+  for (std::size_t fi = 0; fi < flats_.size(); ++fi) {
+    const auto& ps = flats_[fi].flat->params();
+    for (std::size_t i = 0; i < ps.size(); ++i)
+      if (ps[i].requires_grad())
+        torch::autograd::impl::set_post_acc_grad_hooks(ps[i], std::make_unique<GradReadyHook>(this, fi, i));
+  }
+  for (std::size_t u = 1; u < units_.size(); ++u)
+    slots_[u - 1]->hooks = std::make_shared<UnitHooksImpl>(weak_from_this(), u);
+}
+
+void Engine::uninstall_hooks() {
+  for (auto& f : flats_)
+    for (const auto& p : f.flat->params())
+      if (p.requires_grad()) torch::autograd::impl::post_acc_grad_hooks(p) = nullptr;
+  for (auto& s : slots_) s->hooks.reset();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Forward and backward around units.
+
+bool Engine::unit_sharded(std::size_t unit) const { return spec_.shards_parameters() && unit != 0; }
+
+void Engine::gather(std::size_t unit, bool async) {
+  UnitInfo& u = units_[unit];
+  if (!u.inflight.empty()) {
+    if (!async) wait_gather(unit);
+    return;
+  }
+  for (auto fi : u.flats) {
+    sharding::FlatParam& fp = *flats_[fi].flat;
+    if (fp.gathered()) continue;
+    {
+      CategoryScope cat(Category::Gathered);
+      fp.alloc_full();
+    }
+    u.inflight.push_back(shard_->all_gather_async(fp.shard(), fp.full()));
+  }
+  if (!async) wait_gather(unit);
+}
+
+void Engine::wait_gather(std::size_t unit) {
+  auto works = std::move(units_[unit].inflight);
+  units_[unit].inflight.clear();
+  for (auto& w : works) w->wait();
+}
+
+void Engine::reshard_flat(Flat& f) {
+  if (f.persistent || !f.flat->options().sharded) return;
+  f.flat->free_full();
+}
+
+void Engine::reshard(std::size_t unit) {
+  wait_gather(unit);
+  for (auto fi : units_[unit].flats) reshard_flat(flats_[fi]);
+}
+
+void Engine::prefetch(std::size_t unit) {
+  if (unit_sharded(unit)) gather(unit, /*async=*/true);
+}
+
+void Engine::pre_forward(std::size_t unit) {
+  bool seen = false;
+  for (auto u : cur_order_) seen = seen || u == unit;
+  if (!seen) cur_order_.push_back(unit);
+  if (!unit_sharded(unit)) return;
+  gather(unit, /*async=*/false);
+  if (spec_.forward_prefetch) {
+    // The unit after this one in the last forward's order.
+    for (std::size_t i = 0; i + 1 < fwd_order_.size(); ++i)
+      if (fwd_order_[i] == unit) {
+        prefetch(fwd_order_[i + 1]);
+        break;
+      }
+  }
+}
+
+void Engine::post_forward(std::size_t unit, std::vector<at::Tensor>& outputs, bool tracked) {
+  if (!unit_sharded(unit)) return;
+  bool grad_flows = false;
+  for (auto& t : outputs)
+    if (t.defined() && t.requires_grad()) {
+      grad_flows = true;
+      t.register_hook([this, unit](const at::Tensor&) { pre_backward(unit); });
+    }
+  units_[unit].backward_gathered = false;
+  // Without tracked outputs backward could not gather first: keep the parameters until post-backward.
+  if (spec_.reshard_after_forward && tracked) reshard(unit);
+  (void)grad_flows;
+}
+
+void Engine::pre_backward(std::size_t unit) {
+  begin_backward();
+  UnitInfo& u = units_[unit];
+  if (u.backward_gathered) return;
+  u.backward_gathered = true;
+  gather(unit, /*async=*/false);
+  if (spec_.backward_prefetch) {
+    // The unit before this one in forward order runs next in backward.
+    const auto& order = cur_order_.empty() ? fwd_order_ : cur_order_;
+    for (std::size_t i = 1; i < order.size(); ++i)
+      if (order[i] == unit) {
+        prefetch(order[i - 1]);
+        break;
+      }
+  }
+}
+
+void Engine::begin_backward() {
+  if (in_backward_) return;
+  in_backward_ = true;
+  std::weak_ptr<Engine> self = weak_from_this();
+  torch::autograd::Engine::get_default_engine().queue_callback([self] {
+    if (auto e = self.lock()) e->finalize_backward();
+  });
+}
+
+void Engine::on_grad_accumulated(std::size_t fi, std::size_t i) {
+  begin_backward();
+  Flat& f = flats_[fi];
+  CategoryScope cat(Category::Gradients);
+  // Invariant: while !grad_live no parameter's .grad is a view of grad_full, so zeroing it here
+  // cannot lose what autograd just accumulated.
+  if (!f.grad_live) {
+    if (f.flat->grad_allocated())
+      f.flat->grad_full().zero_();
+    else
+      f.flat->alloc_grad();
+    f.grad_live = true;
+  }
+  f.flat->take_grad(i, /*accumulate=*/true);
+  if (f.fired[i]) return;
+  f.fired[i] = 1;
+  if (++f.fired_count < f.need) return;
+  f.ready = true;
+  // Every use of the flat's parameters is behind us: reduce, and free the gathered parameters.
+  if (sync_ && reducer_index_[fi] != npos) reducer_->mark_ready(reducer_index_[fi]);
+  if (unit_sharded(static_cast<std::size_t>(f.unit))) {
+    wait_gather(static_cast<std::size_t>(f.unit));
+    reshard_flat(f);
+  }
+}
+
+void Engine::backward(const at::Tensor& loss) {
+  std::size_t before = finalize_count_;
+  loss.backward();
+  // No parameter of this rank received a gradient, so no hook queued the end-of-backward work.
+  if (finalize_count_ == before) finalize_backward();
+}
+
+void Engine::finalize_backward() {
+  in_backward_ = false;
+  ++finalize_count_;
+  if (!cur_order_.empty()) {
+    fwd_order_ = cur_order_;
+    cur_order_.clear();
+  }
+  for (auto& u : units_) u.backward_gathered = false;
+  if (sync_) {
+    // Parameters that got no gradient on this rank contribute zeros (their regions were zeroed when
+    // the accumulation window opened); flats still waiting are launched now, in the same order on
+    // every rank.
+    for (auto fi : reduce_order_) {
+      Flat& f = flats_[fi];
+      if (!f.grad_live) {
+        CategoryScope cat(Category::Gradients);
+        if (f.flat->grad_allocated())
+          f.flat->grad_full().zero_();
+        else
+          f.flat->alloc_grad();
+        f.grad_live = true;
+      }
+      reducer_->mark_ready(reducer_index_[fi]);
+    }
+    std::vector<at::Tensor> reduced;
+    {
+      CategoryScope cat(Category::Gradients);
+      reduced = reducer_->flush();
+    }
+    for (std::size_t r = 0; r < reduce_order_.size(); ++r) {
+      Flat& f = flats_[reduce_order_[r]];
+      at::Tensor g = reduced[r];
+      if (spec_.shards_gradients()) {
+        // The reduced shard is the gradient now; the full buffer goes back to the allocator.
+        f.flat->free_grad();
+        f.grad_live = false;
+        if (f.grad.defined() && f.grad.numel() == g.numel())
+          f.grad.add_(g);  // a second sync backward before the step accumulates into the shard
+        else
+          f.grad = g;
+      } else {
+        f.grad = g;
+        // DDP: .grad shows the averaged gradient. ZeRO-1: only the own slice is reduced, so the
+        // parameters show none (the buffer keeps accumulating until the step).
+        if (spec_.shards_optimizer())
+          f.flat->detach_grads();
+        else
+          f.flat->attach_grads();
+      }
+      if (f.master.defined()) {
+        CategoryScope cat(Category::Gradients);
+        // Not an autograd view (zero_grad detaches grads in place, which views refuse).
+        f.master.mutable_grad() = f.grad.scalar_type() == f.master.scalar_type() ? sharding::storage_alias(f.grad)
+                                                                                 : f.grad.to(f.master.scalar_type());
+      }
+    }
+  } else {
+    // Accumulating: keep the parameters' .grad on their flat views so the next backward adds in place.
+    for (auto& f : flats_)
+      if (f.grad_live) f.flat->attach_grads();
+  }
+  for (auto& f : flats_) {
+    std::fill(f.fired.begin(), f.fired.end(), 0);
+    f.fired_count = 0;
+    f.ready = false;
+  }
+  for (std::size_t u = 1; u < units_.size(); ++u)
+    if (unit_sharded(u)) reshard(u);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Clipping and the step.
+
+double Engine::clip_grad_norm(double max_norm, double norm_type) {
+  const bool inf = std::isinf(norm_type);
+  if (!inf && norm_type < 1.0) throw std::invalid_argument("clip_grad_norm: norm_type must be >= 1 or inf");
+  double local = 0.0;
+  for (auto& f : flats_) {
+    if (!f.master.defined() || !f.master.grad().defined()) continue;
+    at::Tensor g = f.master.grad().to(at::kDouble);
+    if (inf)
+      local = std::max(local, g.abs().max().item<double>());
+    else
+      local += g.abs().pow(norm_type).sum().item<double>();
+  }
+  double total = local;
+  if (spec_.shards_optimizer() && shard_->size() > 1) {
+    at::Tensor t = at::full({1}, local, at::kDouble);
+    shard_->all_reduce(t, {inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum});
+    total = t.item<double>();
+  }
+  if (!inf) total = std::pow(total, 1.0 / norm_type);
+  double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0)
+    for (auto& f : flats_) {
+      if (!f.master.defined() || !f.master.grad().defined()) continue;
+      f.master.mutable_grad().mul_(coef);
+      if (f.grad.defined() && !f.grad.is_alias_of(f.master.grad())) f.grad.mul_(coef);
+    }
+  return total;
+}
+
+void Engine::before_step() {
+  if (in_backward_) throw std::logic_error("accel: optimizer step during backward");
+}
+
+void Engine::after_step() {
+  c10::NoGradGuard ng;
+  std::vector<comm::WorkPtr> works;
+  for (auto& f : flats_) {
+    if (f.group >= 0) {
+      // Master -> compute buffer where they are different tensors.
+      const at::Tensor& dst = spec_.shards_optimizer() ? f.flat->shard() : f.flat->full();
+      if (!f.master.is_alias_of(dst)) dst.copy_(f.master);
+    }
+    // Replicated parameters (ZeRO-1/2) and the always-gathered root unit (ZeRO-3) are all-gathered
+    // from the updated shards; sharded units are gathered again by their next forward.
+    if (!spec_.shards_optimizer() || f.group < 0) continue;
+    if (!f.flat->options().sharded) {
+      auto [b, e] = f.flat->layout().shard_range(f.flat->options().rank);
+      works.push_back(shard_->all_gather_async(f.flat->full().narrow(0, b, e - b), f.flat->full()));
+    } else if (f.persistent) {
+      works.push_back(shard_->all_gather_async(f.flat->shard(), f.flat->full()));
+    }
+  }
+  for (auto& w : works) w->wait();
+  // The step consumed the gradients: the next backward starts a new accumulation window.
+  for (auto& f : flats_) {
+    f.grad_live = false;
+    f.flat->detach_grads();
+    if (spec_.shards_gradients()) f.grad = at::Tensor();  // master.grad keeps it until zero_grad
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+}  // namespace accel::zero

@@ -1,0 +1,139 @@
+// accel::zero::Engine — executes a ShardingSpec on one model: flattens its units into FlatParams,
+// gathers and frees parameters around each unit's forward and backward, reduces gradients through
+// the GradReducer, and brackets the sharded optimizer's step (see sharded_optimizer.h).
+//
+// Build it with prepare() (below), which also returns the optimizer to use. The model object stays the
+// user's: model->forward(x) works, named_parameters() keeps its names, each parameter is a view into
+// its unit's flat buffer.
+//
+// One training step:  loss = model->forward(x);  engine->backward(loss);  optimizer->step();
+// (loss.backward() works too, provided every rank's backward reaches at least one parameter.)
+// Gradient accumulation: backward passes run inside a NoSync scope skip the reduction; the first
+// backward outside one reduces everything accumulated.
+//
+// Not thread-safe: one thread drives forward, backward and step. Collectives are issued in the same
+// order on every rank as long as every rank runs the same model code.
+#pragma once
+
+#include "comm/communicator.h"
+#include "sharding/flat_param.h"
+#include "sharding/unit.h"
+#include "zero/grad_reducer.h"
+#include "zero/spec.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace accel::zero {
+
+class Engine : public std::enable_shared_from_this<Engine> {
+ public:
+  // What the engine keeps per flat parameter beyond the mechanism.
+  struct Flat {
+    std::unique_ptr<sharding::FlatParam> flat;
+    int unit = 0;          // index into units()
+    int group = -1;        // the user optimizer's param group, -1: not optimized
+    bool persistent = false;  // gathered from the step's all-gather until the next step (root unit)
+    at::Tensor master;     // what the optimizer steps: the shard (sharded) or the whole flat buffer
+    at::Tensor grad;       // reduced gradient feeding master.grad (undefined until a sync backward)
+    // per backward
+    std::vector<char> fired;
+    std::size_t fired_count = 0, need = 0;
+    bool grad_live = false;  // grad_full holds this accumulation window's gradients
+    bool ready = false;
+  };
+  struct UnitInfo {
+    std::string name;  // "" for the root unit, else the module path ("blocks.0")
+    torch::nn::Module* module = nullptr;
+    std::vector<std::size_t> flats;
+    std::vector<comm::WorkPtr> inflight;  // prefetch all-gathers
+    bool backward_gathered = false;
+  };
+
+  Engine(std::shared_ptr<torch::nn::Module> model, const torch::optim::Optimizer* optimizer, ShardingSpec spec,
+         std::shared_ptr<comm::Communicator> world);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const ShardingSpec& spec() const { return spec_; }
+  const std::vector<Flat>& flats() const { return flats_; }
+  const std::vector<UnitInfo>& units() const { return units_; }
+  comm::Communicator& world() const { return *world_; }
+  // The group parameters, gradients and optimizer state are sharded over (world, or the node
+  // group under HYBRID_SHARD) and the group gradients are then averaged over (null if none).
+  const std::shared_ptr<comm::Communicator>& shard_group() const { return shard_; }
+  const std::shared_ptr<comm::Communicator>& replicate_group() const { return replicate_; }
+  std::size_t num_buckets() const { return reducer_ ? reducer_->num_buckets() : 0; }
+
+  // --- backward --------------------------------------------------------------------------------
+  // loss.backward() and the end-of-backward work (idempotent per backward).
+  void backward(const at::Tensor& loss);
+  // While false, backward passes accumulate locally without reducing (DDP's no_sync).
+  void set_gradient_sync(bool sync) { sync_ = sync; }
+  bool gradient_sync() const { return sync_; }
+  class NoSync {
+   public:
+    explicit NoSync(Engine& e) : e_(e), saved_(e.gradient_sync()) { e_.set_gradient_sync(false); }
+    ~NoSync() { e_.set_gradient_sync(saved_); }
+
+   private:
+    Engine& e_;
+    bool saved_;
+  };
+
+  // Global gradient norm over every rank's shards (norm_type 2, any p >= 1, or infinity), computed
+  // after the reduction; scales the gradients by max_norm / (norm + 1e-6) when that is < 1, as
+  // torch::nn::utils::clip_grad_norm_ does. Returns the norm before clipping.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0);
+
+  // --- the sharded optimizer's step calls these ---------------------------------------------------
+  void before_step();
+  void after_step();
+
+  // Installs the autograd and unit hooks (prepare() does; needs the engine in a shared_ptr).
+  void install_hooks();
+  void uninstall_hooks();
+
+  // --- called by the unit hooks and autograd hooks ---------------------------------------------------
+  void pre_forward(std::size_t unit);
+  void post_forward(std::size_t unit, std::vector<at::Tensor>& outputs, bool tracked);
+  void pre_backward(std::size_t unit);
+  void on_grad_accumulated(std::size_t flat, std::size_t param);
+
+ private:
+  void build(torch::nn::Module& model, const torch::optim::Optimizer* optimizer);
+  void begin_backward();
+  void finalize_backward();
+  void gather(std::size_t unit, bool async);
+  void wait_gather(std::size_t unit);
+  void reshard(std::size_t unit);
+  void reshard_flat(Flat& f);
+  void prefetch(std::size_t unit);
+  bool unit_sharded(std::size_t unit) const;
+
+  ShardingSpec spec_;
+  std::shared_ptr<comm::Communicator> world_, shard_, replicate_;
+  std::shared_ptr<torch::nn::Module> model_;
+  std::vector<Flat> flats_;
+  std::vector<UnitInfo> units_;
+  std::vector<std::shared_ptr<sharding::UnitSlot>> slots_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::vector<std::size_t> reduce_order_;  // flats_ indices in reducer order
+  std::vector<std::size_t> reducer_index_;  // flats_ index -> reducer index (or npos)
+  std::vector<std::size_t> fwd_order_, cur_order_;  // unit order of the last / current forward
+  bool sync_ = true;
+  bool hooks_installed_ = false;
+  bool in_backward_ = false;
+  std::size_t finalize_count_ = 0;
+};
+
+}  // namespace accel::zero

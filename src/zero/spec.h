@@ -1,0 +1,70 @@
+// accel::zero::ShardingSpec — every strategy as one point in one space (DESIGN.md §1).
+//
+//   strategy            | optimizer state | gradients            | parameters at rest | freed after forward
+//   DDP / NO_SHARD      | replicated      | all-reduced          | replicated         | -
+//   ZeRO-1              | sharded         | reduce-scattered into the own slice of a full buffer | replicated | -
+//   ZeRO-2/SHARD_GRAD_OP| sharded         | sharded (reduce-scatter) | replicated, all-gathered after step | -
+//   ZeRO-3 / FULL_SHARD | sharded         | sharded              | sharded, gathered per unit | yes (reshard_after_forward)
+//   HYBRID_SHARD        | FULL_SHARD inside a node, gradients all-reduced across nodes
+//
+// ZeRO-1 reduce-scatters rather than all-reduces: it only needs its own slice of the reduced
+// gradient, and that is what keeps its traffic at DDP's 2Ψ (ZeRO paper, Table 1).
+// Dtypes: parameters are computed (and gathered) in param_dtype, gradients reduced in reduce_dtype,
+// the optimizer steps master_dtype shards. Unset dtypes follow the model's parameters.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace accel::zero {
+
+enum class Strategy { NoShard, Zero1, Zero2, Zero3, HybridShard };
+const char* to_string(Strategy s);
+
+struct WrapPolicy {
+  enum class Kind { Marked, TypeName, Size, None };
+  // Marked: every module marked with accel::unit is a unit. TypeName: marked modules whose type name
+  // (torch::nn::Module::name(), e.g. "BlockImpl") is in type_names. Size: marked modules holding at
+  // least min_num_params parameters of their own (not in a nested unit). None: only the root unit.
+  Kind kind = Kind::Marked;
+  std::vector<std::string> type_names;
+  std::int64_t min_num_params = 0;
+};
+
+struct ShardingSpec {
+  Strategy strategy = Strategy::NoShard;
+  // FULL_SHARD/ZeRO-3: free the gathered parameters after each unit's forward (gather again in
+  // backward). false: keep them from pre-forward until the unit's gradients are reduced.
+  bool reshard_after_forward = true;
+  bool forward_prefetch = true;
+  bool backward_prefetch = true;
+  // Gradient buckets: reductions of consecutive flat parameters are fused up to this many bytes;
+  // 0 = one collective per flat parameter.
+  std::int64_t bucket_bytes = 25 << 20;
+  // Each tensor starts at a multiple of this many elements inside its flat buffer.
+  std::int64_t align_elements = 1;
+  WrapPolicy wrap;
+  std::optional<c10::ScalarType> param_dtype, reduce_dtype, master_dtype;
+
+  // The switches a strategy is made of.
+  bool shards_optimizer() const { return strategy != Strategy::NoShard; }
+  bool shards_gradients() const { return strategy == Strategy::Zero2 || shards_parameters(); }
+  bool shards_parameters() const { return strategy == Strategy::Zero3 || strategy == Strategy::HybridShard; }
+  bool hybrid() const { return strategy == Strategy::HybridShard; }
+
+  // Named points: DeepSpeed stages and FSDP sharding strategies.
+  static ShardingSpec ddp();
+  static ShardingSpec zero(int stage);  // 0..3; throws std::invalid_argument otherwise
+  // "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD" (FSDP's names); throws otherwise.
+  static ShardingSpec fsdp(const std::string& sharding_strategy);
+
+  // Throws std::invalid_argument naming the field for a bad value.
+  void validate() const;
+  std::string to_string() const;
+};
+
+}  // namespace accel::zero
