@@ -2,6 +2,8 @@
 // other ranks print only their failures, tagged with the rank. All ranks exit with the worst result.
 #include "test_world.h"
 
+#include "base/memory.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -36,6 +38,8 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 int main(int argc, char** argv) {
   // A test that desynchronizes the ranks fails within a minute instead of hanging for the default.
   setenv("ACCEL_COMM_TIMEOUT_S", "60", /*overwrite=*/0);
+  // Before any tensor exists, so the memory tests see every allocation.
+  accel::memory::install_counting_allocator();
   ::testing::InitGoogleTest(&argc, argv);
   accel::test::g_world = accel::comm::Communicator::world();
   const int rank = accel::test::g_world->rank();

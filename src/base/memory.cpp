@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <mutex>
+#include <new>
 
 namespace accel::memory {
 namespace {
@@ -28,32 +29,41 @@ Counter g_total;
 std::array<Counter, kNumCategories> g_by_cat;
 thread_local Category t_category = Category::Other;
 
-// What a counted allocation carries to its deleter: the inner allocation and what to credit back.
-struct Record {
+// Every counted allocation is laid out as [Header | data]: the header, in the first kHeader bytes
+// (which keeps the inner allocator's 64-byte alignment), holds the inner allocation and what to credit
+// back. The DataPtr's context is the data pointer itself, as raw_allocate() (used by oneDNN) requires.
+struct Header {
   c10::DataPtr inner;
   std::int64_t bytes;
   Category category;
 };
+constexpr std::size_t kHeader = 64;
+static_assert(sizeof(Header) <= kHeader);
 
-void release(void* ctx) {
-  auto* r = static_cast<Record*>(ctx);
-  g_total.sub(r->bytes);
-  g_by_cat[static_cast<int>(r->category)].sub(r->bytes);
-  delete r;
+void release(void* data) {
+  if (!data) return;
+  auto* h = reinterpret_cast<Header*>(static_cast<char*>(data) - kHeader);
+  g_total.sub(h->bytes);
+  g_by_cat[static_cast<int>(h->category)].sub(h->bytes);
+  c10::DataPtr inner = std::move(h->inner);
+  h->~Header();
+  // `inner` frees the block on leaving scope.
 }
 
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
   c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr d = inner_->allocate(n);
-    void* data = d.get();
+    c10::DataPtr d = inner_->allocate(n + kHeader);
+    char* base = static_cast<char*>(d.get());
     c10::Device dev = d.device();
-    auto* r = new Record{std::move(d), static_cast<std::int64_t>(n), t_category};
-    g_total.add(r->bytes);
-    g_by_cat[static_cast<int>(r->category)].add(r->bytes);
-    return c10::DataPtr(data, r, &release, dev);
+    auto* h = new (base) Header{std::move(d), static_cast<std::int64_t>(n), t_category};
+    g_total.add(h->bytes);
+    g_by_cat[static_cast<int>(h->category)].add(h->bytes);
+    void* data = base + kHeader;
+    return c10::DataPtr(data, data, &release, dev);
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     inner_->copy_data(dest, src, count);
   }

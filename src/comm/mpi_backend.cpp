@@ -201,7 +201,19 @@ class Engine {
 
   // (A request of a non-blocking collective may not be freed or cancelled; failures happen only
   // before one starts or after it completed.)
-  void fail(Op& op, std::exception_ptr e) { op.req.work->finish(std::move(e)); }
+  void fail(Op& op, std::exception_ptr e) { complete(op, std::move(e)); }
+
+  // Drops every tensor reference the op holds, then finishes its Work: once wait() returns, the
+  // progress thread frees nothing of the caller's behind its back (memory counts stay exact).
+  void complete(Op& op, std::exception_ptr e = nullptr) {
+    WorkPtr work = std::move(op.req.work);
+    op.req.input = at::Tensor();
+    op.req.output = at::Tensor();
+    op.send = at::Tensor();
+    op.recv = at::Tensor();
+    op.post = nullptr;
+    work->finish(std::move(e));
+  }
 
   void begin(std::unique_ptr<Op> op) {
     if (check_enabled_ && op->group->size > 1) {
@@ -249,7 +261,7 @@ class Engine {
           if (flag) {
             progressed = true;
             if (op.post) op.post();
-            op.req.work->finish();
+            complete(op);
             remove = true;
           }
         }

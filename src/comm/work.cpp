@@ -18,9 +18,18 @@ Work::Work(std::string what, int rank, int world_size, Duration timeout)
 Work::~Work() = default;
 
 void Work::finish(std::exception_ptr err) {
+  std::vector<std::shared_ptr<void>> keep;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (done_) return;
+    if (done_ || finishing_) return;
+    finishing_ = true;
+    keep.swap(keep_);
+  }
+  // The finishing thread (the MPI progress thread, say) drops its references to the caller's tensors
+  // before any waiter wakes: what the caller frees after wait() is freed on the caller's thread.
+  keep.clear();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
     done_ = true;
     error_ = std::move(err);
   }

@@ -1,7 +1,8 @@
 // accel::comm::Work — the handle every asynchronous collective returns.
 //
 // Contract: the tensors passed to a collective belong to the caller, who must neither free nor touch
-// them until wait() returns (the Work keeps them alive). wait() blocks the calling host thread until
+// them until wait() returns (the Work keeps them alive until the collective has finished, and drops
+// that reference before wait() returns). wait() blocks the calling host thread until
 // the collective is complete, raising its error if it failed: MismatchError, CommError, or
 // TimeoutError when it did not finish in time (the communicator is then broken). Thread-safe.
 #pragma once
@@ -55,6 +56,7 @@ class Work {
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  bool finishing_ = false;
   std::exception_ptr error_;
   std::function<bool()> poll_;
   std::vector<std::function<void()>> on_timeout_;

@@ -1,0 +1,461 @@
+// The engine counted, not guessed: collectives per micro-step, bytes moved per step against 2Ψ/3Ψ,
+// per-rank bytes by category against the ZeRO formulas; and the edges: frozen and unused parameters,
+// a parameter shared across units, unsupported optimizers, clipping, wrap policies.
+#include "base/memory.h"
+#include "harness.h"
+
+#include <gtest/gtest.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/lbfgs.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+
+namespace accel::test {
+namespace {
+
+using comm::Collective;
+using zero::ShardingSpec;
+
+std::vector<std::pair<std::string, ShardingSpec>> all_specs() {
+  std::vector<std::pair<std::string, ShardingSpec>> out = {
+      {"DDP", ShardingSpec::ddp()},         {"ZeRO1", ShardingSpec::zero(1)},
+      {"ZeRO2", ShardingSpec::zero(2)},     {"ZeRO3", ShardingSpec::zero(3)},
+      {"HYBRID", ShardingSpec::fsdp("HYBRID_SHARD")},
+  };
+  for (auto& [n, s] : out) s.bucket_bytes = 0;  // one collective per flat parameter: countable
+  return out;
+}
+
+struct Delta {
+  std::uint64_t ag = 0, rs = 0, ar = 0, rep_ar = 0;
+};
+Delta diff(const comm::Counters& a, const comm::Counters& b, const comm::Counters& ra, const comm::Counters& rb) {
+  return {b[Collective::AllGather].calls - a[Collective::AllGather].calls,
+          b[Collective::ReduceScatter].calls - a[Collective::ReduceScatter].calls,
+          b[Collective::AllReduce].calls - a[Collective::AllReduce].calls,
+          rb[Collective::AllReduce].calls - ra[Collective::AllReduce].calls};
+}
+
+TEST(EngineCounts, CollectivesPerMicroStep) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  for (auto [name, spec] : all_specs())
+    for (bool reshard : {true, false}) {
+      if (!spec.shards_parameters() && !reshard) continue;
+      spec.reshard_after_forward = reshard;
+      SCOPED_TRACE(name + (reshard ? "" : " (no reshard after forward)"));
+      Model mdl = make_model(ModelKind::MLP, at::kDouble);  // root: scale; 3 Linear units (weight, bias)
+      auto user_opt = make_optimizer(OptKind::AdamW, *mdl.module);
+      auto p = zero::prepare(mdl.module, *user_opt, spec, world);
+      auto& e = *p.engine;
+      ASSERT_EQ(e.flats().size(), 7u);
+      ASSERT_EQ(e.num_buckets(), 7u);
+      const std::uint64_t F = 7, unit_flats = 6, root_flats = 1;
+      auto& shard = *e.shard_group();
+      auto rep = e.replicate_group();
+      const bool has_rep = rep && rep->size() > 1;
+      auto counters = [&] { return std::make_pair(shard.counters(), rep ? rep->counters() : comm::Counters{}); };
+      const int64_t local = 12 / N;
+      for (int step = 0; step < 2; ++step) {
+        for (int m = 0; m < 3; ++m) {
+          auto [x, y] = make_batch(ModelKind::MLP, at::kDouble, step, m);
+          auto before = counters();
+          {
+            std::optional<zero::Engine::NoSync> ns;
+            if (m < 2) ns.emplace(e);
+            e.backward(mdl.loss(x.narrow(0, r * local, local), y.narrow(0, r * local, local)));
+          }
+          auto after = counters();
+          Delta d = diff(before.first, after.first, before.second, after.second);
+          const bool final_micro = m == 2;
+          std::uint64_t want_ag = spec.shards_parameters() ? unit_flats * (reshard ? 2 : 1) : 0;
+          std::uint64_t want_rs = final_micro && spec.shards_optimizer() ? F : 0;
+          std::uint64_t want_ar = final_micro && !spec.shards_optimizer() ? F : 0;
+          std::uint64_t want_rep = final_micro && has_rep ? F : 0;
+          EXPECT_EQ(d.ag, want_ag) << "micro-step " << m;
+          EXPECT_EQ(d.rs, want_rs) << "micro-step " << m;
+          EXPECT_EQ(d.ar, want_ar) << "micro-step " << m;
+          EXPECT_EQ(d.rep_ar, want_rep) << "micro-step " << m;
+        }
+        auto before = counters();
+        p.optimizer->step();
+        p.optimizer->zero_grad();
+        auto after = counters();
+        Delta d = diff(before.first, after.first, before.second, after.second);
+        // After the step: ZeRO-1/2 re-gather every flat, ZeRO-3 only the always-gathered root unit.
+        std::uint64_t want_ag = !spec.shards_optimizer() ? 0 : spec.shards_parameters() ? root_flats : F;
+        EXPECT_EQ(d.ag, want_ag) << "step";
+        EXPECT_EQ(d.rs + d.ar + d.rep_ar, 0u) << "step";
+      }
+    }
+}
+
+// Bytes moved per rank per step, nccl-tests' bus bytes: all_reduce 2(N-1)/N x size, reduce_scatter
+// and all_gather (N-1)/N x the full size.
+TEST(EngineCounts, TrafficMatchesZeroFormulas) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  const std::vector<int64_t> widths = {64, 64, 64, 64, 64};
+  const double psi = 4 * (64 * 64 + 64);  // parameters; all in units, none in the root
+  for (auto [name, spec] : all_specs()) {
+    if (spec.hybrid()) continue;
+    SCOPED_TRACE(name);
+    at::manual_seed(7);
+    auto mlp = std::make_shared<MLPImpl>(widths, /*root_param=*/false);
+    auto user_opt = make_optimizer(OptKind::SGD, *mlp);
+    auto p = zero::prepare(mlp, *user_opt, spec, world);
+    auto before = world->counters();
+    at::manual_seed(3);
+    at::Tensor x = at::randn({4 * N, 64});
+    p.engine->backward(mlp->forward(x.narrow(0, r * 4, 4)).pow(2).mean());
+    p.optimizer->step();
+    auto after = world->counters();
+    auto bytes = [&](Collective c, bool sent) {
+      return static_cast<double>(sent ? after[c].bytes_sent - before[c].bytes_sent
+                                      : after[c].bytes_received - before[c].bytes_received);
+    };
+    double f = N > 1 ? (N - 1.0) / N : 0.0;
+    double bus = bytes(Collective::AllReduce, true) * 2 * f + bytes(Collective::ReduceScatter, true) * f +
+                 bytes(Collective::AllGather, false) * f;
+    double want = (spec.shards_parameters() ? 3 : 2) * psi * f * 4;
+    if (N == 1)
+      EXPECT_EQ(bus, 0.0);
+    else
+      EXPECT_NEAR(bus / want, 1.0, 0.01) << "bus bytes " << bus << " want " << want;
+  }
+}
+
+// Per-rank bytes by category (counting allocator) against the ZeRO formulas, fp32 AdamW:
+// parameters 4Ψ (ZeRO-3: 4Ψ/N), gradients 4Ψ (ZeRO-2/3: 4Ψ/N), optimizer state 8Ψ (sharded: 8Ψ/N).
+TEST(EngineMemory, BytesByCategoryMatchZeroFormulas) {
+  ASSERT_TRUE(memory::counting_installed());
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  using memory::Category;
+  for (auto [name, spec] : all_specs()) {
+    if (spec.hybrid()) continue;
+    SCOPED_TRACE(name);
+    at::manual_seed(7);
+    auto mlp = std::make_shared<MLPImpl>(std::vector<int64_t>{64, 64, 64, 64, 64}, /*root_param=*/false);
+    auto user_opt = make_optimizer(OptKind::AdamW, *mlp);
+    auto s0 = memory::snapshot();
+    auto p = zero::prepare(mlp, *user_opt, spec, world);
+    std::int64_t psi = 0, max_unit = 0;  // padded elements
+    for (const auto& u : p.engine->units()) {
+      std::int64_t n = 0;
+      for (auto fi : u.flats) n += p.engine->flats()[fi].flat->layout().padded();
+      max_unit = std::max(max_unit, n);
+      psi += n;
+    }
+    const std::int64_t e = 4, shard = psi / N;
+    auto s1 = memory::snapshot();
+    auto cur = [](const memory::Snapshot& a, const memory::Snapshot& b, Category c) { return b[c].current - a[c].current; };
+    EXPECT_EQ(cur(s0, s1, Category::Parameters), (spec.shards_parameters() ? shard : psi) * e);
+    at::manual_seed(3);
+    at::Tensor x = at::randn({4 * N, 64});
+    memory::reset_peaks();
+    auto s2 = memory::snapshot();
+    p.engine->backward(mlp->forward(x.narrow(0, r * 4, 4)).pow(2).mean());
+    auto s3 = memory::snapshot();
+    EXPECT_EQ(cur(s0, s3, Category::Gradients), (spec.shards_gradients() ? shard : psi) * e);
+    if (spec.shards_parameters()) {
+      // Gathered parameters never exceed the current unit plus the prefetched one (no root here).
+      EXPECT_LE(s3[Category::Gathered].peak - s2[Category::Gathered].current, 2 * max_unit * e);
+      EXPECT_GT(s3[Category::Gathered].peak - s2[Category::Gathered].current, 0);
+      EXPECT_EQ(cur(s0, s3, Category::Gathered), 0);  // all freed after backward
+    }
+    p.optimizer->step();
+    auto s4 = memory::snapshot();
+    EXPECT_EQ(cur(s0, s4, Category::OptimizerState), 2 * (spec.shards_optimizer() ? shard : psi) * e);
+    EXPECT_EQ(cur(s0, s4, Category::Parameters), (spec.shards_parameters() ? shard : psi) * e);
+  }
+}
+
+TEST(EngineMemory, CountingAllocatorCountsByCategory) {
+  using memory::Category;
+  auto s0 = memory::snapshot();
+  {
+    memory::CategoryScope g(Category::Gradients);
+    at::Tensor a = at::empty({1000}, at::kFloat);
+    {
+      memory::CategoryScope o(Category::OptimizerState);  // scopes nest
+      at::Tensor b = at::empty({10}, at::kDouble);
+      auto s1 = memory::snapshot();
+      EXPECT_EQ(s1[Category::Gradients].current - s0[Category::Gradients].current, 4000);
+      EXPECT_EQ(s1[Category::OptimizerState].current - s0[Category::OptimizerState].current, 80);
+      EXPECT_EQ(s1.total.current - s0.total.current, 4080);
+    }
+    at::Tensor c = at::gelu(a.fill_(1.0f));  // oneDNN-style raw allocations go through it too
+    EXPECT_FLOAT_EQ(c[0].item<float>(), 0.8413447f);
+  }
+  auto s2 = memory::snapshot();
+  EXPECT_EQ(s2[Category::Gradients].current, s0[Category::Gradients].current);
+  EXPECT_EQ(s2[Category::OptimizerState].current, s0[Category::OptimizerState].current);
+  EXPECT_GE(s2[Category::Gradients].peak, s0[Category::Gradients].current + 4000);
+  memory::reset_peaks();
+  EXPECT_EQ(memory::snapshot()[Category::Gradients].peak, s2[Category::Gradients].current);
+}
+
+// --- edges -------------------------------------------------------------------------------------------
+
+// Trains `steps` SGD steps on the MLP with and without the engine; `tweak` edits both models the same way.
+void train_and_compare(const ShardingSpec& spec, const std::function<void(MLPImpl&)>& tweak, double tol = 1e-12) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  auto build = [&] {
+    at::manual_seed(11);
+    auto m = std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});
+    m->to(at::kDouble);
+    tweak(*m);
+    return m;
+  };
+  auto ref = build(), mdl = build();
+  auto params_of = [](MLPImpl& m) {
+    std::vector<at::Tensor> ps;
+    for (auto& p : m.parameters())
+      if (p.requires_grad()) ps.push_back(p);
+    return ps;
+  };
+  torch::optim::SGD ref_opt(params_of(*ref), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD user_opt(params_of(*mdl), torch::optim::SGDOptions(0.1));
+  auto p = zero::prepare(mdl, user_opt, spec, world);
+  const int64_t local = 12 / N;
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = make_batch(ModelKind::MLP, at::kDouble, step, 0);
+    at::mse_loss(ref->forward(x), y).backward();
+    p.engine->backward(at::mse_loss(mdl->forward(x.narrow(0, r * local, local)), y.narrow(0, r * local, local)));
+    ref_opt.step();
+    ref_opt.zero_grad();
+    p.optimizer->step();
+    p.optimizer->zero_grad();
+  }
+  auto want = params_by_name(*ref);
+  for (const auto& f : p.engine->flats())
+    EXPECT_LE(rel_err(f.flat->shard(), own_slice(*f.flat, flatten_like(*f.flat, want))), tol) << f.flat->name();
+}
+
+TEST(EngineEdges, FrozenParameters) {
+  for (auto [name, spec] : all_specs()) {
+    SCOPED_TRACE(name);
+    train_and_compare(spec, [](MLPImpl& m) {
+      for (auto& p : m.layers[0]->parameters()) p.set_requires_grad(false);
+      m.scale.set_requires_grad(false);
+    });
+  }
+}
+
+// A unit that exists but is never called: its parameters get no gradient on any rank.
+struct WithUnused : MLPImpl {
+  WithUnused() : MLPImpl({6, 10, 10, 3}) { spare = accel::unit(register_module("spare", torch::nn::Linear(3, 3))); }
+  accel::Unit<torch::nn::LinearImpl> spare;
+};
+
+TEST(EngineEdges, UnusedUnitDoesNotHangOrCorrupt) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  for (auto [name, spec] : all_specs()) {
+    SCOPED_TRACE(name);
+    at::manual_seed(5);
+    auto ref = std::make_shared<WithUnused>();
+    at::manual_seed(5);
+    auto mdl = std::make_shared<WithUnused>();
+    ref->to(at::kDouble);
+    mdl->to(at::kDouble);
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
+    auto p = zero::prepare(mdl, user_opt, spec, world);
+    const int64_t local = 12 / N;
+    for (int step = 0; step < 2; ++step) {
+      auto [x, y] = make_batch(ModelKind::MLP, at::kDouble, step, 0);
+      at::mse_loss(ref->forward(x), y).backward();
+      p.engine->backward(at::mse_loss(mdl->forward(x.narrow(0, r * local, local)), y.narrow(0, r * local, local)));
+      ref_opt.step();
+      ref_opt.zero_grad();
+      p.optimizer->step();
+      p.optimizer->zero_grad();
+    }
+    auto want = params_by_name(*ref);
+    for (const auto& f : p.engine->flats())
+      EXPECT_LE(rel_err(f.flat->shard(), own_slice(*f.flat, flatten_like(*f.flat, want))), 1e-12) << f.flat->name();
+  }
+}
+
+// A root-level parameter used by rank 0's forward only (data-dependent control flow): the others
+// contribute zeros, and the result is the reference's average over ranks. No units: replicated
+// strategies and ZeRO-1/2 allow ranks to run different graphs.
+struct Branchy : torch::nn::Module {
+  Branchy() {
+    a = register_module("a", torch::nn::Linear(6, 3));
+    extra = register_parameter("extra", at::randn({3}));
+  }
+  at::Tensor forward(const at::Tensor& x, bool use_extra) { return use_extra ? a(x) + extra : a(x); }
+  torch::nn::Linear a{nullptr};
+  at::Tensor extra;
+};
+
+TEST(EngineEdges, ParameterUnusedOnSomeRanks) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  for (auto [name, spec] : all_specs()) {
+    if (spec.shards_parameters()) continue;
+    SCOPED_TRACE(name);
+    at::manual_seed(9);
+    auto ref = std::make_shared<Branchy>();
+    at::manual_seed(9);
+    auto mdl = std::make_shared<Branchy>();
+    ref->to(at::kDouble);
+    mdl->to(at::kDouble);
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
+    auto p = zero::prepare(mdl, user_opt, spec, world);
+    const int64_t local = 12 / N;
+    for (int step = 0; step < 2; ++step) {
+      auto [x, y] = make_batch(ModelKind::MLP, at::kDouble, step, 0);
+      for (int q = 0; q < N; ++q)  // the reference replays every rank's local loss, averaged
+        (at::mse_loss(ref->forward(x.narrow(0, q * local, local), q == 0), y.narrow(0, q * local, local)) / N).backward();
+      if (!ref->extra.grad().defined()) ref->extra.mutable_grad() = at::zeros_like(ref->extra);
+      p.engine->backward(at::mse_loss(mdl->forward(x.narrow(0, r * local, local), r == 0), y.narrow(0, r * local, local)));
+      ref_opt.step();
+      ref_opt.zero_grad();
+      p.optimizer->step();
+      p.optimizer->zero_grad();
+    }
+    auto want = params_by_name(*ref);
+    for (const auto& f : p.engine->flats())
+      EXPECT_LE(rel_err(f.flat->shard(), own_slice(*f.flat, flatten_like(*f.flat, want))), 1e-12) << f.flat->name();
+  }
+}
+
+struct UsesTensor : torch::nn::Module {
+  explicit UsesTensor(const at::Tensor& t) { w = register_parameter("w", t); }
+  at::Tensor forward(const at::Tensor& x) { return at::matmul(x, w); }
+  at::Tensor w;
+};
+struct SharedAcrossUnits : torch::nn::Module {
+  SharedAcrossUnits() {
+    at::Tensor w = at::randn({4, 4});
+    a = accel::unit(register_module("a", std::make_shared<UsesTensor>(w)));
+    b = accel::unit(register_module("b", std::make_shared<UsesTensor>(w)));
+  }
+  accel::Unit<UsesTensor> a, b;
+};
+
+TEST(EngineEdges, ParameterSharedAcrossUnitsIsAClearError) {
+  auto m = std::make_shared<SharedAcrossUnits>();
+  torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+  try {
+    zero::prepare(m, opt, ShardingSpec::zero(3), test::world());
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("'b.w'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'a.w'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("different units"), std::string::npos) << msg;
+  }
+}
+
+struct MyOptimizer : torch::optim::SGD {
+  using torch::optim::SGD::SGD;
+};
+struct CustomOptimizer : torch::optim::Optimizer {
+  explicit CustomOptimizer(std::vector<at::Tensor> ps)
+      : torch::optim::Optimizer(std::move(ps), std::make_unique<torch::optim::SGDOptions>(0.1)) {}
+  at::Tensor step(LossClosure) override { return {}; }
+};
+
+TEST(EngineEdges, UnsupportedOptimizersAreNamed) {
+  auto world = test::world();
+  auto m = std::make_shared<MLPImpl>(std::vector<int64_t>{2, 2});
+  torch::optim::LBFGS lbfgs(m->parameters(), torch::optim::LBFGSOptions(0.1));
+  try {
+    zero::prepare(m, lbfgs, ShardingSpec::zero(2), world);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("LBFGS"), std::string::npos) << e.what();
+  }
+  auto m2 = std::make_shared<MLPImpl>(std::vector<int64_t>{2, 2});
+  CustomOptimizer custom(m2->parameters());
+  try {
+    zero::prepare(m2, custom, ShardingSpec::zero(2), world);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("CustomOptimizer"), std::string::npos) << e.what();
+  }
+  // A subclass of a supported optimizer is stepped as that optimizer; the result has its type.
+  auto m3 = std::make_shared<MLPImpl>(std::vector<int64_t>{2, 2});
+  MyOptimizer mine(m3->parameters(), torch::optim::SGDOptions(0.1));
+  auto p = zero::prepare(m3, mine, ShardingSpec::zero(2), world);
+  EXPECT_NE(dynamic_cast<torch::optim::SGD*>(p.optimizer.get()), nullptr);
+}
+
+TEST(EngineEdges, ClipGradNormMatchesLibtorch) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  for (double norm_type : {2.0, 1.0, std::numeric_limits<double>::infinity()})
+    for (auto [name, spec] : all_specs()) {
+      SCOPED_TRACE(name + " norm " + std::to_string(norm_type));
+      Model ref = make_model(ModelKind::GPT, at::kDouble), mdl = make_model(ModelKind::GPT, at::kDouble);
+      auto ref_opt = make_optimizer(OptKind::SGD, *ref.module);
+      auto user_opt = make_optimizer(OptKind::SGD, *mdl.module);
+      auto p = zero::prepare(mdl.module, *user_opt, spec, world);
+      const int64_t local = 12 / N;
+      for (int step = 0; step < 2; ++step) {
+        auto [x, y] = make_batch(ModelKind::GPT, at::kDouble, step, 0);
+        ref.loss(x, y).backward();
+        p.engine->backward(mdl.loss(x.narrow(0, r * local, local), y.narrow(0, r * local, local)));
+        double want = torch::nn::utils::clip_grad_norm_(ref.module->parameters(), 0.05, norm_type);
+        double got = p.engine->clip_grad_norm(0.05, norm_type);
+        EXPECT_NEAR(got, want, 1e-12 * want);
+        EXPECT_GT(want, 0.05);  // so the clipping did something
+        ref_opt->step();
+        ref_opt->zero_grad();
+        p.optimizer->step();
+        p.optimizer->zero_grad();
+      }
+      auto want = params_by_name(*ref.module);
+      for (const auto& f : p.engine->flats())
+        EXPECT_LE(rel_err(f.flat->shard(), own_slice(*f.flat, flatten_like(*f.flat, want))), 1e-10) << f.flat->name();
+    }
+}
+
+TEST(EngineEdges, WrapPolicies) {
+  auto world = test::world();
+  auto units_for = [&](zero::WrapPolicy w) {
+    auto m = std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});  // fc0 70, fc1 110, fc2 33 params
+    torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+    ShardingSpec s = ShardingSpec::zero(3);
+    s.wrap = w;
+    auto p = zero::prepare(m, opt, s, world);
+    std::vector<std::string> names;
+    for (const auto& u : p.engine->units()) names.push_back(u.name);
+    return names;
+  };
+  using K = zero::WrapPolicy::Kind;
+  EXPECT_EQ(units_for({K::Marked, {}, 0}), (std::vector<std::string>{"", "fc0", "fc1", "fc2"}));
+  EXPECT_EQ(units_for({K::TypeName, {"LinearImpl"}, 0}), (std::vector<std::string>{"", "fc0", "fc1", "fc2"}));
+  EXPECT_EQ(units_for({K::TypeName, {"BlockImpl"}, 0}), (std::vector<std::string>{""}));
+  EXPECT_EQ(units_for({K::Size, {}, 50}), (std::vector<std::string>{"", "fc0", "fc1"}));
+  EXPECT_EQ(units_for({K::None, {}, 0}), (std::vector<std::string>{""}));
+  // Everything in the root unit still trains exactly under ZeRO-3.
+  ShardingSpec s = ShardingSpec::zero(3);
+  s.wrap.kind = K::None;
+  train_and_compare(s, [](MLPImpl&) {});
+}
+
+TEST(EngineEdges, BadSpecsAreNamed) {
+  EXPECT_THROW(ShardingSpec::zero(4), std::invalid_argument);
+  try {
+    ShardingSpec::fsdp("FULL");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD"), std::string::npos);
+  }
+  ShardingSpec s;
+  s.bucket_bytes = -1;
+  EXPECT_THROW(s.validate(), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace accel::test
