@@ -98,13 +98,22 @@ bool FlatParam::grad_allocated() const { return storage_allocated(grad_full_) ||
 void FlatParam::alloc_grad() {
   if (grad_allocated()) return;
   if (!grad_full_.defined()) {
-    grad_full_ = at::zeros({layout_.padded()}, full_.options());
+    grad_full_ = at::empty({layout_.padded()}, full_.options());
     for (std::size_t i = 0; i < params_.size(); ++i)
       grad_views_.push_back(grad_full_.narrow(0, layout_.offset(i), params_[i].numel()).view(params_[i].sizes()));
-    return;
+  } else {
+    alloc_storage(grad_full_, layout_.padded() * grad_full_.element_size());
   }
-  alloc_storage(grad_full_, layout_.padded() * grad_full_.element_size());
-  grad_full_.zero_();
+  zero_grad_padding();
+}
+
+void FlatParam::zero_grad_padding() {
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i <= params_.size(); ++i) {
+    std::int64_t next = i < params_.size() ? layout_.offset(i) : layout_.padded();
+    if (next > at) grad_full_.narrow(0, at, next - at).zero_();
+    if (i < params_.size()) at = layout_.offset(i) + params_[i].numel();
+  }
 }
 
 void FlatParam::free_grad() {

@@ -62,7 +62,8 @@ class FlatParam {
   // --- gradients -------------------------------------------------------------------------------
   const at::Tensor& grad_full() const { return grad_full_; }
   bool grad_allocated() const;
-  // Allocates grad_full() filled with zeros (no-op if allocated).
+  // Allocates grad_full() (no-op if allocated). Only the padding is zeroed: each parameter's region
+  // is the caller's to fill (take_grad without accumulate, or zero_grad_of).
   void alloc_grad();
   // Detaches the parameters' .grad and returns grad_full()'s storage.
   void free_grad();
@@ -75,6 +76,8 @@ class FlatParam {
   // params' .grad := their views of grad_full() / := undefined.
   void attach_grads();
   void detach_grads();
+  // Zeros the elements of grad_full() that belong to no parameter.
+  void zero_grad_padding();
 
  private:
   std::string name_;

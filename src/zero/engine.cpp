@@ -185,6 +185,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     f.group = group;
     f.persistent = sharded_params && unit == 0;
     f.fired.assign(f.flat->params().size(), 0);
+    f.touched.assign(f.flat->params().size(), 0);
     for (const auto& p : f.flat->params()) f.need += p.requires_grad() ? 1 : 0;
     units_[unit].flats.push_back(flats_.size());
     flats_.push_back(std::move(f));
@@ -347,16 +348,11 @@ void Engine::on_grad_accumulated(std::size_t fi, std::size_t i) {
   begin_backward();
   Flat& f = flats_[fi];
   CategoryScope cat(Category::Gradients);
-  // Invariant: while !grad_live no parameter's .grad is a view of grad_full, so zeroing it here
-  // cannot lose what autograd just accumulated.
-  if (!f.grad_live) {
-    if (f.flat->grad_allocated())
-      f.flat->grad_full().zero_();
-    else
-      f.flat->alloc_grad();
-    f.grad_live = true;
-  }
-  f.flat->take_grad(i, /*accumulate=*/true);
+  open_window(f);
+  // The first gradient of a window is copied (no zeroing pass), later ones added; once .grad is the
+  // flat view, autograd accumulates in place and this is a no-op.
+  f.flat->take_grad(i, /*accumulate=*/f.touched[i] != 0);
+  f.touched[i] = 1;
   if (f.fired[i]) return;
   f.fired[i] = 1;
   if (++f.fired_count < f.need) return;
@@ -367,6 +363,23 @@ void Engine::on_grad_accumulated(std::size_t fi, std::size_t i) {
     wait_gather(static_cast<std::size_t>(f.unit));
     reshard_flat(f);
   }
+}
+
+void Engine::open_window(Flat& f) {
+  // Invariant: while !grad_live no parameter's .grad is a view of grad_full, so nothing autograd
+  // just accumulated can be lost here.
+  if (f.grad_live) return;
+  if (!f.flat->grad_allocated()) f.flat->alloc_grad();
+  std::fill(f.touched.begin(), f.touched.end(), 0);
+  f.grad_live = true;
+}
+
+void Engine::zero_untouched(Flat& f) {
+  for (std::size_t i = 0; i < f.touched.size(); ++i)
+    if (!f.touched[i]) {
+      f.flat->zero_grad_of(i);
+      f.touched[i] = 1;
+    }
 }
 
 void Engine::backward(const at::Tensor& loss) {
@@ -385,19 +398,13 @@ void Engine::finalize_backward() {
   }
   for (auto& u : units_) u.backward_gathered = false;
   if (sync_) {
-    // Parameters that got no gradient on this rank contribute zeros (their regions were zeroed when
-    // the accumulation window opened); flats still waiting are launched now, in the same order on
-    // every rank.
+    // Parameters that got no gradient on this rank in this window contribute zeros; flats still
+    // waiting are launched now, in the same order on every rank.
     for (auto fi : reduce_order_) {
       Flat& f = flats_[fi];
-      if (!f.grad_live) {
-        CategoryScope cat(Category::Gradients);
-        if (f.flat->grad_allocated())
-          f.flat->grad_full().zero_();
-        else
-          f.flat->alloc_grad();
-        f.grad_live = true;
-      }
+      CategoryScope cat(Category::Gradients);
+      open_window(f);
+      zero_untouched(f);
       reducer_->mark_ready(reducer_index_[fi]);
     }
     std::vector<at::Tensor> reduced;
@@ -408,8 +415,9 @@ void Engine::finalize_backward() {
     for (std::size_t r = 0; r < reduce_order_.size(); ++r) {
       Flat& f = flats_[reduce_order_[r]];
       at::Tensor g = reduced[r];
-      if (spec_.shards_gradients()) {
+      if (spec_.shards_gradients() && !g.is_alias_of(f.flat->grad_full())) {
         // The reduced shard is the gradient now; the full buffer goes back to the allocator.
+        // (A group of one rank reduces nothing: its "shard" is the full buffer, kept as below.)
         f.flat->free_grad();
         f.grad_live = false;
         if (f.grad.defined() && f.grad.numel() == g.numel())
@@ -435,7 +443,10 @@ void Engine::finalize_backward() {
   } else {
     // Accumulating: keep the parameters' .grad on their flat views so the next backward adds in place.
     for (auto& f : flats_)
-      if (f.grad_live) f.flat->attach_grads();
+      if (f.grad_live) {
+        zero_untouched(f);
+        f.flat->attach_grads();
+      }
   }
   for (auto& f : flats_) {
     std::fill(f.fired.begin(), f.fired.end(), 0);

@@ -47,7 +47,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
     // per backward
     std::vector<char> fired;
     std::size_t fired_count = 0, need = 0;
-    bool grad_live = false;  // grad_full holds this accumulation window's gradients
+    bool grad_live = false;     // grad_full holds this accumulation window's gradients
+    std::vector<char> touched;  // per parameter: its region of grad_full written in this window
     bool ready = false;
   };
   struct UnitInfo {
@@ -112,6 +113,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
  private:
   void build(torch::nn::Module& model, const torch::optim::Optimizer* optimizer);
   void begin_backward();
+  void open_window(Flat& f);
+  void zero_untouched(Flat& f);
   void finalize_backward();
   void gather(std::size_t unit, bool async);
   void wait_gather(std::size_t unit);

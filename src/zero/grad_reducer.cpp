@@ -39,6 +39,10 @@ void GradReducer::mark_ready(std::size_t i) {
 
 void GradReducer::launch(Bucket& b) {
   const int n = shard_->size();
+  if (n == 1 && !replicate_) {  // nothing to reduce: each flat's own buffer is the result
+    b.launched = true;
+    return;
+  }
   const bool direct = b.members.size() == 1 && flats_[b.members[0]]->grad_full().scalar_type() == dtype_;
   if (mode_ == Mode::AllReduce) {
     if (direct) {
@@ -75,6 +79,10 @@ void GradReducer::launch(Bucket& b) {
 }
 
 void GradReducer::finish(Bucket& b, std::vector<at::Tensor>& out) {
+  if (!b.work) {  // a group of one rank
+    for (auto m : b.members) out[m] = flats_[m]->grad_full();
+    return;
+  }
   b.work->wait();
   const bool direct = !b.staging_in.defined();
   if (mode_ == Mode::AllReduce) {
