@@ -95,6 +95,17 @@ void FlatParam::shard_to_full() {
 
 bool FlatParam::grad_allocated() const { return storage_allocated(grad_full_) || (grad_full_.defined() && layout_.padded() == 0); }
 
+void FlatParam::bind_grad(const at::Tensor& buffer) {
+  if (grad_full_.defined()) throw std::logic_error("FlatParam " + name_ + ": bind_grad after gradients exist");
+  if (buffer.numel() != layout_.padded() || !buffer.is_contiguous())
+    throw std::invalid_argument("FlatParam " + name_ + ": bind_grad needs a contiguous buffer of " +
+                                std::to_string(layout_.padded()) + " elements");
+  grad_full_ = buffer;
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    grad_views_.push_back(grad_full_.narrow(0, layout_.offset(i), params_[i].numel()).view(params_[i].sizes()));
+  zero_grad_padding();
+}
+
 void FlatParam::alloc_grad() {
   if (grad_allocated()) return;
   if (!grad_full_.defined()) {

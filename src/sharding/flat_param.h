@@ -62,6 +62,9 @@ class FlatParam {
   // --- gradients -------------------------------------------------------------------------------
   const at::Tensor& grad_full() const { return grad_full_; }
   bool grad_allocated() const;
+  // Makes grad_full() this view of a caller's buffer (e.g. a fused reduction bucket, so the bucket
+  // needs no staging copy). Before any gradient exists; free_grad() must not be used afterwards.
+  void bind_grad(const at::Tensor& buffer);
   // Allocates grad_full() (no-op if allocated). Only the padding is zeroed: each parameter's region
   // is the caller's to fill (take_grad without accumulate, or zero_grad_of).
   void alloc_grad();

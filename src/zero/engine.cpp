@@ -222,6 +222,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
                            : !spec_.shards_gradients() ? GradReducer::Mode::ReduceScatterInPlace
                                                        : GradReducer::Mode::ReduceScatter;
   c10::ScalarType rdt = spec_.reduce_dtype.value_or(flats_.empty() ? c10::kFloat : flats_[0].flat->full().scalar_type());
+  CategoryScope cat(Category::Gradients);  // all-reduce buckets allocate their gradient buffers here
   reducer_ = std::make_unique<GradReducer>(std::move(order), mode, rdt, shard_, replicate_, spec_.bucket_bytes);
 }
 

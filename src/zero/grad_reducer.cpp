@@ -25,7 +25,27 @@ GradReducer::GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10
     in_bucket += bytes;
     bucket_of_[i] = buckets_.size() - 1;
   }
+  // All-reduce buckets of several flats in the reduce dtype: their gradients live in one contiguous
+  // buffer (DDP's gradient_as_bucket_view), reduced in place with no staging copy.
+  if (mode_ == Mode::AllReduce)
+    for (auto& b : buckets_) {
+      if (b.members.size() < 2) continue;
+      bool fits = true;
+      std::int64_t total = 0;
+      for (auto m : b.members) {
+        fits = fits && !flats_[m]->grad_full().defined() && flats_[m]->full().scalar_type() == dtype_;
+        total += flats_[m]->layout().padded();
+      }
+      if (!fits) continue;
+      b.buffer = at::empty({total}, flats_[b.members[0]]->full().options());
+      std::int64_t at = 0;
+      for (auto m : b.members) {
+        flats_[m]->bind_grad(b.buffer.narrow(0, at, flats_[m]->layout().padded()));
+        at += flats_[m]->layout().padded();
+      }
+    }
   marked_.assign(flats_.size(), 0);
+  results_.resize(flats_.size());
 }
 
 void GradReducer::mark_ready(std::size_t i) {
@@ -33,19 +53,22 @@ void GradReducer::mark_ready(std::size_t i) {
   marked_[i] = 1;
   buckets_[bucket_of_[i]].ready++;
   while (next_launch_ < buckets_.size() &&
-         buckets_[next_launch_].ready == buckets_[next_launch_].members.size())
+         buckets_[next_launch_].ready == buckets_[next_launch_].members.size()) {
     launch(buckets_[next_launch_++]);
+    // Bound the staging memory in flight: finish the oldest buckets beyond kMaxInFlight.
+    while (next_launch_ - next_finish_ > kMaxInFlight) finish(buckets_[next_finish_++]);
+  }
 }
 
 void GradReducer::launch(Bucket& b) {
   const int n = shard_->size();
-  if (n == 1 && !replicate_) {  // nothing to reduce: each flat's own buffer is the result
-    b.launched = true;
-    return;
-  }
+  b.launched = true;
+  if (n == 1 && !replicate_) return;  // nothing to reduce: each flat's own buffer is the result
   const bool direct = b.members.size() == 1 && flats_[b.members[0]]->grad_full().scalar_type() == dtype_;
   if (mode_ == Mode::AllReduce) {
-    if (direct) {
+    if (b.buffer.defined()) {
+      b.work = shard_->all_reduce_async(b.buffer, {comm::ReduceOp::Avg});
+    } else if (direct) {
       b.work = shard_->all_reduce_async(flats_[b.members[0]]->grad_full(), {comm::ReduceOp::Avg});
     } else {
       std::vector<at::Tensor> parts;
@@ -72,33 +95,33 @@ void GradReducer::launch(Bucket& b) {
         at += k;
       }
     }
+    // ZeRO-2/3: the staging copy is all the reduction needs; the full gradients can go now.
+    if (mode_ == Mode::ReduceScatter)
+      for (auto m : b.members) flats_[m]->free_grad();
     b.staging_out = at::empty({per_rank}, b.staging_in.options());
     b.work = shard_->reduce_scatter_async(b.staging_in, b.staging_out, {comm::ReduceOp::Avg});
   }
-  b.launched = true;
 }
 
-void GradReducer::finish(Bucket& b, std::vector<at::Tensor>& out) {
+void GradReducer::finish(Bucket& b) {
   if (!b.work) {  // a group of one rank
-    for (auto m : b.members) out[m] = flats_[m]->grad_full();
+    for (auto m : b.members) results_[m] = flats_[m]->grad_full();
     return;
   }
   b.work->wait();
-  const bool direct = !b.staging_in.defined();
+  b.work.reset();
   if (mode_ == Mode::AllReduce) {
-    if (direct) {
-      out[b.members[0]] = flats_[b.members[0]]->grad_full();
-    } else {
+    if (b.staging_in.defined()) {
       std::int64_t at = 0;
       for (auto m : b.members) {
         const at::Tensor& g = flats_[m]->grad_full();
         g.copy_(b.staging_in.narrow(0, at, g.numel()));
         at += g.numel();
-        out[m] = g;
       }
     }
-  } else if (direct) {
-    out[b.members[0]] = b.staging_out;
+    for (auto m : b.members) results_[m] = flats_[m]->grad_full();
+  } else if (b.members.size() == 1 && !b.staging_in.defined()) {
+    results_[b.members[0]] = b.staging_out;
   } else {
     std::int64_t at = 0;
     for (auto m : b.members) {
@@ -109,23 +132,22 @@ void GradReducer::finish(Bucket& b, std::vector<at::Tensor>& out) {
         auto [begin, end] = f->layout().shard_range(f->options().rank);
         at::Tensor own = f->grad_full().narrow(0, begin, end - begin);
         own.copy_(piece);
-        out[m] = own;
+        results_[m] = own;
       } else {
-        out[m] = piece.clone();
+        results_[m] = piece;  // views of the bucket's output: no copy
       }
       at += k;
     }
   }
   b.staging_in = at::Tensor();
   b.staging_out = at::Tensor();
-  b.work.reset();
 }
 
 std::vector<at::Tensor> GradReducer::flush() {
   for (std::size_t i = 0; i < flats_.size(); ++i)
     if (!marked_[i]) throw std::logic_error("GradReducer::flush: flat parameter " + flats_[i]->name() + " not marked ready");
-  std::vector<at::Tensor> out(flats_.size());
-  for (auto& b : buckets_) finish(b, out);
+  while (next_finish_ < buckets_.size()) finish(buckets_[next_finish_++]);
+  std::vector<at::Tensor> out = std::move(results_);
   if (replicate_) {
     // HYBRID_SHARD: the node-group averages are averaged across nodes (equal node sizes: the global mean).
     std::vector<comm::WorkPtr> works;
@@ -137,7 +159,9 @@ std::vector<at::Tensor> GradReducer::flush() {
     b.launched = false;
   }
   marked_.assign(flats_.size(), 0);
+  results_.assign(flats_.size(), at::Tensor());
   next_launch_ = 0;
+  next_finish_ = 0;
   return out;
 }
 

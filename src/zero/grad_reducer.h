@@ -10,8 +10,11 @@
 //   ReduceScatter       a separate shard_size() tensor := the average of this rank's slice
 //                        (ZeRO-2/3, FSDP); grad_full may then be freed
 // With a replicate group (HYBRID_SHARD), the reduced shards are then averaged across it.
-// Fusion: a bucket of one flat buffer in the reduce dtype reduces it directly; otherwise through one
-// staging buffer (rank-major for reduce-scatter), cast to the reduce dtype.
+// Fusion: all-reduce buckets keep their flats' gradients in one contiguous buffer (bound at
+// construction) and reduce it in place; a bucket of one flat in the reduce dtype reduces it
+// directly; otherwise through one staging buffer (rank-major for reduce-scatter), cast to the reduce
+// dtype. At most kMaxInFlight buckets are in flight: launching another first finishes the oldest,
+// which bounds staging memory. A group of one rank (and no replicate group) reduces nothing.
 #pragma once
 
 #include "comm/communicator.h"
@@ -50,11 +53,13 @@ class GradReducer {
     std::vector<std::size_t> members;  // indices into flats_
     std::size_t ready = 0;
     bool launched = false;
+    at::Tensor buffer;  // all-reduce fusion: the members' contiguous gradient buffer
     at::Tensor staging_in, staging_out;
     comm::WorkPtr work;
   };
+  static constexpr std::size_t kMaxInFlight = 2;
   void launch(Bucket& b);
-  void finish(Bucket& b, std::vector<at::Tensor>& out);
+  void finish(Bucket& b);
 
   std::vector<sharding::FlatParam*> flats_;
   Mode mode_;
@@ -63,7 +68,8 @@ class GradReducer {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;
   std::vector<char> marked_;
-  std::size_t next_launch_ = 0;
+  std::vector<at::Tensor> results_;
+  std::size_t next_launch_ = 0, next_finish_ = 0;
 };
 
 }  // namespace accel::zero
