@@ -3,6 +3,8 @@
 // rank per step (bus bytes, as nccl-tests counts them: all_reduce 2(n-1)/n, reduce_scatter and
 // all_gather (n-1)/n of the full size). `--strategy plain` is the same loop in plain libtorch (no
 // accel), the 1-rank baseline. Weak scaling: each rank trains its own micro-batch.
+// `--strategy plain,DDP` (a list) interleaves the strategies' steps in one run: time ratios measured
+// under the same conditions, which single runs on a noisy machine cannot give.
 //
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3
 //   bash benchmarks/run_step_bench.sh      # the README table: every strategy at 1, 2 and 4 ranks
@@ -56,7 +58,8 @@ int main(int argc, char** argv) {
   int steps = 6, warmup = 2, batch = 4, seq = 64;
   test::GPTConfig cfg{4096, 384, 6, 10, 64};
   app.add_option("--strategy", strategy,
-                 "plain | DDP | ZERO_1 | ZERO_2 | ZERO_3 | FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD");
+                 "plain | DDP | ZERO_1 | ZERO_2 | ZERO_3 | FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD; "
+                 "a comma-separated list interleaves their steps in one run and prints time ratios");
   app.add_option("--steps", steps, "measured steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "unmeasured steps first");
   app.add_option("--batch", batch, "sequences per rank per step")->check(CLI::PositiveNumber);
@@ -72,49 +75,80 @@ int main(int argc, char** argv) {
   int cores = static_cast<int>(std::thread::hardware_concurrency());
   at::set_num_threads(std::max(1, cores / world->topology().local_world_size));
 
-  at::manual_seed(0);
-  auto model = std::make_shared<test::GPTImpl>(cfg);
-  std::int64_t psi = 0;
-  for (const auto& p : model->parameters()) psi += p.numel();
-  torch::optim::AdamW user_opt(model->parameters(), torch::optim::AdamWOptions(1e-4));
-
-  const bool plain = strategy == "plain";
-  if (plain && n != 1) {
-    if (r == 0) fmt::print(stderr, "step_bench: --strategy plain runs on 1 rank\n");
-    return 2;
+  // One model per strategy named; with several, their steps are interleaved round-robin in this one
+  // run, so their time ratio is measured under the same conditions (memory columns need one alone).
+  std::vector<std::string> names;
+  for (std::size_t at = 0; at <= strategy.size();) {
+    std::size_t comma = std::min(strategy.find(',', at), strategy.size());
+    names.push_back(strategy.substr(at, comma - at));
+    at = comma + 1;
   }
-  zero::Prepared prepared;
-  torch::optim::Optimizer* opt = &user_opt;
-  if (!plain) {
-    prepared = zero::prepare(model, user_opt, spec_for(strategy), world);
-    opt = prepared.optimizer.get();
+  struct Run {
+    std::string name;
+    std::shared_ptr<test::GPTImpl> model;
+    std::unique_ptr<torch::optim::AdamW> user_opt;
+    zero::Prepared prepared;
+    torch::optim::Optimizer* opt = nullptr;
+    std::vector<double> times;
+    double moved = 0;
+  };
+  std::vector<Run> runs;
+  std::int64_t psi = 0;
+  for (const auto& name : names) {
+    if (name == "plain" && n != 1) {
+      if (r == 0) fmt::print(stderr, "step_bench: --strategy plain runs on 1 rank\n");
+      return 2;
+    }
+    Run run;
+    run.name = name;
+    at::manual_seed(0);
+    run.model = std::make_shared<test::GPTImpl>(cfg);
+    psi = 0;
+    for (const auto& p : run.model->parameters()) psi += p.numel();
+    run.user_opt = std::make_unique<torch::optim::AdamW>(run.model->parameters(), torch::optim::AdamWOptions(1e-4));
+    run.opt = run.user_opt.get();
+    if (name != "plain") {
+      run.prepared = zero::prepare(run.model, *run.user_opt, spec_for(name), world);
+      run.opt = run.prepared.optimizer.get();
+    }
+    runs.push_back(std::move(run));
   }
 
   at::manual_seed(100 + r);
   at::Tensor x = at::randint(cfg.vocab, {batch, seq}), y = at::randint(cfg.vocab, {batch, seq});
-  std::vector<double> times;
-  double moved = 0;
-  for (int s = 0; s < warmup + steps; ++s) {
-    if (s == warmup) memory::reset_peaks();
-    world->barrier();
-    auto c0 = world->counters();
-    auto t0 = Clock::now();
-    at::Tensor loss = test::lm_loss(model->forward(x), y);
-    if (plain)
-      loss.backward();
-    else
-      prepared.engine->backward(loss);
-    opt->step();
-    opt->zero_grad();
-    double t = std::chrono::duration<double>(Clock::now() - t0).count();
-    auto c1 = world->counters();
-    if (s >= warmup) {
-      times.push_back(max_over_ranks(*world, t));
-      moved = bus_bytes(c0, c1, n);
+  for (int s = 0; s < warmup + steps; ++s)
+    for (auto& run : runs) {
+      if (s == warmup) memory::reset_peaks();
+      world->barrier();
+      auto c0 = world->counters();
+      auto t0 = Clock::now();
+      at::Tensor loss = test::lm_loss(run.model->forward(x), y);
+      if (run.name == "plain")
+        loss.backward();
+      else
+        run.prepared.engine->backward(loss);
+      run.opt->step();
+      run.opt->zero_grad();
+      double t = std::chrono::duration<double>(Clock::now() - t0).count();
+      auto c1 = world->counters();
+      if (s >= warmup) {
+        run.times.push_back(max_over_ranks(*world, t));
+        run.moved = bus_bytes(c0, c1, n);
+      }
     }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  if (runs.size() > 1) {
+    double base = median(runs[0].times);
+    for (auto& run : runs)
+      if (r == 0)
+        fmt::print("{} ranks, interleaved: {:<13} median {:>8.1f} ms = {:.3f} x {}\n", n, run.name,
+                   median(run.times) * 1e3, median(run.times) / base, runs[0].name);
+    return 0;
   }
-  std::sort(times.begin(), times.end());
-  double median = times[times.size() / 2];
+  Run& run = runs[0];
   auto snap = memory::snapshot();
   using memory::Category;
   // Per-rank peaks: the largest over ranks.
@@ -124,8 +158,7 @@ int main(int argc, char** argv) {
          p_gath = mib(snap[Category::Gathered].peak);
   if (r == 0)
     fmt::print("| {:<13} | {} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.2f} | {:>6.2f} |\n",
-               strategy, n, median * 1e3, p_total, p_param, p_grad, p_opt, p_gath, moved / 1048576.0,
-               n > 1 ? moved / (psi * 4.0 * (n - 1) / n) : 0.0);
-  (void)psi;
+               run.name, n, median(run.times) * 1e3, p_total, p_param, p_grad, p_opt, p_gath, run.moved / 1048576.0,
+               n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0);
   return 0;
 }

@@ -13,6 +13,10 @@ const std::vector<Variable>& table() {
       {"ACCEL_COMM_CHECK", "1",
        "1: compare sizes/dtype/op/root across ranks before each collective (MismatchError instead of "
        "memory corruption); 0: skip that small all-reduce"},
+      {"ACCEL_CPU_MALLOC_CACHE", "1",
+       "1: once a model is prepared with sharded CPU parameters or gradients, glibc keeps freed memory "
+       "in the heap (no mmap under 32 MiB, no trimming), so the gather/free cycle of each unit reuses "
+       "memory instead of page-faulting fresh pages every step; 0: leave malloc as it is"},
       {"ACCEL_RANKS_PER_NODE", "",
        "simulate nodes of this many ranks on one machine (node_rank = rank / k); must divide the "
        "world size"},

@@ -6,6 +6,9 @@
 #include <atomic>
 #include <cstdio>
 #include <mutex>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <new>
 
 namespace accel::memory {
@@ -103,6 +106,15 @@ void install_counting_allocator() {
     c10::SetCPUAllocator(&counting, /*priority=*/100);
     g_installed = true;
   });
+}
+
+bool keep_freed_cpu_memory() {
+#if defined(__GLIBC__)
+  static const bool ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  return ok;
+#else
+  return false;
+#endif
 }
 
 bool counting_installed() { return g_installed.load(); }

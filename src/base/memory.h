@@ -36,6 +36,12 @@ Snapshot snapshot();
 // Sets every peak to the current value (total and per category).
 void reset_peaks();
 
+// Asks glibc to keep freed memory in the heap: blocks up to 32 MiB come from the heap rather than
+// fresh mmaps, and the heap is not trimmed. Buffers freed and re-allocated every step (a unit's
+// gathered parameters) then reuse warm pages. Process-wide, idempotent; returns false where it has
+// no effect (not glibc).
+bool keep_freed_cpu_memory();
+
 // Allocations made on this thread while the scope lives are charged to `c` (scopes nest).
 class CategoryScope {
  public:

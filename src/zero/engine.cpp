@@ -3,6 +3,7 @@
 // in sharded_optimizer.cpp.
 #include "zero/engine.h"
 
+#include "base/env.h"
 #include "base/memory.h"
 
 #include <ATen/ATen.h>
@@ -80,6 +81,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const torch::optim::Opt
     shard_ = world_;
   }
   build(*model_, optimizer);
+  // Sharded parameters and gradients are freed and re-allocated every step: keep those pages warm.
+  if ((params_sharded() || (spec_.shards_gradients() && shard_->size() > 1)) && env::get_int("ACCEL_CPU_MALLOC_CACHE"))
+    memory::keep_freed_cpu_memory();
 }
 
 Engine::~Engine() { uninstall_hooks(); }
@@ -159,7 +163,14 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     if (!owned[i].param.requires_grad()) g = -1;
     keys[{owned[i].unit, g, owned[i].param.requires_grad()}].push_back(i);
   }
-  const bool sharded_params = spec_.shards_parameters();
+  const bool sharded_params = params_sharded();
+  // A world of one rank with nothing to convert: the optimizer steps the user's own parameters
+  // (views into the flat buffers) on the gradients autograd gives them; no hooks, no copies.
+  passthrough_ = world_->size() == 1;
+  for (auto& [key, members] : keys) {
+    c10::ScalarType dt = owned[members[0]].param.scalar_type();
+    passthrough_ = passthrough_ && spec_.param_dtype.value_or(dt) == dt && spec_.master_dtype.value_or(dt) == dt;
+  }
   for (auto& [key, members] : keys) {
     auto [unit, group, requires_grad] = key;
     std::vector<at::Tensor> ps;
@@ -191,14 +202,22 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     flats_.push_back(std::move(f));
   }
 
-  // Master copies: the optimizer's parameters (the flat buffer or this rank's shard of it), in the
-  // master dtype; aliases of the compute buffer when the dtypes agree.
+  // What the optimizer steps, per user param group: the user's parameters (passthrough), or master
+  // copies (the flat buffer or this rank's shard of it) in the master dtype, aliases of the compute
+  // buffer when the dtypes agree.
+  group_params_.assign(optimizer ? optimizer->param_groups().size() : 0, {});
+  if (passthrough_) {
+    for (std::size_t g = 0; g < group_params_.size(); ++g)
+      for (const auto& p : optimizer->param_groups()[g].params())
+        if (p.requires_grad()) group_params_[g].push_back(p);
+  }
   for (auto& f : flats_) {
-    if (f.group < 0) continue;
+    if (f.group < 0 || passthrough_) continue;
     const at::Tensor& src = spec_.shards_optimizer() ? f.flat->shard() : f.flat->full();
     c10::ScalarType mdt = spec_.master_dtype.value_or(src.scalar_type());
     CategoryScope cat(Category::OptimizerState);
     f.master = (mdt == src.scalar_type() ? src.alias() : src.to(mdt).detach()).set_requires_grad(false);
+    group_params_[f.group].push_back(f.master);
   }
 
   // Root flats under ZeRO-3 stay gathered from step to step.
@@ -229,7 +248,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
 void Engine::install_hooks() {
   if (hooks_installed_) return;
   hooks_installed_ = true;
-  for (std::size_t fi = 0; fi < flats_.size(); ++fi) {
+  for (std::size_t fi = 0; fi < flats_.size() && !passthrough_; ++fi) {
     const auto& ps = flats_[fi].flat->params();
     for (std::size_t i = 0; i < ps.size(); ++i)
       if (ps[i].requires_grad())
@@ -249,7 +268,9 @@ void Engine::uninstall_hooks() {
 // ---------------------------------------------------------------------------------------------------
 // Forward and backward around units.
 
-bool Engine::unit_sharded(std::size_t unit) const { return spec_.shards_parameters() && unit != 0; }
+// A group of one rank has nothing to shard: its parameters stay whole, as under NO_SHARD.
+bool Engine::params_sharded() const { return spec_.shards_parameters() && shard_->size() > 1; }
+bool Engine::unit_sharded(std::size_t unit) const { return params_sharded() && unit != 0; }
 
 void Engine::gather(std::size_t unit, bool async) {
   UnitInfo& u = units_[unit];
@@ -398,6 +419,7 @@ void Engine::finalize_backward() {
     cur_order_.clear();
   }
   for (auto& u : units_) u.backward_gathered = false;
+  if (passthrough_) return;
   if (sync_) {
     // Parameters that got no gradient on this rank in this window contribute zeros; flats still
     // waiting are launched now, in the same order on every rank.
@@ -465,9 +487,12 @@ double Engine::clip_grad_norm(double max_norm, double norm_type) {
   const bool inf = std::isinf(norm_type);
   if (!inf && norm_type < 1.0) throw std::invalid_argument("clip_grad_norm: norm_type must be >= 1 or inf");
   double local = 0.0;
-  for (auto& f : flats_) {
-    if (!f.master.defined() || !f.master.grad().defined()) continue;
-    at::Tensor g = f.master.grad().to(at::kDouble);
+  std::vector<at::Tensor> grads;
+  for (const auto& group : group_params_)
+    for (const auto& p : group)
+      if (p.grad().defined()) grads.push_back(p.grad());
+  for (const auto& grad : grads) {
+    at::Tensor g = grad.to(at::kDouble);
     if (inf)
       local = std::max(local, g.abs().max().item<double>());
     else
@@ -481,12 +506,12 @@ double Engine::clip_grad_norm(double max_norm, double norm_type) {
   }
   if (!inf) total = std::pow(total, 1.0 / norm_type);
   double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0)
-    for (auto& f : flats_) {
-      if (!f.master.defined() || !f.master.grad().defined()) continue;
-      f.master.mutable_grad().mul_(coef);
-      if (f.grad.defined() && !f.grad.is_alias_of(f.master.grad())) f.grad.mul_(coef);
-    }
+  if (coef < 1.0) {
+    for (auto& g : grads) g.mul_(coef);
+    for (auto& f : flats_)  // the reduced gradient where the master's is a converted copy
+      if (f.grad.defined() && f.master.defined() && f.master.grad().defined() && !f.grad.is_alias_of(f.master.grad()))
+        f.grad.mul_(coef);
+  }
   return total;
 }
 
@@ -495,6 +520,7 @@ void Engine::before_step() {
 }
 
 void Engine::after_step() {
+  if (passthrough_) return;
   c10::NoGradGuard ng;
   std::vector<comm::WorkPtr> works;
   for (auto& f : flats_) {
@@ -505,7 +531,7 @@ void Engine::after_step() {
     }
     // Replicated parameters (ZeRO-1/2) and the always-gathered root unit (ZeRO-3) are all-gathered
     // from the updated shards; sharded units are gathered again by their next forward.
-    if (!spec_.shards_optimizer() || f.group < 0) continue;
+    if (!spec_.shards_optimizer() || f.group < 0 || shard_->size() == 1) continue;
     if (!f.flat->options().sharded) {
       auto [b, e] = f.flat->layout().shard_range(f.flat->options().rank);
       works.push_back(shard_->all_gather_async(f.flat->full().narrow(0, b, e - b), f.flat->full()));

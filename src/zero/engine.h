@@ -43,6 +43,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     int group = -1;        // the user optimizer's param group, -1: not optimized
     bool persistent = false;  // gathered from the step's all-gather until the next step (root unit)
     at::Tensor master;     // what the optimizer steps: the shard (sharded) or the whole flat buffer
+                           // (undefined in passthrough, and for flats the optimizer does not own)
     at::Tensor grad;       // reduced gradient feeding master.grad (undefined until a sync backward)
     // per backward
     std::vector<char> fired;
@@ -74,6 +75,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const std::shared_ptr<comm::Communicator>& shard_group() const { return shard_; }
   const std::shared_ptr<comm::Communicator>& replicate_group() const { return replicate_; }
   std::size_t num_buckets() const { return reducer_ ? reducer_->num_buckets() : 0; }
+  // Per param group of the user's optimizer: the tensors the sharded optimizer steps (master shards,
+  // or in passthrough the user's parameters themselves).
+  const std::vector<std::vector<at::Tensor>>& optimizer_params() const { return group_params_; }
+  // A world of one rank with no dtype conversion: no gradient hooks or flat gradients; the optimizer
+  // steps the parameters on autograd's own gradients (the plain libtorch loop, plus unit bookkeeping).
+  bool passthrough() const { return passthrough_; }
 
   // --- backward --------------------------------------------------------------------------------
   // loss.backward() and the end-of-backward work (idempotent per backward).
@@ -121,6 +128,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void reshard(std::size_t unit);
   void reshard_flat(Flat& f);
   void prefetch(std::size_t unit);
+  bool params_sharded() const;
   bool unit_sharded(std::size_t unit) const;
 
   ShardingSpec spec_;
@@ -135,6 +143,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::size_t> fwd_order_, cur_order_;  // unit order of the last / current forward
   bool sync_ = true;
   bool hooks_installed_ = false;
+  bool passthrough_ = false;
+  std::vector<std::vector<at::Tensor>> group_params_;
   bool in_backward_ = false;
   std::size_t finalize_count_ = 0;
 };

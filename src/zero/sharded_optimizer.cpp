@@ -43,9 +43,7 @@ class Sharded final : public Opt {
 std::vector<torch::optim::OptimizerParamGroup> master_groups(const torch::optim::Optimizer& user, const Engine& e) {
   std::vector<torch::optim::OptimizerParamGroup> groups;
   for (std::size_t g = 0; g < user.param_groups().size(); ++g) {
-    std::vector<at::Tensor> params;
-    for (const auto& f : e.flats())
-      if (f.group == static_cast<int>(g) && f.master.defined()) params.push_back(f.master);
+    std::vector<at::Tensor> params = e.optimizer_params().at(g);
     const auto& ug = user.param_groups()[g];
     if (ug.has_options())
       groups.emplace_back(params, ug.options().clone());
