@@ -13,3 +13,8 @@ for n in 1 2 4; do
   for s in DDP ZERO_1 ZERO_2 ZERO_3; do run "$n" "$s" "$@"; done
   if [ "$n" = 4 ]; then ACCEL_RANKS_PER_NODE=2 run "$n" HYBRID_SHARD "$@"; fi
 done
+echo
+echo "Same-run ratios (steps interleaved):"
+run 1 plain,DDP,ZERO_3 "$@"
+run 2 DDP,ZERO_3 "$@"
+run 4 DDP,ZERO_3 "$@"

@@ -120,7 +120,13 @@ int main(int argc, char** argv) {
     for (auto& run : runs) {
       if (s == warmup) memory::reset_peaks();
       world->barrier();
-      auto c0 = world->counters();
+      // Every group the step talks over (HYBRID_SHARD: the node and cross-node groups).
+      std::vector<comm::Communicator*> groups{world.get()};
+      if (run.prepared.engine)
+        for (auto* g : {run.prepared.engine->shard_group().get(), run.prepared.engine->replicate_group().get()})
+          if (g && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+      std::vector<comm::Counters> c0;
+      for (auto* g : groups) c0.push_back(g->counters());
       auto t0 = Clock::now();
       at::Tensor loss = test::lm_loss(run.model->forward(x), y);
       if (run.name == "plain")
@@ -130,10 +136,10 @@ int main(int argc, char** argv) {
       run.opt->step();
       run.opt->zero_grad();
       double t = std::chrono::duration<double>(Clock::now() - t0).count();
-      auto c1 = world->counters();
       if (s >= warmup) {
         run.times.push_back(max_over_ranks(*world, t));
-        run.moved = bus_bytes(c0, c1, n);
+        run.moved = 0;
+        for (std::size_t g = 0; g < groups.size(); ++g) run.moved += bus_bytes(c0[g], groups[g]->counters(), groups[g]->size());
       }
     }
   auto median = [](std::vector<double> v) {

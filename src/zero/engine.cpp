@@ -241,6 +241,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
                            : !spec_.shards_gradients() ? GradReducer::Mode::ReduceScatterInPlace
                                                        : GradReducer::Mode::ReduceScatter;
   c10::ScalarType rdt = spec_.reduce_dtype.value_or(flats_.empty() ? c10::kFloat : flats_[0].flat->full().scalar_type());
+  if (passthrough_) return;  // nothing to reduce
   CategoryScope cat(Category::Gradients);  // all-reduce buckets allocate their gradient buffers here
   reducer_ = std::make_unique<GradReducer>(std::move(order), mode, rdt, shard_, replicate_, spec_.bucket_bytes);
 }
@@ -252,17 +253,32 @@ void Engine::install_hooks() {
     const auto& ps = flats_[fi].flat->params();
     for (std::size_t i = 0; i < ps.size(); ++i)
       if (ps[i].requires_grad())
-        torch::autograd::impl::set_post_acc_grad_hooks(ps[i], std::make_unique<GradReadyHook>(this, fi, i));
+      {
+        auto hook = std::make_unique<GradReadyHook>(this, fi, i);
+        grad_hooks_.push_back(hook.get());
+        torch::autograd::impl::set_post_acc_grad_hooks(ps[i], std::move(hook));
+      }
   }
-  for (std::size_t u = 1; u < units_.size(); ++u)
+  for (std::size_t u = 1; u < units_.size(); ++u) {
     slots_[u - 1]->hooks = std::make_shared<UnitHooksImpl>(weak_from_this(), u);
+    unit_hooks_.push_back(slots_[u - 1]->hooks.get());
+  }
 }
 
 void Engine::uninstall_hooks() {
+  // Only hooks that are still this engine's: the model may have been prepared again since.
+  std::size_t k = 0;
   for (auto& f : flats_)
-    for (const auto& p : f.flat->params())
-      if (p.requires_grad()) torch::autograd::impl::post_acc_grad_hooks(p) = nullptr;
-  for (auto& s : slots_) s->hooks.reset();
+    for (const auto& p : f.flat->params()) {
+      if (passthrough_ || !p.requires_grad()) continue;
+      auto& hook = torch::autograd::impl::post_acc_grad_hooks(p);
+      if (k < grad_hooks_.size() && hook.get() == grad_hooks_[k]) hook = nullptr;
+      ++k;
+    }
+  grad_hooks_.clear();
+  for (std::size_t u = 0; u < slots_.size(); ++u)
+    if (u < unit_hooks_.size() && slots_[u]->hooks.get() == unit_hooks_[u]) slots_[u]->hooks.reset();
+  unit_hooks_.clear();
 }
 
 // ---------------------------------------------------------------------------------------------------

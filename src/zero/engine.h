@@ -143,6 +143,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::size_t> fwd_order_, cur_order_;  // unit order of the last / current forward
   bool sync_ = true;
   bool hooks_installed_ = false;
+  std::vector<const void*> grad_hooks_, unit_hooks_;  // ours, to remove only ours
   bool passthrough_ = false;
   std::vector<std::vector<at::Tensor>> group_params_;
   bool in_backward_ = false;
