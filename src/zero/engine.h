@@ -2,7 +2,7 @@
 // gathers and frees parameters around each unit's forward and backward, reduces gradients through
 // the GradReducer, and brackets the sharded optimizer's step (see sharded_optimizer.h).
 //
-// Build it with prepare() (below), which also returns the optimizer to use. The model object stays the
+// Build it with prepare() (sharded_optimizer.h), which also returns the optimizer to use. The model object stays the
 // user's: model->forward(x) works, named_parameters() keeps its names, each parameter is a view into
 // its unit's flat buffer.
 //

@@ -12,13 +12,6 @@
 
 #include <memory>
 
-namespace torch::nn {
-class Module;
-}
-namespace torch::optim {
-class Optimizer;
-}
-
 namespace accel::zero {
 
 struct Prepared {

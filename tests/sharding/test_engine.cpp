@@ -201,32 +201,30 @@ TEST(EngineMemory, CountingAllocatorCountsByCategory) {
 
 // --- edges -------------------------------------------------------------------------------------------
 
-// Trains `steps` SGD steps on the MLP with and without the engine; `tweak` edits both models the same way.
-void train_and_compare(const ShardingSpec& spec, const std::function<void(MLPImpl&)>& tweak, double tol = 1e-12) {
+// Trains 3 SGD steps of a single-process reference (the whole batch) and of an identical model under
+// `spec` (this rank's rows), then checks every shard. build(): a fresh model (same seed each call);
+// ref_backward: the reference's backward on the global batch; local_loss: this rank's loss.
+template <class M>
+void compare_sgd(const ShardingSpec& spec, const std::function<std::shared_ptr<M>()>& build,
+                 const std::function<void(M&, const at::Tensor&, const at::Tensor&)>& ref_backward,
+                 const std::function<at::Tensor(M&, const at::Tensor&, const at::Tensor&)>& local_loss) {
   auto world = test::world();
   const int N = world->size(), r = world->rank();
-  auto build = [&] {
-    at::manual_seed(11);
-    auto m = std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});
-    m->to(at::kDouble);
-    tweak(*m);
-    return m;
-  };
   auto ref = build(), mdl = build();
-  auto params_of = [](MLPImpl& m) {
+  auto trainable = [](M& m) {
     std::vector<at::Tensor> ps;
     for (auto& p : m.parameters())
       if (p.requires_grad()) ps.push_back(p);
     return ps;
   };
-  torch::optim::SGD ref_opt(params_of(*ref), torch::optim::SGDOptions(0.1));
-  torch::optim::SGD user_opt(params_of(*mdl), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD ref_opt(trainable(*ref), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD user_opt(trainable(*mdl), torch::optim::SGDOptions(0.1));
   auto p = zero::prepare(mdl, user_opt, spec, world);
   const int64_t local = 12 / N;
   for (int step = 0; step < 3; ++step) {
     auto [x, y] = make_batch(ModelKind::MLP, at::kDouble, step, 0);
-    at::mse_loss(ref->forward(x), y).backward();
-    p.engine->backward(at::mse_loss(mdl->forward(x.narrow(0, r * local, local)), y.narrow(0, r * local, local)));
+    ref_backward(*ref, x, y);
+    p.engine->backward(local_loss(*mdl, x.narrow(0, r * local, local), y.narrow(0, r * local, local)));
     ref_opt.step();
     ref_opt.zero_grad();
     p.optimizer->step();
@@ -234,7 +232,22 @@ void train_and_compare(const ShardingSpec& spec, const std::function<void(MLPImp
   }
   auto want = params_by_name(*ref);
   for (const auto& f : p.engine->flats())
-    EXPECT_LE(rel_err(f.flat->shard(), own_slice(*f.flat, flatten_like(*f.flat, want))), tol) << f.flat->name();
+    EXPECT_LE(rel_err(f.flat->shard(), own_slice(*f.flat, flatten_like(*f.flat, want))), 1e-12) << f.flat->name();
+}
+
+// The MLP, edited by `tweak` before training.
+void train_and_compare(const ShardingSpec& spec, const std::function<void(MLPImpl&)>& tweak) {
+  compare_sgd<MLPImpl>(
+      spec,
+      [&] {
+        at::manual_seed(11);
+        auto m = std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});
+        m->to(at::kDouble);
+        tweak(*m);
+        return m;
+      },
+      [](MLPImpl& m, const at::Tensor& x, const at::Tensor& y) { at::mse_loss(m.forward(x), y).backward(); },
+      [](MLPImpl& m, const at::Tensor& x, const at::Tensor& y) { return at::mse_loss(m.forward(x), y); });
 }
 
 TEST(EngineEdges, FrozenParameters) {
@@ -254,32 +267,18 @@ struct WithUnused : MLPImpl {
 };
 
 TEST(EngineEdges, UnusedUnitDoesNotHangOrCorrupt) {
-  auto world = test::world();
-  const int N = world->size(), r = world->rank();
   for (auto [name, spec] : all_specs()) {
     SCOPED_TRACE(name);
-    at::manual_seed(5);
-    auto ref = std::make_shared<WithUnused>();
-    at::manual_seed(5);
-    auto mdl = std::make_shared<WithUnused>();
-    ref->to(at::kDouble);
-    mdl->to(at::kDouble);
-    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
-    torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
-    auto p = zero::prepare(mdl, user_opt, spec, world);
-    const int64_t local = 12 / N;
-    for (int step = 0; step < 2; ++step) {
-      auto [x, y] = make_batch(ModelKind::MLP, at::kDouble, step, 0);
-      at::mse_loss(ref->forward(x), y).backward();
-      p.engine->backward(at::mse_loss(mdl->forward(x.narrow(0, r * local, local)), y.narrow(0, r * local, local)));
-      ref_opt.step();
-      ref_opt.zero_grad();
-      p.optimizer->step();
-      p.optimizer->zero_grad();
-    }
-    auto want = params_by_name(*ref);
-    for (const auto& f : p.engine->flats())
-      EXPECT_LE(rel_err(f.flat->shard(), own_slice(*f.flat, flatten_like(*f.flat, want))), 1e-12) << f.flat->name();
+    compare_sgd<WithUnused>(
+        spec,
+        [] {
+          at::manual_seed(5);
+          auto m = std::make_shared<WithUnused>();
+          m->to(at::kDouble);
+          return m;
+        },
+        [](WithUnused& m, const at::Tensor& x, const at::Tensor& y) { at::mse_loss(m.forward(x), y).backward(); },
+        [](WithUnused& m, const at::Tensor& x, const at::Tensor& y) { return at::mse_loss(m.forward(x), y); });
   }
 }
 
@@ -297,35 +296,26 @@ struct Branchy : torch::nn::Module {
 };
 
 TEST(EngineEdges, ParameterUnusedOnSomeRanks) {
-  auto world = test::world();
-  const int N = world->size(), r = world->rank();
+  const int N = test::world()->size(), r = test::world()->rank();
+  const int64_t local = 12 / N;
   for (auto [name, spec] : all_specs()) {
     if (spec.shards_parameters()) continue;
     SCOPED_TRACE(name);
-    at::manual_seed(9);
-    auto ref = std::make_shared<Branchy>();
-    at::manual_seed(9);
-    auto mdl = std::make_shared<Branchy>();
-    ref->to(at::kDouble);
-    mdl->to(at::kDouble);
-    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
-    torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
-    auto p = zero::prepare(mdl, user_opt, spec, world);
-    const int64_t local = 12 / N;
-    for (int step = 0; step < 2; ++step) {
-      auto [x, y] = make_batch(ModelKind::MLP, at::kDouble, step, 0);
-      for (int q = 0; q < N; ++q)  // the reference replays every rank's local loss, averaged
-        (at::mse_loss(ref->forward(x.narrow(0, q * local, local), q == 0), y.narrow(0, q * local, local)) / N).backward();
-      if (!ref->extra.grad().defined()) ref->extra.mutable_grad() = at::zeros_like(ref->extra);
-      p.engine->backward(at::mse_loss(mdl->forward(x.narrow(0, r * local, local), r == 0), y.narrow(0, r * local, local)));
-      ref_opt.step();
-      ref_opt.zero_grad();
-      p.optimizer->step();
-      p.optimizer->zero_grad();
-    }
-    auto want = params_by_name(*ref);
-    for (const auto& f : p.engine->flats())
-      EXPECT_LE(rel_err(f.flat->shard(), own_slice(*f.flat, flatten_like(*f.flat, want))), 1e-12) << f.flat->name();
+    compare_sgd<Branchy>(
+        spec,
+        [] {
+          at::manual_seed(9);
+          auto m = std::make_shared<Branchy>();
+          m->to(at::kDouble);
+          return m;
+        },
+        [&](Branchy& m, const at::Tensor& x, const at::Tensor& y) {
+          for (int q = 0; q < N; ++q)  // the reference replays every rank's local loss, averaged
+            (at::mse_loss(m.forward(x.narrow(0, q * local, local), q == 0), y.narrow(0, q * local, local)) / N)
+                .backward();
+          if (!m.extra.grad().defined()) m.extra.mutable_grad() = at::zeros_like(m.extra);
+        },
+        [&](Branchy& m, const at::Tensor& x, const at::Tensor& y) { return at::mse_loss(m.forward(x, r == 0), y); });
   }
 }
 
