@@ -123,7 +123,8 @@ int main(int argc, char** argv) {
       // Every group the step talks over (HYBRID_SHARD: the node and cross-node groups).
       std::vector<comm::Communicator*> groups{world.get()};
       if (run.prepared.engine)
-        for (auto* g : {run.prepared.engine->shard_group().get(), run.prepared.engine->replicate_group().get()})
+        for (auto* g : {run.prepared.engine->shard_group().get(), run.prepared.engine->gather_group().get(),
+                        run.prepared.engine->replicate_group().get()})
           if (g && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
       std::vector<comm::Counters> c0;
       for (auto* g : groups) c0.push_back(g->counters());
@@ -137,9 +138,9 @@ int main(int argc, char** argv) {
       run.opt->zero_grad();
       double t = std::chrono::duration<double>(Clock::now() - t0).count();
       if (s >= warmup) {
-        run.times.push_back(max_over_ranks(*world, t));
-        run.moved = 0;
+        run.moved = 0;  // read before max_over_ranks, whose all_reduce is not the step's
         for (std::size_t g = 0; g < groups.size(); ++g) run.moved += bus_bytes(c0[g], groups[g]->counters(), groups[g]->size());
+        run.times.push_back(max_over_ranks(*world, t));
       }
     }
   auto median = [](std::vector<double> v) {

@@ -2,7 +2,8 @@
 //
 // Contract: the tensors passed to a collective belong to the caller, who must neither free nor touch
 // them until wait() returns (the Work keeps them alive until the collective has finished, and drops
-// that reference before wait() returns). wait() blocks the calling host thread until
+// that reference before wait() returns). A caller must not free their storage in place either until
+// the collective is complete, even after a wait() that timed out. wait() blocks the calling host thread until
 // the collective is complete, raising its error if it failed: MismatchError, CommError, or
 // TimeoutError when it did not finish in time (the communicator is then broken). Thread-safe.
 #pragma once
@@ -44,7 +45,9 @@ class Work {
   // Adds a callback run once, on the waiting thread, when a wait times out (the communicator marks
   // itself broken; a backend may abort its transport). Callbacks run in the order added.
   void set_on_timeout(std::function<void()> f);
-  // Objects kept alive until the Work is destroyed (tensors in flight, staging buffers).
+  // Objects kept alive until the collective has finished (tensors in flight, staging buffers); they
+  // are dropped inside finish(), before any waiter wakes. This keeps objects alive, not their memory:
+  // a storage freed in place (sharding::free_storage) while a collective still runs is a bug.
   void keep_alive(std::shared_ptr<void> p);
 
  private:

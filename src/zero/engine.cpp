@@ -155,13 +155,14 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     for (auto& w : works) w->wait();
   }
 
-  // Group by (unit, group, requires_grad), keeping module order inside each.
-  std::map<std::tuple<std::size_t, int, bool>, std::vector<std::size_t>> keys;
+  // Group by (unit, group, requires_grad, dtype, device), keeping module order inside each.
+  std::map<std::tuple<std::size_t, int, bool, int, std::string>, std::vector<std::size_t>> keys;
   for (std::size_t i = 0; i < owned.size(); ++i) {
+    const at::Tensor& p = owned[i].param;
     int g = -1;
-    if (auto it = group_of.find(owned[i].param.unsafeGetTensorImpl()); it != group_of.end()) g = it->second;
-    if (!owned[i].param.requires_grad()) g = -1;
-    keys[{owned[i].unit, g, owned[i].param.requires_grad()}].push_back(i);
+    if (auto it = group_of.find(p.unsafeGetTensorImpl()); it != group_of.end()) g = it->second;
+    if (!p.requires_grad()) g = -1;
+    keys[{owned[i].unit, g, p.requires_grad(), static_cast<int>(p.scalar_type()), p.device().str()}].push_back(i);
   }
   const bool sharded_params = params_sharded();
   // A world of one rank with nothing to convert: the optimizer steps the user's own parameters
@@ -172,7 +173,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     passthrough_ = passthrough_ && spec_.param_dtype.value_or(dt) == dt && spec_.master_dtype.value_or(dt) == dt;
   }
   for (auto& [key, members] : keys) {
-    auto [unit, group, requires_grad] = key;
+    auto [unit, group, requires_grad, dtype, device] = key;
     std::vector<at::Tensor> ps;
     std::vector<std::string> names;
     for (auto i : members) {
@@ -188,10 +189,26 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     std::string fname = (units_[unit].name.empty() ? "<root>" : units_[unit].name) + "[group " + std::to_string(group) +
                         (requires_grad ? "" : ", frozen") + "]";
     Flat f;
+    // A master in another dtype than the compute buffer starts from the original values, not from
+    // their rounded copy.
+    at::Tensor original;
+    const c10::ScalarType mdt = spec_.master_dtype.value_or(ps[0].scalar_type());
+    if (group >= 0 && !passthrough_ && mdt != o.dtype) {
+      CategoryScope cat(Category::OptimizerState);
+      c10::NoGradGuard ng;
+      std::vector<std::int64_t> numels;
+      for (const auto& p : ps) numels.push_back(p.numel());
+      sharding::ShardLayout layout(numels, o.world, o.align);  // the FlatParam's own
+      at::Tensor flat = at::zeros({layout.padded()}, ps[0].options().dtype(mdt));
+      for (std::size_t i = 0; i < ps.size(); ++i) flat.narrow(0, layout.offset(i), ps[i].numel()).copy_(ps[i].reshape({-1}));
+      auto [b, e] = layout.shard_range(o.rank);
+      original = spec_.shards_optimizer() ? flat.narrow(0, b, e - b).clone() : flat;
+    }
     {
       CategoryScope cat(Category::Parameters);
       f.flat = std::make_unique<sharding::FlatParam>(fname, std::move(ps), std::move(names), o);
     }
+    f.master = original;
     f.unit = static_cast<int>(unit);
     f.group = group;
     f.persistent = sharded_params && unit == 0;
@@ -213,19 +230,22 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   }
   for (auto& f : flats_) {
     if (f.group < 0 || passthrough_) continue;
-    const at::Tensor& src = spec_.shards_optimizer() ? f.flat->shard() : f.flat->full();
-    c10::ScalarType mdt = spec_.master_dtype.value_or(src.scalar_type());
-    CategoryScope cat(Category::OptimizerState);
-    f.master = (mdt == src.scalar_type() ? src.alias() : src.to(mdt).detach()).set_requires_grad(false);
+    if (!f.master.defined()) f.master = (spec_.shards_optimizer() ? f.flat->shard() : f.flat->full()).alias();
+    f.master.set_requires_grad(false);
     group_params_[f.group].push_back(f.master);
   }
+
+  // Parameter all-gathers go over a communicator of their own: a rank whose backward leaves a
+  // parameter unused (data-dependent branches) launches its reduce-scatters later than the others,
+  // and on one communicator that would reorder them against the backward all-gathers.
+  gather_ = sharded_params ? shard_->split(0, shard_->rank()) : shard_;
 
   // Root flats under ZeRO-3 stay gathered from step to step.
   for (auto& f : flats_)
     if (f.persistent) {
       CategoryScope cat(Category::Gathered);
       f.flat->alloc_full();
-      shard_->all_gather(f.flat->shard(), f.flat->full());
+      gather_->all_gather(f.flat->shard(), f.flat->full());
     }
 
   // Reduction order: reverse module order (the order backward usually finishes units in).
@@ -243,7 +263,8 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   c10::ScalarType rdt = spec_.reduce_dtype.value_or(flats_.empty() ? c10::kFloat : flats_[0].flat->full().scalar_type());
   if (passthrough_) return;  // nothing to reduce
   CategoryScope cat(Category::Gradients);  // all-reduce buckets allocate their gradient buffers here
-  reducer_ = std::make_unique<GradReducer>(std::move(order), mode, rdt, shard_, replicate_, spec_.bucket_bytes);
+  reducer_ = std::make_unique<GradReducer>(std::move(order), mode, rdt, shard_, replicate_, spec_.bucket_bytes,
+                                           /*may_wait_in_backward=*/!sharded_params);
 }
 
 void Engine::install_hooks() {
@@ -255,7 +276,7 @@ void Engine::install_hooks() {
       if (ps[i].requires_grad())
       {
         auto hook = std::make_unique<GradReadyHook>(this, fi, i);
-        grad_hooks_.push_back(hook.get());
+        grad_hooks_.emplace_back(ps[i], hook.get());
         torch::autograd::impl::set_post_acc_grad_hooks(ps[i], std::move(hook));
       }
   }
@@ -267,14 +288,10 @@ void Engine::install_hooks() {
 
 void Engine::uninstall_hooks() {
   // Only hooks that are still this engine's: the model may have been prepared again since.
-  std::size_t k = 0;
-  for (auto& f : flats_)
-    for (const auto& p : f.flat->params()) {
-      if (passthrough_ || !p.requires_grad()) continue;
-      auto& hook = torch::autograd::impl::post_acc_grad_hooks(p);
-      if (k < grad_hooks_.size() && hook.get() == grad_hooks_[k]) hook = nullptr;
-      ++k;
-    }
+  for (auto& [p, ours] : grad_hooks_) {
+    auto& hook = torch::autograd::impl::post_acc_grad_hooks(p);
+    if (hook.get() == ours) hook = nullptr;
+  }
   grad_hooks_.clear();
   for (std::size_t u = 0; u < slots_.size(); ++u)
     if (u < unit_hooks_.size() && slots_[u]->hooks.get() == unit_hooks_[u]) slots_[u]->hooks.reset();
@@ -301,7 +318,7 @@ void Engine::gather(std::size_t unit, bool async) {
       CategoryScope cat(Category::Gathered);
       fp.alloc_full();
     }
-    u.inflight.push_back(shard_->all_gather_async(fp.shard(), fp.full()));
+    u.inflight.push_back(gather_->all_gather_async(fp.shard(), fp.full()));
   }
   if (!async) wait_gather(unit);
 }
@@ -309,6 +326,20 @@ void Engine::gather(std::size_t unit, bool async) {
 void Engine::wait_gather(std::size_t unit) {
   auto works = std::move(units_[unit].inflight);
   units_[unit].inflight.clear();
+  for (auto& w : works) w->wait();
+}
+
+void Engine::unshard() {
+  for (std::size_t u = 0; u < units_.size(); ++u) wait_gather(u);
+  std::vector<comm::WorkPtr> works;
+  for (auto& f : flats_) {
+    if (f.persistent || !f.flat->options().sharded) continue;
+    f.persistent = true;
+    if (f.flat->gathered()) continue;
+    CategoryScope cat(Category::Gathered);
+    f.flat->alloc_full();
+    works.push_back(gather_->all_gather_async(f.flat->shard(), f.flat->full()));
+  }
   for (auto& w : works) w->wait();
 }
 
@@ -327,6 +358,7 @@ void Engine::prefetch(std::size_t unit) {
 }
 
 void Engine::pre_forward(std::size_t unit) {
+  if (cur_order_.empty()) drop_discarded_grads();  // the first unit of a forward
   bool seen = false;
   for (auto u : cur_order_) seen = seen || u == unit;
   if (!seen) cur_order_.push_back(unit);
@@ -348,7 +380,9 @@ void Engine::post_forward(std::size_t unit, std::vector<at::Tensor>& outputs, bo
   for (auto& t : outputs)
     if (t.defined() && t.requires_grad()) {
       grad_flows = true;
-      t.register_hook([this, unit](const at::Tensor&) { pre_backward(unit); });
+      t.register_hook([self = weak_from_this(), unit](const at::Tensor&) {
+        if (auto e = self.lock()) e->pre_backward(unit);
+      });
     }
   units_[unit].backward_gathered = false;
   // Without tracked outputs backward could not gather first: keep the parameters until post-backward.
@@ -407,6 +441,11 @@ void Engine::open_window(Flat& f) {
   // Invariant: while !grad_live no parameter's .grad is a view of grad_full, so nothing autograd
   // just accumulated can be lost here.
   if (f.grad_live) return;
+  if (f.grad.defined() && f.grad.is_alias_of(f.flat->grad_full())) {
+    // ZeRO-1: the pending reduced slice lives in the buffer this window overwrites.
+    f.grad = f.grad.clone();
+    set_master_grad(f);
+  }
   if (!f.flat->grad_allocated()) f.flat->alloc_grad();
   std::fill(f.touched.begin(), f.touched.end(), 0);
   f.grad_live = true;
@@ -420,9 +459,63 @@ void Engine::zero_untouched(Flat& f) {
     }
 }
 
+void Engine::set_master_grad(Flat& f) {
+  if (!f.master.defined() || !f.grad.defined()) return;
+  CategoryScope cat(Category::Gradients);
+  // Not an autograd view (zero_grad detaches grads in place, which views refuse).
+  f.master.mutable_grad() = f.grad.scalar_type() == f.master.scalar_type() ? sharding::storage_alias(f.grad)
+                                                                           : f.grad.to(f.master.scalar_type());
+  f.master_grad_set = true;
+}
+
+void Engine::drop_discarded_grads() {
+  for (auto& f : flats_) {
+    if (!f.master_grad_set || f.master.grad().defined()) continue;
+    // optimizer->zero_grad() since the last reduction, without a step: discard what is pending.
+    f.master_grad_set = false;
+    f.grad = at::Tensor();
+    f.grad_live = false;
+    f.flat->detach_grads();
+  }
+}
+
+void Engine::abort_backward() {
+  // Autograd dropped the end-of-backward callback. Let every collective already issued finish, then
+  // forget this backward's gradients, so the next step starts clean (on every rank alike, provided
+  // every rank saw the error).
+  in_backward_ = false;
+  cur_order_.clear();
+  if (reducer_) reducer_->abandon();
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    for (auto& w : units_[u].inflight) {
+      try {
+        w->wait();
+      } catch (...) {
+      }
+    }
+    units_[u].inflight.clear();
+    units_[u].backward_gathered = false;
+    if (unit_sharded(u))
+      for (auto fi : units_[u].flats) reshard_flat(flats_[fi]);
+  }
+  for (auto& f : flats_) {
+    std::fill(f.fired.begin(), f.fired.end(), 0);
+    f.fired_count = 0;
+    f.ready = false;
+    f.grad_live = false;
+    f.flat->detach_grads();
+  }
+}
+
 void Engine::backward(const at::Tensor& loss) {
+  drop_discarded_grads();
   std::size_t before = finalize_count_;
-  loss.backward();
+  try {
+    loss.backward();
+  } catch (...) {
+    abort_backward();
+    throw;
+  }
   // No parameter of this rank received a gradient, so no hook queued the end-of-backward work.
   if (finalize_count_ == before) finalize_backward();
 }
@@ -454,30 +547,26 @@ void Engine::finalize_backward() {
     for (std::size_t r = 0; r < reduce_order_.size(); ++r) {
       Flat& f = flats_[reduce_order_[r]];
       at::Tensor g = reduced[r];
-      if (spec_.shards_gradients() && !g.is_alias_of(f.flat->grad_full())) {
-        // The reduced shard is the gradient now; the full buffer goes back to the allocator.
-        // (A group of one rank reduces nothing: its "shard" is the full buffer, kept as below.)
-        f.flat->free_grad();
-        f.grad_live = false;
-        if (f.grad.defined() && f.grad.numel() == g.numel())
-          f.grad.add_(g);  // a second sync backward before the step accumulates into the shard
+      if (!spec_.shards_optimizer()) {
+        // DDP: .grad shows the averaged gradient, and the window stays open until the step: a
+        // second backward adds its local gradients and averages again, which sums the averages.
+        f.grad = g;
+        f.flat->attach_grads();
+      } else {
+        // The reduced shard is the pending gradient until the step, and the window closes: a second
+        // sync backward before the step reduces into a fresh window and adds to it. ZeRO-2/3 give
+        // the full buffer back; ZeRO-1 (and a group of one) keep it: g is their buffer's own slice.
+        if (f.grad.defined())
+          f.grad.add_(g);
         else
           f.grad = g;
-      } else {
-        f.grad = g;
-        // DDP: .grad shows the averaged gradient. ZeRO-1: only the own slice is reduced, so the
-        // parameters show none (the buffer keeps accumulating until the step).
-        if (spec_.shards_optimizer())
+        if (g.is_alias_of(f.flat->grad_full()))
           f.flat->detach_grads();
         else
-          f.flat->attach_grads();
+          f.flat->free_grad();
+        f.grad_live = false;
       }
-      if (f.master.defined()) {
-        CategoryScope cat(Category::Gradients);
-        // Not an autograd view (zero_grad detaches grads in place, which views refuse).
-        f.master.mutable_grad() = f.grad.scalar_type() == f.master.scalar_type() ? sharding::storage_alias(f.grad)
-                                                                                 : f.grad.to(f.master.scalar_type());
-      }
+      set_master_grad(f);
     }
   } else {
     // Accumulating: keep the parameters' .grad on their flat views so the next backward adds in place.
@@ -550,9 +639,9 @@ void Engine::after_step() {
     if (!spec_.shards_optimizer() || f.group < 0 || shard_->size() == 1) continue;
     if (!f.flat->options().sharded) {
       auto [b, e] = f.flat->layout().shard_range(f.flat->options().rank);
-      works.push_back(shard_->all_gather_async(f.flat->full().narrow(0, b, e - b), f.flat->full()));
+      works.push_back(gather_->all_gather_async(f.flat->full().narrow(0, b, e - b), f.flat->full()));
     } else if (f.persistent) {
-      works.push_back(shard_->all_gather_async(f.flat->shard(), f.flat->full()));
+      works.push_back(gather_->all_gather_async(f.flat->shard(), f.flat->full()));
     }
   }
   for (auto& w : works) w->wait();
@@ -560,7 +649,8 @@ void Engine::after_step() {
   for (auto& f : flats_) {
     f.grad_live = false;
     f.flat->detach_grads();
-    if (spec_.shards_gradients()) f.grad = at::Tensor();  // master.grad keeps it until zero_grad
+    f.grad = at::Tensor();  // master.grad keeps it until zero_grad
+    f.master_grad_set = false;
   }
 }
 

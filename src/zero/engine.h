@@ -9,7 +9,14 @@
 // One training step:  loss = model->forward(x);  engine->backward(loss);  optimizer->step();
 // (loss.backward() works too, provided every rank's backward reaches at least one parameter.)
 // Gradient accumulation: backward passes run inside a NoSync scope skip the reduction; the first
-// backward outside one reduces everything accumulated.
+// backward outside one reduces everything accumulated. Gradients last until optimizer->step();
+// optimizer->zero_grad() without a step discards them (noticed by the next engine->backward() or
+// unit forward). If backward throws (on every rank), engine->backward() waits for the collectives
+// in flight and forgets that backward's gradients before rethrowing.
+//
+// Lifetime: under ZeRO-3 the units' parameters are shards held by the flat buffers; the model's
+// parameter tensors hold data only while gathered. Keep the engine alive while the model is used,
+// or call unshard() (collective) first, after which the model keeps full parameters.
 //
 // Not thread-safe: one thread drives forward, backward and step. Collectives are issued in the same
 // order on every rank as long as every rank runs the same model code.
@@ -51,6 +58,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     bool grad_live = false;     // grad_full holds this accumulation window's gradients
     std::vector<char> touched;  // per parameter: its region of grad_full written in this window
     bool ready = false;
+    bool master_grad_set = false;  // master.grad was set by a reduction not yet stepped on
   };
   struct UnitInfo {
     std::string name;  // "" for the root unit, else the module path ("blocks.0")
@@ -74,6 +82,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // group under HYBRID_SHARD) and the group gradients are then averaged over (null if none).
   const std::shared_ptr<comm::Communicator>& shard_group() const { return shard_; }
   const std::shared_ptr<comm::Communicator>& replicate_group() const { return replicate_; }
+  // Where parameter all-gathers go: a duplicate of the shard group when parameters are sharded
+  // (so they cannot be reordered against reduce-scatters), else the shard group itself.
+  const std::shared_ptr<comm::Communicator>& gather_group() const { return gather_; }
   std::size_t num_buckets() const { return reducer_ ? reducer_->num_buckets() : 0; }
   // Per param group of the user's optimizer: the tensors the sharded optimizer steps (master shards,
   // or in passthrough the user's parameters themselves).
@@ -98,6 +109,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
     bool saved_;
   };
 
+  // Collective: gathers every sharded unit for good (the parameters stay whole from now on, as under
+  // SHARD_GRAD_OP), so the model keeps working without the engine.
+  void unshard();
+
   // Global gradient norm over every rank's shards (norm_type 2, any p >= 1, or infinity), computed
   // after the reduction; scales the gradients by max_norm / (norm + 1e-6) when that is < 1, as
   // torch::nn::utils::clip_grad_norm_ does. Returns the norm before clipping.
@@ -121,6 +136,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void build(torch::nn::Module& model, const torch::optim::Optimizer* optimizer);
   void begin_backward();
   void open_window(Flat& f);
+  void set_master_grad(Flat& f);
+  void drop_discarded_grads();
+  void abort_backward();
   void zero_untouched(Flat& f);
   void finalize_backward();
   void gather(std::size_t unit, bool async);
@@ -132,7 +150,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool unit_sharded(std::size_t unit) const;
 
   ShardingSpec spec_;
-  std::shared_ptr<comm::Communicator> world_, shard_, replicate_;
+  std::shared_ptr<comm::Communicator> world_, shard_, replicate_, gather_;
   std::shared_ptr<torch::nn::Module> model_;
   std::vector<Flat> flats_;
   std::vector<UnitInfo> units_;
@@ -143,7 +161,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::size_t> fwd_order_, cur_order_;  // unit order of the last / current forward
   bool sync_ = true;
   bool hooks_installed_ = false;
-  std::vector<const void*> grad_hooks_, unit_hooks_;  // ours, to remove only ours
+  std::vector<std::pair<at::Tensor, const void*>> grad_hooks_;  // ours, to remove only ours
+  std::vector<const void*> unit_hooks_;
   bool passthrough_ = false;
   std::vector<std::vector<at::Tensor>> group_params_;
   bool in_backward_ = false;

@@ -8,9 +8,9 @@ namespace accel::zero {
 
 GradReducer::GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10::ScalarType reduce_dtype,
                          std::shared_ptr<comm::Communicator> shard, std::shared_ptr<comm::Communicator> replicate,
-                         std::int64_t bucket_bytes)
+                         std::int64_t bucket_bytes, bool may_wait_in_backward)
     : flats_(std::move(flats)), mode_(mode), dtype_(reduce_dtype), shard_(std::move(shard)),
-      replicate_(std::move(replicate)) {
+      replicate_(std::move(replicate)), may_wait_(may_wait_in_backward) {
   if (replicate_ && replicate_->size() == 1) replicate_.reset();
   const std::int64_t esize = c10::elementSize(dtype_);
   std::int64_t in_bucket = 0;
@@ -55,8 +55,13 @@ void GradReducer::mark_ready(std::size_t i) {
   while (next_launch_ < buckets_.size() &&
          buckets_[next_launch_].ready == buckets_[next_launch_].members.size()) {
     launch(buckets_[next_launch_++]);
-    // Bound the staging memory in flight: finish the oldest buckets beyond kMaxInFlight.
-    while (next_launch_ - next_finish_ > kMaxInFlight) finish(buckets_[next_finish_++]);
+    // Bound the staging memory in flight: finish the oldest buckets beyond kMaxInFlight (without
+    // blocking where another rank may need this one to get on with its backward first).
+    while (next_launch_ - next_finish_ > kMaxInFlight) {
+      Bucket& oldest = buckets_[next_finish_];
+      if (!may_wait_ && oldest.work && !oldest.work->is_completed()) break;
+      finish(buckets_[next_finish_++]);
+    }
   }
 }
 
@@ -141,6 +146,26 @@ void GradReducer::finish(Bucket& b) {
   }
   b.staging_in = at::Tensor();
   b.staging_out = at::Tensor();
+}
+
+void GradReducer::abandon() {
+  for (auto& b : buckets_) {
+    if (b.work) {
+      try {
+        b.work->wait();
+      } catch (...) {  // the backward is being abandoned already; its first error is what propagates
+      }
+      b.work.reset();
+    }
+    b.staging_in = at::Tensor();
+    b.staging_out = at::Tensor();
+    b.ready = 0;
+    b.launched = false;
+  }
+  marked_.assign(flats_.size(), 0);
+  results_.assign(flats_.size(), at::Tensor());
+  next_launch_ = 0;
+  next_finish_ = 0;
 }
 
 std::vector<at::Tensor> GradReducer::flush() {

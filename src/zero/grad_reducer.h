@@ -14,7 +14,7 @@
 // construction) and reduce it in place; a bucket of one flat in the reduce dtype reduces it
 // directly; otherwise through one staging buffer (rank-major for reduce-scatter), cast to the reduce
 // dtype. At most kMaxInFlight buckets are in flight: launching another first finishes the oldest,
-// which bounds staging memory. A group of one rank (and no replicate group) reduces nothing.
+// which bounds staging memory (where waiting is allowed; otherwise only once it has completed). A group of one rank (and no replicate group) reduces nothing.
 #pragma once
 
 #include "comm/communicator.h"
@@ -32,9 +32,12 @@ class GradReducer {
 
   // flats: the flat parameters whose gradients are reduced, in launch order. reduce_dtype: the wire
   // dtype. shard: the group the layouts split over; replicate: null or the cross-node group.
+  // may_wait_in_backward: false when ranks depend on each other during backward (ZeRO-3 gathers):
+  // a rank whose gradients became ready earlier must then never block on a reduction the others
+  // launch only at the end of their backward.
   GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10::ScalarType reduce_dtype,
               std::shared_ptr<comm::Communicator> shard, std::shared_ptr<comm::Communicator> replicate,
-              std::int64_t bucket_bytes);
+              std::int64_t bucket_bytes, bool may_wait_in_backward);
 
   // Flat i (index into flats) has all its gradients in grad_full(): launch what is launchable.
   void mark_ready(std::size_t i);
@@ -43,6 +46,9 @@ class GradReducer {
   // reduced gradient: grad_full() (AllReduce), its own-slice view (ReduceScatterInPlace) or a fresh
   // shard tensor in the reduce dtype (ReduceScatter).
   std::vector<at::Tensor> flush();
+
+  // Forgets a backward that did not finish (it threw): waits for what was launched, drops it all.
+  void abandon();
 
   std::size_t num_buckets() const { return buckets_.size(); }
   // Collectives one sync backward issues: on the shard group and on the replicate group.
@@ -63,6 +69,7 @@ class GradReducer {
 
   std::vector<sharding::FlatParam*> flats_;
   Mode mode_;
+  bool may_wait_ = true;
   c10::ScalarType dtype_;
   std::shared_ptr<comm::Communicator> shard_, replicate_;
   std::vector<Bucket> buckets_;

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace accel::test {
@@ -70,8 +71,9 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(OptKind kind, tor
 }
 
 // The reference's tensors (looked up by the flat's parameter names) laid out as the flat buffer.
-inline at::Tensor flatten_like(const sharding::FlatParam& f, const std::map<std::string, at::Tensor>& by_name) {
-  at::Tensor out = at::zeros({f.layout().padded()}, f.full().options());
+inline at::Tensor flatten_like(const sharding::FlatParam& f, const std::map<std::string, at::Tensor>& by_name,
+                               std::optional<c10::ScalarType> dtype = std::nullopt) {
+  at::Tensor out = at::zeros({f.layout().padded()}, f.full().options().dtype(dtype.value_or(f.full().scalar_type())));
   for (std::size_t i = 0; i < f.names().size(); ++i) {
     const at::Tensor& t = by_name.at(f.names()[i]);
     if (t.defined()) out.narrow(0, f.layout().offset(i), t.numel()).copy_(t.reshape({-1}));

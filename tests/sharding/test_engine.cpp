@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <limits>
+#include <algorithm>
 #include <optional>
 
 namespace accel::test {
@@ -54,9 +55,18 @@ TEST(EngineCounts, CollectivesPerMicroStep) {
       ASSERT_EQ(e.num_buckets(), e.passthrough() ? 0u : 7u);  // a world of one reduces nothing
       const std::uint64_t F = 7, unit_flats = 6, root_flats = 1;
       auto& shard = *e.shard_group();
+      auto& gather = *e.gather_group();
       auto rep = e.replicate_group();
       const bool has_rep = rep && rep->size() > 1;
-      auto counters = [&] { return std::make_pair(shard.counters(), rep ? rep->counters() : comm::Counters{}); };
+      // Shard-group counts (the gather group's added when it is a group of its own), replicate group.
+      auto counters = [&] {
+        comm::Counters c = shard.counters();
+        if (&gather != &shard) {
+          comm::Counters g = gather.counters();
+          for (int k = 0; k < comm::kNumCollectives; ++k) c.by_kind[k].calls += g.by_kind[k].calls;
+        }
+        return std::make_pair(c, rep ? rep->counters() : comm::Counters{});
+      };
       const int64_t local = 12 / N;
       for (int step = 0; step < 2; ++step) {
         for (int m = 0; m < 3; ++m) {
@@ -106,15 +116,23 @@ TEST(EngineCounts, TrafficMatchesZeroFormulas) {
     auto mlp = std::make_shared<MLPImpl>(widths, /*root_param=*/false);
     auto user_opt = make_optimizer(OptKind::SGD, *mlp);
     auto p = zero::prepare(mlp, *user_opt, spec, world);
-    auto before = world->counters();
+    std::vector<comm::Communicator*> groups{world.get()};
+    for (auto* g : {p.engine->shard_group().get(), p.engine->gather_group().get()})
+      if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+    std::vector<comm::Counters> before;
+    for (auto* g : groups) before.push_back(g->counters());
     at::manual_seed(3);
     at::Tensor x = at::randn({4 * N, 64});
     p.engine->backward(mlp->forward(x.narrow(0, r * 4, 4)).pow(2).mean());
     p.optimizer->step();
-    auto after = world->counters();
     auto bytes = [&](Collective c, bool sent) {
-      return static_cast<double>(sent ? after[c].bytes_sent - before[c].bytes_sent
-                                      : after[c].bytes_received - before[c].bytes_received);
+      double b = 0;
+      for (std::size_t k = 0; k < groups.size(); ++k) {
+        auto after = groups[k]->counters();
+        b += static_cast<double>(sent ? after[c].bytes_sent - before[k][c].bytes_sent
+                                      : after[c].bytes_received - before[k][c].bytes_received);
+      }
+      return b;
     };
     double f = N > 1 ? (N - 1.0) / N : 0.0;
     double bus = bytes(Collective::AllReduce, true) * 2 * f + bytes(Collective::ReduceScatter, true) * f +
@@ -316,6 +334,171 @@ TEST(EngineEdges, ParameterUnusedOnSomeRanks) {
           if (!m.extra.grad().defined()) m.extra.mutable_grad() = at::zeros_like(m.extra);
         },
         [&](Branchy& m, const at::Tensor& x, const at::Tensor& y) { return at::mse_loss(m.forward(x, r == 0), y); });
+  }
+}
+
+// Every shard of a prepared model against the reference's parameters.
+void expect_shards_equal(const zero::Engine& e, torch::nn::Module& ref, double tol = 1e-12) {
+  auto want = params_by_name(ref);
+  for (const auto& f : e.flats())
+    EXPECT_LE(rel_err(f.flat->shard(), own_slice(*f.flat, flatten_like(*f.flat, want))), tol) << f.flat->name();
+}
+
+std::shared_ptr<MLPImpl> seeded_mlp() {
+  at::manual_seed(11);
+  auto m = std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});
+  m->to(at::kDouble);
+  return m;
+}
+
+// Gradient lifetimes: two sync backwards before one step add up; zero_grad without a step discards;
+// a backward that throws on every rank is forgotten. Each against the reference doing the same.
+TEST(EngineLifecycle, GradientsLastUntilStepAndZeroGradDiscards) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  const int64_t local = 12 / N;
+  for (auto [name, spec] : all_specs()) {
+    for (int scenario = 0; scenario < 3; ++scenario) {
+      SCOPED_TRACE(name + " scenario " + std::to_string(scenario));
+      auto ref = seeded_mlp(), mdl = seeded_mlp();
+      torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      auto p = zero::prepare(mdl, user_opt, spec, world);
+      for (int step = 0; step < 2; ++step) {
+        auto [x1, y1] = make_batch(ModelKind::MLP, at::kDouble, step, 0);
+        auto [x2, y2] = make_batch(ModelKind::MLP, at::kDouble, step, 1);
+        auto local_loss = [&](const at::Tensor& x, const at::Tensor& y) {
+          return at::mse_loss(mdl->forward(x.narrow(0, r * local, local)), y.narrow(0, r * local, local));
+        };
+        if (scenario == 0) {  // two sync backwards, one step: the gradients add
+          at::mse_loss(ref->forward(x1), y1).backward();
+          at::mse_loss(ref->forward(x2), y2).backward();
+          p.engine->backward(local_loss(x1, y1));
+          p.engine->backward(local_loss(x2, y2));
+        } else if (scenario == 1) {  // backward, zero_grad (no step), backward: only the second counts
+          at::mse_loss(ref->forward(x2), y2).backward();
+          p.engine->backward(local_loss(x1, y1));
+          p.optimizer->zero_grad();
+          p.engine->backward(local_loss(x2, y2));
+        } else {  // a backward that throws on every rank, then a clean one
+          at::mse_loss(ref->forward(x2), y2).backward();
+          at::Tensor out = mdl->forward(x1.narrow(0, r * local, local));
+          out.register_hook([](const at::Tensor& g) -> at::Tensor {
+            if (g.defined()) throw std::runtime_error("injected");
+            return g;
+          });
+          // The hook fires after the loss's backward and before any parameter's gradient: part of the
+          // graph (nothing here) ran. Put a parameter's gradient before it too: the root scale.
+          at::Tensor loss = at::mse_loss(out, y1.narrow(0, r * local, local)) * mdl->scale;
+          EXPECT_THROW(p.engine->backward(loss), std::exception);
+          p.optimizer->zero_grad();
+          p.engine->backward(local_loss(x2, y2));
+        }
+        ref_opt.step();
+        ref_opt.zero_grad();
+        p.optimizer->step();
+        p.optimizer->zero_grad();
+      }
+      expect_shards_equal(*p.engine, *ref);
+    }
+  }
+}
+
+// A unit whose extra parameter only rank 0's forward uses (data-dependent, as in a mixture of
+// experts): under ZeRO-3 that rank's reduce-scatter launches at a different time than the others'.
+struct MaybeBonus : torch::nn::Module {
+  MaybeBonus() {
+    lin = register_module("lin", torch::nn::Linear(5, 5));
+    bonus = register_parameter("bonus", at::randn({5}));
+  }
+  at::Tensor forward(const at::Tensor& x) { return use_bonus ? lin(x) + bonus : lin(x); }
+  torch::nn::Linear lin{nullptr};
+  at::Tensor bonus;
+  bool use_bonus = false;
+};
+struct Stack : torch::nn::Module {
+  Stack() {
+    for (int i = 0; i < 4; ++i) blocks.push_back(accel::unit(register_module("b" + std::to_string(i), std::make_shared<MaybeBonus>())));
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (auto& b : blocks) x = at::tanh(b(x));
+    return x;
+  }
+  void set_bonus(bool on) {
+    for (auto& b : blocks) b->use_bonus = on;
+  }
+  std::vector<accel::Unit<MaybeBonus>> blocks;
+};
+
+TEST(EngineLifecycle, DataDependentUnusedParametersUnderZero3) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  const int64_t local = 12 / N;
+  for (bool prefetch : {false, true}) {
+    SCOPED_TRACE(prefetch ? "prefetch" : "no prefetch");
+    auto build = [] {
+      at::manual_seed(21);
+      auto m = std::make_shared<Stack>();
+      m->to(at::kDouble);
+      return m;
+    };
+    auto ref = build(), mdl = build();
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
+    ShardingSpec spec = ShardingSpec::zero(3);
+    spec.bucket_bytes = 0;
+    spec.backward_prefetch = spec.forward_prefetch = prefetch;
+    auto p = zero::prepare(mdl, user_opt, spec, world);
+    for (int step = 0; step < 3; ++step) {
+      at::manual_seed(300 + step);
+      at::Tensor x = at::randn({12, 5}, at::kDouble), y = at::randn({12, 5}, at::kDouble);
+      for (int q = 0; q < N; ++q) {  // the reference replays every rank's local loss, averaged
+        ref->set_bonus(q == 0);
+        (at::mse_loss(ref->forward(x.narrow(0, q * local, local)), y.narrow(0, q * local, local)) / N).backward();
+      }
+      for (auto& b : ref->blocks)
+        if (!b->bonus.grad().defined()) b->bonus.mutable_grad() = at::zeros_like(b->bonus);
+      mdl->set_bonus(r == 0);
+      p.engine->backward(at::mse_loss(mdl->forward(x.narrow(0, r * local, local)), y.narrow(0, r * local, local)));
+      ref_opt.step();
+      ref_opt.zero_grad();
+      p.optimizer->step();
+      p.optimizer->zero_grad();
+    }
+    expect_shards_equal(*p.engine, *ref);
+  }
+}
+
+// unshard() leaves the model whole: it keeps working after the engine is gone.
+TEST(EngineLifecycle, UnshardDetachesTheModelFromTheEngine) {
+  auto world = test::world();
+  auto mdl = seeded_mlp(), ref = seeded_mlp();
+  at::Tensor x = at::randn({4, 6}, at::kDouble);
+  {
+    torch::optim::SGD opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
+    auto p = zero::prepare(mdl, opt, ShardingSpec::zero(3), world);
+    p.engine->unshard();
+  }
+  EXPECT_LE(rel_err(mdl->forward(x).detach(), ref->forward(x).detach()), 1e-15);
+  for (auto& [n, t] : params_by_name(*mdl)) EXPECT_LE(rel_err(t, params_by_name(*ref).at(n)), 0.0) << n;
+}
+
+// A master in another dtype than the compute buffer starts from the original values.
+TEST(EngineLifecycle, MasterStartsFromTheOriginalValues) {
+  auto world = test::world();
+  at::manual_seed(11);
+  auto mdl = std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});  // float32
+  auto originals = params_by_name(*mdl);
+  for (auto& [n, t] : originals) t = t.detach().clone();
+  torch::optim::AdamW opt(mdl->parameters(), torch::optim::AdamWOptions(0.1));
+  ShardingSpec spec = ShardingSpec::zero(3);
+  spec.param_dtype = at::kBFloat16;
+  spec.master_dtype = at::kFloat;
+  auto p = zero::prepare(mdl, opt, spec, world);
+  for (const auto& f : p.engine->flats()) {
+    ASSERT_EQ(f.master.scalar_type(), at::kFloat);
+    at::Tensor want = own_slice(*f.flat, flatten_like(*f.flat, originals, at::kFloat));
+    EXPECT_LE(rel_err(f.master, want), 0.0) << f.flat->name();
   }
 }
 
