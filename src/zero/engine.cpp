@@ -376,18 +376,14 @@ void Engine::pre_forward(std::size_t unit) {
 
 void Engine::post_forward(std::size_t unit, std::vector<at::Tensor>& outputs, bool tracked) {
   if (!unit_sharded(unit)) return;
-  bool grad_flows = false;
   for (auto& t : outputs)
-    if (t.defined() && t.requires_grad()) {
-      grad_flows = true;
+    if (t.defined() && t.requires_grad())
       t.register_hook([self = weak_from_this(), unit](const at::Tensor&) {
         if (auto e = self.lock()) e->pre_backward(unit);
       });
-    }
   units_[unit].backward_gathered = false;
   // Without tracked outputs backward could not gather first: keep the parameters until post-backward.
   if (spec_.reshard_after_forward && tracked) reshard(unit);
-  (void)grad_flows;
 }
 
 void Engine::pre_backward(std::size_t unit) {
