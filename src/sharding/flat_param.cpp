@@ -158,7 +158,10 @@ void FlatParam::attach_grads() {
 }
 
 void FlatParam::detach_grads() {
-  for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  // Only .grad that are views of grad_full: a gradient autograd has just produced (a hook may run
+  // this mid-backward) is not ours to drop.
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (grad_is_view(i)) params_[i].mutable_grad() = at::Tensor();
 }
 
 }  // namespace accel::sharding

@@ -76,7 +76,7 @@ class FlatParam {
   // Zeros params[i]'s region of grad_full().
   void zero_grad_of(std::size_t i);
   bool grad_is_view(std::size_t i) const;
-  // params' .grad := their views of grad_full() / := undefined.
+  // params' .grad := their views of grad_full() / those that are such views := undefined.
   void attach_grads();
   void detach_grads();
   // Zeros the elements of grad_full() that belong to no parameter.

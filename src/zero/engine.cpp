@@ -187,7 +187,8 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     o.align = spec_.align_elements;
     o.sharded = sharded_params;
     std::string fname = (units_[unit].name.empty() ? "<root>" : units_[unit].name) + "[group " + std::to_string(group) +
-                        (requires_grad ? "" : ", frozen") + "]";
+                        (requires_grad ? "" : ", frozen") + ", " + c10::toString(static_cast<c10::ScalarType>(dtype)) +
+                        (device == "cpu" ? "" : ", " + device) + "]";
     Flat f;
     // A master in another dtype than the compute buffer starts from the original values, not from
     // their rounded copy.
@@ -260,7 +261,9 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   GradReducer::Mode mode = !spec_.shards_optimizer()   ? GradReducer::Mode::AllReduce
                            : !spec_.shards_gradients() ? GradReducer::Mode::ReduceScatterInPlace
                                                        : GradReducer::Mode::ReduceScatter;
-  c10::ScalarType rdt = spec_.reduce_dtype.value_or(flats_.empty() ? c10::kFloat : flats_[0].flat->full().scalar_type());
+  c10::ScalarType rdt = flats_.empty() ? c10::kFloat : flats_[0].flat->full().scalar_type();
+  for (const auto& f : flats_) rdt = c10::promoteTypes(rdt, f.flat->full().scalar_type());  // never narrower
+  rdt = spec_.reduce_dtype.value_or(rdt);
   if (passthrough_) return;  // nothing to reduce
   CategoryScope cat(Category::Gradients);  // all-reduce buckets allocate their gradient buffers here
   reducer_ = std::make_unique<GradReducer>(std::move(order), mode, rdt, shard_, replicate_, spec_.bucket_bytes,
@@ -406,6 +409,7 @@ void Engine::pre_backward(std::size_t unit) {
 void Engine::begin_backward() {
   if (in_backward_) return;
   in_backward_ = true;
+  drop_discarded_grads();
   std::weak_ptr<Engine> self = weak_from_this();
   torch::autograd::Engine::get_default_engine().queue_callback([self] {
     if (auto e = self.lock()) e->finalize_backward();
@@ -461,14 +465,24 @@ void Engine::set_master_grad(Flat& f) {
   // Not an autograd view (zero_grad detaches grads in place, which views refuse).
   f.master.mutable_grad() = f.grad.scalar_type() == f.master.scalar_type() ? sharding::storage_alias(f.grad)
                                                                            : f.grad.to(f.master.scalar_type());
+  note_master_grad(f);
+}
+
+void Engine::note_master_grad(Flat& f) {
   f.master_grad_set = true;
+  f.master_grad_impl = f.master.grad().unsafeGetTensorImpl();
+  f.master_grad_version = f.master.grad()._version();
 }
 
 void Engine::drop_discarded_grads() {
   for (auto& f : flats_) {
-    if (!f.master_grad_set || f.master.grad().defined()) continue;
-    // optimizer->zero_grad() since the last reduction, without a step: discard what is pending.
+    if (!f.master_grad_set) continue;
+    const at::Tensor& g = f.master.grad();
+    if (g.defined() && g.unsafeGetTensorImpl() == f.master_grad_impl && g._version() == f.master_grad_version) continue;
+    // optimizer->zero_grad() (to none, or in place) since we set master.grad, without a step:
+    // discard what is pending or accumulating.
     f.master_grad_set = false;
+    f.master.mutable_grad() = at::Tensor();
     f.grad = at::Tensor();
     f.grad_live = false;
     f.flat->detach_grads();
@@ -481,7 +495,21 @@ void Engine::abort_backward() {
   // every rank saw the error).
   in_backward_ = false;
   cur_order_.clear();
-  if (reducer_) reducer_->abandon();
+  if (reducer_ && sync_) {
+    // Issue every remaining bucket, as a finished backward would: a rank that had launched some
+    // earlier (its gradients were ready sooner) then never waits for a collective the others skip.
+    // The results are thrown away.
+    try {
+      for (auto fi : reduce_order_) {
+        open_window(flats_[fi]);
+        zero_untouched(flats_[fi]);
+        reducer_->mark_ready(reducer_index_[fi]);
+      }
+      reducer_->flush();
+    } catch (...) {
+      reducer_->abandon();
+    }
+  }
   for (std::size_t u = 0; u < units_.size(); ++u) {
     for (auto& w : units_[u].inflight) {
       try {
@@ -503,12 +531,39 @@ void Engine::abort_backward() {
   }
 }
 
+void Engine::settle_pending() {
+  // A reduced gradient still living in the flat buffer (DDP, ZeRO-1) moves to its own tensor and the
+  // window closes: this backward accumulates from zero, so neither a second sync backward nor one
+  // that throws can mix into what is pending.
+  for (auto& f : flats_) {
+    if (!f.grad.defined() || !f.grad.is_alias_of(f.flat->grad_full())) continue;
+    CategoryScope cat(Category::Gradients);
+    f.grad = f.grad.clone();
+    set_master_grad(f);
+    f.flat->detach_grads();
+    f.grad_live = false;
+  }
+}
+
 void Engine::backward(const at::Tensor& loss) {
   drop_discarded_grads();
+  settle_pending();
+  // Passthrough keeps gradients in .grad, where a throwing backward would leave part of its own:
+  // keep what was there before (only when something was: the usual step starts from none).
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved;
+  if (passthrough_) {
+    bool any = false;
+    for (auto& f : flats_)
+      for (const auto& p : f.flat->params()) any = any || p.grad().defined();
+    for (auto& f : flats_)
+      for (const auto& p : f.flat->params())
+        if (p.requires_grad()) saved.emplace_back(p, any && p.grad().defined() ? p.grad().clone() : at::Tensor());
+  }
   std::size_t before = finalize_count_;
   try {
     loss.backward();
   } catch (...) {
+    for (auto& [p, g] : saved) const_cast<at::Tensor&>(p).mutable_grad() = g;
     abort_backward();
     throw;
   }
@@ -545,7 +600,9 @@ void Engine::finalize_backward() {
       at::Tensor g = reduced[r];
       if (!spec_.shards_optimizer()) {
         // DDP: .grad shows the averaged gradient, and the window stays open until the step: a
-        // second backward adds its local gradients and averages again, which sums the averages.
+        // second loss.backward() adds its local gradients and averages again, which sums the
+        // averages. (engine->backward() settles the first average into its own tensor first.)
+        if (f.grad.defined() && !f.grad.is_alias_of(g)) g.add_(f.grad);
         f.grad = g;
         f.flat->attach_grads();
       } else {
@@ -570,6 +627,15 @@ void Engine::finalize_backward() {
       if (f.grad_live) {
         zero_untouched(f);
         f.flat->attach_grads();
+        // A placeholder master.grad (this rank's unreduced region), so that optimizer->zero_grad()
+        // during accumulation is noticed and discards the window, as it would in PyTorch.
+        if (f.master.defined() && !f.grad.defined() && f.master.grad().defined() == false &&
+            f.master.scalar_type() == f.flat->grad_full().scalar_type()) {
+          const at::Tensor& gf = f.flat->grad_full();
+          auto [b, e] = f.flat->layout().shard_range(f.flat->options().rank);
+          f.master.mutable_grad() = sharding::storage_alias(spec_.shards_optimizer() ? gf.narrow(0, b, e - b) : gf);
+          note_master_grad(f);
+        }
       }
   }
   for (auto& f : flats_) {
@@ -609,6 +675,8 @@ double Engine::clip_grad_norm(double max_norm, double norm_type) {
   double coef = max_norm / (total + 1e-6);
   if (coef < 1.0) {
     for (auto& g : grads) g.mul_(coef);
+    for (auto& f : flats_)
+      if (f.master_grad_set && f.master.grad().defined()) note_master_grad(f);
     for (auto& f : flats_)  // the reduced gradient where the master's is a converted copy
       if (f.grad.defined() && f.master.defined() && f.master.grad().defined() && !f.grad.is_alias_of(f.master.grad()))
         f.grad.mul_(coef);

@@ -58,7 +58,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
     bool grad_live = false;     // grad_full holds this accumulation window's gradients
     std::vector<char> touched;  // per parameter: its region of grad_full written in this window
     bool ready = false;
-    bool master_grad_set = false;  // master.grad was set by a reduction not yet stepped on
+    bool master_grad_set = false;  // master.grad was set by us (reduction or placeholder), not stepped on
+    const void* master_grad_impl = nullptr;  // ... that tensor, and its version then: a zero_grad()
+    std::int64_t master_grad_version = 0;    // (to none, or in place) changes one of them
   };
   struct UnitInfo {
     std::string name;  // "" for the root unit, else the module path ("blocks.0")
@@ -137,6 +139,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void begin_backward();
   void open_window(Flat& f);
   void set_master_grad(Flat& f);
+  void note_master_grad(Flat& f);
+  void settle_pending();
   void drop_discarded_grads();
   void abort_backward();
   void zero_untouched(Flat& f);

@@ -358,49 +358,117 @@ TEST(EngineLifecycle, GradientsLastUntilStepAndZeroGradDiscards) {
   const int N = world->size(), r = world->rank();
   const int64_t local = 12 / N;
   for (auto [name, spec] : all_specs()) {
-    for (int scenario = 0; scenario < 3; ++scenario) {
+    for (int scenario = 0; scenario < 6; ++scenario) {
+      // scenario 5 drives plain loss.backward() on a model without units: only the sharded-optimizer
+      // strategies can notice a discard there (DDP's .grad views accumulate before any hook runs).
+      if (scenario == 5 && !spec.shards_optimizer()) continue;
       SCOPED_TRACE(name + " scenario " + std::to_string(scenario));
+      ShardingSpec sp = spec;
+      if (scenario == 5) sp.wrap.kind = zero::WrapPolicy::Kind::None;
       auto ref = seeded_mlp(), mdl = seeded_mlp();
       torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
       torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-      auto p = zero::prepare(mdl, user_opt, spec, world);
+      auto p = zero::prepare(mdl, user_opt, sp, world);
+      auto& e = *p.engine;
       for (int step = 0; step < 2; ++step) {
         auto [x1, y1] = make_batch(ModelKind::MLP, at::kDouble, step, 0);
         auto [x2, y2] = make_batch(ModelKind::MLP, at::kDouble, step, 1);
         auto local_loss = [&](const at::Tensor& x, const at::Tensor& y) {
           return at::mse_loss(mdl->forward(x.narrow(0, r * local, local)), y.narrow(0, r * local, local));
         };
-        if (scenario == 0) {  // two sync backwards, one step: the gradients add
-          at::mse_loss(ref->forward(x1), y1).backward();
-          at::mse_loss(ref->forward(x2), y2).backward();
-          p.engine->backward(local_loss(x1, y1));
-          p.engine->backward(local_loss(x2, y2));
-        } else if (scenario == 1) {  // backward, zero_grad (no step), backward: only the second counts
-          at::mse_loss(ref->forward(x2), y2).backward();
-          p.engine->backward(local_loss(x1, y1));
-          p.optimizer->zero_grad();
-          p.engine->backward(local_loss(x2, y2));
-        } else {  // a backward that throws on every rank, then a clean one
-          at::mse_loss(ref->forward(x2), y2).backward();
+        auto ref_backward = [&](const at::Tensor& x, const at::Tensor& y) { at::mse_loss(ref->forward(x), y).backward(); };
+        // A backward that throws on every rank after part of the graph (the root scale) ran.
+        auto throwing_backward = [&] {
           at::Tensor out = mdl->forward(x1.narrow(0, r * local, local));
           out.register_hook([](const at::Tensor& g) -> at::Tensor {
             if (g.defined()) throw std::runtime_error("injected");
             return g;
           });
-          // The hook fires after the loss's backward and before any parameter's gradient: part of the
-          // graph (nothing here) ran. Put a parameter's gradient before it too: the root scale.
           at::Tensor loss = at::mse_loss(out, y1.narrow(0, r * local, local)) * mdl->scale;
-          EXPECT_THROW(p.engine->backward(loss), std::exception);
-          p.optimizer->zero_grad();
-          p.engine->backward(local_loss(x2, y2));
+          EXPECT_THROW(e.backward(loss), std::exception);
+        };
+        switch (scenario) {
+          case 0:  // two sync backwards, one step: the gradients add
+            ref_backward(x1, y1);
+            ref_backward(x2, y2);
+            e.backward(local_loss(x1, y1));
+            e.backward(local_loss(x2, y2));
+            break;
+          case 1:  // backward, zero_grad (no step), backward: only the second counts
+            ref_backward(x2, y2);
+            e.backward(local_loss(x1, y1));
+            p.optimizer->zero_grad();
+            e.backward(local_loss(x2, y2));
+            break;
+          case 2:  // a backward that throws, then a clean one
+            ref_backward(x2, y2);
+            throwing_backward();
+            p.optimizer->zero_grad();
+            e.backward(local_loss(x2, y2));
+            break;
+          case 3:  // sync backward, a throwing one, another sync one: the first and the last add
+            ref_backward(x1, y1);
+            ref_backward(x2, y2);
+            e.backward(local_loss(x1, y1));
+            throwing_backward();
+            e.backward(local_loss(x2, y2));
+            break;
+          case 4: {  // an accumulation micro-step, zero_grad, a sync backward: only the last counts
+            ref_backward(x2, y2);
+            {
+              zero::Engine::NoSync ns(e);
+              e.backward(local_loss(x1, y1));
+            }
+            p.optimizer->zero_grad();
+            e.backward(local_loss(x2, y2));
+            break;
+          }
+          case 5:  // as 1, through plain loss.backward()
+            ref_backward(x2, y2);
+            local_loss(x1, y1).backward();
+            p.optimizer->zero_grad();
+            local_loss(x2, y2).backward();
+            break;
         }
         ref_opt.step();
         ref_opt.zero_grad();
         p.optimizer->step();
         p.optimizer->zero_grad();
       }
-      expect_shards_equal(*p.engine, *ref);
+      expect_shards_equal(e, *ref);
     }
+  }
+}
+
+// zero_grad(set_to_none=false) discards too, also where the master's gradient is a converted copy:
+// the run with a discarded backward must equal the run without it, exactly.
+TEST(EngineLifecycle, InPlaceZeroGradDiscardsConvertedMasterGradients) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  const int64_t local = 12 / N;
+  for (auto [name, spec] : all_specs()) {
+    SCOPED_TRACE(name);
+    spec.master_dtype = at::kDouble;  // the model computes in float32
+    std::vector<at::Tensor> shards[2];
+    for (int discard = 0; discard < 2; ++discard) {
+      at::manual_seed(11);
+      auto mdl = std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});
+      torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
+      auto p = zero::prepare(mdl, user_opt, spec, world);
+      for (int step = 0; step < 2; ++step) {
+        auto [x1, y1] = make_batch(ModelKind::MLP, at::kFloat, step, 0);
+        auto [x2, y2] = make_batch(ModelKind::MLP, at::kFloat, step, 1);
+        if (discard) {
+          p.engine->backward(at::mse_loss(mdl->forward(x1.narrow(0, r * local, local)), y1.narrow(0, r * local, local)));
+          p.optimizer->zero_grad(/*set_to_none=*/false);
+        }
+        p.engine->backward(at::mse_loss(mdl->forward(x2.narrow(0, r * local, local)), y2.narrow(0, r * local, local)));
+        p.optimizer->step();
+        p.optimizer->zero_grad(false);
+      }
+      for (const auto& f : p.engine->flats()) shards[discard].push_back(f.master.defined() ? f.master.clone() : f.flat->shard().clone());
+    }
+    for (std::size_t i = 0; i < shards[0].size(); ++i) EXPECT_TRUE(at::equal(shards[0][i], shards[1][i])) << i;
   }
 }
 
@@ -465,6 +533,54 @@ TEST(EngineLifecycle, DataDependentUnusedParametersUnderZero3) {
       p.optimizer->step();
       p.optimizer->zero_grad();
     }
+    expect_shards_equal(*p.engine, *ref);
+  }
+}
+
+// A backward that throws on every rank while one rank has launched reductions the others have not
+// (its parameters were all used): the abort issues the rest, so no rank waits on a collective the
+// others skip, and the next step is clean.
+TEST(EngineLifecycle, ThrowingBackwardWithDataDependentUnusedParameters) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  const int64_t local = 12 / N;
+  for (auto [name, spec] : all_specs()) {
+    SCOPED_TRACE(name);
+    auto build = [] {
+      at::manual_seed(21);
+      auto m = std::make_shared<Stack>();
+      m->to(at::kDouble);
+      return m;
+    };
+    auto ref = build(), mdl = build();
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
+    auto p = zero::prepare(mdl, user_opt, spec, world);
+    at::manual_seed(300);
+    at::Tensor x = at::randn({12, 5}, at::kDouble), y = at::randn({12, 5}, at::kDouble);
+    at::Tensor xl = x.narrow(0, r * local, local), yl = y.narrow(0, r * local, local);
+    // The throwing backward: blocks 2 and 3 finish (rank 0 launches their reductions), then block 1's
+    // output hook throws.
+    mdl->set_bonus(r == 0);
+    at::Tensor h = at::tanh(mdl->blocks[0](xl));
+    h = at::tanh(mdl->blocks[1](h));
+    h.register_hook([](const at::Tensor& g) -> at::Tensor {
+      if (g.defined()) throw std::runtime_error("injected");
+      return g;
+    });
+    h = at::tanh(mdl->blocks[3](at::tanh(mdl->blocks[2](h))));
+    EXPECT_THROW(p.engine->backward(at::mse_loss(h, yl)), std::exception);
+    p.optimizer->zero_grad();
+    // Then a clean step, against the reference's.
+    for (int q = 0; q < N; ++q) {
+      ref->set_bonus(q == 0);
+      (at::mse_loss(ref->forward(x.narrow(0, q * local, local)), y.narrow(0, q * local, local)) / N).backward();
+    }
+    for (auto& b : ref->blocks)
+      if (!b->bonus.grad().defined()) b->bonus.mutable_grad() = at::zeros_like(b->bonus);
+    p.engine->backward(at::mse_loss(mdl->forward(xl), yl));
+    ref_opt.step();
+    p.optimizer->step();
     expect_shards_equal(*p.engine, *ref);
   }
 }
