@@ -10,9 +10,11 @@
 // (loss.backward() works too, provided every rank's backward reaches at least one parameter.)
 // Gradient accumulation: backward passes run inside a NoSync scope skip the reduction; the first
 // backward outside one reduces everything accumulated. Gradients last until optimizer->step();
-// optimizer->zero_grad() without a step discards them (noticed by the next engine->backward() or
-// unit forward). If backward throws (on every rank), engine->backward() waits for the collectives
-// in flight and forgets that backward's gradients before rethrowing.
+// optimizer->zero_grad() without a step (to none or in place, also between accumulation
+// micro-steps) discards them. The next engine->backward(), unit forward or first gradient hook
+// notices; under DDP with plain loss.backward() the hook is too late, since autograd has already
+// added into .grad. If backward throws (on every rank), engine->backward() issues the remaining
+// reductions, waits for them, and forgets that backward's gradients before rethrowing.
 //
 // Lifetime: under ZeRO-3 the units' parameters are shards held by the flat buffers; the model's
 // parameter tensors hold data only while gathered. Keep the engine alive while the model is used,
