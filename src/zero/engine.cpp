@@ -629,7 +629,7 @@ void Engine::finalize_backward() {
         f.flat->attach_grads();
         // A placeholder master.grad (this rank's unreduced region), so that optimizer->zero_grad()
         // during accumulation is noticed and discards the window, as it would in PyTorch.
-        if (f.master.defined() && !f.grad.defined() && f.master.grad().defined() == false &&
+        if (f.master.defined() && !f.grad.defined() && !f.master.grad().defined() &&
             f.master.scalar_type() == f.flat->grad_full().scalar_type()) {
           const at::Tensor& gf = f.flat->grad_full();
           auto [b, e] = f.flat->layout().shard_range(f.flat->options().rank);
