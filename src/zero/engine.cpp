@@ -549,21 +549,21 @@ void Engine::backward(const at::Tensor& loss) {
   drop_discarded_grads();
   settle_pending();
   // Passthrough keeps gradients in .grad, where a throwing backward would leave part of its own:
-  // keep what was there before (only when something was: the usual step starts from none).
-  std::vector<std::pair<at::Tensor, at::Tensor>> saved;
-  if (passthrough_) {
-    bool any = false;
-    for (auto& f : flats_)
-      for (const auto& p : f.flat->params()) any = any || p.grad().defined();
+  // copy what is there first (only when something is: the usual step starts from none).
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved;  // (parameter, its gradient before)
+  if (passthrough_)
     for (auto& f : flats_)
       for (const auto& p : f.flat->params())
-        if (p.requires_grad()) saved.emplace_back(p, any && p.grad().defined() ? p.grad().clone() : at::Tensor());
-  }
+        if (p.grad().defined()) saved.emplace_back(p, p.grad().clone());
   std::size_t before = finalize_count_;
   try {
     loss.backward();
   } catch (...) {
-    for (auto& [p, g] : saved) const_cast<at::Tensor&>(p).mutable_grad() = g;
+    if (passthrough_) {
+      for (auto& f : flats_)
+        for (const auto& p : f.flat->params()) p.mutable_grad() = at::Tensor();
+      for (auto& [p, g] : saved) p.mutable_grad() = g;
+    }
     abort_backward();
     throw;
   }

@@ -148,15 +148,8 @@ void GradReducer::finish(Bucket& b) {
   b.staging_out = at::Tensor();
 }
 
-void GradReducer::abandon() {
+void GradReducer::reset() {
   for (auto& b : buckets_) {
-    if (b.work) {
-      try {
-        b.work->wait();
-      } catch (...) {  // the backward is being abandoned already; its first error is what propagates
-      }
-      b.work.reset();
-    }
     b.staging_in = at::Tensor();
     b.staging_out = at::Tensor();
     b.ready = 0;
@@ -166,6 +159,18 @@ void GradReducer::abandon() {
   results_.assign(flats_.size(), at::Tensor());
   next_launch_ = 0;
   next_finish_ = 0;
+}
+
+void GradReducer::abandon() {
+  for (auto& b : buckets_) {
+    if (!b.work) continue;
+    try {
+      b.work->wait();
+    } catch (...) {  // the backward is being abandoned already; its first error is what propagates
+    }
+    b.work.reset();
+  }
+  reset();
 }
 
 std::vector<at::Tensor> GradReducer::flush() {
@@ -179,14 +184,7 @@ std::vector<at::Tensor> GradReducer::flush() {
     for (auto& t : out) works.push_back(replicate_->all_reduce_async(t, {comm::ReduceOp::Avg}));
     for (auto& w : works) w->wait();
   }
-  for (auto& b : buckets_) {
-    b.ready = 0;
-    b.launched = false;
-  }
-  marked_.assign(flats_.size(), 0);
-  results_.assign(flats_.size(), at::Tensor());
-  next_launch_ = 0;
-  next_finish_ = 0;
+  reset();
   return out;
 }
 

@@ -65,6 +65,7 @@ class GradReducer {
   };
   static constexpr std::size_t kMaxInFlight = 2;
   void launch(Bucket& b);
+  void reset();  // ready for the next backward
   void finish(Bucket& b);
 
   std::vector<sharding::FlatParam*> flats_;

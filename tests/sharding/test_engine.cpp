@@ -498,19 +498,32 @@ struct Stack : torch::nn::Module {
   std::vector<accel::Unit<MaybeBonus>> blocks;
 };
 
+std::shared_ptr<Stack> seeded_stack() {
+  at::manual_seed(21);
+  auto m = std::make_shared<Stack>();
+  m->to(at::kDouble);
+  return m;
+}
+
+// The reference's backward for a global batch whose rank q uses the bonus iff q == 0: every rank's
+// local loss replayed and averaged; bonuses no rank used get zero gradients, as the engine gives.
+void stack_reference_backward(Stack& ref, const at::Tensor& x, const at::Tensor& y, int N) {
+  const int64_t local = x.size(0) / N;
+  for (int q = 0; q < N; ++q) {
+    ref.set_bonus(q == 0);
+    (at::mse_loss(ref.forward(x.narrow(0, q * local, local)), y.narrow(0, q * local, local)) / N).backward();
+  }
+  for (auto& b : ref.blocks)
+    if (!b->bonus.grad().defined()) b->bonus.mutable_grad() = at::zeros_like(b->bonus);
+}
+
 TEST(EngineLifecycle, DataDependentUnusedParametersUnderZero3) {
   auto world = test::world();
   const int N = world->size(), r = world->rank();
   const int64_t local = 12 / N;
   for (bool prefetch : {false, true}) {
     SCOPED_TRACE(prefetch ? "prefetch" : "no prefetch");
-    auto build = [] {
-      at::manual_seed(21);
-      auto m = std::make_shared<Stack>();
-      m->to(at::kDouble);
-      return m;
-    };
-    auto ref = build(), mdl = build();
+    auto ref = seeded_stack(), mdl = seeded_stack();
     torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
     torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
     ShardingSpec spec = ShardingSpec::zero(3);
@@ -520,12 +533,7 @@ TEST(EngineLifecycle, DataDependentUnusedParametersUnderZero3) {
     for (int step = 0; step < 3; ++step) {
       at::manual_seed(300 + step);
       at::Tensor x = at::randn({12, 5}, at::kDouble), y = at::randn({12, 5}, at::kDouble);
-      for (int q = 0; q < N; ++q) {  // the reference replays every rank's local loss, averaged
-        ref->set_bonus(q == 0);
-        (at::mse_loss(ref->forward(x.narrow(0, q * local, local)), y.narrow(0, q * local, local)) / N).backward();
-      }
-      for (auto& b : ref->blocks)
-        if (!b->bonus.grad().defined()) b->bonus.mutable_grad() = at::zeros_like(b->bonus);
+      stack_reference_backward(*ref, x, y, N);
       mdl->set_bonus(r == 0);
       p.engine->backward(at::mse_loss(mdl->forward(x.narrow(0, r * local, local)), y.narrow(0, r * local, local)));
       ref_opt.step();
@@ -546,13 +554,7 @@ TEST(EngineLifecycle, ThrowingBackwardWithDataDependentUnusedParameters) {
   const int64_t local = 12 / N;
   for (auto [name, spec] : all_specs()) {
     SCOPED_TRACE(name);
-    auto build = [] {
-      at::manual_seed(21);
-      auto m = std::make_shared<Stack>();
-      m->to(at::kDouble);
-      return m;
-    };
-    auto ref = build(), mdl = build();
+    auto ref = seeded_stack(), mdl = seeded_stack();
     torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
     torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
     auto p = zero::prepare(mdl, user_opt, spec, world);
@@ -572,12 +574,7 @@ TEST(EngineLifecycle, ThrowingBackwardWithDataDependentUnusedParameters) {
     EXPECT_THROW(p.engine->backward(at::mse_loss(h, yl)), std::exception);
     p.optimizer->zero_grad();
     // Then a clean step, against the reference's.
-    for (int q = 0; q < N; ++q) {
-      ref->set_bonus(q == 0);
-      (at::mse_loss(ref->forward(x.narrow(0, q * local, local)), y.narrow(0, q * local, local)) / N).backward();
-    }
-    for (auto& b : ref->blocks)
-      if (!b->bonus.grad().defined()) b->bonus.mutable_grad() = at::zeros_like(b->bonus);
+    stack_reference_backward(*ref, x, y, N);
     p.engine->backward(at::mse_loss(mdl->forward(xl), yl));
     ref_opt.step();
     p.optimizer->step();
