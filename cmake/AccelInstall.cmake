@@ -5,7 +5,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 install(TARGETS accel EXPORT accelTargets LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(TARGETS accel_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS accel_cli accel_rank RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY src/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/accel FILES_MATCHING PATTERN "*.h")
 install(FILES "${CMAKE_BINARY_DIR}/generated/accel/version.h" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/accel)
 install(EXPORT accelTargets NAMESPACE accel:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/accel)

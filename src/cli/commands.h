@@ -1,4 +1,5 @@
-// accel's subcommands: each registers itself on the CLI11 app and runs when chosen.
+// accel's subcommands: each registers itself on the CLI11 app and runs when chosen, setting
+// `exit_code` to what the process should return.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -7,5 +8,17 @@ namespace accel::cli {
 
 // `accel env`: versions, build features, devices, this rank's topology, ACCEL_* variables.
 void add_env_command(CLI::App& app, int& exit_code);
+
+// `accel config` (questionnaire), `accel config default`, `accel config explain FILE`.
+void add_config_command(CLI::App& app, int& exit_code);
+
+// `accel launch [flags] PROGRAM [ARGS...]`: starts the ranks with mpirun or srun.
+void add_launch_command(CLI::App& app, int& exit_code);
+
+// `accel test [--config_file F]`: the built-in conformance program under a config.
+void add_test_command(CLI::App& app, int& exit_code);
+
+// `accel estimate-memory --params P ...`: per-rank memory of DDP and ZeRO-1/2/3 from the ZeRO formulas.
+void add_estimate_memory_command(CLI::App& app, int& exit_code);
 
 }  // namespace accel::cli

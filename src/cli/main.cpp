@@ -8,7 +8,11 @@ int main(int argc, char** argv) {
   CLI::App app{"accel: sharded training on libtorch (DDP, ZeRO-1/2/3, FSDP)"};
   app.require_subcommand(1);
   int exit_code = 0;
+  accel::cli::add_config_command(app, exit_code);
+  accel::cli::add_launch_command(app, exit_code);
   accel::cli::add_env_command(app, exit_code);
+  accel::cli::add_test_command(app, exit_code);
+  accel::cli::add_estimate_memory_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

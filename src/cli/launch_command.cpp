@@ -1,0 +1,17 @@
+// `accel launch` (being written).
+#include "cli/commands.h"
+
+#include <cstdio>
+
+namespace accel::cli {
+
+void add_launch_command(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("launch", "(not written yet)");
+  cmd->allow_extras();
+  cmd->callback([&exit_code] {
+    std::fprintf(stderr, "accel launch: not written yet\n");
+    exit_code = 1;
+  });
+}
+
+}  // namespace accel::cli

@@ -1,0 +1,2 @@
+// (being written)
+#include "cli/launch_plan.h"
