@@ -1,16 +1,67 @@
-// `accel estimate-memory` (being written).
+// `accel estimate-memory --params P [--num_processes N] [--dtype D] [--optimizer O] [--offload M]
+// [--budget SIZE] [--cpu_budget SIZE]`: the model-state memory per rank of DDP and ZeRO-1/2/3 (ZeRO
+// paper formulas, see cli/estimate_memory.h) and, with a budget, which fit and which to use.
+// Single process, no torch: it runs anywhere, mpirun or not.
 #include "cli/commands.h"
+#include "cli/estimate_memory.h"
+
+#include <fmt/core.h>
 
 #include <cstdio>
+#include <memory>
+#include <string>
 
 namespace accel::cli {
+namespace {
+
+struct EstimateArgs {
+  std::string params, num_processes = "1", dtype = "bf16", optimizer = "adamw", offload = "none";
+  std::string budget, cpu_budget;
+  bool has_budget = false, has_cpu_budget = false;  // given at all (an empty value is an error, not "none")
+};
+
+int run_estimate(const EstimateArgs& a) {
+  try {
+    EstimateRequest r;
+    r.params = parse_param_count(a.params);
+    r.num_processes = parse_num_processes(a.num_processes);
+    r.dtype = parse_dtype(a.dtype);
+    r.optimizer = parse_optimizer(a.optimizer);
+    r.offload = parse_offload(a.offload);
+    if (a.has_budget) r.device_budget = parse_byte_size(a.budget, "--budget");
+    if (a.has_cpu_budget) r.cpu_budget = parse_byte_size(a.cpu_budget, "--cpu_budget");
+    fmt::print("{}", format_estimate(estimate_memory(r)));
+    std::fflush(stdout);
+    return 0;
+  } catch (const EstimateError& e) {
+    std::fprintf(stderr, "accel estimate-memory: error: %s\n", e.what());
+    return 2;
+  }
+}
+
+}  // namespace
 
 void add_estimate_memory_command(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("estimate-memory", "(not written yet)");
-  cmd->allow_extras();
-  cmd->callback([&exit_code] {
-    std::fprintf(stderr, "accel estimate-memory: not written yet\n");
-    exit_code = 1;
+  auto args = std::make_shared<EstimateArgs>();
+  auto* cmd = app.add_subcommand(
+      "estimate-memory",
+      "Model-state memory per rank of DDP and ZeRO-1/2/3 (ZeRO paper formulas; activations excluded), and "
+      "with --budget which strategies fit and which to use");
+  cmd->add_option("--params", args->params, "Number of parameters: 7.5e9, 7.5B, 350M, 1.3b, 125k")->required();
+  cmd->add_option("--num_processes", args->num_processes, "Ranks the states are sharded over (default 1)");
+  cmd->add_option("--dtype,--mixed_precision", args->dtype,
+                  "bf16 | fp16 (2-byte params and grads, fp32 master) | fp32 (no) | fp8 (default bf16)");
+  cmd->add_option("--optimizer", args->optimizer, "adamw | adam (8 bytes of state) | sgd with momentum (4)");
+  cmd->add_option("--offload", args->offload,
+                  "none | optimizer (ZeRO-Offload) | optimizer+params (also ZeRO-3's parameters) (default none)");
+  auto* budget = cmd->add_option("--budget,--device_memory", args->budget,
+                  "Memory of one device: 24GB, 80GiB, 40 (= GB); GB = 1e9 bytes, GiB = 2^30");
+  auto* cpu_budget =
+      cmd->add_option("--cpu_budget,--cpu_memory", args->cpu_budget, "CPU memory available per rank, for offload");
+  cmd->callback([args, budget, cpu_budget, &exit_code] {
+    args->has_budget = budget->count() > 0;
+    args->has_cpu_budget = cpu_budget->count() > 0;
+    exit_code = run_estimate(*args);
   });
 }
 

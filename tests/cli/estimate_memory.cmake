@@ -1,1 +1,48 @@
-# (being written)
+# `accel estimate-memory`: unit tests of the arithmetic (in cli_tests) and runs of the real binary.
+target_sources(cli_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_estimate_memory.cpp)
+
+# The ZeRO paper's example: 7.5B parameters on 64 ranks -> 120, 31.4, 16.6 and 1.9 GB, in that order.
+add_test(NAME cli_estimate_memory_paper
+         COMMAND ${ACCEL_CLI} estimate-memory --params 7.5e9 --num_processes 64)
+set_tests_properties(cli_estimate_memory_paper PROPERTIES PASS_REGULAR_EXPRESSION
+  "DDP \\(NO_SHARD\\) +120\\.0 .*ZeRO-1 +31\\.4 .*ZeRO-2 \\(SHARD_GRAD_OP\\) +16\\.6 .*ZeRO-3 \\(FULL_SHARD\\) +1\\.9 ")
+
+# A 24 GB budget: ZeRO-2 is the least-sharded strategy that fits.
+add_test(NAME cli_estimate_memory_budget
+         COMMAND ${ACCEL_CLI} estimate-memory --params 7.5B --num_processes 64 --budget 24GB)
+set_tests_properties(cli_estimate_memory_budget PROPERTIES PASS_REGULAR_EXPRESSION
+  "ZeRO-1 +31\\.4 [^\n]*no, at any N.*ZeRO-2 \\(SHARD_GRAD_OP\\) +16\\.6 [^\n]*yes, 7\\.4 GB spare.*Recommendation: ZeRO-2")
+
+# Optimizer offload: ZeRO-2 keeps its 2-byte parameters (15.0 GB), the CPU 16P/N (1.9 GB).
+add_test(NAME cli_estimate_memory_offload
+         COMMAND ${ACCEL_CLI} estimate-memory --params 7.5e9 --num_processes 64 --offload optimizer
+                 --dtype fp16 --optimizer adam)
+set_tests_properties(cli_estimate_memory_offload PROPERTIES PASS_REGULAR_EXPRESSION
+  "ZeRO-2 \\(SHARD_GRAD_OP\\) +15\\.0 +1\\.9 +2P +16P/N")
+
+# Bad input: a clear message on stderr and a non-zero exit (checked by the script, both).
+set(_em_fail bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/estimate_memory_expect_fail.sh)
+set(_em_cases
+  "unknown_flag|--foo|${ACCEL_CLI} estimate-memory --params 7.5e9 --foo 3"
+  "missing_params|--params is required|${ACCEL_CLI} estimate-memory --num_processes 8"
+  "params_abc|error: --params: not a number: 'abc'|${ACCEL_CLI} estimate-memory --params abc"
+  "params_negative|error: --params: must be positive|${ACCEL_CLI} estimate-memory --params=-5"
+  "params_suffix|error: --params: unknown suffix|${ACCEL_CLI} estimate-memory --params 7.5X"
+  "num_processes_zero|error: --num_processes: must be at least 1|${ACCEL_CLI} estimate-memory --params 7.5e9 --num_processes 0"
+  "num_processes_abc|error: --num_processes: not a whole number|${ACCEL_CLI} estimate-memory --params 7.5e9 --num_processes abc"
+  "dtype|error: --dtype: unknown precision 'fp64'|${ACCEL_CLI} estimate-memory --params 7.5e9 --dtype fp64"
+  "optimizer|error: --optimizer: unknown optimizer 'lion'|${ACCEL_CLI} estimate-memory --params 7.5e9 --optimizer lion"
+  "offload|error: --offload: unknown offload 'nvme'|${ACCEL_CLI} estimate-memory --params 7.5e9 --offload nvme"
+  "budget|error: --budget: unknown unit|${ACCEL_CLI} estimate-memory --params 7.5e9 --budget 24XB")
+foreach(_case IN LISTS _em_cases)
+  string(REPLACE "|" ";" _parts "${_case}")
+  list(GET _parts 0 _name)
+  list(GET _parts 1 _regex)
+  list(GET _parts 2 _cmd)
+  separate_arguments(_cmd UNIX_COMMAND "${_cmd}")
+  add_test(NAME cli_estimate_memory_bad_${_name} COMMAND ${_em_fail} "${_regex}" ${_cmd})
+endforeach()
+
+get_property(_em_tests DIRECTORY PROPERTY TESTS)
+list(FILTER _em_tests INCLUDE REGEX "^cli_estimate_memory_")
+set_tests_properties(${_em_tests} PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 60)

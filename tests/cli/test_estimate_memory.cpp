@@ -1,0 +1,314 @@
+// `accel estimate-memory`'s arithmetic, held against closed forms written out here independently of
+// cli/estimate_memory.cpp: the ZeRO paper's example, other precisions and optimizers, offload, budgets
+// and the recommendation, the parsers' accepted and refused inputs.
+#include "cli/estimate_memory.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+namespace accel::cli {
+namespace {
+
+constexpr double kP = 7.5e9;  // the paper's example: 7.5B parameters on 64 ranks
+constexpr int kN = 64;
+
+EstimateRequest request(double params, int n) {
+  EstimateRequest r;
+  r.params = params;
+  r.num_processes = n;
+  return r;
+}
+
+// Device bytes of the four rows, in table order.
+void expect_device(const Estimate& e, double ddp, double z1, double z2, double z3) {
+  ASSERT_EQ(e.rows.size(), 4u);
+  EXPECT_EQ(e.rows[0].strategy, Strategy::Ddp);
+  EXPECT_EQ(e.rows[1].strategy, Strategy::Zero1);
+  EXPECT_EQ(e.rows[2].strategy, Strategy::Zero2);
+  EXPECT_EQ(e.rows[3].strategy, Strategy::Zero3);
+  EXPECT_DOUBLE_EQ(e.rows[0].device_bytes, ddp);
+  EXPECT_DOUBLE_EQ(e.rows[1].device_bytes, z1);
+  EXPECT_DOUBLE_EQ(e.rows[2].device_bytes, z2);
+  EXPECT_DOUBLE_EQ(e.rows[3].device_bytes, z3);
+}
+
+TEST(EstimateMemory, PaperExampleMixedPrecisionAdam) {
+  // ZeRO paper, figure 1: K = 12, 16P, 4P + 12P/N, 2P + 14P/N, 16P/N.
+  const Estimate e = estimate_memory(request(kP, kN));
+  expect_device(e, 16 * kP, 4 * kP + 12 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
+  for (const auto& row : e.rows) {
+    EXPECT_EQ(row.cpu_bytes, 0);
+    EXPECT_FALSE(row.fits.has_value());
+    EXPECT_TRUE(row.coef.note.empty());
+  }
+  EXPECT_FALSE(e.recommended.has_value());
+  // The paper's printed figures: 120, 31.4, 16.6 and 1.9 GB.
+  EXPECT_EQ(format_gb(e.rows[0].device_bytes), "120.0");
+  EXPECT_EQ(format_gb(e.rows[1].device_bytes), "31.4");
+  EXPECT_EQ(format_gb(e.rows[2].device_bytes), "16.6");
+  EXPECT_EQ(format_gb(e.rows[3].device_bytes), "1.9");
+  EXPECT_DOUBLE_EQ(e.bytes.optimizer(), 12);
+}
+
+TEST(EstimateMemory, Fp16EqualsBf16) {
+  EstimateRequest r = request(kP, kN);
+  r.dtype = Dtype::Fp16;
+  expect_device(estimate_memory(r), 16 * kP, 4 * kP + 12 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
+}
+
+TEST(EstimateMemory, Fp32AdamHasNoMasterCopy) {
+  // p = g = 4, K' = 8 (exp_avg + exp_avg_sq): 16P, 8P + 8P/N, 4P + 12P/N, 16P/N.
+  EstimateRequest r = request(1e9, 8);
+  r.dtype = Dtype::Fp32;
+  const double P = 1e9, N = 8;
+  expect_device(estimate_memory(r), 16 * P, 8 * P + 8 * P / N, 4 * P + 12 * P / N, 16 * P / N);
+}
+
+TEST(EstimateMemory, SgdWithMomentum) {
+  const double P = 3.5e8, N = 4;
+  EstimateRequest r = request(P, 4);
+  r.optimizer = Optimizer::Sgd;  // mixed: K = 4 master + 4 momentum = 8
+  expect_device(estimate_memory(r), 12 * P, 4 * P + 8 * P / N, 2 * P + 10 * P / N, 12 * P / N);
+  r.dtype = Dtype::Fp32;  // K' = 4 momentum
+  expect_device(estimate_memory(r), 12 * P, 8 * P + 4 * P / N, 4 * P + 8 * P / N, 12 * P / N);
+}
+
+TEST(EstimateMemory, AdamEqualsAdamW) {
+  EstimateRequest r = request(kP, kN);
+  r.optimizer = Optimizer::Adam;
+  expect_device(estimate_memory(r), 16 * kP, 4 * kP + 12 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
+}
+
+TEST(EstimateMemory, Fp8OneByteParamsBf16Grads) {
+  // p = 1, g = 2, K = 12: 15P, 3P + 12P/N, P + 14P/N, 15P/N.
+  const double P = 1.3e9, N = 16;
+  EstimateRequest r = request(P, 16);
+  r.dtype = Dtype::Fp8;
+  expect_device(estimate_memory(r), 15 * P, 3 * P + 12 * P / N, P + 14 * P / N, 15 * P / N);
+}
+
+TEST(EstimateMemory, OffloadOptimizer) {
+  // CPU per rank: (4 fp32 params + 8 moments + 4 fp32 grads) P / N = 16P/N for ZeRO-1/2/3.
+  // Device: ZeRO-1 keeps params and full grads (4P), ZeRO-2 params (2P), ZeRO-3 its param shard (2P/N).
+  EstimateRequest r = request(kP, kN);
+  r.offload = Offload::Optimizer;
+  const Estimate e = estimate_memory(r);
+  expect_device(e, 16 * kP, 4 * kP, 2 * kP, 2 * kP / kN);
+  EXPECT_EQ(e.rows[0].cpu_bytes, 0);
+  EXPECT_FALSE(e.rows[0].coef.note.empty());  // DDP: offload needs ZeRO
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_DOUBLE_EQ(e.rows[i].cpu_bytes, 16 * kP / kN);
+    EXPECT_TRUE(e.rows[i].coef.note.empty());
+  }
+}
+
+TEST(EstimateMemory, OffloadOptimizerAndParams) {
+  // ZeRO-3 keeps nothing on the device; the CPU adds the 2-byte working shard: 18P/N. ZeRO-1/2 offload
+  // the optimizer only (with a note).
+  EstimateRequest r = request(kP, kN);
+  r.offload = Offload::OptimizerAndParams;
+  Estimate e = estimate_memory(r);
+  expect_device(e, 16 * kP, 4 * kP, 2 * kP, 0);
+  EXPECT_DOUBLE_EQ(e.rows[1].cpu_bytes, 16 * kP / kN);
+  EXPECT_DOUBLE_EQ(e.rows[2].cpu_bytes, 16 * kP / kN);
+  EXPECT_DOUBLE_EQ(e.rows[3].cpu_bytes, 18 * kP / kN);
+  EXPECT_FALSE(e.rows[1].coef.note.empty());
+  EXPECT_FALSE(e.rows[2].coef.note.empty());
+  EXPECT_TRUE(e.rows[3].coef.note.empty());
+  // fp32: the offloaded parameters are the master: 16P/N. sgd mixed: 4 + 4 + 4 + 2 = 14P/N.
+  r.dtype = Dtype::Fp32;
+  EXPECT_DOUBLE_EQ(estimate_memory(r).rows[3].cpu_bytes, 16 * kP / kN);
+  r.dtype = Dtype::Bf16;
+  r.optimizer = Optimizer::Sgd;
+  EXPECT_DOUBLE_EQ(estimate_memory(r).rows[3].cpu_bytes, 14 * kP / kN);
+}
+
+TEST(EstimateMemory, BudgetPaperExample) {
+  // 24 GB: DDP (120) and ZeRO-1 (31.4) never fit (their replicated 16P and 4P alone exceed it);
+  // ZeRO-2 fits from N >= 14 * 7.5 / (24 - 15) = 11.67 -> 12, ZeRO-3 from 16 * 7.5 / 24 = 5.
+  EstimateRequest r = request(kP, kN);
+  r.device_budget = 24e9;
+  const Estimate e = estimate_memory(r);
+  ASSERT_TRUE(e.rows[0].fits && e.rows[1].fits && e.rows[2].fits && e.rows[3].fits);
+  EXPECT_FALSE(*e.rows[0].fits);
+  EXPECT_FALSE(*e.rows[1].fits);
+  EXPECT_TRUE(*e.rows[2].fits);
+  EXPECT_TRUE(*e.rows[3].fits);
+  EXPECT_FALSE(e.rows[0].min_ranks.has_value());
+  EXPECT_FALSE(e.rows[1].min_ranks.has_value());
+  EXPECT_EQ(e.rows[2].min_ranks, 12);
+  EXPECT_EQ(e.rows[3].min_ranks, 5);
+  ASSERT_TRUE(e.recommended.has_value());
+  EXPECT_EQ(e.recommended->strategy, Strategy::Zero2);
+  EXPECT_EQ(e.recommended->offload, Offload::None);
+  ASSERT_TRUE(e.passed_over.has_value());
+  EXPECT_EQ(e.passed_over->strategy, Strategy::Zero1);
+  EXPECT_FALSE(e.without_offload.has_value());
+  const std::string text = format_estimate(e);
+  EXPECT_NE(text.find("Recommendation: ZeRO-2"), std::string::npos) << text;
+  EXPECT_NE(text.find("7.4 GB"), std::string::npos) << text;  // 24 - 16.64 left for activations
+}
+
+TEST(EstimateMemory, EverythingFitsRecommendsDdp) {
+  EstimateRequest r = request(1.3e9, 8);  // DDP: 16 * 1.3 = 20.8 GB
+  r.device_budget = 80e9;
+  const Estimate e = estimate_memory(r);
+  ASSERT_TRUE(e.recommended.has_value());
+  EXPECT_EQ(e.recommended->strategy, Strategy::Ddp);
+  EXPECT_FALSE(e.passed_over.has_value());
+  EXPECT_DOUBLE_EQ(e.recommended->device_bytes, 16 * 1.3e9);
+}
+
+TEST(EstimateMemory, TightFitNamesTheNextOption) {
+  // ZeRO-2 needs 16.64 GB of 17 GB: under 10% left, so the report names a roomier option.
+  EstimateRequest r = request(kP, kN);
+  r.device_budget = 17e9;
+  const Estimate e = estimate_memory(r);
+  ASSERT_TRUE(e.recommended && e.next_option);
+  EXPECT_EQ(e.recommended->strategy, Strategy::Zero2);
+  EXPECT_LT(e.next_option->device_bytes, e.recommended->device_bytes);
+  EXPECT_NE(format_estimate(e).find("under 10%"), std::string::npos);
+}
+
+TEST(EstimateMemory, OffloadSuggestedWhenNothingFitsOnDevice) {
+  // N = 8, 24 GB: ZeRO-2 needs 2P + 14P/8 = 28.1 GB; ZeRO-2 + optimizer offload needs 2P = 15 GB and
+  // comes before ZeRO-3 (15 GB too) in the order; ZeRO-3 is named as the no-offload alternative.
+  EstimateRequest r = request(kP, 8);
+  r.device_budget = 24e9;
+  const Estimate e = estimate_memory(r);
+  ASSERT_TRUE(e.recommended.has_value());
+  EXPECT_EQ(e.recommended->strategy, Strategy::Zero2);
+  EXPECT_EQ(e.recommended->offload, Offload::Optimizer);
+  EXPECT_DOUBLE_EQ(e.recommended->device_bytes, 2 * kP);
+  EXPECT_DOUBLE_EQ(e.recommended->cpu_bytes, 16 * kP / 8);
+  ASSERT_TRUE(e.without_offload.has_value());
+  EXPECT_EQ(e.without_offload->strategy, Strategy::Zero3);
+  EXPECT_NE(format_estimate(e).find("--offload optimizer"), std::string::npos);
+}
+
+TEST(EstimateMemory, CpuBudgetCanRuleOutEverything) {
+  // 70B on 8 ranks, 1 GB per device, 10 GB of CPU per rank: full offload would need 18 * 70 / 8 = 157.5.
+  EstimateRequest r = request(70e9, 8);
+  r.device_budget = 1e9;
+  r.cpu_budget = 10e9;
+  const Estimate e = estimate_memory(r);
+  EXPECT_FALSE(e.recommended.has_value());
+  // ZeRO-3 without offload: 16 * 70e9 / N <= 1e9 from N = 1120.
+  EXPECT_EQ(e.rows[3].min_ranks, 1120);
+  EXPECT_NE(format_estimate(e).find("Recommendation: none"), std::string::npos);
+}
+
+TEST(EstimateMemory, MinRanksIsTheSmallestThatFits) {
+  for (double budget : {5e9, 9.99e9, 16e9, 16.640625e9, 20e9, 31e9, 1e12}) {
+    const auto n = min_ranks_to_fit(2, 14, kP, budget);
+    if (budget <= 2 * kP) {
+      EXPECT_FALSE(n.has_value()) << budget;
+      continue;
+    }
+    ASSERT_TRUE(n.has_value()) << budget;
+    const double x = static_cast<double>(*n);
+    EXPECT_LE((2 + 14 / x) * kP, budget);
+    if (*n > 1) EXPECT_GT((2 + 14 / (x - 1)) * kP, budget);
+  }
+  EXPECT_EQ(min_ranks_to_fit(2, 14, kP, 16.640625e9), 64);  // exactly the paper's ZeRO-2 at N = 64
+  EXPECT_EQ(min_ranks_to_fit(0, 16, kP, 1e15), 1);
+  EXPECT_FALSE(min_ranks_to_fit(16, 0, kP, 24e9).has_value());
+}
+
+TEST(EstimateMemory, RefusesBadRequests) {
+  EXPECT_THROW(estimate_memory(request(kP, 0)), EstimateError);
+  EXPECT_THROW(estimate_memory(request(kP, -3)), EstimateError);
+  EXPECT_THROW(estimate_memory(request(0, kN)), EstimateError);
+  EXPECT_THROW(estimate_memory(request(-1, kN)), EstimateError);
+  EstimateRequest r = request(kP, kN);
+  r.device_budget = 0;
+  EXPECT_THROW(estimate_memory(r), EstimateError);
+  r.device_budget = -5e9;
+  EXPECT_THROW(estimate_memory(r), EstimateError);
+}
+
+TEST(EstimateMemory, ParsesParameterCounts) {
+  EXPECT_DOUBLE_EQ(parse_param_count("7.5e9"), 7.5e9);
+  EXPECT_DOUBLE_EQ(parse_param_count("7.5B"), 7.5e9);
+  EXPECT_DOUBLE_EQ(parse_param_count("350M"), 3.5e8);
+  EXPECT_DOUBLE_EQ(parse_param_count("1.3b"), 1.3e9);
+  EXPECT_DOUBLE_EQ(parse_param_count("125k"), 1.25e5);
+  EXPECT_DOUBLE_EQ(parse_param_count("1T"), 1e12);
+  EXPECT_DOUBLE_EQ(parse_param_count("70G"), 7e10);
+  EXPECT_DOUBLE_EQ(parse_param_count("1000"), 1000);
+  for (const char* bad : {"", "abc", "-5", "0", "-7.5B", "7.5X", "7.5BB", "B", "nan", "inf", "0.4", "1e30"})
+    EXPECT_THROW(parse_param_count(bad), EstimateError) << bad;
+  try {
+    parse_param_count("abc");
+  } catch (const EstimateError& e) {
+    EXPECT_NE(std::string(e.what()).find("--params"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("abc"), std::string::npos);
+  }
+}
+
+TEST(EstimateMemory, ParsesByteSizes) {
+  EXPECT_DOUBLE_EQ(parse_byte_size("24GB"), 24e9);
+  EXPECT_DOUBLE_EQ(parse_byte_size("24gb"), 24e9);
+  EXPECT_DOUBLE_EQ(parse_byte_size("24G"), 24e9);
+  EXPECT_DOUBLE_EQ(parse_byte_size("24"), 24e9);
+  EXPECT_DOUBLE_EQ(parse_byte_size("80GiB"), 80.0 * 1024 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(parse_byte_size("512MB"), 512e6);
+  EXPECT_DOUBLE_EQ(parse_byte_size("1.5TB"), 1.5e12);
+  EXPECT_DOUBLE_EQ(parse_byte_size("1000B"), 1000);
+  for (const char* bad : {"", "abc", "24XB", "-1GB", "0", "0GB", "GB", "inf"})
+    EXPECT_THROW(parse_byte_size(bad), EstimateError) << bad;
+  try {
+    parse_byte_size("24XB", "--cpu_budget");
+  } catch (const EstimateError& e) {
+    EXPECT_NE(std::string(e.what()).find("--cpu_budget"), std::string::npos);
+  }
+}
+
+TEST(EstimateMemory, ParsesNamesAndCounts) {
+  EXPECT_EQ(parse_num_processes("64"), 64);
+  EXPECT_EQ(parse_num_processes("1"), 1);
+  for (const char* bad : {"", "0", "-1", "abc", "1.5", "8x", "99999999999"})
+    EXPECT_THROW(parse_num_processes(bad), EstimateError) << bad;
+  EXPECT_EQ(parse_dtype("bf16"), Dtype::Bf16);
+  EXPECT_EQ(parse_dtype("FP16"), Dtype::Fp16);
+  EXPECT_EQ(parse_dtype("fp32"), Dtype::Fp32);
+  EXPECT_EQ(parse_dtype("no"), Dtype::Fp32);
+  EXPECT_EQ(parse_dtype("fp8"), Dtype::Fp8);
+  EXPECT_THROW(parse_dtype("fp64"), EstimateError);
+  EXPECT_THROW(parse_dtype("int8"), EstimateError);
+  EXPECT_EQ(parse_optimizer("adamw"), Optimizer::AdamW);
+  EXPECT_EQ(parse_optimizer("Adam"), Optimizer::Adam);
+  EXPECT_EQ(parse_optimizer("sgd"), Optimizer::Sgd);
+  EXPECT_THROW(parse_optimizer("lion"), EstimateError);
+  EXPECT_EQ(parse_offload("none"), Offload::None);
+  EXPECT_EQ(parse_offload("optimizer"), Offload::Optimizer);
+  EXPECT_EQ(parse_offload("optimizer+params"), Offload::OptimizerAndParams);
+  EXPECT_THROW(parse_offload("nvme"), EstimateError);
+  EXPECT_THROW(parse_offload("params"), EstimateError);
+}
+
+TEST(EstimateMemory, Formatting) {
+  EXPECT_EQ(formula(16, 0), "16P");
+  EXPECT_EQ(formula(4, 12), "4P + 12P/N");
+  EXPECT_EQ(formula(0, 16), "16P/N");
+  EXPECT_EQ(formula(1, 14), "P + 14P/N");
+  EXPECT_EQ(formula(0, 0), "0");
+  EXPECT_EQ(format_param_count(7.5e9), "7.5B");
+  EXPECT_EQ(format_param_count(3.5e8), "350M");
+  EXPECT_EQ(format_param_count(1.25e5), "125k");
+  EXPECT_EQ(format_param_count(1e12), "1T");
+  EXPECT_EQ(format_param_count(999), "999");
+  EXPECT_EQ(format_gb(0), "0");
+  EXPECT_EQ(format_gb(2.5e8), "0.25");
+  EXPECT_EQ(format_gb(1e3), "<0.001");
+  const std::string text = format_estimate(estimate_memory(request(kP, kN)));
+  EXPECT_NE(text.find("Model states only"), std::string::npos) << text;
+  EXPECT_NE(text.find("GB = 1e9 bytes"), std::string::npos) << text;
+  EXPECT_NE(text.find("--budget"), std::string::npos) << text;  // the hint when no budget was given
+  EXPECT_NE(text.find("4P + 12P/N"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace accel::cli
