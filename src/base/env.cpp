@@ -29,6 +29,12 @@ const std::vector<Variable>& table() {
       {"ACCEL_ZERO_STAGE", "", "force DEEPSPEED with this ZeRO stage (0, 1, 2 or 3)"},
       {"ACCEL_FSDP_SHARDING_STRATEGY", "",
        "force FSDP with this sharding strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or 1..4)"},
+      // Read by the `accel` command itself.
+      {"ACCEL_HOME", "", "where `accel config` writes default_config.yaml (default ~/.cache/accel)"},
+      {"ACCEL_MPIRUN", "mpirun", "the mpirun `accel launch` runs"},
+      {"ACCEL_SRUN", "srun", "the srun `accel launch` runs inside a Slurm allocation"},
+      {"ACCEL_LAUNCH_STATUS_DIR", "",
+       "set by `accel launch` for accel-rank: where a failing rank records its exit (not for users)"},
   };
   return vars;
 }

@@ -1,16 +1,121 @@
-// `accel config` (being written).
+// `accel config`: the questionnaire (answers on stdin), `accel config default` (no questions) and
+// `accel config explain FILE`. Written files go to --config_file, else the default location
+// (cli/paths.h), through a temporary file renamed into place; each is parsed back before it is kept.
 #include "cli/commands.h"
+#include "cli/config_explain.h"
+#include "cli/config_questions.h"
+#include "cli/paths.h"
 
-#include <cstdio>
+#include "accelerator/config.h"
+#include "comm/nccl_backend.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/core.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <stdexcept>
 
 namespace accel::cli {
+namespace {
+
+void make_parents(const std::string& path) {
+  for (std::size_t pos = path.find('/', 1); pos != std::string::npos; pos = path.find('/', pos + 1)) {
+    const std::string dir = path.substr(0, pos);
+    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+      throw std::runtime_error("cannot create " + dir + ": " + std::strerror(errno));
+  }
+}
+
+// Parses the YAML back (a questionnaire bug must not leave a broken file), then writes it atomically.
+AcceleratorConfig write_config(const std::string& path, const std::string& yaml) {
+  const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+  AcceleratorConfig cfg = parse_accelerate_yaml(yaml, path, dir);
+  make_parents(path);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << yaml;
+    f.close();
+    if (!f) throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
+  return cfg;
+}
+
+struct ConfigArgs {
+  std::string config_file;
+  std::string mixed_precision = "no";
+  bool force = false;
+  std::string explain_file;
+  std::optional<int> num_processes, num_machines;
+};
+
+}  // namespace
 
 void add_config_command(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("config", "(not written yet)");
-  cmd->allow_extras();
-  cmd->callback([&exit_code] {
-    std::fprintf(stderr, "accel config: not written yet\n");
-    exit_code = 1;
+  auto a = std::make_shared<ConfigArgs>();
+  auto* cmd = app.add_subcommand("config", "Write a config by answering questions (or: default, explain FILE)");
+  cmd->add_option("--config_file", a->config_file, "Where to write it (default: " + default_config_path() + ")");
+  cmd->callback([&exit_code, a, cmd] {
+    if (!cmd->get_subcommands().empty()) return;  // `default` or `explain` ran
+    try {
+      const std::string path = a->config_file.empty() ? default_config_path() : a->config_file;
+      const ConfigAnswers answers = ask_config_questions(std::cin, std::cout, comm::cuda_device_count());
+      const AcceleratorConfig cfg = write_config(path, config_yaml(answers));
+      fmt::print("\naccel config: wrote {}\n\n{}", path, explain_config(cfg));
+      exit_code = 0;
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "\naccel config: error: {}\n", e.what());
+      exit_code = 1;
+    }
+  });
+
+  auto* def = cmd->add_subcommand("default", "Write a sensible config without questions (refuses to overwrite)");
+  def->add_option("--config_file", a->config_file, "Where to write it (default: " + default_config_path() + ")");
+  def->add_option("--mixed_precision", a->mixed_precision, "no, fp16, bf16 or fp8")
+      ->check(CLI::IsMember({"no", "fp16", "bf16", "fp8"}));
+  def->add_flag("--force", a->force, "Overwrite an existing file");
+  def->callback([&exit_code, a] {
+    try {
+      const std::string path = a->config_file.empty() ? default_config_path() : a->config_file;
+      if (!a->force && access(path.c_str(), F_OK) == 0) {
+        fmt::print(stderr, "accel config default: {} exists; left as it is (use --force to overwrite)\n", path);
+        exit_code = 1;
+        return;
+      }
+      const AcceleratorConfig cfg =
+          write_config(path, config_yaml(default_answers(comm::cuda_device_count(), a->mixed_precision)));
+      fmt::print("accel config default: wrote {}\n\n{}", path, explain_config(cfg));
+      exit_code = 0;
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "accel config default: error: {}\n", e.what());
+      exit_code = 1;
+    }
+  });
+
+  auto* ex = cmd->add_subcommand("explain", "Say what a config (Accelerate YAML or DeepSpeed JSON) will do");
+  ex->add_option("file", a->explain_file, "The config file (default: " + default_config_path() + ")");
+  ex->add_option("--num_processes", a->num_processes, "Explain it for this many ranks (default: the file's)")
+      ->check(CLI::PositiveNumber);
+  ex->add_option("--num_machines", a->num_machines, "... on this many machines (default: the file's)")
+      ->check(CLI::PositiveNumber);
+  ex->callback([&exit_code, a] {
+    try {
+      const std::string path = a->explain_file.empty() ? default_config_path() : a->explain_file;
+      const AcceleratorConfig cfg = load_config_file(path);
+      fmt::print("{}", explain_config(cfg, a->num_processes, a->num_machines));
+      exit_code = 0;
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "accel config explain: error: {}\n", e.what());
+      exit_code = 1;
+    }
   });
 }
 

@@ -1,16 +1,317 @@
-// `accel launch` (being written).
+// `accel launch [flags] PROGRAM [ARGS...]`: resolves the counts and config (explicit flag > config
+// file > default; see cli/launch_plan.h), starts the ranks with mpirun or srun, passes Ctrl-C on, and
+// exits with the first failing rank's exit code, naming that rank.
 #include "cli/commands.h"
+#include "cli/launch_plan.h"
+#include "cli/paths.h"
 
-#include <cstdio>
+#include "accelerator/config.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/core.h>
+
+#include <cerrno>
+#include <climits>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
 
 namespace accel::cli {
+namespace {
+
+struct LaunchArgs {
+  std::string config_file, hostfile, mixed_precision, fsdp_sharding_strategy, launcher = "auto", launcher_args;
+  std::optional<int> num_processes, num_machines, zero_stage;
+  std::optional<std::int64_t> gradient_accumulation_steps;
+  bool cpu = false, dry_run = false;
+};
+
+bool is_executable(const std::string& p) {
+  struct stat st{};
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
+}
+
+// The program as found: a path is checked as it is, a bare name is looked up on PATH.
+std::optional<std::string> find_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) return is_executable(name) ? std::optional(name) : std::nullopt;
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path ? path : "");
+  std::string d;
+  while (std::getline(dirs, d, ':'))
+    if (!d.empty() && is_executable(d + "/" + name)) return d + "/" + name;
+  return std::nullopt;
+}
+
+std::string absolute(const std::string& p) {
+  char buf[PATH_MAX];
+  if (realpath(p.c_str(), buf)) return buf;
+  return p;
+}
+
+std::string self_dir() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string s(buf, static_cast<size_t>(n));
+  return s.substr(0, s.rfind('/'));
+}
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::istringstream in(s);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+// --- running and reporting ---------------------------------------------------------------------
+
+volatile pid_t g_launcher_child = 0;
+volatile sig_atomic_t g_interrupted = 0;
+
+// A Ctrl-C from the terminal reaches the whole foreground process group, mpirun included, so it is
+// not passed on again (mpirun treats a second SIGINT as "abort without cleanup"). A signal sent to
+// this process alone (kill, a scheduler) is passed on.
+void on_signal(int sig, siginfo_t* info, void*) {
+  g_interrupted = sig;
+  if (g_launcher_child > 0 && info && info->si_code <= 0) kill(g_launcher_child, sig);
+}
+
+struct RankFailure {
+  int rank = -1, node = -1, local_rank = -1, exit = 0, signal = 0;
+  long long time_ns = 0;
+  std::string host;
+};
+
+std::vector<RankFailure> read_failures(const std::string& dir) {
+  std::vector<RankFailure> out;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("rank_", 0) != 0 || name.find('.') != std::string::npos) continue;
+    std::ifstream f(dir + "/" + name);
+    RankFailure r;
+    std::string key;
+    while (f >> key) {
+      if (key == "rank") f >> r.rank;
+      else if (key == "node") f >> r.node;
+      else if (key == "local_rank") f >> r.local_rank;
+      else if (key == "exit") f >> r.exit;
+      else if (key == "signal") f >> r.signal;
+      else if (key == "time_ns") f >> r.time_ns;
+      else if (key == "host") f >> r.host;
+    }
+    if (r.rank >= 0) out.push_back(r);
+  }
+  closedir(d);
+  return out;
+}
+
+void remove_dir(const std::string& dir) {  // POSIX only: std::filesystem::remove_all crashes next to libtorch here
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") unlink((dir + "/" + name).c_str());
+    }
+    closedir(d);
+  }
+  rmdir(dir.c_str());
+}
+
+int run_plan(const LaunchPlan& plan, const std::string& status_dir) {
+  struct sigaction sa{};
+  sa.sa_sigaction = on_signal;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaction(s, &sa, nullptr);
+
+  const pid_t child = fork();
+  if (child < 0) throw LaunchError(std::string("fork failed: ") + std::strerror(errno));
+  if (child == 0) {
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) signal(s, SIG_DFL);
+    for (const auto& [k, v] : plan.env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> argv;
+    for (const auto& a : plan.argv) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "accel launch: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  g_launcher_child = child;
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  g_launcher_child = 0;
+  const int launcher_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+
+  auto failures = read_failures(status_dir);
+  remove_dir(status_dir);
+  if (g_interrupted) {
+    fmt::print(stderr, "accel launch: interrupted by {}; stopped all {} ranks\n", strsignal(g_interrupted),
+               plan.num_processes);
+    return 128 + g_interrupted;
+  }
+  if (!failures.empty()) {
+    const RankFailure* first = &failures[0];
+    for (const auto& f : failures)
+      if (f.time_ns < first->time_ns) first = &f;
+    const std::string how = first->signal ? fmt::format("was killed by signal {} ({})", first->signal,
+                                                        strsignal(first->signal))
+                                          : fmt::format("exited with code {}", first->exit);
+    fmt::print(stderr, "accel launch: rank {} (node {}, local rank {}, host {}) failed first: it {}", first->rank,
+               first->node, first->local_rank, first->host, how);
+    if (failures.size() > 1) fmt::print(stderr, "; {} other rank(s) ended after it", failures.size() - 1);
+    fmt::print(stderr, "\n");
+    return first->exit;
+  }
+  if (launcher_code != 0) {
+    fmt::print(stderr, "accel launch: {} failed with exit code {} before any rank reported an exit\n",
+               plan.launcher, launcher_code);
+    return launcher_code;
+  }
+  return 0;
+}
+
+int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
+  if (program.empty()) throw LaunchError("no program given: accel launch [flags] PROGRAM [ARGS...]");
+  if (program[0].size() > 1 && program[0][0] == '-')
+    throw LaunchError("unknown flag '" + program[0] + "' (flags go before PROGRAM; see accel launch --help)");
+
+  LaunchRequest req;
+  req.num_processes = args.num_processes;
+  req.num_machines = args.num_machines;
+  req.launcher = args.launcher;
+  req.in_slurm = std::getenv("SLURM_JOB_ID") != nullptr;
+  req.launcher_args = split_words(args.launcher_args);
+
+  // The config: --config_file, else the default one when it exists. It is read here to check it
+  // before anything starts, and each rank reads it again (ACCEL_CONFIG_FILE).
+  std::string config_path = args.config_file;
+  if (config_path.empty() && access(default_config_path().c_str(), R_OK) == 0) config_path = default_config_path();
+  if (!config_path.empty()) {
+    const AcceleratorConfig file = load_config_file(config_path);
+    req.config_num_processes = file.num_processes;
+    req.config_num_machines = file.num_machines;
+    config_path = absolute(config_path);
+    req.env.emplace_back("ACCEL_CONFIG_FILE", config_path);
+  }
+  // The flags go through the same resolution the ranks will do, so a bad value fails here, once.
+  ConfigOverrides o;
+  if (!config_path.empty()) o.config_file = config_path;
+  if (!args.mixed_precision.empty()) o.mixed_precision = args.mixed_precision;
+  if (args.gradient_accumulation_steps) o.gradient_accumulation_steps = args.gradient_accumulation_steps;
+  if (args.cpu) o.use_cpu = true;
+  if (args.zero_stage) o.zero_stage = args.zero_stage;
+  if (!args.fsdp_sharding_strategy.empty()) o.fsdp_sharding_strategy = args.fsdp_sharding_strategy;
+  const AcceleratorConfig resolved = resolve_config(o);
+  if (o.mixed_precision) req.env.emplace_back("ACCEL_MIXED_PRECISION", *o.mixed_precision);
+  if (o.gradient_accumulation_steps)
+    req.env.emplace_back("ACCEL_GRADIENT_ACCUMULATION_STEPS", std::to_string(*o.gradient_accumulation_steps));
+  if (o.use_cpu) req.env.emplace_back("ACCEL_USE_CPU", "1");
+  if (o.zero_stage) req.env.emplace_back("ACCEL_ZERO_STAGE", std::to_string(*o.zero_stage));
+  if (o.fsdp_sharding_strategy) req.env.emplace_back("ACCEL_FSDP_SHARDING_STRATEGY", *o.fsdp_sharding_strategy);
+  // Variables already set here reach ranks on other machines too (mpirun forwards only -x ones).
+  std::map<std::string, bool> named;
+  for (const auto& [k, v] : req.env) named[k] = true;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const auto eq = kv.find('=');
+    const std::string k = kv.substr(0, eq);
+    if ((k.rfind("ACCEL_", 0) == 0 || k == "OMP_NUM_THREADS") && !named[k] && k != "ACCEL_LAUNCH_STATUS_DIR")
+      req.env.emplace_back(k, kv.substr(eq + 1));
+  }
+
+  if (!args.hostfile.empty()) {
+    req.hosts = read_hostfile(args.hostfile);
+    req.hostfile = args.hostfile;
+  }
+  const auto found = find_program(program[0]);
+  if (!found)
+    throw LaunchError("program '" + program[0] + "' not found" +
+                      (program[0].find('/') == std::string::npos ? " on PATH" : " (or not executable)"));
+  // Ranks on other machines run the same path: make it absolute when it was relative.
+  if (program[0].find('/') != std::string::npos) program[0] = absolute(program[0]);
+  req.program = program;
+
+  req.rank_wrapper = self_dir() + "/accel-rank";
+  if (!is_executable(req.rank_wrapper))
+    throw LaunchError("accel-rank is missing next to this accel (" + req.rank_wrapper + "); rebuild or reinstall accel");
+  if (const char* m = std::getenv("ACCEL_MPIRUN"); m && *m) req.mpirun = m;
+  if (const char* s = std::getenv("ACCEL_SRUN"); s && *s) req.srun = s;
+
+  char tmpl[PATH_MAX];
+  const char* tmp = std::getenv("TMPDIR");
+  std::snprintf(tmpl, sizeof tmpl, "%s/accel-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  std::string status_dir;
+  if (!args.dry_run) {
+    if (!mkdtemp(tmpl)) throw LaunchError(std::string("cannot create a status directory: ") + std::strerror(errno));
+    status_dir = tmpl;
+    req.env.emplace_back("ACCEL_LAUNCH_STATUS_DIR", status_dir);
+  }
+
+  LaunchPlan plan;
+  try {
+    plan = plan_launch(req);
+  } catch (...) {
+    if (!status_dir.empty()) remove_dir(status_dir);
+    throw;
+  }
+  if (plan.launcher == "mpirun" && !find_program(plan.argv[0])) {
+    if (!status_dir.empty()) remove_dir(status_dir);
+    throw LaunchError("'" + plan.argv[0] + "' not found: install Open MPI (apt install openmpi-bin) or set ACCEL_MPIRUN");
+  }
+  const std::string where =
+      plan.num_machines == 1 ? std::string("1 machine")
+                             : fmt::format("{} machines ({} per machine)", plan.num_machines, plan.per_machine);
+  fmt::print(stderr, "accel launch: {} rank(s) on {} via {}; {}\n", plan.num_processes, where, plan.launcher,
+             config_path.empty() ? std::string("no config file") : "config " + config_path);
+  if (args.dry_run) {
+    (void)resolved;
+    fmt::print("{}\n", shell_join(plan.argv));
+    return 0;
+  }
+  return run_plan(plan, status_dir);
+}
+
+}  // namespace
 
 void add_launch_command(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("launch", "(not written yet)");
-  cmd->allow_extras();
-  cmd->callback([&exit_code] {
-    std::fprintf(stderr, "accel launch: not written yet\n");
-    exit_code = 1;
+  auto args = std::make_shared<LaunchArgs>();
+  auto* cmd = app.add_subcommand("launch", "Start PROGRAM on every rank (mpirun on one node or a hostfile; srun in Slurm)");
+  cmd->add_option("--config_file", args->config_file,
+                  "Accelerate YAML or DeepSpeed JSON (default: " + default_config_path() + " when it exists)");
+  cmd->add_option("--num_processes,-n", args->num_processes, "Total ranks over all machines (default: config, hostfile slots, 1)");
+  cmd->add_option("--num_machines", args->num_machines, "Machines (default: config, hostfile hosts, 1)");
+  cmd->add_option("--hostfile", args->hostfile, "Hosts for mpirun, one 'host slots=N' per line (DeepSpeed's format)");
+  cmd->add_option("--mixed_precision", args->mixed_precision, "no, fp16, bf16 or fp8 (overrides the config)");
+  cmd->add_option("--zero_stage", args->zero_stage, "DeepSpeed ZeRO stage 0-3 (overrides the config)");
+  cmd->add_option("--fsdp_sharding_strategy", args->fsdp_sharding_strategy,
+                  "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD (overrides the config)");
+  cmd->add_option("--gradient_accumulation_steps", args->gradient_accumulation_steps, "Overrides the config");
+  cmd->add_flag("--cpu", args->cpu, "Train on the CPU even where GPUs exist");
+  cmd->add_option("--launcher", args->launcher, "auto (srun inside Slurm, else mpirun), mpirun or srun");
+  cmd->add_option("--launcher_args", args->launcher_args, "Extra arguments for mpirun/srun, as one string");
+  cmd->add_flag("--dry_run", args->dry_run, "Print the command instead of running it");
+  cmd->prefix_command();  // everything from PROGRAM on belongs to PROGRAM
+  cmd->footer("PROGRAM [ARGS...] follow the flags. Each rank sees RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
+              "NODE_RANK and NUM_NODES. The exit code is the first failing rank's.");
+  cmd->callback([&exit_code, args, cmd] {
+    try {
+      exit_code = run_launch(*args, cmd->remaining());
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "accel launch: error: {}\n", e.what());
+      exit_code = 2;
+    }
   });
 }
 

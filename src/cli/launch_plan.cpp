@@ -1,2 +1,113 @@
-// (being written)
 #include "cli/launch_plan.h"
+
+namespace accel::cli {
+namespace {
+
+std::string quote(const std::string& w) {
+  if (!w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%") ==
+                        std::string::npos)
+    return w;
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+void require_positive(const std::optional<int>& v, const char* what) {
+  if (v && *v < 1) throw LaunchError(std::string(what) + " must be at least 1, got " + std::to_string(*v));
+}
+
+}  // namespace
+
+std::string shell_join(const std::vector<std::string>& argv) {
+  std::string s;
+  for (const auto& w : argv) s += (s.empty() ? "" : " ") + quote(w);
+  return s;
+}
+
+LaunchPlan plan_launch(const LaunchRequest& r) {
+  if (r.program.empty()) throw LaunchError("no program given: accel launch [flags] PROGRAM [ARGS...]");
+  require_positive(r.num_processes, "--num_processes");
+  require_positive(r.num_machines, "--num_machines");
+  require_positive(r.config_num_processes, "num_processes in the config file");
+  require_positive(r.config_num_machines, "num_machines in the config file");
+
+  LaunchPlan p;
+  const bool have_hosts = !r.hosts.empty();
+  if (r.launcher == "auto") {
+    p.launcher = r.in_slurm && !have_hosts ? "srun" : "mpirun";
+  } else if (r.launcher == "mpirun" || r.launcher == "srun") {
+    p.launcher = r.launcher;
+  } else {
+    throw LaunchError("--launcher must be auto, mpirun or srun, got '" + r.launcher + "'");
+  }
+  if (p.launcher == "srun" && have_hosts)
+    throw LaunchError("--hostfile is for mpirun; under srun, Slurm's allocation decides the hosts");
+  if (p.launcher == "srun" && !r.in_slurm)
+    throw LaunchError("--launcher srun needs a Slurm allocation (SLURM_JOB_ID is not set); use salloc/sbatch, or mpirun");
+
+  int total_slots = 0;
+  for (const auto& h : r.hosts) total_slots += h.slots;
+  p.num_machines = r.num_machines ? *r.num_machines
+                   : r.config_num_machines ? *r.config_num_machines
+                   : have_hosts ? static_cast<int>(r.hosts.size())
+                                : 1;
+  p.num_processes = r.num_processes ? *r.num_processes
+                    : r.config_num_processes ? *r.config_num_processes
+                    : have_hosts ? total_slots
+                                 : 1;
+  if (p.num_processes % p.num_machines != 0)
+    throw LaunchError(std::to_string(p.num_processes) + " processes do not spread evenly over " +
+                      std::to_string(p.num_machines) + " machines (num_processes is the total over all machines)");
+  p.per_machine = p.num_processes / p.num_machines;
+
+  if (p.launcher == "mpirun" && p.num_machines > 1 && !have_hosts)
+    throw LaunchError(std::to_string(p.num_machines) +
+                      " machines need --hostfile (lines like 'node1 slots=4'), or run inside a Slurm allocation");
+  if (have_hosts) {
+    if (p.num_machines > static_cast<int>(r.hosts.size()))
+      throw LaunchError(std::to_string(p.num_machines) + " machines requested but hostfile " + r.hostfile +
+                        " lists only " + std::to_string(r.hosts.size()));
+    for (int m = 0; m < p.num_machines; ++m) {
+      const auto& h = r.hosts[m];
+      if (h.slots < p.per_machine)
+        throw LaunchError(std::to_string(p.num_processes) + " processes on " + std::to_string(p.num_machines) +
+                          " machine(s) need " + std::to_string(p.per_machine) + " slots per host, but '" + h.host +
+                          "' in " + r.hostfile + " has slots=" + std::to_string(h.slots));
+      p.machines.push_back({h.host, p.per_machine});
+    }
+  }
+
+  p.env = r.env;
+  auto& a = p.argv;
+  const std::string nodes = std::to_string(p.num_machines);
+  auto rank_command = [&](std::optional<int> node_rank) {
+    a.push_back(r.rank_wrapper);
+    if (node_rank) a.insert(a.end(), {"--node_rank", std::to_string(*node_rank)});
+    a.insert(a.end(), {"--num_nodes", nodes, "--"});
+    a.insert(a.end(), r.program.begin(), r.program.end());
+  };
+  if (p.launcher == "srun") {
+    a = {r.srun, "--ntasks=" + std::to_string(p.num_processes), "--nodes=" + nodes,
+         "--ntasks-per-node=" + std::to_string(p.per_machine), "--kill-on-bad-exit=1"};
+    a.insert(a.end(), r.launcher_args.begin(), r.launcher_args.end());
+    rank_command(std::nullopt);
+    return p;
+  }
+  a = {r.mpirun, "--oversubscribe"};
+  for (const auto& [k, v] : r.env) a.insert(a.end(), {"-x", k + "=" + v});
+  a.insert(a.end(), r.launcher_args.begin(), r.launcher_args.end());
+  if (!have_hosts) {
+    a.insert(a.end(), {"-np", std::to_string(p.num_processes)});
+    rank_command(0);
+    return p;
+  }
+  for (int m = 0; m < p.num_machines; ++m) {
+    if (m > 0) a.push_back(":");
+    const std::string k = std::to_string(p.per_machine);
+    a.insert(a.end(), {"-np", k, "--host", p.machines[m].host + ":" + k});
+    rank_command(m);
+  }
+  return p;
+}
+
+}  // namespace accel::cli

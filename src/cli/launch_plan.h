@@ -1,2 +1,63 @@
-// (being written)
+// What `accel launch` runs: the mpirun (or srun) command line for a request. Pure: no processes,
+// no files, no torch, so every rule below is unit-tested.
+//
+// Counts: an explicit flag > the config file's value > the hostfile (total slots; its host count)
+// > 1. The ranks are spread evenly over the machines (num_processes % num_machines == 0, as in
+// Accelerate); with a hostfile the first num_machines hosts are used, each needing at least
+// num_processes / num_machines slots.
+//
+// Launchers:
+//   mpirun, one machine:   mpirun --oversubscribe -x K=V.. -np N  accel-rank --node_rank 0 --num_nodes 1 -- PROGRAM ARGS
+//   mpirun, hostfile:      one app context per machine, so every rank knows its node rank exactly:
+//                          mpirun --oversubscribe -x K=V.. -np k --host h0:k accel-rank --node_rank 0 ... : -np k --host h1:k ...
+//   srun (in a Slurm allocation): srun --ntasks=N --nodes=M --ntasks-per-node=k --kill-on-bad-exit=1
+//                          accel-rank --num_nodes M -- PROGRAM ARGS  (node rank from SLURM_NODEID)
+// "auto" picks srun inside a Slurm allocation (SLURM_JOB_ID set) unless a hostfile is given, else mpirun.
+// mpirun forwards only the `-x` variables to other machines, so everything a rank needs (ACCEL_*)
+// travels that way; srun exports the launcher's whole environment.
 #pragma once
+
+#include "cli/hostfile.h"
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace accel::cli {
+
+class LaunchError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+struct LaunchRequest {
+  std::optional<int> num_processes, num_machines;                // flags
+  std::optional<int> config_num_processes, config_num_machines;  // the config file, when one was read
+  std::vector<HostSlots> hosts;                                  // the hostfile; empty: none
+  std::string hostfile;                                          // its path, for messages
+  std::string launcher = "auto";                                 // auto | mpirun | srun
+  bool in_slurm = false;                                         // SLURM_JOB_ID is set
+  std::string mpirun = "mpirun", srun = "srun";
+  std::string rank_wrapper = "accel-rank";                       // absolute path of accel-rank
+  std::vector<std::pair<std::string, std::string>> env;          // exported to every rank
+  std::vector<std::string> launcher_args;                        // passed to mpirun/srun as they are
+  std::vector<std::string> program;                              // PROGRAM ARGS...
+};
+
+struct LaunchPlan {
+  std::string launcher;  // "mpirun" or "srun"
+  int num_processes = 1, num_machines = 1, per_machine = 1;
+  std::vector<HostSlots> machines;  // the hosts used (slots = ranks placed there); empty: local/Slurm
+  std::vector<std::string> argv;    // the command to run
+  std::vector<std::pair<std::string, std::string>> env;  // for the launcher's own environment (srun)
+};
+
+// Throws LaunchError with a message saying what is wrong and what to change.
+LaunchPlan plan_launch(const LaunchRequest& request);
+
+// argv as one line a shell would split back into the same words (for --dry_run and messages).
+std::string shell_join(const std::vector<std::string>& argv);
+
+}  // namespace accel::cli

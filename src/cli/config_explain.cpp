@@ -1,0 +1,199 @@
+#include "cli/config_explain.h"
+
+#include <fmt/core.h>
+
+#include <sstream>
+#include <vector>
+
+namespace accel::cli {
+namespace {
+
+std::string rank_range(int first, int count) {
+  return count == 1 ? fmt::format("{{{}}}", first) : fmt::format("{{{}..{}}}", first, first + count - 1);
+}
+
+// "{0..1}, {2..3}" for groups of `size` consecutive ranks; "{0,2}, {1,3}" for strided ones.
+std::string groups(int world, int size, bool strided) {
+  std::vector<std::string> out;
+  if (!strided) {
+    for (int g = 0; g * size < world; ++g) out.push_back(rank_range(g * size, size));
+  } else {
+    const int n = world / size;  // groups of `size` ranks, `n` apart
+    for (int first = 0; first < n; ++first) {
+      std::string s = "{";
+      for (int k = 0; k < size; ++k) s += (k ? "," : "") + std::to_string(first + k * n);
+      out.push_back(s + "}");
+    }
+  }
+  std::string joined;
+  const std::size_t shown = std::min<std::size_t>(out.size(), 4);
+  for (std::size_t i = 0; i < shown; ++i) joined += (i ? ", " : "") + out[i];
+  if (out.size() > shown) joined += fmt::format(", ... ({} groups)", out.size());
+  return joined;
+}
+
+const char* dtype_name(const std::optional<c10::ScalarType>& t, const char* unset) {
+  if (!t) return unset;
+  switch (*t) {
+    case c10::ScalarType::Float: return "fp32";
+    case c10::ScalarType::Double: return "fp64";
+    case c10::ScalarType::Half: return "fp16";
+    case c10::ScalarType::BFloat16: return "bf16";
+    default: return c10::toString(*t);
+  }
+}
+
+std::string strategy_name(const AcceleratorConfig& c) {
+  using zero::Strategy;
+  const Strategy s = c.spec.strategy;
+  switch (c.distributed_type) {
+    case DistributedType::No: return "NO (one process; several ranks make it DDP)";
+    case DistributedType::MultiCpu: return "DDP (MULTI_CPU)";
+    case DistributedType::MultiGpu: return "DDP (MULTI_GPU)";
+    case DistributedType::DeepSpeed: {
+      const int stage = s == Strategy::NoShard ? 0 : s == Strategy::Zero1 ? 1 : s == Strategy::Zero2 ? 2 : 3;
+      return fmt::format("DeepSpeed ZeRO stage {}", stage);
+    }
+    case DistributedType::Fsdp: {
+      const char* n = s == Strategy::NoShard ? "NO_SHARD (like DDP)"
+                      : s == Strategy::Zero2 ? "SHARD_GRAD_OP (like ZeRO-2)"
+                      : s == Strategy::Zero3 ? "FULL_SHARD (like ZeRO-3)"
+                      : s == Strategy::HybridShard ? "HYBRID_SHARD (ZeRO-3 inside each machine, replicated across machines)"
+                                                   : "?";
+      return fmt::format("FSDP {} (FSDP version {})", n, c.fsdp_version);
+    }
+  }
+  return "?";
+}
+
+std::string units(const zero::WrapPolicy& w) {
+  switch (w.kind) {
+    case zero::WrapPolicy::Kind::Marked: return "every module the model marks with accel::unit";
+    case zero::WrapPolicy::Kind::TypeName: {
+      std::string t;
+      for (const auto& n : w.type_names) t += (t.empty() ? "" : ", ") + n;
+      return "marked modules of type " + t;
+    }
+    case zero::WrapPolicy::Kind::Size:
+      return fmt::format("marked modules holding at least {} parameters of their own", w.min_num_params);
+    case zero::WrapPolicy::Kind::None: return "the whole model as one unit";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string explain_config(const AcceleratorConfig& cfg, std::optional<int> num_processes,
+                           std::optional<int> num_machines) {
+  const int n = num_processes.value_or(cfg.num_processes);
+  const int m = num_machines.value_or(cfg.num_machines);
+  const zero::ShardingSpec& s = cfg.spec;
+  std::ostringstream o;
+  auto row = [&](const std::string& k, const std::string& v) { o << fmt::format("{:<14}{}\n", k, v); };
+
+  row("Config", cfg.source.empty() ? "(defaults)" : cfg.source);
+  row("Strategy", strategy_name(cfg));
+  if (n % m != 0) {
+    row("Ranks", fmt::format("{} processes on {} machines: they do not spread evenly (accel launch refuses this)", n, m));
+  } else {
+    row("Ranks", m == 1 ? fmt::format("{} process{} on 1 machine", n, n == 1 ? "" : "es")
+                        : fmt::format("{} processes on {} machines, {} per machine", n, m, n / m));
+  }
+
+  // Which ranks a shard is split over: every rank, or (HYBRID_SHARD) the ranks of one machine.
+  const int per_machine = m > 0 && n % m == 0 ? n / m : n;
+  const int shard_over = s.hybrid() ? per_machine : n;
+  const std::string fraction = shard_over == 1 ? std::string("all of it (one rank in the group)")
+                                                : fmt::format("1/{} of it", shard_over);
+  const std::string over = s.hybrid() ? fmt::format("sharded over the {} ranks of its machine", shard_over)
+                                      : fmt::format("sharded over all {} ranks", shard_over);
+  o << "Each rank holds\n";
+  const std::string master = dtype_name(s.master_dtype, "the model's dtype");
+  if (s.shards_optimizer()) {
+    row("  optimizer", fmt::format("{} ({}), master weights in {}", fraction, over, master));
+  } else {
+    row("  optimizer", fmt::format("all of it (replicated on every rank), master weights in {}", master));
+  }
+  if (s.shards_gradients()) {
+    row("  gradients", fmt::format("{}: reduce-scatter{}", fraction,
+                                   s.hybrid() && m > 1 ? fmt::format(" inside the machine, then all-reduce across the {} machines", m)
+                                                       : std::string("")));
+  } else if (s.shards_optimizer()) {
+    row("  gradients", "a full buffer; reduce-scatter fills its own slice, which the optimizer steps");
+  } else {
+    row("  gradients", "all of them, all-reduced (averaged) over the ranks");
+  }
+  if (s.shards_parameters()) {
+    row("  parameters", fmt::format("{} at rest; one unit at a time is all-gathered in full for forward and backward, {}",
+                                    fraction,
+                                    s.reshard_after_forward ? "freed after the unit's forward"
+                                                            : "kept from forward until its gradients are reduced"));
+  } else {
+    row("  parameters", s.shards_optimizer() ? "all of them; all-gathered again after each optimizer step"
+                                              : "all of them (replicated)");
+  }
+  if (s.shards_parameters() || cfg.distributed_type == DistributedType::Fsdp) row("Units", units(s.wrap));
+  if (s.hybrid()) {
+    if (m > 1 && n % m == 0) {
+      row("Shard groups", groups(n, per_machine, false));
+      row("Replicas", groups(n, m, true) + " (all-reduce across machines)");
+    } else {
+      row("Shard groups", "one machine: HYBRID_SHARD shards like FULL_SHARD over all ranks");
+    }
+  } else if (s.shards_optimizer() && n > 1) {
+    row("Shard group", rank_range(0, n));
+  }
+  if (s.shards_parameters() || s.shards_gradients())
+    row("Prefetch", fmt::format("forward {}, backward {}", s.forward_prefetch ? "on" : "off",
+                                s.backward_prefetch ? "on" : "off"));
+  row("Buckets", s.bucket_bytes == 0 ? std::string("one collective per flat parameter")
+                                     : fmt::format("gradient reductions fused up to {} MiB", s.bucket_bytes / double(1 << 20)));
+
+  switch (cfg.mixed_precision) {
+    case MixedPrecision::No: row("Precision", "fp32 compute, no mixed precision"); break;
+    case MixedPrecision::Bf16: row("Precision", "bf16 compute, fp32 master weights"); break;
+    case MixedPrecision::Fp16:
+      row("Precision", cfg.loss_scaler.loss_scale > 0
+                           ? fmt::format("fp16 compute, fp32 master weights, static loss scale {}", cfg.loss_scaler.loss_scale)
+                           : fmt::format("fp16 compute, fp32 master weights, dynamic loss scale from 2^{} (window {}, "
+                                         "hysteresis {}, minimum {})",
+                                         cfg.loss_scaler.initial_scale_power, cfg.loss_scaler.loss_scale_window,
+                                         cfg.loss_scaler.hysteresis, cfg.loss_scaler.min_loss_scale));
+      break;
+    case MixedPrecision::Fp8:
+      row("Precision", fmt::format("fp8 {} (amax history {}, {}), fp32 master weights", cfg.fp8.fp8_format,
+                                   cfg.fp8.amax_history_len, cfg.fp8.amax_compute_algo));
+      break;
+  }
+  if (s.param_dtype || s.reduce_dtype || s.master_dtype)
+    row("Dtypes", fmt::format("parameters {}, gradient reduction {}, master {}", dtype_name(s.param_dtype, "as the model"),
+                              dtype_name(s.reduce_dtype, "as the parameters"), dtype_name(s.master_dtype, "as the model")));
+
+  const std::int64_t acc = cfg.gradient_accumulation_steps;
+  row("Accumulation", fmt::format("{} micro-step{} per optimizer step", acc, acc == 1 ? "" : "s"));
+  if (cfg.distributed_type == DistributedType::DeepSpeed && (cfg.batch.train_batch_size || cfg.batch.micro_batch_per_gpu)) {
+    try {
+      const BatchConfig b = resolve_batch(cfg.batch, n, std::nullopt, acc, cfg.source);
+      row("Batch", fmt::format("{} per optimizer step = {} per rank x {} micro-steps x {} ranks", *b.train_batch_size,
+                               *b.micro_batch_per_gpu, *b.gradient_accumulation_steps, n));
+    } catch (const ConfigError& e) {
+      row("Batch", std::string("does not work out at this world size: ") + e.what());
+    }
+  } else {
+    row("Batch", fmt::format("each rank's micro batch comes from its data loader; per optimizer step: micro batch x {} x {} rank{}",
+                             acc, n, n == 1 ? "" : "s"));
+  }
+  if (cfg.gradient_clipping) row("Clipping", fmt::format("every step, to global norm {}", *cfg.gradient_clipping));
+  if (cfg.offload_optimizer_device != "none" || cfg.offload_param_device != "none")
+    row("Offload", fmt::format("optimizer state: {}, parameters: {}", cfg.offload_optimizer_device, cfg.offload_param_device));
+  row("Device", cfg.use_cpu ? "CPU (use_cpu)" : "a GPU per rank where there are GPUs, else the CPU");
+  if (cfg.ignored.empty()) {
+    row("Ignored keys", "none");
+  } else {
+    o << fmt::format("Ignored keys ({}), accepted so files from Accelerate/DeepSpeed load unchanged:\n", cfg.ignored.size());
+    for (const auto& i : cfg.ignored) o << "  " << i << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace accel::cli

@@ -1,0 +1,224 @@
+#include "cli/config_questions.h"
+
+#include <algorithm>
+#include <cctype>
+#include <functional>
+#include <istream>
+#include <limits>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+
+namespace accel::cli {
+namespace {
+
+std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+class Asker {
+ public:
+  Asker(std::istream& in, std::ostream& out) : in_(in), out_(out) {}
+
+  // Asks until `accept` returns true for the answer (the default when the answer is empty); `accept`
+  // stores the value and returns false with `why` set for a bad one.
+  void ask(const std::string& question, const std::string& def,
+           const std::function<bool(const std::string&, std::string& why)>& accept) {
+    for (;;) {
+      out_ << question << " [" << def << "]: " << std::flush;
+      std::string line;
+      if (!std::getline(in_, line))
+        throw std::runtime_error("input ended before the questions did (at: " + question +
+                                 "); `accel config default` writes a config without questions");
+      std::string answer = trim(line);
+      if (answer.empty()) answer = def;
+      std::string why;
+      if (accept(answer, why)) return;
+      out_ << "  " << why << "\n";
+    }
+  }
+
+  std::string choice(const std::string& question, const std::vector<std::string>& options, const std::string& def) {
+    std::string value;
+    std::string list;
+    for (const auto& o : options) list += (list.empty() ? "" : ", ") + o;
+    ask(question + " (" + list + ")", def, [&](const std::string& a, std::string& why) {
+      for (const auto& o : options)
+        if (lower(o) == lower(a)) {
+          value = o;
+          return true;
+        }
+      why = "please answer one of: " + list;
+      return false;
+    });
+    return value;
+  }
+
+  bool yes_no(const std::string& question, bool def) {
+    bool value = def;
+    ask(question + " (yes/no)", def ? "yes" : "no", [&](const std::string& a, std::string& why) {
+      const std::string l = lower(a);
+      if (l == "yes" || l == "y") return value = true, true;
+      if (l == "no" || l == "n") return value = false, true;
+      why = "please answer yes or no";
+      return false;
+    });
+    return value;
+  }
+
+  std::int64_t integer(const std::string& question, std::int64_t def, std::int64_t min, std::int64_t max) {
+    std::int64_t value = def;
+    ask(question, std::to_string(def), [&](const std::string& a, std::string& why) {
+      try {
+        std::size_t used = 0;
+        const double d = std::stod(a, &used);  // 1e8 is a fine way to write a count
+        if (used == a.size() && d == static_cast<double>(static_cast<std::int64_t>(d)) && d >= min && d <= max) {
+          value = static_cast<std::int64_t>(d);
+          return true;
+        }
+      } catch (const std::exception&) {
+      }
+      why = "please answer a whole number from " + std::to_string(min) + " to " + std::to_string(max);
+      return false;
+    });
+    return value;
+  }
+
+  double number(const std::string& question, double def, double min) {
+    double value = def;
+    std::ostringstream d;
+    d << def;
+    ask(question, d.str(), [&](const std::string& a, std::string& why) {
+      try {
+        std::size_t used = 0;
+        const double v = std::stod(a, &used);
+        if (used == a.size() && v >= min) {
+          value = v;
+          return true;
+        }
+      } catch (const std::exception&) {
+      }
+      why = "please answer a number >= " + std::to_string(min);
+      return false;
+    });
+    return value;
+  }
+
+ private:
+  std::istream& in_;
+  std::ostream& out_;
+};
+
+bool is_deepspeed(const std::string& s) { return s.rfind("zero", 0) == 0; }
+bool is_fsdp(const std::string& s) { return s != "ddp" && !is_deepspeed(s); }
+
+std::string upper(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::toupper(c); });
+  return s;
+}
+
+}  // namespace
+
+const std::vector<std::string>& strategy_names() {
+  static const std::vector<std::string> names{"ddp",        "zero1",         "zero2",    "zero3",
+                                              "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"};
+  return names;
+}
+
+ConfigAnswers ask_config_questions(std::istream& in, std::ostream& out, int cuda_devices) {
+  Asker q(in, out);
+  ConfigAnswers a;
+  out << "accel config: answer each question, or press Enter for the default in brackets.\n";
+  a.num_machines = static_cast<int>(q.integer("How many machines will train?", 1, 1, 1 << 16));
+  const int per_machine_default = std::max(cuda_devices, 2);
+  for (;;) {
+    a.num_processes = static_cast<int>(q.integer("How many processes in total, over all machines?",
+                                                 static_cast<std::int64_t>(per_machine_default) * a.num_machines, 1,
+                                                 1 << 24));
+    if (a.num_processes % a.num_machines == 0) break;
+    out << "  " << a.num_processes << " processes do not spread evenly over " << a.num_machines << " machines\n";
+  }
+  a.use_cpu = q.yes_no("Train on the CPU only?", cuda_devices == 0);
+  a.strategy = q.choice("Which strategy?", strategy_names(), "ddp");
+  if (a.strategy == "hybrid_shard" && a.num_machines == 1)
+    out << "  note: on one machine HYBRID_SHARD shards like FULL_SHARD (it replicates across machines)\n";
+  if (is_deepspeed(a.strategy)) {
+    a.offload_optimizer = q.yes_no("Keep the optimizer state in CPU memory (ZeRO-Offload)?", false);
+    if (a.strategy == "zero3") a.offload_params = q.yes_no("Keep the parameters in CPU memory too?", false);
+    a.gradient_clipping = q.number("Clip gradients to this global norm (0: no clipping)?", 1.0, 0);
+  }
+  if (is_fsdp(a.strategy)) {
+    a.wrap_policy = q.choice("How is the model split into units (each gathered on its own)?",
+                             {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"}, "TRANSFORMER_BASED_WRAP");
+    if (a.wrap_policy == "TRANSFORMER_BASED_WRAP") {
+      std::string types;
+      q.ask("Module type names that are units, comma-separated (empty: the modules marked accel::unit)", "",
+            [&](const std::string& s, std::string&) { return types = s, true; });
+      std::istringstream list(types);
+      for (std::string t; std::getline(list, t, ',');)
+        if (!trim(t).empty()) a.layer_types.push_back(trim(t));
+    } else if (a.wrap_policy == "SIZE_BASED_WRAP") {
+      a.min_num_params = q.integer("Smallest unit, in parameters?", 100000000, 1, std::numeric_limits<std::int64_t>::max());
+    }
+  }
+  a.gradient_accumulation_steps = q.integer("Gradient accumulation steps?", 1, 1, 1 << 20);
+  a.mixed_precision = q.choice("Mixed precision?", {"no", "fp16", "bf16", "fp8"}, "no");
+  return a;
+}
+
+std::string config_yaml(const ConfigAnswers& a) {
+  std::ostringstream y;
+  y << "# Written by accel config. `accel config explain` on this file says what it will do.\n";
+  y << "compute_environment: LOCAL_MACHINE\n";
+  if (is_deepspeed(a.strategy)) {
+    y << "distributed_type: DEEPSPEED\n";
+    y << "deepspeed_config:\n";
+    y << "  zero_stage: " << a.strategy.substr(4) << "\n";
+    y << "  offload_optimizer_device: " << (a.offload_optimizer ? "cpu" : "none") << "\n";
+    y << "  offload_param_device: " << (a.offload_params ? "cpu" : "none") << "\n";
+    y << "  gradient_accumulation_steps: " << a.gradient_accumulation_steps << "\n";
+    if (a.gradient_clipping > 0) y << "  gradient_clipping: " << a.gradient_clipping << "\n";
+  } else if (is_fsdp(a.strategy)) {
+    y << "distributed_type: FSDP\n";
+    y << "fsdp_config:\n";
+    y << "  fsdp_sharding_strategy: " << upper(a.strategy) << "\n";
+    y << "  fsdp_auto_wrap_policy: " << a.wrap_policy << "\n";
+    if (a.wrap_policy == "TRANSFORMER_BASED_WRAP" && !a.layer_types.empty()) {
+      y << "  fsdp_transformer_layer_cls_to_wrap: ";
+      for (std::size_t i = 0; i < a.layer_types.size(); ++i) y << (i ? "," : "") << a.layer_types[i];
+      y << "\n";
+    }
+    if (a.wrap_policy == "SIZE_BASED_WRAP") y << "  fsdp_min_num_params: " << a.min_num_params << "\n";
+    y << "  fsdp_backward_prefetch: BACKWARD_PRE\n";
+    y << "  fsdp_forward_prefetch: true\n";
+    y << "  fsdp_state_dict_type: FULL_STATE_DICT\n";
+  } else {
+    y << "distributed_type: " << (a.num_processes == 1 ? "NO" : a.use_cpu ? "MULTI_CPU" : "MULTI_GPU") << "\n";
+  }
+  if (!is_deepspeed(a.strategy)) y << "gradient_accumulation_steps: " << a.gradient_accumulation_steps << "\n";
+  y << "mixed_precision: '" << a.mixed_precision << "'\n";
+  y << "num_machines: " << a.num_machines << "\n";
+  y << "num_processes: " << a.num_processes << "\n";
+  y << "machine_rank: 0\n";
+  y << "use_cpu: " << (a.use_cpu ? "true" : "false") << "\n";
+  return y.str();
+}
+
+ConfigAnswers default_answers(int cuda_devices, const std::string& mixed_precision) {
+  ConfigAnswers a;
+  a.use_cpu = cuda_devices == 0;
+  a.num_processes = cuda_devices > 1 ? cuda_devices : 1;
+  a.strategy = "ddp";
+  a.mixed_precision = mixed_precision;
+  return a;
+}
+
+}  // namespace accel::cli

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# End-to-end checks of `accel config` and `accel launch`, run as a user would (the real binary, real
+# mpirun). Usage: config_launch_checks.sh ACCEL_BIN SOURCE_DIR SCENARIO
+# Each scenario exits 0 when every check in it passed, and prints what it saw otherwise.
+# The script is also the program the ranks run: `config_launch_checks.sh _probe MODE OUT`.
+set -uo pipefail
+
+if [ "${1:-}" = "_probe" ]; then  # --- what each rank runs under accel launch ---------------------
+  mode=$2 out=$3
+  case "$mode" in
+    env) echo "$RANK $LOCAL_RANK $NODE_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $NUM_NODES ${ACCEL_CONFIG_FILE:-none} ${ACCEL_MIXED_PRECISION:-none} ${ACCEL_ZERO_STAGE:-none}" > "$out/rank_$RANK" ;;
+    fail) if [ "$RANK" = 2 ]; then sleep 0.5; exit 7; fi; exec sleep 60 ;;
+    sleep) echo $$ > "$out/pid_$RANK.tmp" && mv "$out/pid_$RANK.tmp" "$out/pid_$RANK"; exec sleep 60 ;;
+  esac
+  exit 0
+fi
+
+ACCEL=$1 SRC=$2 SCENARIO=$3
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+pass() { echo "ok:   $*"; }
+
+# expect_error REGEX CMD...: CMD must exit non-zero and say REGEX (stdout+stderr).
+expect_error() {
+  local regex=$1; shift
+  local out rc
+  out=$("$@" 2>&1 </dev/null); rc=$?
+  if [ $rc -ne 0 ] && grep -Eq -- "$regex" <<<"$out"; then pass "rc=$rc, says /$regex/: $*"
+  else fail "expected a non-zero exit saying /$regex/ from: $*"; echo "  rc=$rc, output:"; sed 's/^/    /' <<<"$out"; fi
+}
+
+case "$SCENARIO" in
+ranks)  # every rank sees its rank, local rank, node rank, the config and the flags
+  "$ACCEL" launch --config_file "$SRC/configs/ddp.yaml" --num_processes 3 --mixed_precision bf16 \
+      "$SELF" _probe env "$WORK" || fail "launch exited $?"
+  cfg=$(realpath "$SRC/configs/ddp.yaml")
+  for r in 0 1 2; do
+    want="$r $r 0 3 3 1 $cfg bf16 none"
+    got=$(cat "$WORK/rank_$r" 2>/dev/null)
+    [ "$got" = "$want" ] && pass "rank $r: $got" || fail "rank $r saw '$got', expected '$want'"
+  done
+  # Without --num_processes the config's count (configs/deepspeed/zero2.yaml: 2) decides.
+  rm -f "$WORK"/rank_*
+  "$ACCEL" launch --config_file "$SRC/configs/deepspeed/zero2.yaml" --zero_stage 1 "$SELF" _probe env "$WORK" || fail "launch exited $?"
+  n=$(ls "$WORK" | grep -c '^rank_')
+  [ "$n" = 2 ] && pass "config's num_processes: 2 ranks" || fail "expected 2 ranks from the config, saw $n"
+  grep -q ' 1$' "$WORK/rank_0" && pass "--zero_stage 1 reached the ranks" || fail "ACCEL_ZERO_STAGE: $(cat "$WORK/rank_0")"
+  ;;
+first_failure)  # rank 2 exits 7 while the others sleep: exit code 7, rank 2 named, nobody left running
+  start=$(date +%s)
+  out=$("$ACCEL" launch --num_processes 4 "$SELF" _probe fail "$WORK" 2>&1); rc=$?
+  took=$(( $(date +%s) - start ))
+  [ $rc -eq 7 ] && pass "exit code 7" || fail "exit code $rc, expected 7"
+  grep -q "accel launch: rank 2 (node 0, local rank 2, host .*) failed first: it exited with code 7" <<<"$out" \
+    && pass "names rank 2" || { fail "message does not name rank 2"; echo "$out"; }
+  [ $took -lt 40 ] && pass "the sleeping ranks were stopped (${took}s)" || fail "took ${took}s: ranks were not stopped"
+  ;;
+interrupt)  # Ctrl-C: to the launcher alone, then to the whole process group (as a terminal sends it)
+  for target in launcher group; do
+    rm -f "$WORK"/pid_*
+    setsid "$ACCEL" launch --num_processes 2 "$SELF" _probe sleep "$WORK" > "$WORK/launch.out" 2>&1 &
+    lpid=$!
+    for _ in $(seq 100); do [ -f "$WORK/pid_0" ] && [ -f "$WORK/pid_1" ] && break; sleep 0.2; done
+    pids="$(cat "$WORK"/pid_* 2>/dev/null)"
+    [ "$(wc -w <<<"$pids")" = 2 ] || { fail "$target: the ranks did not start"; cat "$WORK/launch.out"; kill -KILL -- -$lpid; continue; }
+    if [ $target = launcher ]; then kill -INT $lpid; else kill -INT -- -$lpid; fi
+    for _ in $(seq 100); do kill -0 $lpid 2>/dev/null || break; sleep 0.2; done
+    if kill -0 $lpid 2>/dev/null; then fail "$target: launcher still running 20 s after SIGINT"; kill -KILL -- -$lpid; fi
+    wait $lpid; rc=$?
+    [ $rc -eq 130 ] && pass "$target: exit code 130" || fail "$target: exit code $rc, expected 130"
+    grep -q "interrupted by Interrupt; stopped all 2 ranks" "$WORK/launch.out" && pass "$target: says interrupted" \
+      || { fail "$target: no interrupt message"; cat "$WORK/launch.out"; }
+    sleep 1
+    for p in $pids; do kill -0 "$p" 2>/dev/null && { fail "$target: rank process $p still running"; kill -KILL "$p"; } || pass "$target: rank process $p gone"; done
+  done
+  ;;
+launch_errors)  # bad input: a clear message and a non-zero exit, nothing started
+  printf 'localhost slots=1\n' > "$WORK/one_slot"
+  printf 'distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_stratgy: FULL_SHARD\n' > "$WORK/typo.yaml"
+  printf 'distributed_type: [unclosed\n' > "$WORK/broken.yaml"
+  expect_error "unknown flag '--bogus'" "$ACCEL" launch --bogus true
+  expect_error "no program given" "$ACCEL" launch --num_processes 2
+  expect_error "program 'no-such-program-xyz' not found on PATH" "$ACCEL" launch no-such-program-xyz
+  expect_error "program './missing/train' not found" "$ACCEL" launch ./missing/train
+  expect_error "2 processes on 1 machine\(s\) need 2 slots per host, but 'localhost' in .*one_slot has slots=1" \
+    "$ACCEL" launch --hostfile "$WORK/one_slot" --num_processes 2 true
+  expect_error "cannot read hostfile $WORK/nope" "$ACCEL" launch --hostfile "$WORK/nope" true
+  expect_error "fsdp_sharding_stratgy.*did you mean.*fsdp_sharding_strategy" "$ACCEL" launch --config_file "$WORK/typo.yaml" true
+  expect_error "broken.yaml" "$ACCEL" launch --config_file "$WORK/broken.yaml" true
+  expect_error "mixed_precision.*fp12" "$ACCEL" launch --mixed_precision fp12 true
+  expect_error "2 machines need --hostfile" "$ACCEL" launch --num_machines 2 --num_processes 2 true
+  expect_error "num_processes: Value -1 not in range|--num_processes must be at least 1" "$ACCEL" launch --num_processes -1 true
+  ;;
+dry_run)  # the mpirun command for a hostfile: one app context per machine
+  printf '# two hosts\nnode-a slots=2\nnode-b slots=2\n' > "$WORK/hosts"
+  out=$("$ACCEL" launch --dry_run --hostfile "$WORK/hosts" --config_file "$SRC/configs/fsdp/hybrid_shard.yaml" \
+        --num_processes 4 --num_machines 2 true 2>&1) || fail "dry run exited $?"
+  grep -Eq -- "-np 2 --host node-a:2 .*/accel-rank --node_rank 0 --num_nodes 2 -- true : -np 2 --host node-b:2 .*--node_rank 1" <<<"$out" \
+    && pass "two app contexts" || { fail "unexpected command"; echo "$out"; }
+  grep -q "accel launch: 4 rank(s) on 2 machines (2 per machine) via mpirun" <<<"$out" && pass "summary line" || fail "no summary line"
+  ;;
+config_flow)  # config (questions on stdin) -> default location -> explain -> launch picks it up
+  export ACCEL_HOME=$WORK/home
+  printf '1\n2\nyes\nzero3\nno\nno\n1.0\n1\nno\n' | "$ACCEL" config > "$WORK/q.out" 2>&1 || { fail "accel config exited $?"; cat "$WORK/q.out"; }
+  [ -f "$ACCEL_HOME/default_config.yaml" ] && pass "wrote \$ACCEL_HOME/default_config.yaml" || fail "no default config written"
+  grep -q "DeepSpeed ZeRO stage 3" "$WORK/q.out" && pass "config explains what it wrote" || { fail "no explanation"; cat "$WORK/q.out"; }
+  out=$("$ACCEL" config explain 2>&1) || fail "explain of the default config exited $?"
+  grep -q "1/2 of it (sharded over all 2 ranks)" <<<"$out" && pass "explain: sharded over 2 ranks" || { fail "explain"; echo "$out"; }
+  out=$("$ACCEL" launch --dry_run true 2>&1) || fail "launch --dry_run exited $?"
+  grep -q "2 rank(s) on 1 machine via mpirun; config $ACCEL_HOME/default_config.yaml" <<<"$out" \
+    && pass "launch uses the default config" || { fail "launch did not use the default config"; echo "$out"; }
+  expect_error "exists; left as it is" "$ACCEL" config default
+  "$ACCEL" config default --force > /dev/null 2>&1 && grep -q "distributed_type: NO" "$ACCEL_HOME/default_config.yaml" \
+    && pass "config default --force overwrote it" || fail "config default --force"
+  "$ACCEL" config default --config_file "$WORK/sub/dir/c.yaml" --mixed_precision bf16 > /dev/null 2>&1 \
+    && grep -q "mixed_precision: 'bf16'" "$WORK/sub/dir/c.yaml" && pass "config default --config_file in a new directory" \
+    || fail "config default --config_file"
+  ;;
+config_errors)
+  export ACCEL_HOME=$WORK/home
+  printf 'distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 5\n' > "$WORK/stage5.yaml"
+  expect_error "input ended before the questions did" "$ACCEL" config
+  [ ! -e "$ACCEL_HOME/default_config.yaml" ] && pass "nothing written after a failed questionnaire" || fail "a file was written"
+  expect_error "stage5.yaml.*zero_stage" "$ACCEL" config explain "$WORK/stage5.yaml"
+  expect_error "cannot|not found|No such file|does not exist" "$ACCEL" config explain "$WORK/missing.yaml"
+  expect_error "mixed_precision: fp9 not in" "$ACCEL" config default --mixed_precision fp9
+  expect_error "The following argument was not expected: --bogus|--bogus" "$ACCEL" config explain --bogus
+  ;;
+explain_shipped)  # every shipped config explains without error
+  for f in $(cd "$SRC" && ls configs/*.yaml configs/*/*.yaml configs/*/*.json); do
+    out=$("$ACCEL" config explain "$SRC/$f" 2>&1) && grep -q "^Strategy" <<<"$out" && pass "$f" || { fail "$f"; echo "$out"; }
+  done
+  ;;
+*) echo "unknown scenario '$SCENARIO'"; exit 2 ;;
+esac
+[ $failures -eq 0 ] && echo "PASSED: $SCENARIO" || echo "FAILED: $SCENARIO ($failures)"
+[ $failures -eq 0 ]

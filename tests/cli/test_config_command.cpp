@@ -1,0 +1,132 @@
+// accel config: the questionnaire (answers from a stream), the YAML it writes (parsed back by the real
+// config parser), and explain's account of a config.
+#include "cli/config_explain.h"
+#include "cli/config_questions.h"
+
+#include "accelerator/config.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+
+namespace accel::cli {
+namespace {
+
+AcceleratorConfig ask_and_parse(const std::string& answers, std::string* transcript = nullptr) {
+  std::istringstream in(answers);
+  std::ostringstream out;
+  const ConfigAnswers a = ask_config_questions(in, out, /*cuda_devices=*/0);
+  if (transcript) *transcript = out.str();
+  return parse_accelerate_yaml(config_yaml(a), "answers");
+}
+
+TEST(ConfigQuestions, EnterEverywhereGivesCpuDdpOnTwoProcesses) {
+  const AcceleratorConfig c = ask_and_parse("\n\n\n\n\n\n");
+  EXPECT_EQ(c.distributed_type, DistributedType::MultiCpu);
+  EXPECT_EQ(c.num_processes, 2);
+  EXPECT_EQ(c.num_machines, 1);
+  EXPECT_TRUE(c.use_cpu);
+  EXPECT_EQ(c.spec.strategy, zero::Strategy::NoShard);
+  EXPECT_EQ(c.mixed_precision, MixedPrecision::No);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+}
+
+TEST(ConfigQuestions, DeepSpeedZero3WithOffloadAndClipping) {
+  // machines, processes, cpu, strategy, offload optimizer, offload params, clipping, accumulation, precision
+  const AcceleratorConfig c = ask_and_parse("1\n4\nyes\nzero3\nyes\nno\n0.5\n2\nno\n");
+  EXPECT_EQ(c.distributed_type, DistributedType::DeepSpeed);
+  EXPECT_EQ(c.spec.strategy, zero::Strategy::Zero3);
+  EXPECT_EQ(c.num_processes, 4);
+  EXPECT_EQ(c.offload_optimizer_device, "cpu");
+  EXPECT_EQ(c.offload_param_device, "none");
+  ASSERT_TRUE(c.gradient_clipping.has_value());
+  EXPECT_DOUBLE_EQ(*c.gradient_clipping, 0.5);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+}
+
+TEST(ConfigQuestions, FsdpHybridOverTwoMachinesWithLayerTypes) {
+  const AcceleratorConfig c = ask_and_parse("2\n4\nyes\nHYBRID_SHARD\n\nBlockImpl, MlpImpl\n1\nbf16\n");
+  EXPECT_EQ(c.distributed_type, DistributedType::Fsdp);
+  EXPECT_EQ(c.spec.strategy, zero::Strategy::HybridShard);
+  EXPECT_EQ(c.num_machines, 2);
+  EXPECT_EQ(c.spec.wrap.kind, zero::WrapPolicy::Kind::TypeName);
+  EXPECT_EQ(c.spec.wrap.type_names, (std::vector<std::string>{"BlockImpl", "MlpImpl"}));
+  EXPECT_EQ(c.mixed_precision, MixedPrecision::Bf16);
+}
+
+TEST(ConfigQuestions, BadAnswersAreExplainedAndAskedAgain) {
+  std::string transcript;
+  // "two" and 0 are not counts; 3 processes do not spread over 2 machines; "maybe" is not yes/no;
+  // "zero4" is not a strategy; SIZE_BASED_WRAP then 1e6 parameters.
+  const AcceleratorConfig c =
+      ask_and_parse("two\n2\n3\n0\n4\nmaybe\nno\nzero4\nshard_grad_op\nSIZE_BASED_WRAP\n1e6\n\n\n", &transcript);
+  EXPECT_NE(transcript.find("please answer a whole number from 1 to"), std::string::npos) << transcript;
+  EXPECT_NE(transcript.find("3 processes do not spread evenly over 2 machines"), std::string::npos);
+  EXPECT_NE(transcript.find("please answer yes or no"), std::string::npos);
+  EXPECT_NE(transcript.find("please answer one of: ddp, zero1"), std::string::npos);
+  EXPECT_EQ(c.spec.strategy, zero::Strategy::Zero2);
+  EXPECT_EQ(c.num_processes, 4);
+  EXPECT_FALSE(c.use_cpu);
+  EXPECT_EQ(c.spec.wrap.kind, zero::WrapPolicy::Kind::Size);
+  EXPECT_EQ(c.spec.wrap.min_num_params, 1000000);
+}
+
+TEST(ConfigQuestions, EndOfInputIsAnError) {
+  std::istringstream in("1\n2\n");
+  std::ostringstream out;
+  try {
+    ask_config_questions(in, out, 0);
+    FAIL() << "no error at end of input";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("input ended before the questions did"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ConfigQuestions, DefaultAnswersFollowTheDevices) {
+  const AcceleratorConfig cpu = parse_accelerate_yaml(config_yaml(default_answers(0, "no")), "d");
+  EXPECT_EQ(cpu.distributed_type, DistributedType::No);
+  EXPECT_EQ(cpu.num_processes, 1);
+  EXPECT_TRUE(cpu.use_cpu);
+  const AcceleratorConfig gpus = parse_accelerate_yaml(config_yaml(default_answers(8, "bf16")), "d");
+  EXPECT_EQ(gpus.distributed_type, DistributedType::MultiGpu);
+  EXPECT_EQ(gpus.num_processes, 8);
+  EXPECT_FALSE(gpus.use_cpu);
+  EXPECT_EQ(gpus.mixed_precision, MixedPrecision::Bf16);
+}
+
+TEST(ConfigExplain, HybridShardNamesItsGroupsAndWhatEachRankHolds) {
+  const AcceleratorConfig c = load_config_file(std::string(ACCEL_SOURCE_DIR) + "/configs/fsdp/hybrid_shard.yaml");
+  const std::string e = explain_config(c, 8, 2);
+  EXPECT_NE(e.find("FSDP HYBRID_SHARD"), std::string::npos) << e;
+  EXPECT_NE(e.find("8 processes on 2 machines, 4 per machine"), std::string::npos) << e;
+  EXPECT_NE(e.find("1/4 of it (sharded over the 4 ranks of its machine)"), std::string::npos) << e;
+  EXPECT_NE(e.find("all-reduce across the 2 machines"), std::string::npos) << e;
+  EXPECT_NE(e.find("{0..3}, {4..7}"), std::string::npos) << e;
+  EXPECT_NE(e.find("{0,4}, {1,5}, {2,6}, {3,7}"), std::string::npos) << e;
+}
+
+TEST(ConfigExplain, DeepSpeedJsonBatchTriadAndIgnoredKeys) {
+  const AcceleratorConfig c = parse_deepspeed_json(
+      R"({"train_batch_size": 32, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2},
+          "wall_clock_breakdown": true})",
+      "ds.json");
+  const std::string e = explain_config(c, 4, 1);
+  EXPECT_NE(e.find("DeepSpeed ZeRO stage 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("32 per optimizer step = 4 per rank x 2 micro-steps x 4 ranks"), std::string::npos) << e;
+  EXPECT_NE(e.find("1/4 of it (sharded over all 4 ranks)"), std::string::npos) << e;
+  EXPECT_NE(e.find("wall_clock_breakdown"), std::string::npos) << e;
+  // At 3 ranks the triad does not divide: explain says so instead of failing.
+  EXPECT_NE(explain_config(c, 3, 1).find("does not work out at this world size"), std::string::npos);
+}
+
+TEST(ConfigExplain, DdpReplicatesEverything) {
+  const AcceleratorConfig c = load_config_file(std::string(ACCEL_SOURCE_DIR) + "/configs/ddp.yaml");
+  const std::string e = explain_config(c);
+  EXPECT_NE(e.find("all of it (replicated on every rank)"), std::string::npos) << e;
+  EXPECT_NE(e.find("all-reduced (averaged)"), std::string::npos) << e;
+  EXPECT_EQ(e.find("Shard group"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace accel::cli
