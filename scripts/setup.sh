@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # accel setup: system packages, the pinned torch wheel in a reusable venv, configure and build.
 # Idempotent: each stage checks what is already there and skips it.
-#   scripts/setup.sh            everything, then the main job (accel env and the GPT example, 2 ranks)
+#   scripts/setup.sh            everything, then the main job (accel env, accel config explain, and the
+#                               GPT example started by accel launch on 2 ranks)
 #   scripts/setup.sh --no-run   everything but the main job (what the test command uses)
 # Environment: ACCEL_CACHE (default ~/.cache/accel) holds the venv; ACCEL_BUILD_TYPE (default Release).
 set -euo pipefail
@@ -88,8 +89,9 @@ say "build done in $(( $(date +%s) - start )) s"
 
 # --- 4. the main job -------------------------------------------------------------------------------
 if [ "$RUN_MAIN" = 1 ]; then
-  say "main job: accel env, then the GPT example under FSDP FULL_SHARD on 2 ranks"
+  say "main job: accel env, then what the FULL_SHARD config does and the GPT example under it on 2 ranks"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   mpirun --oversubscribe -np 2 "$BUILD/bin/accel" env
-  mpirun --oversubscribe -np 2 "$BUILD/bin/gpt_lm" --config_file "$ROOT/configs/fsdp/full_shard.yaml" --steps 40
+  "$BUILD/bin/accel" config explain "$ROOT/configs/fsdp/full_shard.yaml"
+  "$BUILD/bin/accel" launch --config_file "$ROOT/configs/fsdp/full_shard.yaml" "$BUILD/bin/gpt_lm" --steps 40
 fi

@@ -60,7 +60,7 @@ std::string strategy_name(const AcceleratorConfig& c) {
                       : s == Strategy::Zero3 ? "FULL_SHARD (like ZeRO-3)"
                       : s == Strategy::HybridShard ? "HYBRID_SHARD (ZeRO-3 inside each machine, replicated across machines)"
                                                    : "?";
-      return fmt::format("FSDP {} (FSDP version {})", n, c.fsdp_version);
+      return fmt::format("FSDP {}; FSDP version {}", n, c.fsdp_version);
     }
   }
   return "?";
