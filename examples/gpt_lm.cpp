@@ -2,6 +2,9 @@
 // units (accel::unit), so FULL_SHARD / ZeRO-3 keeps one block's parameters gathered at a time.
 // The loop has no strategy in it: the config file chooses DDP, ZeRO-1/2/3 or FSDP.
 //   mpirun -np 2 build/bin/gpt_lm --config_file configs/fsdp/full_shard.yaml
+// --comm_stats FILE: after training, the main process writes each rank's communication counters
+// there (common/comm_stats.h), with the model's sizes; the multi-node test checks them.
+#include "common/comm_stats.h"
 #include "common/datasets.h"
 #include "common/example_args.h"
 #include "models/gpt.h"
@@ -23,14 +26,17 @@ int main(int argc, char** argv) {
   args.steps = 40;
   add_common_options(app, args);
   std::int64_t layers = 2, d_model = 32, seq = 32;
+  const std::int64_t heads = 4;
+  std::string comm_stats;
   app.add_option("--layers", layers, "transformer blocks");
   app.add_option("--d_model", d_model, "model width");
+  app.add_option("--comm_stats", comm_stats, "write every rank's communication counters here (main process)");
   CLI11_PARSE(app, argc, argv);
   try {
     Accelerator acc(accelerator_options(args));
     CharCorpus corpus(40000, seq, args.seed);
     at::manual_seed(static_cast<std::int64_t>(args.seed));
-    auto model = std::make_shared<GPTImpl>(GPTConfig{corpus.vocab_size(), d_model, 4, layers, seq});
+    auto model = std::make_shared<GPTImpl>(GPTConfig{corpus.vocab_size(), d_model, heads, layers, seq});
     {
       c10::NoGradGuard no_grad;  // small embeddings (GPT-2's 0.02): the tied head starts near uniform
       model->tok->weight.normal_(0.0, 0.02);
@@ -66,6 +72,14 @@ int main(int argc, char** argv) {
       }
     }
     bar.close();
+    if (!comm_stats.empty()) {
+      std::int64_t params = 0;
+      for (const auto& p : model->parameters()) params += p.numel();
+      write_comm_stats(acc, comm_stats,
+                       {{"vocab", corpus.vocab_size()}, {"d_model", d_model}, {"heads", heads}, {"layers", layers},
+                        {"seq", seq}, {"params", params}, {"steps", args.steps},
+                        {"accumulation", acc.gradient_accumulation_steps()}});
+    }
     acc.end_training();
     return 0;
   } catch (const std::exception& e) {
