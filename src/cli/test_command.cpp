@@ -10,6 +10,7 @@
 
 #include "accelerator/accelerator.h"
 #include "cli/conformance.h"
+#include "cli/paths.h"
 #include "comm/communicator.h"
 #include "zero/spec.h"
 
@@ -53,13 +54,6 @@ bool under_launcher() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
     if (!env_or_empty(v).empty()) return true;
   return false;
-}
-
-// Where `accel config` writes: $ACCEL_HOME/default_config.yaml, else ~/.cache/accel/default_config.yaml.
-std::string default_config_path() {
-  if (std::string home = env_or_empty("ACCEL_HOME"); !home.empty()) return home + "/default_config.yaml";
-  if (std::string home = env_or_empty("HOME"); !home.empty()) return home + "/.cache/accel/default_config.yaml";
-  return "";
 }
 
 std::string absolute(const std::string& p) {

@@ -1,27 +1,25 @@
 # `accel estimate-memory`: unit tests of the arithmetic (in cli_tests) and runs of the real binary.
 target_sources(cli_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_estimate_memory.cpp)
 
-# The ZeRO paper's example: 7.5B parameters on 64 ranks -> 120, 31.4, 16.6 and 1.9 GB, in that order.
+# Each run checks its exit status and its output (tests/cli/expect.sh).
+set(_em_expect bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/expect.sh)
+
+# The ZeRO paper's example: 7.5B parameters on 64 ranks -> 120, 31.4, 16.6 and 1.9 GB.
 add_test(NAME cli_estimate_memory_paper
-         COMMAND ${ACCEL_CLI} estimate-memory --params 7.5e9 --num_processes 64)
-set_tests_properties(cli_estimate_memory_paper PROPERTIES PASS_REGULAR_EXPRESSION
-  "DDP \\(NO_SHARD\\) +120\\.0 .*ZeRO-1 +31\\.4 .*ZeRO-2 \\(SHARD_GRAD_OP\\) +16\\.6 .*ZeRO-3 \\(FULL_SHARD\\) +1\\.9 ")
+         COMMAND ${_em_expect} pass "DDP \\(NO_SHARD\\) +120\\.0 " "ZeRO-1 +31\\.4 " "ZeRO-2 \\(SHARD_GRAD_OP\\) +16\\.6 "
+                 "ZeRO-3 \\(FULL_SHARD\\) +1\\.9 " -- ${ACCEL_CLI} estimate-memory --params 7.5e9 --num_processes 64)
 
 # A 24 GB budget: ZeRO-2 is the least-sharded strategy that fits.
 add_test(NAME cli_estimate_memory_budget
-         COMMAND ${ACCEL_CLI} estimate-memory --params 7.5B --num_processes 64 --budget 24GB)
-set_tests_properties(cli_estimate_memory_budget PROPERTIES PASS_REGULAR_EXPRESSION
-  "ZeRO-1 +31\\.4 [^\n]*no, at any N.*ZeRO-2 \\(SHARD_GRAD_OP\\) +16\\.6 [^\n]*yes, 7\\.4 GB spare.*Recommendation: ZeRO-2")
+         COMMAND ${_em_expect} pass "ZeRO-1 +31\\.4 .*no, at any N" "ZeRO-2 \\(SHARD_GRAD_OP\\) +16\\.6 .*yes, 7\\.4 GB spare"
+                 "Recommendation: ZeRO-2" -- ${ACCEL_CLI} estimate-memory --params 7.5B --num_processes 64 --budget 24GB)
 
 # Optimizer offload: ZeRO-2 keeps its 2-byte parameters (15.0 GB), the CPU 16P/N (1.9 GB).
 add_test(NAME cli_estimate_memory_offload
-         COMMAND ${ACCEL_CLI} estimate-memory --params 7.5e9 --num_processes 64 --offload optimizer
-                 --dtype fp16 --optimizer adam)
-set_tests_properties(cli_estimate_memory_offload PROPERTIES PASS_REGULAR_EXPRESSION
-  "ZeRO-2 \\(SHARD_GRAD_OP\\) +15\\.0 +1\\.9 +2P +16P/N")
+         COMMAND ${_em_expect} pass "ZeRO-2 \\(SHARD_GRAD_OP\\) +15\\.0 +1\\.9 +2P +16P/N"
+                 -- ${ACCEL_CLI} estimate-memory --params 7.5e9 --num_processes 64 --offload optimizer --dtype fp16 --optimizer adam)
 
-# Bad input: a clear message on stderr and a non-zero exit (checked by the script, both).
-set(_em_fail bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/estimate_memory_expect_fail.sh)
+# Bad input: a clear message and a non-zero exit.
 set(_em_cases
   "unknown_flag|--foo|${ACCEL_CLI} estimate-memory --params 7.5e9 --foo 3"
   "missing_params|--params is required|${ACCEL_CLI} estimate-memory --num_processes 8"
@@ -40,7 +38,7 @@ foreach(_case IN LISTS _em_cases)
   list(GET _parts 1 _regex)
   list(GET _parts 2 _cmd)
   separate_arguments(_cmd UNIX_COMMAND "${_cmd}")
-  add_test(NAME cli_estimate_memory_bad_${_name} COMMAND ${_em_fail} "${_regex}" ${_cmd})
+  add_test(NAME cli_estimate_memory_bad_${_name} COMMAND ${_em_expect} fail "${_regex}" -- ${_cmd})
 endforeach()
 
 get_property(_em_tests DIRECTORY PROPERTY TESTS)

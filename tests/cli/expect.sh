@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# conformance_expect.sh pass|fail [REGEX|!REGEX]... -- COMMAND [ARGS...]
+# expect.sh pass|fail [REGEX|!REGEX]... -- COMMAND [ARGS...]
 #
 # Runs COMMAND and passes when its exit status is 0 (pass) or not 0 (fail) AND its output (stdout
 # and stderr together) matches every REGEX (grep -E) and none of the !REGEX. ctest's
-# PASS_REGULAR_EXPRESSION would ignore the exit status; `accel test` promises both a table and an
+# PASS_REGULAR_EXPRESSION would ignore the exit status; the `accel` subcommands promise both output and an
 # exit code, so both are checked here.
 set -u
 mode=$1
@@ -14,7 +14,7 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   shift
 done
 if [ $# -eq 0 ]; then
-  echo "usage: conformance_expect.sh pass|fail [REGEX|!REGEX]... -- COMMAND [ARGS...]" >&2
+  echo "usage: expect.sh pass|fail [REGEX|!REGEX]... -- COMMAND [ARGS...]" >&2
   exit 2
 fi
 shift
