@@ -144,7 +144,8 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
   }
   model->to(device_);
   {
-    // Every rank starts from rank 0's weights (as DDP does), whatever each rank's seed was.
+    // Every rank starts from rank 0's weights (as DDP does), whatever each rank's seed was. The
+    // engine broadcasts the contiguous parameters itself; the rest, and the buffers, are sent here.
     c10::NoGradGuard no_grad;
     auto sync = [&](const at::Tensor& t) {
       if (!t.defined() || num_processes() == 1) return;
@@ -152,7 +153,8 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
       world_->broadcast(c);
       if (!c.is_same(t)) t.detach().copy_(c);
     };
-    for (const auto& p : model->parameters()) sync(p);
+    for (const auto& p : model->parameters())
+      if (!p.is_contiguous()) sync(p);
     for (const auto& b : model->buffers()) sync(b);
   }
   zero::Prepared p = zero::prepare(model, optimizer, cfg_.spec, world_);
