@@ -703,7 +703,24 @@ void Engine::before_step() {
   if (in_backward_) throw std::logic_error("accel: optimizer step during backward");
 }
 
+std::pair<std::int64_t, std::int64_t> Engine::master_range(const Flat& f) const {
+  if (spec_.shards_optimizer()) return f.flat->layout().shard_range(f.flat->options().rank);
+  return {0, f.flat->layout().padded()};
+}
+
 void Engine::after_step() {
+  if (passthrough_) return;
+  params_from_masters();
+  // The step consumed the gradients: the next backward starts a new accumulation window.
+  for (auto& f : flats_) {
+    f.grad_live = false;
+    f.flat->detach_grads();
+    f.grad = at::Tensor();  // master.grad keeps it until zero_grad
+    f.master_grad_set = false;
+  }
+}
+
+void Engine::params_from_masters() {
   if (passthrough_) return;
   c10::NoGradGuard ng;
   std::vector<comm::WorkPtr> works;
@@ -724,13 +741,6 @@ void Engine::after_step() {
     }
   }
   for (auto& w : works) w->wait();
-  // The step consumed the gradients: the next backward starts a new accumulation window.
-  for (auto& f : flats_) {
-    f.grad_live = false;
-    f.flat->detach_grads();
-    f.grad = at::Tensor();  // master.grad keeps it until zero_grad
-    f.master_grad_set = false;
-  }
 }
 
 // ---------------------------------------------------------------------------------------------------

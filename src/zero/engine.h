@@ -32,6 +32,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torch::nn {
@@ -130,6 +131,16 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // --- the sharded optimizer's step calls these ---------------------------------------------------
   void before_step();
   void after_step();
+
+  // --- checkpoints -------------------------------------------------------------------------------
+  // The elements [begin, end) of f's flat buffer that f.master holds on this rank: its shard of the
+  // shard group where the optimizer is sharded, else the whole padded buffer. (Passthrough engines
+  // have no masters: the optimizer steps the parameters themselves.)
+  std::pair<std::int64_t, std::int64_t> master_range(const Flat& f) const;
+  // Collective. Writes every master into its compute buffer (converting the dtype) and all-gathers
+  // the parameters the strategy keeps replicated: the parameter half of after_step(), for masters
+  // that were overwritten (a loaded checkpoint). No-op in passthrough.
+  void params_from_masters();
 
   // Installs the autograd and unit hooks (prepare() does; needs the engine in a shared_ptr).
   void install_hooks();

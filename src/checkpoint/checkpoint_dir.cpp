@@ -1,0 +1,2 @@
+// (being written)
+#include "checkpoint/checkpoint_dir.h"

@@ -1,0 +1,2 @@
+// (being written)
+#include "checkpoint/model_export.h"

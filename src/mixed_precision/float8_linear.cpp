@@ -1,0 +1,2 @@
+// (being written)
+#include "mixed_precision/float8_linear.h"

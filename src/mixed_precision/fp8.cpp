@@ -1,0 +1,2 @@
+// (being written)
+#include "mixed_precision/fp8.h"
