@@ -1,1 +1,31 @@
-# (being written)
+# The safetensors reader/writer (src/checkpoint/safetensors.*), save_model / load_model
+# (src/checkpoint/model_export.*). Included from tests/CMakeLists.txt: CMAKE_CURRENT_SOURCE_DIR is tests/.
+
+# Single process: round trips, the Python `safetensors` package both ways, corrupted files, mutations.
+add_executable(safetensors_tests checkpoint/test_safetensors.cpp)
+target_include_directories(safetensors_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_link_libraries(safetensors_tests PRIVATE accel GTest::gtest GTest::gtest_main nlohmann_json::nlohmann_json)
+target_precompile_headers(safetensors_tests REUSE_FROM accel_tests)
+target_compile_definitions(safetensors_tests PRIVATE ACCEL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" ACCEL_PYTHON="${ACCEL_PYTHON}")
+
+set(ACCEL_ST_TESTS
+  units "SafetensorsRoundTrip.*:SafetensorsWriter.*:SafetensorsDtypes.*"
+  python "SafetensorsPython.*"
+  corrupt "SafetensorsCorrupt.*"
+  mutations "SafetensorsFuzz.*")
+while(ACCEL_ST_TESTS)
+  list(POP_FRONT ACCEL_ST_TESTS tname tfilter)
+  add_test(NAME checkpoint_safetensors_${tname} COMMAND $<TARGET_FILE:safetensors_tests> --gtest_filter=${tfilter})
+  set_tests_properties(checkpoint_safetensors_${tname} PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 300
+                       SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\] [1-9]")
+endwhile()
+
+# libFuzzer on the header parser, where clang++ with -fsanitize=fuzzer exists (run_fuzz.sh exits 77,
+# skipped, otherwise). A short smoke run; run_fuzz.sh with a longer time is the real campaign.
+find_program(ACCEL_CLANGXX NAMES clang++ clang++-16 clang++-15 clang++-14)
+if(ACCEL_CLANGXX)
+  add_test(NAME checkpoint_safetensors_libfuzzer_smoke
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/run_fuzz.sh 20 ${CMAKE_BINARY_DIR}/fuzz_safetensors)
+  set_tests_properties(checkpoint_safetensors_libfuzzer_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+                       ENVIRONMENT "CXX=${ACCEL_CLANGXX}")
+endif()
