@@ -1,1 +1,20 @@
-# (being written)
+# Mixed precision (src/mixed_precision/): the loss scaler, fp8 casting and the fp8 all-gather codec,
+# Float8Linear. One GoogleTest binary on every rank; ctest runs it at 1, 2 and 3 ranks.
+# (include()d from tests/CMakeLists.txt: CMAKE_CURRENT_SOURCE_DIR is tests/.)
+add_executable(mixed_precision_tests
+  test_main.cpp
+  mixed_precision/test_loss_scaler.cpp
+)
+target_include_directories(mixed_precision_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_link_libraries(mixed_precision_tests PRIVATE accel GTest::gtest)
+target_precompile_headers(mixed_precision_tests REUSE_FROM accel_tests)
+target_compile_definitions(mixed_precision_tests PRIVATE
+  ACCEL_MP_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}/mixed_precision")
+if(ACCEL_PYTHON)
+  # loss_scaler_reference.py (DeepSpeed's update_scale in Python) is the independent reference.
+  target_compile_definitions(mixed_precision_tests PRIVATE ACCEL_PYTHON="${ACCEL_PYTHON}")
+endif()
+foreach(np 1 2 3)
+  add_test(NAME mixed_precision_np${np} COMMAND ${ACCEL_MPIRUN} -np ${np} $<TARGET_FILE:mixed_precision_tests>)
+  set_tests_properties(mixed_precision_np${np} PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600)
+endforeach()
