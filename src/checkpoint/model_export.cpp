@@ -1,2 +1,453 @@
-// (being written)
+// save_model / load_model: a prepared model's full weights as Hugging Face-style safetensors files
+// (see model_export.h).
 #include "checkpoint/model_export.h"
+
+#include "base/memory.h"
+#include "base/progress.h"
+#include "checkpoint/safetensors.h"
+#include "zero/engine.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace accel::checkpoint {
+
+namespace {
+
+constexpr const char* kSingle = "model.safetensors";
+constexpr const char* kIndex = "model.safetensors.index.json";
+
+bool is_dir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+bool is_file(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+void mkdir_p(const std::string& dir) {
+  if (dir.empty() || is_dir(dir)) return;
+  auto slash = dir.find_last_of('/', dir.size() - 2);
+  if (slash != std::string::npos && slash > 0) mkdir_p(dir.substr(0, slash));
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    throw std::runtime_error("save_model: cannot create directory '" + dir + "': " + std::strerror(errno));
+  if (!is_dir(dir)) throw std::runtime_error("save_model: '" + dir + "' exists and is not a directory");
+}
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("save_model: cannot create '" + tmp + "': " + std::strerror(errno));
+  const char* p = text.data();
+  std::size_t n = text.size();
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      std::string e = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw std::runtime_error("save_model: cannot write '" + tmp + "': " + e);
+    }
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::string e = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("save_model: cannot write '" + path + "': " + e);
+  }
+}
+
+// model-00002-of-00005.safetensors
+std::string shard_name(std::size_t k, std::size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", k + 1, n);
+  return buf;
+}
+bool is_shard_name(const std::string& s) {
+  unsigned a = 0, b = 0;
+  char tail[32] = {};
+  return s.size() == std::string("model-00001-of-00001.safetensors").size() &&
+         std::sscanf(s.c_str(), "model-%5u-of-%5u.%31s", &a, &b, tail) == 3 && std::string(tail) == "safetensors";
+}
+
+std::string shape_str(at::IntArrayRef s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Every rank says whether it failed; returns true if any did. Collective over the world.
+bool any_failed(zero::Engine& engine, bool failed) {
+  at::Tensor flag = at::full({1}, failed ? 1 : 0, at::kInt);
+  engine.world().all_reduce(flag, {comm::ReduceOp::Max});
+  return flag.item<int>() != 0;
+}
+
+// The model's tensors in state_dict order: parameters, then buffers.
+std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& kv : model.named_parameters()) out.emplace_back(kv.key(), kv.value());
+  for (const auto& kv : model.named_buffers()) out.emplace_back(kv.key(), kv.value());
+  return out;
+}
+
+// TensorImpl of a flat's parameter -> (flat index, parameter index).
+std::unordered_map<const void*, std::pair<std::size_t, std::size_t>> flat_params(const zero::Engine& engine) {
+  std::unordered_map<const void*, std::pair<std::size_t, std::size_t>> out;
+  for (std::size_t fi = 0; fi < engine.flats().size(); ++fi) {
+    const auto& ps = engine.flats()[fi].flat->params();
+    for (std::size_t i = 0; i < ps.size(); ++i) out.emplace(ps[i].unsafeGetTensorImpl(), std::make_pair(fi, i));
+  }
+  return out;
+}
+
+// Saved from the master where it holds the weights in another dtype than the compute copy.
+bool save_from_master(const zero::Engine::Flat& f) {
+  return f.group >= 0 && f.master.defined() && f.master.scalar_type() != f.flat->options().dtype;
+}
+
+}  // namespace
+
+// --- save ----------------------------------------------------------------------------------------
+
+SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const std::string& dir,
+                           std::int64_t max_shard_size_bytes, const SaveModelOptions& options) {
+  if (max_shard_size_bytes <= 0)
+    throw std::invalid_argument("save_model(" + dir + "): max_shard_size must be > 0, got " +
+                                std::to_string(max_shard_size_bytes));
+  const bool writer_rank = engine.world().rank() == 0;
+  const auto& flats = engine.flats();
+  const auto where = flat_params(engine);
+
+  struct Item {
+    std::string name;
+    at::Tensor direct;  // defined: written from the model's tensor (buffers, parameters in no flat)
+    std::size_t flat = 0, index = 0;
+    c10::ScalarType dtype;
+    std::vector<std::int64_t> shape;
+    std::int64_t bytes = 0;
+    std::size_t file = 0;
+  };
+  std::vector<Item> items;
+  std::vector<std::vector<std::size_t>> by_param(flats.size());  // per flat: items, by parameter order
+  for (auto& [name, t] : model_tensors(model)) {
+    Item it;
+    it.name = name;
+    it.shape = t.sizes().vec();
+    if (auto w = where.find(t.unsafeGetTensorImpl()); w != where.end()) {
+      it.flat = w->second.first;
+      it.index = w->second.second;
+      const auto& f = flats[it.flat];
+      it.dtype = save_from_master(f) ? f.master.scalar_type() : f.flat->options().dtype;
+    } else {
+      it.direct = t.detach();
+      it.dtype = t.scalar_type();
+    }
+    it.bytes = t.numel() * static_cast<std::int64_t>(c10::elementSize(it.dtype));
+    items.push_back(std::move(it));
+  }
+  // Files: a new one when the next tensor would push the current one past max_shard_size.
+  SaveModelResult result;
+  std::vector<std::int64_t> file_bytes{0};
+  std::vector<std::size_t> file_count{0};
+  for (auto& it : items) {
+    if (file_count.back() > 0 && file_bytes.back() + it.bytes > max_shard_size_bytes) {
+      file_bytes.push_back(0);
+      file_count.push_back(0);
+    }
+    it.file = file_bytes.size() - 1;
+    file_bytes.back() += it.bytes;
+    ++file_count.back();
+    result.total_bytes += it.bytes;
+  }
+  const std::size_t nfiles = file_bytes.size();
+  for (std::size_t k = 0; k < nfiles; ++k) result.files.push_back(nfiles == 1 ? kSingle : shard_name(k, nfiles));
+  for (std::size_t i = 0; i < items.size(); ++i)
+    if (!items[i].direct.defined()) by_param[items[i].flat].push_back(i);
+  for (const auto& u : engine.units()) {
+    std::int64_t bytes = 0;
+    for (auto fi : u.flats) {
+      const auto& f = flats[fi];
+      const auto dt = save_from_master(f) ? f.master.scalar_type() : f.flat->options().dtype;
+      bytes += f.flat->layout().padded() * static_cast<std::int64_t>(c10::elementSize(dt));
+    }
+    result.largest_unit_bytes = std::max(result.largest_unit_bytes, bytes);
+  }
+
+  // Rank 0 opens every file (headers first). A failure is remembered, not thrown, so that rank 0
+  // keeps taking part in the gathers; the ranks agree on it at the end.
+  std::string error;
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers;
+  auto guard = [&](auto&& fn) {
+    if (!writer_rank || !error.empty()) return;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error = e.what();
+      writers.clear();  // abandons the temporaries
+    }
+  };
+  guard([&] {
+    mkdir_p(dir);
+    std::vector<std::vector<SafetensorsTensorSpec>> specs(nfiles);
+    for (const auto& it : items) specs[it.file].push_back({it.name, it.dtype, it.shape});
+    for (std::size_t k = 0; k < nfiles; ++k)
+      writers.push_back(std::make_unique<SafetensorsWriter>(dir + "/" + result.files[k], std::move(specs[k]),
+                                                            options.metadata));
+  });
+
+  c10::NoGradGuard no_grad;
+  ProgressBar bar(static_cast<std::int64_t>(flats.size()), "save_model", options.progress && writer_rank);
+  for (std::size_t fi = 0; fi < flats.size(); ++fi) {
+    const auto& f = flats[fi];
+    const sharding::FlatParam& fp = *f.flat;
+    at::Tensor buffer, temp;
+    {
+      memory::CategoryScope cat(memory::Category::Gathered);
+      if (save_from_master(f)) {
+        auto [b, e] = engine.master_range(f);
+        if (b == 0 && e == fp.layout().padded()) {
+          buffer = f.master;
+        } else {
+          temp = at::empty({fp.layout().padded()}, f.master.options());
+          engine.gather_group()->all_gather(f.master, temp);
+        }
+      } else if (fp.gathered()) {
+        buffer = fp.full();
+      } else {  // a sharded unit at rest: gather it into a temporary, one flat at a time
+        temp = at::empty({fp.layout().padded()}, fp.shard().options());
+        engine.gather_group()->all_gather(fp.shard(), temp);
+      }
+    }
+    if (temp.defined()) {
+      buffer = temp;
+      result.peak_gathered_bytes = std::max<std::int64_t>(result.peak_gathered_bytes, temp.nbytes());
+    }
+    guard([&] {
+      for (auto i : by_param[fi]) {
+        const Item& it = items[i];
+        const at::Tensor& p = fp.params()[it.index];
+        writers[it.file]->write(it.name, buffer.narrow(0, fp.layout().offset(it.index), p.numel()).view(p.sizes()));
+      }
+    });
+    temp = at::Tensor();
+    buffer = at::Tensor();
+    bar.update();
+  }
+  guard([&] {
+    for (const auto& it : items)
+      if (it.direct.defined()) writers[it.file]->write(it.name, it.direct);
+    for (auto& w : writers) w->finish();
+    const std::string index_path = dir + "/" + kIndex;
+    if (nfiles > 1) {
+      nlohmann::json weight_map = nlohmann::json::object();
+      for (const auto& it : items) weight_map[it.name] = result.files[it.file];
+      nlohmann::json index = {{"metadata", {{"total_size", result.total_bytes}}}, {"weight_map", weight_map}};
+      write_text_atomic(index_path, index.dump(2) + "\n");
+    }
+    // Files of an earlier save that this one does not list.
+    std::set<std::string> keep(result.files.begin(), result.files.end());
+    if (nfiles > 1) keep.insert(kIndex);
+    if (DIR* d = ::opendir(dir.c_str())) {
+      std::vector<std::string> stale;
+      while (dirent* e = ::readdir(d)) {
+        std::string n = e->d_name;
+        if ((n == kSingle || n == kIndex || is_shard_name(n)) && !keep.count(n)) stale.push_back(n);
+      }
+      ::closedir(d);
+      for (const auto& n : stale) ::unlink((dir + "/" + n).c_str());
+    }
+  });
+  bar.close();
+  if (any_failed(engine, !error.empty())) {
+    if (!error.empty()) throw std::runtime_error(error);
+    throw std::runtime_error("save_model(" + dir + "): rank 0 could not write the checkpoint (its error says why)");
+  }
+  return result;
+}
+
+// --- load ----------------------------------------------------------------------------------------
+
+ModelFiles resolve_model_files(const std::string& path_or_dir) {
+  ModelFiles out;
+  if (is_file(path_or_dir)) {
+    out.files.push_back(path_or_dir);
+    return out;
+  }
+  if (!is_dir(path_or_dir))
+    throw std::runtime_error("load_model: '" + path_or_dir + "' is neither a safetensors file nor a directory");
+  std::string dir = path_or_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (is_file(dir + "/" + kSingle)) {
+    out.files.push_back(dir + "/" + kSingle);
+    return out;
+  }
+  const std::string index_path = dir + "/" + kIndex;
+  if (!is_file(index_path))
+    throw std::runtime_error("load_model: directory '" + dir + "' holds neither " + kSingle + " nor " + kIndex);
+  std::ifstream in(index_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error("load_model: index '" + index_path + "' is not valid JSON: " + e.what());
+  }
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+    throw std::runtime_error("load_model: index '" + index_path + "' has no \"weight_map\" object");
+  std::set<std::string> files;
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+    const auto& v = it.value();
+    if (!v.is_string())
+      throw std::runtime_error("load_model: index '" + index_path + "': weight_map entry '" + it.key() +
+                               "' is not a file name");
+    const std::string f = v.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+      throw std::runtime_error("load_model: index '" + index_path + "': tensor '" + it.key() + "' maps to '" + f +
+                               "', which is not a file name inside the directory");
+    const std::string path = dir + "/" + f;
+    if (!files.count(path) && !is_file(path))
+      throw std::runtime_error("load_model: index '" + index_path + "' lists '" + f + "' (for tensor '" + it.key() +
+                               "'), which does not exist");
+    files.insert(path);
+    out.where[it.key()] = path;
+  }
+  out.files.assign(files.begin(), files.end());
+  return out;
+}
+
+LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const std::string& path_or_dir,
+                           const LoadModelOptions& options) {
+  LoadModelResult result;
+  std::string error;
+  std::map<std::string, SafetensorsFile> open;
+  std::map<std::string, const SafetensorsFile*> src;  // checkpoint tensor -> its file
+  const auto tensors = model_tensors(model);
+
+  // Phase 1: every check, nothing written.
+  try {
+    ModelFiles mf = resolve_model_files(path_or_dir);
+    result.files = mf.files;
+    for (const auto& f : mf.files) open.emplace(f, SafetensorsFile::open(f));
+    if (mf.where.empty()) {
+      const SafetensorsFile& f = open.begin()->second;
+      for (const auto& n : f.names()) src[n] = &f;
+    } else {
+      for (const auto& [name, path] : mf.where) {
+        const SafetensorsFile& f = open.at(path);
+        if (!f.contains(name))
+          throw std::runtime_error("load_model: the index of '" + path_or_dir + "' puts tensor '" + name + "' in '" +
+                                   path + "', but that file has no such tensor");
+        src[name] = &f;
+      }
+    }
+    std::set<std::string> in_model;
+    for (const auto& [name, t] : tensors) {
+      in_model.insert(name);
+      auto it = src.find(name);
+      if (it == src.end())
+        throw std::runtime_error("load_model: the checkpoint '" + path_or_dir + "' has no tensor '" + name +
+                                 "' (a " + shape_str(t.sizes()) + " tensor of the model)");
+      const SafetensorsEntry& e = it->second->entry(name);
+      if (e.shape != t.sizes().vec())
+        throw std::runtime_error("load_model: tensor '" + name + "' in '" + it->second->path() + "' has shape " +
+                                 shape_str(e.shape) + ", but the model's is " + shape_str(t.sizes()));
+      const c10::ScalarType dt = it->second->dtype(name);
+      if (dt != t.scalar_type() && !(at::isFloatingType(dt) && at::isFloatingType(t.scalar_type())))
+        throw std::runtime_error("load_model: tensor '" + name + "' in '" + it->second->path() + "' is " +
+                                 e.dtype + ", but the model's is " + c10::toString(t.scalar_type()) +
+                                 " (only floating-point tensors are converted)");
+    }
+    for (const auto& [name, f] : src)
+      if (!in_model.count(name))
+        throw std::runtime_error("load_model: tensor '" + name + "' in '" + f->path() +
+                                 "' is not a parameter or buffer of the model");
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (any_failed(engine, !error.empty()))
+    throw std::runtime_error(!error.empty() ? error
+                                            : "load_model(" + path_or_dir + "): another rank rejected the checkpoint");
+
+  // Phase 2: each rank reads what it keeps.
+  try {
+    c10::NoGradGuard no_grad;
+    const auto& flats = engine.flats();
+    const auto where = flat_params(engine);
+    std::vector<std::vector<std::string>> flat_names(flats.size());
+    for (std::size_t fi = 0; fi < flats.size(); ++fi) flat_names[fi].resize(flats[fi].flat->params().size());
+    for (const auto& [name, t] : tensors) {
+      auto w = engine.passthrough() ? where.end() : where.find(t.unsafeGetTensorImpl());
+      if (w != where.end()) {
+        auto& slot = flat_names[w->second.first][w->second.second];
+        if (slot.empty()) slot = name;  // a tied parameter is read once, under its first name
+      } else {
+        t.detach().copy_(src.at(name)->read(name));  // buffers; every parameter in passthrough
+      }
+      ++result.tensors;
+    }
+    ProgressBar bar(static_cast<std::int64_t>(flats.size()), "load_model",
+                    options.progress && engine.world().rank() == 0);
+    for (std::size_t fi = 0; fi < flats.size() && !engine.passthrough(); ++fi) {
+      const auto& f = flats[fi];
+      const sharding::FlatParam& fp = *f.flat;
+      // Copies the part of parameter i inside flat elements [b, e) into dst (which holds [b, e)).
+      auto fill = [&](std::int64_t b, std::int64_t e, const at::Tensor& dst) {
+        for (std::size_t i = 0; i < fp.params().size(); ++i) {
+          const std::string& name = flat_names[fi][i];
+          if (name.empty()) continue;
+          const std::int64_t off = fp.layout().offset(i), n = fp.params()[i].numel();
+          const std::int64_t lo = std::max(b, off), hi = std::min(e, off + n);
+          if (lo >= hi) continue;
+          dst.narrow(0, lo - b, hi - lo).copy_(src.at(name)->read_range(name, lo - off, hi - off));
+        }
+      };
+      if (f.group >= 0) {
+        auto [b, e] = engine.master_range(f);
+        fill(b, e, f.master);
+      } else if (fp.gathered()) {  // frozen, whole on this rank
+        fill(0, fp.layout().padded(), fp.full());
+        if (fp.options().sharded) {
+          auto [b, e] = fp.layout().shard_range(fp.options().rank);
+          fp.shard().copy_(fp.full().narrow(0, b, e - b));
+        }
+      } else {  // frozen, sharded at rest
+        auto [b, e] = fp.layout().shard_range(fp.options().rank);
+        fill(b, e, fp.shard());
+      }
+      bar.update();
+    }
+    bar.close();
+    for (const auto& [path, f] : open) result.bytes_read += f.bytes_read();
+  } catch (const std::exception& e) {
+    error = std::string(e.what()) + " (the model is partly loaded)";
+  }
+  if (any_failed(engine, !error.empty()))
+    throw std::runtime_error(!error.empty() ? error
+                                            : "load_model(" + path_or_dir + "): another rank failed to read the checkpoint");
+  engine.params_from_masters();
+  return result;
+}
+
+}  // namespace accel::checkpoint

@@ -29,3 +29,15 @@ if(ACCEL_CLANGXX)
   set_tests_properties(checkpoint_safetensors_libfuzzer_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
                        ENVIRONMENT "CXX=${ACCEL_CLANGXX}")
 endif()
+
+# Multi-rank: save_model / load_model under every strategy (one binary on every rank of an mpirun).
+add_executable(model_export_tests test_main.cpp checkpoint/test_model_export.cpp)
+target_include_directories(model_export_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/examples)
+target_link_libraries(model_export_tests PRIVATE accel GTest::gtest nlohmann_json::nlohmann_json)
+target_precompile_headers(model_export_tests REUSE_FROM accel_tests)
+target_compile_definitions(model_export_tests PRIVATE ACCEL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" ACCEL_PYTHON="${ACCEL_PYTHON}")
+foreach(np 1 2 3)
+  add_test(NAME checkpoint_save_model_np${np} COMMAND ${ACCEL_MPIRUN} -np ${np} $<TARGET_FILE:model_export_tests>)
+  set_tests_properties(checkpoint_save_model_np${np} PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600
+                       SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\] [1-9]")
+endforeach()

@@ -6,6 +6,8 @@
                                            index + shards); B: a reference file. Every tensor of B must be
                                            in A with the same dtype, shape and values, and nothing else;
                                            an index must list exactly the shards' tensors and total_size.
+  safetensors_interop.py perturb SRC DST   DST := SRC's tensors, floating ones mapped x -> 0.5 x + 0.125,
+                                           written by Python (what load_model tests load)
 
 The recipe is closed-form (arange-based) and mirrored in test_safetensors.cpp: both sides build the
 same tensors with the same torch kernels. Prints "OK ..." and exits 0, or prints what differs and
@@ -142,6 +144,12 @@ def main():
             print("FAIL\n" + "\n".join(bad))
             return 1
         print(f"OK {len(got)} tensors in {len(files)} file(s) equal the reference" + (" (index checked)" if idx else ""))
+        return 0
+    if mode == "perturb":
+        src = load_file(sys.argv[2])
+        out = {k: (v.double() * 0.5 + 0.125).to(v.dtype) if v.is_floating_point() else v.clone() for k, v in src.items()}
+        save_file(out, sys.argv[3], metadata={"format": "pt"})
+        print(f"OK wrote {len(out)} tensors")
         return 0
     raise SystemExit(f"unknown mode {mode}")
 
