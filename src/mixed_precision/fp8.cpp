@@ -1,2 +1,125 @@
-// (being written)
 #include "mixed_precision/fp8.h"
+
+#include "comm/communicator.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace accel::mixed_precision {
+
+namespace {
+// torchao's EPS: a positive amax below it is raised to it, so fp8_max / amax stays finite in fp32.
+constexpr double kMinAmax = 1e-12;
+
+void check_margin(int margin) {
+  if (margin < 0) throw std::invalid_argument("fp8: margin must be >= 0, got " + std::to_string(margin));
+}
+
+at::Tensor as_scalar_scale(const at::Tensor& scale, const at::Device& device) {
+  if (!scale.defined() || scale.numel() != 1)
+    throw std::invalid_argument("fp8: the scale must be a 1-element tensor");
+  return scale.reshape({}).to(device, at::kFloat);
+}
+}  // namespace
+
+at::ScalarType fp8_dtype(Fp8Format f) { return f == Fp8Format::E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2; }
+double fp8_max(Fp8Format f) { return f == Fp8Format::E4M3 ? 448.0 : 57344.0; }
+const char* to_string(Fp8Format f) { return f == Fp8Format::E4M3 ? "e4m3" : "e5m2"; }
+
+at::Tensor abs_max(const at::Tensor& x) {
+  if (x.numel() == 0) return at::zeros({}, x.options().dtype(at::kFloat));
+  // max|x| without materializing |x|; nan propagates (an inf-norm of a tensor holding nan is nan).
+  return at::linalg_vector_norm(x, std::numeric_limits<double>::infinity(), c10::nullopt, false, at::kFloat);
+}
+
+at::Tensor scale_from_amax(const at::Tensor& amax_t, Fp8Format f, int margin) {
+  check_margin(margin);
+  at::Tensor a = amax_t.to(at::kDouble);
+  at::Tensor s = (fp8_max(f) * std::ldexp(1.0, -margin)) / a.clamp_min(kMinAmax);
+  s = at::where(a == 0, at::ones_like(s), s);
+  s = at::where(at::isfinite(a), s, at::full_like(s, std::numeric_limits<double>::quiet_NaN()));
+  return s.to(at::kFloat);
+}
+
+double scale_from_amax(double a, Fp8Format f, int margin) {
+  check_margin(margin);
+  if (!std::isfinite(a)) return std::numeric_limits<double>::quiet_NaN();
+  if (a == 0) return 1.0;
+  // Rounded to fp32 like the tensor version, so both give the same scale.
+  return static_cast<double>(static_cast<float>(fp8_max(f) * std::ldexp(1.0, -margin) / std::max(a, kMinAmax)));
+}
+
+at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, Fp8Format f) {
+  if (!at::isFloatingType(x.scalar_type()))
+    throw std::invalid_argument("fp8 quantize: expected a floating tensor");
+  const double m = fp8_max(f);
+  at::Tensor y = at::mul(x.to(at::kFloat), as_scalar_scale(scale, x.device()));
+  y.clamp_(-m, m);  // explicit saturation: finite values never become inf/nan; +-inf -> +-max; nan stays
+  return y.to(fp8_dtype(f)).contiguous();
+}
+
+at::Tensor quantize(const at::Tensor& x, double scale, Fp8Format f) {
+  return quantize(x, at::full({}, scale, x.options().dtype(at::kFloat)), f);
+}
+
+at::Tensor dequantize(const at::Tensor& q, const at::Tensor& scale, at::ScalarType dtype) {
+  return at::div(q.to(at::kFloat), as_scalar_scale(scale, q.device())).to(dtype);
+}
+
+at::Tensor dequantize(const at::Tensor& q, double scale, at::ScalarType dtype) {
+  return dequantize(q, at::full({}, scale, q.options().dtype(at::kFloat)), dtype);
+}
+
+at::Tensor Fp8Tensor::dequantize(at::ScalarType dtype) const {
+  return mixed_precision::dequantize(data, scale, dtype);
+}
+
+at::Tensor Fp8Tensor::inv_scale() const { return at::reciprocal(scale.to(at::kFloat)); }
+
+Fp8Tensor quantize_dynamic(const at::Tensor& x, Fp8Format f, int margin) {
+  at::Tensor s = scale_from_amax(abs_max(x), f, margin);
+  return Fp8Tensor{quantize(x, s, f), s, f};
+}
+
+at::Tensor local_amaxes(const std::vector<at::Tensor>& shards) {
+  c10::Device device(c10::kCPU);
+  for (const auto& s : shards)
+    if (s.defined()) {
+      device = s.device();
+      break;
+    }
+  at::Tensor out = at::zeros({static_cast<std::int64_t>(shards.size())},
+                             at::TensorOptions().dtype(at::kFloat).device(device));
+  for (std::size_t i = 0; i < shards.size(); ++i)
+    if (shards[i].defined() && shards[i].numel() > 0) out[static_cast<std::int64_t>(i)].copy_(abs_max(shards[i]));
+  return out;
+}
+
+at::Tensor agree_scales(const at::Tensor& local, comm::Communicator& group, Fp8Format f, int margin) {
+  at::Tensor a = local.to(at::kFloat).reshape({-1}).clone();
+  group.all_reduce(a, {comm::ReduceOp::Max});
+  return scale_from_amax(a, f, margin);
+}
+
+comm::WorkPtr all_gather_fp8_async(const at::Tensor& shard, const at::Tensor& scale, Fp8Format f,
+                                   comm::Communicator& group, const at::Tensor& out) {
+  const std::int64_t k = shard.numel();
+  if (!out.defined() || out.scalar_type() != fp8_dtype(f) || out.numel() != k * group.size() || !out.is_contiguous())
+    throw std::invalid_argument(std::string("all_gather_fp8: out must be a contiguous ") + to_string(f) +
+                                " tensor of group.size() * shard.numel() = " + std::to_string(k * group.size()) +
+                                " elements");
+  at::Tensor q = quantize(shard.reshape({-1}), scale, f);
+  return group.all_gather_async(q, out.view({-1}));
+}
+
+Fp8Tensor all_gather_fp8(const at::Tensor& shard, const at::Tensor& scale, Fp8Format f, comm::Communicator& group) {
+  at::Tensor out = at::empty({shard.numel() * group.size()}, shard.options().dtype(fp8_dtype(f)));
+  all_gather_fp8_async(shard, scale, f, group, out)->wait();
+  return Fp8Tensor{out, scale.reshape({}).to(shard.device(), at::kFloat), f};
+}
+
+}  // namespace accel::mixed_precision
