@@ -1,2 +1,209 @@
-// (being written)
 #include "mixed_precision/float8_linear.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace accel::mixed_precision {
+
+namespace {
+
+// Per CUDA device: does at::_scaled_mm work there? Learned on first use (no CUDA headers needed):
+// a device below compute capability 8.9 makes _scaled_mm throw, after which Auto uses the emulation.
+std::mutex g_mu;
+std::unordered_map<int, bool> g_cuda_scaled_mm_ok;
+
+// (a.scale * b.scale)^-1 as the product of the two inverses, a 0-dim fp32 tensor: the same numbers
+// at::_scaled_mm receives as scale_a and scale_b.
+at::Tensor combined_inv_scale(const Fp8Tensor& a, const Fp8Tensor& b) {
+  return at::reciprocal(a.scale.to(at::kFloat).reshape({})) *
+         at::reciprocal(b.scale.to(a.data.device(), at::kFloat).reshape({}));
+}
+
+at::Tensor emulated_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype) {
+  at::Tensor acc = at::mm(a.data.to(at::kFloat), b.data.to(at::kFloat));
+  acc.mul_(combined_inv_scale(a, b));
+  return acc.to(out_dtype);
+}
+
+at::Tensor scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype) {
+  // cuBLASLt wants a row-major, b column-major.
+  at::Tensor A = a.data.contiguous();
+  at::Tensor B = b.data.t().contiguous().t();
+  at::Tensor sa = a.inv_scale().reshape({}).contiguous();
+  at::Tensor sb = b.inv_scale().to(A.device()).reshape({}).contiguous();
+  return at::_scaled_mm(A, B, sa, sb, c10::nullopt, c10::nullopt, out_dtype, /*use_fast_accum=*/false);
+}
+
+bool shapes_fit_scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b) {
+  // _scaled_mm needs the inner and output dims to be multiples of 16 (torchao pads them instead).
+  return a.data.size(1) % 16 == 0 && b.data.size(1) % 16 == 0;
+}
+
+}  // namespace
+
+at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype, Float8MatmulBackend backend) {
+  if (a.data.dim() != 2 || b.data.dim() != 2 || a.data.size(1) != b.data.size(0))
+    throw std::invalid_argument("float8_mm: expected a [M, K] and b [K, N]");
+  if (a.format == Fp8Format::E5M2 && b.format == Fp8Format::E5M2)
+    backend = Float8MatmulBackend::Emulated;  // no e5m2 x e5m2 GEMM in cuBLASLt; never used by Float8Linear
+  switch (backend) {
+    case Float8MatmulBackend::Emulated:
+      return emulated_mm(a, b, out_dtype);
+    case Float8MatmulBackend::ScaledMM:
+      return scaled_mm(a, b, out_dtype);
+    case Float8MatmulBackend::Auto:
+      break;
+  }
+  if (!a.data.is_cuda() || !shapes_fit_scaled_mm(a, b)) return emulated_mm(a, b, out_dtype);
+  const int dev = a.data.get_device();
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_cuda_scaled_mm_ok.find(dev);
+    if (it != g_cuda_scaled_mm_ok.end() && !it->second) return emulated_mm(a, b, out_dtype);
+  }
+  try {
+    at::Tensor out = scaled_mm(a, b, out_dtype);
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_cuda_scaled_mm_ok[dev] = true;
+    return out;
+  } catch (const c10::Error& e) {
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      auto it = g_cuda_scaled_mm_ok.find(dev);
+      if (it != g_cuda_scaled_mm_ok.end() && it->second) throw;  // worked before: a real error
+      g_cuda_scaled_mm_ok[dev] = false;
+    }
+    TORCH_WARN("accel Float8Linear: at::_scaled_mm is unavailable on cuda:", dev,
+               " (it needs compute capability >= 8.9); using the fp32 emulation of the fp8 matmuls. ",
+               e.what_without_backtrace());
+    return emulated_mm(a, b, out_dtype);
+  }
+}
+
+}  // namespace accel::mixed_precision
+
+namespace accel::nn {
+
+namespace {
+
+using mixed_precision::Float8MatmulBackend;
+using mixed_precision::Fp8Format;
+using mixed_precision::Fp8Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+Fp8Tensor transposed(const Fp8Tensor& t) { return Fp8Tensor{t.data.t(), t.scale, t.format}; }
+
+struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias_opt,
+                            const std::optional<at::Tensor>& weight_fp8_data,
+                            const std::optional<at::Tensor>& weight_fp8_scale, int64_t backend_i) {
+    // (Optional tensors: a C++ autograd Function rejects undefined at::Tensor inputs.)
+    const at::Tensor bias = bias_opt ? *bias_opt : at::Tensor();
+    const auto backend = static_cast<Float8MatmulBackend>(backend_i);
+    const std::int64_t in = weight.size(1), out_features = weight.size(0);
+    const at::Tensor x2 = input.reshape({-1, in});
+    const Fp8Tensor xq = mixed_precision::quantize_dynamic(x2, Fp8Format::E4M3);
+    const Fp8Tensor wq = weight_fp8_data
+                             ? Fp8Tensor{*weight_fp8_data, weight_fp8_scale->to(at::kFloat).reshape({}), Fp8Format::E4M3}
+                             : mixed_precision::quantize_dynamic(weight, Fp8Format::E4M3);
+    at::Tensor out = mixed_precision::float8_mm(xq, transposed(wq), input.scalar_type(), backend);
+    if (bias.defined()) out.add_(bias.to(out.scalar_type()));
+
+    ctx->saved_data["xq"] = xq.data;
+    ctx->saved_data["xs"] = xq.scale;
+    ctx->saved_data["wq"] = wq.data;
+    ctx->saved_data["ws"] = wq.scale;
+    ctx->saved_data["input_sizes"] = input.sizes().vec();
+    ctx->saved_data["input_dtype"] = static_cast<int64_t>(input.scalar_type());
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias.defined() ? bias.scalar_type() : at::kFloat);
+    ctx->saved_data["has_bias"] = bias.defined();
+    ctx->saved_data["backend"] = backend_i;
+
+    std::vector<int64_t> out_sizes = input.sizes().vec();
+    out_sizes.back() = out_features;
+    return out.reshape(out_sizes);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto backend = static_cast<Float8MatmulBackend>(ctx->saved_data["backend"].toInt());
+    const Fp8Tensor xq{ctx->saved_data["xq"].toTensor(), ctx->saved_data["xs"].toTensor(), Fp8Format::E4M3};
+    const Fp8Tensor wq{ctx->saved_data["wq"].toTensor(), ctx->saved_data["ws"].toTensor(), Fp8Format::E4M3};
+    const auto input_sizes = ctx->saved_data["input_sizes"].toIntVector();
+    const auto input_dtype = static_cast<at::ScalarType>(ctx->saved_data["input_dtype"].toInt());
+    const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
+    const auto bias_dtype = static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt());
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+
+    const std::int64_t out_features = wq.data.size(0);
+    const at::Tensor go = grad_outputs[0].reshape({-1, out_features});
+    const Fp8Tensor gq = mixed_precision::quantize_dynamic(go, Fp8Format::E5M2);
+
+    at::Tensor grad_input, grad_weight, grad_bias;
+    if (ctx->needs_input_grad(0))  // [M, N] @ [N, K]
+      grad_input = mixed_precision::float8_mm(gq, wq, input_dtype, backend).reshape(input_sizes);
+    if (ctx->needs_input_grad(1))  // [N, M] @ [M, K]
+      grad_weight = mixed_precision::float8_mm(transposed(gq), xq, weight_dtype, backend);
+    if (has_bias && ctx->needs_input_grad(2)) grad_bias = go.to(at::kFloat).sum(0).to(bias_dtype);
+    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+Float8LinearImpl::Float8LinearImpl(const torch::nn::LinearOptions& options_) : options(options_) { reset(); }
+
+void Float8LinearImpl::reset() {
+  weight = register_parameter("weight", at::empty({options.out_features(), options.in_features()}));
+  if (options.bias())
+    bias = register_parameter("bias", at::empty({options.out_features()}));
+  else
+    bias = register_parameter("bias", {}, /*requires_grad=*/false);
+  reset_parameters();
+}
+
+// torch::nn::LinearImpl::reset_parameters, step for step (same RNG draws, same bounds).
+void Float8LinearImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5));
+  if (bias.defined()) {
+    auto [fan_in, fan_out] = torch::nn::init::_calculate_fan_in_and_fan_out(weight);
+    (void)fan_out;
+    const auto bound = 1 / std::sqrt(fan_in);
+    torch::nn::init::uniform_(bias, -bound, bound);
+  }
+}
+
+void Float8LinearImpl::pretty_print(std::ostream& stream) const {
+  stream << std::boolalpha << "accel::nn::Float8Linear(in_features=" << options.in_features()
+         << ", out_features=" << options.out_features() << ", bias=" << options.bias() << ")";
+}
+
+at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
+  if (!at::isFloatingType(input.scalar_type()))
+    throw std::invalid_argument("Float8Linear: expected a floating input");
+  if (input.dim() < 1 || input.size(-1) != options.in_features())
+    throw std::invalid_argument("Float8Linear: input's last dimension is " +
+                                std::to_string(input.dim() ? input.size(-1) : 0) + ", expected in_features = " +
+                                std::to_string(options.in_features()));
+  std::optional<at::Tensor> wd, ws, b;
+  if (bias.defined()) b = bias;
+  if (weight_fp8) {
+    if (weight_fp8->format != Fp8Format::E4M3 || !weight_fp8->data.sizes().equals(weight.sizes()))
+      throw std::invalid_argument("Float8Linear: weight_fp8 must be an e4m3 tensor of the weight's shape");
+    wd = weight_fp8->data;
+    ws = weight_fp8->scale;
+  }
+  return Float8LinearFunction::apply(input, weight, b, wd, ws, static_cast<int64_t>(backend));
+}
+
+}  // namespace accel::nn

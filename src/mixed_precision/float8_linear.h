@@ -1,2 +1,78 @@
-// (being written)
+// accel::nn::Float8Linear — a drop-in for torch::nn::Linear that computes its three matmuls in fp8
+// (torchao's Float8Linear, "dynamic tensorwise" recipe):
+//   forward:      out         = fp8mm(q_e4m3(input), q_e4m3(weight)^T) + bias
+//   backward:     grad_input  = fp8mm(q_e5m2(grad_out), q_e4m3(weight))
+//                 grad_weight = fp8mm(q_e5m2(grad_out)^T, q_e4m3(input))
+//                 grad_bias   = grad_out summed over the batch (high precision, as torchao)
+// Each q() is a dynamic tensorwise quantization (fp8.h: scale = fp8_max / amax). The forward's fp8
+// input and weight are saved for backward (1 byte per element), not the high-precision tensors.
+//
+// fp8mm(a, b) = (float(a.data) @ float(b.data)) * (1/a.scale) * (1/b.scale), by one of two backends:
+//   * at::_scaled_mm (cuBLASLt fp8 GEMM) on CUDA devices that support it (compute capability >= 8.9),
+//     when the inner and output dims are multiples of 16;
+//   * an exact emulation everywhere else: the fp8 values converted to fp32 and multiplied with a
+//     fp32 matmul. Every product of two fp8 values is exact in fp32 (at most 4 x 4 significant bits,
+//     exponents well inside fp32's range), so the emulation equals an fp32-accumulating scaled_mm
+//     up to the order of summation.
+// Parameters "weight" [out, in] and "bias" [out] have Linear's names, shapes and initialization, so
+// state dicts interchange with torch::nn::Linear.
 #pragma once
+
+#include "mixed_precision/fp8.h"
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/options/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <optional>
+#include <ostream>
+
+namespace accel::mixed_precision {
+
+enum class Float8MatmulBackend {
+  Auto,      // at::_scaled_mm on a CUDA device that supports it (falls back once, with a warning,
+             // when it does not), the emulation otherwise
+  Emulated,  // always the fp32 emulation
+  ScaledMM,  // always at::_scaled_mm (an error where the device or shapes do not allow it; this
+             // libtorch also has a CPU implementation, which the tests use as a cross-check)
+};
+
+// a [M, K] @ b [K, N] for fp8 operands with their tensorwise scales:
+// (float(a.data) @ float(b.data)) * (1/a.scale) * (1/b.scale), returned in out_dtype. Any strides.
+at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype,
+                     Float8MatmulBackend backend = Float8MatmulBackend::Auto);
+
+}  // namespace accel::mixed_precision
+
+namespace accel::nn {
+
+class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
+ public:
+  Float8LinearImpl(std::int64_t in_features, std::int64_t out_features)
+      : Float8LinearImpl(torch::nn::LinearOptions(in_features, out_features)) {}
+  explicit Float8LinearImpl(const torch::nn::LinearOptions& options_);
+
+  // Registers "weight" and "bias" (an undefined "bias" without bias, as Linear does) and
+  // initializes them as torch::nn::Linear does.
+  void reset() override;
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
+
+  // input [..., in_features] -> [..., out_features], in input's dtype (floating). Differentiable
+  // with respect to input, weight and bias.
+  at::Tensor forward(const at::Tensor& input);
+
+  torch::nn::LinearOptions options;
+  at::Tensor weight;
+  at::Tensor bias;
+  mixed_precision::Float8MatmulBackend backend = mixed_precision::Float8MatmulBackend::Auto;
+  // The weight already in e4m3 with its scale (what an fp8 all-gather of the unit delivers: see
+  // fp8.h). When set, forward uses it instead of quantizing `weight`, which must then hold the
+  // matching values (dequantized); grad_weight still goes to `weight`. The owner sets it for each
+  // forward (after each gather) and clears it when the weight changes.
+  std::optional<mixed_precision::Fp8Tensor> weight_fp8;
+};
+
+TORCH_MODULE(Float8Linear);
+
+}  // namespace accel::nn

@@ -4,6 +4,8 @@
 add_executable(mixed_precision_tests
   test_main.cpp
   mixed_precision/test_loss_scaler.cpp
+  mixed_precision/test_fp8.cpp
+  mixed_precision/test_float8_linear.cpp
 )
 target_include_directories(mixed_precision_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(mixed_precision_tests PRIVATE accel GTest::gtest)
