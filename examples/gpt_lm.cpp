@@ -49,9 +49,11 @@ int main(int argc, char** argv) {
               corpus.vocab_size(), " tokens, ", loader.dataset_size(), " windows, ", acc.engine()->units().size(),
               " units");
 
+    maybe_resume(acc, args);
+
     LossLog log(acc, args.log_file);
-    ProgressBar bar(args.steps, "train", acc.is_local_main_process());
-    std::int64_t step = 0;
+    ProgressBar bar(args.steps - acc.step(), "train", acc.is_local_main_process());
+    std::int64_t step = acc.step();
     double window_loss = 0;
     while (step < args.steps) {
       for (const Batch& b : loader) {
@@ -68,10 +70,12 @@ int main(int argc, char** argv) {
         std::snprintf(post, sizeof post, "loss %.4f", window_loss);
         bar.update(1, post);
         window_loss = 0;
+        maybe_checkpoint(acc, args);
         if (step == args.steps) break;
       }
     }
     bar.close();
+    maybe_save_final(acc, args);
     if (!comm_stats.empty()) {
       std::int64_t params = 0;
       for (const auto& p : model->parameters()) params += p.numel();

@@ -4,6 +4,12 @@
 //   --config_file F   overrides ACCEL_CONFIG_FILE (set by `accel launch`)
 //   --log_file F      the main process writes "step <i> loss <x>" per optimizer step
 //   --seed S          data order and initial weights
+// Checkpoints (as Accelerate's examples do them):
+//   --project_dir D             automatic checkpoints go to D/checkpoints/checkpoint_<i>
+//   --checkpointing_steps N     save_state every N optimizer steps
+//   --total_limit K             keep the newest K automatic checkpoints
+//   --resume_from_checkpoint C  load_state(C) first; "latest" = the newest automatic checkpoint
+//   --save_state_to D           save_state(D) once training ends
 #pragma once
 
 #include "accelerator/accelerator.h"
@@ -23,6 +29,9 @@ struct ExampleArgs {
   std::int64_t batch = 16;
   std::string config_file, log_file;
   std::uint64_t seed = 0;
+  std::string project_dir, resume_from_checkpoint, save_state_to;
+  std::int64_t checkpointing_steps = 0;
+  int total_limit = 0;
 };
 
 inline void add_common_options(CLI::App& app, ExampleArgs& a) {
@@ -31,12 +40,42 @@ inline void add_common_options(CLI::App& app, ExampleArgs& a) {
   app.add_option("--config_file", a.config_file, "accel/Accelerate YAML or DeepSpeed JSON (default: ACCEL_CONFIG_FILE)");
   app.add_option("--log_file", a.log_file, "write 'step <i> loss <x>' lines here (main process)");
   app.add_option("--seed", a.seed, "data order and initial weights");
+  app.add_option("--project_dir", a.project_dir, "automatic checkpoints go to PROJECT_DIR/checkpoints/checkpoint_<i>");
+  app.add_option("--checkpointing_steps", a.checkpointing_steps, "save_state every N optimizer steps (0: never)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--total_limit", a.total_limit, "keep the newest K automatic checkpoints (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--resume_from_checkpoint", a.resume_from_checkpoint,
+                 "load this checkpoint first (\"latest\": the newest in PROJECT_DIR/checkpoints)");
+  app.add_option("--save_state_to", a.save_state_to, "save_state to this directory once training ends");
 }
 
 inline AcceleratorOptions accelerator_options(const ExampleArgs& a) {
   AcceleratorOptions o;
   if (!a.config_file.empty()) o.config_file = a.config_file;
+  o.project_dir = a.project_dir;
+  o.total_limit = a.total_limit;
   return o;
+}
+
+// After prepare(): resumes from --resume_from_checkpoint (the loaders continue where they were).
+inline void maybe_resume(Accelerator& acc, const ExampleArgs& a) {
+  if (a.resume_from_checkpoint.empty()) return;
+  acc.load_state(a.resume_from_checkpoint == "latest" ? std::string() : a.resume_from_checkpoint);
+  acc.print("resumed from ", a.resume_from_checkpoint, " at step ", acc.step());
+}
+
+// Once training ends: --save_state_to.
+inline void maybe_save_final(Accelerator& acc, const ExampleArgs& a) {
+  if (!a.save_state_to.empty()) acc.save_state(a.save_state_to);
+}
+
+// After each optimizer step: save_state every --checkpointing_steps steps.
+inline void maybe_checkpoint(Accelerator& acc, const ExampleArgs& a) {
+  if (a.checkpointing_steps > 0 && acc.step() % a.checkpointing_steps == 0) {
+    if (a.project_dir.empty()) throw std::invalid_argument("--checkpointing_steps needs --project_dir");
+    acc.save_state();
+  }
 }
 
 // One line per optimizer step on the main process.
@@ -52,7 +91,8 @@ class LossLog {
     if (f_) std::fclose(f_);
   }
   void write(std::int64_t step, double loss) {
-    if (f_) std::fprintf(f_, "step %lld loss %.9g\n", static_cast<long long>(step), loss);
+    // %.17g: the exact double, so resumed runs can be compared bit for bit.
+    if (f_) std::fprintf(f_, "step %lld loss %.17g\n", static_cast<long long>(step), loss);
   }
 
  private:

@@ -1,5 +1,7 @@
 #include "accelerator/accelerator.h"
 
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/sharded_state.h"
 #include "zero/sharded_optimizer.h"
 
 #include <ATen/ATen.h>
@@ -47,6 +49,7 @@ void AcceleratedOptimizer::step() {
   state_->step_was_skipped = false;
   if (clip_ && *clip_ > 0) engine_->clip_grad_norm(*clip_);
   inner_->step();
+  ++state_->optimizer_steps;
 }
 
 void AcceleratedOptimizer::zero_grad(bool set_to_none) {
@@ -57,6 +60,11 @@ void AcceleratedOptimizer::zero_grad(bool set_to_none) {
 void AcceleratedScheduler::step() {
   if (!state_->sync_gradients || state_->step_was_skipped) return;
   inner_->step();
+  ++steps_;
+}
+
+void AcceleratedScheduler::fast_forward(std::int64_t n) {
+  for (; steps_ < n; ++steps_) inner_->step();
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -98,7 +106,7 @@ void check_supported(AcceleratorConfig& cfg, c10::Device device) {
 }
 }  // namespace
 
-Accelerator::Accelerator(AcceleratorOptions opts) {
+Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
   ConfigOverrides ov;
   ov.config_file = opts.config_file;
   ov.mixed_precision = opts.mixed_precision;
@@ -162,12 +170,14 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
   engine_ = p.engine;
   std::optional<double> clip;
   if (cfg_.gradient_clipping && *cfg_.gradient_clipping > 0) clip = cfg_.gradient_clipping;
+  optimizer_ = p.optimizer;
   return std::make_shared<AcceleratedOptimizer>(p.optimizer, engine_, state_, clip);
 }
 
 std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(std::shared_ptr<torch::optim::LRScheduler> s) {
   if (!s) throw std::invalid_argument("Accelerator::prepare_scheduler: null scheduler");
-  return std::make_shared<AcceleratedScheduler>(std::move(s), state_);
+  scheduler_ = std::make_shared<AcceleratedScheduler>(std::move(s), state_);
+  return scheduler_;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -359,6 +369,76 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict() {
   }
   for (const auto& kv : model_->named_buffers()) out.emplace_back(kv.key(), kv.value().detach().to(c10::kCPU).clone());
   return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Checkpoints
+
+std::string Accelerator::save_state(const std::string& dir_in) {
+  if (!model_) throw std::logic_error("Accelerator::save_state: prepare a model first");
+  std::string dir = dir_in;
+  if (dir.empty()) {
+    if (opts_.project_dir.empty())
+      throw std::invalid_argument("Accelerator::save_state: give a directory, or set AcceleratorOptions::project_dir");
+    // Rank 0's view of the next name decides (the others may list the directory a moment later).
+    at::Tensor next = at::full({1}, 0, at::kLong);
+    if (is_main_process()) {
+      const auto existing = checkpoint::automatic_checkpoints(opts_.project_dir);
+      next.fill_(existing.empty() ? 0 : existing.back().first + 1);
+    }
+    if (num_processes() > 1) world_->broadcast(next, {0});
+    dir = opts_.project_dir + "/checkpoints/checkpoint_" + std::to_string(next.item<std::int64_t>());
+  }
+  checkpoint::TrainingState t;
+  t.step = state_->optimizer_steps;
+  if (scheduler_) t.scheduler_steps = scheduler_->steps();
+  if (optimizer_)
+    for (auto& g : optimizer_->param_groups()) t.lrs.push_back(g.options().get_lr());
+  for (const auto& l : state_->loaders)  // a resume not yet started is still the position
+    t.loaders.push_back(l->resume_epoch >= 0 ? checkpoint::LoaderPosition{l->resume_epoch, l->resume_skip}
+                                             : checkpoint::LoaderPosition{l->epoch, l->batches_consumed});
+  if (is_main_process())
+    for (const auto& [name, r] : registered_) t.objects[name] = r.save();
+  checkpoint::save_atomically(dir, *world_, [&](const std::string& partial) {
+    checkpoint::write_state(partial, *engine_, *model_, optimizer_.get(), t, *world_);
+  });
+  if (dir_in.empty() && opts_.total_limit > 0 && is_main_process())
+    checkpoint::apply_total_limit(opts_.project_dir, opts_.total_limit);
+  if (num_processes() > 1) world_->barrier();
+  return dir;
+}
+
+void Accelerator::load_state(const std::string& dir_in) {
+  if (!model_) throw std::logic_error("Accelerator::load_state: prepare the model (and optimizer) first");
+  std::string dir = dir_in;
+  if (dir.empty()) {
+    if (opts_.project_dir.empty())
+      throw std::invalid_argument("Accelerator::load_state: give a directory, or set AcceleratorOptions::project_dir");
+    const auto existing = checkpoint::automatic_checkpoints(opts_.project_dir);
+    if (existing.empty())
+      throw checkpoint::CheckpointError("no checkpoint in " + opts_.project_dir + "/checkpoints to load");
+    dir = existing.back().second;
+  }
+  const checkpoint::TrainingState t = checkpoint::read_state(dir, *engine_, *model_, optimizer_.get(), *world_);
+  state_->optimizer_steps = t.step;
+  if (scheduler_ && t.scheduler_steps) scheduler_->fast_forward(*t.scheduler_steps);
+  if (optimizer_ && t.lrs.size() == optimizer_->param_groups().size())
+    for (std::size_t g = 0; g < t.lrs.size(); ++g) optimizer_->param_groups()[g].options().set_lr(t.lrs[g]);
+  for (std::size_t i = 0; i < state_->loaders.size() && i < t.loaders.size(); ++i) {
+    state_->loaders[i]->resume_epoch = t.loaders[i].epoch;
+    state_->loaders[i]->resume_skip = t.loaders[i].batches_consumed;
+  }
+  for (const auto& [name, bytes] : t.objects)
+    if (auto it = registered_.find(name); it != registered_.end()) it->second.load(bytes);
+}
+
+void Accelerator::register_for_checkpointing(const std::string& name, std::function<std::string()> save,
+                                             std::function<void(const std::string&)> load) {
+  if (name.empty() || name.find_first_of("/\\") != std::string::npos)
+    throw std::invalid_argument("Accelerator::register_for_checkpointing: '" + name +
+                                "' is not a usable name (non-empty, no slashes)");
+  if (!save || !load) throw std::invalid_argument("Accelerator::register_for_checkpointing: give both functions");
+  registered_[name] = {std::move(save), std::move(load)};
 }
 
 void Accelerator::end_training() {

@@ -38,6 +38,7 @@
 
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -56,6 +57,10 @@ struct AcceleratorOptions {
   // Name the config keys that have no effect here, in one line on the main process (at construction;
   // config().ignored says why for each).
   bool report_ignored_keys = true;
+  // Checkpoints (Accelerate's ProjectConfiguration): save_state()/load_state() without a directory
+  // use <project_dir>/checkpoints/checkpoint_<i>, keeping at most total_limit of them (0: all).
+  std::string project_dir;
+  int total_limit = 0;
 };
 
 // What the training loop and the Accelerator share about the current micro-step.
@@ -64,6 +69,7 @@ struct GradientState {
   std::int64_t step = 0;       // micro-steps since the last sync
   bool sync_gradients = true;  // this micro-step reduces and steps
   bool step_was_skipped = false;
+  std::int64_t optimizer_steps = 0;  // steps the optimizer took (saved in checkpoints)
   std::vector<std::shared_ptr<LoaderState>> loaders;  // prepared loaders
   bool end_of_dataloader() const;
   std::int64_t remainder() const;  // of the loader currently iterating, -1 if none or no padding
@@ -99,10 +105,15 @@ class AcceleratedScheduler {
       : inner_(std::move(inner)), state_(std::move(state)) {}
   void step();
   torch::optim::LRScheduler& inner() { return *inner_; }
+  std::int64_t steps() const { return steps_; }
+  // Resuming: steps the inner scheduler until it has taken n steps in all (schedules are functions
+  // of the step count), as if the training had run them.
+  void fast_forward(std::int64_t n);
 
  private:
   std::shared_ptr<torch::optim::LRScheduler> inner_;
   std::shared_ptr<GradientState> state_;
+  std::int64_t steps_ = 0;
 };
 
 // Builds a scheduler over the prepared optimizer (prepare's 4-argument form).
@@ -269,6 +280,24 @@ class Accelerator {
   // Waits for every rank; afterwards the Accelerator does no more collectives.
   void end_training();
 
+  // --- checkpoints (src/checkpoint/) ----------------------------------------------------------------
+  // Collective. Saves the model and optimizer state sharded (each rank writes its own shards, with
+  // an index of every parameter's full shape and where each slice lives), the scheduler, the
+  // loaders' positions, every rank's RNG state, the step counter and the registered objects.
+  // Atomic: written beside `dir` and renamed into place, so a crash leaves the previous checkpoint
+  // intact. Without `dir`: the next <project_dir>/checkpoints/checkpoint_<i>. Returns the directory.
+  std::string save_state(const std::string& dir = "");
+  // Collective. Loads a checkpoint saved at any world size under any strategy (resharding on load,
+  // optimizer moments included); the prepared loaders resume where they were. Without `dir`: the
+  // newest automatic checkpoint. Throws checkpoint::CheckpointError naming the file and the problem,
+  // with nothing changed, for a missing, truncated or corrupted checkpoint.
+  void load_state(const std::string& dir = "");
+  // Saved by rank 0 with every checkpoint and handed back on load_state (on every rank).
+  void register_for_checkpointing(const std::string& name, std::function<std::string()> save,
+                                  std::function<void(const std::string&)> load);
+  // Optimizer steps taken (restored by load_state).
+  std::int64_t step() const { return state_->optimizer_steps; }
+
  private:
   template <class M>
   static std::shared_ptr<torch::nn::Module> module_ptr(torch::nn::ModuleHolder<M>& m) { return m.ptr(); }
@@ -289,6 +318,14 @@ class Accelerator {
   std::shared_ptr<GradientState> state_ = std::make_shared<GradientState>();
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<zero::Engine> engine_;
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;  // the prepared (inner) optimizer
+  std::shared_ptr<AcceleratedScheduler> scheduler_;
+  struct Registered {
+    std::function<std::string()> save;
+    std::function<void(const std::string&)> load;
+  };
+  std::map<std::string, Registered> registered_;
+  AcceleratorOptions opts_;
   std::optional<zero::Engine::NoSync> no_sync_;
   bool trigger_ = false;
   bool ended_ = false;

@@ -48,6 +48,10 @@ struct LoaderState {
   bool end_of_dataloader = false;  // the batch last yielded is the epoch's last
   // Real samples in the last global batch when it was padded (even_batches); -1: no padding.
   std::int64_t remainder = -1;
+  // The loader's position, kept current by the loader (what save_state records).
+  std::int64_t epoch = 0, batches_consumed = 0;
+  // Set by load_state: the next iteration starts at batch resume_skip of epoch resume_epoch.
+  std::int64_t resume_epoch = -1, resume_skip = 0;
 };
 
 // Pure arithmetic: which dataset indices rank `rank` of `world` reads in each batch of an epoch.
@@ -98,10 +102,14 @@ class DataLoader {
     plan_ = std::make_shared<ShardPlan>(size_, opts_, rank, world);
     device_ = device;
     state_ = std::move(state);
+    publish();
   }
 
   // Epoch used by the next iteration (shuffling); iterating advances it by one.
-  void set_epoch(std::int64_t epoch) { epoch_ = epoch; }
+  void set_epoch(std::int64_t epoch) {
+    epoch_ = epoch;
+    publish();
+  }
   std::int64_t epoch() const { return epoch_; }
   // Batches yielded so far in the current epoch (skipped ones included): the resume position.
   std::int64_t batches_consumed() const { return consumed_; }
@@ -146,6 +154,12 @@ class DataLoader {
 
   // One epoch. Not reentrant: one iteration at a time per loader.
   Iterator begin() {
+    if (state_->resume_epoch >= 0) {  // resuming from a checkpoint (Accelerator::load_state)
+      epoch_ = state_->resume_epoch;
+      skip_ = std::max(skip_, state_->resume_skip);
+      state_->resume_epoch = -1;
+      state_->resume_skip = 0;
+    }
     batches_ = plan_->batches(epoch_);
     const std::size_t start = static_cast<std::size_t>(std::min<std::int64_t>(skip_, batches_.size()));
     skip_ = 0;
@@ -155,6 +169,7 @@ class DataLoader {
     state_->in_epoch = start < batches_.size();
     state_->end_of_dataloader = false;
     state_->remainder = plan_->remainder();
+    publish();
     if (start >= batches_.size()) finish_epoch();
     return Iterator(this, start);
   }
@@ -166,6 +181,7 @@ class DataLoader {
     ex.reserve(batches_[i].size());
     for (std::int64_t idx : batches_[i]) ex.push_back(dataset_->get(static_cast<std::size_t>(idx)));
     consumed_ = static_cast<std::int64_t>(i) + 1;
+    publish();
     state_->end_of_dataloader = i + 1 == batches_.size();
     return collate(ex, device_);
   }
@@ -173,6 +189,11 @@ class DataLoader {
     state_->in_epoch = false;
     ++epoch_;
     consumed_ = 0;
+    publish();
+  }
+  void publish() {
+    state_->epoch = epoch_;
+    state_->batches_consumed = consumed_;
   }
 
   std::shared_ptr<Dataset> dataset_;

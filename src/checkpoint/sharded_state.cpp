@@ -1,2 +1,592 @@
-// (being written)
 #include "checkpoint/sharded_state.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+namespace accel::checkpoint {
+namespace {
+
+using nlohmann::json;
+constexpr const char* kFormat = "accel-checkpoint";
+constexpr int kVersion = 1;
+
+// --- small helpers ---------------------------------------------------------------------------------
+
+std::uint32_t crc32(const void* data, std::size_t n, std::uint32_t crc = 0) {
+  static const std::array<std::uint32_t, 256> table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  crc = ~crc;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+const std::vector<c10::ScalarType>& known_dtypes() {
+  static const std::vector<c10::ScalarType> d{c10::kFloat, c10::kDouble, c10::kHalf,  c10::kBFloat16, c10::kLong,
+                                              c10::kInt,   c10::kShort,  c10::kChar,  c10::kByte,     c10::kBool};
+  return d;
+}
+
+c10::ScalarType dtype_from(const std::string& s, const std::string& file) {
+  for (auto t : known_dtypes())
+    if (s == c10::toString(t)) return t;
+  throw CheckpointError(file + ": unknown dtype '" + s + "'");
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw CheckpointError("cannot read " + path + ": " + std::strerror(errno));
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+void write_file_synced(const std::string& path, const void* data, std::size_t n) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw CheckpointError("cannot create " + path + ": " + std::strerror(errno));
+  const char* p = static_cast<const char*>(data);
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::write(fd, p + done, n - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      throw CheckpointError("cannot write " + path + ": " + why);
+    }
+    done += static_cast<std::size_t>(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) throw CheckpointError("cannot sync " + path + ": " + std::strerror(errno));
+}
+
+std::string rank_file(const char* stem, int rank, const char* ext) {
+  return std::string(stem) + "_" + std::to_string(rank) + ext;
+}
+
+// --- what this rank holds: segments of parameters --------------------------------------------------
+
+// A piece [lo, hi) of a parameter (viewed flat) held by this rank: where its values live (a 1-D
+// view into a master, a flat buffer or the parameter) and where its optimizer state is keyed.
+struct Segment {
+  std::string name;
+  std::vector<std::int64_t> shape;  // the parameter's full shape
+  std::int64_t lo = 0, hi = 0;
+  at::Tensor values;
+  at::Tensor key;              // the tensor the optimizer keys its state by; undefined: none
+  std::int64_t key_offset = 0;  // where [lo, hi) starts inside key (flat)
+  bool writer = false;         // this rank writes the segment (replicated state is written once)
+};
+
+std::vector<Segment> segments_of(const zero::Engine& e, int world_rank) {
+  std::vector<Segment> out;
+  const auto& repl = e.replicate_group();
+  const bool first_replica = !repl || repl->rank() == 0;
+  for (const auto& f : e.flats()) {
+    const sharding::FlatParam& fp = *f.flat;
+    const auto& layout = fp.layout();
+    at::Tensor src;
+    std::int64_t b = 0, end = layout.padded();
+    bool writer = false;
+    if (e.passthrough()) {
+      for (std::size_t i = 0; i < fp.params().size(); ++i) {
+        const at::Tensor& p = fp.params()[i];
+        Segment s{fp.names()[i], p.sizes().vec(), 0, p.numel(), p.detach().view({-1}), {}, 0, world_rank == 0};
+        if (p.requires_grad() && f.group >= 0) s.key = p;
+        out.push_back(std::move(s));
+      }
+      continue;
+    }
+    if (f.master.defined()) {
+      std::tie(b, end) = e.master_range(f);
+      src = f.master;
+      writer = e.spec().shards_optimizer() ? first_replica : world_rank == 0;
+    } else if (fp.options().sharded) {
+      std::tie(b, end) = layout.shard_range(fp.options().rank);
+      src = fp.shard();
+      writer = first_replica;
+    } else {
+      src = fp.full();
+      writer = world_rank == 0;
+    }
+    for (std::size_t i = 0; i < fp.params().size(); ++i) {
+      const std::int64_t off = layout.offset(static_cast<int>(i)), n = fp.params()[i].numel();
+      const std::int64_t lo = std::max(b, off), hi = std::min(end, off + n);
+      if (lo >= hi) continue;
+      Segment s{fp.names()[i], fp.params()[i].sizes().vec(), lo - off, hi - off, src.narrow(0, lo - b, hi - lo), {}, 0,
+                writer};
+      if (f.master.defined()) {
+        s.key = f.master;
+        s.key_offset = lo - b;
+      }
+      out.push_back(std::move(s));
+    }
+  }
+  return out;
+}
+
+// --- optimizer state, for the optimizers the sharded optimizer supports ----------------------------
+
+std::string optimizer_type(const torch::optim::Optimizer* o) {
+  if (!o) return "";
+  if (dynamic_cast<const torch::optim::AdamW*>(o)) return "AdamW";
+  if (dynamic_cast<const torch::optim::Adam*>(o)) return "Adam";
+  if (dynamic_cast<const torch::optim::SGD*>(o)) return "SGD";
+  if (dynamic_cast<const torch::optim::RMSprop*>(o)) return "RMSprop";
+  if (dynamic_cast<const torch::optim::Adagrad*>(o)) return "Adagrad";
+  throw CheckpointError("checkpoints support Adam, AdamW, SGD, RMSprop and Adagrad state, not this optimizer");
+}
+
+torch::optim::OptimizerParamState* find_state(torch::optim::Optimizer& o, const at::Tensor& key) {
+  auto it = o.state().find(key.unsafeGetTensorImpl());
+  return it == o.state().end() ? nullptr : it->second.get();
+}
+
+// The named tensors of a parameter's state (the defined ones), and its step counter.
+std::vector<std::pair<std::string, at::Tensor>> state_tensors(torch::optim::OptimizerParamState& s) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  auto add = [&](const char* n, const at::Tensor& t) {
+    if (t.defined()) out.emplace_back(n, t);
+  };
+  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(&s)) {
+    add("exp_avg", a->exp_avg()), add("exp_avg_sq", a->exp_avg_sq()), add("max_exp_avg_sq", a->max_exp_avg_sq());
+  } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(&s)) {
+    add("exp_avg", a->exp_avg()), add("exp_avg_sq", a->exp_avg_sq()), add("max_exp_avg_sq", a->max_exp_avg_sq());
+  } else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(&s)) {
+    add("momentum_buffer", g->momentum_buffer());
+  } else if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(&s)) {
+    add("square_avg", r->square_avg()), add("momentum_buffer", r->momentum_buffer()), add("grad_avg", r->grad_avg());
+  } else if (auto* d = dynamic_cast<torch::optim::AdagradParamState*>(&s)) {
+    add("sum", d->sum());
+  }
+  return out;
+}
+
+std::optional<std::int64_t> state_step(torch::optim::OptimizerParamState& s) {
+  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(&s)) return a->step();
+  if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(&s)) return a->step();
+  if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(&s)) return r->step();
+  if (auto* d = dynamic_cast<torch::optim::AdagradParamState*>(&s)) return d->step();
+  return std::nullopt;
+}
+
+// Replaces the state of `key` with `tensors` (each key-shaped) and `step`.
+void install_state(torch::optim::Optimizer& o, const std::string& type, const at::Tensor& key,
+                   const std::map<std::string, at::Tensor>& t, std::int64_t step) {
+  auto get = [&](const char* n) {
+    auto it = t.find(n);
+    return it == t.end() ? at::Tensor() : it->second;
+  };
+  std::unique_ptr<torch::optim::OptimizerParamState> s;
+  if (type == "AdamW") {
+    auto a = std::make_unique<torch::optim::AdamWParamState>();
+    a->step(step), a->exp_avg(get("exp_avg")), a->exp_avg_sq(get("exp_avg_sq")), a->max_exp_avg_sq(get("max_exp_avg_sq"));
+    s = std::move(a);
+  } else if (type == "Adam") {
+    auto a = std::make_unique<torch::optim::AdamParamState>();
+    a->step(step), a->exp_avg(get("exp_avg")), a->exp_avg_sq(get("exp_avg_sq")), a->max_exp_avg_sq(get("max_exp_avg_sq"));
+    s = std::move(a);
+  } else if (type == "SGD") {
+    auto g = std::make_unique<torch::optim::SGDParamState>();
+    g->momentum_buffer(get("momentum_buffer"));
+    s = std::move(g);
+  } else if (type == "RMSprop") {
+    auto r = std::make_unique<torch::optim::RMSpropParamState>();
+    r->step(step), r->square_avg(get("square_avg")), r->momentum_buffer(get("momentum_buffer")), r->grad_avg(get("grad_avg"));
+    s = std::move(r);
+  } else if (type == "Adagrad") {
+    auto d = std::make_unique<torch::optim::AdagradParamState>();
+    d->step(step), d->sum(get("sum"));
+    s = std::move(d);
+  }
+  o.state()[key.unsafeGetTensorImpl()] = std::move(s);
+}
+
+// --- slices on disk ----------------------------------------------------------------------------------
+
+struct Writer {
+  std::string dir, file;
+  std::vector<char> bytes;  // the whole shard file, written at once (and synced)
+  json slices = json::array();
+
+  void add(const std::string& key, const std::vector<std::int64_t>& shape, std::int64_t begin, const at::Tensor& t) {
+    at::Tensor c = t.detach().to(c10::kCPU).contiguous();
+    const std::size_t n = c.numel() * c.element_size();
+    const std::size_t offset = bytes.size();
+    bytes.insert(bytes.end(), static_cast<const char*>(c.data_ptr()), static_cast<const char*>(c.data_ptr()) + n);
+    slices.push_back({{"key", key}, {"shape", shape}, {"dtype", c10::toString(c.scalar_type())}, {"file", file},
+                      {"offset", offset}, {"bytes", n}, {"begin", begin}, {"end", begin + c.numel()},
+                      {"crc32", crc32(bytes.data() + offset, n)}});
+  }
+};
+
+struct Slice {
+  std::string file;
+  std::uint64_t offset = 0, bytes = 0;
+  std::int64_t begin = 0, end = 0;
+  std::uint32_t crc = 0;
+};
+struct Entry {
+  std::vector<std::int64_t> shape;
+  c10::ScalarType dtype = c10::kFloat;
+  std::vector<Slice> slices;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::string dir) : dir_(std::move(dir)) {}
+  ~Reader() {
+    for (auto& [name, fd] : fds_) ::close(fd);
+  }
+
+  // Elements [lo, hi) of `key`'s flat tensor, in its saved dtype, from every slice that overlaps.
+  at::Tensor range(const std::string& key, const Entry& e, std::int64_t lo, std::int64_t hi) {
+    at::Tensor out = at::empty({hi - lo}, at::TensorOptions().dtype(e.dtype));
+    std::int64_t covered = 0;
+    for (const Slice& s : e.slices) {
+      const std::int64_t a = std::max(lo, s.begin), b = std::min(hi, s.end);
+      if (a >= b) continue;
+      const at::Tensor& whole = slice_data(key, e, s);
+      out.narrow(0, a - lo, b - a).copy_(whole.narrow(0, a - s.begin, b - a));
+      covered += b - a;
+    }
+    if (covered != hi - lo)
+      throw CheckpointError(dir_ + "/index.json: " + key + " elements [" + std::to_string(lo) + ", " +
+                            std::to_string(hi) + ") are not all in its slices (the checkpoint is incomplete)");
+    return out;
+  }
+
+ private:
+  const at::Tensor& slice_data(const std::string& key, const Entry& e, const Slice& s) {
+    const std::string id = s.file + "@" + std::to_string(s.offset);
+    if (auto it = cache_.find(id); it != cache_.end()) return it->second;
+    const std::string path = dir_ + "/" + s.file;
+    int& fd = fds_[s.file];
+    if (fd == 0) {
+      fd = ::open(path.c_str(), O_RDONLY);
+      if (fd < 0) {
+        fd = 0;
+        throw CheckpointError("cannot open " + path + ": " + std::strerror(errno));
+      }
+    }
+    struct stat st{};
+    ::fstat(fd, &st);
+    if (static_cast<std::uint64_t>(st.st_size) < s.offset + s.bytes)
+      throw CheckpointError(path + " is truncated: " + std::to_string(st.st_size) + " bytes, but " + key +
+                            " needs bytes [" + std::to_string(s.offset) + ", " + std::to_string(s.offset + s.bytes) + ")");
+    const std::int64_t n = s.end - s.begin;
+    const std::int64_t elem = c10::elementSize(e.dtype);
+    if (static_cast<std::uint64_t>(n * elem) != s.bytes)
+      throw CheckpointError(dir_ + "/index.json: " + key + " slice [" + std::to_string(s.begin) + ", " +
+                            std::to_string(s.end) + ") does not match its byte count " + std::to_string(s.bytes));
+    at::Tensor t = at::empty({n}, at::TensorOptions().dtype(e.dtype));
+    char* p = static_cast<char*>(t.data_ptr());
+    std::uint64_t done = 0;
+    while (done < s.bytes) {
+      const ssize_t r = ::pread(fd, p + done, s.bytes - done, static_cast<off_t>(s.offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) throw CheckpointError("cannot read " + path + ": " + (r < 0 ? std::strerror(errno) : "unexpected end"));
+      done += static_cast<std::uint64_t>(r);
+    }
+    if (crc32(p, s.bytes) != s.crc)
+      throw CheckpointError(path + ": " + key + " bytes [" + std::to_string(s.offset) + ", " +
+                            std::to_string(s.offset + s.bytes) + ") fail their CRC32 check (the file is corrupted)");
+    return cache_.emplace(id, std::move(t)).first->second;
+  }
+
+  std::string dir_;
+  std::map<std::string, int> fds_;
+  std::map<std::string, at::Tensor> cache_;
+};
+
+json parse_index(const std::string& dir) {
+  const std::string path = dir + "/index.json";
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0)
+    throw CheckpointError("no index.json in " + dir + ": not an accel checkpoint, or a save that did not finish");
+  json j;
+  try {
+    j = json::parse(read_text(path));
+  } catch (const json::exception& e) {
+    throw CheckpointError(path + " does not parse: " + e.what());
+  }
+  if (!j.is_object() || j.value("format", "") != kFormat)
+    throw CheckpointError(path + ": not an accel checkpoint index (format is not '" + kFormat + "')");
+  if (j.value("version", 0) != kVersion)
+    throw CheckpointError(path + ": checkpoint version " + std::to_string(j.value("version", 0)) +
+                          ", this accel reads version " + std::to_string(kVersion));
+  return j;
+}
+
+std::map<std::string, Entry> entries_of(const json& index, const std::string& dir) {
+  std::map<std::string, Entry> out;
+  try {
+    for (const auto& [key, e] : index.at("tensors").items()) {
+      Entry en;
+      en.shape = e.at("shape").get<std::vector<std::int64_t>>();
+      en.dtype = dtype_from(e.at("dtype").get<std::string>(), dir + "/index.json");
+      for (const auto& s : e.at("slices"))
+        en.slices.push_back({s.at("file").get<std::string>(), s.at("offset").get<std::uint64_t>(),
+                             s.at("bytes").get<std::uint64_t>(), s.at("begin").get<std::int64_t>(),
+                             s.at("end").get<std::int64_t>(), s.at("crc32").get<std::uint32_t>()});
+      out.emplace(key, std::move(en));
+    }
+  } catch (const json::exception& e) {
+    throw CheckpointError(dir + "/index.json: malformed tensor table: " + e.what());
+  }
+  return out;
+}
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string o = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
+  return o + "]";
+}
+
+// Every rank learns whether any rank failed; the failing ranks' own messages stay theirs.
+void agree(comm::Communicator& world, const std::string& error, const std::string& what) {
+  at::Tensor flag = at::full({1}, error.empty() ? 0 : world.rank() + 1, at::kInt);
+  if (world.size() > 1) world.all_reduce(flag, {comm::ReduceOp::Max});
+  const int failed = flag.item<int>();
+  if (!error.empty()) throw CheckpointError(error);
+  if (failed) throw CheckpointError(what + " failed on rank " + std::to_string(failed - 1) + " (its message says why)");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+
+void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::Module& model,
+                 torch::optim::Optimizer* opt, const TrainingState& training, comm::Communicator& world) {
+  const int rank = world.rank();
+  std::string error;
+  const std::string type = optimizer_type(opt);
+  json scalars = json::object();
+  try {
+    c10::NoGradGuard ng;
+    Writer w{dir, rank_file("shard", rank, ".bin")};
+    for (const Segment& s : segments_of(engine, rank)) {
+      if (!s.writer) continue;
+      w.add("param/" + s.name, s.shape, s.lo, s.values);
+      if (!opt || !s.key.defined()) continue;
+      auto* st = find_state(*opt, s.key);
+      if (!st) continue;
+      for (const auto& [sname, t] : state_tensors(*st))
+        w.add("optim/" + sname + "/" + s.name, s.shape, s.lo, t.reshape({-1}).narrow(0, s.key_offset, s.hi - s.lo));
+      if (auto step = state_step(*st)) scalars["step/" + s.name] = *step;
+    }
+    if (rank == 0)
+      for (const auto& b : model.named_buffers())
+        if (b.value().defined()) w.add("buffer/" + b.key(), b.value().sizes().vec(), 0, b.value().reshape({-1}));
+    write_file_synced(dir + "/" + w.file, w.bytes.data(), w.bytes.size());
+    const std::string part = json{{"slices", w.slices}, {"scalars", scalars}}.dump();
+    write_file_synced(dir + "/" + rank_file("slices", rank, ".json"), part.data(), part.size());
+    {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      at::Tensor rng = gen.get_state();
+      write_file_synced(dir + "/" + rank_file("rng", rank, ".bin"), rng.data_ptr(), rng.numel());
+    }
+  } catch (const std::exception& e) {
+    error = std::string("rank ") + std::to_string(rank) + " could not write its part of " + dir + ": " + e.what();
+  }
+  agree(world, error, "writing the checkpoint " + dir);
+
+  if (rank == 0) {
+    try {
+      json tensors = json::object();
+      json all_scalars = json::object();
+      for (int r = 0; r < world.size(); ++r) {
+        const std::string path = dir + "/" + rank_file("slices", r, ".json");
+        const json part = json::parse(read_text(path));
+        for (const auto& s : part.at("slices")) {
+          json& t = tensors[s.at("key").get<std::string>()];
+          if (t.is_null()) t = {{"shape", s.at("shape")}, {"dtype", s.at("dtype")}, {"slices", json::array()}};
+          t["slices"].push_back({{"file", s.at("file")}, {"offset", s.at("offset")}, {"bytes", s.at("bytes")},
+                                 {"begin", s.at("begin")}, {"end", s.at("end")}, {"crc32", s.at("crc32")}});
+        }
+        for (const auto& [k, v] : part.at("scalars").items()) all_scalars[k] = v;
+        ::unlink(path.c_str());
+      }
+      json objects = json::array();
+      for (const auto& [name, bytes] : training.objects) {
+        write_file_synced(dir + "/object_" + name + ".bin", bytes.data(), bytes.size());
+        objects.push_back(name);
+      }
+      json loaders = json::array();
+      for (const auto& l : training.loaders) loaders.push_back({{"epoch", l.epoch}, {"batches_consumed", l.batches_consumed}});
+      json index = {{"format", kFormat},
+                    {"version", kVersion},
+                    {"world_size", world.size()},
+                    {"strategy", zero::to_string(engine.spec().strategy)},
+                    {"optimizer", {{"type", type}, {"scalars", all_scalars}}},
+                    {"training",
+                     {{"step", training.step},
+                      {"scheduler_steps", training.scheduler_steps ? json(*training.scheduler_steps) : json(nullptr)},
+                      {"lrs", training.lrs},
+                      {"loaders", loaders},
+                      {"loss_scaler", training.loss_scaler},
+                      {"objects", objects}}},
+                    {"tensors", tensors}};
+      const std::string text = index.dump(1);
+      write_file_synced(dir + "/index.json", text.data(), text.size());
+    } catch (const std::exception& e) {
+      error = std::string("rank 0 could not write ") + dir + "/index.json: " + e.what();
+    }
+  }
+  agree(world, error, "writing the checkpoint index " + dir + "/index.json");
+}
+
+SavedInfo read_info(const std::string& dir) {
+  const json j = parse_index(dir);
+  SavedInfo i;
+  i.world_size = j.value("world_size", 0);
+  i.strategy = j.value("strategy", "");
+  if (j.contains("optimizer")) i.optimizer = j["optimizer"].value("type", "");
+  return i;
+}
+
+TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn::Module& model,
+                         torch::optim::Optimizer* opt, comm::Communicator& world) {
+  const int rank = world.rank();
+  std::string error;
+  json index;
+  // Everything is read and checked first; nothing is applied until every rank has succeeded.
+  struct Copy {
+    at::Tensor dst, src;
+  };
+  std::vector<Copy> copies;
+  struct NewState {
+    at::Tensor key;
+    std::map<std::string, at::Tensor> tensors;
+    std::int64_t step = 0;
+  };
+  std::map<const void*, NewState> states;
+  at::Tensor rng;
+  TrainingState training;
+  try {
+    index = parse_index(dir);
+    const auto entries = entries_of(index, dir);
+    const std::string idx = dir + "/index.json";
+    const std::string saved_type = index.at("optimizer").value("type", "");
+    const json& scalars = index.at("optimizer").at("scalars");
+    const std::string type = optimizer_type(opt);
+    bool has_state = false;
+    for (const auto& [k, e] : entries) has_state = has_state || k.rfind("optim/", 0) == 0;
+    if (opt && has_state && saved_type != type)
+      throw CheckpointError(idx + ": the checkpoint holds " + saved_type + " state but the optimizer is " + type);
+    Reader reader(dir);
+    std::set<std::string> model_names;  // every parameter the engine holds, on any rank
+    for (const auto& f : engine.flats())
+      for (const auto& n : f.flat->names()) model_names.insert(n);
+    for (const Segment& s : segments_of(engine, rank)) {
+      auto it = entries.find("param/" + s.name);
+      if (it == entries.end())
+        throw CheckpointError(idx + ": parameter '" + s.name + "' of the model is not in the checkpoint");
+      if (it->second.shape != s.shape)
+        throw CheckpointError(idx + ": parameter '" + s.name + "' is " + shape_str(it->second.shape) +
+                              " in the checkpoint but " + shape_str(s.shape) + " in the model");
+      copies.push_back({s.values, reader.range(it->first, it->second, s.lo, s.hi)});
+      if (!opt || !s.key.defined() || !has_state) continue;
+      NewState& ns = states[s.key.unsafeGetTensorImpl()];
+      ns.key = s.key;
+      if (auto st = scalars.find("step/" + s.name); st != scalars.end()) ns.step = st->get<std::int64_t>();
+      for (const auto& [k, e] : entries) {
+        const std::string prefix = "optim/", suffix = "/" + s.name;
+        if (k.rfind(prefix, 0) != 0 || k.size() <= suffix.size() || k.compare(k.size() - suffix.size(), suffix.size(), suffix) != 0)
+          continue;
+        const std::string sname = k.substr(prefix.size(), k.size() - prefix.size() - suffix.size());
+        if (sname.find('/') != std::string::npos) continue;  // a parameter whose name ends like this one
+        at::Tensor& full = ns.tensors[sname];
+        if (!full.defined()) full = at::zeros({s.key.numel()}, s.key.options());
+        copies.push_back({full.narrow(0, s.key_offset, s.hi - s.lo), reader.range(k, e, s.lo, s.hi)});
+      }
+    }
+    // Strict, like load_state_dict: parameters the checkpoint has and the model lacks are an error too.
+    for (const auto& [k, e] : entries)
+      if (k.rfind("param/", 0) == 0 && !model_names.count(k.substr(6)))
+        throw CheckpointError(idx + ": the checkpoint has parameter '" + k.substr(6) + "', which the model does not");
+    for (const auto& b : model.named_buffers()) {
+      if (!b.value().defined()) continue;
+      auto it = entries.find("buffer/" + b.key());
+      if (it == entries.end()) throw CheckpointError(idx + ": buffer '" + b.key() + "' of the model is not in the checkpoint");
+      if (it->second.shape != b.value().sizes().vec())
+        throw CheckpointError(idx + ": buffer '" + b.key() + "' is " + shape_str(it->second.shape) +
+                              " in the checkpoint but " + shape_str(b.value().sizes().vec()) + " in the model");
+      copies.push_back({b.value().view({-1}), reader.range(it->first, it->second, 0, b.value().numel())});
+    }
+    const std::string rng_path = dir + "/" + rank_file("rng", rank, ".bin");
+    struct stat st{};
+    if (::stat(rng_path.c_str(), &st) == 0) {
+      const std::string bytes = read_text(rng_path);
+      rng = at::empty({static_cast<std::int64_t>(bytes.size())}, at::kByte);
+      std::memcpy(rng.data_ptr(), bytes.data(), bytes.size());
+    }
+    const json& t = index.at("training");
+    training.step = t.at("step").get<std::int64_t>();
+    if (!t.at("scheduler_steps").is_null()) training.scheduler_steps = t.at("scheduler_steps").get<std::int64_t>();
+    training.lrs = t.at("lrs").get<std::vector<double>>();
+    for (const auto& l : t.at("loaders"))
+      training.loaders.push_back({l.at("epoch").get<std::int64_t>(), l.at("batches_consumed").get<std::int64_t>()});
+    training.loss_scaler = t.at("loss_scaler").get<std::string>();
+    for (const auto& name : t.at("objects")) {
+      const std::string n = name.get<std::string>();
+      training.objects[n] = read_text(dir + "/object_" + n + ".bin");
+    }
+  } catch (const json::exception& e) {
+    error = dir + "/index.json: malformed: " + e.what();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(world, error, "loading the checkpoint " + dir);
+
+  c10::NoGradGuard ng;
+  for (auto& c : copies) c.dst.copy_(c.src);
+  if (opt) {
+    const std::string type = optimizer_type(opt);
+    for (auto& [impl, ns] : states) {
+      for (auto& [n, t] : ns.tensors) t = t.view(ns.key.sizes());
+      install_state(*opt, type, ns.key, ns.tensors, ns.step);
+    }
+  }
+  if (rng.defined()) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    try {
+      gen.set_state(rng);
+    } catch (const std::exception&) {
+      // A state from another libtorch build: keep this rank's generator (the weights are loaded).
+    }
+  }
+  engine.params_from_masters();
+  return training;
+}
+
+}  // namespace accel::checkpoint

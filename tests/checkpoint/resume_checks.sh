@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Checkpoint scenarios with the GPT example, run as a user would (mpirun, several launches):
+#   resume_checks.sh MPIEXEC GPT_LM SOURCE_DIR PYTHON OUT_DIR SCENARIO
+# bitwise   10 steps in one go vs 5 + save + resume: steps 6-10 bitwise equal (FULL_SHARD and ZeRO-1 at 2)
+# reshard   ZeRO-3 at 4 -> ZeRO-1 at 2 -> DDP at 1 -> ZeRO-1 at 2 -> ZeRO-3 at 4, 4 steps each, against
+#           20 uninterrupted steps (rtol 2e-4); and pure resharding (load, save, no step) reproduces
+#           every tensor, optimizer moments included, bit for bit (tests/checkpoint/ckpt_tool.py)
+# kill      SIGKILL during save_state: the previous checkpoint loads and resumes bitwise; the next
+#           save replaces the partial one
+# corrupt   truncated, bit-flipped or index-less checkpoints: a message naming the file, exit non-zero,
+#           and the checkpoint files untouched
+set -uo pipefail
+MPI=$1 GPT=$2 SRC=$3 PY=$4 OUT=$5 SCENARIO=$6
+CFG=$SRC/configs
+W=$OUT/$SCENARIO
+rm -rf "$W" && mkdir -p "$W"
+cd "$W"
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+pass() { echo "ok:   $*"; }
+run() {  # run NP CONFIG ARGS...: the GPT example at NP ranks under CONFIG, 16-sample global batch, seed 3
+  local np=$1 cfg=$2; shift 2
+  "$MPI" --oversubscribe -np "$np" "$GPT" --config_file "$CFG/$cfg.yaml" --seed 3 "$@" > "$W/last.out" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || { echo "  (gpt_lm at $np ranks under $cfg exited $rc:)"; tail -5 "$W/last.out" | sed 's/^/    /'; }
+  return $rc
+}
+close() {  # close LOG REF FIRST LAST RTOL: steps FIRST..LAST of LOG against REF
+  awk -v rtol="$5" -v a="$3" -v b="$4" 'NR == FNR { ref[$2] = $4; next }
+    $2 >= a && $2 <= b { n++; d = $4 - ref[$2]; if (d < 0) d = -d; r = d / ref[$2]; if (r > worst) worst = r; if (r > rtol) bad = 1 }
+    END { printf "steps %d-%d: %d compared, worst relative difference %.2e (tolerance %s)\n", a, b, n, worst, rtol; exit bad || n != b - a + 1 }' "$2" "$1"
+}
+
+case "$SCENARIO" in
+bitwise)
+  for c in "fsdp/full_shard" "deepspeed/zero1"; do
+    n=${c#*/}
+    run 2 "$c" --steps 10 --log_file "full_$n.log" || fail "$c: uninterrupted run"
+    run 2 "$c" --steps 5 --project_dir "p_$n" --checkpointing_steps 5 --log_file "first_$n.log" || fail "$c: first half"
+    run 2 "$c" --steps 10 --project_dir "p_$n" --resume_from_checkpoint latest --log_file "second_$n.log" || fail "$c: resumed half"
+    if diff <(sed -n 6,10p "full_$n.log") "second_$n.log" > /dev/null && [ "$(wc -l < "second_$n.log")" = 5 ]; then
+      pass "$c at 2 ranks: resumed steps 6-10 bitwise equal to the uninterrupted run"
+    else
+      fail "$c: resumed steps differ"; paste <(sed -n 6,10p "full_$n.log") "second_$n.log"
+    fi
+    diff <(sed -n 1,5p "full_$n.log") "first_$n.log" > /dev/null && pass "$c: steps 1-5 equal too" || fail "$c: first half differs"
+  done
+  ;;
+reshard)
+  run 4 deepspeed/zero3 --steps 20 --log_file full.log || fail "uninterrupted ZeRO-3 at 4"
+  prev=""
+  step=0
+  for leg in "4 deepspeed/zero3" "2 deepspeed/zero1" "1 ddp" "2 deepspeed/zero1" "4 deepspeed/zero3"; do
+    set -- $leg
+    step=$((step + 4))
+    resume=()
+    [ -n "$prev" ] && resume=(--resume_from_checkpoint "$prev")
+    run "$1" "$2" --steps $step "${resume[@]}" --save_state_to "ckpt_$step" --log_file "leg_$step.log" || fail "leg to step $step ($2 at $1)"
+    if msg=$(close "leg_$step.log" full.log $((step - 3)) $step 2e-4); then pass "$2 at $1 ranks, $msg"; else fail "$2 at $1 ranks, $msg"; fi
+    prev=ckpt_$step
+  done
+  # Pure resharding: ZeRO-3 at 4 -> ZeRO-1 at 2 -> DDP at 1 and back, loading and saving without a step.
+  run 2 deepspeed/zero1 --steps 4 --resume_from_checkpoint ckpt_4 --save_state_to re_zero1_2 || fail "reshard to ZeRO-1 at 2"
+  run 1 ddp --steps 4 --resume_from_checkpoint re_zero1_2 --save_state_to re_ddp_1 || fail "reshard to DDP at 1"
+  run 2 fsdp/shard_grad_op --steps 4 --resume_from_checkpoint re_ddp_1 --save_state_to re_sgo_2 || fail "reshard to SHARD_GRAD_OP at 2"
+  run 4 deepspeed/zero3 --steps 4 --resume_from_checkpoint re_sgo_2 --save_state_to re_zero3_4 || fail "reshard back to ZeRO-3 at 4"
+  for c in re_zero1_2 re_ddp_1 re_sgo_2 re_zero3_4; do
+    if out=$("$PY" "$SRC/tests/checkpoint/ckpt_tool.py" same ckpt_4 "$c"); then pass "$c: $out"; else fail "$c"; echo "$out"; fi
+  done
+  ;;
+kill)
+  run 2 fsdp/full_shard --steps 10 --log_file full.log || fail "uninterrupted run"
+  run 2 fsdp/full_shard --steps 3 --project_dir p --checkpointing_steps 3 --log_file a.log || fail "first run"
+  [ -f p/checkpoints/checkpoint_0/index.json ] && pass "checkpoint_0 saved" || fail "no checkpoint_0"
+  # The second run pauses 60 s between writing checkpoint_1 and publishing it; it is killed there.
+  ACCEL_CHECKPOINT_PAUSE_MS=60000 setsid "$MPI" --oversubscribe -np 2 "$GPT" --config_file "$CFG/fsdp/full_shard.yaml" --seed 3 \
+    --steps 10 --project_dir p --checkpointing_steps 3 --resume_from_checkpoint latest > b.out 2>&1 &
+  pid=$!
+  for _ in $(seq 150); do [ -f p/checkpoints/checkpoint_1.partial/index.json ] && break; sleep 0.2; done
+  [ -f p/checkpoints/checkpoint_1.partial/index.json ] && pass "the save of checkpoint_1 was under way" || fail "checkpoint_1 never started"
+  kill -KILL -- -$pid 2>/dev/null; wait $pid 2>/dev/null
+  sleep 1
+  [ ! -e p/checkpoints/checkpoint_1 ] && pass "killed mid-save: no checkpoint_1 published" || fail "checkpoint_1 exists after the kill"
+  run 2 fsdp/full_shard --steps 10 --project_dir p --checkpointing_steps 3 --resume_from_checkpoint latest --log_file c.log \
+    || fail "resuming after the kill"
+  grep -q "resumed from latest at step 3" last.out && pass "resumed from checkpoint_0 (step 3)" || fail "did not resume at step 3"
+  diff <(sed -n 4,10p full.log) c.log > /dev/null && pass "steps 4-10 bitwise equal to the uninterrupted run" \
+    || { fail "steps 4-10 differ"; paste <(sed -n 4,10p full.log) c.log; }
+  [ -f p/checkpoints/checkpoint_1/index.json ] && [ ! -e p/checkpoints/checkpoint_1.partial ] \
+    && pass "the next save published checkpoint_1 and removed the partial one" || fail "checkpoint_1 / partial after the resumed run"
+  ;;
+corrupt)
+  run 2 fsdp/full_shard --steps 2 --save_state_to good || fail "saving"
+  check() {  # check LABEL REGEX: the resume from ./bad fails saying REGEX, and ./bad is unchanged
+    local before after
+    before=$(cd bad && find . -type f -exec md5sum {} + | sort)
+    if run 2 fsdp/full_shard --steps 4 --resume_from_checkpoint bad; then fail "$1: loading succeeded"; return; fi
+    grep -Eq "$2" last.out && pass "$1: says /$2/" || { fail "$1: message"; grep error last.out | head -3; }
+    after=$(cd bad && find . -type f -exec md5sum {} + | sort)
+    [ "$before" = "$after" ] && pass "$1: checkpoint files untouched" || fail "$1: files changed"
+  }
+  rm -rf bad && cp -r good bad && truncate -s -100 bad/shard_1.bin
+  check "truncated shard" "bad/shard_1.bin is truncated: [0-9]+ bytes, but .* needs bytes"
+  rm -rf bad && cp -r good bad && printf '\xff' | dd of=bad/shard_0.bin bs=1 seek=200 conv=notrunc 2> /dev/null
+  check "flipped byte" "bad/shard_0.bin: .* fail their CRC32 check \(the file is corrupted\)"
+  rm -rf bad && cp -r good bad && rm bad/index.json
+  check "no index" "no index.json in bad: not an accel checkpoint, or a save that did not finish"
+  rm -rf bad && cp -r good bad && head -c 300 good/index.json > bad/index.json
+  check "cut index" "bad/index.json does not parse"
+  rm -rf bad && cp -r good bad
+  run 2 fsdp/full_shard --steps 4 --resume_from_checkpoint bad --d_model 48 && fail "a model of another shape loaded"
+  grep -Eq "parameter '.*' is \[[0-9, ]+\] in the checkpoint but \[[0-9, ]+\] in the model" last.out \
+    && pass "another model shape: names the parameter and both shapes" || fail "shape mismatch message"
+  ;;
+*) echo "unknown scenario $SCENARIO"; exit 2 ;;
+esac
+[ $failures -eq 0 ] && echo "PASSED: $SCENARIO" || echo "FAILED: $SCENARIO ($failures)"
+[ $failures -eq 0 ]
