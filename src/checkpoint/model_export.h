@@ -18,7 +18,8 @@
 // Weights are saved in the dtype the optimizer steps (the fp32 master where one exists in another
 // dtype than the compute copy, as FSDP's full state dict does), else the parameters' dtype.
 //
-// load_model is collective too. Every rank reads only the byte ranges it keeps: the elements of its
+// load_model is collective too; call it between steps (units at rest, as after prepare() or
+// optimizer->step()). Every rank reads only the byte ranges it keeps: the elements of its
 // master shard (Engine::master_range), of its parameter shard for frozen flats, and whole buffers;
 // then Engine::params_from_masters() refreshes the compute copies and re-gathers replicated
 // parameters. Every check (names, shapes, dtypes, files) runs before anything is written; ranks agree

@@ -13,7 +13,7 @@ case "$(basename "$CXX")" in clang++*) ;; *) CXX=clang++ ;; esac
 mkdir -p "$WORK/seeds" "$WORK/corpus"
 if ! command -v "$CXX" >/dev/null 2>&1 ||
    ! echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' |
-     "$CXX" -x c++ -fsanitize=fuzzer - -o "$WORK/probe" >/dev/null 2>&1; then
+     "$CXX" -x c++ -fsanitize=fuzzer,address,undefined - -o "$WORK/probe" >/dev/null 2>&1; then
   echo "SKIPPED: no clang++ with -fsanitize=fuzzer (apt-get install clang)"; exit 77
 fi
 "$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \

@@ -25,7 +25,7 @@ endwhile()
 find_program(ACCEL_CLANGXX NAMES clang++ clang++-16 clang++-15 clang++-14)
 if(ACCEL_CLANGXX)
   add_test(NAME checkpoint_safetensors_libfuzzer_smoke
-           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/run_fuzz.sh 20 ${CMAKE_BINARY_DIR}/fuzz_safetensors)
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/run_fuzz.sh 10 ${CMAKE_BINARY_DIR}/fuzz_safetensors)
   set_tests_properties(checkpoint_safetensors_libfuzzer_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
                        ENVIRONMENT "CXX=${ACCEL_CLANGXX}")
 endif()

@@ -106,7 +106,8 @@ std::vector<Case> strategies() {
           {"ZeRO-1", ShardingSpec::zero(1)},
           {"ZeRO-2", ShardingSpec::zero(2)},
           {"ZeRO-3", ShardingSpec::zero(3)},
-          {"FULL_SHARD", ShardingSpec::fsdp("FULL_SHARD")}};
+          {"FULL_SHARD", ShardingSpec::fsdp("FULL_SHARD")},
+          {"HYBRID_SHARD", ShardingSpec::fsdp("HYBRID_SHARD")}};
 }
 
 struct Prepped {
@@ -127,9 +128,9 @@ Prepped build(ModelKind kind, const ShardingSpec& spec, bool frozen_first = fals
   return s;
 }
 
-void train(Prepped& s, ModelKind kind, int steps) {
+void train(Prepped& s, ModelKind kind, int steps, c10::ScalarType dtype = at::kFloat) {
   for (int step = 0; step < steps; ++step) {
-    auto [x, y] = test::make_batch(kind, at::kFloat, step, 0);
+    auto [x, y] = test::make_batch(kind, dtype, step, 0);
     s.p.engine->backward(s.model.loss(x, y));
     s.p.optimizer->step();
     s.p.optimizer->zero_grad();
@@ -170,6 +171,21 @@ void expect_checkpoint_equals(const std::string& path, const std::vector<std::pa
       continue;
     }
     EXPECT_TRUE(same(it->second, t)) << n;
+  }
+}
+
+// Every master element equals the file's value at that flat position (the optimizer restarts from it).
+void expect_masters_match(const zero::Engine& e, const std::map<std::string, at::Tensor>& want) {
+  for (const auto& f : e.flats()) {
+    if (f.group < 0 || !f.master.defined()) continue;
+    at::Tensor full = test::flatten_like(*f.flat, want, f.master.scalar_type());
+    auto [b, end] = e.master_range(f);
+    // Padding is not a parameter: compare the parameters' elements only.
+    for (std::size_t i = 0; i < f.flat->params().size(); ++i) {
+      const std::int64_t off = f.flat->layout().offset(i), n = f.flat->params()[i].numel();
+      const std::int64_t lo = std::max(b, off), hi = std::min(end, off + n);
+      if (lo < hi) EXPECT_TRUE(same(f.master.narrow(0, lo - b, hi - lo), full.narrow(0, lo, hi - lo))) << f.flat->names()[i];
+    }
   }
 }
 
@@ -284,22 +300,36 @@ TEST(SaveModel, GatheredMemoryStaysWithinOneUnit) {
   if (test::world()->size() > 1) EXPECT_GT(peak, 0);  // units were gathered, and counted
 }
 
-// --- load_model ---------------------------------------------------------------------------------
-
-// Every master element equals the file's value at that flat position (the optimizer restarts from it).
-void expect_masters_match(const zero::Engine& e, const std::map<std::string, at::Tensor>& want) {
-  for (const auto& f : e.flats()) {
-    if (f.group < 0 || !f.master.defined()) continue;
-    at::Tensor full = test::flatten_like(*f.flat, want, f.master.scalar_type());
-    auto [b, end] = e.master_range(f);
-    // Padding is not a parameter: compare the parameters' elements only.
-    for (std::size_t i = 0; i < f.flat->params().size(); ++i) {
-      const std::int64_t off = f.flat->layout().offset(i), n = f.flat->params()[i].numel();
-      const std::int64_t lo = std::max(b, off), hi = std::min(end, off + n);
-      if (lo < hi) EXPECT_TRUE(same(f.master.narrow(0, lo - b, hi - lo), full.narrow(0, lo, hi - lo))) << f.flat->names()[i];
+// bf16 compute over fp32 masters: the file holds the fp32 masters (the compute copy is their
+// rounding), and loading it restores both.
+TEST(SaveModel, MastersInAnotherDtypeAreWhatIsSaved) {
+  SharedDir dir;
+  for (const auto& c : strategies()) {
+    SCOPED_TRACE(c.name);
+    ShardingSpec spec = c.spec;
+    spec.param_dtype = at::kBFloat16;
+    Prepped s = build(ModelKind::MLP, spec);
+    train(s, ModelKind::MLP, 2, at::kBFloat16);  // (no autocast yet: the batch is bf16 too)
+    const std::string out = dir / (std::string("bf16_") + c.name);
+    save_model(*s.p.engine, *s.model.module, out, 300);  // several files
+    std::map<std::string, at::Tensor> saved;
+    for (const auto& f : resolve_model_files(out).files) {
+      auto file = SafetensorsFile::open(f);
+      for (const auto& n : file.names()) saved[n] = file.read(n);
     }
+    for (const auto& [n, t] : saved) EXPECT_EQ(t.scalar_type(), at::kFloat) << n;
+    expect_masters_match(*s.p.engine, saved);  // what the optimizer steps, bit for bit
+    auto compute = unsharded_state(s);
+    for (const auto& [n, t] : compute) EXPECT_TRUE(same(t, saved.at(n).to(at::kBFloat16))) << n;
+    // Loading restores the fp32 masters exactly and the bf16 compute copies as their rounding.
+    Prepped s2 = build(ModelKind::MLP, spec);
+    load_model(*s2.p.engine, *s2.model.module, out);
+    expect_masters_match(*s2.p.engine, saved);
+    for (const auto& [n, t] : unsharded_state(s2)) EXPECT_TRUE(same(t, saved.at(n).to(at::kBFloat16))) << n;
   }
 }
+
+// --- load_model ---------------------------------------------------------------------------------
 
 TEST(LoadModel, PythonWrittenFileIntoShardedModels) {
   if (!have_python()) GTEST_SKIP() << "ACCEL_PYTHON not configured";
