@@ -9,3 +9,15 @@ if(ACCEL_BUILD_EXAMPLES)
     set_tests_properties(checkpoint_resume_${scenario} PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600)
   endforeach()
 endif()
+
+# In-process round trips at 2 and 3 ranks (every optimizer's state under every strategy, a failed
+# load that changes nothing, automatic naming, the total limit, registered objects).
+add_executable(checkpoint_tests test_main.cpp checkpoint/test_checkpoint.cpp)
+target_include_directories(checkpoint_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_link_libraries(checkpoint_tests PRIVATE accel GTest::gtest)
+target_precompile_headers(checkpoint_tests REUSE_FROM accel_tests)
+target_compile_definitions(checkpoint_tests PRIVATE ACCEL_BINARY_DIR="${CMAKE_BINARY_DIR}")
+foreach(np 1 2 3)
+  add_test(NAME checkpoint_np${np} COMMAND ${ACCEL_MPIRUN} -np ${np} $<TARGET_FILE:checkpoint_tests>)
+  set_tests_properties(checkpoint_np${np} PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600)
+endforeach()

@@ -1,0 +1,252 @@
+// save_state / load_state in one process per rank: every supported optimizer's state survives a
+// round trip under each strategy (training on from a loaded checkpoint is bitwise the training that
+// went on without it), a failed load changes nothing, and the bookkeeping (automatic names, the
+// total limit, registered objects, the step counter) works.
+#include "test_world.h"
+
+#include "accelerator/accelerator.h"
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/sharded_state.h"
+#include "sharding/unit.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unistd.h>
+
+namespace accel::test {
+namespace {
+
+// A unit in the middle (so ZeRO-3 / FULL_SHARD shard it on its own) and a buffer the loop updates.
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    in = register_module("in", torch::nn::Linear(6, 8));
+    blk = accel::unit(register_module("blk", torch::nn::Linear(8, 8)));
+    out = register_module("out", torch::nn::Linear(8, 3));
+    seen = register_buffer("seen", at::zeros({2}, at::kDouble));
+  }
+  at::Tensor forward(const at::Tensor& x) { return out(at::tanh(blk(at::tanh(in(x))))); }
+  torch::nn::Linear in{nullptr}, out{nullptr};
+  accel::Unit<torch::nn::LinearImpl> blk{nullptr};
+  at::Tensor seen;
+};
+
+std::shared_ptr<NetImpl> make_net() {
+  at::manual_seed(11);
+  auto n = std::make_shared<NetImpl>();
+  n->to(at::kDouble);
+  return n;
+}
+
+// Step s's global batch of 12 rows (closed form, no RNG); each rank takes its contiguous part.
+void train(Accelerator& acc, NetImpl& net, AcceleratedOptimizer& opt, int from, int to) {
+  const int n = acc.num_processes(), r = acc.process_index(), rows = 12 / n;
+  for (int s = from; s < to; ++s) {
+    at::Tensor x = at::sin(at::arange(72, at::kDouble) * 0.37 + s).view({12, 6}).narrow(0, r * rows, rows);
+    at::Tensor y = at::cos(at::arange(36, at::kDouble) * 0.21 + 2 * s).view({12, 3}).narrow(0, r * rows, rows);
+    acc.backward(at::mse_loss(net.forward(x), y));
+    opt.step();
+    opt.zero_grad();
+    c10::NoGradGuard ng;
+    net.seen.add_(1.0);
+  }
+}
+
+std::map<std::string, at::Tensor> weights(Accelerator& acc) {
+  std::map<std::string, at::Tensor> m;
+  for (auto& [k, v] : acc.get_state_dict()) m[k] = v;
+  return m;
+}
+
+void expect_same(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [k, v] : a) {
+    ASSERT_TRUE(b.count(k)) << k;
+    EXPECT_TRUE(at::equal(v, b.at(k))) << k << " differs: max |d| " << (v - b.at(k)).abs().max().item<double>();
+  }
+}
+
+// A fresh directory per test, the same on every rank.
+std::string scratch(const std::string& name) {
+  const std::string d = std::string(ACCEL_BINARY_DIR) + "/checkpoint_unit/" + name + "_np" + std::to_string(world()->size());
+  if (world()->rank() == 0) {
+    checkpoint::remove_tree(d);
+    checkpoint::make_dirs(d);
+  }
+  world()->barrier();
+  return d;
+}
+
+std::string write_config(const std::string& dir, const std::string& name, const std::string& yaml) {
+  const std::string p = dir + "/" + name + ".yaml";
+  if (world()->rank() == 0) std::ofstream(p) << yaml;
+  world()->barrier();
+  return p;
+}
+
+AcceleratorOptions with_config(const std::string& file, const std::string& project_dir = "") {
+  AcceleratorOptions o;
+  if (!file.empty()) o.config_file = file;
+  o.report_ignored_keys = false;
+  o.project_dir = project_dir;
+  return o;
+}
+
+struct OptimizerCase {
+  std::string name;
+  std::function<std::unique_ptr<torch::optim::Optimizer>(NetImpl&)> make;
+};
+
+std::vector<OptimizerCase> optimizers() {
+  return {
+      {"AdamW_amsgrad",
+       [](NetImpl& n) {
+         return std::make_unique<torch::optim::AdamW>(n.parameters(), torch::optim::AdamWOptions(0.01).amsgrad(true));
+       }},
+      {"SGD_nesterov",
+       [](NetImpl& n) {
+         return std::make_unique<torch::optim::SGD>(n.parameters(),
+                                                    torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
+       }},
+      {"RMSprop_centered",
+       [](NetImpl& n) {
+         return std::make_unique<torch::optim::RMSprop>(
+             n.parameters(), torch::optim::RMSpropOptions(0.01).momentum(0.5).centered(true));
+       }},
+      {"Adagrad", [](NetImpl& n) { return std::make_unique<torch::optim::Adagrad>(n.parameters(), torch::optim::AdagradOptions(0.1)); }},
+  };
+}
+
+const std::vector<std::pair<std::string, std::string>>& strategies() {
+  static const std::vector<std::pair<std::string, std::string>> s{
+      {"ddp", "distributed_type: MULTI_CPU\n"},
+      // DeepSpeed JSON (no loader is prepared, so the micro batch is given).
+      {"zero1", R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}})"},
+      {"zero3", R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3}})"},
+      {"full_shard", "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"},
+  };
+  return s;
+}
+
+TEST(Checkpoint, EveryOptimizersStateRoundTripsUnderEveryStrategy) {
+  const std::string dir = scratch("round_trip");
+  for (const auto& [sname, yaml] : strategies()) {
+    for (const auto& oc : optimizers()) {
+      SCOPED_TRACE(sname + " / " + oc.name);
+      Accelerator acc(with_config(write_config(dir, sname, yaml)));
+      auto net = make_net();
+      auto inner = oc.make(*net);
+      auto opt = acc.prepare(net, *inner);
+      train(acc, *net, *opt, 0, 2);
+      const std::string ckpt = acc.save_state(dir + "/" + sname + "_" + oc.name);
+      EXPECT_EQ(acc.step(), 2);
+      train(acc, *net, *opt, 2, 5);
+      const auto straight = weights(acc);
+      acc.load_state(ckpt);  // back to step 2: weights, moments, buffer, step counter
+      EXPECT_EQ(acc.step(), 2);
+      train(acc, *net, *opt, 2, 5);
+      const auto resumed = weights(acc);
+      if (acc.is_main_process()) expect_same(straight, resumed);
+      EXPECT_EQ(net->seen[0].item<double>(), 5.0) << "the buffer was restored to 2, then counted 3 steps";
+    }
+  }
+}
+
+TEST(Checkpoint, AFailedLoadChangesNothing) {
+  const std::string dir = scratch("failed_load");
+  Accelerator acc(with_config(write_config(dir, "zero3", strategies()[2].second)));
+  auto net = make_net();
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(0.01));
+  auto opt = acc.prepare(net, adamw);
+  train(acc, *net, *opt, 0, 2);
+  const std::string good = acc.save_state(dir + "/good");
+  const std::string bad = acc.save_state(dir + "/bad");
+  train(acc, *net, *opt, 2, 3);
+  const auto before = weights(acc);
+  const std::string last = "shard_" + std::to_string(acc.num_processes() - 1) + ".bin";
+  if (acc.is_main_process()) ASSERT_EQ(::truncate((bad + "/" + last).c_str(), 8), 0);
+  world()->barrier();
+  try {
+    acc.load_state(bad);
+    ADD_FAILURE() << "a truncated checkpoint loaded";
+  } catch (const checkpoint::CheckpointError& e) {
+    // The rank that reads the truncated slices names the file; the others say which rank failed.
+    const std::string m = e.what();
+    EXPECT_TRUE(m.find(last + " is truncated") != std::string::npos || m.find("failed on rank") != std::string::npos) << m;
+  }
+  EXPECT_EQ(acc.step(), 3);
+  const auto after = weights(acc);
+  if (acc.is_main_process()) expect_same(before, after);
+  // The optimizer is untouched too: going on from here equals going on from `good` + one step.
+  train(acc, *net, *opt, 3, 4);
+  const auto went_on = weights(acc);
+  acc.load_state(good);
+  train(acc, *net, *opt, 2, 4);
+  const auto from_good = weights(acc);  // collective: every rank gathers
+  if (acc.is_main_process()) expect_same(went_on, from_good);
+}
+
+TEST(Checkpoint, OptimizerMismatchNamesBothTypes) {
+  const std::string dir = scratch("mismatch");
+  std::string ckpt;
+  {
+    Accelerator acc(with_config(""));
+    auto net = make_net();
+    torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(0.01));
+    auto opt = acc.prepare(net, adamw);
+    train(acc, *net, *opt, 0, 1);
+    ckpt = acc.save_state(dir + "/adamw");
+  }
+  Accelerator acc(with_config(""));
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  acc.prepare(net, sgd);
+  try {
+    acc.load_state(ckpt);
+    ADD_FAILURE() << "AdamW state loaded into SGD";
+  } catch (const checkpoint::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds AdamW state but the optimizer is SGD"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpoint, AutomaticNamesTotalLimitAndRegisteredObjects) {
+  const std::string dir = scratch("automatic");
+  AcceleratorOptions o = with_config("", dir);
+  o.total_limit = 2;
+  Accelerator acc(o);
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto opt = acc.prepare(net, sgd);
+  int counter = 0;
+  acc.register_for_checkpointing("counter", [&] { return std::to_string(counter); },
+                                 [&](const std::string& s) { counter = std::stoi(s); });
+  for (int i = 1; i <= 3; ++i) {
+    train(acc, *net, *opt, i - 1, i);
+    counter = 10 * i;
+    EXPECT_EQ(acc.save_state(), dir + "/checkpoints/checkpoint_" + std::to_string(i - 1));
+  }
+  const auto kept = checkpoint::automatic_checkpoints(dir);
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(kept[0].first, 1);
+  EXPECT_EQ(kept[1].first, 2);
+  train(acc, *net, *opt, 3, 5);
+  counter = -1;
+  acc.load_state();  // the newest: checkpoint_2, saved at step 3 with counter 30
+  EXPECT_EQ(acc.step(), 3);
+  EXPECT_EQ(counter, 30);
+  EXPECT_THROW(acc.register_for_checkpointing("a/b", [] { return std::string(); }, [](const std::string&) {}),
+               std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace accel::test
+
