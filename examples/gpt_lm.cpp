@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
       }
     }
     bar.close();
-    maybe_save_final(acc, args);
+    maybe_save_final(acc, model, args);
     if (!comm_stats.empty()) {
       std::int64_t params = 0;
       for (const auto& p : model->parameters()) params += p.numel();

@@ -10,6 +10,7 @@
 //   --total_limit K             keep the newest K automatic checkpoints
 //   --resume_from_checkpoint C  load_state(C) first; "latest" = the newest automatic checkpoint
 //   --save_state_to D           save_state(D) once training ends
+//   --save_model_to D           save_model(D): the full weights as safetensors, once training ends
 #pragma once
 
 #include "accelerator/accelerator.h"
@@ -29,7 +30,7 @@ struct ExampleArgs {
   std::int64_t batch = 16;
   std::string config_file, log_file;
   std::uint64_t seed = 0;
-  std::string project_dir, resume_from_checkpoint, save_state_to;
+  std::string project_dir, resume_from_checkpoint, save_state_to, save_model_to;
   std::int64_t checkpointing_steps = 0;
   int total_limit = 0;
 };
@@ -48,6 +49,7 @@ inline void add_common_options(CLI::App& app, ExampleArgs& a) {
   app.add_option("--resume_from_checkpoint", a.resume_from_checkpoint,
                  "load this checkpoint first (\"latest\": the newest in PROJECT_DIR/checkpoints)");
   app.add_option("--save_state_to", a.save_state_to, "save_state to this directory once training ends");
+  app.add_option("--save_model_to", a.save_model_to, "save_model (safetensors) to this directory once training ends");
 }
 
 inline AcceleratorOptions accelerator_options(const ExampleArgs& a) {
@@ -65,9 +67,11 @@ inline void maybe_resume(Accelerator& acc, const ExampleArgs& a) {
   acc.print("resumed from ", a.resume_from_checkpoint, " at step ", acc.step());
 }
 
-// Once training ends: --save_state_to.
-inline void maybe_save_final(Accelerator& acc, const ExampleArgs& a) {
+// Once training ends: --save_state_to, --save_model_to.
+template <class M>
+void maybe_save_final(Accelerator& acc, M& model, const ExampleArgs& a) {
   if (!a.save_state_to.empty()) acc.save_state(a.save_state_to);
+  if (!a.save_model_to.empty()) acc.save_model(model, a.save_model_to);
 }
 
 // After each optimizer step: save_state every --checkpointing_steps steps.

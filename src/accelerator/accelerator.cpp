@@ -1,6 +1,7 @@
 #include "accelerator/accelerator.h"
 
 #include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/model_export.h"
 #include "checkpoint/sharded_state.h"
 #include "zero/sharded_optimizer.h"
 
@@ -430,6 +431,23 @@ void Accelerator::load_state(const std::string& dir_in) {
   }
   for (const auto& [name, bytes] : t.objects)
     if (auto it = registered_.find(name); it != registered_.end()) it->second.load(bytes);
+}
+
+void Accelerator::check_prepared(const std::shared_ptr<torch::nn::Module>& model) const {
+  if (!model_) throw std::logic_error("Accelerator: prepare the model first");
+  if (model.get() != model_.get()) throw std::invalid_argument("Accelerator: that model is not the prepared one");
+}
+
+std::vector<std::string> Accelerator::save_model_files(const std::string& dir, std::int64_t max_shard_size) {
+  checkpoint::SaveModelOptions o;
+  o.progress = is_main_process();
+  return checkpoint::save_model(*engine_, *model_, dir, max_shard_size, o).files;
+}
+
+void Accelerator::load_model_files(const std::string& path_or_dir) {
+  checkpoint::LoadModelOptions o;
+  o.progress = is_main_process();
+  checkpoint::load_model(*engine_, *model_, path_or_dir, o);
 }
 
 void Accelerator::register_for_checkpointing(const std::string& name, std::function<std::string()> save,

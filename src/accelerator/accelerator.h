@@ -297,6 +297,22 @@ class Accelerator {
                                   std::function<void(const std::string&)> load);
   // Optimizer steps taken (restored by load_state).
   std::int64_t step() const { return state_->optimizer_steps; }
+  // Collective. Full weights as Hugging Face safetensors in `dir` (model.safetensors, or
+  // model-0000k-of-0000n.safetensors + model.safetensors.index.json past max_shard_size bytes),
+  // gathered unit by unit: rank 0 never holds more than one unit beyond its shard. Returns the files.
+  template <class M>
+  std::vector<std::string> save_model(M& model, const std::string& dir, std::int64_t max_shard_size = 10'000'000'000) {
+    check_prepared(module_ptr(model));
+    return save_model_files(dir, max_shard_size);
+  }
+  // Collective. Loads safetensors weights (a file, or a directory as save_model writes it) into the
+  // prepared model: each rank reads only the byte ranges of its own shards. Names and shapes must
+  // match; errors name the tensor and the file, and change nothing.
+  template <class M>
+  void load_model(M& model, const std::string& path_or_dir) {
+    check_prepared(module_ptr(model));
+    load_model_files(path_or_dir);
+  }
 
  private:
   template <class M>
@@ -309,6 +325,9 @@ class Accelerator {
                                                       torch::optim::Optimizer& optimizer,
                                                       std::optional<std::int64_t> micro_batch);
   std::pair<std::int64_t, std::int64_t> split_range(std::int64_t n) const;
+  void check_prepared(const std::shared_ptr<torch::nn::Module>& model) const;
+  std::vector<std::string> save_model_files(const std::string& dir, std::int64_t max_shard_size);
+  void load_model_files(const std::string& path_or_dir);
   void begin_micro_step();
   void end_micro_step();
 

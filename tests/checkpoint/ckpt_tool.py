@@ -3,6 +3,8 @@
   ckpt_tool.py same A B      every tensor (parameters, optimizer moments, buffers) reassembled from
                              its slices is bitwise equal in A and B, and so are step and the loaders
   ckpt_tool.py summary A     what A holds
+  ckpt_tool.py export A M    the safetensors weights in directory M (save_model, read by Python's
+                             safetensors) equal A's parameters bit for bit
 Exit status 0 when the check holds; 1 with the differences otherwise.
 """
 import json
@@ -39,7 +41,24 @@ def load(d):
     return index, tensors
 
 
+def export_matches(ckpt, model_dir):
+    import glob
+    from safetensors.numpy import load_file
+    _, tensors = load(ckpt)
+    exported = {}
+    for f in sorted(glob.glob(f"{model_dir}/*.safetensors")):
+        exported.update(load_file(f))
+    params = {k[len("param/"):]: v for k, (v, _) in tensors.items() if k.startswith("param/")}
+    bad = [k for k in params if k not in exported or not np.array_equal(exported[k], params[k])]
+    print(f"{len(exported)} exported tensors, {len(params)} checkpoint parameters, {len(bad)} differ")
+    for k in bad[:10]:
+        print("  " + k)
+    return 1 if bad or not params else 0
+
+
 def main():
+    if sys.argv[1] == "export":
+        return export_matches(sys.argv[2], sys.argv[3])
     if sys.argv[1] == "summary":
         index, tensors = load(sys.argv[2])
         print(f"world {index['world_size']} {index['strategy']} step {index['training']['step']}: "

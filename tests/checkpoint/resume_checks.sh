@@ -4,7 +4,8 @@
 # bitwise   10 steps in one go vs 5 + save + resume: steps 6-10 bitwise equal (FULL_SHARD and ZeRO-1 at 2)
 # reshard   ZeRO-3 at 4 -> ZeRO-1 at 2 -> DDP at 1 -> ZeRO-1 at 2 -> ZeRO-3 at 4, 4 steps each, against
 #           20 uninterrupted steps (rtol 2e-4); and pure resharding (load, save, no step) reproduces
-#           every tensor, optimizer moments included, bit for bit (tests/checkpoint/ckpt_tool.py)
+#           every tensor, optimizer moments included, bit for bit (tests/checkpoint/ckpt_tool.py);
+#           save_model's safetensors equal the checkpoint's parameters
 # kill      SIGKILL during save_state: the previous checkpoint loads and resumes bitwise; the next
 #           save replaces the partial one
 # corrupt   truncated, bit-flipped or index-less checkpoints: a message naming the file, exit non-zero,
@@ -64,6 +65,9 @@ reshard)
   run 1 ddp --steps 4 --resume_from_checkpoint re_zero1_2 --save_state_to re_ddp_1 || fail "reshard to DDP at 1"
   run 2 fsdp/shard_grad_op --steps 4 --resume_from_checkpoint re_ddp_1 --save_state_to re_sgo_2 || fail "reshard to SHARD_GRAD_OP at 2"
   run 4 deepspeed/zero3 --steps 4 --resume_from_checkpoint re_sgo_2 --save_state_to re_zero3_4 || fail "reshard back to ZeRO-3 at 4"
+  # save_model from ZeRO-3 at 4: the safetensors weights equal the checkpoint's parameters.
+  run 4 deepspeed/zero3 --steps 4 --resume_from_checkpoint ckpt_4 --save_model_to model_4 || fail "save_model"
+  if out=$("$PY" "$SRC/tests/checkpoint/ckpt_tool.py" export ckpt_4 model_4); then pass "save_model: $out"; else fail "save_model: $out"; fi
   for c in re_zero1_2 re_ddp_1 re_sgo_2 re_zero3_4; do
     if out=$("$PY" "$SRC/tests/checkpoint/ckpt_tool.py" same ckpt_4 "$c"); then pass "$c: $out"; else fail "$c"; echo "$out"; fi
   done
