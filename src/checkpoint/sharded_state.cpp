@@ -514,7 +514,7 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
         throw CheckpointError(idx + ": parameter '" + s.name + "' is " + shape_str(it->second.shape) +
                               " in the checkpoint but " + shape_str(s.shape) + " in the model");
       copies.push_back({s.values, reader.range(it->first, it->second, s.lo, s.hi)});
-      if (!opt || !s.key.defined() || !has_state) continue;
+      if (!opt || !s.key.defined()) continue;
       NewState& ns = states[s.key.unsafeGetTensorImpl()];
       ns.key = s.key;
       if (auto st = scalars.find("step/" + s.name); st != scalars.end()) ns.step = st->get<std::int64_t>();
@@ -572,6 +572,10 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
   if (opt) {
     const std::string type = optimizer_type(opt);
     for (auto& [impl, ns] : states) {
+      if (ns.tensors.empty() && !ns.step) {  // no state saved for it: as before its first step
+        opt->state().erase(ns.key.unsafeGetTensorImpl());
+        continue;
+      }
       for (auto& [n, t] : ns.tensors) t = t.view(ns.key.sizes());
       install_state(*opt, type, ns.key, ns.tensors, ns.step);
     }

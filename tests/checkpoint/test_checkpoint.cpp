@@ -195,6 +195,27 @@ TEST(Checkpoint, AFailedLoadChangesNothing) {
   if (acc.is_main_process()) expect_same(went_on, from_good);
 }
 
+// A checkpoint saved before the first step holds no optimizer state: loading it must also drop the
+// state the optimizer built since, or the steps after it would differ.
+TEST(Checkpoint, ACheckpointFromBeforeTheFirstStepResetsTheOptimizer) {
+  const std::string dir = scratch("before_first_step");
+  for (const auto& [sname, yaml] : strategies()) {
+    SCOPED_TRACE(sname);
+    Accelerator acc(with_config(write_config(dir, sname, yaml)));
+    auto net = make_net();
+    torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(0.01));
+    auto opt = acc.prepare(net, adamw);
+    const std::string ckpt = acc.save_state(dir + "/" + sname);
+    train(acc, *net, *opt, 0, 3);
+    const auto first = weights(acc);
+    acc.load_state(ckpt);
+    EXPECT_EQ(acc.step(), 0);
+    train(acc, *net, *opt, 0, 3);
+    const auto second = weights(acc);
+    if (acc.is_main_process()) expect_same(first, second);
+  }
+}
+
 TEST(Checkpoint, OptimizerMismatchNamesBothTypes) {
   const std::string dir = scratch("mismatch");
   std::string ckpt;
