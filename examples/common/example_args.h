@@ -9,7 +9,7 @@
 //   --checkpointing_steps N     save_state every N optimizer steps
 //   --total_limit K             keep the newest K automatic checkpoints
 //   --resume_from_checkpoint C  load_state(C) first; "latest" = the newest automatic checkpoint
-//   --save_state_to D           save_state(D) once training ends
+//   --save_state_to D           save_state(D) once training ends (--full_state: rank 0 writes whole tensors)
 //   --save_model_to D           save_model(D): the full weights as safetensors, once training ends
 #pragma once
 
@@ -33,6 +33,7 @@ struct ExampleArgs {
   std::string project_dir, resume_from_checkpoint, save_state_to, save_model_to;
   std::int64_t checkpointing_steps = 0;
   int total_limit = 0;
+  bool full_state = false;
 };
 
 inline void add_common_options(CLI::App& app, ExampleArgs& a) {
@@ -49,6 +50,7 @@ inline void add_common_options(CLI::App& app, ExampleArgs& a) {
   app.add_option("--resume_from_checkpoint", a.resume_from_checkpoint,
                  "load this checkpoint first (\"latest\": the newest in PROJECT_DIR/checkpoints)");
   app.add_option("--save_state_to", a.save_state_to, "save_state to this directory once training ends");
+  app.add_flag("--full_state", a.full_state, "with --save_state_to: rank 0 writes every tensor whole");
   app.add_option("--save_model_to", a.save_model_to, "save_model (safetensors) to this directory once training ends");
 }
 
@@ -70,7 +72,7 @@ inline void maybe_resume(Accelerator& acc, const ExampleArgs& a) {
 // Once training ends: --save_state_to, --save_model_to.
 template <class M>
 void maybe_save_final(Accelerator& acc, M& model, const ExampleArgs& a) {
-  if (!a.save_state_to.empty()) acc.save_state(a.save_state_to);
+  if (!a.save_state_to.empty()) acc.save_state(a.save_state_to, a.full_state);
   if (!a.save_model_to.empty()) acc.save_model(model, a.save_model_to);
 }
 

@@ -375,7 +375,7 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict() {
 // ---------------------------------------------------------------------------------------------------
 // Checkpoints
 
-std::string Accelerator::save_state(const std::string& dir_in) {
+std::string Accelerator::save_state(const std::string& dir_in, bool full) {
   if (!model_) throw std::logic_error("Accelerator::save_state: prepare a model first");
   std::string dir = dir_in;
   if (dir.empty()) {
@@ -401,7 +401,7 @@ std::string Accelerator::save_state(const std::string& dir_in) {
   if (is_main_process())
     for (const auto& [name, r] : registered_) t.objects[name] = r.save();
   checkpoint::save_atomically(dir, *world_, [&](const std::string& partial) {
-    checkpoint::write_state(partial, *engine_, *model_, optimizer_.get(), t, *world_);
+    checkpoint::write_state(partial, *engine_, *model_, optimizer_.get(), t, *world_, full);
   });
   if (dir_in.empty() && opts_.total_limit > 0 && is_main_process())
     checkpoint::apply_total_limit(opts_.project_dir, opts_.total_limit);

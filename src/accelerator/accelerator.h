@@ -286,7 +286,9 @@ class Accelerator {
   // loaders' positions, every rank's RNG state, the step counter and the registered objects.
   // Atomic: written beside `dir` and renamed into place, so a crash leaves the previous checkpoint
   // intact. Without `dir`: the next <project_dir>/checkpoints/checkpoint_<i>. Returns the directory.
-  std::string save_state(const std::string& dir = "");
+  // full: rank 0 writes every tensor whole instead (gathered one unit at a time); load_state reads
+  // either kind. (fsdp_state_dict_type does not change this choice.)
+  std::string save_state(const std::string& dir = "", bool full = false);
   // Collective. Loads a checkpoint saved at any world size under any strategy (resharding on load,
   // optimizer moments included); the prepared loaders resume where they were. Without `dir`: the
   // newest automatic checkpoint. Throws checkpoint::CheckpointError naming the file and the problem,

@@ -379,12 +379,63 @@ void agree(comm::Communicator& world, const std::string& error, const std::strin
   if (failed) throw CheckpointError(what + " failed on rank " + std::to_string(failed - 1) + " (its message says why)");
 }
 
+// Each rank writes the slices its masters hold (replicated state once).
+void write_sharded(Writer& w, const zero::Engine& engine, torch::optim::Optimizer* opt, int rank, json& scalars) {
+  for (const Segment& s : segments_of(engine, rank)) {
+    if (!s.writer) continue;
+    w.add("param/" + s.name, s.shape, s.lo, s.values);
+    if (!opt || !s.key.defined()) continue;
+    auto* st = find_state(*opt, s.key);
+    if (!st) continue;
+    for (const auto& [sname, t] : state_tensors(*st))
+      w.add("optim/" + sname + "/" + s.name, s.shape, s.lo, t.reshape({-1}).narrow(0, s.key_offset, s.hi - s.lo));
+    if (auto step = state_step(*st)) scalars["step/" + s.name] = *step;
+  }
+}
+
+// Rank 0 writes every tensor whole. One flat parameter at a time is all-gathered over its shard group
+// (values and optimizer state), so rank 0 holds at most one unit beyond its shards.
+void write_full(Writer& w, const zero::Engine& engine, torch::optim::Optimizer* opt, int rank, json& scalars) {
+  if (engine.passthrough()) return write_sharded(w, engine, opt, rank, scalars);  // one rank holds it all
+  const auto& group = engine.shard_group();
+  const bool split = group && group->size() > 1;
+  for (const auto& f : engine.flats()) {
+    const sharding::FlatParam& fp = *f.flat;
+    const auto& layout = fp.layout();
+    const bool sharded_master = f.master.defined() && engine.spec().shards_optimizer() && split;
+    const bool sharded_frozen = !f.master.defined() && fp.options().sharded && split;
+    auto whole = [&](const at::Tensor& local) {  // the padded flat buffer, from this rank's part
+      if (!(sharded_master || sharded_frozen)) return local.reshape({-1});
+      at::Tensor out = at::empty({layout.padded()}, local.options());
+      group->all_gather(local.reshape({-1}).contiguous(), out);
+      return out;
+    };
+    const at::Tensor values = whole(f.master.defined() ? f.master : (fp.options().sharded ? fp.shard() : fp.full()));
+    std::vector<std::pair<std::string, at::Tensor>> states;
+    std::optional<std::int64_t> step;
+    if (opt && f.master.defined())
+      if (auto* st = find_state(*opt, f.master)) {
+        for (const auto& [sname, t] : state_tensors(*st)) states.emplace_back(sname, whole(t));
+        step = state_step(*st);
+      }
+    if (rank != 0) continue;
+    for (std::size_t i = 0; i < fp.params().size(); ++i) {
+      const std::string& name = fp.names()[i];
+      const std::vector<std::int64_t> shape = fp.params()[i].sizes().vec();
+      const std::int64_t off = layout.offset(static_cast<int>(i)), n = fp.params()[i].numel();
+      w.add("param/" + name, shape, 0, values.narrow(0, off, n));
+      for (const auto& [sname, t] : states) w.add("optim/" + sname + "/" + name, shape, 0, t.narrow(0, off, n));
+      if (step) scalars["step/" + name] = *step;
+    }
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------
 
 void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::Module& model,
-                 torch::optim::Optimizer* opt, const TrainingState& training, comm::Communicator& world) {
+                 torch::optim::Optimizer* opt, const TrainingState& training, comm::Communicator& world, bool full) {
   const int rank = world.rank();
   std::string error;
   const std::string type = optimizer_type(opt);
@@ -392,20 +443,16 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
   try {
     c10::NoGradGuard ng;
     Writer w{dir, rank_file("shard", rank, ".bin")};
-    for (const Segment& s : segments_of(engine, rank)) {
-      if (!s.writer) continue;
-      w.add("param/" + s.name, s.shape, s.lo, s.values);
-      if (!opt || !s.key.defined()) continue;
-      auto* st = find_state(*opt, s.key);
-      if (!st) continue;
-      for (const auto& [sname, t] : state_tensors(*st))
-        w.add("optim/" + sname + "/" + s.name, s.shape, s.lo, t.reshape({-1}).narrow(0, s.key_offset, s.hi - s.lo));
-      if (auto step = state_step(*st)) scalars["step/" + s.name] = *step;
+    if (full) {
+      write_full(w, engine, opt, rank, scalars);
+    } else {
+      write_sharded(w, engine, opt, rank, scalars);
     }
     if (rank == 0)
       for (const auto& b : model.named_buffers())
         if (b.value().defined()) w.add("buffer/" + b.key(), b.value().sizes().vec(), 0, b.value().reshape({-1}));
     write_file_synced(dir + "/" + w.file, w.bytes.data(), w.bytes.size());
+
     const std::string part = json{{"slices", w.slices}, {"scalars", scalars}}.dump();
     write_file_synced(dir + "/" + rank_file("slices", rank, ".json"), part.data(), part.size());
     {

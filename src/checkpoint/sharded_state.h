@@ -62,9 +62,11 @@ struct SavedInfo {
 };
 
 // Collective. Writes this rank's files into `dir` (which must exist, on a filesystem every rank
-// sees); after a barrier rank 0 writes index.json. `opt` may be null (model only).
+// sees); after a barrier rank 0 writes index.json. `opt` may be null (model only). full: rank 0
+// writes every tensor whole (gathered one flat parameter at a time); the reader does not care which.
 void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::Module& model,
-                 torch::optim::Optimizer* opt, const TrainingState& training, comm::Communicator& world);
+                 torch::optim::Optimizer* opt, const TrainingState& training, comm::Communicator& world,
+                 bool full = false);
 
 // Collective. Reads `dir` into the prepared engine/model/optimizer (any saving world size and
 // strategy) and this rank's RNG state (when the checkpoint has one for this rank), and returns the

@@ -68,7 +68,12 @@ reshard)
   # save_model from ZeRO-3 at 4: the safetensors weights equal the checkpoint's parameters.
   run 4 deepspeed/zero3 --steps 4 --resume_from_checkpoint ckpt_4 --save_model_to model_4 || fail "save_model"
   if out=$("$PY" "$SRC/tests/checkpoint/ckpt_tool.py" export ckpt_4 model_4); then pass "save_model: $out"; else fail "save_model: $out"; fi
-  for c in re_zero1_2 re_ddp_1 re_sgo_2 re_zero3_4; do
+  # A full checkpoint (rank 0 writes whole tensors) from ZeRO-3 at 4 holds the same tensors, and loads.
+  run 4 deepspeed/zero3 --steps 4 --resume_from_checkpoint ckpt_4 --save_state_to re_full_4 --full_state || fail "full save"
+  for r in 1 2 3; do [ "$(stat -c %s re_full_4/shard_$r.bin)" = 0 ] || fail "full save: rank $r wrote data"; done
+  run 2 deepspeed/zero1 --steps 8 --resume_from_checkpoint re_full_4 --log_file leg_full.log || fail "resuming from the full checkpoint"
+  if msg=$(close leg_full.log full.log 5 8 2e-4); then pass "resumed from the full checkpoint at ZeRO-1@2, $msg"; else fail "full resume, $msg"; fi
+  for c in re_zero1_2 re_ddp_1 re_sgo_2 re_zero3_4 re_full_4; do
     if out=$("$PY" "$SRC/tests/checkpoint/ckpt_tool.py" same ckpt_4 "$c"); then pass "$c: $out"; else fail "$c"; echo "$out"; fi
   done
   ;;

@@ -1,5 +1,5 @@
 // save_state / load_state in one process per rank: every supported optimizer's state survives a
-// round trip under each strategy (training on from a loaded checkpoint is bitwise the training that
+// round trip (sharded and full checkpoints) under each strategy (training on from a loaded checkpoint is bitwise the training that
 // went on without it), a failed load changes nothing, and the bookkeeping (automatic names, the
 // total limit, registered objects, the step counter) works.
 #include "test_world.h"
@@ -147,16 +147,20 @@ TEST(Checkpoint, EveryOptimizersStateRoundTripsUnderEveryStrategy) {
       auto inner = oc.make(*net);
       auto opt = acc.prepare(net, *inner);
       train(acc, *net, *opt, 0, 2);
-      const std::string ckpt = acc.save_state(dir + "/" + sname + "_" + oc.name);
+      const std::string sharded = acc.save_state(dir + "/" + sname + "_" + oc.name);
+      const std::string full = acc.save_state(dir + "/" + sname + "_" + oc.name + "_full", /*full=*/true);
       EXPECT_EQ(acc.step(), 2);
       train(acc, *net, *opt, 2, 5);
       const auto straight = weights(acc);
-      acc.load_state(ckpt);  // back to step 2: weights, moments, buffer, step counter
-      EXPECT_EQ(acc.step(), 2);
-      train(acc, *net, *opt, 2, 5);
-      const auto resumed = weights(acc);
-      if (acc.is_main_process()) expect_same(straight, resumed);
-      EXPECT_EQ(net->seen[0].item<double>(), 5.0) << "the buffer was restored to 2, then counted 3 steps";
+      for (const std::string& ckpt : {sharded, full}) {
+        SCOPED_TRACE(ckpt);
+        acc.load_state(ckpt);  // back to step 2: weights, moments, buffer, step counter
+        EXPECT_EQ(acc.step(), 2);
+        train(acc, *net, *opt, 2, 5);
+        const auto resumed = weights(acc);
+        if (acc.is_main_process()) expect_same(straight, resumed);
+        EXPECT_EQ(net->seen[0].item<double>(), 5.0) << "the buffer was restored to 2, then counted 3 steps";
+      }
     }
   }
 }
