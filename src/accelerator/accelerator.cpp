@@ -373,6 +373,16 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict() {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Sharded construction
+
+std::unique_ptr<sharding::ShardedInit> Accelerator::sharded_init() {
+  if (!device_.is_cpu())
+    throw ConfigError("Accelerator::sharded_init: sharded construction runs on the CPU only so far (use_cpu)");
+  auto group = cfg_.spec.hybrid() ? world_->node_local() : world_;
+  return std::make_unique<sharding::ShardedInit>(world_, group);
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Checkpoints
 
 std::string Accelerator::save_state(const std::string& dir_in, bool full) {

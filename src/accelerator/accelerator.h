@@ -27,6 +27,7 @@
 #include "accelerator/config.h"
 #include "accelerator/data_loader.h"
 #include "comm/communicator.h"
+#include "sharding/sharded_init.h"
 #include "zero/engine.h"
 
 #include <ATen/core/Tensor.h>
@@ -279,6 +280,13 @@ class Accelerator {
   std::vector<std::pair<std::string, at::Tensor>> get_state_dict();
   // Waits for every rank; afterwards the Accelerator does no more collectives.
   void end_training();
+
+  // --- sharded construction (DeepSpeed's zero.Init) --------------------------------------------------
+  // Keep the returned scope alive while building the model: each module marked with accel::unit is
+  // sharded over the ranks as soon as it is built (rank 0's values win), so a model larger than one
+  // rank's memory can be constructed; prepare() gives each unit its values back one at a time while
+  // sharding it. Collective (every rank builds the same model). CPU only for now.
+  [[nodiscard]] std::unique_ptr<sharding::ShardedInit> sharded_init();
 
   // --- checkpoints (src/checkpoint/) ----------------------------------------------------------------
   // Collective. Saves the model and optimizer state sharded (each rank writes its own shards, with

@@ -5,6 +5,7 @@
 
 #include "base/env.h"
 #include "base/memory.h"
+#include "sharding/sharded_init.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -151,7 +152,8 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     c10::NoGradGuard ng;
     std::vector<comm::WorkPtr> works;
     for (auto& o : owned)
-      if (o.param.numel() > 0 && o.param.is_contiguous()) works.push_back(world_->broadcast_async(o.param, {0}));
+      if (o.param.numel() > 0 && o.param.is_contiguous() && !sharding::is_presharded(o.param))  // (those were sent when built)
+        works.push_back(world_->broadcast_async(o.param, {0}));
     for (auto& w : works) w->wait();
   }
 
@@ -180,6 +182,9 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
       ps.push_back(owned[i].param);
       names.push_back(owned[i].name);
     }
+    // A unit built under sharded construction gets its values back now, one unit at a time (the
+    // keys are in the same order on every rank, so these all-gathers are too).
+    for (const auto& p : ps) sharding::materialize(p);
     sharding::FlatParam::Options o;
     o.rank = shard_->rank();
     o.world = shard_->size();

@@ -10,10 +10,11 @@ if(ACCEL_BUILD_EXAMPLES)
   endforeach()
 endif()
 
-# In-process round trips at 2 and 3 ranks (every optimizer's state under every strategy, a failed
-# load that changes nothing, automatic naming, the total limit, registered objects).
+# In-process round trips at 1-3 ranks (every optimizer's state under every strategy, a failed
+# load that changes nothing, automatic naming, the total limit, registered objects), and sharded
+# construction (Accelerator::sharded_init).
 add_executable(checkpoint_tests test_main.cpp checkpoint/test_checkpoint.cpp)
-target_include_directories(checkpoint_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_include_directories(checkpoint_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/examples)
 target_link_libraries(checkpoint_tests PRIVATE accel GTest::gtest)
 target_precompile_headers(checkpoint_tests REUSE_FROM accel_tests)
 target_compile_definitions(checkpoint_tests PRIVATE ACCEL_BINARY_DIR="${CMAKE_BINARY_DIR}")

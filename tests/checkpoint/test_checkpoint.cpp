@@ -7,6 +7,9 @@
 #include "accelerator/accelerator.h"
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/sharded_state.h"
+#include "models/gpt.h"
+#include "sharding/flat_param.h"
+#include "sharding/sharded_init.h"
 #include "sharding/unit.h"
 
 #include <ATen/ATen.h>
@@ -270,6 +273,53 @@ TEST(Checkpoint, AutomaticNamesTotalLimitAndRegisteredObjects) {
   EXPECT_EQ(counter, 30);
   EXPECT_THROW(acc.register_for_checkpointing("a/b", [] { return std::string(); }, [](const std::string&) {}),
                std::invalid_argument);
+}
+
+// Sharded construction (zero.Init): the GPT's blocks are sharded as they are built, each rank keeps
+// 1/N of them, and the prepared model trains exactly as the one built whole. The ranks seed
+// differently: only rank 0's values may survive.
+TEST(ShardedInit, UnitsAreShardedAsBuiltAndTrainLikeTheWholeModel) {
+  const std::string dir = scratch("sharded_init");
+  const examples::GPTConfig cfg{11, 8, 2, 3, 5};
+  auto run = [&](const std::string& yaml, bool sharded) {
+    Accelerator acc(with_config(write_config(dir, "cfg", yaml)));
+    const int n = acc.num_processes();
+    at::manual_seed(sharded ? 7 + 100 * acc.process_index() : 7);
+    std::shared_ptr<examples::GPTImpl> model;
+    if (sharded) {
+      auto scope = acc.sharded_init();
+      model = std::make_shared<examples::GPTImpl>(cfg);
+      EXPECT_EQ(scope->units_sharded(), cfg.layers);
+      std::int64_t block_params = 0;
+      for (auto& b : model->blocks)
+        for (const auto& p : b->parameters()) {
+          EXPECT_FALSE(sharding::storage_allocated(p)) << "a block parameter kept its storage";
+          ++block_params;
+        }
+      EXPECT_EQ(sharding::presharded_count(), block_params);
+      // This rank holds its 1/n of every block (plus at most one element of padding per block).
+      EXPECT_LE(scope->shard_bytes(), scope->sharded_bytes() / n + cfg.layers * 4);
+      EXPECT_GE(scope->shard_bytes(), scope->sharded_bytes() / n - cfg.layers * 4);
+    } else {
+      model = std::make_shared<examples::GPTImpl>(cfg);
+    }
+    torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(0.01));
+    auto opt = acc.prepare(model, adamw);
+    EXPECT_EQ(sharding::presharded_count(), 0) << "prepare() gives every unit its values back";
+    at::Tensor tokens = (at::arange(20, at::kLong) * 7).remainder(11).view({4, 5});
+    for (int s = 0; s < 3; ++s) {
+      acc.backward(examples::lm_loss(model->forward(tokens), tokens.roll(1, 1)));
+      opt->step();
+      opt->zero_grad();
+    }
+    return weights(acc);
+  };
+  for (const auto& [sname, yaml] : strategies()) {
+    SCOPED_TRACE(sname);
+    const auto whole = run(yaml, false);
+    const auto sharded = run(yaml, true);
+    if (world()->rank() == 0) expect_same(whole, sharded);
+  }
 }
 
 }  // namespace
