@@ -6,10 +6,12 @@
 # run's (multinode_hybrid_shard.sh). Needs root (CAP_SYS_ADMIN) and iproute2: skipped (exit 77) with
 # "SKIP: cannot create network namespaces: <reason>" otherwise. Needs the accel_rank target built
 # (accel launch starts each rank through it). About 20 s.
-add_test(NAME cli_launch_multinode_netns_hybrid_shard
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/multinode_netns.sh
-                 bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/multinode_hybrid_shard.sh
-                 ${ACCEL_CLI} $<TARGET_FILE:gpt_lm> ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/multinode_runs
-                 ${MPIEXEC_EXECUTABLE})
-set_tests_properties(cli_launch_multinode_netns_hybrid_shard PROPERTIES
-                     ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS multinode)
+if(ACCEL_BUILD_EXAMPLES)  # it trains the GPT example
+  add_test(NAME cli_launch_multinode_netns_hybrid_shard
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/multinode_netns.sh
+                   bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/multinode_hybrid_shard.sh
+                   ${ACCEL_CLI} $<TARGET_FILE:gpt_lm> ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/multinode_runs
+                   ${MPIEXEC_EXECUTABLE})
+  set_tests_properties(cli_launch_multinode_netns_hybrid_shard PROPERTIES
+                       ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS multinode)
+endif()
