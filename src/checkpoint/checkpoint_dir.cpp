@@ -2,6 +2,7 @@
 
 #include "checkpoint/sharded_state.h"
 #include "base/env.h"
+#include "base/files.h"
 
 #include <ATen/ATen.h>
 
@@ -55,35 +56,6 @@ void agree_on_root(comm::Communicator& world, const std::string& error) {
 
 }  // namespace
 
-void remove_tree(const std::string& path) {
-  struct stat st{};
-  if (::lstat(path.c_str(), &st) != 0) return;
-  if (S_ISDIR(st.st_mode)) {
-    if (DIR* d = ::opendir(path.c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        const std::string n = e->d_name;
-        if (n != "." && n != "..") remove_tree(path + "/" + n);
-      }
-      ::closedir(d);
-    }
-    ::rmdir(path.c_str());
-  } else {
-    ::unlink(path.c_str());
-  }
-}
-
-void make_dirs(const std::string& path) {
-  std::string p;
-  std::size_t pos = 0;
-  while (pos != std::string::npos) {
-    pos = path.find('/', pos + 1);
-    p = path.substr(0, pos);
-    if (p.empty()) continue;
-    if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST)
-      throw CheckpointError("cannot create directory " + p + ": " + std::strerror(errno));
-  }
-}
-
 void save_atomically(const std::string& final_in, comm::Communicator& world,
                      const std::function<void(const std::string&)>& write) {
   const std::string final_dir = strip_slashes(final_in);
@@ -91,8 +63,8 @@ void save_atomically(const std::string& final_in, comm::Communicator& world,
   std::string error;
   if (world.rank() == 0) {
     try {
-      make_dirs(parent_of(final_dir));
-      remove_tree(partial);  // what a crashed save left behind
+      files::make_dirs(parent_of(final_dir));
+      files::remove_tree(partial);  // what a crashed save left behind
       if (::mkdir(partial.c_str(), 0755) != 0)
         throw CheckpointError("cannot create " + partial + ": " + std::strerror(errno));
     } catch (const std::exception& e) {
@@ -110,13 +82,13 @@ void save_atomically(const std::string& final_in, comm::Communicator& world,
       if (exists(final_dir)) {
         // Swap in one step where the filesystem can; otherwise move the old one aside first.
         if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
-          remove_tree(partial);  // now the previous checkpoint
+          files::remove_tree(partial);  // now the previous checkpoint
         } else {
           const std::string old = final_dir + ".old";
-          remove_tree(old);
+          files::remove_tree(old);
           if (::rename(final_dir.c_str(), old.c_str()) != 0 || ::rename(partial.c_str(), final_dir.c_str()) != 0)
             throw CheckpointError("cannot move " + partial + " to " + final_dir + ": " + std::strerror(errno));
-          remove_tree(old);
+          files::remove_tree(old);
         }
       } else if (::rename(partial.c_str(), final_dir.c_str()) != 0) {
         throw CheckpointError("cannot move " + partial + " to " + final_dir + ": " + std::strerror(errno));
@@ -157,7 +129,7 @@ void apply_total_limit(const std::string& project_dir, int total_limit) {
   if (total_limit < 1) return;
   auto existing = automatic_checkpoints(project_dir);
   while (static_cast<int>(existing.size()) > total_limit) {
-    remove_tree(existing.front().second);
+    files::remove_tree(existing.front().second);
     existing.erase(existing.begin());
   }
 }

@@ -28,9 +28,4 @@ std::string next_automatic_dir(const std::string& project_dir);
 // Rank 0 only: removes the oldest automatic checkpoints until at most `total_limit` remain.
 void apply_total_limit(const std::string& project_dir, int total_limit);
 
-// rm -rf, with POSIX calls. Missing paths are fine.
-void remove_tree(const std::string& path);
-// mkdir -p.
-void make_dirs(const std::string& path);
-
 }  // namespace accel::checkpoint

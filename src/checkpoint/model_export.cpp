@@ -2,6 +2,8 @@
 // (see model_export.h).
 #include "checkpoint/model_export.h"
 
+#include "base/files.h"
+
 #include "base/memory.h"
 #include "base/progress.h"
 #include "checkpoint/safetensors.h"
@@ -45,10 +47,11 @@ bool is_file(const std::string& p) {
 
 void mkdir_p(const std::string& dir) {
   if (dir.empty() || is_dir(dir)) return;
-  auto slash = dir.find_last_of('/', dir.size() - 2);
-  if (slash != std::string::npos && slash > 0) mkdir_p(dir.substr(0, slash));
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    throw std::runtime_error("save_model: cannot create directory '" + dir + "': " + std::strerror(errno));
+  try {
+    files::make_dirs(dir);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("save_model: ") + e.what());
+  }
   if (!is_dir(dir)) throw std::runtime_error("save_model: '" + dir + "' exists and is not a directory");
 }
 

@@ -1,5 +1,7 @@
 #include "checkpoint/sharded_state.h"
 
+#include "base/files.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
@@ -67,24 +69,6 @@ std::string read_text(const std::string& path) {
   std::stringstream s;
   s << f.rdbuf();
   return s.str();
-}
-
-void write_file_synced(const std::string& path, const void* data, std::size_t n) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw CheckpointError("cannot create " + path + ": " + std::strerror(errno));
-  const char* p = static_cast<const char*>(data);
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t w = ::write(fd, p + done, n - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      throw CheckpointError("cannot write " + path + ": " + why);
-    }
-    done += static_cast<std::size_t>(w);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) throw CheckpointError("cannot sync " + path + ": " + std::strerror(errno));
 }
 
 std::string rank_file(const char* stem, int rank, const char* ext) {
@@ -451,15 +435,15 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
     if (rank == 0)
       for (const auto& b : model.named_buffers())
         if (b.value().defined()) w.add("buffer/" + b.key(), b.value().sizes().vec(), 0, b.value().reshape({-1}));
-    write_file_synced(dir + "/" + w.file, w.bytes.data(), w.bytes.size());
+    files::write_file_synced(dir + "/" + w.file, w.bytes.data(), w.bytes.size());
 
     const std::string part = json{{"slices", w.slices}, {"scalars", scalars}}.dump();
-    write_file_synced(dir + "/" + rank_file("slices", rank, ".json"), part.data(), part.size());
+    files::write_file_synced(dir + "/" + rank_file("slices", rank, ".json"), part.data(), part.size());
     {
       auto gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
       at::Tensor rng = gen.get_state();
-      write_file_synced(dir + "/" + rank_file("rng", rank, ".bin"), rng.data_ptr(), rng.numel());
+      files::write_file_synced(dir + "/" + rank_file("rng", rank, ".bin"), rng.data_ptr(), rng.numel());
     }
   } catch (const std::exception& e) {
     error = std::string("rank ") + std::to_string(rank) + " could not write its part of " + dir + ": " + e.what();
@@ -484,7 +468,7 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
       }
       json objects = json::array();
       for (const auto& [name, bytes] : training.objects) {
-        write_file_synced(dir + "/object_" + name + ".bin", bytes.data(), bytes.size());
+        files::write_file_synced(dir + "/object_" + name + ".bin", bytes.data(), bytes.size());
         objects.push_back(name);
       }
       json loaders = json::array();
@@ -503,7 +487,7 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
                       {"objects", objects}}},
                     {"tensors", tensors}};
       const std::string text = index.dump(1);
-      write_file_synced(dir + "/index.json", text.data(), text.size());
+      files::write_file_synced(dir + "/index.json", text.data(), text.size());
     } catch (const std::exception& e) {
       error = std::string("rank 0 could not write ") + dir + "/index.json: " + e.what();
     }

@@ -7,6 +7,7 @@
 #include "cli/paths.h"
 
 #include "accelerator/config.h"
+#include "base/files.h"
 #include "comm/nccl_backend.h"
 
 #include <sys/stat.h>
@@ -24,19 +25,11 @@
 namespace accel::cli {
 namespace {
 
-void make_parents(const std::string& path) {
-  for (std::size_t pos = path.find('/', 1); pos != std::string::npos; pos = path.find('/', pos + 1)) {
-    const std::string dir = path.substr(0, pos);
-    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-      throw std::runtime_error("cannot create " + dir + ": " + std::strerror(errno));
-  }
-}
-
 // Parses the YAML back (a questionnaire bug must not leave a broken file), then writes it atomically.
 AcceleratorConfig write_config(const std::string& path, const std::string& yaml) {
   const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
   AcceleratorConfig cfg = parse_accelerate_yaml(yaml, path, dir);
-  make_parents(path);
+  if (dir != ".") files::make_dirs(dir);
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp);

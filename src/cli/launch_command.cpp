@@ -6,6 +6,7 @@
 #include "cli/paths.h"
 
 #include "accelerator/config.h"
+#include "base/files.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -50,20 +51,6 @@ std::optional<std::string> find_program(const std::string& name) {
   while (std::getline(dirs, d, ':'))
     if (!d.empty() && is_executable(d + "/" + name)) return d + "/" + name;
   return std::nullopt;
-}
-
-std::string absolute(const std::string& p) {
-  char buf[PATH_MAX];
-  if (realpath(p.c_str(), buf)) return buf;
-  return p;
-}
-
-std::string self_dir() {
-  char buf[PATH_MAX];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return ".";
-  std::string s(buf, static_cast<size_t>(n));
-  return s.substr(0, s.rfind('/'));
 }
 
 std::vector<std::string> split_words(const std::string& s) {
@@ -117,17 +104,6 @@ std::vector<RankFailure> read_failures(const std::string& dir) {
   return out;
 }
 
-void remove_dir(const std::string& dir) {  // POSIX only: std::filesystem::remove_all crashes next to libtorch here
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      const std::string name = e->d_name;
-      if (name != "." && name != "..") unlink((dir + "/" + name).c_str());
-    }
-    closedir(d);
-  }
-  rmdir(dir.c_str());
-}
-
 int run_plan(const LaunchPlan& plan, const std::string& status_dir) {
   struct sigaction sa{};
   sa.sa_sigaction = on_signal;
@@ -155,7 +131,7 @@ int run_plan(const LaunchPlan& plan, const std::string& status_dir) {
   const int launcher_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 
   auto failures = read_failures(status_dir);
-  remove_dir(status_dir);
+  files::remove_tree(status_dir);
   if (g_interrupted) {
     fmt::print(stderr, "accel launch: interrupted by {}; stopped all {} ranks\n", strsignal(g_interrupted),
                plan.num_processes);
@@ -202,7 +178,7 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
     const AcceleratorConfig file = load_config_file(config_path);
     req.config_num_processes = file.num_processes;
     req.config_num_machines = file.num_machines;
-    config_path = absolute(config_path);
+    config_path = files::absolute_path(config_path);
     req.env.emplace_back("ACCEL_CONFIG_FILE", config_path);
   }
   // The flags go through the same resolution the ranks will do, so a bad value fails here, once.
@@ -213,7 +189,7 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   if (args.cpu) o.use_cpu = true;
   if (args.zero_stage) o.zero_stage = args.zero_stage;
   if (!args.fsdp_sharding_strategy.empty()) o.fsdp_sharding_strategy = args.fsdp_sharding_strategy;
-  const AcceleratorConfig resolved = resolve_config(o);
+  resolve_config(o);
   if (o.mixed_precision) req.env.emplace_back("ACCEL_MIXED_PRECISION", *o.mixed_precision);
   if (o.gradient_accumulation_steps)
     req.env.emplace_back("ACCEL_GRADIENT_ACCUMULATION_STEPS", std::to_string(*o.gradient_accumulation_steps));
@@ -240,10 +216,11 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
     throw LaunchError("program '" + program[0] + "' not found" +
                       (program[0].find('/') == std::string::npos ? " on PATH" : " (or not executable)"));
   // Ranks on other machines run the same path: make it absolute when it was relative.
-  if (program[0].find('/') != std::string::npos) program[0] = absolute(program[0]);
+  if (program[0].find('/') != std::string::npos) program[0] = files::absolute_path(program[0]);
   req.program = program;
 
-  req.rank_wrapper = self_dir() + "/accel-rank";
+  const std::string self = files::self_exe_path();
+  req.rank_wrapper = self.substr(0, self.rfind('/')) + "/accel-rank";
   if (!is_executable(req.rank_wrapper))
     throw LaunchError("accel-rank is missing next to this accel (" + req.rank_wrapper + "); rebuild or reinstall accel");
   if (const char* m = std::getenv("ACCEL_MPIRUN"); m && *m) req.mpirun = m;
@@ -263,11 +240,11 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   try {
     plan = plan_launch(req);
   } catch (...) {
-    if (!status_dir.empty()) remove_dir(status_dir);
+    if (!status_dir.empty()) files::remove_tree(status_dir);
     throw;
   }
   if (plan.launcher == "mpirun" && !find_program(plan.argv[0])) {
-    if (!status_dir.empty()) remove_dir(status_dir);
+    if (!status_dir.empty()) files::remove_tree(status_dir);
     throw LaunchError("'" + plan.argv[0] + "' not found: install Open MPI (apt install openmpi-bin) or set ACCEL_MPIRUN");
   }
   const std::string where =
@@ -276,7 +253,6 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   fmt::print(stderr, "accel launch: {} rank(s) on {} via {}; {}\n", plan.num_processes, where, plan.launcher,
              config_path.empty() ? std::string("no config file") : "config " + config_path);
   if (args.dry_run) {
-    (void)resolved;
     fmt::print("{}\n", shell_join(plan.argv));
     return 0;
   }

@@ -9,6 +9,8 @@
 #include "cli/commands.h"
 
 #include "accelerator/accelerator.h"
+#include "base/files.h"
+#include "cli/launch_plan.h"
 #include "cli/conformance.h"
 #include "cli/paths.h"
 #include "comm/communicator.h"
@@ -56,27 +58,6 @@ bool under_launcher() {
   return false;
 }
 
-std::string absolute(const std::string& p) {
-  char buf[PATH_MAX];
-  return ::realpath(p.c_str(), buf) ? std::string(buf) : p;
-}
-
-std::string self_exe() {
-  char buf[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) throw std::runtime_error("accel test: cannot read /proc/self/exe to re-run this accel binary");
-  return std::string(buf, static_cast<std::size_t>(n));
-}
-
-std::string shell_join(const std::vector<std::string>& argv) {
-  std::string s;
-  for (const auto& a : argv) {
-    const bool plain = !a.empty() && a.find_first_of(" \t\"'\\$`") == std::string::npos;
-    s += (s.empty() ? "" : " ") + (plain ? a : "'" + a + "'");
-  }
-  return s;
-}
-
 // The user's path: pick and validate the config, then exec `accel launch ... accel test --worker`.
 int run_user(const TestArgs& a) {
   std::string config = a.config_file;
@@ -91,9 +72,9 @@ int run_user(const TestArgs& a) {
     std::fprintf(stderr, "accel test: error: %s\n", e.what());
     return 1;
   }
-  if (!config.empty()) config = absolute(config);
+  if (!config.empty()) config = files::absolute_path(config);
 
-  const std::string self = self_exe();
+  const std::string self = files::self_exe_path();
   std::vector<std::string> argv{self, "launch"};
   if (!config.empty()) argv.insert(argv.end(), {"--config_file", config});
   if (a.num_processes > 0) argv.insert(argv.end(), {"--num_processes", std::to_string(a.num_processes)});

@@ -5,6 +5,7 @@
 #include "test_world.h"
 
 #include "accelerator/accelerator.h"
+#include "base/files.h"
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/sharded_state.h"
 #include "models/gpt.h"
@@ -82,8 +83,8 @@ void expect_same(const std::map<std::string, at::Tensor>& a, const std::map<std:
 std::string scratch(const std::string& name) {
   const std::string d = std::string(ACCEL_BINARY_DIR) + "/checkpoint_unit/" + name + "_np" + std::to_string(world()->size());
   if (world()->rank() == 0) {
-    checkpoint::remove_tree(d);
-    checkpoint::make_dirs(d);
+    files::remove_tree(d);
+    files::make_dirs(d);
   }
   world()->barrier();
   return d;

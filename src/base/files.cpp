@@ -1,0 +1,73 @@
+#include "base/files.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <stdexcept>
+
+namespace accel::files {
+
+void remove_tree(const std::string& path) {
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    if (DIR* d = ::opendir(path.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        const std::string n = e->d_name;
+        if (n != "." && n != "..") remove_tree(path + "/" + n);
+      }
+      ::closedir(d);
+    }
+    ::rmdir(path.c_str());
+  } else {
+    ::unlink(path.c_str());
+  }
+}
+
+void make_dirs(const std::string& path) {
+  std::size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    const std::string p = path.substr(0, pos);
+    if (p.empty()) continue;
+    if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST)
+      throw std::runtime_error("cannot create directory " + p + ": " + std::strerror(errno));
+  }
+}
+
+void write_file_synced(const std::string& path, const void* data, std::size_t n) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
+  const char* p = static_cast<const char*>(data);
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::write(fd, p + done, n - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      throw std::runtime_error("cannot write " + path + ": " + why);
+    }
+    done += static_cast<std::size_t>(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) throw std::runtime_error("cannot sync " + path + ": " + std::strerror(errno));
+}
+
+std::string absolute_path(const std::string& p) {
+  char buf[PATH_MAX];
+  return ::realpath(p.c_str(), buf) ? std::string(buf) : p;
+}
+
+std::string self_exe_path() {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw std::runtime_error(std::string("cannot read /proc/self/exe: ") + std::strerror(errno));
+  return std::string(buf, static_cast<std::size_t>(n));
+}
+
+}  // namespace accel::files
