@@ -3,6 +3,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/model_export.h"
 #include "checkpoint/sharded_state.h"
+#include "accelerator/precision.h"
 #include "zero/sharded_optimizer.h"
 
 #include <ATen/ATen.h>
@@ -42,13 +43,24 @@ std::int64_t GradientState::remainder() const {
 
 AcceleratedOptimizer::AcceleratedOptimizer(std::shared_ptr<torch::optim::Optimizer> inner,
                                            std::shared_ptr<zero::Engine> engine, std::shared_ptr<GradientState> state,
-                                           std::optional<double> clip)
-    : inner_(std::move(inner)), engine_(std::move(engine)), state_(std::move(state)), clip_(clip) {}
+                                           std::optional<double> clip, std::shared_ptr<LossScaling> scaling)
+    : inner_(std::move(inner)), engine_(std::move(engine)), state_(std::move(state)), clip_(clip),
+      scaling_(std::move(scaling)) {}
 
 void AcceleratedOptimizer::step() {
   if (!state_->sync_gradients) return;
   state_->step_was_skipped = false;
-  if (clip_ && *clip_ > 0) engine_->clip_grad_norm(*clip_);
+  std::optional<double> clip;
+  if (clip_ && *clip_ > 0) clip = clip_;
+  if (scaling_) {
+    if (scaling_->finish_step(clip)) {  // an overflow on some rank: every rank skips
+      engine_->skip_step();
+      state_->step_was_skipped = true;
+      return;
+    }
+  } else if (clip) {
+    engine_->clip_grad_norm(*clip);
+  }
   inner_->step();
   ++state_->optimizer_steps;
 }
@@ -91,10 +103,6 @@ void check_supported(AcceleratorConfig& cfg, c10::Device device) {
   if (cfg.activation_checkpointing)
     throw ConfigError(where(cfg) + ": activation checkpointing is not implemented in this version of accel; set "
                       "fsdp_activation_checkpointing: false");
-  if (cfg.mixed_precision != MixedPrecision::No)
-    throw ConfigError(where(cfg) + ": mixed_precision '" + to_string(cfg.mixed_precision) +
-                      "' is not available in this version of accel (fp16/bf16/fp8 compute is not implemented "
-                      "yet); set mixed_precision: 'no' (fp32)");
   for (const auto* dev : {&cfg.offload_optimizer_device, &cfg.offload_param_device}) {
     if (*dev == "nvme")
       throw ConfigError(where(cfg) + ": offload to nvme is not supported; use 'cpu' or 'none'");
@@ -117,6 +125,7 @@ Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
   world_ = comm::Communicator::world();
   device_ = pick_device(cfg_, world_->topology());
   check_supported(cfg_, device_);
+  apply_precision_policy(cfg_);
   state_->accumulation_steps = cfg_.gradient_accumulation_steps;
   if (opts.report_ignored_keys && is_main_process() && !cfg_.ignored.empty()) {
     // One line: the keys only (their reasons: cfg_.ignored, or `accel config explain`).
@@ -172,7 +181,8 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
   std::optional<double> clip;
   if (cfg_.gradient_clipping && *cfg_.gradient_clipping > 0) clip = cfg_.gradient_clipping;
   optimizer_ = p.optimizer;
-  return std::make_shared<AcceleratedOptimizer>(p.optimizer, engine_, state_, clip);
+  if (cfg_.mixed_precision == MixedPrecision::Fp16) scaling_ = std::make_shared<LossScaling>(cfg_.loss_scaler, engine_, device_);
+  return std::make_shared<AcceleratedOptimizer>(p.optimizer, engine_, state_, clip, scaling_);
 }
 
 std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(std::shared_ptr<torch::optim::LRScheduler> s) {
@@ -186,6 +196,7 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(std::shared
 
 void Accelerator::backward(const at::Tensor& loss) {
   at::Tensor l = state_->accumulation_steps > 1 ? loss / static_cast<double>(state_->accumulation_steps) : loss;
+  if (scaling_) l = scaling_->scale_loss(l);
   if (engine_)
     engine_->backward(l);
   else
@@ -212,14 +223,24 @@ void Accelerator::begin_micro_step() {
 
 void Accelerator::end_micro_step() { no_sync_.reset(); }
 
-Accelerator::AutocastGuard Accelerator::autocast(bool /*force_fp32*/) {
-  // fp32 is the only precision this version runs (check_supported): nothing to switch.
-  return AutocastGuard();
+Accelerator::AutocastGuard Accelerator::autocast(bool force_fp32) {
+  if (force_fp32) return AutocastGuard(mixed_precision::AutocastScope(device_.type(), std::nullopt));
+  const auto dtype = autocast_dtype(cfg_.mixed_precision);
+  if (!dtype) return AutocastGuard();
+  return AutocastGuard(mixed_precision::AutocastScope(device_.type(), dtype));
+}
+
+std::optional<double> Accelerator::loss_scale() const {
+  if (!scaling_) return std::nullopt;
+  return scaling_->scale();
 }
 
 double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
   if (!engine_) throw std::logic_error("Accelerator::clip_grad_norm_: prepare a model first");
   if (!state_->sync_gradients) return std::numeric_limits<double>::quiet_NaN();
+  const bool measure_only = cfg_.distributed_type == DistributedType::DeepSpeed && cfg_.gradient_clipping && *cfg_.gradient_clipping > 0;
+  // fp16: check for overflow and unscale first (inf on overflow; the step will then be skipped).
+  if (scaling_) return scaling_->unscale(measure_only ? std::nullopt : std::optional<double>(max_norm));
   // DeepSpeed clips inside the step to its configured gradient_clipping (Accelerate then only
   // reports the norm): measure without clipping here, so gradients are not clipped twice.
   if (cfg_.distributed_type == DistributedType::DeepSpeed && cfg_.gradient_clipping && *cfg_.gradient_clipping > 0)
@@ -234,6 +255,7 @@ void Accelerator::clip_grad_value_(double clip_value) {
                            " (gradients are sharded, as in Accelerate); use clip_grad_norm_ instead");
   if (!engine_) throw std::logic_error("Accelerator::clip_grad_value_: prepare a model first");
   if (!state_->sync_gradients) return;
+  if (scaling_ && std::isinf(scaling_->unscale(std::nullopt))) return;  // overflow: the step is skipped
   engine_->clip_grad_value(clip_value);
 }
 
@@ -408,6 +430,7 @@ std::string Accelerator::save_state(const std::string& dir_in, bool full) {
   for (const auto& l : state_->loaders)  // a resume not yet started is still the position
     t.loaders.push_back(l->resume_epoch >= 0 ? checkpoint::LoaderPosition{l->resume_epoch, l->resume_skip}
                                              : checkpoint::LoaderPosition{l->epoch, l->batches_consumed});
+  if (scaling_) t.loss_scaler = scaling_->state_text();
   if (is_main_process())
     for (const auto& [name, r] : registered_) t.objects[name] = r.save();
   checkpoint::save_atomically(dir, *world_, [&](const std::string& partial) {
@@ -432,6 +455,7 @@ void Accelerator::load_state(const std::string& dir_in) {
   }
   const checkpoint::TrainingState t = checkpoint::read_state(dir, *engine_, *model_, optimizer_.get(), *world_);
   state_->optimizer_steps = t.step;
+  if (scaling_ && !t.loss_scaler.empty()) scaling_->load_state_text(t.loss_scaler);
   if (scheduler_ && t.scheduler_steps) scheduler_->fast_forward(*t.scheduler_steps);
   if (optimizer_ && t.lrs.size() == optimizer_->param_groups().size())
     for (std::size_t g = 0; g < t.lrs.size(); ++g) optimizer_->param_groups()[g].options().set_lr(t.lrs[g]);

@@ -27,6 +27,7 @@
 #include "accelerator/config.h"
 #include "accelerator/data_loader.h"
 #include "comm/communicator.h"
+#include "mixed_precision/autocast.h"
 #include "sharding/sharded_init.h"
 #include "zero/engine.h"
 
@@ -77,11 +78,17 @@ struct GradientState {
 };
 
 // The prepared optimizer: steps only on sync micro-steps, clipping first when the config says so.
+class LossScaling;  // accelerator/precision.h
+
 class AcceleratedOptimizer {
  public:
   AcceleratedOptimizer(std::shared_ptr<torch::optim::Optimizer> inner, std::shared_ptr<zero::Engine> engine,
-                       std::shared_ptr<GradientState> state, std::optional<double> clip);
+                       std::shared_ptr<GradientState> state, std::optional<double> clip,
+                       std::shared_ptr<LossScaling> scaling = nullptr);
   // Steps the sharded optimizer on sync micro-steps; no-op otherwise (gradient accumulation).
+  // fp16: first checks every rank's gradients for inf/nan (one all-reduce) and unscales them; on
+  // an overflow the step is skipped on every rank (parameters and optimizer state unchanged, the
+  // gradients dropped), step_was_skipped() says so, and the loss scale drops (DeepSpeed's rule).
   void step();
   // Clears gradients after a step; no-op on non-sync micro-steps (they are still accumulating).
   void zero_grad(bool set_to_none = true);
@@ -96,6 +103,7 @@ class AcceleratedOptimizer {
   std::shared_ptr<zero::Engine> engine_;
   std::shared_ptr<GradientState> state_;
   std::optional<double> clip_;
+  std::shared_ptr<LossScaling> scaling_;
 };
 
 // A prepared LR scheduler: steps once per optimizer step, never on non-sync micro-steps or when the
@@ -163,7 +171,8 @@ class Accelerator {
   std::shared_ptr<AcceleratedScheduler> prepare_scheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler);
 
   // --- the step -----------------------------------------------------------------------------------
-  // loss / gradient_accumulation_steps, then backward through the engine (reducing on sync steps).
+  // loss / gradient_accumulation_steps (fp16: times the loss scale), then backward through the
+  // engine (reducing on sync steps).
   void backward(const at::Tensor& loss);
   // One micro-step of gradient accumulation: sync_gradients() is true on every
   // gradient_accumulation_steps-th micro-step and on the loader's last batch; until then backward
@@ -188,12 +197,21 @@ class Accelerator {
   std::int64_t gradient_accumulation_steps() const { return state_->accumulation_steps; }
   bool optimizer_step_was_skipped() const { return state_->step_was_skipped; }
 
-  // Mixed precision autocast for a block (a no-op in fp32). force_fp32: run the block in fp32.
+  // Mixed precision autocast for a block, on device()'s autocast (CPU or CUDA): bf16 (bf16, fp8) or
+  // fp16 (fp16); nothing in fp32. Put forward and the loss inside it. force_fp32: autocast off for
+  // the block (nested inside one: ops run in their inputs' dtype, so cast inputs to fp32 there;
+  // parameters stay in the compute dtype). See mixed_precision/autocast.h.
   class AutocastGuard {
    public:
     AutocastGuard() = default;
+    explicit AutocastGuard(mixed_precision::AutocastScope s) : scope_(std::move(s)) {}
+
+   private:
+    std::optional<mixed_precision::AutocastScope> scope_;
   };
   [[nodiscard]] AutocastGuard autocast(bool force_fp32 = false);
+  // fp16: the current loss scale (backward multiplies the loss by it); nullopt otherwise.
+  std::optional<double> loss_scale() const;
 
   // Global gradient norm over every rank (after the reduction), clipped to max_norm; returns the
   // norm before clipping. On a non-sync micro-step gradients are not reduced yet: returns NaN and
@@ -349,6 +367,7 @@ class Accelerator {
   std::shared_ptr<zero::Engine> engine_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;  // the prepared (inner) optimizer
   std::shared_ptr<AcceleratedScheduler> scheduler_;
+  std::shared_ptr<LossScaling> scaling_;  // fp16 only
   struct Registered {
     std::function<std::string()> save;
     std::function<void(const std::string&)> load;

@@ -205,8 +205,8 @@ const std::vector<Key>& bf16_keys() {
       {"enabled", "", Kind::Bool, nullptr},
       {"immediate_grad_update", "", Kind::Bool, kDetail},
       {"check_grad_overflow", "", Kind::Bool, kDetail},
-      {"bf16_master_weights_and_grads", "", Kind::Bool, kMaster},
-      {"bf16_optimizer_states", "", Kind::Bool, kMaster},
+      {"bf16_master_weights_and_grads", "", Kind::Bool, nullptr},
+      {"bf16_optimizer_states", "", Kind::Bool, "the optimizer state follows the master dtype (bf16_master_weights_and_grads)"},
   };
   return keys;
 }
@@ -435,6 +435,9 @@ void read_bf16(const json& obj, const std::string& file, const std::string& name
   Block b(obj, file, name + ".", bf16_keys(), cfg);
   enabled = b.boolean("enabled").value_or(false);
   is_auto_enabled = b.written_auto("enabled");
+  // bf16 master weights (and with them the optimizer state): half the memory of fp32 masters.
+  if (auto m = b.boolean("bf16_master_weights_and_grads"); m && *m && (enabled || is_auto_enabled))
+    cfg.spec.master_dtype = c10::ScalarType::BFloat16;
 }
 
 std::optional<c10::ScalarType> comm_dtype(const Block& top, const std::string& file) {

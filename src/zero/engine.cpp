@@ -695,13 +695,37 @@ double Engine::clip_grad_norm(double max_norm, double norm_type) {
   double coef = max_norm / (total + 1e-6);
   if (coef < 1.0) {
     for (auto& g : grads) g.mul_(coef);
-    for (auto& f : flats_)
-      if (f.master_grad_set && f.master.grad().defined()) note_master_grad(f);
-    for (auto& f : flats_)  // the reduced gradient where the master's is a converted copy
-      if (f.grad.defined() && f.master.defined() && f.master.grad().defined() && !f.grad.is_alias_of(f.master.grad()))
-        f.grad.mul_(coef);
+    grads_scaled(coef);
   }
   return total;
+}
+
+std::vector<at::Tensor> Engine::step_grads() const {
+  std::vector<at::Tensor> grads;
+  for (const auto& group : group_params_)
+    for (const auto& p : group)
+      if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+void Engine::grads_scaled(double coef) {
+  for (auto& f : flats_)
+    if (f.master_grad_set && f.master.grad().defined()) note_master_grad(f);
+  for (auto& f : flats_)  // the reduced gradient where the master's is a converted copy
+    if (f.grad.defined() && f.master.defined() && f.master.grad().defined() && !f.grad.is_alias_of(f.master.grad()))
+      f.grad.mul_(coef);
+}
+
+void Engine::skip_step() {
+  if (in_backward_) throw std::logic_error("accel: optimizer step during backward");
+  for (const auto& group : group_params_)
+    for (const auto& p : group) p.mutable_grad() = at::Tensor();
+  for (auto& f : flats_) {
+    f.grad_live = false;
+    f.flat->detach_grads();
+    f.grad = at::Tensor();
+    f.master_grad_set = false;
+  }
 }
 
 void Engine::before_step() {

@@ -128,9 +128,19 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void clip_grad_value(double clip_value);
   bool shards_gradients_or_optimizer_across_ranks() const { return spec_.shards_optimizer() && shard_ && shard_->size() > 1; }
 
+  // The gradients the optimizer steps on (its masters' .grad, or in passthrough the parameters'),
+  // the defined ones: what fp16 unscaling and overflow checks look at.
+  std::vector<at::Tensor> step_grads() const;
+  // Call after multiplying every step_grads() tensor in place by coef (unscaling, clipping): brings
+  // the engine's own copies along and keeps a zero_grad() distinguishable from that change.
+  void grads_scaled(double coef);
+
   // --- the sharded optimizer's step calls these ---------------------------------------------------
   void before_step();
   void after_step();
+  // Instead of a step (fp16 overflow): this step's gradients are dropped, parameters and optimizer
+  // state stay as they are, and the next backward starts a new accumulation window. Local.
+  void skip_step();
 
   // --- checkpoints -------------------------------------------------------------------------------
   // The elements [begin, end) of f's flat buffer that f.master holds on this rank: its shard of the

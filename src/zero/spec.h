@@ -49,6 +49,10 @@ struct ShardingSpec {
   std::int64_t align_elements = 1;
   WrapPolicy wrap;
   std::optional<c10::ScalarType> param_dtype, reduce_dtype, master_dtype;
+  // ZeRO-3 / FULL_SHARD: sharded units travel as e4m3 bytes (1 per element) with one scale per
+  // parameter, agreed across the shard group after each step (one all-reduce of amaxes for all
+  // units), and are dequantized into param_dtype on arrival. Half the gather bytes of bf16.
+  bool fp8_all_gather = false;
 
   // The switches a strategy is made of.
   bool shards_optimizer() const { return strategy != Strategy::NoShard; }

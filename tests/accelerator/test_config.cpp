@@ -889,8 +889,12 @@ TEST(ConfigJson, Fp16LossScaler) {
 TEST(ConfigJson, Bf16AndBoth) {
   EXPECT_EQ(ds(R"({"bf16": {"enabled": true}})").mixed_precision, MixedPrecision::Bf16);
   EXPECT_EQ(ds(R"({"bfloat16": {"enabled": true}})").mixed_precision, MixedPrecision::Bf16);
-  EXPECT_TRUE(ignored(ds(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": false}})"),
-                      "bf16.bf16_master_weights_and_grads"));
+  // bf16 master weights are an option (read, not ignored); bf16_optimizer_states follows them.
+  EXPECT_FALSE(ds(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": false}})").spec.master_dtype.has_value());
+  EXPECT_EQ(ds(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}})").spec.master_dtype,
+            c10::ScalarType::BFloat16);
+  EXPECT_FALSE(ds(R"({"bf16": {"enabled": false, "bf16_master_weights_and_grads": true}})").spec.master_dtype.has_value());
+  EXPECT_TRUE(ignored(ds(R"({"bf16": {"enabled": true, "bf16_optimizer_states": true}})"), "bf16.bf16_optimizer_states"));
   auto m = ds_error(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})");
   EXPECT_HAS(m, "ds.json: fp16.enabled and bf16.enabled are both true; enable at most one");
   EXPECT_HAS(ds_error(R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": true}})"), "its alias 'bfloat16'");

@@ -1,0 +1,109 @@
+#include "accelerator/precision.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+namespace accel {
+
+void apply_precision_policy(AcceleratorConfig& cfg) {
+  zero::ShardingSpec& s = cfg.spec;
+  const auto where = cfg.source.empty() ? std::string("the configuration") : cfg.source;
+  if (s.master_dtype == c10::kBFloat16 && cfg.mixed_precision != MixedPrecision::Bf16)
+    throw ConfigError(where + ": bf16 master weights (bf16_master_weights_and_grads) need mixed_precision bf16, not '" +
+                      to_string(cfg.mixed_precision) + "'");
+  switch (cfg.mixed_precision) {
+    case MixedPrecision::No: return;
+    case MixedPrecision::Bf16: s.param_dtype = c10::kBFloat16; break;
+    case MixedPrecision::Fp16: s.param_dtype = c10::kHalf; break;
+    case MixedPrecision::Fp8:
+      s.param_dtype = c10::kBFloat16;
+      s.fp8_all_gather = cfg.fp8.enable_fsdp_float8_all_gather && s.shards_parameters();
+      break;
+  }
+  if (!s.reduce_dtype) s.reduce_dtype = c10::kFloat;
+  if (!s.master_dtype) s.master_dtype = c10::kFloat;
+}
+
+std::optional<c10::ScalarType> autocast_dtype(MixedPrecision p) {
+  switch (p) {
+    case MixedPrecision::No: return std::nullopt;
+    case MixedPrecision::Fp16: return c10::kHalf;
+    case MixedPrecision::Bf16:
+    case MixedPrecision::Fp8: return c10::kBFloat16;
+  }
+  return std::nullopt;
+}
+
+namespace {
+mixed_precision::LossScalerOptions options_of(const LossScalerConfig& c) {
+  mixed_precision::LossScalerOptions o;
+  o.loss_scale = c.loss_scale;
+  o.initial_scale_power = c.initial_scale_power;
+  o.loss_scale_window = c.loss_scale_window;
+  o.hysteresis = c.hysteresis;
+  o.consecutive_hysteresis = c.consecutive_hysteresis;
+  o.min_loss_scale = c.min_loss_scale;
+  return o;
+}
+}  // namespace
+
+LossScaling::LossScaling(const LossScalerConfig& config, std::shared_ptr<zero::Engine> engine, c10::Device device)
+    : scaler_(options_of(config)), engine_(std::move(engine)), device_(device) {}
+
+double LossScaling::unscale(std::optional<double> max_norm) {
+  if (checked_) return norm_;
+  checked_ = true;
+  std::vector<at::Tensor> grads = engine_->step_grads();
+  // Every rank takes part (the overflow may sit in one rank's shard only): one all-reduce.
+  overflow_ = mixed_precision::found_inf_across_ranks(grads, engine_->world(), device_);
+  if (overflow_) return norm_ = std::numeric_limits<double>::infinity();
+  comm::Communicator* group = engine_->shards_gradients_or_optimizer_across_ranks() ? engine_->shard_group().get() : nullptr;
+  const double s = scaler_.scale();
+  norm_ = mixed_precision::unscale_and_clip(grads, s, max_norm, group);
+  double coef = 1.0 / s;
+  if (max_norm && *max_norm / (norm_ + 1e-6) < 1.0) coef *= *max_norm / (norm_ + 1e-6);
+  engine_->grads_scaled(coef);
+  clipped_ = max_norm.has_value();
+  return norm_;
+}
+
+bool LossScaling::finish_step(std::optional<double> clip) {
+  if (!checked_)
+    unscale(clip);
+  else if (clip && !clipped_ && !overflow_)
+    engine_->clip_grad_norm(*clip);
+  const bool overflow = overflow_;
+  checked_ = overflow_ = clipped_ = false;
+  return scaler_.update(overflow);
+}
+
+std::string LossScaling::state_text() const {
+  const auto st = scaler_.state();
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "v1 %.17g %lld %lld %d %lld %lld", st.cur_scale, static_cast<long long>(st.cur_iter),
+                static_cast<long long>(st.last_overflow_iter), st.cur_hysteresis,
+                static_cast<long long>(st.consecutive_overflows), static_cast<long long>(st.skipped_steps));
+  return buf;
+}
+
+void LossScaling::load_state_text(const std::string& text) {
+  std::istringstream in(text);
+  std::string tag;
+  mixed_precision::LossScaler::State st;
+  long long iter = 0, last = 0, consecutive = 0, skipped = 0;
+  if (!(in >> tag >> st.cur_scale >> iter >> last >> st.cur_hysteresis >> consecutive >> skipped) || tag != "v1" ||
+      !(st.cur_scale > 0) || !std::isfinite(st.cur_scale))
+    throw std::invalid_argument("the loss scaler state '" + text + "' is not one this version of accel wrote");
+  st.cur_iter = iter;
+  st.last_overflow_iter = last;
+  st.consecutive_overflows = consecutive;
+  st.skipped_steps = skipped;
+  scaler_.load_state(st);
+}
+
+}  // namespace accel

@@ -1,0 +1,1 @@
+// Mixed precision through the Accelerator (placeholder; filled in by the mixed-precision tests).
