@@ -1,0 +1,1 @@
+# placeholder: the LM loss-curve tests (filled in next)
