@@ -5,6 +5,7 @@
 
 #include "base/env.h"
 #include "base/memory.h"
+#include "mixed_precision/fp8.h"
 #include "sharding/sharded_init.h"
 
 #include <ATen/ATen.h>
@@ -253,6 +254,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
       f.flat->alloc_full();
       gather_->all_gather(f.flat->shard(), f.flat->full());
     }
+  quantize_fp8_shards();
 
   // Reduction order: reverse module order (the order backward usually finishes units in).
   reducer_index_.assign(flats_.size(), npos);
@@ -320,13 +322,18 @@ void Engine::gather(std::size_t unit, bool async) {
     return;
   }
   for (auto fi : u.flats) {
-    sharding::FlatParam& fp = *flats_[fi].flat;
+    Flat& f = flats_[fi];
+    sharding::FlatParam& fp = *f.flat;
     if (fp.gathered()) continue;
     {
       CategoryScope cat(Category::Gathered);
       fp.alloc_full();
+      if (fp8_gathered(f)) f.fp8_full = at::empty({fp.layout().padded()}, f.fp8_shard.options());
     }
-    u.inflight.push_back(gather_->all_gather_async(fp.shard(), fp.full()));
+    if (fp8_gathered(f))  // 1 byte per element; dequantized into the compute buffer on arrival
+      u.inflight.push_back(gather_->all_gather_async(f.fp8_shard, f.fp8_full));
+    else
+      u.inflight.push_back(gather_->all_gather_async(fp.shard(), fp.full()));
   }
   if (!async) wait_gather(unit);
 }
@@ -335,6 +342,66 @@ void Engine::wait_gather(std::size_t unit) {
   auto works = std::move(units_[unit].inflight);
   units_[unit].inflight.clear();
   for (auto& w : works) w->wait();
+  for (auto fi : units_[unit].flats) {
+    Flat& f = flats_[fi];
+    if (!f.fp8_full.defined()) continue;
+    c10::NoGradGuard ng;
+    const sharding::FlatParam& fp = *f.flat;
+    for (std::size_t i = 0; i < fp.params().size(); ++i) {
+      const std::int64_t off = fp.layout().offset(i), n = fp.params()[i].numel();
+      fp.full().narrow(0, off, n).copy_(
+          mixed_precision::dequantize(f.fp8_full.narrow(0, off, n), f.fp8_scales[static_cast<std::int64_t>(i)], fp.full().scalar_type()));
+    }
+    f.fp8_full = at::Tensor();
+  }
+}
+
+bool Engine::fp8_gathered(const Flat& f) const {
+  return spec_.fp8_all_gather && f.flat->options().sharded && !f.persistent && f.flat->shard().is_floating_point() &&
+         shard_->size() > 1;
+}
+
+void Engine::quantize_fp8_shards() {
+  // Per parameter: this rank's piece of it (the intersection of its region with the shard), from
+  // the master where there is one (fp32), else from the compute shard.
+  struct Piece {
+    Flat* f;
+    std::size_t param;
+    std::int64_t lo, hi;  // flat-buffer elements, inside this rank's shard [b, e)
+  };
+  std::vector<Piece> pieces;
+  std::vector<at::Tensor> values;
+  for (auto& f : flats_) {
+    if (!fp8_gathered(f)) continue;
+    const auto& layout = f.flat->layout();
+    auto [b, e] = layout.shard_range(f.flat->options().rank);
+    const at::Tensor& src = f.master.defined() ? f.master : f.flat->shard();
+    for (std::size_t i = 0; i < f.flat->params().size(); ++i) {
+      const std::int64_t off = layout.offset(i), lo = std::min(std::max(off, b), e),
+                         hi = std::max(lo, std::min(off + f.flat->params()[i].numel(), e));
+      pieces.push_back({&f, i, lo, hi});
+      values.push_back(src.narrow(0, lo - b, hi - lo));
+    }
+  }
+  if (pieces.empty()) return;  // (the same on every rank: every rank has the same flats)
+  c10::NoGradGuard ng;
+  using mixed_precision::Fp8Format;
+  // One all-reduce of every parameter's amax: the scales of whole parameters, the same on every rank.
+  at::Tensor scales = mixed_precision::agree_scales(mixed_precision::local_amaxes(values), *shard_, Fp8Format::E4M3);
+  for (std::size_t j = 0; j < pieces.size(); ++j) {
+    Flat& f = *pieces[j].f;
+    if (pieces[j].param == 0) {
+      auto [b, e] = f.flat->layout().shard_range(f.flat->options().rank);
+      CategoryScope cat(Category::Parameters);
+      if (!f.fp8_shard.defined())
+        f.fp8_shard = at::zeros({e - b}, f.flat->shard().options().dtype(mixed_precision::fp8_dtype(Fp8Format::E4M3)));
+      f.fp8_scales = scales.narrow(0, static_cast<std::int64_t>(j), static_cast<std::int64_t>(f.flat->params().size())).clone();
+    }
+    auto [b, e] = f.flat->layout().shard_range(f.flat->options().rank);
+    if (pieces[j].hi > pieces[j].lo)
+      f.fp8_shard.narrow(0, pieces[j].lo - b, pieces[j].hi - pieces[j].lo)
+          .copy_(mixed_precision::quantize(values[j], scales[static_cast<std::int64_t>(j)], Fp8Format::E4M3));
+  }
 }
 
 void Engine::unshard() {
@@ -342,8 +409,9 @@ void Engine::unshard() {
   std::vector<comm::WorkPtr> works;
   for (auto& f : flats_) {
     if (f.persistent || !f.flat->options().sharded) continue;
+    const bool approx = fp8_gathered(f);  // what it holds gathered now is dequantized fp8: exact values instead
     f.persistent = true;
-    if (f.flat->gathered()) continue;
+    if (f.flat->gathered() && !approx) continue;
     CategoryScope cat(Category::Gathered);
     f.flat->alloc_full();
     works.push_back(gather_->all_gather_async(f.flat->shard(), f.flat->full()));
@@ -354,6 +422,7 @@ void Engine::unshard() {
 void Engine::reshard_flat(Flat& f) {
   if (f.persistent || !f.flat->options().sharded) return;
   f.flat->free_full();
+  f.fp8_full = at::Tensor();
 }
 
 void Engine::reshard(std::size_t unit) {
@@ -770,6 +839,8 @@ void Engine::params_from_masters() {
     }
   }
   for (auto& w : works) w->wait();
+  // Sharded units gathered as fp8: their bytes follow the new masters.
+  quantize_fp8_shards();
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -55,6 +55,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
     at::Tensor master;     // what the optimizer steps: the shard (sharded) or the whole flat buffer
                            // (undefined in passthrough, and for flats the optimizer does not own)
     at::Tensor grad;       // reduced gradient feeding master.grad (undefined until a sync backward)
+    // fp8 all-gather (spec.fp8_all_gather, sharded units): this rank's shard in e4m3, one scale per
+    // parameter (agreed across the shard group after each step), the gathered bytes while in flight.
+    at::Tensor fp8_shard, fp8_scales, fp8_full;
     // per backward
     std::vector<char> fired;
     std::size_t fired_count = 0, need = 0;
@@ -180,6 +183,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void prefetch(std::size_t unit);
   bool params_sharded() const;
   bool unit_sharded(std::size_t unit) const;
+  bool fp8_gathered(const Flat& f) const;
+  void quantize_fp8_shards();
 
   ShardingSpec spec_;
   std::shared_ptr<comm::Communicator> world_, shard_, replicate_, gather_;
