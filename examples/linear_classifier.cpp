@@ -49,7 +49,11 @@ int main(int argc, char** argv) {
     while (step < args.steps) {
       for (const Batch& b : loader) {
         auto scope = acc.accumulate(model);
-        at::Tensor loss = at::cross_entropy_loss(model->forward(b.data), b.target);
+        at::Tensor loss;
+        {
+          auto autocast = acc.autocast();  // bf16/fp16 compute under mixed precision; a no-op in fp32
+          loss = at::cross_entropy_loss(model->forward(b.data).to(at::kFloat), b.target);
+        }
         acc.backward(loss);
         window_loss += acc.reduce(loss.detach(), "mean").item<double>() / acc.gradient_accumulation_steps();
         if (acc.sync_gradients()) acc.clip_grad_norm_(1.0);

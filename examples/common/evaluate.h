@@ -17,6 +17,7 @@ namespace accel::examples {
 template <class Model, class Dataset>
 double accuracy(Accelerator& acc, Model& model, DataLoader<Dataset>& loader) {
   c10::NoGradGuard no_grad;
+  auto autocast = acc.autocast();  // the parameters are in the compute dtype under mixed precision
   std::int64_t seen = 0, correct = 0;
   for (const Batch& b : loader) {
     at::Tensor hit = (at::argmax(model->forward(b.data), 1) == b.target).to(at::kLong);

@@ -388,8 +388,8 @@ std::string AcceleratorConfig::describe() const {
     case MixedPrecision::No: o << "fp32 (no mixed precision)."; break;
     case MixedPrecision::Bf16: o << "bf16 compute, fp32 master weights."; break;
     case MixedPrecision::Fp8:
-      o << "fp8 (" << fp8.fp8_format << ", amax history " << fp8.amax_history_len << ", " << fp8.amax_compute_algo
-        << ").";
+      o << "fp8 matmuls in Float8Linear layers (e4m3 forward, e5m2 gradients, dynamic tensorwise scales), bf16 "
+           "elsewhere, fp32 master weights.";
       break;
     case MixedPrecision::Fp16:
       o << "fp16 compute, fp32 master weights, ";

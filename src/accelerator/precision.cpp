@@ -55,6 +55,8 @@ mixed_precision::LossScalerOptions options_of(const LossScalerConfig& c) {
 LossScaling::LossScaling(const LossScalerConfig& config, std::shared_ptr<zero::Engine> engine, c10::Device device)
     : scaler_(options_of(config)), engine_(std::move(engine)), device_(device) {}
 
+at::Tensor LossScaling::scale_loss(const at::Tensor& loss) const { return loss * scaler_.scale(); }
+
 double LossScaling::unscale(std::optional<double> max_norm) {
   if (checked_) return norm_;
   checked_ = true;

@@ -40,7 +40,7 @@ class LossScaling {
   LossScaling(const LossScalerConfig& config, std::shared_ptr<zero::Engine> engine, c10::Device device);
 
   double scale() const { return scaler_.scale(); }
-  at::Tensor scale_loss(const at::Tensor& loss) const { return loss * scaler_.scale(); }
+  at::Tensor scale_loss(const at::Tensor& loss) const;  // loss * scale()
   // Once per step (later calls return the first result): collective. Whether any rank's gradients
   // overflowed (one all-reduce); if not, they are divided by the scale the backward used and, with
   // max_norm, clipped in the same pass (one more all-reduce where gradients are sharded). Returns

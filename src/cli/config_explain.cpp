@@ -1,5 +1,7 @@
 #include "cli/config_explain.h"
 
+#include "accelerator/precision.h"
+
 #include <fmt/core.h>
 
 #include <sstream>
@@ -83,8 +85,10 @@ std::string units(const zero::WrapPolicy& w) {
 
 }  // namespace
 
-std::string explain_config(const AcceleratorConfig& cfg, std::optional<int> num_processes,
+std::string explain_config(const AcceleratorConfig& given, std::optional<int> num_processes,
                            std::optional<int> num_machines) {
+  AcceleratorConfig cfg = given;
+  apply_precision_policy(cfg);  // the dtypes mixed_precision gives, as the Accelerator will use them
   const int n = num_processes.value_or(cfg.num_processes);
   const int m = num_machines.value_or(cfg.num_machines);
   const zero::ShardingSpec& s = cfg.spec;
@@ -161,8 +165,10 @@ std::string explain_config(const AcceleratorConfig& cfg, std::optional<int> num_
                                          cfg.loss_scaler.hysteresis, cfg.loss_scaler.min_loss_scale));
       break;
     case MixedPrecision::Fp8:
-      row("Precision", fmt::format("fp8 {} (amax history {}, {}), fp32 master weights", cfg.fp8.fp8_format,
-                                   cfg.fp8.amax_history_len, cfg.fp8.amax_compute_algo));
+      row("Precision", fmt::format("fp8: Float8Linear layers compute in e4m3 (weights, activations) and e5m2 "
+                                   "(gradients) with dynamic tensorwise scales, the rest in bf16; fp32 master "
+                                   "weights; sharded units all-gathered as fp8 {}",
+                                   s.fp8_all_gather ? "(on)" : "(off: enable_fsdp_float8_all_gather, ZeRO-3/FULL_SHARD)"));
       break;
   }
   if (s.param_dtype || s.reduce_dtype || s.master_dtype)
