@@ -196,7 +196,10 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(std::shared
 
 void Accelerator::backward(const at::Tensor& loss) {
   at::Tensor l = state_->accumulation_steps > 1 ? loss / static_cast<double>(state_->accumulation_steps) : loss;
-  if (scaling_) l = scaling_->scale_loss(l);
+  if (scaling_) {
+    scaling_->new_backward();
+    l = scaling_->scale_loss(l);
+  }
   if (engine_)
     engine_->backward(l);
   else

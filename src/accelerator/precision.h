@@ -49,6 +49,8 @@ class LossScaling {
   // At the optimizer step (collective): unscale(clip) unless done, then clip to `clip` if it was
   // done without; updates the scale; returns true when the step must be skipped (overflow).
   bool finish_step(std::optional<double> clip);
+  // A new backward begins: an unscale() not followed by a step is forgotten.
+  void new_backward() { checked_ = overflow_ = clipped_ = false; }
 
   const mixed_precision::LossScaler& scaler() const { return scaler_; }
   // The scaler's state as one line of text (checkpoints), and back.
