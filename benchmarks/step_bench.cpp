@@ -5,11 +5,23 @@
 // accel), the 1-rank baseline. Weak scaling: each rank trains its own micro-batch.
 // `--strategy plain,DDP` (a list) interleaves the strategies' steps in one run: time ratios measured
 // under the same conditions, which single runs on a noisy machine cannot give.
+// `--precision fp32|bf16|fp16|fp8` sets the ShardingSpec dtypes (param / reduce / master):
+//   fp32  the model's own (fp32 everywhere)
+//   bf16  bf16 / fp32 / fp32
+//   fp16  fp16 / fp32 / fp32, the loss multiplied by a static 1024 before backward and the master
+//         gradients unscaled (mixed_precision::unscale_and_clip) before the step
+//   fp8   bf16 / fp32 / fp32 with the blocks' linear layers in Float8Linear (GPTConfig::fp8), and
+//         ShardingSpec::fp8_all_gather where parameters are sharded (ZeRO-3, FULL_SHARD, HYBRID_SHARD)
+// The loss is computed in fp32 (logits cast) for every low precision. A list (fp32,bf16) interleaves
+// too: every strategy x precision pair is one model in the same run. `plain` runs fp32 only.
 //
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3
+//   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3 --precision bf16
 //   bash benchmarks/run_step_bench.sh      # the README table: every strategy at 1, 2 and 4 ranks
+//   bash benchmarks/run_step_bench.sh --precision-table   # DDP and ZERO_3 at 2 ranks, each precision
 #include "base/memory.h"
 #include "comm/communicator.h"
+#include "mixed_precision/loss_scaler.h"
 #include "sharding/models.h"
 #include "zero/sharded_optimizer.h"
 
@@ -20,7 +32,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
 using namespace accel;
 using Clock = std::chrono::steady_clock;
@@ -50,19 +66,61 @@ zero::ShardingSpec spec_for(const std::string& s) {
   return zero::ShardingSpec::fsdp(s);  // FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD
 }
 
+// What one --precision value changes: the spec's dtypes, the model's linear layers, the loss scale.
+struct Precision {
+  std::string name;
+  std::optional<c10::ScalarType> param, reduce, master;
+  bool fp8 = false;       // Float8Linear blocks and, where parameters are sharded, fp8 all-gathers
+  double loss_scale = 0;  // > 0: static loss scaling (fp16)
+  bool low() const { return name != "fp32"; }
+};
+
+Precision precision_for(const std::string& p) {
+  Precision x{p};
+  if (p == "fp32") return x;
+  x.reduce = x.master = at::kFloat;
+  if (p == "bf16") {
+    x.param = at::kBFloat16;
+  } else if (p == "fp16") {
+    x.param = at::kHalf;
+    x.loss_scale = 1024;
+  } else if (p == "fp8") {
+    x.param = at::kBFloat16;
+    x.fp8 = true;
+  } else {
+    throw std::invalid_argument("--precision '" + p + "' is not one of fp32, bf16, fp16, fp8");
+  }
+  return x;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  for (std::size_t at = 0; at <= s.size();) {
+    std::size_t comma = std::min(s.find(',', at), s.size());
+    out.push_back(s.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"step_bench: step time, memory and traffic of one strategy"};
-  std::string strategy = "DDP";
+  std::string strategy = "DDP", precision = "fp32";
   int steps = 6, warmup = 2, batch = 4, seq = 64;
+  bool show_loss = false;
   test::GPTConfig cfg{4096, 384, 6, 10, 64};
   app.add_option("--strategy", strategy,
                  "plain | DDP | ZERO_1 | ZERO_2 | ZERO_3 | FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD; "
                  "a comma-separated list interleaves their steps in one run and prints time ratios");
+  app.add_option("--precision", precision,
+                 "fp32 | bf16 | fp16 | fp8 (param/reduce/master dtypes; fp8: Float8Linear blocks and fp8 "
+                 "all-gathers); a comma-separated list interleaves too");
   app.add_option("--steps", steps, "measured steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "unmeasured steps first");
   app.add_option("--batch", batch, "sequences per rank per step")->check(CLI::PositiveNumber);
+  app.add_flag("--show-loss", show_loss, "print rank 0's loss of every step to stderr (a sanity check)");
   app.add_option("--layers", cfg.layers, "transformer blocks (each a unit)");
   app.add_option("--d-model", cfg.d, "width");
   CLI11_PARSE(app, argc, argv);
@@ -75,16 +133,20 @@ int main(int argc, char** argv) {
   int cores = static_cast<int>(std::thread::hardware_concurrency());
   at::set_num_threads(std::max(1, cores / world->topology().local_world_size));
 
-  // One model per strategy named; with several, their steps are interleaved round-robin in this one
-  // run, so their time ratio is measured under the same conditions (memory columns need one alone).
-  std::vector<std::string> names;
-  for (std::size_t at = 0; at <= strategy.size();) {
-    std::size_t comma = std::min(strategy.find(',', at), strategy.size());
-    names.push_back(strategy.substr(at, comma - at));
-    at = comma + 1;
+  // One model per strategy x precision named; with several, their steps are interleaved round-robin
+  // in this one run, so their time ratio is measured under the same conditions (memory columns need
+  // one alone).
+  const std::vector<std::string> names = split_list(strategy);
+  std::vector<Precision> precisions;
+  try {
+    for (const auto& p : split_list(precision)) precisions.push_back(precision_for(p));
+  } catch (const std::invalid_argument& e) {
+    if (r == 0) fmt::print(stderr, "step_bench: {}\n", e.what());
+    return 2;
   }
   struct Run {
     std::string name;
+    Precision prec;
     std::shared_ptr<test::GPTImpl> model;
     std::unique_ptr<torch::optim::AdamW> user_opt;
     zero::Prepared prepared;
@@ -94,25 +156,42 @@ int main(int argc, char** argv) {
   };
   std::vector<Run> runs;
   std::int64_t psi = 0;
-  for (const auto& name : names) {
-    if (name == "plain" && n != 1) {
-      if (r == 0) fmt::print(stderr, "step_bench: --strategy plain runs on 1 rank\n");
-      return 2;
+  for (const auto& name : names)
+    for (const auto& prec : precisions) {
+      if (name == "plain" && n != 1) {
+        if (r == 0) fmt::print(stderr, "step_bench: --strategy plain runs on 1 rank\n");
+        return 2;
+      }
+      if (name == "plain" && prec.low()) {
+        // plain is the libtorch loop without accel: there is no engine to keep fp32 masters of
+        // low-precision parameters, so it has no precision axis.
+        if (r == 0)
+          fmt::print(stderr, "step_bench: --strategy plain runs in fp32 only (got --precision {}); "
+                             "use --strategy DDP at 1 rank for a low-precision single-process step\n", prec.name);
+        return 2;
+      }
+      Run run;
+      run.name = name;
+      run.prec = prec;
+      test::GPTConfig c = cfg;
+      c.fp8 = prec.fp8;
+      at::manual_seed(0);
+      run.model = std::make_shared<test::GPTImpl>(c);
+      psi = 0;
+      for (const auto& p : run.model->parameters()) psi += p.numel();
+      run.user_opt = std::make_unique<torch::optim::AdamW>(run.model->parameters(), torch::optim::AdamWOptions(1e-4));
+      run.opt = run.user_opt.get();
+      if (name != "plain") {
+        zero::ShardingSpec spec = spec_for(name);
+        spec.param_dtype = prec.param;
+        spec.reduce_dtype = prec.reduce;
+        spec.master_dtype = prec.master;
+        spec.fp8_all_gather = prec.fp8 && spec.shards_parameters();
+        run.prepared = zero::prepare(run.model, *run.user_opt, spec, world);
+        run.opt = run.prepared.optimizer.get();
+      }
+      runs.push_back(std::move(run));
     }
-    Run run;
-    run.name = name;
-    at::manual_seed(0);
-    run.model = std::make_shared<test::GPTImpl>(cfg);
-    psi = 0;
-    for (const auto& p : run.model->parameters()) psi += p.numel();
-    run.user_opt = std::make_unique<torch::optim::AdamW>(run.model->parameters(), torch::optim::AdamWOptions(1e-4));
-    run.opt = run.user_opt.get();
-    if (name != "plain") {
-      run.prepared = zero::prepare(run.model, *run.user_opt, spec_for(name), world);
-      run.opt = run.prepared.optimizer.get();
-    }
-    runs.push_back(std::move(run));
-  }
 
   at::manual_seed(100 + r);
   at::Tensor x = at::randint(cfg.vocab, {batch, seq}), y = at::randint(cfg.vocab, {batch, seq});
@@ -129,14 +208,32 @@ int main(int argc, char** argv) {
       std::vector<comm::Counters> c0;
       for (auto* g : groups) c0.push_back(g->counters());
       auto t0 = Clock::now();
-      at::Tensor loss = test::lm_loss(run.model->forward(x), y);
+      at::Tensor logits = run.model->forward(x);
+      if (run.prec.low()) logits = logits.to(at::kFloat);  // the loss in fp32
+      at::Tensor loss = test::lm_loss(logits, y);
+      if (run.prec.loss_scale > 0) loss = loss * run.prec.loss_scale;
       if (run.name == "plain")
         loss.backward();
       else
         run.prepared.engine->backward(loss);
+      if (run.prec.loss_scale > 0) {
+        // Unscale the master gradients (the ones the step reads); the norm's partial sums are
+        // all-reduced over the shard group where gradients or optimizer state are sharded.
+        auto& engine = *run.prepared.engine;
+        std::vector<at::Tensor> grads;
+        for (const auto& group : engine.optimizer_params())
+          for (const auto& p : group)
+            if (p.grad().defined()) grads.push_back(p.grad());
+        comm::Communicator* sg =
+            engine.shards_gradients_or_optimizer_across_ranks() ? engine.shard_group().get() : nullptr;
+        mixed_precision::unscale_and_clip(grads, run.prec.loss_scale, std::nullopt, sg);
+      }
       run.opt->step();
       run.opt->zero_grad();
       double t = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (show_loss && r == 0)
+        fmt::print(stderr, "step {:>2} {:<13} {:<4} loss {:.5f}\n", s, run.name, run.prec.name,
+                   loss.item<double>() / (run.prec.loss_scale > 0 ? run.prec.loss_scale : 1.0));
       if (s >= warmup) {
         run.moved = 0;  // read before max_over_ranks, whose all_reduce is not the step's
         for (std::size_t g = 0; g < groups.size(); ++g) run.moved += bus_bytes(c0[g], groups[g]->counters(), groups[g]->size());
@@ -147,12 +244,15 @@ int main(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
+  // The strategy alone when every run is fp32 (the original lines), else "strategy precision".
+  const bool show_prec = precisions.size() > 1 || precisions[0].low();
+  auto label = [&](const Run& run) { return show_prec ? run.name + " " + run.prec.name : run.name; };
   if (runs.size() > 1) {
     double base = median(runs[0].times);
     for (auto& run : runs)
       if (r == 0)
-        fmt::print("{} ranks, interleaved: {:<13} median {:>8.1f} ms = {:.3f} x {}\n", n, run.name,
-                   median(run.times) * 1e3, median(run.times) / base, runs[0].name);
+        fmt::print("{} ranks, interleaved: {:<18} median {:>8.1f} ms = {:.3f} x {}\n", n, label(run),
+                   median(run.times) * 1e3, median(run.times) / base, label(runs[0]));
     return 0;
   }
   Run& run = runs[0];
@@ -164,8 +264,8 @@ int main(int argc, char** argv) {
          p_grad = mib(snap[Category::Gradients].peak), p_opt = mib(snap[Category::OptimizerState].peak),
          p_gath = mib(snap[Category::Gathered].peak);
   if (r == 0)
-    fmt::print("| {:<13} | {} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.2f} | {:>6.2f} |\n",
-               run.name, n, median(run.times) * 1e3, p_total, p_param, p_grad, p_opt, p_gath, run.moved / 1048576.0,
+    fmt::print("| {:<13} | {:<9} | {} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.2f} | {:>6.2f} |\n",
+               run.name, run.prec.name, n, median(run.times) * 1e3, p_total, p_param, p_grad, p_opt, p_gath, run.moved / 1048576.0,
                n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0);
   return 0;
 }

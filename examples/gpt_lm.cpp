@@ -36,7 +36,9 @@ int main(int argc, char** argv) {
     Accelerator acc(accelerator_options(args));
     CharCorpus corpus(40000, seq, args.seed);
     at::manual_seed(static_cast<std::int64_t>(args.seed));
-    auto model = std::make_shared<GPTImpl>(GPTConfig{corpus.vocab_size(), d_model, heads, layers, seq});
+    // mixed_precision fp8: the blocks' linear layers are Float8Linear (fp8 matmuls); the rest runs in bf16.
+    const bool fp8 = acc.mixed_precision() == MixedPrecision::Fp8;
+    auto model = std::make_shared<GPTImpl>(GPTConfig{corpus.vocab_size(), d_model, heads, layers, seq, fp8});
     {
       c10::NoGradGuard no_grad;  // small embeddings (GPT-2's 0.02): the tied head starts near uniform
       model->tok->weight.normal_(0.0, 0.02);
@@ -55,6 +57,7 @@ int main(int argc, char** argv) {
     ProgressBar bar(args.steps - acc.step(), "train", acc.is_local_main_process());
     std::int64_t step = acc.step();
     double window_loss = 0;
+    std::int64_t skipped = 0;  // fp16: steps skipped on a gradient overflow
     while (step < args.steps) {
       for (const Batch& b : loader) {
         auto scope = acc.accumulate(model);
@@ -69,6 +72,7 @@ int main(int argc, char** argv) {
         opt->step();
         opt->zero_grad();
         if (!acc.sync_gradients()) continue;
+        skipped += acc.optimizer_step_was_skipped() ? 1 : 0;
         log.write(++step, window_loss);
         char post[32];
         std::snprintf(post, sizeof post, "loss %.4f", window_loss);
@@ -79,6 +83,7 @@ int main(int argc, char** argv) {
       }
     }
     bar.close();
+    if (auto scale = acc.loss_scale()) acc.print("fp16: loss scale ", *scale, ", ", skipped, " of ", step, " steps skipped (overflow)");
     maybe_save_final(acc, model, args);
     if (!comm_stats.empty()) {
       std::int64_t params = 0;

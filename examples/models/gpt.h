@@ -1,8 +1,12 @@
 // The GPT the examples train (and the sharding tests and step_bench use): pre-norm blocks, each
 // marked as a sharding unit, and an output head tied to the token embedding (a parameter shared
 // inside the root unit). Construction is deterministic given libtorch's seed.
+// GPTConfig::fp8 picks the blocks' four linear layers at construction: torch::nn::Linear (false, the
+// default) or accel::nn::Float8Linear (true: fp8 matmuls, same parameter names, shapes and init).
+// The embedding/head and the LayerNorms stay in the parameters' dtype either way.
 #pragma once
 
+#include "mixed_precision/float8_linear.h"
 #include "sharding/unit.h"
 
 #include <ATen/ATen.h>
@@ -12,40 +16,55 @@
 #include <torch/nn/modules/normalization.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
 namespace accel::examples {
 
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t d, int64_t heads) : heads(heads) {
+  // fp8: the four linear layers are Float8Linear (accel::nn::make_linear); false builds exactly the
+  // torch::nn::Linear block (same registration order, names and RNG draws).
+  BlockImpl(int64_t d, int64_t heads, bool fp8 = false) : heads(heads) {
+    using accel::nn::make_linear;
+    using torch::nn::LinearOptions;
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
     // No qkv bias: the key bias would get an analytically zero gradient (softmax ignores a per-row
     // constant), i.e. pure rounding noise, which Adam's normalisation amplifies into lr-sized steps.
-    qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(d, 3 * d).bias(false)));
-    proj = register_module("proj", torch::nn::Linear(d, d));
+    qkv = make_linear(LinearOptions(d, 3 * d).bias(false), fp8);
+    register_module("qkv", qkv.ptr());
+    proj = make_linear(LinearOptions(d, d), fp8);
+    register_module("proj", proj.ptr());
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    fc1 = register_module("fc1", torch::nn::Linear(d, 4 * d));
-    fc2 = register_module("fc2", torch::nn::Linear(4 * d, d));
+    fc1 = make_linear(LinearOptions(d, 4 * d), fp8);
+    register_module("fc1", fc1.ptr());
+    fc2 = make_linear(LinearOptions(4 * d, d), fp8);
+    register_module("fc2", fc2.ptr());
   }
   at::Tensor forward(at::Tensor x) {  // x: [B, T, d]
     const int64_t B = x.size(0), T = x.size(1), d = x.size(2), hd = d / heads;
-    auto qkv_out = qkv(ln1(x)).view({B, T, 3, heads, hd}).permute({2, 0, 3, 1, 4});  // 3,B,H,T,hd
+    auto qkv_out = qkv.forward(ln1(x)).view({B, T, 3, heads, hd}).permute({2, 0, 3, 1, 4});  // 3,B,H,T,hd
     at::Tensor q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];
     at::Tensor att = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
     at::Tensor mask = at::ones({T, T}, x.options().dtype(at::kBool)).triu(1);
-    att = at::softmax(att.masked_fill(mask, -1e9), -1);
+    // -1e9 overflows fp16: there the largest negative fp16 (either is exactly 0 after softmax).
+    const double masked = att.scalar_type() == at::kHalf ? -65504.0 : -1e9;
+    att = at::softmax(att.masked_fill(mask, masked), -1);
     at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({B, T, d});
-    x = x + proj(y);
-    return x + fc2(at::gelu(fc1(ln2(x))));
+    x = x + proj.forward(y);
+    return x + fc2.forward(at::gelu(fc1.forward(ln2(x))));
   }
   int64_t heads;
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
-  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
+  // torch::nn::Linear or accel::nn::Float8Linear (a typed member could hold only one of them).
+  torch::nn::AnyModule qkv, proj, fc1, fc2;
 };
 
 struct GPTConfig {
   int64_t vocab = 11, d = 8, heads = 2, layers = 2, seq = 5;
+  // The blocks' linear layers in fp8 (Float8Linear). Last, so GPTConfig{vocab, d, heads, layers, seq}
+  // still means what it did.
+  bool fp8 = false;
 };
 
 struct GPTImpl : torch::nn::Module {
@@ -53,7 +72,8 @@ struct GPTImpl : torch::nn::Module {
     tok = register_module("tok", torch::nn::Embedding(c.vocab, c.d));
     pos = register_parameter("pos", at::randn({c.seq, c.d}) * 0.1);
     for (int64_t i = 0; i < c.layers; ++i)
-      blocks.push_back(accel::unit(register_module("h" + std::to_string(i), std::make_shared<BlockImpl>(c.d, c.heads))));
+      blocks.push_back(accel::unit(
+          register_module("h" + std::to_string(i), std::make_shared<BlockImpl>(c.d, c.heads, c.fp8))));
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d})));
   }
   // tokens [B, T] -> logits [B, T, vocab]; the head is the token embedding (tied).

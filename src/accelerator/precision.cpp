@@ -57,7 +57,7 @@ LossScaling::LossScaling(const LossScalerConfig& config, std::shared_ptr<zero::E
 
 at::Tensor LossScaling::scale_loss(const at::Tensor& loss) const { return loss * scaler_.scale(); }
 
-double LossScaling::unscale(std::optional<double> max_norm) {
+double LossScaling::unscale(std::optional<double> max_norm, double norm_type) {
   if (checked_) return norm_;
   checked_ = true;
   std::vector<at::Tensor> grads = engine_->step_grads();
@@ -66,10 +66,12 @@ double LossScaling::unscale(std::optional<double> max_norm) {
   if (overflow_) return norm_ = std::numeric_limits<double>::infinity();
   comm::Communicator* group = engine_->shards_gradients_or_optimizer_across_ranks() ? engine_->shard_group().get() : nullptr;
   const double s = scaler_.scale();
-  norm_ = mixed_precision::unscale_and_clip(grads, s, max_norm, group);
+  const bool l2 = norm_type == 2.0;  // the fused pass computes the L2 norm
+  norm_ = mixed_precision::unscale_and_clip(grads, s, l2 ? max_norm : std::nullopt, group);
   double coef = 1.0 / s;
-  if (max_norm && *max_norm / (norm_ + 1e-6) < 1.0) coef *= *max_norm / (norm_ + 1e-6);
+  if (l2 && max_norm && *max_norm / (norm_ + 1e-6) < 1.0) coef *= *max_norm / (norm_ + 1e-6);
   engine_->grads_scaled(coef);
+  if (!l2) norm_ = engine_->clip_grad_norm(max_norm.value_or(std::numeric_limits<double>::infinity()), norm_type);
   clipped_ = max_norm.has_value();
   return norm_;
 }

@@ -45,7 +45,8 @@ class LossScaling {
   // overflowed (one all-reduce); if not, they are divided by the scale the backward used and, with
   // max_norm, clipped in the same pass (one more all-reduce where gradients are sharded). Returns
   // the global norm of the unscaled gradients, inf on overflow (the gradients are then untouched).
-  double unscale(std::optional<double> max_norm);
+  // norm_type other than 2: unscaled first, then measured and clipped by the engine in that norm.
+  double unscale(std::optional<double> max_norm, double norm_type = 2.0);
   // At the optimizer step (collective): unscale(clip) unless done, then clip to `clip` if it was
   // done without; updates the scale; returns true when the step must be skipped (overflow).
   bool finish_step(std::optional<double> clip);

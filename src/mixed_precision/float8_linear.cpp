@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/init.h>
+#include <torch/nn/modules/linear.h>
 
 #include <cmath>
 #include <mutex>
@@ -204,6 +205,11 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
     ws = weight_fp8->scale;
   }
   return Float8LinearFunction::apply(input, weight, b, wd, ws, static_cast<int64_t>(backend));
+}
+
+torch::nn::AnyModule make_linear(const torch::nn::LinearOptions& options, bool fp8) {
+  if (fp8) return torch::nn::AnyModule(Float8Linear(options));
+  return torch::nn::AnyModule(torch::nn::Linear(options));
 }
 
 }  // namespace accel::nn

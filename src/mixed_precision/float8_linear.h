@@ -21,6 +21,7 @@
 #include "mixed_precision/fp8.h"
 
 #include <torch/nn/cloneable.h>
+#include <torch/nn/modules/container/any.h>
 #include <torch/nn/options/linear.h>
 #include <torch/nn/pimpl.h>
 
@@ -74,5 +75,17 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
 };
 
 TORCH_MODULE(Float8Linear);
+
+// A linear layer chosen at construction: a torch::nn::Linear (fp8 == false) or a Float8Linear
+// (fp8 == true), both built from `options` with the same parameter names, shapes, registration order
+// and RNG draws, so one model definition serves both precisions and their state dicts interchange.
+// Why a factory: C++ models hold typed members (torch::nn::Linear fc1), which cannot be swapped for
+// another module type after construction the way Python's torchao swaps nn.Linear modules in place.
+// A model that wants the choice holds a torch::nn::AnyModule instead, registers its .ptr() under the
+// usual name, and calls .forward(x) (an at::Tensor in, an at::Tensor out, for both kinds):
+//   fc1 = make_linear(torch::nn::LinearOptions(d, 4 * d), cfg.fp8);
+//   register_module("fc1", fc1.ptr());
+// With fp8 == false the layer is exactly torch::nn::Linear(options): same numerics, bit for bit.
+torch::nn::AnyModule make_linear(const torch::nn::LinearOptions& options, bool fp8);
 
 }  // namespace accel::nn

@@ -108,6 +108,13 @@ void GradReducer::launch(Bucket& b) {
   }
 }
 
+namespace {
+// a's dtype holds b's values and more (fp32 against bf16/fp16).
+bool wider(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() != b.scalar_type() && c10::promoteTypes(a.scalar_type(), b.scalar_type()) == a.scalar_type();
+}
+}  // namespace
+
 void GradReducer::finish(Bucket& b) {
   if (!b.work) {  // a group of one rank
     for (auto m : b.members) results_[m] = flats_[m]->grad_full();
@@ -116,15 +123,19 @@ void GradReducer::finish(Bucket& b) {
   b.work->wait();
   b.work.reset();
   if (mode_ == Mode::AllReduce) {
+    for (auto m : b.members) results_[m] = flats_[m]->grad_full();
     if (b.staging_in.defined()) {
       std::int64_t at = 0;
       for (auto m : b.members) {
         const at::Tensor& g = flats_[m]->grad_full();
-        g.copy_(b.staging_in.narrow(0, at, g.numel()));
+        at::Tensor piece = b.staging_in.narrow(0, at, g.numel());
+        g.copy_(piece);  // what the parameters' .grad shows
+        // Reduced in a wider dtype than the gradients (bf16 compute, fp32 reduction): the result
+        // stays in it, so the master is not fed a rounded copy.
+        if (wider(piece, g)) results_[m] = piece;
         at += g.numel();
       }
     }
-    for (auto m : b.members) results_[m] = flats_[m]->grad_full();
   } else if (b.members.size() == 1 && !b.staging_in.defined()) {
     results_[b.members[0]] = b.staging_out;
   } else {
@@ -133,7 +144,7 @@ void GradReducer::finish(Bucket& b) {
       sharding::FlatParam* f = flats_[m];
       std::int64_t k = f->layout().shard_size();
       at::Tensor piece = b.staging_out.narrow(0, at, k);
-      if (mode_ == Mode::ReduceScatterInPlace) {
+      if (mode_ == Mode::ReduceScatterInPlace && !wider(piece, f->grad_full())) {
         auto [begin, end] = f->layout().shard_range(f->options().rank);
         at::Tensor own = f->grad_full().narrow(0, begin, end - begin);
         own.copy_(piece);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
@@ -67,6 +68,57 @@ TEST(Float8Linear, SameParametersNamesShapesAndInitAsLinear) {
   os << *g;
   EXPECT_EQ(os.str(), "accel::nn::Float8Linear(in_features=24, out_features=40, bias=true)");
   EXPECT_THROW(g->forward(at::randn({3, 23})), std::invalid_argument);
+}
+
+// make_linear(options, fp8): a torch::nn::Linear or a Float8Linear behind a torch::nn::AnyModule
+// (what a model with typed members holds to choose at construction). Both kinds register the same
+// parameter names in the same order with the same shapes and draw the same initial values under the
+// same seed; forward is the module's own, bit for bit.
+TEST(Float8Linear, MakeLinearBuildsEitherKindInterchangeably) {
+  for (bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "bias" : "no bias");
+    const auto opts = torch::nn::LinearOptions(24, 40).bias(bias);
+    at::manual_seed(7);
+    torch::nn::AnyModule plain = make_linear(opts, /*fp8=*/false);
+    at::manual_seed(7);
+    torch::nn::AnyModule f8 = make_linear(opts, /*fp8=*/true);
+    at::manual_seed(7);
+    torch::nn::Linear ref_lin(opts);
+    at::manual_seed(7);
+    Float8Linear ref_f8(opts);
+
+    ASSERT_TRUE(plain.ptr()->as<torch::nn::LinearImpl>() != nullptr);
+    ASSERT_TRUE(f8.ptr()->as<Float8LinearImpl>() != nullptr);
+    EXPECT_TRUE(plain.ptr()->as<Float8LinearImpl>() == nullptr);
+    EXPECT_TRUE(f8.ptr()->as<torch::nn::LinearImpl>() == nullptr);
+
+    // Names, order, shapes and values: the same for both kinds and for the typed modules.
+    auto pp = plain.ptr()->named_parameters(), pf = f8.ptr()->named_parameters();
+    auto pl = ref_lin->named_parameters();
+    ASSERT_EQ(pp.size(), bias ? 2u : 1u);
+    ASSERT_EQ(pf.size(), pp.size());
+    ASSERT_EQ(pl.size(), pp.size());
+    for (std::size_t i = 0; i < pp.size(); ++i) {
+      EXPECT_EQ(pp[i].key(), pf[i].key());
+      EXPECT_EQ(pp[i].key(), pl[i].key());
+      EXPECT_EQ(pp[i].value().sizes(), pf[i].value().sizes());
+      EXPECT_TRUE(at::equal(pp[i].value(), pf[i].value())) << pp[i].key();  // same RNG draws
+      EXPECT_TRUE(at::equal(pp[i].value(), pl[i].value())) << pp[i].key();
+    }
+    EXPECT_EQ(pp[0].key(), "weight");
+    EXPECT_EQ(pp[0].value().sizes(), (std::vector<int64_t>{40, 24}));
+
+    // Forward: the non-fp8 one is torch::nn::Linear's, the fp8 one Float8Linear's.
+    const at::Tensor x = at::randn({3, 5, 24});
+    EXPECT_TRUE(at::equal(plain.forward(x), ref_lin->forward(x)));
+    EXPECT_TRUE(at::equal(f8.forward(x), ref_f8->forward(x)));
+    EXPECT_FALSE(at::equal(f8.forward(x), plain.forward(x)));  // it really is fp8
+    // Both train: gradients reach the parameters through the AnyModule.
+    f8.forward(x).sum().backward();
+    plain.forward(x).sum().backward();
+    EXPECT_TRUE(pf[0].value().grad().defined());
+    EXPECT_TRUE(pp[0].value().grad().defined());
+  }
 }
 
 // The emulated forward equals the recipe bit for bit; the CPU at::_scaled_mm (this libtorch has one)
