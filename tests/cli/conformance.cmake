@@ -28,6 +28,15 @@ accel_conformance_test(cli_test_worker_hybrid_shard_np4 pass ${ACCEL_CONFORMANCE
   "HYBRID_SHARD" "6 check\\(s\\) on 4 process\\(es\\): 6 passed, 0 failed"
   -- ${ACCEL_MPIRUN} -np 4 ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/fsdp/hybrid_shard.yaml)
 set_property(TEST cli_test_worker_hybrid_shard_np4 APPEND PROPERTY ENVIRONMENT ACCEL_RANKS_PER_NODE=2)
+# Mixed precision: the training checks run in the compute dtype, within that precision's tolerance.
+foreach(case "bf16;deepspeed/zero3" "fp16;fsdp/full_shard")
+  list(GET case 0 mp)
+  list(GET case 1 cfg)
+  accel_conformance_test(cli_test_worker_${mp}_np2 pass ${ACCEL_CONFORMANCE_ALL_PASS} "mixed_precision ${mp}"
+    "${mp} compute" "6 check\\(s\\) on 2 process\\(es\\): 6 passed, 0 failed"
+    -- ${ACCEL_MPIRUN} -np 2 ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/${cfg}.yaml)
+  set_property(TEST cli_test_worker_${mp}_np2 APPEND PROPERTY ENVIRONMENT ACCEL_MIXED_PRECISION=${mp})
+endforeach()
 # No launcher, no config: one process with the defaults.
 accel_conformance_test(cli_test_worker_defaults_np1 pass ${ACCEL_CONFORMANCE_ALL_PASS}
   "no config file \\(defaults\\)" "6 check\\(s\\) on 1 process\\(es\\): 6 passed, 0 failed"
