@@ -220,13 +220,11 @@ int main(int argc, char** argv) {
         // Unscale the master gradients (the ones the step reads); the norm's partial sums are
         // all-reduced over the shard group where gradients or optimizer state are sharded.
         auto& engine = *run.prepared.engine;
-        std::vector<at::Tensor> grads;
-        for (const auto& group : engine.optimizer_params())
-          for (const auto& p : group)
-            if (p.grad().defined()) grads.push_back(p.grad());
+        std::vector<at::Tensor> grads = engine.step_grads();
         comm::Communicator* sg =
             engine.shards_gradients_or_optimizer_across_ranks() ? engine.shard_group().get() : nullptr;
         mixed_precision::unscale_and_clip(grads, run.prec.loss_scale, std::nullopt, sg);
+        engine.grads_scaled(1.0 / run.prec.loss_scale);
       }
       run.opt->step();
       run.opt->zero_grad();
