@@ -241,12 +241,13 @@ std::optional<double> Accelerator::loss_scale() const {
 double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
   if (!engine_) throw std::logic_error("Accelerator::clip_grad_norm_: prepare a model first");
   if (!state_->sync_gradients) return std::numeric_limits<double>::quiet_NaN();
-  const bool measure_only = cfg_.distributed_type == DistributedType::DeepSpeed && cfg_.gradient_clipping && *cfg_.gradient_clipping > 0;
+  const bool measure_only =
+      cfg_.distributed_type == DistributedType::DeepSpeed && cfg_.gradient_clipping && *cfg_.gradient_clipping > 0;
   // fp16: check for overflow and unscale first (inf on overflow; the step will then be skipped).
   if (scaling_) return scaling_->unscale(measure_only ? std::nullopt : std::optional<double>(max_norm), norm_type);
   // DeepSpeed clips inside the step to its configured gradient_clipping (Accelerate then only
   // reports the norm): measure without clipping here, so gradients are not clipped twice.
-  if (cfg_.distributed_type == DistributedType::DeepSpeed && cfg_.gradient_clipping && *cfg_.gradient_clipping > 0)
+  if (measure_only)
     return engine_->clip_grad_norm(std::numeric_limits<double>::infinity(), norm_type);
   return engine_->clip_grad_norm(max_norm, norm_type);
 }

@@ -13,6 +13,7 @@
 // config file > default.
 #pragma once
 
+#include "mixed_precision/loss_scaler_options.h"
 #include "zero/spec.h"
 
 #include <cstdint>
@@ -50,15 +51,8 @@ struct BatchConfig {
 BatchConfig resolve_batch(BatchConfig batch, int world, std::optional<std::int64_t> loader_micro_batch,
                           std::int64_t accumulation_default, const std::string& source);
 
-// fp16 dynamic loss scaling, DeepSpeed's keys and defaults (fp16 block).
-struct LossScalerConfig {
-  double loss_scale = 0;  // > 0: a static scale; 0: dynamic
-  int initial_scale_power = 16;
-  int loss_scale_window = 1000;
-  int hysteresis = 2;
-  bool consecutive_hysteresis = false;
-  double min_loss_scale = 1;
-};
+// fp16 dynamic loss scaling, DeepSpeed's keys and defaults (fp16 block): the LossScaler's own options.
+using LossScalerConfig = mixed_precision::LossScalerOptions;
 
 // fp8_config (Accelerate's keys; used by mixed_precision fp8).
 struct Fp8Config {

@@ -39,21 +39,8 @@ std::optional<c10::ScalarType> autocast_dtype(MixedPrecision p) {
   return std::nullopt;
 }
 
-namespace {
-mixed_precision::LossScalerOptions options_of(const LossScalerConfig& c) {
-  mixed_precision::LossScalerOptions o;
-  o.loss_scale = c.loss_scale;
-  o.initial_scale_power = c.initial_scale_power;
-  o.loss_scale_window = c.loss_scale_window;
-  o.hysteresis = c.hysteresis;
-  o.consecutive_hysteresis = c.consecutive_hysteresis;
-  o.min_loss_scale = c.min_loss_scale;
-  return o;
-}
-}  // namespace
-
 LossScaling::LossScaling(const LossScalerConfig& config, std::shared_ptr<zero::Engine> engine, c10::Device device)
-    : scaler_(options_of(config)), engine_(std::move(engine)), device_(device) {}
+    : scaler_(config), engine_(std::move(engine)), device_(device) {}
 
 at::Tensor LossScaling::scale_loss(const at::Tensor& loss) const { return loss * scaler_.scale(); }
 

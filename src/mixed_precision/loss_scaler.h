@@ -11,8 +11,10 @@
 // Note the order, as in DeepSpeed's ZeRO step: update() runs before unscaling, so remember the scale
 // the backward used (scaler.scale() before update()) and unscale by that one.
 //
-// No dependence on the accelerator: LossScalerOptions mirrors accel::LossScalerConfig field by field.
+// No dependence on the accelerator: the config's accel::LossScalerConfig is LossScalerOptions.
 #pragma once
+
+#include "mixed_precision/loss_scaler_options.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -28,16 +30,6 @@ class Communicator;
 }
 
 namespace accel::mixed_precision {
-
-// DeepSpeed's fp16 block, with its defaults. Same field names as accel::LossScalerConfig.
-struct LossScalerOptions {
-  double loss_scale = 0;          // > 0: a static scale (update() never changes it); 0: dynamic
-  int initial_scale_power = 16;   // dynamic: the first scale is 2^initial_scale_power
-  int loss_scale_window = 1000;   // clean steps since the last overflow before the scale doubles
-  int hysteresis = 2;             // DeepSpeed's delayed_shift: overflows tolerated before halving
-  bool consecutive_hysteresis = false;  // a clean step refills the hysteresis (else only a doubling does)
-  double min_loss_scale = 1;      // the scale never goes below; an overflow at this scale is an error
-};
 
 // Thrown by LossScaler::update() on an overflow when the scale is already at min_loss_scale
 // (DeepSpeed: "Current loss scale already at minimum - cannot decrease scale anymore").

@@ -357,8 +357,8 @@ void Engine::wait_gather(std::size_t unit) {
 }
 
 bool Engine::fp8_gathered(const Flat& f) const {
-  return spec_.fp8_all_gather && f.flat->options().sharded && !f.persistent && f.flat->shard().is_floating_point() &&
-         shard_->size() > 1;
+  // (options().sharded: parameters sharded over a group of more than one rank.)
+  return spec_.fp8_all_gather && f.flat->options().sharded && !f.persistent && f.flat->shard().is_floating_point();
 }
 
 void Engine::quantize_fp8_shards() {
@@ -367,7 +367,7 @@ void Engine::quantize_fp8_shards() {
   struct Piece {
     Flat* f;
     std::size_t param;
-    std::int64_t lo, hi;  // flat-buffer elements, inside this rank's shard [b, e)
+    std::int64_t b, lo, hi;  // flat-buffer elements: this rank's shard starts at b; [lo, hi) inside it
   };
   std::vector<Piece> pieces;
   std::vector<at::Tensor> values;
@@ -379,7 +379,7 @@ void Engine::quantize_fp8_shards() {
     for (std::size_t i = 0; i < f.flat->params().size(); ++i) {
       const std::int64_t off = layout.offset(i), lo = std::min(std::max(off, b), e),
                          hi = std::max(lo, std::min(off + f.flat->params()[i].numel(), e));
-      pieces.push_back({&f, i, lo, hi});
+      pieces.push_back({&f, i, b, lo, hi});
       values.push_back(src.narrow(0, lo - b, hi - lo));
     }
   }
@@ -389,17 +389,16 @@ void Engine::quantize_fp8_shards() {
   // One all-reduce of every parameter's amax: the scales of whole parameters, the same on every rank.
   at::Tensor scales = mixed_precision::agree_scales(mixed_precision::local_amaxes(values), *shard_, Fp8Format::E4M3);
   for (std::size_t j = 0; j < pieces.size(); ++j) {
-    Flat& f = *pieces[j].f;
-    if (pieces[j].param == 0) {
-      auto [b, e] = f.flat->layout().shard_range(f.flat->options().rank);
+    const Piece& pc = pieces[j];
+    Flat& f = *pc.f;
+    if (pc.param == 0) {
       CategoryScope cat(Category::Parameters);
       if (!f.fp8_shard.defined())
-        f.fp8_shard = at::zeros({e - b}, f.flat->shard().options().dtype(mixed_precision::fp8_dtype(Fp8Format::E4M3)));
+        f.fp8_shard = at::zeros({f.flat->shard().numel()}, f.flat->shard().options().dtype(mixed_precision::fp8_dtype(Fp8Format::E4M3)));
       f.fp8_scales = scales.narrow(0, static_cast<std::int64_t>(j), static_cast<std::int64_t>(f.flat->params().size())).clone();
     }
-    auto [b, e] = f.flat->layout().shard_range(f.flat->options().rank);
-    if (pieces[j].hi > pieces[j].lo)
-      f.fp8_shard.narrow(0, pieces[j].lo - b, pieces[j].hi - pieces[j].lo)
+    if (pc.hi > pc.lo)
+      f.fp8_shard.narrow(0, pc.lo - pc.b, pc.hi - pc.lo)
           .copy_(mixed_precision::quantize(values[j], scales[static_cast<std::int64_t>(j)], Fp8Format::E4M3));
   }
 }
@@ -789,10 +788,15 @@ void Engine::skip_step() {
   if (in_backward_) throw std::logic_error("accel: optimizer step during backward");
   for (const auto& group : group_params_)
     for (const auto& p : group) p.mutable_grad() = at::Tensor();
+  close_step();
+}
+
+void Engine::close_step() {
+  // The step consumed (or dropped) the gradients: the next backward starts a new accumulation window.
   for (auto& f : flats_) {
     f.grad_live = false;
     f.flat->detach_grads();
-    f.grad = at::Tensor();
+    f.grad = at::Tensor();  // after a step, master.grad keeps it until zero_grad
     f.master_grad_set = false;
   }
 }
@@ -809,13 +813,7 @@ std::pair<std::int64_t, std::int64_t> Engine::master_range(const Flat& f) const 
 void Engine::after_step() {
   if (passthrough_) return;
   params_from_masters();
-  // The step consumed the gradients: the next backward starts a new accumulation window.
-  for (auto& f : flats_) {
-    f.grad_live = false;
-    f.flat->detach_grads();
-    f.grad = at::Tensor();  // master.grad keeps it until zero_grad
-    f.master_grad_set = false;
-  }
+  close_step();
 }
 
 void Engine::params_from_masters() {

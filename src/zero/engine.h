@@ -184,6 +184,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool params_sharded() const;
   bool unit_sharded(std::size_t unit) const;
   bool fp8_gathered(const Flat& f) const;
+  void close_step();
   void quantize_fp8_shards();
 
   ShardingSpec spec_;

@@ -2,10 +2,10 @@
 // gradient accumulation's sync pattern, schedulers, clipping, and one training loop under each
 // strategy (chosen by a config file) against a single-process libtorch reference.
 #include "accelerator/accelerator.h"
+#include "accelerator/rows.h"
 #include "sharding/models.h"
 #include "test_world.h"
 
-#include <torch/data/datasets/base.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/schedulers/step_lr.h>
@@ -24,14 +24,6 @@ namespace accel::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Rows of (x, y) tensors as a torch::data dataset.
-struct Rows : torch::data::datasets::Dataset<Rows> {
-  Rows(at::Tensor x, at::Tensor y) : x(std::move(x)), y(std::move(y)) {}
-  torch::data::Example<> get(std::size_t i) override { return {x[i], y[i]}; }
-  std::optional<std::size_t> size() const override { return static_cast<std::size_t>(x.size(0)); }
-  at::Tensor x, y;
-};
 
 // A config file in a directory every rank agrees on (rank 0 makes it, the others wait).
 std::string write_config(const std::string& name, const std::string& text) {

@@ -11,13 +11,13 @@
 //     bf16_master_weights_and_grads, and the combinations that are refused.
 //   * the loss scaler's state (scale and hysteresis) in save_state / load_state.
 #include "accelerator/accelerator.h"
+#include "accelerator/rows.h"
 #include "base/files.h"
 #include "mixed_precision/loss_scaler.h"
 #include "sharding/models.h"
 #include "test_world.h"
 
 #include <ATen/autocast_mode.h>
-#include <torch/data/datasets/base.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/schedulers/step_lr.h>
 #include <torch/optim/sgd.h>
@@ -35,13 +35,6 @@ namespace accel::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Rows : torch::data::datasets::Dataset<Rows> {
-  Rows(at::Tensor x, at::Tensor y) : x(std::move(x)), y(std::move(y)) {}
-  torch::data::Example<> get(std::size_t i) override { return {x[i], y[i]}; }
-  std::optional<std::size_t> size() const override { return static_cast<std::size_t>(x.size(0)); }
-  at::Tensor x, y;
-};
 
 // A directory for this run that every rank agrees on (named after rank 0's pid, so two runs at the
 // same world size do not share it), removed by rank 0 after the last test.
