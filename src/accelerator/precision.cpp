@@ -51,7 +51,7 @@ double LossScaling::unscale(std::optional<double> max_norm, double norm_type) {
   // Every rank takes part (the overflow may sit in one rank's shard only): one all-reduce.
   overflow_ = mixed_precision::found_inf_across_ranks(grads, engine_->world(), device_);
   if (overflow_) return norm_ = std::numeric_limits<double>::infinity();
-  comm::Communicator* group = engine_->shards_gradients_or_optimizer_across_ranks() ? engine_->shard_group().get() : nullptr;
+  comm::Communicator* group = engine_->plan().state_split ? engine_->shard_group().get() : nullptr;
   const double s = scaler_.scale();
   const bool l2 = norm_type == 2.0;  // the fused pass computes the L2 norm
   norm_ = mixed_precision::unscale_and_clip(grads, s, l2 ? max_norm : std::nullopt, group);

@@ -28,6 +28,7 @@
 #include "sharding/flat_param.h"
 #include "sharding/unit.h"
 #include "zero/grad_reducer.h"
+#include "zero/plan.h"
 #include "zero/spec.h"
 
 #include <memory>
@@ -83,6 +84,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Engine& operator=(const Engine&) = delete;
 
   const ShardingSpec& spec() const { return spec_; }
+  // The spec resolved against this run's groups and dtypes: what the engine actually does.
+  const Plan& plan() const { return plan_; }
   const std::vector<Flat>& flats() const { return flats_; }
   const std::vector<UnitInfo>& units() const { return units_; }
   comm::Communicator& world() const { return *world_; }
@@ -97,9 +100,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Per param group of the user's optimizer: the tensors the sharded optimizer steps (master shards,
   // or in passthrough the user's parameters themselves).
   const std::vector<std::vector<at::Tensor>>& optimizer_params() const { return group_params_; }
-  // A world of one rank with no dtype conversion: no gradient hooks or flat gradients; the optimizer
-  // steps the parameters on autograd's own gradients (the plain libtorch loop, plus unit bookkeeping).
-  bool passthrough() const { return passthrough_; }
+  // plan().passthrough: the optimizer steps the user's parameters on autograd's own gradients.
+  bool passthrough() const { return plan_.passthrough; }
 
   // --- backward --------------------------------------------------------------------------------
   // loss.backward() and the end-of-backward work (idempotent per backward).
@@ -129,7 +131,6 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Clamps every gradient to [-clip_value, clip_value] (after the reduction). Only where each rank
   // holds whole gradients (DDP / NO_SHARD, or one rank); throws std::logic_error otherwise.
   void clip_grad_value(double clip_value);
-  bool shards_gradients_or_optimizer_across_ranks() const { return spec_.shards_optimizer() && shard_ && shard_->size() > 1; }
 
   // The gradients the optimizer steps on (its masters' .grad, or in passthrough the parameters'),
   // the defined ones: what fp16 unscaling and overflow checks look at.
@@ -154,6 +155,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // the parameters the strategy keeps replicated: the parameter half of after_step(), for masters
   // that were overwritten (a loaded checkpoint). No-op in passthrough.
   void params_from_masters();
+
+  // Collective over the gather group when `local` is this rank's part: f's padded flat buffer whole.
+  // `local` is f.master, a tensor shaped like it (an optimizer state), or f's compute shard; a local
+  // tensor that is already whole (replicated, or a group of one) is returned as a flat view, no copy.
+  // Every rank of the group must call it for the same flat. The one way checkpoints, save_model and
+  // get_state_dict see a flat parameter whole.
+  at::Tensor whole(const Flat& f, const at::Tensor& local) const;
+  // f's values whole: from the master (exact fp32 where masters are wider than the compute dtype) or
+  // from the compute buffer (a gathered flat as it is, a sharded one gathered into a temporary).
+  enum class Source { Compute, Master };
+  at::Tensor whole_values(const Flat& f, Source source) const;
 
   // Installs the autograd and unit hooks (prepare() does; needs the engine in a shared_ptr).
   void install_hooks();
@@ -181,13 +193,16 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void reshard(std::size_t unit);
   void reshard_flat(Flat& f);
   void prefetch(std::size_t unit);
-  bool params_sharded() const;
   bool unit_sharded(std::size_t unit) const;
   bool fp8_gathered(const Flat& f) const;
+  comm::WorkPtr gather_fp8_async(Flat& f);
+  void dequantize_arrived(Flat& f);
   void close_step();
   void quantize_fp8_shards();
 
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
   ShardingSpec spec_;
+  Plan plan_;
   std::shared_ptr<comm::Communicator> world_, shard_, replicate_, gather_;
   std::shared_ptr<torch::nn::Module> model_;
   std::vector<Flat> flats_;
@@ -201,7 +216,6 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool hooks_installed_ = false;
   std::vector<std::pair<at::Tensor, const void*>> grad_hooks_;  // ours, to remove only ours
   std::vector<const void*> unit_hooks_;
-  bool passthrough_ = false;
   std::vector<std::vector<at::Tensor>> group_params_;
   bool in_backward_ = false;
   std::size_t finalize_count_ = 0;

@@ -1,75 +1,95 @@
 #include "zero/spec.h"
 
+#include <fmt/format.h>
+
 #include <stdexcept>
 
 namespace accel::zero {
 
-const char* to_string(Strategy s) {
-  switch (s) {
-    case Strategy::NoShard: return "NO_SHARD";
-    case Strategy::Zero1: return "ZERO_1";
-    case Strategy::Zero2: return "ZERO_2";
-    case Strategy::Zero3: return "ZERO_3";
-    case Strategy::HybridShard: return "HYBRID_SHARD";
-  }
-  return "?";
+namespace {
+
+// clang-format off
+const std::vector<StrategyInfo> kStrategies = {
+  // strategy             name            short      label                     fsdp_name        fsdp_label                     fsdp#  stage  optim  grads  params hybrid
+  {Strategy::NoShard,     "NO_SHARD",     "DDP",     "DDP (NO_SHARD)",         "NO_SHARD",      "NO_SHARD (like DDP)",           3, 0, false, false, false, false},
+  {Strategy::Zero1,       "ZERO_1",       "ZeRO-1",  "ZeRO-1",                 nullptr,         "none (ZeRO-1 has no FSDP name)", 0, 1, true,  false, false, false},
+  {Strategy::Zero2,       "ZERO_2",       "ZeRO-2",  "ZeRO-2 (SHARD_GRAD_OP)", "SHARD_GRAD_OP", "SHARD_GRAD_OP (like ZeRO-2)",   2, 2, true,  true,  false, false},
+  {Strategy::Zero3,       "ZERO_3",       "ZeRO-3",  "ZeRO-3 (FULL_SHARD)",    "FULL_SHARD",    "FULL_SHARD (like ZeRO-3)",      1, 3, true,  true,  true,  false},
+  {Strategy::HybridShard, "HYBRID_SHARD", "HYBRID_SHARD", "HYBRID_SHARD (ZeRO-3 inside each machine, replicated across machines)",
+                                                                               "HYBRID_SHARD",  "HYBRID_SHARD (ZeRO-3 inside each machine, replicated across machines)",
+                                                                                                                               4, 3, true,  true,  true,  true},
+};
+// clang-format on
+
+}  // namespace
+
+const std::vector<StrategyInfo>& strategies() { return kStrategies; }
+
+const StrategyInfo& info(Strategy s) {
+  for (const auto& row : kStrategies)
+    if (row.strategy == s) return row;
+  throw std::invalid_argument(fmt::format("accel: strategy {} is not in the strategy table", static_cast<int>(s)));
 }
+
+const StrategyInfo* find_fsdp(const std::string& fsdp_name) {
+  for (const auto& row : kStrategies)
+    if (row.fsdp_name && fsdp_name == row.fsdp_name) return &row;
+  return nullptr;
+}
+
+const StrategyInfo* find_fsdp(int fsdp_number) {
+  for (const auto& row : kStrategies)
+    if (row.fsdp_name && row.fsdp_number == fsdp_number) return &row;
+  return nullptr;
+}
+
+std::string fsdp_names(const char* sep) {
+  std::string out;
+  for (int n = 1; const StrategyInfo* row = find_fsdp(n); ++n) out += (n > 1 ? sep : "") + std::string(row->fsdp_name);
+  return out;
+}
+
+const char* to_string(Strategy s) { return info(s).name; }
 
 ShardingSpec ShardingSpec::ddp() { return {}; }
 
 ShardingSpec ShardingSpec::zero(int stage) {
-  ShardingSpec s;
-  switch (stage) {
-    case 0: s.strategy = Strategy::NoShard; break;
-    case 1: s.strategy = Strategy::Zero1; break;
-    case 2: s.strategy = Strategy::Zero2; break;
-    case 3: s.strategy = Strategy::Zero3; break;
-    default:
-      throw std::invalid_argument("ZeRO stage must be 0, 1, 2 or 3, got " + std::to_string(stage));
-  }
-  return s;
+  // Stage 3 is ZeRO-3, not HYBRID_SHARD (which stores the same): the first row with the stage.
+  for (const auto& row : kStrategies)
+    if (row.zero_stage == stage) {
+      ShardingSpec s;
+      s.strategy = row.strategy;
+      return s;
+    }
+  throw std::invalid_argument(fmt::format("ZeRO stage must be 0, 1, 2 or 3, got {}", stage));
 }
 
 ShardingSpec ShardingSpec::fsdp(const std::string& name) {
+  const StrategyInfo* row = find_fsdp(name);
+  if (!row)
+    throw std::invalid_argument(fmt::format("FSDP sharding strategy '{}' is not one of {}", name, fsdp_names()));
   ShardingSpec s;
-  if (name == "FULL_SHARD") {
-    s.strategy = Strategy::Zero3;
-  } else if (name == "SHARD_GRAD_OP") {
-    s.strategy = Strategy::Zero2;
-  } else if (name == "NO_SHARD") {
-    s.strategy = Strategy::NoShard;
-  } else if (name == "HYBRID_SHARD") {
-    s.strategy = Strategy::HybridShard;
-  } else {
-    throw std::invalid_argument("FSDP sharding strategy '" + name +
-                                "' is not one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
-  }
+  s.strategy = row->strategy;
   return s;
 }
 
 void ShardingSpec::validate() const {
-  if (bucket_bytes < 0)
-    throw std::invalid_argument("ShardingSpec.bucket_bytes must be >= 0, got " + std::to_string(bucket_bytes));
+  if (bucket_bytes < 0) throw std::invalid_argument(fmt::format("ShardingSpec.bucket_bytes must be >= 0, got {}", bucket_bytes));
   if (align_elements < 1)
-    throw std::invalid_argument("ShardingSpec.align_elements must be >= 1, got " + std::to_string(align_elements));
-  if (wrap.kind == WrapPolicy::Kind::TypeName && wrap.type_names.empty())
-    throw std::invalid_argument("ShardingSpec.wrap: the type-name policy needs at least one type name");
-  if (wrap.min_num_params < 0)
-    throw std::invalid_argument("ShardingSpec.wrap.min_num_params must be >= 0");
+    throw std::invalid_argument(fmt::format("ShardingSpec.align_elements must be >= 1, got {}", align_elements));
+  wrap.validate();
   for (auto dt : {param_dtype, reduce_dtype, master_dtype})
     if (dt && !c10::isFloatingType(*dt))
-      throw std::invalid_argument(std::string("ShardingSpec dtypes must be floating point, got ") + c10::toString(*dt));
+      throw std::invalid_argument(fmt::format("ShardingSpec dtypes must be floating point, got {}", c10::toString(*dt)));
 }
 
 std::string ShardingSpec::to_string() const {
-  std::string s = zero::to_string(strategy);
-  s += std::string(": optimizer ") + (shards_optimizer() ? "sharded" : "replicated");
-  s += std::string(", gradients ") + (shards_gradients() ? "sharded" : "replicated");
-  s += std::string(", parameters ") + (shards_parameters() ? "sharded" : "replicated");
+  std::string s = fmt::format("{}: optimizer {}, gradients {}, parameters {}", zero::to_string(strategy),
+                              shards_optimizer() ? "sharded" : "replicated", shards_gradients() ? "sharded" : "replicated",
+                              shards_parameters() ? "sharded" : "replicated");
   if (shards_parameters()) s += reshard_after_forward ? " (freed after forward)" : " (kept through backward)";
   if (hybrid()) s += ", replicated across nodes";
-  s += ", bucket " + std::to_string(bucket_bytes) + " B";
-  return s;
+  return s + fmt::format(", bucket {} B", bucket_bytes);
 }
 
 }  // namespace accel::zero

@@ -13,6 +13,8 @@
 // the optimizer steps master_dtype shards. Unset dtypes follow the model's parameters.
 #pragma once
 
+#include "sharding/wrap_policy.h"
+
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -23,17 +25,32 @@
 namespace accel::zero {
 
 enum class Strategy { NoShard, Zero1, Zero2, Zero3, HybridShard };
-const char* to_string(Strategy s);
 
-struct WrapPolicy {
-  enum class Kind { Marked, TypeName, Size, None };
-  // Marked: every module marked with accel::unit is a unit. TypeName: marked modules whose type name
-  // (torch::nn::Module::name(), e.g. "BlockImpl") is in type_names. Size: marked modules holding at
-  // least min_num_params parameters of their own (not in a nested unit). None: only the root unit.
-  Kind kind = Kind::Marked;
-  std::vector<std::string> type_names;
-  std::int64_t min_num_params = 0;
+// The one table of strategies: a row per point of the space, holding what it shards and every name
+// it goes by. Config parsers, `accel config explain`, `accel estimate-memory` and checkpoints read
+// names and labels from here; nothing else spells them.
+struct StrategyInfo {
+  Strategy strategy;
+  const char* name;        // accel's own, in checkpoints and logs: "ZERO_3"
+  const char* short_label; // for people: "ZeRO-3"
+  const char* label;       // the ZeRO stage with the FSDP strategy that stores the same: "ZeRO-3 (FULL_SHARD)"
+  const char* fsdp_name;   // Accelerate/FSDP fsdp_sharding_strategy, nullptr where FSDP has none (ZeRO-1)
+  const char* fsdp_label;  // "FULL_SHARD (like ZeRO-3)"
+  int fsdp_number;         // Accelerate's number for fsdp_name (1 FULL_SHARD .. 4 HYBRID_SHARD), 0 if none
+  int zero_stage;          // DeepSpeed zero_optimization.stage that stores the same
+  bool shards_optimizer, shards_gradients, shards_parameters, hybrid;
 };
+// Every row, in table order (NoShard, Zero1, Zero2, Zero3, HybridShard).
+const std::vector<StrategyInfo>& strategies();
+const StrategyInfo& info(Strategy s);
+// The row FSDP calls `fsdp_name` (exact, upper case) / Accelerate numbers `fsdp_number`, or nullptr.
+const StrategyInfo* find_fsdp(const std::string& fsdp_name);
+const StrategyInfo* find_fsdp(int fsdp_number);
+// FSDP's names in Accelerate's order ("FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD" with ", ").
+std::string fsdp_names(const char* sep = ", ");
+const char* to_string(Strategy s);  // info(s).name
+
+using sharding::WrapPolicy;
 
 struct ShardingSpec {
   Strategy strategy = Strategy::NoShard;
@@ -54,11 +71,11 @@ struct ShardingSpec {
   // units), and are dequantized into param_dtype on arrival. Half the gather bytes of bf16.
   bool fp8_all_gather = false;
 
-  // The switches a strategy is made of.
-  bool shards_optimizer() const { return strategy != Strategy::NoShard; }
-  bool shards_gradients() const { return strategy == Strategy::Zero2 || shards_parameters(); }
-  bool shards_parameters() const { return strategy == Strategy::Zero3 || strategy == Strategy::HybridShard; }
-  bool hybrid() const { return strategy == Strategy::HybridShard; }
+  // The switches a strategy is made of (its row of the table).
+  bool shards_optimizer() const { return info(strategy).shards_optimizer; }
+  bool shards_gradients() const { return info(strategy).shards_gradients; }
+  bool shards_parameters() const { return info(strategy).shards_parameters; }
+  bool hybrid() const { return info(strategy).hybrid; }
 
   // Named points: DeepSpeed stages and FSDP sharding strategies.
   static ShardingSpec ddp();

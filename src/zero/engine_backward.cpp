@@ -1,0 +1,259 @@
+// The engine's gradient window: what each backward does with the gradients autograd accumulates
+// (copy into the flat buffer, reduce when a flat is complete, settle at the end of backward), under
+// gradient accumulation (no_sync) and when a zero_grad() or a throwing backward discards a window.
+#include "zero/engine.h"
+
+#include "base/memory.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/engine.h>
+
+namespace accel::zero {
+
+using memory::Category;
+using memory::CategoryScope;
+
+void Engine::begin_backward() {
+  if (in_backward_) return;
+  in_backward_ = true;
+  drop_discarded_grads();
+  std::weak_ptr<Engine> self = weak_from_this();
+  torch::autograd::Engine::get_default_engine().queue_callback([self] {
+    if (auto e = self.lock()) e->finalize_backward();
+  });
+}
+
+void Engine::on_grad_accumulated(std::size_t fi, std::size_t i) {
+  begin_backward();
+  Flat& f = flats_[fi];
+  CategoryScope cat(Category::Gradients);
+  open_window(f);
+  // The first gradient of a window is copied (no zeroing pass), later ones added; once .grad is the
+  // flat view, autograd accumulates in place and this is a no-op.
+  f.flat->take_grad(i, /*accumulate=*/f.touched[i] != 0);
+  f.touched[i] = 1;
+  if (f.fired[i]) return;
+  f.fired[i] = 1;
+  if (++f.fired_count < f.need) return;
+  f.ready = true;
+  // Every use of the flat's parameters is behind us: reduce, and free the gathered parameters.
+  if (sync_ && reducer_index_[fi] != npos) reducer_->mark_ready(reducer_index_[fi]);
+  if (unit_sharded(static_cast<std::size_t>(f.unit))) {
+    wait_gather(static_cast<std::size_t>(f.unit));
+    reshard_flat(f);
+  }
+}
+
+void Engine::open_window(Flat& f) {
+  // Invariant: while !grad_live no parameter's .grad is a view of grad_full, so nothing autograd
+  // just accumulated can be lost here.
+  if (f.grad_live) return;
+  if (f.grad.defined() && f.grad.is_alias_of(f.flat->grad_full())) {
+    // ZeRO-1: the pending reduced slice lives in the buffer this window overwrites.
+    f.grad = f.grad.clone();
+    set_master_grad(f);
+  }
+  if (!f.flat->grad_allocated()) f.flat->alloc_grad();
+  std::fill(f.touched.begin(), f.touched.end(), 0);
+  f.grad_live = true;
+}
+
+void Engine::zero_untouched(Flat& f) {
+  for (std::size_t i = 0; i < f.touched.size(); ++i)
+    if (!f.touched[i]) {
+      f.flat->zero_grad_of(i);
+      f.touched[i] = 1;
+    }
+}
+
+void Engine::set_master_grad(Flat& f) {
+  if (!f.master.defined() || !f.grad.defined()) return;
+  CategoryScope cat(Category::Gradients);
+  // Not an autograd view (zero_grad detaches grads in place, which views refuse).
+  f.master.mutable_grad() = f.grad.scalar_type() == f.master.scalar_type() ? sharding::storage_alias(f.grad)
+                                                                           : f.grad.to(f.master.scalar_type());
+  note_master_grad(f);
+}
+
+void Engine::note_master_grad(Flat& f) {
+  f.master_grad_set = true;
+  f.master_grad_impl = f.master.grad().unsafeGetTensorImpl();
+  f.master_grad_version = f.master.grad()._version();
+}
+
+void Engine::drop_discarded_grads() {
+  for (auto& f : flats_) {
+    if (!f.master_grad_set) continue;
+    const at::Tensor& g = f.master.grad();
+    if (g.defined() && g.unsafeGetTensorImpl() == f.master_grad_impl && g._version() == f.master_grad_version) continue;
+    // optimizer->zero_grad() (to none, or in place) since we set master.grad, without a step:
+    // discard what is pending or accumulating.
+    f.master_grad_set = false;
+    f.master.mutable_grad() = at::Tensor();
+    f.grad = at::Tensor();
+    f.grad_live = false;
+    f.flat->detach_grads();
+  }
+}
+
+void Engine::abort_backward() {
+  // Autograd dropped the end-of-backward callback. Let every collective already issued finish, then
+  // forget this backward's gradients, so the next step starts clean (on every rank alike, provided
+  // every rank saw the error).
+  in_backward_ = false;
+  cur_order_.clear();
+  if (reducer_ && sync_) {
+    // Issue every remaining bucket, as a finished backward would: a rank that had launched some
+    // earlier (its gradients were ready sooner) then never waits for a collective the others skip.
+    // The results are thrown away.
+    try {
+      for (auto fi : reduce_order_) {
+        open_window(flats_[fi]);
+        zero_untouched(flats_[fi]);
+        reducer_->mark_ready(reducer_index_[fi]);
+      }
+      reducer_->flush();
+    } catch (...) {
+      reducer_->abandon();
+    }
+  }
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    for (auto& w : units_[u].inflight) {
+      try {
+        w->wait();
+      } catch (...) {
+      }
+    }
+    units_[u].inflight.clear();
+    units_[u].backward_gathered = false;
+    if (unit_sharded(u))
+      for (auto fi : units_[u].flats) reshard_flat(flats_[fi]);
+  }
+  for (auto& f : flats_) {
+    std::fill(f.fired.begin(), f.fired.end(), 0);
+    f.fired_count = 0;
+    f.ready = false;
+    f.grad_live = false;
+    f.flat->detach_grads();
+  }
+}
+
+void Engine::settle_pending() {
+  // A reduced gradient still living in the flat buffer (DDP, ZeRO-1) moves to its own tensor and the
+  // window closes: this backward accumulates from zero, so neither a second sync backward nor one
+  // that throws can mix into what is pending.
+  for (auto& f : flats_) {
+    if (!f.grad.defined() || !f.grad.is_alias_of(f.flat->grad_full())) continue;
+    CategoryScope cat(Category::Gradients);
+    f.grad = f.grad.clone();
+    set_master_grad(f);
+    f.flat->detach_grads();
+    f.grad_live = false;
+  }
+}
+
+void Engine::backward(const at::Tensor& loss) {
+  drop_discarded_grads();
+  settle_pending();
+  // Passthrough keeps gradients in .grad, where a throwing backward would leave part of its own:
+  // copy what is there first (only when something is: the usual step starts from none).
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved;  // (parameter, its gradient before)
+  if (plan_.passthrough)
+    for (auto& f : flats_)
+      for (const auto& p : f.flat->params())
+        if (p.grad().defined()) saved.emplace_back(p, p.grad().clone());
+  std::size_t before = finalize_count_;
+  try {
+    loss.backward();
+  } catch (...) {
+    if (plan_.passthrough) {
+      for (auto& f : flats_)
+        for (const auto& p : f.flat->params()) p.mutable_grad() = at::Tensor();
+      for (auto& [p, g] : saved) p.mutable_grad() = g;
+    }
+    abort_backward();
+    throw;
+  }
+  // No parameter of this rank received a gradient, so no hook queued the end-of-backward work.
+  if (finalize_count_ == before) finalize_backward();
+}
+
+void Engine::finalize_backward() {
+  in_backward_ = false;
+  ++finalize_count_;
+  if (!cur_order_.empty()) {
+    fwd_order_ = cur_order_;
+    cur_order_.clear();
+  }
+  for (auto& u : units_) u.backward_gathered = false;
+  if (plan_.passthrough) return;
+  if (sync_) {
+    // Parameters that got no gradient on this rank in this window contribute zeros; flats still
+    // waiting are launched now, in the same order on every rank.
+    for (auto fi : reduce_order_) {
+      Flat& f = flats_[fi];
+      CategoryScope cat(Category::Gradients);
+      open_window(f);
+      zero_untouched(f);
+      reducer_->mark_ready(reducer_index_[fi]);
+    }
+    std::vector<at::Tensor> reduced;
+    {
+      CategoryScope cat(Category::Gradients);
+      reduced = reducer_->flush();
+    }
+    for (std::size_t r = 0; r < reduce_order_.size(); ++r) {
+      Flat& f = flats_[reduce_order_[r]];
+      at::Tensor g = reduced[r];
+      if (!plan_.masters_are_shards) {
+        // DDP: .grad shows the averaged gradient, and the window stays open until the step: a
+        // second loss.backward() adds its local gradients and averages again, which sums the
+        // averages. (engine->backward() settles the first average into its own tensor first.)
+        if (f.grad.defined() && !f.grad.is_alias_of(g)) g.add_(f.grad);
+        f.grad = g;
+        f.flat->attach_grads();
+      } else {
+        // The reduced shard is the pending gradient until the step, and the window closes: a second
+        // sync backward before the step reduces into a fresh window and adds to it. ZeRO-2/3 give
+        // the full buffer back; ZeRO-1 (and a group of one) keep it: g is their buffer's own slice.
+        if (f.grad.defined())
+          f.grad.add_(g);
+        else
+          f.grad = g;
+        if (g.is_alias_of(f.flat->grad_full()))
+          f.flat->detach_grads();
+        else
+          f.flat->free_grad();
+        f.grad_live = false;
+      }
+      set_master_grad(f);
+    }
+  } else {
+    // Accumulating: keep the parameters' .grad on their flat views so the next backward adds in place.
+    for (auto& f : flats_)
+      if (f.grad_live) {
+        zero_untouched(f);
+        f.flat->attach_grads();
+        // A placeholder master.grad (this rank's unreduced region), so that optimizer->zero_grad()
+        // during accumulation is noticed and discards the window, as it would in PyTorch.
+        if (f.master.defined() && !f.grad.defined() && !f.master.grad().defined() &&
+            f.master.scalar_type() == f.flat->grad_full().scalar_type()) {
+          const at::Tensor& gf = f.flat->grad_full();
+          auto [b, e] = f.flat->layout().shard_range(f.flat->options().rank);
+          f.master.mutable_grad() = sharding::storage_alias(plan_.masters_are_shards ? gf.narrow(0, b, e - b) : gf);
+          note_master_grad(f);
+        }
+      }
+  }
+  for (auto& f : flats_) {
+    std::fill(f.fired.begin(), f.fired.end(), 0);
+    f.fired_count = 0;
+    f.ready = false;
+  }
+  for (std::size_t u = 1; u < units_.size(); ++u)
+    if (unit_sharded(u)) reshard(u);
+}
+
+
+}  // namespace accel::zero

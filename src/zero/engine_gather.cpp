@@ -1,0 +1,135 @@
+// The engine around units: gathering a unit's parameters before its forward and backward (with
+// prefetch), freeing them after, unshard(), and whole() for callers that need one flat buffer whole.
+#include "zero/engine.h"
+
+#include "base/memory.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+namespace accel::zero {
+
+using memory::Category;
+using memory::CategoryScope;
+
+
+// The root unit (0) stays gathered from step to step; the others are gathered around each use.
+bool Engine::unit_sharded(std::size_t unit) const { return plan_.params_sharded && unit != 0; }
+
+void Engine::gather(std::size_t unit, bool async) {
+  UnitInfo& u = units_[unit];
+  if (!u.inflight.empty()) {
+    if (!async) wait_gather(unit);
+    return;
+  }
+  for (auto fi : u.flats) {
+    Flat& f = flats_[fi];
+    sharding::FlatParam& fp = *f.flat;
+    if (fp.gathered()) continue;
+    {
+      CategoryScope cat(Category::Gathered);
+      fp.alloc_full();
+    }
+    u.inflight.push_back(fp8_gathered(f) ? gather_fp8_async(f) : gather_->all_gather_async(fp.shard(), fp.full()));
+  }
+  if (!async) wait_gather(unit);
+}
+
+void Engine::wait_gather(std::size_t unit) {
+  auto works = std::move(units_[unit].inflight);
+  units_[unit].inflight.clear();
+  for (auto& w : works) w->wait();
+  for (auto fi : units_[unit].flats) dequantize_arrived(flats_[fi]);
+}
+
+void Engine::unshard() {
+  for (std::size_t u = 0; u < units_.size(); ++u) wait_gather(u);
+  std::vector<comm::WorkPtr> works;
+  for (auto& f : flats_) {
+    if (f.persistent || !f.flat->options().sharded) continue;
+    const bool approx = fp8_gathered(f);  // what it holds gathered now is dequantized fp8: exact values instead
+    f.persistent = true;
+    if (f.flat->gathered() && !approx) continue;
+    CategoryScope cat(Category::Gathered);
+    f.flat->alloc_full();
+    works.push_back(gather_->all_gather_async(f.flat->shard(), f.flat->full()));
+  }
+  for (auto& w : works) w->wait();
+}
+
+at::Tensor Engine::whole(const Flat& f, const at::Tensor& local) const {
+  const std::int64_t padded = f.flat->layout().padded();
+  if (local.numel() == padded) return local.reshape({-1});
+  at::Tensor out = at::empty({padded}, local.options());
+  gather_->all_gather(local.reshape({-1}).contiguous(), out);
+  return out;
+}
+
+at::Tensor Engine::whole_values(const Flat& f, Source source) const {
+  if (source == Source::Master && f.master.defined()) return whole(f, f.master);
+  if (f.flat->gathered()) return f.flat->full();
+  return whole(f, f.flat->shard());
+}
+
+void Engine::reshard_flat(Flat& f) {
+  if (f.persistent || !f.flat->options().sharded) return;
+  f.flat->free_full();
+  f.fp8_full = at::Tensor();
+}
+
+void Engine::reshard(std::size_t unit) {
+  wait_gather(unit);
+  for (auto fi : units_[unit].flats) reshard_flat(flats_[fi]);
+}
+
+void Engine::prefetch(std::size_t unit) {
+  if (unit_sharded(unit)) gather(unit, /*async=*/true);
+}
+
+void Engine::pre_forward(std::size_t unit) {
+  if (cur_order_.empty()) drop_discarded_grads();  // the first unit of a forward
+  bool seen = false;
+  for (auto u : cur_order_) seen = seen || u == unit;
+  if (!seen) cur_order_.push_back(unit);
+  if (!unit_sharded(unit)) return;
+  gather(unit, /*async=*/false);
+  if (spec_.forward_prefetch) {
+    // The unit after this one in the last forward's order.
+    for (std::size_t i = 0; i + 1 < fwd_order_.size(); ++i)
+      if (fwd_order_[i] == unit) {
+        prefetch(fwd_order_[i + 1]);
+        break;
+      }
+  }
+}
+
+void Engine::post_forward(std::size_t unit, std::vector<at::Tensor>& outputs, bool tracked) {
+  if (!unit_sharded(unit)) return;
+  for (auto& t : outputs)
+    if (t.defined() && t.requires_grad())
+      t.register_hook([self = weak_from_this(), unit](const at::Tensor&) {
+        if (auto e = self.lock()) e->pre_backward(unit);
+      });
+  units_[unit].backward_gathered = false;
+  // Without tracked outputs backward could not gather first: keep the parameters until post-backward.
+  if (spec_.reshard_after_forward && tracked) reshard(unit);
+}
+
+void Engine::pre_backward(std::size_t unit) {
+  begin_backward();
+  UnitInfo& u = units_[unit];
+  if (u.backward_gathered) return;
+  u.backward_gathered = true;
+  gather(unit, /*async=*/false);
+  if (spec_.backward_prefetch) {
+    // The unit before this one in forward order runs next in backward.
+    const auto& order = cur_order_.empty() ? fwd_order_ : cur_order_;
+    for (std::size_t i = 1; i < order.size(); ++i)
+      if (order[i] == unit) {
+        prefetch(order[i - 1]);
+        break;
+      }
+  }
+}
+
+}  // namespace accel::zero

@@ -1,0 +1,132 @@
+// The step's side of the engine: gradient clipping (by global norm, by value), what fp16 unscaling
+// sees, and the bracket around the optimizer's step (masters written back, parameters all-gathered).
+#include "zero/engine.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <stdexcept>
+
+namespace accel::zero {
+
+void Engine::clip_grad_value(double clip_value) {
+  if (!(clip_value >= 0)) throw std::invalid_argument("clip_grad_value: clip_value must be >= 0");
+  if (plan_.state_split)
+    throw std::logic_error("clip_grad_value: the gradients are sharded across ranks under " +
+                           std::string(to_string(spec_.strategy)) + "; clip by norm instead (clip_grad_norm)");
+  for (const auto& group : group_params_)
+    for (const auto& p : group)
+      if (p.grad().defined()) p.grad().clamp_(-clip_value, clip_value);
+  for (auto& f : flats_)
+    if (f.master_grad_set && f.master.grad().defined()) note_master_grad(f);
+  for (auto& f : flats_)  // the reduced gradient where the master's is a converted copy
+    if (f.grad.defined() && f.master.defined() && f.master.grad().defined() && !f.grad.is_alias_of(f.master.grad()))
+      f.grad.clamp_(-clip_value, clip_value);
+}
+
+double Engine::clip_grad_norm(double max_norm, double norm_type) {
+  const bool inf = std::isinf(norm_type);
+  if (!inf && norm_type < 1.0) throw std::invalid_argument("clip_grad_norm: norm_type must be >= 1 or inf");
+  double local = 0.0;
+  std::vector<at::Tensor> grads;
+  for (const auto& group : group_params_)
+    for (const auto& p : group)
+      if (p.grad().defined()) grads.push_back(p.grad());
+  for (const auto& grad : grads) {
+    at::Tensor g = grad.to(at::kDouble);
+    if (inf)
+      local = std::max(local, g.abs().max().item<double>());
+    else
+      local += g.abs().pow(norm_type).sum().item<double>();
+  }
+  double total = local;
+  if (plan_.state_split) {
+    at::Tensor t = at::full({1}, local, at::kDouble);
+    shard_->all_reduce(t, {inf ? comm::ReduceOp::Max : comm::ReduceOp::Sum});
+    total = t.item<double>();
+  }
+  if (!inf) total = std::pow(total, 1.0 / norm_type);
+  double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0) {
+    for (auto& g : grads) g.mul_(coef);
+    grads_scaled(coef);
+  }
+  return total;
+}
+
+std::vector<at::Tensor> Engine::step_grads() const {
+  std::vector<at::Tensor> grads;
+  for (const auto& group : group_params_)
+    for (const auto& p : group)
+      if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+void Engine::grads_scaled(double coef) {
+  for (auto& f : flats_)
+    if (f.master_grad_set && f.master.grad().defined()) note_master_grad(f);
+  for (auto& f : flats_)  // the reduced gradient where the master's is a converted copy
+    if (f.grad.defined() && f.master.defined() && f.master.grad().defined() && !f.grad.is_alias_of(f.master.grad()))
+      f.grad.mul_(coef);
+}
+
+void Engine::skip_step() {
+  if (in_backward_) throw std::logic_error("accel: optimizer step during backward");
+  for (const auto& group : group_params_)
+    for (const auto& p : group) p.mutable_grad() = at::Tensor();
+  close_step();
+}
+
+void Engine::close_step() {
+  // The step consumed (or dropped) the gradients: the next backward starts a new accumulation window.
+  for (auto& f : flats_) {
+    f.grad_live = false;
+    f.flat->detach_grads();
+    f.grad = at::Tensor();  // after a step, master.grad keeps it until zero_grad
+    f.master_grad_set = false;
+  }
+}
+
+void Engine::before_step() {
+  if (in_backward_) throw std::logic_error("accel: optimizer step during backward");
+}
+
+std::pair<std::int64_t, std::int64_t> Engine::master_range(const Flat& f) const {
+  if (plan_.masters_are_shards) return f.flat->layout().shard_range(f.flat->options().rank);
+  return {0, f.flat->layout().padded()};
+}
+
+void Engine::after_step() {
+  if (plan_.passthrough) return;
+  params_from_masters();
+  close_step();
+}
+
+void Engine::params_from_masters() {
+  if (plan_.passthrough) return;
+  c10::NoGradGuard ng;
+  std::vector<comm::WorkPtr> works;
+  for (auto& f : flats_) {
+    if (f.group >= 0) {
+      // Master -> compute buffer where they are different tensors.
+      const at::Tensor& dst = plan_.masters_are_shards ? f.flat->shard() : f.flat->full();
+      if (!f.master.is_alias_of(dst)) dst.copy_(f.master);
+    }
+    // Replicated parameters (ZeRO-1/2) and the always-gathered root unit (ZeRO-3) are all-gathered
+    // from the updated shards; sharded units are gathered again by their next forward.
+    if (!plan_.state_split || f.group < 0) continue;
+    if (!f.flat->options().sharded) {
+      auto [b, e] = f.flat->layout().shard_range(f.flat->options().rank);
+      works.push_back(gather_->all_gather_async(f.flat->full().narrow(0, b, e - b), f.flat->full()));
+    } else if (f.persistent) {
+      works.push_back(gather_->all_gather_async(f.flat->shard(), f.flat->full()));
+    }
+  }
+  for (auto& w : works) w->wait();
+  // Sharded units gathered as fp8: their bytes follow the new masters.
+  quantize_fp8_shards();
+}
+
+
+}  // namespace accel::zero

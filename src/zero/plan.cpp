@@ -1,0 +1,23 @@
+#include "zero/plan.h"
+
+namespace accel::zero {
+
+Groups groups_for(const ShardingSpec& spec, const std::shared_ptr<comm::Communicator>& world) {
+  if (spec.hybrid()) return {world->node_local(), world->cross_node()};
+  return {world, nullptr};
+}
+
+Plan Plan::resolve(const ShardingSpec& spec, int world_size, int shard_size, bool dtypes_convert) {
+  Plan p;
+  p.passthrough = world_size == 1 && !dtypes_convert;
+  p.masters_are_shards = spec.shards_optimizer();
+  p.state_split = spec.shards_optimizer() && shard_size > 1;
+  p.params_sharded = spec.shards_parameters() && shard_size > 1;
+  p.reduce_mode = !spec.shards_optimizer()   ? GradReducer::Mode::AllReduce
+                  : !spec.shards_gradients() ? GradReducer::Mode::ReduceScatterInPlace
+                                             : GradReducer::Mode::ReduceScatter;
+  p.churns_memory = p.params_sharded || (spec.shards_gradients() && shard_size > 1);
+  return p;
+}
+
+}  // namespace accel::zero
