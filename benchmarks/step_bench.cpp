@@ -22,7 +22,7 @@
 #include "base/memory.h"
 #include "comm/communicator.h"
 #include "mixed_precision/loss_scaler.h"
-#include "sharding/models.h"
+#include "support/models.h"
 #include "zero/sharded_optimizer.h"
 
 #include <ATen/Parallel.h>
@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
     Precision prec;
     std::shared_ptr<test::GPTImpl> model;
     std::unique_ptr<torch::optim::AdamW> user_opt;
-    zero::Prepared prepared;
+    zero::EngineAndOptimizer prepared;
     torch::optim::Optimizer* opt = nullptr;
     std::vector<double> times;
     double moved = 0;
@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
         auto& engine = *run.prepared.engine;
         std::vector<at::Tensor> grads = engine.step_grads();
         comm::Communicator* sg =
-            engine.shards_gradients_or_optimizer_across_ranks() ? engine.shard_group().get() : nullptr;
+            engine.plan().state_split ? engine.shard_group().get() : nullptr;
         mixed_precision::unscale_and_clip(grads, run.prec.loss_scale, std::nullopt, sg);
         engine.grads_scaled(1.0 / run.prec.loss_scale);
       }

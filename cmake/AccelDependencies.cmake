@@ -22,6 +22,7 @@ add_library(accel_fmt INTERFACE)
 target_compile_definitions(accel_fmt INTERFACE FMT_HEADER_ONLY=1)
 target_link_libraries(accel_fmt INTERFACE torch)
 find_package(CLI11 REQUIRED)
+find_package(spdlog REQUIRED)  # the library's logger (src/base/log.cpp)
 
 # yaml-cpp 0.7 exports a target named `yaml-cpp` without a namespace; newer ones `yaml-cpp::yaml-cpp`.
 find_package(yaml-cpp REQUIRED)
@@ -29,6 +30,7 @@ if(TARGET yaml-cpp AND NOT TARGET yaml-cpp::yaml-cpp)
   add_library(yaml-cpp::yaml-cpp ALIAS yaml-cpp)
 endif()
 find_package(nlohmann_json REQUIRED)
+find_package(ZLIB REQUIRED)  # crc32 of checkpoint slices
 
 # NCCL backend: CUDA toolkit + NCCL (header and library), searched in the toolkit first.
 set(ACCEL_HAVE_NCCL OFF)

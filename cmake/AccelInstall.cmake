@@ -6,7 +6,27 @@ include(CMakePackageConfigHelpers)
 
 install(TARGETS accel EXPORT accelTargets LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS accel_cli accel_rank RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(DIRECTORY src/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/accel FILES_MATCHING PATTERN "*.h")
+# Every header but the internal ones: included only by .cpp files of src/ (never by an installed
+# header, the examples or tests/install/consumer) and about how the library works inside, not what
+# a program calls. (model_export.h and safetensors.h are included only by .cpp files too, but
+# declare functions a program may call: installed.) tests/install/install_test.sh checks that every
+# installed header's own includes are installed, and that the two below are not.
+set(ACCEL_INTERNAL_HEADERS
+  accelerator/config_detail.h  # the config parsers' shared helpers
+  accelerator/precision.h      # how mixed_precision becomes the engine's dtypes (Accelerator::prepare)
+  base/env.h                   # the ACCEL_* table, read inside the library and by `accel env`
+  base/files.h                 # POSIX file helpers of the launcher and checkpoints
+  checkpoint/checkpoint_dir.h  # save_state's directories (Accelerator::save_state is the interface)
+  checkpoint/sharded_state.h   # save_state's format
+  comm/backend.h               # the transports below the Communicator
+  comm/mpi_backend.h
+  comm/nccl_backend.h
+  comm/dtype.h)
+set(_accel_header_excludes PATTERN "cli" EXCLUDE)  # the `accel` command's internals (accel_cli_core is not installed)
+foreach(h IN LISTS ACCEL_INTERNAL_HEADERS)
+  list(APPEND _accel_header_excludes PATTERN "${h}" EXCLUDE)
+endforeach()
+install(DIRECTORY src/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/accel FILES_MATCHING PATTERN "*.h" ${_accel_header_excludes})
 install(FILES "${CMAKE_BINARY_DIR}/generated/accel/version.h" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/accel)
 install(EXPORT accelTargets NAMESPACE accel:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/accel)
 configure_package_config_file(cmake/accelConfig.cmake.in "${CMAKE_BINARY_DIR}/accelConfig.cmake"

@@ -72,7 +72,7 @@ inline void maybe_resume(Accelerator& acc, const ExampleArgs& a) {
 // Once training ends: --save_state_to, --save_model_to.
 template <class M>
 void maybe_save_final(Accelerator& acc, M& model, const ExampleArgs& a) {
-  if (!a.save_state_to.empty()) acc.save_state(a.save_state_to, a.full_state);
+  if (!a.save_state_to.empty()) acc.save_state(a.save_state_to, a.full_state ? std::optional<bool>(true) : std::nullopt);
   if (!a.save_model_to.empty()) acc.save_model(model, a.save_model_to);
 }
 

@@ -4,9 +4,11 @@
 #include "checkpoint/model_export.h"
 #include "checkpoint/sharded_state.h"
 #include "accelerator/precision.h"
+#include "base/log.h"
 #include "zero/sharded_optimizer.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/GradMode.h>
 
@@ -131,12 +133,11 @@ Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
     // One line: the keys only (their reasons: cfg_.ignored, or `accel config explain`).
     std::string keys;
     for (const auto& k : cfg_.ignored) keys += (keys.empty() ? "" : ", ") + k.substr(0, k.find(':'));
-    std::cerr << "accel: " << where(cfg_) << ": " << cfg_.ignored.size()
-              << " key(s) accepted but without effect here: " << keys << "\n";
+    log::warning(fmt::format("{}: {} key(s) accepted but without effect here: {}", where(cfg_), cfg_.ignored.size(), keys));
   }
   if (is_main_process() && num_processes() > 1 && !cfg_.source.empty() && cfg_.num_processes != num_processes())
-    std::cerr << "accel: " << cfg_.source << " says num_processes " << cfg_.num_processes << ", running with "
-              << num_processes() << " (the launcher's count wins)\n";
+    log::warning(fmt::format("{} says num_processes {}, running with {} (the launcher's count wins)", cfg_.source,
+                             cfg_.num_processes, num_processes()));
 }
 
 Accelerator::~Accelerator() = default;
@@ -175,7 +176,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
       if (!p.is_contiguous()) sync(p);
     for (const auto& b : model->buffers()) sync(b);
   }
-  zero::Prepared p = zero::prepare(model, optimizer, cfg_.spec, world_);
+  zero::EngineAndOptimizer p = zero::prepare(model, optimizer, cfg_.spec, world_);
   model_ = std::move(model);
   engine_ = p.engine;
   std::optional<double> clip;
@@ -214,11 +215,11 @@ Accelerator::AccumulateScope::~AccumulateScope() {
 void Accelerator::begin_micro_step() {
   GradientState& s = *state_;
   if (s.end_of_dataloader()) {
-    s.step = 0;
+    s.micro_step = 0;
     s.sync_gradients = true;
   } else {
-    s.step += 1;
-    s.sync_gradients = s.step % s.accumulation_steps == 0;
+    s.micro_step += 1;
+    s.sync_gradients = s.micro_step % s.accumulation_steps == 0;
   }
   no_sync_.reset();
   if (!s.sync_gradients && engine_) no_sync_.emplace(*engine_);
@@ -375,13 +376,8 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict() {
   c10::NoGradGuard no_grad;
   for (const auto& f : engine_->flats()) {
     const sharding::FlatParam& fp = *f.flat;
-    at::Tensor buffer;
-    if (fp.gathered()) {
-      buffer = fp.full();
-    } else {  // a sharded unit at rest: gather it into a temporary, one unit at a time
-      buffer = at::empty({fp.layout().padded()}, fp.shard().options());
-      engine_->gather_group()->all_gather(fp.shard(), buffer);
-    }
+    // A sharded unit at rest is gathered into a temporary, one flat parameter at a time.
+    const at::Tensor buffer = engine_->whole_values(f, zero::Engine::Source::Compute);
     if (!keep) continue;
     for (std::size_t i = 0; i < fp.params().size(); ++i) {
       const at::Tensor& p = fp.params()[i];
@@ -404,14 +400,14 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict() {
 std::unique_ptr<sharding::ShardedInit> Accelerator::sharded_init() {
   if (!device_.is_cpu())
     throw ConfigError("Accelerator::sharded_init: sharded construction runs on the CPU only so far (use_cpu)");
-  auto group = cfg_.spec.hybrid() ? world_->node_local() : world_;
-  return std::make_unique<sharding::ShardedInit>(world_, group);
+  return std::make_unique<sharding::ShardedInit>(world_, zero::groups_for(cfg_.spec, world_).shard);
 }
 
 // ---------------------------------------------------------------------------------------------------
 // Checkpoints
 
-std::string Accelerator::save_state(const std::string& dir_in, bool full) {
+std::string Accelerator::save_state(const std::string& dir_in, std::optional<bool> full_arg) {
+  const bool full = full_arg.value_or(cfg_.state_dict_type == StateDictType::Full);
   if (!model_) throw std::logic_error("Accelerator::save_state: prepare a model first");
   std::string dir = dir_in;
   if (dir.empty()) {
@@ -479,6 +475,7 @@ void Accelerator::check_prepared(const std::shared_ptr<torch::nn::Module>& model
 std::vector<std::string> Accelerator::save_model_files(const std::string& dir, std::int64_t max_shard_size) {
   checkpoint::SaveModelOptions o;
   o.progress = is_main_process();
+  o.compute_dtype = cfg_.zero3_save_16bit_model;
   return checkpoint::save_model(*engine_, *model_, dir, max_shard_size, o).files;
 }
 

@@ -68,7 +68,7 @@ struct AcceleratorOptions {
 // What the training loop and the Accelerator share about the current micro-step.
 struct GradientState {
   std::int64_t accumulation_steps = 1;
-  std::int64_t step = 0;       // micro-steps since the last sync
+  std::int64_t micro_step = 0;  // micro-steps since the last sync (Accelerator::step() counts optimizer steps)
   bool sync_gradients = true;  // this micro-step reduces and steps
   bool step_was_skipped = false;
   std::int64_t optimizer_steps = 0;  // steps the optimizer took (saved in checkpoints)
@@ -313,8 +313,9 @@ class Accelerator {
   // Atomic: written beside `dir` and renamed into place, so a crash leaves the previous checkpoint
   // intact. Without `dir`: the next <project_dir>/checkpoints/checkpoint_<i>. Returns the directory.
   // full: rank 0 writes every tensor whole instead (gathered one unit at a time); load_state reads
-  // either kind. (fsdp_state_dict_type does not change this choice.)
-  std::string save_state(const std::string& dir = "", bool full = false);
+  // either kind. Not given: the config decides (fsdp_state_dict_type FULL_STATE_DICT: full;
+  // SHARDED_STATE_DICT, LOCAL_STATE_DICT or unset: sharded).
+  std::string save_state(const std::string& dir = "", std::optional<bool> full = std::nullopt);
   // Collective. Loads a checkpoint saved at any world size under any strategy (resharding on load,
   // optimizer moments included); the prepared loaders resume where they were. Without `dir`: the
   // newest automatic checkpoint. Throws checkpoint::CheckpointError naming the file and the problem,

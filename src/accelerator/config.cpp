@@ -1,24 +1,17 @@
-// The parts of config.h shared by both dialects: names, mixed precision, DeepSpeed's batch rule,
-// "did you mean", describe(), the dialect dispatch of load_config_file, and resolve_config's
-// precedence (explicit argument > ACCEL_* environment > config file > default).
-// The dialects themselves: config_yaml.cpp (Accelerate YAML), config_deepspeed.cpp (DeepSpeed JSON).
+// The parts of config.h shared by both dialects: names, mixed precision, DeepSpeed's batch rule, the
+// dialect dispatch of load_config_file, and resolve_config's precedence (explicit argument > ACCEL_*
+// environment > config file > default). Text helpers: config_text.cpp. The dialects themselves:
+// config_yaml.cpp (Accelerate YAML), config_deepspeed.cpp (DeepSpeed JSON).
 #include "accelerator/config.h"
 
 #include "accelerator/config_detail.h"
 #include "base/env.h"
+#include "base/files.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <cctype>
-#include <cerrno>
-#include <cmath>
-#include <cstring>
-#include <fstream>
-#include <sstream>
-
-#include <sys/stat.h>
-#include <unistd.h>
+#include <stdexcept>
 
 namespace accel {
 
@@ -29,113 +22,32 @@ namespace cd = config_detail;
 
 namespace config_detail {
 
-std::string join(const std::vector<std::string>& items, const std::string& sep) {
-  std::string out;
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    if (i) out += sep;
-    out += items[i];
-  }
-  return out;
-}
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-std::string upper(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return s;
-}
-
-std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  const auto e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
-}
-
-void fail(const std::string& where, const std::string& message) { throw ConfigError(where + ": " + message); }
-
-void fail_value(const std::string& where, const std::string& key, const std::string& value,
-                const std::string& expected) {
-  fail(where, key + " is '" + value + "', expected " + expected);
-}
-
-void fail_unknown_key(const std::string& where, const std::string& path, const std::vector<std::string>& valid) {
-  const auto dot = path.rfind('.');
-  const std::string leaf = dot == std::string::npos ? path : path.substr(dot + 1);
-  std::string msg = "unknown key '" + path + "'";
-  const std::string near = closest_key(leaf, valid);
-  if (!near.empty()) msg += "; did you mean '" + near + "'?";
-  msg += " (valid keys: " + join(valid) + ")";
-  fail(where, msg);
-}
-
-std::string match_enum(const std::string& where, const std::string& key, const std::string& value,
-                       const std::vector<std::string>& allowed) {
-  const std::string v = upper(trim(value));
-  for (const auto& a : allowed)
-    if (upper(a) == v) return a;
-  std::string msg = key + " is '" + value + "'";
-  const std::string near = closest_key(value, allowed);
-  msg += near.empty() ? ";" : "; did you mean '" + near + "'?";
-  msg += " allowed values: " + join(allowed);
-  fail(where, msg);
-}
-
-std::optional<std::int64_t> parse_integer(const std::string& text) {
-  const std::string s = trim(text);
-  if (s.empty()) return std::nullopt;
-  errno = 0;
-  char* end = nullptr;
-  const long long i = std::strtoll(s.c_str(), &end, 10);
-  if (end && *end == '\0' && errno == 0) return static_cast<std::int64_t>(i);
-  // 5e8, 1e8, 12.0: a number with no fraction that fits.
-  const auto d = parse_number(s);
-  if (!d || std::floor(*d) != *d || std::fabs(*d) > 9.2e18) return std::nullopt;
-  return static_cast<std::int64_t>(*d);
-}
-
-std::optional<double> parse_number(const std::string& text) {
-  const std::string s = trim(text);
-  if (s.empty()) return std::nullopt;
-  // strtod also reads "inf", "nan" and hex; a config number is none of those.
-  for (char c : s)
-    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'))
-      return std::nullopt;
-  errno = 0;
-  char* end = nullptr;
-  const double d = std::strtod(s.c_str(), &end);
-  if (!end || *end != '\0' || errno != 0 || !std::isfinite(d)) return std::nullopt;
-  return d;
-}
-
-std::optional<bool> parse_bool(const std::string& text, bool digits) {
-  const std::string s = lower(trim(text));
-  if (s == "true" || s == "yes" || s == "on" || (digits && s == "1")) return true;
-  if (s == "false" || s == "no" || s == "off" || (digits && s == "0")) return false;
-  return std::nullopt;
-}
-
 void note_ignored(AcceleratorConfig& cfg, const std::string& key, const std::string& reason) {
   const std::string head = key + ":";
   for (const auto& entry : cfg.ignored)
     if (entry.compare(0, head.size(), head) == 0) return;
-  cfg.ignored.push_back(key + ": " + reason);
+  cfg.ignored.push_back(fmt::format("{}: {}", key, reason));
 }
 
 std::string fsdp_strategy_name(const std::string& where, const std::string& key, const std::string& text) {
-  // Accelerate's numbering: 1 FULL_SHARD .. 4 HYBRID_SHARD, 5 HYBRID_SHARD_ZERO2.
-  static const std::vector<std::string> names = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
+  // Accelerate's numbering (FSDP's ShardingStrategy enum): 1 .. 4, and 5 HYBRID_SHARD_ZERO2.
+  static const zero::Strategy numbered[] = {zero::Strategy::Zero3, zero::Strategy::Zero2, zero::Strategy::NoShard,
+                                            zero::Strategy::HybridShard};
+  std::vector<std::string> names, numbers;
+  for (std::size_t i = 0; i < std::size(numbered); ++i) {
+    names.emplace_back(zero::info(numbered[i]).fsdp_name);
+    numbers.push_back(fmt::format("{} {}", i + 1, names.back()));
+  }
   const auto number = parse_integer(text);
   if ((number && *number == 5) || upper(trim(text)) == "HYBRID_SHARD_ZERO2")
-    fail(where, key + " is '" + text +
-                    "': HYBRID_SHARD_ZERO2 is not supported yet; use HYBRID_SHARD (FULL_SHARD inside a node, "
-                    "replicated across nodes) or SHARD_GRAD_OP (ZeRO-2 over all ranks)");
+    fail(where, fmt::format("{} is '{}': HYBRID_SHARD_ZERO2 is not supported yet; use {} ({} inside a node, "
+                            "replicated across nodes) or {} ({} over all ranks)",
+                            key, text, zero::info(zero::Strategy::HybridShard).fsdp_name,
+                            zero::info(zero::Strategy::Zero3).fsdp_name, zero::info(zero::Strategy::Zero2).fsdp_name,
+                            zero::info(zero::Strategy::Zero2).short_label));
   if (!number) return match_enum(where, key, text, names);
-  if (*number < 1 || *number > 4)
-    fail_value(where, key, text, "a strategy name or its number: 1 FULL_SHARD, 2 SHARD_GRAD_OP, 3 NO_SHARD, 4 HYBRID_SHARD");
+  if (*number < 1 || *number > static_cast<std::int64_t>(names.size()))
+    fail_value(where, key, text, fmt::format("a strategy name or its number: {}", join(numbers)));
   return names[static_cast<std::size_t>(*number - 1)];
 }
 
@@ -143,30 +55,15 @@ std::string offload_device(const std::string& where, const std::string& key, con
   return lower(match_enum(where, key, text, {"none", "cpu", "nvme"}));
 }
 
-bool is_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-std::string parent_dir(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-std::string working_dir() {
-  std::vector<char> buf(4096);
-  return ::getcwd(buf.data(), buf.size()) ? std::string(buf.data()) : std::string(".");
-}
-
 std::string read_text_file(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) fail(path, "cannot read config file (it is a directory)");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, std::string("cannot read config file (") + std::strerror(errno) + ")");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  if (files::is_dir(path)) fail(path, "cannot read config file (it is a directory)");
+  try {
+    return files::read_file(path);
+  } catch (const std::runtime_error& e) {
+    // files::read_file says "cannot read PATH: REASON".
+    const std::string what = e.what(), head = fmt::format("cannot read {}: ", path);
+    fail(path, fmt::format("cannot read config file ({})", what.rfind(head, 0) == 0 ? what.substr(head.size()) : what));
+  }
 }
 
 }  // namespace config_detail
@@ -191,6 +88,14 @@ const char* to_string(MixedPrecision p) {
     case MixedPrecision::Fp16: return "fp16";
     case MixedPrecision::Bf16: return "bf16";
     case MixedPrecision::Fp8: return "fp8";
+  }
+  return "?";
+}
+
+const char* to_string(StateDictType t) {
+  switch (t) {
+    case StateDictType::Sharded: return "sharded";
+    case StateDictType::Full: return "full";
   }
   return "?";
 }
@@ -268,156 +173,6 @@ BatchConfig resolve_batch(BatchConfig b, int world, std::optional<std::int64_t> 
 }
 
 // ---------------------------------------------------------------------------------------------------
-// "Did you mean"
-
-namespace {
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-}  // namespace
-
-std::string closest_key(const std::string& key, const std::vector<std::string>& candidates) {
-  const std::string k = cd::lower(key);
-  std::string best;
-  std::size_t best_score = std::string::npos;
-  for (const auto& c : candidates) {
-    const std::string l = cd::lower(c);
-    const std::size_t d = edit_distance(k, l);
-    const std::size_t limit = std::max<std::size_t>(2, std::max(k.size(), l.size()) / 3);
-    // One name inside the other ("stage" / "zero_stage") is close too, if it is not tiny.
-    const bool inside = std::min(k.size(), l.size()) >= 4 &&
-                        (l.find(k) != std::string::npos || k.find(l) != std::string::npos);
-    if ((d <= limit || inside) && d < best_score) {
-      best = c;
-      best_score = d;
-    }
-  }
-  return best;
-}
-
-// ---------------------------------------------------------------------------------------------------
-// describe()
-
-namespace {
-int zero_stage_of(zero::Strategy s) {
-  switch (s) {
-    case zero::Strategy::NoShard: return 0;
-    case zero::Strategy::Zero1: return 1;
-    case zero::Strategy::Zero2: return 2;
-    case zero::Strategy::Zero3:
-    case zero::Strategy::HybridShard: return 3;
-  }
-  return 0;
-}
-
-const char* fsdp_name_of(zero::Strategy s) {
-  switch (s) {
-    case zero::Strategy::NoShard: return "NO_SHARD";
-    case zero::Strategy::Zero1: return "ZeRO-1 (no FSDP name)";
-    case zero::Strategy::Zero2: return "SHARD_GRAD_OP";
-    case zero::Strategy::Zero3: return "FULL_SHARD";
-    case zero::Strategy::HybridShard: return "HYBRID_SHARD";
-  }
-  return "?";
-}
-
-std::string what_is_sharded(const zero::ShardingSpec& s) {
-  std::string out = std::string("optimizer state ") + (s.shards_optimizer() ? "sharded" : "replicated");
-  out += std::string(", gradients ") + (s.shards_gradients() ? "sharded (reduce-scatter)" : "all-reduced");
-  if (s.shards_parameters()) {
-    out += ", parameters sharded and gathered one unit at a time";
-    out += s.reshard_after_forward ? " (freed after each unit's forward)" : " (kept from forward until backward)";
-  } else {
-    out += ", parameters replicated";
-  }
-  if (s.hybrid()) out += "; all of it sharded inside each node and replicated across nodes";
-  return out;
-}
-
-std::string units_of(const zero::WrapPolicy& w) {
-  switch (w.kind) {
-    case zero::WrapPolicy::Kind::Marked: return "every module marked with accel::unit";
-    case zero::WrapPolicy::Kind::TypeName: return "marked modules of type " + cd::join(w.type_names, " or ");
-    case zero::WrapPolicy::Kind::Size:
-      return "marked modules holding at least " + std::to_string(w.min_num_params) + " parameters";
-    case zero::WrapPolicy::Kind::None: return "the whole model as one unit";
-  }
-  return "?";
-}
-
-std::string auto_or(const std::optional<std::int64_t>& v) { return v ? std::to_string(*v) : std::string("auto"); }
-}  // namespace
-
-std::string AcceleratorConfig::describe() const {
-  std::ostringstream o;
-  const int n = num_processes;
-  switch (distributed_type) {
-    case DistributedType::No:
-      o << "Distributed type NO: plain training in one process (run on several ranks it becomes DDP: every rank "
-           "holds the whole model, gradients are all-reduced).";
-      break;
-    case DistributedType::MultiCpu:
-    case DistributedType::MultiGpu:
-      o << "DDP (" << to_string(distributed_type) << ") over " << n << " process" << (n == 1 ? "" : "es")
-        << ": " << what_is_sharded(spec) << ".";
-      break;
-    case DistributedType::DeepSpeed:
-      o << "DeepSpeed ZeRO stage " << zero_stage_of(spec.strategy) << " over " << n << " process"
-        << (n == 1 ? "" : "es") << ": " << what_is_sharded(spec) << ".";
-      break;
-    case DistributedType::Fsdp:
-      o << "FSDP " << fsdp_name_of(spec.strategy) << " (like ZeRO-" << zero_stage_of(spec.strategy) << ", FSDP version "
-        << fsdp_version << ") over " << n << " process" << (n == 1 ? "" : "es") << ": " << what_is_sharded(spec)
-        << "; units: " << units_of(spec.wrap) << ".";
-      break;
-  }
-  if (num_machines > 1) o << " " << num_machines << " machines, this one is rank " << machine_rank << ".";
-  if (offload_optimizer_device != "none") o << " Optimizer state offloaded to " << offload_optimizer_device << ".";
-  if (offload_param_device != "none") o << " Parameters offloaded to " << offload_param_device << ".";
-
-  o << " Precision: ";
-  switch (mixed_precision) {
-    case MixedPrecision::No: o << "fp32 (no mixed precision)."; break;
-    case MixedPrecision::Bf16: o << "bf16 compute, fp32 master weights."; break;
-    case MixedPrecision::Fp8:
-      o << "fp8 matmuls in Float8Linear layers (e4m3 forward, e5m2 gradients, dynamic tensorwise scales), bf16 "
-           "elsewhere, fp32 master weights.";
-      break;
-    case MixedPrecision::Fp16:
-      o << "fp16 compute, fp32 master weights, ";
-      if (loss_scaler.loss_scale > 0)
-        o << "static loss scale " << loss_scaler.loss_scale << ".";
-      else
-        o << "dynamic loss scale from 2^" << loss_scaler.initial_scale_power << " (window "
-          << loss_scaler.loss_scale_window << ", hysteresis " << loss_scaler.hysteresis << ", minimum "
-          << loss_scaler.min_loss_scale << ").";
-      break;
-  }
-  o << " Gradients accumulate over " << gradient_accumulation_steps << " micro-step"
-    << (gradient_accumulation_steps == 1 ? "" : "s") << " per optimizer step.";
-  if (distributed_type == DistributedType::DeepSpeed)
-    o << " Batch: train_batch_size " << auto_or(batch.train_batch_size) << ", train_micro_batch_size_per_gpu "
-      << auto_or(batch.micro_batch_per_gpu) << ", gradient_accumulation_steps "
-      << auto_or(batch.gradient_accumulation_steps) << " (auto: from the prepared loader and the world size).";
-  if (gradient_clipping && *gradient_clipping > 0) o << " Gradients clipped to global norm " << *gradient_clipping << ".";
-  if (!ignored.empty()) {
-    std::vector<std::string> keys;
-    for (const auto& e : ignored) keys.push_back(e.substr(0, e.find(':')));
-    o << " Ignored keys: " << cd::join(keys) << ".";
-  }
-  o << (source.empty() ? " (All defaults: no config file.)" : " (From " + source + ".)");
-  return o.str();
-}
-
-// ---------------------------------------------------------------------------------------------------
 // load_config_file: tell the dialects apart by content
 
 namespace {
@@ -435,7 +190,7 @@ bool is_deepspeed_json(const std::string& text) {
 AcceleratorConfig load_config_file(const std::string& path) {
   const std::string text = cd::read_text_file(path);
   if (is_deepspeed_json(text)) return parse_deepspeed_json(text, path);
-  return parse_accelerate_yaml(text, path, cd::parent_dir(path));
+  return parse_accelerate_yaml(text, path, files::parent_dir(path));
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@
 // Both end in one AcceleratorConfig, whose ShardingSpec the engine executes (DESIGN.md §1).
 //
 // Errors are ConfigError with one message that names the file, the key (dotted path), what is wrong,
-// the allowed values and, for an unknown key, the closest valid key. Keys that mean something only
-// for Python, TPUs or SageMaker are accepted and listed in `ignored` (each once, with the reason).
+// the allowed values and, for an unknown key, the closest valid key. Every key a dialect documents
+// either does what that dialect says or is accepted and listed in `ignored` (each once, with the
+// reason it has no effect in accel today): keys meaningful only for Python, TPUs, SageMaker or
+// torchrun, and features accel does not have yet. `accel config explain` prints the whole account.
 //
 // Precedence (resolve_config): explicit argument > environment set by the launcher (ACCEL_*) >
 // config file > default.
@@ -54,18 +56,19 @@ BatchConfig resolve_batch(BatchConfig batch, int world, std::optional<std::int64
 // fp16 dynamic loss scaling, DeepSpeed's keys and defaults (fp16 block): the LossScaler's own options.
 using LossScalerConfig = mixed_precision::LossScalerOptions;
 
-// fp8_config (Accelerate's keys; used by mixed_precision fp8).
+// fp8_config (used by mixed_precision fp8). accel's fp8 has one recipe (Float8Linear: e4m3 forward,
+// e5m2 gradients, dynamic tensorwise scales), so Accelerate's recipe keys (backend, fp8_format,
+// amax_*, margin, interval, pad_inner_dim, use_autocast_during_eval) are accepted and ignored.
 struct Fp8Config {
-  std::string backend;             // "", "AO", "TE", "MSAMP" (accel implements fp8 natively)
-  std::string fp8_format = "HYBRID";  // HYBRID (e4m3 forward, e5m2 gradients), E4M3, E5M2
-  int amax_history_len = 1024;
-  std::string amax_compute_algo = "max";  // max, most_recent
-  int margin = 0;
-  int interval = 1;
-  bool enable_fsdp_float8_all_gather = true;
-  bool pad_inner_dim = true;
-  bool use_autocast_during_eval = false;
+  bool enable_fsdp_float8_all_gather = true;  // ZeRO-3 / FULL_SHARD units gathered as fp8 bytes
 };
+
+// What save_state() writes when its `full` argument is not given (fsdp_state_dict_type).
+enum class StateDictType {
+  Sharded,  // each rank its own slices (SHARDED_STATE_DICT, LOCAL_STATE_DICT; accel's default)
+  Full,     // rank 0 every tensor whole (FULL_STATE_DICT)
+};
+const char* to_string(StateDictType t);  // "sharded", "full"
 
 struct AcceleratorConfig {
   std::string source;  // the file(s) read, "" when everything is a default
@@ -73,9 +76,6 @@ struct AcceleratorConfig {
   MixedPrecision mixed_precision = MixedPrecision::No;
   int num_processes = 1;  // total over all machines
   int num_machines = 1;
-  int machine_rank = 0;
-  std::string main_process_ip;
-  int main_process_port = 0;
   bool use_cpu = false;
   // Resolved once the batch triad is known; until then the value the files gave (or 1).
   std::int64_t gradient_accumulation_steps = 1;
@@ -84,17 +84,16 @@ struct AcceleratorConfig {
   zero::ShardingSpec spec;                  // strategy, wrap policy, prefetch, buckets, dtypes
   std::string offload_optimizer_device = "none";  // none | cpu | nvme
   std::string offload_param_device = "none";      // none | cpu | nvme
-  std::string state_dict_type = "FULL_STATE_DICT";  // FULL_STATE_DICT | SHARDED_STATE_DICT | LOCAL_STATE_DICT
+  StateDictType state_dict_type = StateDictType::Sharded;  // fsdp_state_dict_type
   bool activation_checkpointing = false;
   int fsdp_version = 1;
+  // DeepSpeed's gather_16bit_weights_on_model_save (zero3_save_16bit_model in the YAML): save_model
+  // writes the weights in the compute dtype (bf16/fp16 under mixed precision), not the fp32 masters.
   bool zero3_save_16bit_model = false;
   std::string deepspeed_config_file;  // as resolved (absolute, or relative to the working directory)
   LossScalerConfig loss_scaler;
   Fp8Config fp8;
   std::vector<std::string> ignored;  // "KEY: reason", in file order, each key once
-
-  // One paragraph for people: strategy and what it shards, precision, accumulation, batch.
-  std::string describe() const;
 };
 
 // A file of either dialect, told apart by content: a JSON object without `distributed_type` is a

@@ -40,7 +40,7 @@ struct Key {
 };
 
 constexpr const char* kOptimizer = "accel uses the optimizer/scheduler passed to prepare()";
-constexpr const char* kMonitor = "DeepSpeed's own logging/monitoring; accel reports through its trackers and benchmarks";
+constexpr const char* kMonitor = "DeepSpeed's own logging/monitoring; accel has no trackers yet (issue 18)";
 constexpr const char* kNoCounterpart = "a DeepSpeed feature with no accel counterpart";
 constexpr const char* kAverage = "accel averages gradients once, in the reduction";
 constexpr const char* kFetcher =
@@ -49,7 +49,7 @@ constexpr const char* kGather = "accel all-gathers each unit's flat parameter in
 constexpr const char* kDetail = "a DeepSpeed implementation detail with no accel counterpart";
 constexpr const char* kZeroPP = "ZeRO++ is not implemented in accel";
 constexpr const char* kMics = "MiCS is not implemented in accel";
-constexpr const char* kOffloadTuning = "tunes DeepSpeed's offload swapper; accel's offload has no such knob";
+constexpr const char* kOffloadTuning = "tunes DeepSpeed's offload; accel has no offload yet (issue 16)";
 constexpr const char* kMaster = "accel keeps fp32 master weights and optimizer state";
 
 const std::vector<Key>& top_keys() {
@@ -82,7 +82,7 @@ const std::vector<Key>& top_keys() {
       {"zero_force_ds_cpu_optimizer", "", Kind::Any,
        "DeepSpeedCPUAdam belongs to DeepSpeed's Python package; accel steps the optimizer passed to prepare()"},
       {"activation_checkpointing", "", Kind::Any,
-       "DeepSpeed's Python activation-checkpointing API; accel models checkpoint in their own forward"},
+       "DeepSpeed's Python activation-checkpointing API; accel has no activation checkpointing yet (issue 15)"},
       {"data_types", "", Kind::Any, "accel accumulates gradients in the parameters' dtype"},
       {"checkpoint", "", Kind::Any, "DeepSpeed checkpoint-engine options; accel writes its own checkpoint format"},
       {"managed_gradient_accumulation", "", Kind::Any, "accel's accumulate() always owns the accumulation boundary"},
@@ -166,7 +166,7 @@ const std::vector<Key>& offload_optimizer_keys() {
       {"pipeline_read", "", Kind::Bool, kOffloadTuning},
       {"pipeline_write", "", Kind::Bool, kOffloadTuning},
       {"fast_init", "", Kind::Bool, kOffloadTuning},
-      {"ratio", "", Kind::Number, "accel offloads the whole optimizer state"},
+      {"ratio", "", Kind::Number, kOffloadTuning},
       {"super_offload", "", Kind::Bool, kOffloadTuning},
       {"cpuadam_cores_perc", "", Kind::Number, kOffloadTuning},
   };
@@ -511,6 +511,19 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   }
   cfg.spec.reduce_dtype = comm_dtype(top, source);
   return out;
+}
+
+std::vector<KeyRow> deepspeed_json_keys() {
+  std::vector<KeyRow> rows;
+  for (const auto& [section, keys] :
+       {std::pair<const char*, const std::vector<Key>*>{"", &top_keys()},
+        {"zero_optimization", &zero_keys()},
+        {"zero_optimization.offload_optimizer", &offload_optimizer_keys()},
+        {"zero_optimization.offload_param", &offload_param_keys()},
+        {"fp16", &fp16_keys()},
+        {"bf16", &bf16_keys()}})
+    for (const auto& k : *keys) rows.push_back({section, k.name, k.ignored});
+  return rows;
 }
 
 }  // namespace config_detail

@@ -3,8 +3,8 @@
 //     unknown keys with a "did you mean"; wrong types and bad enum values name key, value and what is
 //     allowed. A key given twice is an error. A key with a null value (`main_process_ip: null`, as older
 //     `accelerate config` wrote) counts as absent.
-//   * Keys meaningful only to Python, TPUs, SageMaker, torch.compile or Megatron are accepted and listed in
-//     `ignored` with the reason.
+//   * Keys meaningful only to Python, TPUs, SageMaker, torchrun, torch.compile or Megatron, and keys of
+//     features accel does not have yet, are accepted and listed in `ignored` with the reason.
 //   * deepspeed_config.deepspeed_config_file names a DeepSpeed JSON (config_deepspeed.cpp); like
 //     Accelerate, the YAML may then not also set the keys that JSON decides.
 //   * fsdp_config keys may drop the fsdp_ prefix (Accelerate adds it back when launching).
@@ -13,7 +13,9 @@
 #include "accelerator/config.h"
 
 #include "accelerator/config_detail.h"
+#include "base/files.h"
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
@@ -37,6 +39,13 @@ constexpr const char* kSageMaker = "Amazon SageMaker only";
 constexpr const char* kDynamo = "torch.compile (dynamo) is Python only";
 constexpr const char* kTorchrun = "a torchrun rendezvous setting; accel launches through MPI";
 constexpr const char* kHostfile = "give the hostfile to accel launch (mpirun)";
+constexpr const char* kMachine =
+    "a torchrun rendezvous setting; accel launch starts the ranks of every machine from one mpirun "
+    "(--hostfile), and each rank learns its machine from MPI";
+constexpr const char* kFp8Recipe =
+    "accel's fp8 has one recipe: Float8Linear layers with dynamic tensorwise scales from each tensor's "
+    "current amax (e4m3 forward, e5m2 gradients)";
+constexpr const char* kNoOffload = "accel has no offload yet (issue 16)";
 
 const std::vector<YKey>& top_keys() {
   static const std::vector<YKey> keys = {
@@ -46,16 +55,16 @@ const std::vector<YKey>& top_keys() {
       {"use_cpu", nullptr},
       {"num_processes", nullptr},
       {"num_machines", nullptr},
-      {"machine_rank", nullptr},
-      {"main_process_ip", nullptr},
-      {"main_process_port", nullptr},
+      {"machine_rank", kMachine},
+      {"main_process_ip", kMachine},
+      {"main_process_port", kMachine},
       {"gradient_accumulation_steps", nullptr},  // accel extension
       {"fsdp_config", nullptr},
       {"deepspeed_config", nullptr},
       {"fp8_config", nullptr},
       {"fp16", nullptr},  // legacy: fp16: true = mixed_precision: fp16
       {"parallelism_config", nullptr},
-      {"debug", "accel always checks collectives across ranks (ACCEL_COMM_CHECK)"},
+      {"debug", "accel checks every collective across ranks unless ACCEL_COMM_CHECK=0"},
       {"gpu_ids", "accel gives each rank the GPU of its local rank; restrict devices with CUDA_VISIBLE_DEVICES"},
       {"rdzv_backend", kTorchrun},
       {"same_network", kTorchrun},
@@ -106,7 +115,9 @@ const std::vector<YKey>& fsdp_keys() {
       {"fsdp_activation_checkpointing", nullptr},
       {"fsdp_sync_module_states", "accel always starts every rank from rank 0's weights at prepare()"},
       {"fsdp_use_orig_params", "a PyTorch FSDP1 detail; accel's model keeps its own parameter tensors"},
-      {"fsdp_cpu_ram_efficient_loading", "a Transformers loading detail; see accel's big-model loading"},
+      {"fsdp_cpu_ram_efficient_loading",
+       "a Transformers loading detail; a program builds a model too large for one rank inside "
+       "Accelerator::sharded_init()"},
       {"fsdp_ignored_modules", "not supported yet: accel shards every parameter"},
   };
   return keys;
@@ -118,12 +129,14 @@ const std::vector<YKey>& deepspeed_keys() {
       {"zero_stage", nullptr},
       {"offload_optimizer_device", nullptr},
       {"offload_param_device", nullptr},
-      {"offload_optimizer_nvme_path", "accel does not offload to NVMe"},
-      {"offload_param_nvme_path", "accel does not offload to NVMe"},
+      {"offload_optimizer_nvme_path", kNoOffload},
+      {"offload_param_nvme_path", kNoOffload},
       {"gradient_accumulation_steps", nullptr},
       {"gradient_clipping", nullptr},
       {"zero3_save_16bit_model", nullptr},
-      {"zero3_init_flag", "deepspeed.zero.Init builds Python models already sharded; see accel's big-model loading"},
+      {"zero3_init_flag",
+       "deepspeed.zero.Init builds Python models already sharded; accel's counterpart is "
+       "Accelerator::sharded_init(), which the program calls"},
       {"deepspeed_multinode_launcher", "accel launch starts every node through MPI"},
       {"deepspeed_hostfile", kHostfile},
       {"deepspeed_exclusion_filter", kHostfile},
@@ -135,15 +148,17 @@ const std::vector<YKey>& deepspeed_keys() {
 
 const std::vector<YKey>& fp8_keys() {
   static const std::vector<YKey> keys = {
-      {"backend", nullptr},
-      {"fp8_format", nullptr},
-      {"amax_history_len", nullptr},
-      {"amax_compute_algo", nullptr},
-      {"margin", nullptr},
-      {"interval", nullptr},
+      {"backend", "accel implements fp8 itself (Float8Linear); there is no backend to choose"},
+      {"fp8_format", kFp8Recipe},
+      {"amax_history_len", kFp8Recipe},
+      {"amax_compute_algo", kFp8Recipe},
+      {"margin", kFp8Recipe},
+      {"interval", kFp8Recipe},
       {"enable_fsdp_float8_all_gather", nullptr},
-      {"pad_inner_dim", nullptr},
-      {"use_autocast_during_eval", nullptr},
+      {"pad_inner_dim",
+       "accel's Float8Linear does not pad: a matmul whose dims are not multiples of 16 runs in the exact "
+       "fp32 emulation instead of at::_scaled_mm"},
+      {"use_autocast_during_eval", "Transformer Engine only; accel's Float8Linear computes in fp8 in eval as in training"},
       {"override_linear_precision", "Transformer Engine only"},
       {"use_mxfp8_block_scaling", "Transformer Engine only"},
       {"opt_level", "MS-AMP only"},
@@ -294,11 +309,10 @@ void read_machine(const Section& top, AcceleratorConfig& cfg) {
   const auto procs = top.integer("num_processes", 1, kIntMax, "an integer >= 1 (processes over all machines)");
   if (procs) cfg.num_processes = static_cast<int>(*procs);
   if (auto v = top.integer("num_machines", 1, kIntMax, "an integer >= 1")) cfg.num_machines = static_cast<int>(*v);
-  if (auto v = top.integer("machine_rank", 0, kIntMax, "an integer >= 0")) cfg.machine_rank = static_cast<int>(*v);
-  if (cfg.machine_rank >= cfg.num_machines)
-    cd::fail(top.file(), "machine_rank is " + std::to_string(cfg.machine_rank) + ", expected 0.." +
-                             std::to_string(cfg.num_machines - 1) + " (num_machines is " +
-                             std::to_string(cfg.num_machines) + ")");
+  // machine_rank, main_process_ip and main_process_port are ignored (kMachine), but still checked.
+  if (auto v = top.integer("machine_rank", 0, kIntMax, "an integer >= 0"); v && *v >= cfg.num_machines)
+    cd::fail(top.file(), fmt::format("machine_rank is {}, expected 0..{} (num_machines is {})", *v,
+                                     cfg.num_machines - 1, cfg.num_machines));
   if (procs && cfg.num_processes % cfg.num_machines != 0)
     cd::fail(top.file(), "num_processes is " + std::to_string(cfg.num_processes) +
                              ", expected a multiple of num_machines (" + std::to_string(cfg.num_machines) +
@@ -309,10 +323,8 @@ void read_machine(const Section& top, AcceleratorConfig& cfg) {
     for (char c : s) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == ':' ||
                                  c == '_' || c == '[' || c == ']');
     if (!ok) cd::fail_value(top.file(), top.path("main_process_ip"), *ip, "a host name or IP address");
-    cfg.main_process_ip = s;
   }
-  if (auto v = top.integer("main_process_port", 0, 65535, "a port number 0..65535 (0: pick a free port)"))
-    cfg.main_process_port = static_cast<int>(*v);
+  top.integer("main_process_port", 0, 65535, "a port number 0..65535 (0: pick a free port)");
 }
 
 std::optional<MixedPrecision> read_mixed_precision(const Section& top) {
@@ -380,7 +392,7 @@ void read_fsdp(const Section& s, AcceleratorConfig& cfg) {
       strategy = named;
     }
   }
-  cfg.spec = zero::ShardingSpec::fsdp(strategy.value_or("FULL_SHARD"));
+  cfg.spec = zero::ShardingSpec::fsdp(strategy.value_or(zero::info(zero::Strategy::Zero3).fsdp_name));  // FSDP's default
   cfg.spec.reshard_after_forward = reshard;
 
   auto& wrap = cfg.spec.wrap;
@@ -407,8 +419,13 @@ void read_fsdp(const Section& s, AcceleratorConfig& cfg) {
   if (min_params && wrap.kind != zero::WrapPolicy::Kind::Size)
     cd::note_ignored(cfg, s.path("fsdp_min_num_params"), "used only with fsdp_auto_wrap_policy SIZE_BASED_WRAP");
 
-  if (auto p = s.choice("fsdp_backward_prefetch", {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"}))
+  if (auto p = s.choice("fsdp_backward_prefetch", {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"})) {
     cfg.spec.backward_prefetch = *p != "NO_PREFETCH";
+    if (*p == "BACKWARD_POST")
+      cd::note_ignored(cfg, s.path("fsdp_backward_prefetch"),
+                       "BACKWARD_POST is taken as BACKWARD_PRE: accel prefetches the next unit's parameters "
+                       "before the current unit's gradients are computed; only NO_PREFETCH turns it off");
+  }
   if (auto v = s.boolean("fsdp_forward_prefetch")) cfg.spec.forward_prefetch = *v;
   if (auto v = s.boolean("fsdp_offload_params"); v && *v) {
     // FSDP's CPUOffload moves parameters and gradients, and with them the optimizer step, to the CPU.
@@ -420,7 +437,8 @@ void read_fsdp(const Section& s, AcceleratorConfig& cfg) {
       cd::fail(file, s.path("fsdp_state_dict_type") +
                          " is 'LOCAL_STATE_DICT', which FSDP version 2 does not have; allowed values: "
                          "FULL_STATE_DICT, SHARDED_STATE_DICT");
-    cfg.state_dict_type = *t;
+    // SHARDED and LOCAL both mean each rank writes its own slices, which is accel's sharded checkpoint.
+    cfg.state_dict_type = *t == "FULL_STATE_DICT" ? StateDictType::Full : StateDictType::Sharded;
   }
   if (auto v = s.boolean("fsdp_activation_checkpointing")) cfg.activation_checkpointing = *v;
   for (const char* bool_key : {"fsdp_sync_module_states", "fsdp_use_orig_params", "fsdp_cpu_ram_efficient_loading"})
@@ -434,13 +452,13 @@ std::string resolve_json_path(const Section& s, const std::string& base_dir) {
   const std::string given = *s.text("deepspeed_config_file", "a path to a DeepSpeed JSON");
   const std::string key = s.path("deepspeed_config_file");
   if (!given.empty() && given[0] == '/') {
-    if (cd::is_file(given)) return given;
+    if (files::is_file(given)) return given;
     cd::fail(s.file(), key + " is '" + given + "', which does not exist");
   }
-  if (cd::is_file(given)) return given;
+  if (files::is_file(given)) return given;
   const std::string beside = base_dir == "." ? given : base_dir + "/" + given;
-  if (cd::is_file(beside)) return beside;
-  cd::fail(s.file(), key + " is '" + given + "', which is neither in the working directory (" + cd::working_dir() +
+  if (files::is_file(beside)) return beside;
+  cd::fail(s.file(), key + " is '" + given + "', which is neither in the working directory (" + files::working_dir() +
                          ") nor beside the config file (" + beside + ")");
 }
 
@@ -532,16 +550,16 @@ void read_deepspeed(const Section& s, const std::string& base_dir, const TopLeve
 // --- fp8_config --------------------------------------------------------------------------------
 
 void read_fp8(const Section& s, AcceleratorConfig& cfg) {
-  Fp8Config& f = cfg.fp8;
-  if (auto v = s.choice("backend", {"AO", "TE", "MSAMP"})) f.backend = *v;
-  if (auto v = s.choice("fp8_format", {"HYBRID", "E4M3", "E5M2"})) f.fp8_format = *v;
-  if (auto v = s.integer("amax_history_len", 1, kIntMax, "an integer >= 1")) f.amax_history_len = static_cast<int>(*v);
-  if (auto v = s.choice("amax_compute_algo", {"max", "most_recent"})) f.amax_compute_algo = *v;
-  if (auto v = s.integer("margin", 0, kIntMax, "an integer >= 0")) f.margin = static_cast<int>(*v);
-  if (auto v = s.integer("interval", 1, kIntMax, "an integer >= 1")) f.interval = static_cast<int>(*v);
-  if (auto v = s.boolean("enable_fsdp_float8_all_gather")) f.enable_fsdp_float8_all_gather = *v;
-  if (auto v = s.boolean("pad_inner_dim")) f.pad_inner_dim = *v;
-  if (auto v = s.boolean("use_autocast_during_eval")) f.use_autocast_during_eval = *v;
+  // The recipe keys are ignored (kFp8Recipe) but their values are still checked.
+  s.choice("backend", {"AO", "TE", "MSAMP"});
+  s.choice("fp8_format", {"HYBRID", "E4M3", "E5M2"});
+  s.integer("amax_history_len", 1, kIntMax, "an integer >= 1");
+  s.choice("amax_compute_algo", {"max", "most_recent"});
+  s.integer("margin", 0, kIntMax, "an integer >= 0");
+  s.integer("interval", 1, kIntMax, "an integer >= 1");
+  s.boolean("pad_inner_dim");
+  s.boolean("use_autocast_during_eval");
+  if (auto v = s.boolean("enable_fsdp_float8_all_gather")) cfg.fp8.enable_fsdp_float8_all_gather = *v;
 }
 
 YAML::Node load_yaml(const std::string& text, const std::string& source) {
@@ -556,6 +574,18 @@ YAML::Node load_yaml(const std::string& text, const std::string& source) {
 }
 
 }  // namespace
+
+namespace config_detail {
+std::vector<KeyRow> accelerate_yaml_keys() {
+  std::vector<KeyRow> rows;
+  for (const auto& [section, keys] : {std::pair<const char*, const std::vector<YKey>*>{"", &top_keys()},
+                                      {"fsdp_config", &fsdp_keys()},
+                                      {"deepspeed_config", &deepspeed_keys()},
+                                      {"fp8_config", &fp8_keys()}})
+    for (const auto& k : *keys) rows.push_back({section, k.name, k.ignored});
+  return rows;
+}
+}  // namespace config_detail
 
 AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::string& source, const std::string& base_dir) {
   const YAML::Node root = load_yaml(text, source);

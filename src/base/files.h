@@ -14,6 +14,22 @@ void remove_tree(const std::string& path);
 void make_dirs(const std::string& path);
 // Writes the bytes, fsyncs and closes (truncating an existing file).
 void write_file_synced(const std::string& path, const void* data, std::size_t n);
+// Atomically replaces `path`: writes path + ".tmp" synced, then renames it into place (the temporary
+// is removed on failure, and the existing file is left as it was).
+void write_file_atomic(const std::string& path, const void* data, std::size_t n);
+// The whole file's bytes.
+std::string read_file(const std::string& path);
+// lstat succeeds (a dangling link exists too).
+bool exists(const std::string& path);
+// stat succeeds and names a regular file / a directory.
+bool is_file(const std::string& path);
+bool is_dir(const std::string& path);
+// The directory part of a path: "a/b" -> "a", "/b" -> "/", "b" -> ".".
+std::string parent_dir(const std::string& path);
+// The working directory (getcwd), or "." when it cannot be read.
+std::string working_dir();
+// fsyncs a directory (makes a rename or a new file in it durable); errors are ignored.
+void sync_dir(const std::string& dir);
 // realpath(p), or p itself when it does not resolve.
 std::string absolute_path(const std::string& p);
 // The running executable (/proc/self/exe).

@@ -2,9 +2,9 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <fmt/format.h>
 
 #include <atomic>
-#include <cstdio>
 #include <mutex>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -78,12 +78,7 @@ class CountingAllocator final : public c10::Allocator {
 std::atomic<bool> g_installed{false};
 
 std::string human(std::int64_t b) {
-  char buf[64];
-  if (b >= (1 << 20))
-    std::snprintf(buf, sizeof buf, "%.2f MiB", b / 1048576.0);
-  else
-    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
-  return buf;
+  return b >= (1 << 20) ? fmt::format("{:.2f} MiB", b / 1048576.0) : fmt::format("{} B", b);
 }
 
 }  // namespace
@@ -132,10 +127,10 @@ void reset_peaks() {
 }
 
 std::string Snapshot::to_string() const {
-  std::string out = "total " + human(total.current) + " (peak " + human(total.peak) + ")";
+  std::string out = fmt::format("total {} (peak {})", human(total.current), human(total.peak));
   for (int i = 0; i < kNumCategories; ++i)
-    out += std::string(", ") + memory::to_string(static_cast<Category>(i)) + " " + human(by_category[i].current) +
-           " (peak " + human(by_category[i].peak) + ")";
+    out += fmt::format(", {} {} (peak {})", memory::to_string(static_cast<Category>(i)), human(by_category[i].current),
+                       human(by_category[i].peak));
   return out;
 }
 

@@ -1,5 +1,6 @@
 #include "base/progress.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,14 +34,9 @@ std::string ProgressBar::render() const {
   const double frac = total_ > 0 ? std::min(1.0, static_cast<double>(n_) / static_cast<double>(total_)) : 1.0;
   const int filled = static_cast<int>(frac * kWidth);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  char head[96];
-  std::snprintf(head, sizeof head, " %3d%% |", static_cast<int>(frac * 100));
-  std::string s = label_ + head + std::string(filled, '#') + std::string(kWidth - filled, ' ') + "| ";
-  char tail[96];
-  std::snprintf(tail, sizeof tail, "%lld/%lld [%.1fs]", static_cast<long long>(n_), static_cast<long long>(total_), secs);
-  s += tail;
-  if (!postfix_.empty()) s += " " + postfix_;
-  return s;
+  return fmt::format("{} {:3d}% |{}{}| {}/{} [{:.1f}s]{}{}", label_, static_cast<int>(frac * 100),
+                     std::string(filled, '#'), std::string(kWidth - filled, ' '), n_, total_, secs,
+                     postfix_.empty() ? "" : " ", postfix_);
 }
 
 void ProgressBar::draw(bool final) {

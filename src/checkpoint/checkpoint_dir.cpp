@@ -22,25 +22,6 @@
 namespace accel::checkpoint {
 namespace {
 
-bool exists(const std::string& p) {
-  struct stat st{};
-  return ::lstat(p.c_str(), &st) == 0;
-}
-
-void sync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-std::string parent_of(const std::string& p) {
-  const auto slash = p.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : p.substr(0, slash);
-}
-
 std::string strip_slashes(std::string p) {
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   return p;
@@ -63,7 +44,7 @@ void save_atomically(const std::string& final_in, comm::Communicator& world,
   std::string error;
   if (world.rank() == 0) {
     try {
-      files::make_dirs(parent_of(final_dir));
+      files::make_dirs(files::parent_dir(final_dir));
       files::remove_tree(partial);  // what a crashed save left behind
       if (::mkdir(partial.c_str(), 0755) != 0)
         throw CheckpointError("cannot create " + partial + ": " + std::strerror(errno));
@@ -78,8 +59,8 @@ void save_atomically(const std::string& final_in, comm::Communicator& world,
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   if (world.rank() == 0) {
     try {
-      sync_dir(partial);
-      if (exists(final_dir)) {
+      files::sync_dir(partial);
+      if (files::exists(final_dir)) {
         // Swap in one step where the filesystem can; otherwise move the old one aside first.
         if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
           files::remove_tree(partial);  // now the previous checkpoint
@@ -93,7 +74,7 @@ void save_atomically(const std::string& final_in, comm::Communicator& world,
       } else if (::rename(partial.c_str(), final_dir.c_str()) != 0) {
         throw CheckpointError("cannot move " + partial + " to " + final_dir + ": " + std::strerror(errno));
       }
-      sync_dir(parent_of(final_dir));
+      files::sync_dir(files::parent_dir(final_dir));
     } catch (const std::exception& e) {
       error = e.what();
     }

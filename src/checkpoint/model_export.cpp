@@ -14,18 +14,12 @@
 #include <torch/nn/module.h>
 
 #include <dirent.h>
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <memory>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -36,48 +30,14 @@ namespace {
 constexpr const char* kSingle = "model.safetensors";
 constexpr const char* kIndex = "model.safetensors.index.json";
 
-bool is_dir(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-bool is_file(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 void mkdir_p(const std::string& dir) {
-  if (dir.empty() || is_dir(dir)) return;
+  if (dir.empty() || files::is_dir(dir)) return;
   try {
     files::make_dirs(dir);
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string("save_model: ") + e.what());
   }
-  if (!is_dir(dir)) throw std::runtime_error("save_model: '" + dir + "' exists and is not a directory");
-}
-
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("save_model: cannot create '" + tmp + "': " + std::strerror(errno));
-  const char* p = text.data();
-  std::size_t n = text.size();
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      std::string e = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw std::runtime_error("save_model: cannot write '" + tmp + "': " + e);
-    }
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::string e = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("save_model: cannot write '" + path + "': " + e);
-  }
+  if (!files::is_dir(dir)) throw std::runtime_error("save_model: '" + dir + "' exists and is not a directory");
 }
 
 // model-00002-of-00005.safetensors
@@ -140,6 +100,7 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
                                 std::to_string(max_shard_size_bytes));
   const bool writer_rank = engine.world().rank() == 0;
   const auto& flats = engine.flats();
+  auto from_master = [&](const zero::Engine::Flat& f) { return save_from_master(f) && !options.compute_dtype; };
   const auto where = flat_params(engine);
 
   struct Item {
@@ -161,7 +122,7 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
       it.flat = w->second.first;
       it.index = w->second.second;
       const auto& f = flats[it.flat];
-      it.dtype = save_from_master(f) ? f.master.scalar_type() : f.flat->options().dtype;
+      it.dtype = from_master(f) ? f.master.scalar_type() : f.flat->options().dtype;
     } else {
       it.direct = t.detach();
       it.dtype = t.scalar_type();
@@ -191,7 +152,7 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
     std::int64_t bytes = 0;
     for (auto fi : u.flats) {
       const auto& f = flats[fi];
-      const auto dt = save_from_master(f) ? f.master.scalar_type() : f.flat->options().dtype;
+      const auto dt = from_master(f) ? f.master.scalar_type() : f.flat->options().dtype;
       bytes += f.flat->layout().padded() * static_cast<std::int64_t>(c10::elementSize(dt));
     }
     result.largest_unit_bytes = std::max(result.largest_unit_bytes, bytes);
@@ -224,28 +185,13 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
   for (std::size_t fi = 0; fi < flats.size(); ++fi) {
     const auto& f = flats[fi];
     const sharding::FlatParam& fp = *f.flat;
-    at::Tensor buffer, temp;
-    {
+    at::Tensor buffer;
+    {  // a sharded flat parameter is gathered into a temporary, one at a time
       memory::CategoryScope cat(memory::Category::Gathered);
-      if (save_from_master(f)) {
-        auto [b, e] = engine.master_range(f);
-        if (b == 0 && e == fp.layout().padded()) {
-          buffer = f.master;
-        } else {
-          temp = at::empty({fp.layout().padded()}, f.master.options());
-          engine.gather_group()->all_gather(f.master, temp);
-        }
-      } else if (fp.gathered()) {
-        buffer = fp.full();
-      } else {  // a sharded unit at rest: gather it into a temporary, one flat at a time
-        temp = at::empty({fp.layout().padded()}, fp.shard().options());
-        engine.gather_group()->all_gather(fp.shard(), temp);
-      }
+      buffer = engine.whole_values(f, from_master(f) ? zero::Engine::Source::Master : zero::Engine::Source::Compute);
     }
-    if (temp.defined()) {
-      buffer = temp;
-      result.peak_gathered_bytes = std::max<std::int64_t>(result.peak_gathered_bytes, temp.nbytes());
-    }
+    const bool temporary = !(f.master.defined() && buffer.is_alias_of(f.master)) && !(fp.gathered() && buffer.is_alias_of(fp.full()));
+    if (temporary) result.peak_gathered_bytes = std::max<std::int64_t>(result.peak_gathered_bytes, buffer.nbytes());
     guard([&] {
       for (auto i : by_param[fi]) {
         const Item& it = items[i];
@@ -253,7 +199,6 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
         writers[it.file]->write(it.name, buffer.narrow(0, fp.layout().offset(it.index), p.numel()).view(p.sizes()));
       }
     });
-    temp = at::Tensor();
     buffer = at::Tensor();
     bar.update();
   }
@@ -266,7 +211,8 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
       nlohmann::json weight_map = nlohmann::json::object();
       for (const auto& it : items) weight_map[it.name] = result.files[it.file];
       nlohmann::json index = {{"metadata", {{"total_size", result.total_bytes}}}, {"weight_map", weight_map}};
-      write_text_atomic(index_path, index.dump(2) + "\n");
+      const std::string text = index.dump(2) + "\n";
+      files::write_file_atomic(index_path, text.data(), text.size());
     }
     // Files of an earlier save that this one does not list.
     std::set<std::string> keep(result.files.begin(), result.files.end());
@@ -293,27 +239,24 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
 
 ModelFiles resolve_model_files(const std::string& path_or_dir) {
   ModelFiles out;
-  if (is_file(path_or_dir)) {
+  if (files::is_file(path_or_dir)) {
     out.files.push_back(path_or_dir);
     return out;
   }
-  if (!is_dir(path_or_dir))
+  if (!files::is_dir(path_or_dir))
     throw std::runtime_error("load_model: '" + path_or_dir + "' is neither a safetensors file nor a directory");
   std::string dir = path_or_dir;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  if (is_file(dir + "/" + kSingle)) {
+  if (files::is_file(dir + "/" + kSingle)) {
     out.files.push_back(dir + "/" + kSingle);
     return out;
   }
   const std::string index_path = dir + "/" + kIndex;
-  if (!is_file(index_path))
+  if (!files::is_file(index_path))
     throw std::runtime_error("load_model: directory '" + dir + "' holds neither " + kSingle + " nor " + kIndex);
-  std::ifstream in(index_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
   nlohmann::json index;
   try {
-    index = nlohmann::json::parse(ss.str());
+    index = nlohmann::json::parse(files::read_file(index_path));
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error("load_model: index '" + index_path + "' is not valid JSON: " + e.what());
   }
@@ -330,7 +273,7 @@ ModelFiles resolve_model_files(const std::string& path_or_dir) {
       throw std::runtime_error("load_model: index '" + index_path + "': tensor '" + it.key() + "' maps to '" + f +
                                "', which is not a file name inside the directory");
     const std::string path = dir + "/" + f;
-    if (!files.count(path) && !is_file(path))
+    if (!files.count(path) && !files::is_file(path))
       throw std::runtime_error("load_model: index '" + index_path + "' lists '" + f + "' (for tensor '" + it.key() +
                                "'), which does not exist");
     files.insert(path);
@@ -401,7 +344,7 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
     std::vector<std::vector<std::string>> flat_names(flats.size());
     for (std::size_t fi = 0; fi < flats.size(); ++fi) flat_names[fi].resize(flats[fi].flat->params().size());
     for (const auto& [name, t] : tensors) {
-      auto w = engine.passthrough() ? where.end() : where.find(t.unsafeGetTensorImpl());
+      auto w = engine.plan().passthrough ? where.end() : where.find(t.unsafeGetTensorImpl());
       if (w != where.end()) {
         auto& slot = flat_names[w->second.first][w->second.second];
         if (slot.empty()) slot = name;  // a tied parameter is read once, under its first name
@@ -412,7 +355,7 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
     }
     ProgressBar bar(static_cast<std::int64_t>(flats.size()), "load_model",
                     options.progress && engine.world().rank() == 0);
-    for (std::size_t fi = 0; fi < flats.size() && !engine.passthrough(); ++fi) {
+    for (std::size_t fi = 0; fi < flats.size() && !engine.plan().passthrough; ++fi) {
       const auto& f = flats[fi];
       const sharding::FlatParam& fp = *f.flat;
       // Copies the part of parameter i inside flat elements [b, e) into dst (which holds [b, e)).

@@ -51,6 +51,9 @@ inline constexpr std::int64_t kDefaultMaxShardSize = 10'000'000'000;
 struct SaveModelOptions {
   std::map<std::string, std::string> metadata = {{"format", "pt"}};  // every file's __metadata__
   bool progress = false;  // a progress bar on rank 0 (one step per unit)
+  // Write the weights in the compute dtype (bf16/fp16 under mixed precision: DeepSpeed's
+  // gather_16bit_weights_on_model_save) instead of the fp32 masters.
+  bool compute_dtype = false;
 };
 
 struct SaveModelResult {

@@ -17,68 +17,22 @@
 // file or the new one. SafetensorsWriter streams: the caller declares every tensor's name, dtype and
 // shape up front and then writes them one at a time, in any order.
 //
-// The header parser (parse_safetensors_prefix / parse_safetensors_header) uses no torch, so the
-// libFuzzer harness (tests/checkpoint/fuzz_safetensors_header.cpp) compiles safetensors.cpp alone
-// with -DACCEL_SAFETENSORS_PARSER_ONLY. Assumes a little-endian host (as libtorch's CPU tensors).
+// The header parser is in safetensors_header.h (no torch; the libFuzzer harness compiles it alone).
+// Assumes a little-endian host (as libtorch's CPU tensors).
 #pragma once
 
-#include <cstddef>
+#include "checkpoint/safetensors_header.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <map>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
-#ifndef ACCEL_SAFETENSORS_PARSER_ONLY
-#include <ATen/core/Tensor.h>
-#include <c10/core/ScalarType.h>
-#endif
-
 namespace accel::checkpoint {
-
-class SafetensorsError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// The largest header accepted (the Python reader's limit).
-constexpr std::uint64_t kSafetensorsMaxHeader = 100'000'000;
-
-// Bytes per element of a safetensors dtype name ("F32" -> 4), 0 if the name is not one we know.
-std::size_t safetensors_dtype_size(const std::string& dtype);
-// Every dtype name we know, comma-separated (for messages).
-std::string safetensors_dtype_names();
-
-struct SafetensorsEntry {
-  std::string name;
-  std::string dtype;               // "F32", "BF16", ...
-  std::vector<std::int64_t> shape;  // [] for a scalar
-  std::uint64_t begin = 0, end = 0;  // byte offsets relative to the data start
-  std::int64_t numel() const;
-};
-
-struct SafetensorsHeader {
-  std::uint64_t header_size = 0;  // N
-  std::uint64_t data_start = 0;   // 8 + N
-  std::uint64_t data_size = 0;    // file size - data_start
-  std::vector<SafetensorsEntry> tensors;  // sorted by name
-  std::map<std::string, std::string> metadata;
-  // The entry called `name`, or nullptr.
-  const SafetensorsEntry* find(const std::string& name) const;
-};
-
-// N from the file's first 8 bytes, checked against the file size and kSafetensorsMaxHeader.
-// `file` only names the file in messages.
-std::uint64_t parse_safetensors_prefix(const unsigned char* first8, std::uint64_t file_size, const std::string& file);
-// Parses and validates the N header bytes of a file of file_size bytes. Throws SafetensorsError.
-SafetensorsHeader parse_safetensors_header(const char* json, std::size_t size, std::uint64_t file_size,
-                                           const std::string& file);
-// Both of the above over an in-memory file (prefix and header; the data is not needed).
-SafetensorsHeader parse_safetensors_bytes(const char* bytes, std::size_t size, std::uint64_t file_size,
-                                          const std::string& file);
-
-#ifndef ACCEL_SAFETENSORS_PARSER_ONLY
 
 // safetensors dtype name <-> torch dtype. Throw SafetensorsError / std::invalid_argument for a dtype
 // with no counterpart.
@@ -174,7 +128,5 @@ class SafetensorsWriter {
 // Writes `tensors` (in any dtype we support, any device) as one file, atomically.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
-
-#endif  // ACCEL_SAFETENSORS_PARSER_ONLY
 
 }  // namespace accel::checkpoint

@@ -1,79 +1,28 @@
 #include "checkpoint/sharded_state.h"
 
 #include "base/files.h"
+#include "checkpoint/slice_format.h"
+#include "zero/optimizers.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <array>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <set>
-#include <sstream>
 
 namespace accel::checkpoint {
 namespace {
 
 using nlohmann::json;
-constexpr const char* kFormat = "accel-checkpoint";
-constexpr int kVersion = 1;
-
-// --- small helpers ---------------------------------------------------------------------------------
-
-std::uint32_t crc32(const void* data, std::size_t n, std::uint32_t crc = 0) {
-  static const std::array<std::uint32_t, 256> table = [] {
-    std::array<std::uint32_t, 256> t{};
-    for (std::uint32_t i = 0; i < 256; ++i) {
-      std::uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  crc = ~crc;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
-}
-
-const std::vector<c10::ScalarType>& known_dtypes() {
-  static const std::vector<c10::ScalarType> d{c10::kFloat, c10::kDouble, c10::kHalf,  c10::kBFloat16, c10::kLong,
-                                              c10::kInt,   c10::kShort,  c10::kChar,  c10::kByte,     c10::kBool};
-  return d;
-}
-
-c10::ScalarType dtype_from(const std::string& s, const std::string& file) {
-  for (auto t : known_dtypes())
-    if (s == c10::toString(t)) return t;
-  throw CheckpointError(file + ": unknown dtype '" + s + "'");
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw CheckpointError("cannot read " + path + ": " + std::strerror(errno));
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-std::string rank_file(const char* stem, int rank, const char* ext) {
-  return std::string(stem) + "_" + std::to_string(rank) + ext;
-}
 
 // --- what this rank holds: segments of parameters --------------------------------------------------
 
@@ -99,7 +48,7 @@ std::vector<Segment> segments_of(const zero::Engine& e, int world_rank) {
     at::Tensor src;
     std::int64_t b = 0, end = layout.padded();
     bool writer = false;
-    if (e.passthrough()) {
+    if (e.plan().passthrough) {
       for (std::size_t i = 0; i < fp.params().size(); ++i) {
         const at::Tensor& p = fp.params()[i];
         Segment s{fp.names()[i], p.sizes().vec(), 0, p.numel(), p.detach().view({-1}), {}, 0, world_rank == 0};
@@ -136,81 +85,18 @@ std::vector<Segment> segments_of(const zero::Engine& e, int world_rank) {
   return out;
 }
 
-// --- optimizer state, for the optimizers the sharded optimizer supports ----------------------------
+// --- optimizer state, through the optimizer table ------------------------------------------------
 
-std::string optimizer_type(const torch::optim::Optimizer* o) {
-  if (!o) return "";
-  if (dynamic_cast<const torch::optim::AdamW*>(o)) return "AdamW";
-  if (dynamic_cast<const torch::optim::Adam*>(o)) return "Adam";
-  if (dynamic_cast<const torch::optim::SGD*>(o)) return "SGD";
-  if (dynamic_cast<const torch::optim::RMSprop*>(o)) return "RMSprop";
-  if (dynamic_cast<const torch::optim::Adagrad*>(o)) return "Adagrad";
-  throw CheckpointError("checkpoints support Adam, AdamW, SGD, RMSprop and Adagrad state, not this optimizer");
+// The table's row for `o` (nullptr for no optimizer); throws for a type the table lacks.
+const zero::OptimizerRow* optimizer_row(const torch::optim::Optimizer* o) {
+  if (!o) return nullptr;
+  if (const auto* row = zero::find_optimizer_row(*o)) return row;
+  throw CheckpointError("checkpoints support " + zero::optimizer_names("and") + " state, not this optimizer");
 }
 
 torch::optim::OptimizerParamState* find_state(torch::optim::Optimizer& o, const at::Tensor& key) {
   auto it = o.state().find(key.unsafeGetTensorImpl());
   return it == o.state().end() ? nullptr : it->second.get();
-}
-
-// The named tensors of a parameter's state (the defined ones), and its step counter.
-std::vector<std::pair<std::string, at::Tensor>> state_tensors(torch::optim::OptimizerParamState& s) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  auto add = [&](const char* n, const at::Tensor& t) {
-    if (t.defined()) out.emplace_back(n, t);
-  };
-  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(&s)) {
-    add("exp_avg", a->exp_avg()), add("exp_avg_sq", a->exp_avg_sq()), add("max_exp_avg_sq", a->max_exp_avg_sq());
-  } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(&s)) {
-    add("exp_avg", a->exp_avg()), add("exp_avg_sq", a->exp_avg_sq()), add("max_exp_avg_sq", a->max_exp_avg_sq());
-  } else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(&s)) {
-    add("momentum_buffer", g->momentum_buffer());
-  } else if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(&s)) {
-    add("square_avg", r->square_avg()), add("momentum_buffer", r->momentum_buffer()), add("grad_avg", r->grad_avg());
-  } else if (auto* d = dynamic_cast<torch::optim::AdagradParamState*>(&s)) {
-    add("sum", d->sum());
-  }
-  return out;
-}
-
-std::optional<std::int64_t> state_step(torch::optim::OptimizerParamState& s) {
-  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(&s)) return a->step();
-  if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(&s)) return a->step();
-  if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(&s)) return r->step();
-  if (auto* d = dynamic_cast<torch::optim::AdagradParamState*>(&s)) return d->step();
-  return std::nullopt;
-}
-
-// Replaces the state of `key` with `tensors` (each key-shaped) and `step`.
-void install_state(torch::optim::Optimizer& o, const std::string& type, const at::Tensor& key,
-                   const std::map<std::string, at::Tensor>& t, std::int64_t step) {
-  auto get = [&](const char* n) {
-    auto it = t.find(n);
-    return it == t.end() ? at::Tensor() : it->second;
-  };
-  std::unique_ptr<torch::optim::OptimizerParamState> s;
-  if (type == "AdamW") {
-    auto a = std::make_unique<torch::optim::AdamWParamState>();
-    a->step(step), a->exp_avg(get("exp_avg")), a->exp_avg_sq(get("exp_avg_sq")), a->max_exp_avg_sq(get("max_exp_avg_sq"));
-    s = std::move(a);
-  } else if (type == "Adam") {
-    auto a = std::make_unique<torch::optim::AdamParamState>();
-    a->step(step), a->exp_avg(get("exp_avg")), a->exp_avg_sq(get("exp_avg_sq")), a->max_exp_avg_sq(get("max_exp_avg_sq"));
-    s = std::move(a);
-  } else if (type == "SGD") {
-    auto g = std::make_unique<torch::optim::SGDParamState>();
-    g->momentum_buffer(get("momentum_buffer"));
-    s = std::move(g);
-  } else if (type == "RMSprop") {
-    auto r = std::make_unique<torch::optim::RMSpropParamState>();
-    r->step(step), r->square_avg(get("square_avg")), r->momentum_buffer(get("momentum_buffer")), r->grad_avg(get("grad_avg"));
-    s = std::move(r);
-  } else if (type == "Adagrad") {
-    auto d = std::make_unique<torch::optim::AdagradParamState>();
-    d->step(step), d->sum(get("sum"));
-    s = std::move(d);
-  }
-  o.state()[key.unsafeGetTensorImpl()] = std::move(s);
 }
 
 // --- slices on disk ----------------------------------------------------------------------------------
@@ -225,22 +111,9 @@ struct Writer {
     const std::size_t n = c.numel() * c.element_size();
     const std::size_t offset = bytes.size();
     bytes.insert(bytes.end(), static_cast<const char*>(c.data_ptr()), static_cast<const char*>(c.data_ptr()) + n);
-    slices.push_back({{"key", key}, {"shape", shape}, {"dtype", c10::toString(c.scalar_type())}, {"file", file},
-                      {"offset", offset}, {"bytes", n}, {"begin", begin}, {"end", begin + c.numel()},
-                      {"crc32", crc32(bytes.data() + offset, n)}});
+    slices.push_back(slice_record(key, shape, c.scalar_type(),
+                                  {file, offset, n, begin, begin + c.numel(), slice_crc32(bytes.data() + offset, n)}));
   }
-};
-
-struct Slice {
-  std::string file;
-  std::uint64_t offset = 0, bytes = 0;
-  std::int64_t begin = 0, end = 0;
-  std::uint32_t crc = 0;
-};
-struct Entry {
-  std::vector<std::int64_t> shape;
-  c10::ScalarType dtype = c10::kFloat;
-  std::vector<Slice> slices;
 };
 
 class Reader {
@@ -299,7 +172,7 @@ class Reader {
       if (r <= 0) throw CheckpointError("cannot read " + path + ": " + (r < 0 ? std::strerror(errno) : "unexpected end"));
       done += static_cast<std::uint64_t>(r);
     }
-    if (crc32(p, s.bytes) != s.crc)
+    if (slice_crc32(p, s.bytes) != s.crc)
       throw CheckpointError(path + ": " + key + " bytes [" + std::to_string(s.offset) + ", " +
                             std::to_string(s.offset + s.bytes) + ") fail their CRC32 check (the file is corrupted)");
     return cache_.emplace(id, std::move(t)).first->second;
@@ -309,50 +182,6 @@ class Reader {
   std::map<std::string, int> fds_;
   std::map<std::string, at::Tensor> cache_;
 };
-
-json parse_index(const std::string& dir) {
-  const std::string path = dir + "/index.json";
-  struct stat st{};
-  if (::stat(path.c_str(), &st) != 0)
-    throw CheckpointError("no index.json in " + dir + ": not an accel checkpoint, or a save that did not finish");
-  json j;
-  try {
-    j = json::parse(read_text(path));
-  } catch (const json::exception& e) {
-    throw CheckpointError(path + " does not parse: " + e.what());
-  }
-  if (!j.is_object() || j.value("format", "") != kFormat)
-    throw CheckpointError(path + ": not an accel checkpoint index (format is not '" + kFormat + "')");
-  if (j.value("version", 0) != kVersion)
-    throw CheckpointError(path + ": checkpoint version " + std::to_string(j.value("version", 0)) +
-                          ", this accel reads version " + std::to_string(kVersion));
-  return j;
-}
-
-std::map<std::string, Entry> entries_of(const json& index, const std::string& dir) {
-  std::map<std::string, Entry> out;
-  try {
-    for (const auto& [key, e] : index.at("tensors").items()) {
-      Entry en;
-      en.shape = e.at("shape").get<std::vector<std::int64_t>>();
-      en.dtype = dtype_from(e.at("dtype").get<std::string>(), dir + "/index.json");
-      for (const auto& s : e.at("slices"))
-        en.slices.push_back({s.at("file").get<std::string>(), s.at("offset").get<std::uint64_t>(),
-                             s.at("bytes").get<std::uint64_t>(), s.at("begin").get<std::int64_t>(),
-                             s.at("end").get<std::int64_t>(), s.at("crc32").get<std::uint32_t>()});
-      out.emplace(key, std::move(en));
-    }
-  } catch (const json::exception& e) {
-    throw CheckpointError(dir + "/index.json: malformed tensor table: " + e.what());
-  }
-  return out;
-}
-
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::string o = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
-  return o + "]";
-}
 
 // Every rank learns whether any rank failed; the failing ranks' own messages stay theirs.
 void agree(comm::Communicator& world, const std::string& error, const std::string& what) {
@@ -371,36 +200,28 @@ void write_sharded(Writer& w, const zero::Engine& engine, torch::optim::Optimize
     if (!opt || !s.key.defined()) continue;
     auto* st = find_state(*opt, s.key);
     if (!st) continue;
-    for (const auto& [sname, t] : state_tensors(*st))
+    const zero::OptimizerState state = optimizer_row(opt)->export_state(*st);
+    for (const auto& [sname, t] : state.tensors)
       w.add("optim/" + sname + "/" + s.name, s.shape, s.lo, t.reshape({-1}).narrow(0, s.key_offset, s.hi - s.lo));
-    if (auto step = state_step(*st)) scalars["step/" + s.name] = *step;
+    if (state.step) scalars["step/" + s.name] = *state.step;
   }
 }
 
 // Rank 0 writes every tensor whole. One flat parameter at a time is all-gathered over its shard group
 // (values and optimizer state), so rank 0 holds at most one unit beyond its shards.
 void write_full(Writer& w, const zero::Engine& engine, torch::optim::Optimizer* opt, int rank, json& scalars) {
-  if (engine.passthrough()) return write_sharded(w, engine, opt, rank, scalars);  // one rank holds it all
-  const auto& group = engine.shard_group();
-  const bool split = group && group->size() > 1;
+  if (engine.plan().passthrough) return write_sharded(w, engine, opt, rank, scalars);  // one rank holds it all
   for (const auto& f : engine.flats()) {
     const sharding::FlatParam& fp = *f.flat;
     const auto& layout = fp.layout();
-    const bool sharded_master = f.master.defined() && engine.spec().shards_optimizer() && split;
-    const bool sharded_frozen = !f.master.defined() && fp.options().sharded && split;
-    auto whole = [&](const at::Tensor& local) {  // the padded flat buffer, from this rank's part
-      if (!(sharded_master || sharded_frozen)) return local.reshape({-1});
-      at::Tensor out = at::empty({layout.padded()}, local.options());
-      group->all_gather(local.reshape({-1}).contiguous(), out);
-      return out;
-    };
-    const at::Tensor values = whole(f.master.defined() ? f.master : (fp.options().sharded ? fp.shard() : fp.full()));
+    const at::Tensor values = engine.whole_values(f, zero::Engine::Source::Master);
     std::vector<std::pair<std::string, at::Tensor>> states;
     std::optional<std::int64_t> step;
     if (opt && f.master.defined())
       if (auto* st = find_state(*opt, f.master)) {
-        for (const auto& [sname, t] : state_tensors(*st)) states.emplace_back(sname, whole(t));
-        step = state_step(*st);
+        const zero::OptimizerState state = optimizer_row(opt)->export_state(*st);
+        for (const auto& [sname, t] : state.tensors) states.emplace_back(sname, engine.whole(f, t));
+        step = state.step;
       }
     if (rank != 0) continue;
     for (std::size_t i = 0; i < fp.params().size(); ++i) {
@@ -422,7 +243,7 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
                  torch::optim::Optimizer* opt, const TrainingState& training, comm::Communicator& world, bool full) {
   const int rank = world.rank();
   std::string error;
-  const std::string type = optimizer_type(opt);
+  const zero::OptimizerRow* row = optimizer_row(opt);
   json scalars = json::object();
   try {
     c10::NoGradGuard ng;
@@ -456,13 +277,8 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
       json all_scalars = json::object();
       for (int r = 0; r < world.size(); ++r) {
         const std::string path = dir + "/" + rank_file("slices", r, ".json");
-        const json part = json::parse(read_text(path));
-        for (const auto& s : part.at("slices")) {
-          json& t = tensors[s.at("key").get<std::string>()];
-          if (t.is_null()) t = {{"shape", s.at("shape")}, {"dtype", s.at("dtype")}, {"slices", json::array()}};
-          t["slices"].push_back({{"file", s.at("file")}, {"offset", s.at("offset")}, {"bytes", s.at("bytes")},
-                                 {"begin", s.at("begin")}, {"end", s.at("end")}, {"crc32", s.at("crc32")}});
-        }
+        const json part = json::parse(files::read_file(path));
+        add_slice_records(tensors, part.at("slices"));
         for (const auto& [k, v] : part.at("scalars").items()) all_scalars[k] = v;
         ::unlink(path.c_str());
       }
@@ -473,11 +289,11 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
       }
       json loaders = json::array();
       for (const auto& l : training.loaders) loaders.push_back({{"epoch", l.epoch}, {"batches_consumed", l.batches_consumed}});
-      json index = {{"format", kFormat},
-                    {"version", kVersion},
+      json index = {{"format", kCheckpointFormat},
+                    {"version", kCheckpointVersion},
                     {"world_size", world.size()},
                     {"strategy", zero::to_string(engine.spec().strategy)},
-                    {"optimizer", {{"type", type}, {"scalars", all_scalars}}},
+                    {"optimizer", {{"type", row ? row->name : ""}, {"scalars", all_scalars}}},
                     {"training",
                      {{"step", training.step},
                       {"scheduler_steps", training.scheduler_steps ? json(*training.scheduler_steps) : json(nullptr)},
@@ -528,7 +344,8 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
     const std::string idx = dir + "/index.json";
     const std::string saved_type = index.at("optimizer").value("type", "");
     const json& scalars = index.at("optimizer").at("scalars");
-    const std::string type = optimizer_type(opt);
+    const zero::OptimizerRow* row = optimizer_row(opt);
+    const std::string type = row ? row->name : "";
     bool has_state = false;
     for (const auto& [k, e] : entries) has_state = has_state || k.rfind("optim/", 0) == 0;
     if (opt && has_state && saved_type != type)
@@ -542,8 +359,8 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
       if (it == entries.end())
         throw CheckpointError(idx + ": parameter '" + s.name + "' of the model is not in the checkpoint");
       if (it->second.shape != s.shape)
-        throw CheckpointError(idx + ": parameter '" + s.name + "' is " + shape_str(it->second.shape) +
-                              " in the checkpoint but " + shape_str(s.shape) + " in the model");
+        throw CheckpointError(idx + ": parameter '" + s.name + "' is " + c10::str(at::IntArrayRef(it->second.shape)) +
+                              " in the checkpoint but " + c10::str(at::IntArrayRef(s.shape)) + " in the model");
       copies.push_back({s.values, reader.range(it->first, it->second, s.lo, s.hi)});
       if (!opt || !s.key.defined()) continue;
       NewState& ns = states[s.key.unsafeGetTensorImpl()];
@@ -569,14 +386,13 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
       auto it = entries.find("buffer/" + b.key());
       if (it == entries.end()) throw CheckpointError(idx + ": buffer '" + b.key() + "' of the model is not in the checkpoint");
       if (it->second.shape != b.value().sizes().vec())
-        throw CheckpointError(idx + ": buffer '" + b.key() + "' is " + shape_str(it->second.shape) +
-                              " in the checkpoint but " + shape_str(b.value().sizes().vec()) + " in the model");
+        throw CheckpointError(idx + ": buffer '" + b.key() + "' is " + c10::str(at::IntArrayRef(it->second.shape)) +
+                              " in the checkpoint but " + c10::str(b.value().sizes()) + " in the model");
       copies.push_back({b.value().view({-1}), reader.range(it->first, it->second, 0, b.value().numel())});
     }
     const std::string rng_path = dir + "/" + rank_file("rng", rank, ".bin");
-    struct stat st{};
-    if (::stat(rng_path.c_str(), &st) == 0) {
-      const std::string bytes = read_text(rng_path);
+    if (files::is_file(rng_path)) {
+      const std::string bytes = files::read_file(rng_path);
       rng = at::empty({static_cast<std::int64_t>(bytes.size())}, at::kByte);
       std::memcpy(rng.data_ptr(), bytes.data(), bytes.size());
     }
@@ -589,7 +405,7 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
     training.loss_scaler = t.at("loss_scaler").get<std::string>();
     for (const auto& name : t.at("objects")) {
       const std::string n = name.get<std::string>();
-      training.objects[n] = read_text(dir + "/object_" + n + ".bin");
+      training.objects[n] = files::read_file(dir + "/object_" + n + ".bin");
     }
   } catch (const json::exception& e) {
     error = dir + "/index.json: malformed: " + e.what();
@@ -601,14 +417,14 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
   c10::NoGradGuard ng;
   for (auto& c : copies) c.dst.copy_(c.src);
   if (opt) {
-    const std::string type = optimizer_type(opt);
+    const zero::OptimizerRow* row = optimizer_row(opt);
     for (auto& [impl, ns] : states) {
       if (ns.tensors.empty() && !ns.step) {  // no state saved for it: as before its first step
         opt->state().erase(ns.key.unsafeGetTensorImpl());
         continue;
       }
       for (auto& [n, t] : ns.tensors) t = t.view(ns.key.sizes());
-      install_state(*opt, type, ns.key, ns.tensors, ns.step);
+      opt->state()[ns.key.unsafeGetTensorImpl()] = row->import_state(ns.tensors, ns.step);
     }
   }
   if (rng.defined()) {

@@ -19,13 +19,13 @@
 // and agrees across ranks before it changes anything: a bad checkpoint leaves the model as it was.
 #pragma once
 
+#include "checkpoint/checkpoint_error.h"
 #include "comm/communicator.h"
 #include "zero/engine.h"
 
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -34,11 +34,6 @@ class Optimizer;
 }
 
 namespace accel::checkpoint {
-
-class CheckpointError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 struct LoaderPosition {
   std::int64_t epoch = 0;             // the epoch being iterated (or the next one)

@@ -46,24 +46,13 @@ const char* dtype_name(const std::optional<c10::ScalarType>& t, const char* unse
 }
 
 std::string strategy_name(const AcceleratorConfig& c) {
-  using zero::Strategy;
-  const Strategy s = c.spec.strategy;
+  const zero::StrategyInfo& row = zero::info(c.spec.strategy);
   switch (c.distributed_type) {
-    case DistributedType::No: return "NO (one process; several ranks make it DDP)";
-    case DistributedType::MultiCpu: return "DDP (MULTI_CPU)";
-    case DistributedType::MultiGpu: return "DDP (MULTI_GPU)";
-    case DistributedType::DeepSpeed: {
-      const int stage = s == Strategy::NoShard ? 0 : s == Strategy::Zero1 ? 1 : s == Strategy::Zero2 ? 2 : 3;
-      return fmt::format("DeepSpeed ZeRO stage {}", stage);
-    }
-    case DistributedType::Fsdp: {
-      const char* n = s == Strategy::NoShard ? "NO_SHARD (like DDP)"
-                      : s == Strategy::Zero2 ? "SHARD_GRAD_OP (like ZeRO-2)"
-                      : s == Strategy::Zero3 ? "FULL_SHARD (like ZeRO-3)"
-                      : s == Strategy::HybridShard ? "HYBRID_SHARD (ZeRO-3 inside each machine, replicated across machines)"
-                                                   : "?";
-      return fmt::format("FSDP {}; FSDP version {}", n, c.fsdp_version);
-    }
+    case DistributedType::No: return fmt::format("NO (one process; several ranks make it {})", row.short_label);
+    case DistributedType::MultiCpu:
+    case DistributedType::MultiGpu: return fmt::format("{} ({})", row.short_label, to_string(c.distributed_type));
+    case DistributedType::DeepSpeed: return fmt::format("DeepSpeed ZeRO stage {}", row.zero_stage);
+    case DistributedType::Fsdp: return fmt::format("FSDP {}; FSDP version {}", row.fsdp_label, c.fsdp_version);
   }
   return "?";
 }
@@ -190,6 +179,9 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
                              acc, n, n == 1 ? "" : "s"));
   }
   if (cfg.gradient_clipping) row("Clipping", fmt::format("every step, to global norm {}", *cfg.gradient_clipping));
+  row("Checkpoints", cfg.state_dict_type == StateDictType::Full
+                         ? "save_state writes full checkpoints (rank 0 writes every tensor whole)"
+                         : "save_state writes sharded checkpoints (each rank its own slices)");
   if (cfg.offload_optimizer_device != "none" || cfg.offload_param_device != "none")
     row("Offload", fmt::format("optimizer state: {}, parameters: {}", cfg.offload_optimizer_device, cfg.offload_param_device));
   row("Device", cfg.use_cpu ? "CPU (use_cpu)" : "a GPU per rank where there are GPUs, else the CPU");

@@ -199,7 +199,7 @@ std::string config_yaml(const ConfigAnswers& a) {
     if (a.wrap_policy == "SIZE_BASED_WRAP") y << "  fsdp_min_num_params: " << a.min_num_params << "\n";
     y << "  fsdp_backward_prefetch: BACKWARD_PRE\n";
     y << "  fsdp_forward_prefetch: true\n";
-    y << "  fsdp_state_dict_type: FULL_STATE_DICT\n";
+    y << "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
   } else {
     y << "distributed_type: " << (a.num_processes == 1 ? "NO" : a.use_cpu ? "MULTI_CPU" : "MULTI_GPU") << "\n";
   }

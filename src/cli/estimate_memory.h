@@ -35,7 +35,7 @@
 // the device weights), the moments S, and the fp32 gradient it steps from (what DeepSpeed's own
 // estimator counts: its 16 bytes for mixed-precision Adam are our 4 + 8 + 4). The device gradients of
 // ZeRO-2/3 stream through buckets to the CPU and are not kept; ZeRO-1 keeps its full device gradients.
-//   optimizer           CPU (4 + S + 4) P / N for ZeRO-1/2/3; device ZeRO-1 (p + g) P, ZeRO-2 p P,
+//   optimizer           CPU (4 + S + 4) P / N for ZeRO-1/2/3; device ZeRO-1: (p + g) P, ZeRO-2: p P,
 //                       ZeRO-3 p P / N
 //   optimizer+params    ZeRO-3 also moves its parameter shard to the CPU: device 0 (only the gathered
 //                       unit, a temporary), CPU (4 + S + 4 + p') P / N with p' = p under mixed precision
@@ -61,6 +61,8 @@
 // and warns when that is under 10% of the budget, naming the next option.
 #pragma once
 
+#include "zero/spec.h"
+
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -78,14 +80,13 @@ class EstimateError : public std::invalid_argument {
 };
 
 enum class Dtype { Fp32, Fp16, Bf16, Fp8 };
-enum class Optimizer { AdamW, Adam, Sgd };
+enum class OptimizerKind { AdamW, Adam, Sgd };
 enum class Offload { None, Optimizer, OptimizerAndParams };
-enum class Strategy { Ddp, Zero1, Zero2, Zero3 };
 
 // "fp32" (also "no", "float32"), "fp16", "bf16", "fp8"; case-insensitive.
 Dtype parse_dtype(std::string_view s);
 // "adamw", "adam", "sgd"; case-insensitive.
-Optimizer parse_optimizer(std::string_view s);
+OptimizerKind parse_optimizer(std::string_view s);
 // "none", "optimizer" (also "cpu"), "optimizer+params" (also "all"); case-insensitive.
 Offload parse_offload(std::string_view s);
 // A positive parameter count: "7.5e9", "7.5B", "350M", "1.3b", "125k", "1T", "1000". Suffixes
@@ -99,9 +100,8 @@ double parse_byte_size(std::string_view s, std::string_view flag = "--budget");
 int parse_num_processes(std::string_view s);
 
 const char* to_string(Dtype d);
-const char* to_string(Optimizer o);
+const char* to_string(OptimizerKind o);
 const char* to_string(Offload o);
-const char* to_string(Strategy s);  // "DDP", "ZeRO-1", ... (the label without the FSDP name)
 
 // Bytes per parameter of each model state (see the table above).
 struct BytesPerParam {
@@ -112,13 +112,13 @@ struct BytesPerParam {
   double optimizer() const { return master + moments; }  // the paper's K
   double total() const { return param + grad + optimizer(); }
 };
-BytesPerParam bytes_per_param(Dtype dtype, Optimizer optimizer);
+BytesPerParam bytes_per_param(Dtype dtype, OptimizerKind optimizer);
 
 struct EstimateRequest {
   double params = 0;       // P
   int num_processes = 1;   // N
   Dtype dtype = Dtype::Bf16;
-  Optimizer optimizer = Optimizer::AdamW;
+  OptimizerKind optimizer = OptimizerKind::AdamW;
   Offload offload = Offload::None;
   std::optional<double> device_budget;  // bytes per device (--budget)
   std::optional<double> cpu_budget;     // bytes of CPU memory per rank (--cpu_budget)
@@ -130,10 +130,14 @@ struct StrategyCoefficients {
   double cpu_rep = 0, cpu_shard = 0;        // CPU bytes    = (cpu_rep + cpu_shard / N) * P
   std::string note;                         // why the requested offload does not (fully) apply, or ""
 };
-StrategyCoefficients coefficients(Strategy s, const BytesPerParam& b, Offload offload);
+// The rows are the first four of the strategy table (zero/spec.h), named by its label and
+// short_label: NoShard (DDP), Zero1, Zero2, Zero3. HybridShard is not a row: each rank stores what
+// ZeRO-3 stores over the ranks of one machine, so its figures are the Zero3 row's at
+// --num_processes = ranks per machine; coefficients() throws EstimateError for it.
+StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offload offload);
 
 struct StrategyRow {
-  Strategy strategy = Strategy::Ddp;
+  zero::Strategy strategy = zero::Strategy::NoShard;
   StrategyCoefficients coef;
   double device_bytes = 0;  // per rank
   double cpu_bytes = 0;     // per rank
@@ -143,13 +147,13 @@ struct StrategyRow {
 
 // A strategy under an offload mode, with its per-rank bytes.
 struct Choice {
-  Strategy strategy = Strategy::Ddp;
+  zero::Strategy strategy = zero::Strategy::NoShard;
   Offload offload = Offload::None;
   double device_bytes = 0, cpu_bytes = 0;
 };
 
 // The order in which the recommendation tries configurations (least communication first).
-const std::vector<std::pair<Strategy, Offload>>& recommendation_order();
+const std::vector<std::pair<zero::Strategy, Offload>>& recommendation_order();
 
 struct Estimate {
   EstimateRequest request;
@@ -169,6 +173,8 @@ Estimate estimate_memory(const EstimateRequest& request);
 // The smallest N >= 1 at which (rep + shard / N) * P <= budget, or nullopt if there is none (rep * P
 // reaches the budget) or it is above 1e12.
 std::optional<long long> min_ranks_to_fit(double rep, double shard, double params, double budget);
+// The smallest N at which a row fits every budget of the request (device and CPU), or nullopt.
+std::optional<long long> min_ranks_within_budgets(const StrategyCoefficients& c, const EstimateRequest& r);
 
 // "4P + 12P/N", "16P", "16P/N", "0" (device or CPU side of a row).
 std::string formula(double rep, double shard);

@@ -6,6 +6,7 @@
 #include "cli/paths.h"
 
 #include "accelerator/config.h"
+#include "base/env.h"
 #include "base/files.h"
 
 #include <dirent.h>
@@ -223,8 +224,8 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   req.rank_wrapper = self.substr(0, self.rfind('/')) + "/accel-rank";
   if (!is_executable(req.rank_wrapper))
     throw LaunchError("accel-rank is missing next to this accel (" + req.rank_wrapper + "); rebuild or reinstall accel");
-  if (const char* m = std::getenv("ACCEL_MPIRUN"); m && *m) req.mpirun = m;
-  if (const char* s = std::getenv("ACCEL_SRUN"); s && *s) req.srun = s;
+  req.mpirun = env::get("ACCEL_MPIRUN");  // the table's defaults: mpirun, srun
+  req.srun = env::get("ACCEL_SRUN");
 
   char tmpl[PATH_MAX];
   const char* tmp = std::getenv("TMPDIR");

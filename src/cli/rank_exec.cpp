@@ -11,7 +11,9 @@
 // 3. When PROGRAM fails and ACCEL_LAUNCH_STATUS_DIR is set, writes rank_<R> there (exit code or
 //    signal, the time it ended, node, host), from which `accel launch` names the first failing rank.
 // Exits with PROGRAM's exit code, or 128 + the signal that ended it.
-// Plain C++ and POSIX: no torch, no MPI, so it starts instantly.
+// Plain C++ and POSIX (and base/env.cpp, the ACCEL_* table): no torch, no MPI, so it starts instantly.
+#include "base/env.h"
+
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,13 +61,13 @@ int to_int(const char* s, const char* what) {
 }
 
 void record_failure(int rank, int node, int local_rank, int code, int sig) {
-  const char* dir = std::getenv("ACCEL_LAUNCH_STATUS_DIR");
-  if (!dir || !*dir) return;
+  const std::string dir = accel::env::get("ACCEL_LAUNCH_STATUS_DIR");
+  if (dir.empty()) return;
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
   char host[256] = "?";
   gethostname(host, sizeof host - 1);
-  const std::string path = std::string(dir) + "/rank_" + std::to_string(rank);
+  const std::string path = dir + "/rank_" + std::to_string(rank);
   const std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) return;  // the report is a courtesy; the exit code still travels through the launcher

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 
 #include "accelerator/accelerator.h"
+#include "base/env.h"
 #include "base/files.h"
 #include "cli/launch_plan.h"
 #include "cli/conformance.h"
@@ -27,7 +28,6 @@
 #include <string>
 #include <vector>
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 namespace accel::cli {
@@ -40,11 +40,6 @@ struct TestArgs {
   bool worker = false;
   std::string inject_failure;
 };
-
-bool file_exists(const std::string& p) {
-  struct stat st{};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
@@ -61,8 +56,8 @@ bool under_launcher() {
 // The user's path: pick and validate the config, then exec `accel launch ... accel test --worker`.
 int run_user(const TestArgs& a) {
   std::string config = a.config_file;
-  if (config.empty()) config = env_or_empty("ACCEL_CONFIG_FILE");
-  if (config.empty() && file_exists(default_config_path())) config = default_config_path();
+  if (config.empty()) config = env::get("ACCEL_CONFIG_FILE");
+  if (config.empty() && files::is_file(default_config_path())) config = default_config_path();
   try {
     if (!config.empty()) load_config_file(config);  // parses; ConfigError names the file and the key
     ConfigOverrides ov;                              // the ACCEL_* environment on top of it

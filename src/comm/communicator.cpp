@@ -1,11 +1,14 @@
 // Communicator: local argument checks, traffic counters and the choice of backend by device; the
 // backends (mpi_backend.cpp, nccl_backend.cpp) move the bytes.
 #include "comm/communicator.h"
+#include "base/log.h"
 
 #include "comm/backend.h"
 #include "comm/dtype.h"
 #include "comm/mpi_backend.h"
 #include "comm/nccl_backend.h"
+
+#include <fmt/format.h>
 
 #include <sstream>
 
@@ -23,17 +26,17 @@ std::string describe(Collective kind, const at::Tensor& t, ReduceOp op, int root
 }
 
 [[noreturn]] void bad(Collective kind, const std::string& msg) {
-  throw InvalidArgument(std::string(to_string(kind)) + ": " + msg);
+  throw InvalidArgument(fmt::format("{}: {}", to_string(kind), msg));
 }
 
 void check_tensor(Collective kind, const at::Tensor& t, const char* role) {
-  if (!t.defined()) bad(kind, std::string(role) + " tensor is undefined");
+  if (!t.defined()) bad(kind, fmt::format("{} tensor is undefined", role));
   if (!t.is_contiguous())
-    bad(kind, std::string(role) + " tensor is not contiguous (sizes " + c10::str(t.sizes()) + ", strides " +
-                  c10::str(t.strides()) + "); call .contiguous() first");
+    bad(kind, fmt::format("{} tensor is not contiguous (sizes {}, strides {}); call .contiguous() first", role,
+                          c10::str(t.sizes()), c10::str(t.strides())));
   if (classify(t.scalar_type()) == DtypeClass::Unsupported)
-    bad(kind, std::string(role) + " dtype " + dtype_name(t.scalar_type()) + " is not supported; supported: " +
-                  supported_dtypes());
+    bad(kind, fmt::format("{} dtype {} is not supported; supported: {}", role, dtype_name(t.scalar_type()),
+                          supported_dtypes()));
 }
 
 }  // namespace
@@ -49,6 +52,7 @@ std::shared_ptr<Communicator> Communicator::world() {
   std::shared_ptr<Communicator> w(
       new Communicator(std::move(mpi), std::move(topo), std::make_shared<std::atomic<bool>>(false)));
   cached = w;
+  log::set_rank(w->rank(), w->size());  // every library log line names its rank from now on
   return w;
 }
 
@@ -73,12 +77,12 @@ Backend& Communicator::backend_for(const at::Tensor& t) {
       nccl_ = make_nccl_backend(*mpi_, dev);
       nccl_device_ = dev;
     } else if (dev != nccl_device_) {
-      throw InvalidArgument("tensor on cuda:" + std::to_string(dev) + " but this communicator's NCCL backend uses cuda:" +
-                            std::to_string(nccl_device_) + " (one device per rank)");
+      throw InvalidArgument(fmt::format(
+          "tensor on cuda:{} but this communicator's NCCL backend uses cuda:{} (one device per rank)", dev, nccl_device_));
     }
     return *nccl_;
   }
-  throw InvalidArgument(std::string("no backend for device ") + t.device().str() + " (CPU: mpi, CUDA: nccl)");
+  throw InvalidArgument(fmt::format("no backend for device {} (CPU: mpi, CUDA: nccl)", t.device().str()));
 }
 
 const char* Communicator::backend_name(const at::Tensor& t) { return backend_for(t).name(); }
@@ -86,37 +90,36 @@ const char* Communicator::backend_name(const at::Tensor& t) { return backend_for
 WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at::Tensor& output, ReduceOp op,
                              int root, Duration timeout) {
   if (broken_->load())
-    throw CommError(std::string(to_string(kind)) + " on rank " + std::to_string(rank_) +
-                    ": the communicator is broken by an earlier timeout; the job must restart");
+    throw CommError(fmt::format("{} on rank {}: the communicator is broken by an earlier timeout; the job must restart",
+                                to_string(kind), rank_));
   const long long n = size_;
   if (kind != Collective::Barrier) {
     check_tensor(kind, input, "input");
     check_tensor(kind, output, "output");
     if (input.scalar_type() != output.scalar_type())
-      bad(kind, std::string("input dtype ") + dtype_name(input.scalar_type()) + " differs from output dtype " +
-                    dtype_name(output.scalar_type()));
+      bad(kind, fmt::format("input dtype {} differs from output dtype {}", dtype_name(input.scalar_type()),
+                            dtype_name(output.scalar_type())));
     if (input.device() != output.device())
-      bad(kind, "input on " + input.device().str() + " but output on " + output.device().str());
+      bad(kind, fmt::format("input on {} but output on {}", input.device().str(), output.device().str()));
   }
   const DtypeClass cls = input.defined() ? classify(input.scalar_type()) : DtypeClass::Integer;
   switch (kind) {
     case Collective::AllReduce:
     case Collective::ReduceScatter:
       if (cls == DtypeClass::Fp8)
-        bad(kind, std::string(dtype_name(input.scalar_type())) +
-                      " cannot be reduced: fp8 travels as bytes (all_gather, broadcast); reduce in bf16/fp32");
+        bad(kind, fmt::format("{} cannot be reduced: fp8 travels as bytes (all_gather, broadcast); reduce in bf16/fp32",
+                              dtype_name(input.scalar_type())));
       if (op == ReduceOp::Avg && cls == DtypeClass::Integer)
-        bad(kind, std::string("avg needs a floating dtype, got ") + dtype_name(input.scalar_type()));
+        bad(kind, fmt::format("avg needs a floating dtype, got {}", dtype_name(input.scalar_type())));
       if (kind == Collective::AllReduce) {
         if (input.numel() != output.numel())
-          bad(kind, "input has " + std::to_string(input.numel()) + " elements but output " +
-                        std::to_string(output.numel()));
+          bad(kind, fmt::format("input has {} elements but output {}", input.numel(), output.numel()));
         if (!input.is_same(output) && input.data_ptr() != output.data_ptr() && overlaps(input, output))
           bad(kind, "input and output overlap partially");
       } else {
         if (input.numel() != n * output.numel())
-          bad(kind, "input must have world_size (" + std::to_string(n) + ") x output elements: input " +
-                        std::to_string(input.numel()) + ", output " + std::to_string(output.numel()));
+          bad(kind, fmt::format("input must have world_size ({}) x output elements: input {}, output {}", n,
+                                input.numel(), output.numel()));
         const char* own = static_cast<const char*>(input.data_ptr()) + rank_ * output.nbytes();
         if (overlaps(input, output) && output.data_ptr() != own)
           bad(kind, "output overlaps input but is not this rank's slice of it");
@@ -124,8 +127,8 @@ WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at:
       break;
     case Collective::AllGather: {
       if (output.numel() != n * input.numel())
-        bad(kind, "output must have world_size (" + std::to_string(n) + ") x input elements: input " +
-                      std::to_string(input.numel()) + ", output " + std::to_string(output.numel()));
+        bad(kind, fmt::format("output must have world_size ({}) x input elements: input {}, output {}", n,
+                              input.numel(), output.numel()));
       const char* own = static_cast<const char*>(output.data_ptr()) + rank_ * input.nbytes();
       if (overlaps(input, output) && input.data_ptr() != own)
         bad(kind, "input overlaps output but is not this rank's slice of it");
@@ -133,7 +136,7 @@ WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at:
     }
     case Collective::Broadcast:
       if (root < 0 || root >= size_)
-        bad(kind, "root " + std::to_string(root) + " is not a rank of this group (0.." + std::to_string(size_ - 1) + ")");
+        bad(kind, fmt::format("root {} is not a rank of this group (0..{})", root, size_ - 1));
       break;
     case Collective::Barrier:
       break;

@@ -6,6 +6,7 @@
 #include "comm/dtype.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <mpi.h>
 
 #include <atomic>
@@ -17,6 +18,7 @@
 #include <future>
 #include <list>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include <sys/prctl.h>
@@ -28,7 +30,7 @@ namespace {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, buf, &len);
-  throw CommError(std::string(call) + " failed: " + std::string(buf, len));
+  throw CommError(fmt::format("{} failed: {}", call, std::string_view(buf, len)));
 }
 #define ACCEL_MPI_CHECK(call)                     \
   do {                                            \
@@ -70,7 +72,7 @@ MPI_Datatype reduce_type(c10::ScalarType t) {
     case c10::kInt: return MPI_INT32_T;
     case c10::kLong: return MPI_INT64_T;
     case c10::kByte: return MPI_UINT8_T;
-    default: throw InvalidArgument(std::string("mpi: no reduction type for ") + dtype_name(t));
+    default: throw InvalidArgument(fmt::format("mpi: no reduction type for {}", dtype_name(t)));
   }
 }
 
@@ -86,8 +88,7 @@ MPI_Op reduce_op(ReduceOp op) {
 
 int checked_count(long long n, const char* what) {
   if (n > INT_MAX)
-    throw InvalidArgument(std::string("mpi: ") + what + " of " + std::to_string(n) +
-                          " exceeds MPI's int count limit; split the tensor");
+    throw InvalidArgument(fmt::format("mpi: {} of {} exceeds MPI's int count limit; split the tensor", what, n));
   return static_cast<int>(n);
 }
 
@@ -131,8 +132,8 @@ class Engine {
       int provided = 0;
       ACCEL_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
       if (provided < MPI_THREAD_SERIALIZED)
-        throw CommError("mpi: the MPI library provides thread level " + std::to_string(provided) +
-                        "; accel needs MPI_THREAD_SERIALIZED or better");
+        throw CommError(fmt::format(
+            "mpi: the MPI library provides thread level {}; accel needs MPI_THREAD_SERIALIZED or better", provided));
       owns_mpi_ = true;
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &world_.rank);
@@ -280,16 +281,14 @@ class Engine {
     for (int f = 0; f < kNumSig; ++f) {
       long long hi = op.sig_all[f], lo = -op.sig_all[kNumSig + f];
       if (hi == lo) continue;
-      std::string mine = std::to_string(op.sig[f]);
+      std::string mine = fmt::format("{}", op.sig[f]);
       if (f == kKind) mine = to_string(static_cast<Collective>(op.sig[f]));
       if (f == kDtype) mine = dtype_name(static_cast<c10::ScalarType>(op.sig[f]));
       if (f == kOp) mine = to_string(static_cast<ReduceOp>(op.sig[f]));
-      throw MismatchError(op.req.work->what() + " on rank " + std::to_string(op.group->rank) + " of " +
-                          std::to_string(op.group->size) + ": ranks disagree on the " + kSigNames[f] +
-                          " (this rank: " + mine + "; values across ranks range " + std::to_string(lo) +
-                          ".." + std::to_string(hi) +
-                          "). Every rank must issue the same collectives in the same order with the same "
-                          "sizes, dtype, op and root.");
+      throw MismatchError(fmt::format(
+          "{} on rank {} of {}: ranks disagree on the {} (this rank: {}; values across ranks range {}..{}). Every "
+          "rank must issue the same collectives in the same order with the same sizes, dtype, op and root.",
+          op.req.work->what(), op.group->rank, op.group->size, kSigNames[f], mine, lo, hi));
     }
   }
 
@@ -501,7 +500,7 @@ Topology MpiBackend::read_topology() {
     return t;
   });
   try {
-    return apply_node_override(t, std::getenv("ACCEL_RANKS_PER_NODE"));
+    return apply_node_override(t, env::get("ACCEL_RANKS_PER_NODE").c_str());
   } catch (const std::invalid_argument& e) {
     throw InvalidArgument(e.what());
   }

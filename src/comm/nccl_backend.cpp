@@ -26,6 +26,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 #include <nccl.h>
 
 #include <cstddef>
@@ -44,11 +45,11 @@ namespace accel::comm {
 namespace {
 
 std::string where(int rank, int device) {
-  return " (rank " + std::to_string(rank) + ", cuda:" + std::to_string(device) + ")";
+  return fmt::format(" (rank {}, cuda:{})", rank, device);
 }
 
 [[noreturn]] void throw_cuda(const char* call, cudaError_t err, int rank, int device) {
-  throw CommError(std::string("NCCL backend: ") + call + " failed: " + cudaGetErrorString(err) + where(rank, device));
+  throw CommError(fmt::format("NCCL backend: {} failed: {}{}", call, cudaGetErrorString(err), where(rank, device)));
 }
 
 void check_cuda(const char* call, cudaError_t err, int rank, int device) {
@@ -58,7 +59,7 @@ void check_cuda(const char* call, cudaError_t err, int rank, int device) {
 std::string nccl_detail(ncclComm_t comm) {
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
   const char* last = ncclGetLastError(comm);
-  if (last != nullptr && *last != '\0') return std::string(" — ") + last;
+  if (last != nullptr && *last != '\0') return fmt::format(" — {}", last);
 #else
   (void)comm;
 #endif
@@ -67,8 +68,8 @@ std::string nccl_detail(ncclComm_t comm) {
 
 void check_nccl(const char* call, ncclResult_t res, ncclComm_t comm, int rank, int device) {
   if (res == ncclSuccess) return;
-  throw CommError(std::string("NCCL backend: ") + call + " failed: " + ncclGetErrorString(res) + nccl_detail(comm) +
-                  where(rank, device));
+  throw CommError(fmt::format("NCCL backend: {} failed: {}{}{}", call, ncclGetErrorString(res), nccl_detail(comm),
+                              where(rank, device)));
 }
 
 ncclDataType_t nccl_dtype(c10::ScalarType t, int rank, int device) {
@@ -84,9 +85,9 @@ ncclDataType_t nccl_dtype(c10::ScalarType t, int rank, int device) {
     case c10::ScalarType::Byte: return ncclUint8;
     default: break;
   }
-  throw InvalidArgument(std::string("NCCL backend: dtype ") + c10::toString(t) +
-                        " cannot be reduced over NCCL (float64, float32, bfloat16, float16, int32, int64, uint8)" +
-                        where(rank, device));
+  throw InvalidArgument(fmt::format(
+      "NCCL backend: dtype {} cannot be reduced over NCCL (float64, float32, bfloat16, float16, int32, int64, uint8){}",
+      c10::toString(t), where(rank, device)));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op, int rank, int device) {
@@ -101,8 +102,8 @@ ncclRedOp_t nccl_op(ReduceOp op, int rank, int device) {
       break;
 #endif
   }
-  throw InvalidArgument(std::string("NCCL backend: reduce op ") + to_string(op) + " is not supported by NCCL " +
-                        nccl_version() + where(rank, device));
+  throw InvalidArgument(fmt::format("NCCL backend: reduce op {} is not supported by NCCL {}{}", to_string(op),
+                                    nccl_version(), where(rank, device)));
 }
 
 // Makes `device` current for the lifetime of the object without ever throwing (destructor paths).
@@ -164,21 +165,23 @@ struct NcclComm {
   void check_async_error() {
     std::lock_guard<std::mutex> lk(mu);
     if (aborted || comm == nullptr)
-      throw CommError("NCCL backend: the NCCL communicator was aborted (an earlier collective timed out or failed)" +
-                      where(rank, device));
+      throw CommError(fmt::format(
+          "NCCL backend: the NCCL communicator was aborted (an earlier collective timed out or failed){}",
+          where(rank, device)));
     ncclResult_t async = ncclSuccess;
     const ncclResult_t res = ncclCommGetAsyncError(comm, &async);
     if (res != ncclSuccess) {
-      const std::string msg = std::string("NCCL backend: ncclCommGetAsyncError failed: ") + ncclGetErrorString(res) +
-                              nccl_detail(comm) + where(rank, device);
+      const std::string msg = fmt::format("NCCL backend: ncclCommGetAsyncError failed: {}{}{}", ncclGetErrorString(res),
+                                          nccl_detail(comm), where(rank, device));
       abort_locked();
       MpiBackend::mark_broken();
       throw CommError(msg);
     }
     if (async != ncclSuccess && async != ncclInProgress) {
-      const std::string msg = std::string("NCCL backend: the NCCL communicator failed asynchronously: ") +
-                              ncclGetErrorString(async) + nccl_detail(comm) + where(rank, device) +
-                              "; it has been aborted and the job must restart";
+      const std::string msg = fmt::format(
+          "NCCL backend: the NCCL communicator failed asynchronously: {}{}{}; it has been aborted and the job must "
+          "restart",
+          ncclGetErrorString(async), nccl_detail(comm), where(rank, device));
       abort_locked();
       MpiBackend::mark_broken();
       throw CommError(msg);
@@ -212,12 +215,12 @@ class NcclBackend final : public Backend {
 
   void enqueue(Request request) override {
     const int rank = state_->rank, device = state_->device;
-    if (!request.work) throw CommError("NCCL backend: request without a Work" + where(rank, device));
+    if (!request.work) throw CommError(fmt::format("NCCL backend: request without a Work{}", where(rank, device)));
     for (const at::Tensor* t : {&request.input, &request.output}) {
       if (!t->defined()) continue;
       if (!t->is_cuda() || t->get_device() != device)
-        throw InvalidArgument("NCCL backend: tensor on " + t->device().str() + " but this NCCL communicator uses cuda:" +
-                              std::to_string(device) + where(rank, device));
+        throw InvalidArgument(fmt::format("NCCL backend: tensor on {} but this NCCL communicator uses cuda:{}{}",
+                                          t->device().str(), device, where(rank, device)));
     }
 
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
@@ -232,9 +235,10 @@ class NcclBackend final : public Backend {
     {
       std::lock_guard<std::mutex> lk(state_->mu);
       if (state_->aborted || state_->comm == nullptr)
-        throw CommError("NCCL backend: the NCCL communicator was aborted (an earlier collective timed out or "
-                        "failed); the job must restart" +
-                        where(rank, device));
+        throw CommError(fmt::format(
+            "NCCL backend: the NCCL communicator was aborted (an earlier collective timed out or failed); the job must "
+            "restart{}",
+            where(rank, device)));
       launch(request, comm_stream);
       check_cuda("cudaEventRecord", cudaEventRecord(done.get(), comm_stream), rank, device);
     }
@@ -314,7 +318,7 @@ class NcclBackend final : public Backend {
         return;
       }
     }
-    throw CommError("NCCL backend: unknown collective" + where(rank, device));
+    throw CommError(fmt::format("NCCL backend: unknown collective{}", where(rank, device)));
   }
 
   std::shared_ptr<NcclComm> state_;
@@ -340,7 +344,7 @@ std::string nccl_version() {
     minor = (v % 1000) / 100;
     patch = v % 100;
   }
-  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+  return fmt::format("{}.{}.{}", major, minor, patch);
 }
 
 int cuda_device_count() {
@@ -360,8 +364,8 @@ std::unique_ptr<Backend> make_nccl_backend(MpiBackend& bootstrap, int device_ind
   const int rank = bootstrap.rank(), size = bootstrap.size();
   const int ndev = cuda_device_count();
   if (device_index < 0 || device_index >= ndev)
-    throw InvalidArgument("NCCL backend: cuda:" + std::to_string(device_index) + " does not exist (" +
-                          std::to_string(ndev) + " CUDA devices visible)" + where(rank, device_index));
+    throw InvalidArgument(fmt::format("NCCL backend: cuda:{} does not exist ({} CUDA devices visible){}", device_index,
+                                      ndev, where(rank, device_index)));
 
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
 
@@ -375,8 +379,8 @@ std::unique_ptr<Backend> make_nccl_backend(MpiBackend& bootstrap, int device_ind
   if (rank == 0) boot.status = static_cast<int>(ncclGetUniqueId(&boot.id));
   bootstrap.broadcast_bytes(&boot, sizeof boot, 0);
   if (boot.status != ncclSuccess)
-    throw CommError(std::string("NCCL backend: ncclGetUniqueId failed on rank 0: ") +
-                    ncclGetErrorString(static_cast<ncclResult_t>(boot.status)) + where(rank, device_index));
+    throw CommError(fmt::format("NCCL backend: ncclGetUniqueId failed on rank 0: {}{}",
+                                ncclGetErrorString(static_cast<ncclResult_t>(boot.status)), where(rank, device_index)));
 
   auto state = std::make_shared<NcclComm>();
   state->rank = rank;
@@ -385,9 +389,9 @@ std::unique_ptr<Backend> make_nccl_backend(MpiBackend& bootstrap, int device_ind
   ncclComm_t comm = nullptr;
   const ncclResult_t res = ncclCommInitRank(&comm, size, boot.id, rank);
   if (res != ncclSuccess)
-    throw CommError(std::string("NCCL backend: ncclCommInitRank failed: ") + ncclGetErrorString(res) +
-                    " (world of " + std::to_string(size) + "; NCCL needs one distinct GPU per rank)" +
-                    where(rank, device_index));
+    throw CommError(fmt::format("NCCL backend: ncclCommInitRank failed: {} (world of {}; NCCL needs one distinct GPU per "
+                                "rank){}",
+                                ncclGetErrorString(res), size, where(rank, device_index)));
   state->comm = comm;  // from here ~NcclComm releases it if anything below throws
 
   auto stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(device_index));

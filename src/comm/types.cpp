@@ -5,6 +5,8 @@
 
 #include "base/env.h"
 
+#include <fmt/format.h>
+
 #include <sstream>
 
 namespace accel::comm {
@@ -102,8 +104,8 @@ Topology apply_node_override(Topology t, const char* env) {
     k = 0;
   }
   if (k <= 0 || t.world_size % k != 0)
-    throw std::invalid_argument("ACCEL_RANKS_PER_NODE='" + s + "' must be a positive divisor of the world size " +
-                                std::to_string(t.world_size));
+    throw std::invalid_argument(
+        fmt::format("ACCEL_RANKS_PER_NODE='{}' must be a positive divisor of the world size {}", s, t.world_size));
   t.local_world_size = static_cast<int>(k);
   t.local_rank = t.rank % t.local_world_size;
   t.node_rank = t.rank / t.local_world_size;

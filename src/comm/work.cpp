@@ -1,5 +1,7 @@
 #include "comm/work.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -108,9 +110,10 @@ void Work::wait(Duration timeout) {
   }
   if (!done) {
     for (auto& f : on_timeout) f();
-    throw TimeoutError(what_ + " on rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) +
-                       " did not complete within " + seconds(timeout) + " s: a peer rank is stuck, slow or dead (timeout: ACCEL_COMM_TIMEOUT_S or the "
-                       "collective's options). The communicator is now broken.");
+    throw TimeoutError(fmt::format(
+        "{} on rank {} of {} did not complete within {} s: a peer rank is stuck, slow or dead (timeout: "
+        "ACCEL_COMM_TIMEOUT_S or the collective's options). The communicator is now broken.",
+        what_, rank_, world_size_, seconds(timeout)));
   }
   if (err) std::rethrow_exception(err);
 }

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/init.h>
 #include <torch/nn/modules/linear.h>
@@ -193,9 +194,8 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
   if (!at::isFloatingType(input.scalar_type()))
     throw std::invalid_argument("Float8Linear: expected a floating input");
   if (input.dim() < 1 || input.size(-1) != options.in_features())
-    throw std::invalid_argument("Float8Linear: input's last dimension is " +
-                                std::to_string(input.dim() ? input.size(-1) : 0) + ", expected in_features = " +
-                                std::to_string(options.in_features()));
+    throw std::invalid_argument(fmt::format("Float8Linear: input's last dimension is {}, expected in_features = {}",
+                                            input.dim() ? input.size(-1) : 0, options.in_features()));
   std::optional<at::Tensor> wd, ws, b;
   if (bias.defined()) b = bias;
   if (weight_fp8) {

@@ -3,6 +3,7 @@
 #include "comm/communicator.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <limits>
@@ -16,7 +17,7 @@ namespace {
 constexpr double kMinAmax = 1e-12;
 
 void check_margin(int margin) {
-  if (margin < 0) throw std::invalid_argument("fp8: margin must be >= 0, got " + std::to_string(margin));
+  if (margin < 0) throw std::invalid_argument(fmt::format("fp8: margin must be >= 0, got {}", margin));
 }
 
 at::Tensor as_scalar_scale(const at::Tensor& scale, const at::Device& device) {
@@ -109,9 +110,9 @@ comm::WorkPtr all_gather_fp8_async(const at::Tensor& shard, const at::Tensor& sc
                                    comm::Communicator& group, const at::Tensor& out) {
   const std::int64_t k = shard.numel();
   if (!out.defined() || out.scalar_type() != fp8_dtype(f) || out.numel() != k * group.size() || !out.is_contiguous())
-    throw std::invalid_argument(std::string("all_gather_fp8: out must be a contiguous ") + to_string(f) +
-                                " tensor of group.size() * shard.numel() = " + std::to_string(k * group.size()) +
-                                " elements");
+    throw std::invalid_argument(
+        fmt::format("all_gather_fp8: out must be a contiguous {} tensor of group.size() * shard.numel() = {} elements",
+                    to_string(f), k * group.size()));
   at::Tensor q = quantize(shard.reshape({-1}), scale, f);
   return group.all_gather_async(q, out.view({-1}));
 }

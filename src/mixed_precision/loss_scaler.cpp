@@ -3,9 +3,9 @@
 #include "comm/communicator.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <cmath>
-#include <sstream>
 
 namespace accel::mixed_precision {
 
@@ -13,9 +13,7 @@ namespace {
 
 void require(bool ok, const std::string& field, const std::string& rule, double value) {
   if (ok) return;
-  std::ostringstream os;
-  os << "loss scaler: " << field << " = " << value << " is invalid: it must be " << rule;
-  throw std::invalid_argument(os.str());
+  throw std::invalid_argument(fmt::format("loss scaler: {} = {:g} is invalid: it must be {}", field, value, rule));
 }
 
 // The device for a 1-element flag or norm: the caller's choice, else the first defined tensor's.
@@ -60,15 +58,14 @@ bool LossScaler::update(bool overflow) {
   if (overflow) {
     if (opts_.hysteresis == 1 || cur_hysteresis_ == 1) {
       if (cur_scale_ == opts_.min_loss_scale) {
-        std::ostringstream os;
-        os << "fp16 loss scale already at its minimum: " << consecutive_overflows_
-           << " consecutive optimizer step(s) overflowed (inf/nan gradients), the last one at the minimum scale "
-           << cur_scale_ << " (min_loss_scale), so the scale cannot be lowered further (DeepSpeed: \"Current loss "
-           << "scale already at minimum\"). What to change: lower min_loss_scale in the fp16 config (e.g. "
-           << cur_scale_ / 4 << "); or train in bf16 (mixed_precision: bf16), which needs no loss scaling; "
-           << "check the model and data for inf/nan (an inf/nan loss overflows at every scale); or lower the "
-           << "learning rate if the loss diverged.";
-        throw LossScaleAtMinimumError(os.str());
+        throw LossScaleAtMinimumError(fmt::format(
+            "fp16 loss scale already at its minimum: {} consecutive optimizer step(s) overflowed (inf/nan gradients), "
+            "the last one at the minimum scale {:g} (min_loss_scale), so the scale cannot be lowered further "
+            "(DeepSpeed: \"Current loss scale already at minimum\"). What to change: lower min_loss_scale in the fp16 "
+            "config (e.g. {:g}); or train in bf16 (mixed_precision: bf16), which needs no loss scaling; check the "
+            "model and data for inf/nan (an inf/nan loss overflows at every scale); or lower the learning rate if the "
+            "loss diverged.",
+            consecutive_overflows_, cur_scale_, cur_scale_ / 4));
       }
       cur_scale_ = std::max(cur_scale_ / 2.0, opts_.min_loss_scale);
     } else {
@@ -131,9 +128,9 @@ bool found_inf_across_ranks(const std::vector<at::Tensor>& grads, comm::Communic
 double unscale_and_clip(std::vector<at::Tensor>& grads, double scale, std::optional<double> max_norm,
                         comm::Communicator* shard_group) {
   if (!(std::isfinite(scale) && scale > 0))
-    throw std::invalid_argument("unscale_and_clip: scale must be finite and > 0, got " + std::to_string(scale));
+    throw std::invalid_argument(fmt::format("unscale_and_clip: scale must be finite and > 0, got {:f}", scale));
   if (max_norm && !(*max_norm > 0))
-    throw std::invalid_argument("unscale_and_clip: max_norm must be > 0, got " + std::to_string(*max_norm));
+    throw std::invalid_argument(fmt::format("unscale_and_clip: max_norm must be > 0, got {:f}", *max_norm));
   std::vector<at::Tensor> defined;
   for (const auto& g : grads)
     if (g.defined() && g.numel() > 0) defined.push_back(g);

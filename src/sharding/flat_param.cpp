@@ -1,7 +1,9 @@
 #include "sharding/flat_param.h"
+#include "base/check.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <stdexcept>
@@ -34,8 +36,7 @@ void free_storage(const at::Tensor& t) {
 
 void alloc_storage(const at::Tensor& t, std::size_t nbytes) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  if (!s->resizable() || !s->allocator())
-    throw std::logic_error("accel: cannot re-allocate a storage that is not resizable");
+  ACCEL_CHECK(s->resizable() && s->allocator(), "cannot re-allocate a storage that is not resizable");
   s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
   s->set_nbytes(nbytes);
 }
@@ -56,7 +57,7 @@ FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vect
   full_ = at::zeros({layout_.padded()}, to);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
-    if (!p.is_leaf()) throw std::invalid_argument("FlatParam: parameter " + names_[i] + " is not a leaf tensor");
+    if (!p.is_leaf()) throw std::invalid_argument(fmt::format("FlatParam: parameter {} is not a leaf tensor", names_[i]));
     requires_grad_ = requires_grad_ || p.requires_grad();
     at::Tensor view = full_.narrow(0, layout_.offset(i), p.numel()).view(p.sizes());
     view.copy_(p);
@@ -84,7 +85,7 @@ void FlatParam::alloc_full() {
 }
 
 void FlatParam::free_full() {
-  if (!opts_.sharded) throw std::logic_error("FlatParam " + name_ + ": free_full on an unsharded parameter");
+  ACCEL_CHECK(opts_.sharded, "FlatParam {}: free_full on an unsharded parameter", name_);
   if (storage_allocated(full_)) free_storage(full_);
 }
 
@@ -96,10 +97,10 @@ void FlatParam::shard_to_full() {
 bool FlatParam::grad_allocated() const { return storage_allocated(grad_full_) || (grad_full_.defined() && layout_.padded() == 0); }
 
 void FlatParam::bind_grad(const at::Tensor& buffer) {
-  if (grad_full_.defined()) throw std::logic_error("FlatParam " + name_ + ": bind_grad after gradients exist");
+  ACCEL_CHECK(!grad_full_.defined(), "FlatParam {}: bind_grad after gradients exist", name_);
   if (buffer.numel() != layout_.padded() || !buffer.is_contiguous())
-    throw std::invalid_argument("FlatParam " + name_ + ": bind_grad needs a contiguous buffer of " +
-                                std::to_string(layout_.padded()) + " elements");
+    throw std::invalid_argument(
+        fmt::format("FlatParam {}: bind_grad needs a contiguous buffer of {} elements", name_, layout_.padded()));
   grad_full_ = buffer;
   for (std::size_t i = 0; i < params_.size(); ++i)
     grad_views_.push_back(grad_full_.narrow(0, layout_.offset(i), params_[i].numel()).view(params_[i].sizes()));

@@ -1,5 +1,7 @@
 #include "sharding/shard_layout.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -10,14 +12,13 @@ std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m *
 
 ShardLayout::ShardLayout(std::vector<std::int64_t> numels, int world, std::int64_t align)
     : numels_(std::move(numels)), world_(world), align_(align) {
-  if (world < 1) throw std::invalid_argument("ShardLayout: world must be >= 1, got " + std::to_string(world));
-  if (align < 1) throw std::invalid_argument("ShardLayout: align must be >= 1, got " + std::to_string(align));
+  if (world < 1) throw std::invalid_argument(fmt::format("ShardLayout: world must be >= 1, got {}", world));
+  if (align < 1) throw std::invalid_argument(fmt::format("ShardLayout: align must be >= 1, got {}", align));
   std::int64_t at = 0;
   offsets_.reserve(numels_.size());
   for (std::size_t i = 0; i < numels_.size(); ++i) {
     if (numels_[i] < 0)
-      throw std::invalid_argument("ShardLayout: tensor " + std::to_string(i) + " has negative numel " +
-                                  std::to_string(numels_[i]));
+      throw std::invalid_argument(fmt::format("ShardLayout: tensor {} has negative numel {}", i, numels_[i]));
     at = round_up(at, align_);
     offsets_.push_back(at);
     at += numels_[i];
@@ -28,19 +29,19 @@ ShardLayout::ShardLayout(std::vector<std::int64_t> numels, int world, std::int64
 
 std::pair<std::int64_t, std::int64_t> ShardLayout::shard_range(int rank) const {
   if (rank < 0 || rank >= world_)
-    throw std::out_of_range("ShardLayout: rank " + std::to_string(rank) + " not in [0, " + std::to_string(world_) + ")");
+    throw std::out_of_range(fmt::format("ShardLayout: rank {} not in [0, {})", rank, world_));
   return {rank * shard_size(), (rank + 1) * shard_size()};
 }
 
 int ShardLayout::owner(std::int64_t index) const {
   if (index < 0 || index >= padded_)
-    throw std::out_of_range("ShardLayout: index " + std::to_string(index) + " not in [0, " + std::to_string(padded_) + ")");
+    throw std::out_of_range(fmt::format("ShardLayout: index {} not in [0, {})", index, padded_));
   return static_cast<int>(index / shard_size());
 }
 
 int ShardLayout::tensor_at(std::int64_t index) const {
   if (index < 0 || index >= padded_)
-    throw std::out_of_range("ShardLayout: index " + std::to_string(index) + " not in [0, " + std::to_string(padded_) + ")");
+    throw std::out_of_range(fmt::format("ShardLayout: index {} not in [0, {})", index, padded_));
   // Last tensor whose offset <= index (empty tensors share offsets; upper_bound skips past them).
   auto it = std::upper_bound(offsets_.begin(), offsets_.end(), index);
   while (it != offsets_.begin()) {
@@ -63,9 +64,8 @@ std::vector<ShardLayout::Piece> ShardLayout::pieces(int rank) const {
 }
 
 std::string ShardLayout::to_string() const {
-  return "ShardLayout(" + std::to_string(numels_.size()) + " tensors, " + std::to_string(total_) + " elements, padded " +
-         std::to_string(padded_) + " = " + std::to_string(world_) + " x " + std::to_string(shard_size()) +
-         ", align " + std::to_string(align_) + ")";
+  return fmt::format("ShardLayout({} tensors, {} elements, padded {} = {} x {}, align {})", numels_.size(), total_,
+                     padded_, world_, shard_size(), align_);
 }
 
 }  // namespace accel::sharding

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
 #include <torch/nn/module.h>
 
 #include <map>
@@ -49,10 +50,10 @@ void ShardedInit::shard_unit(torch::nn::Module& module) {
   for (const auto& p : module.parameters()) {
     if (is_presharded(p) || !seen.insert(p.unsafeGetTensorImpl()).second) continue;  // a nested unit's
     if (!p.is_contiguous() || !p.device().is_cpu())
-      throw std::invalid_argument("accel sharded_init: unit " + module.name() +
-                                  " has a parameter that is not a contiguous CPU tensor");
+      throw std::invalid_argument(
+          fmt::format("accel sharded_init: unit {} has a parameter that is not a contiguous CPU tensor", module.name()));
     if (!ps.empty() && p.scalar_type() != ps[0].scalar_type())
-      throw std::invalid_argument("accel sharded_init: unit " + module.name() + " mixes parameter dtypes");
+      throw std::invalid_argument(fmt::format("accel sharded_init: unit {} mixes parameter dtypes", module.name()));
     ps.push_back(p);
   }
   if (ps.empty()) return;

@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
@@ -105,12 +106,12 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
           if (it != seen.end()) {
             const Owned& first = owned[it->second];
             if (first.unit != unit)
-              throw std::invalid_argument(
-                  "accel: parameter '" + name + "' is the same tensor as '" + first.name + "', but they belong to " +
-                  "different units ('" + (units_[first.unit].name.empty() ? "<root>" : units_[first.unit].name) +
-                  "' and '" + (units_[unit].name.empty() ? "<root>" : units_[unit].name) +
-                  "'); a shared (tied) parameter must stay inside one unit: unmark one of them or move the "
-                  "shared module into their common parent");
+              throw std::invalid_argument(fmt::format(
+                  "accel: parameter '{}' is the same tensor as '{}', but they belong to different units ('{}' and "
+                  "'{}'); a shared (tied) parameter must stay inside one unit: unmark one of them or move the shared "
+                  "module into their common parent",
+                  name, first.name, units_[first.unit].name.empty() ? "<root>" : units_[first.unit].name,
+                  units_[unit].name.empty() ? "<root>" : units_[unit].name));
             continue;  // tied inside one unit: flattened once
           }
           seen[p.unsafeGetTensorImpl()] = owned.size();
@@ -164,9 +165,10 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     o.dtype = spec_.param_dtype.value_or(ps[0].scalar_type());
     o.align = spec_.align_elements;
     o.sharded = sharded_params;
-    std::string fname = (units_[unit].name.empty() ? "<root>" : units_[unit].name) + "[group " + std::to_string(group) +
-                        (requires_grad ? "" : ", frozen") + ", " + c10::toString(static_cast<c10::ScalarType>(dtype)) +
-                        (device == "cpu" ? "" : ", " + device) + "]";
+    std::string fname = fmt::format("{}[group {}{}, {}{}]", units_[unit].name.empty() ? "<root>" : units_[unit].name,
+                                    group, requires_grad ? "" : ", frozen",
+                                    c10::toString(static_cast<c10::ScalarType>(dtype)),
+                                    device == "cpu" ? "" : ", " + device);
     Flat f;
     // A master in another dtype than the compute buffer starts from the original values, not from
     // their rounded copy.

@@ -100,8 +100,6 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Per param group of the user's optimizer: the tensors the sharded optimizer steps (master shards,
   // or in passthrough the user's parameters themselves).
   const std::vector<std::vector<at::Tensor>>& optimizer_params() const { return group_params_; }
-  // plan().passthrough: the optimizer steps the user's parameters on autograd's own gradients.
-  bool passthrough() const { return plan_.passthrough; }
 
   // --- backward --------------------------------------------------------------------------------
   // loss.backward() and the end-of-backward work (idempotent per backward).

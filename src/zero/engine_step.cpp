@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <stdexcept>
@@ -13,8 +14,9 @@ namespace accel::zero {
 void Engine::clip_grad_value(double clip_value) {
   if (!(clip_value >= 0)) throw std::invalid_argument("clip_grad_value: clip_value must be >= 0");
   if (plan_.state_split)
-    throw std::logic_error("clip_grad_value: the gradients are sharded across ranks under " +
-                           std::string(to_string(spec_.strategy)) + "; clip by norm instead (clip_grad_norm)");
+    throw std::logic_error(fmt::format(
+        "clip_grad_value: the gradients are sharded across ranks under {}; clip by norm instead (clip_grad_norm)",
+        to_string(spec_.strategy)));
   for (const auto& group : group_params_)
     for (const auto& p : group)
       if (p.grad().defined()) p.grad().clamp_(-clip_value, clip_value);

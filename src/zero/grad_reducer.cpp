@@ -1,4 +1,5 @@
 #include "zero/grad_reducer.h"
+#include "base/check.h"
 
 #include <ATen/ATen.h>
 
@@ -186,7 +187,7 @@ void GradReducer::abandon() {
 
 std::vector<at::Tensor> GradReducer::flush() {
   for (std::size_t i = 0; i < flats_.size(); ++i)
-    if (!marked_[i]) throw std::logic_error("GradReducer::flush: flat parameter " + flats_[i]->name() + " not marked ready");
+    ACCEL_CHECK(marked_[i], "GradReducer::flush: flat parameter {} not marked ready", flats_[i]->name());
   while (next_finish_ < buckets_.size()) finish(buckets_[next_finish_++]);
   std::vector<at::Tensor> out = std::move(results_);
   if (replicate_) {

@@ -1,6 +1,6 @@
 // accel::zero::prepare — builds the Engine for a model and replaces the user's optimizer by one of
-// the same type (torch::optim::Adam, AdamW, SGD, RMSprop or Adagrad: dynamic_cast to it works) with
-// the same param groups and options, over this rank's master shards.
+// the same type (a row of zero/optimizers.h: dynamic_cast to it works) with the same param groups
+// and options, over this rank's master shards.
 //
 // Its step(): the engine checks backward is over, the inner optimizer steps the master shards
 // (allocations charged to memory::Category::OptimizerState), and the engine writes the shards back
@@ -14,14 +14,14 @@
 
 namespace accel::zero {
 
-struct Prepared {
+struct EngineAndOptimizer {
   std::shared_ptr<Engine> engine;
   std::shared_ptr<torch::optim::Optimizer> optimizer;
 };
 
 // Throws std::invalid_argument for an optimizer it cannot shard (naming its type and the supported
 // ones), a parameter shared across two units, or a bad spec.
-Prepared prepare(std::shared_ptr<torch::nn::Module> model, const torch::optim::Optimizer& optimizer,
-                 const ShardingSpec& spec, std::shared_ptr<comm::Communicator> world);
+EngineAndOptimizer prepare(std::shared_ptr<torch::nn::Module> model, const torch::optim::Optimizer& optimizer,
+                           const ShardingSpec& spec, std::shared_ptr<comm::Communicator> world);
 
 }  // namespace accel::zero

@@ -1,5 +1,7 @@
 #include "zero/spec.h"
 
+#include "base/check.h"
+
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -28,7 +30,7 @@ const std::vector<StrategyInfo>& strategies() { return kStrategies; }
 const StrategyInfo& info(Strategy s) {
   for (const auto& row : kStrategies)
     if (row.strategy == s) return row;
-  throw std::invalid_argument(fmt::format("accel: strategy {} is not in the strategy table", static_cast<int>(s)));
+  ACCEL_CHECK(false, "strategy {} is not in the strategy table", static_cast<int>(s));
 }
 
 const StrategyInfo* find_fsdp(const std::string& fsdp_name) {

@@ -3,7 +3,7 @@
 // strategy (chosen by a config file) against a single-process libtorch reference.
 #include "accelerator/accelerator.h"
 #include "accelerator/rows.h"
-#include "sharding/models.h"
+#include "support/models.h"
 #include "test_world.h"
 
 #include <torch/nn/utils/clip_grad.h>
@@ -359,6 +359,45 @@ TEST(Accelerator, RefusesWhatItCannotDo) {
   auto other = make_mlp();
   torch::optim::SGD sgd2(other->parameters(), torch::optim::SGDOptions(0.1));
   EXPECT_THROW(acc.prepare(other, sgd2), std::logic_error);
+}
+
+// fsdp_state_dict_type decides what save_state() writes when its `full` argument is not given:
+// FULL_STATE_DICT has rank 0 write every tensor whole, SHARDED_STATE_DICT (and LOCAL_STATE_DICT, and
+// no key) each rank its own slices. Told apart by the ranks whose shard file holds data.
+TEST(Accelerator, FsdpStateDictTypeDecidesWhatSaveStateWrites) {
+  auto w = world();
+  const int N = w->size();
+  auto ranks_with_data = [&](const std::string& dir) {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind("shard_", 0) == 0 && fs::file_size(e.path()) > 0) ++n;
+    return n;
+  };
+  const std::string root = (fs::temp_directory_path() / ("accel_test_state_dict_" + std::to_string(N))).string();
+  struct Case {
+    const char* type;        // fsdp_state_dict_type, "" for none
+    std::optional<bool> arg; // save_state's `full`
+    bool full;               // what must be written
+  };
+  const Case cases[] = {{"FULL_STATE_DICT", std::nullopt, true},   {"SHARDED_STATE_DICT", std::nullopt, false},
+                        {"LOCAL_STATE_DICT", std::nullopt, false}, {"", std::nullopt, false},
+                        {"FULL_STATE_DICT", false, false},         {"SHARDED_STATE_DICT", true, true}};
+  int i = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.type) + (c.arg ? (*c.arg ? " full=true" : " full=false") : ""));
+    std::string yaml = "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n";
+    if (*c.type) yaml += std::string("  fsdp_state_dict_type: ") + c.type + "\n";
+    Accelerator acc(quiet(write_config("sdt_" + std::to_string(i) + ".yaml", yaml)));
+    EXPECT_EQ(acc.config().state_dict_type, std::string(c.type) == "FULL_STATE_DICT" ? StateDictType::Full
+                                                                                      : StateDictType::Sharded);
+    auto model = make_mlp();
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    acc.prepare(model, sgd);
+    const std::string dir = acc.save_state(root + "/ckpt_" + std::to_string(i++), c.arg);
+    if (acc.is_main_process()) EXPECT_EQ(ranks_with_data(dir), c.full ? 1 : N);
+    acc.load_state(dir);  // reads either kind
+    acc.end_training();
+  }
 }
 
 }  // namespace

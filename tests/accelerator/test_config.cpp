@@ -1,946 +1,28 @@
-// The config loader (accelerator/config.h): both dialects, strictly. Every key has a valid and an
-// invalid value; errors are checked for the file, the dotted key, the value and what is allowed.
+// What both config dialects share (accelerator/config.h): DeepSpeed's batch rule, names, "did you
+// mean", resolve_config's precedence, the shipped configs, and the key table test that holds every
+// key of both dialects to "acted on, or listed as ignored with its reason".
 // Rank-independent: every rank runs the same checks on its own (temp files are per process).
 #include "accelerator/config.h"
 
+#include "accelerator/config_detail.h"
+#include "config_test_support.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cstdlib>
-#include <fstream>
-#include <functional>
-#include <map>
-#include <stdexcept>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace accel {
 namespace {
 
+using namespace config_test;
 using zero::Strategy;
 using WrapKind = zero::WrapPolicy::Kind;
-
-#define EXPECT_HAS(msg, part)                                                                   \
-  do {                                                                                          \
-    const std::string m_ = (msg);                                                               \
-    EXPECT_NE(m_.find(part), std::string::npos) << "expected '" << (part) << "' in: " << m_;    \
-  } while (0)
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "<no ConfigError thrown>";
-}
-
-AcceleratorConfig yaml(const std::string& text, const std::string& base = ".") {
-  return parse_accelerate_yaml(text, "t.yaml", base);
-}
-std::string yaml_error(const std::string& text, const std::string& base = ".") {
-  return error_of([&] { yaml(text, base); });
-}
-AcceleratorConfig ds(const std::string& text) { return parse_deepspeed_json(text, "ds.json"); }
-std::string ds_error(const std::string& text) {
-  return error_of([&] { ds(text); });
-}
-bool ignored(const AcceleratorConfig& c, const std::string& key) {
-  int n = 0;
-  for (const auto& e : c.ignored) n += e.rfind(key + ":", 0) == 0;
-  EXPECT_LE(n, 1) << key << " listed more than once";
-  return n == 1;
-}
-std::string ignored_entry(const AcceleratorConfig& c, const std::string& key) {
-  for (const auto& e : c.ignored)
-    if (e.rfind(key + ":", 0) == 0) return e;
-  return "";
-}
-
-// A directory of its own for this process (several ranks may run these tests at once). POSIX calls,
-// not std::filesystem: libtorch.so exports its own copy of those, and its remove_all crashes.
-class TempDir {
- public:
-  TempDir() {
-    std::string templ = "/tmp/accel_config_test_XXXXXX";
-    if (!::mkdtemp(templ.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = templ;
-  }
-  ~TempDir() {
-    for (const auto& f : files_) ::unlink(f.c_str());
-    ::rmdir(path_.c_str());
-  }
-  std::string write(const std::string& name, const std::string& text) {
-    const std::string p = path_ + "/" + name;
-    std::ofstream(p) << text;
-    files_.push_back(p);
-    return p;
-  }
-  const std::string& str() const { return path_; }
-
- private:
-  std::string path_;
-  std::vector<std::string> files_;
-};
-
-std::string file_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
-
-// Clears the launcher variables for the test and restores them afterwards.
-class EnvGuard {
- public:
-  EnvGuard() {
-    for (const char* n : {"ACCEL_CONFIG_FILE", "ACCEL_MIXED_PRECISION", "ACCEL_GRADIENT_ACCUMULATION_STEPS",
-                          "ACCEL_USE_CPU", "ACCEL_ZERO_STAGE", "ACCEL_FSDP_SHARDING_STRATEGY"}) {
-      const char* v = std::getenv(n);
-      saved_[n] = v ? std::optional<std::string>(v) : std::nullopt;
-      ::unsetenv(n);
-    }
-  }
-  ~EnvGuard() {
-    for (const auto& [n, v] : saved_) {
-      if (v)
-        ::setenv(n.c_str(), v->c_str(), 1);
-      else
-        ::unsetenv(n.c_str());
-    }
-  }
-  void set(const char* name, const std::string& value) { ::setenv(name, value.c_str(), 1); }
-
- private:
-  std::map<std::string, std::optional<std::string>> saved_;
-};
-
-std::string source_path(const std::string& rel) { return std::string(ACCEL_SOURCE_DIR) + "/" + rel; }
-
-// ---------------------------------------------------------------------------------------------------
-// Top-level keys
-
-TEST(ConfigYaml, MinimalIsDefaults) {
-  const auto c = yaml("distributed_type: NO\n");
-  EXPECT_EQ(c.distributed_type, DistributedType::No);
-  EXPECT_EQ(c.mixed_precision, MixedPrecision::No);
-  EXPECT_EQ(c.num_processes, 1);
-  EXPECT_EQ(c.num_machines, 1);
-  EXPECT_EQ(c.machine_rank, 0);
-  EXPECT_FALSE(c.use_cpu);
-  EXPECT_EQ(c.gradient_accumulation_steps, 1);
-  EXPECT_EQ(c.spec.strategy, Strategy::NoShard);
-  EXPECT_EQ(c.source, "t.yaml");
-  EXPECT_TRUE(c.ignored.empty());
-}
-
-TEST(ConfigYaml, DistributedTypeValid) {
-  EXPECT_EQ(yaml("distributed_type: MULTI_CPU\n").distributed_type, DistributedType::MultiCpu);
-  EXPECT_EQ(yaml("distributed_type: multi_gpu\n").distributed_type, DistributedType::MultiGpu);
-  const auto d = yaml("distributed_type: DEEPSPEED\n");
-  EXPECT_EQ(d.distributed_type, DistributedType::DeepSpeed);
-  EXPECT_EQ(d.spec.strategy, Strategy::Zero2);  // Accelerate's plugin default stage
-  const auto f = yaml("distributed_type: FSDP\n");
-  EXPECT_EQ(f.distributed_type, DistributedType::Fsdp);
-  EXPECT_EQ(f.spec.strategy, Strategy::Zero3);  // FULL_SHARD
-  EXPECT_TRUE(f.spec.reshard_after_forward);
-  EXPECT_EQ(f.spec.wrap.kind, WrapKind::Marked);
-  EXPECT_EQ(yaml("distributed_type: MULTI_CPU\n").spec.strategy, Strategy::NoShard);
-}
-
-TEST(ConfigYaml, DistributedTypeInvalid) {
-  auto m = yaml_error("distributed_type: MULTI_CPUS\n");
-  EXPECT_HAS(m, "t.yaml: distributed_type is 'MULTI_CPUS'");
-  EXPECT_HAS(m, "did you mean 'MULTI_CPU'?");
-  EXPECT_HAS(m, "allowed values: NO, MULTI_CPU, MULTI_GPU, DEEPSPEED, FSDP");
-  m = yaml_error("distributed_type: XLA\n");
-  EXPECT_HAS(m, "t.yaml: distributed_type is 'XLA', which accel does not support");
-  EXPECT_HAS(m, "allowed values: NO, MULTI_CPU");
-}
-
-TEST(ConfigYaml, MissingDistributedType) {
-  auto m = yaml_error("num_processes: 2\nmixed_precision: 'no'\n");
-  EXPECT_HAS(m, "t.yaml: missing required key 'distributed_type'");
-  EXPECT_HAS(m, "allowed values: NO, MULTI_CPU, MULTI_GPU, DEEPSPEED, FSDP");
-  EXPECT_HAS(yaml_error(""), "missing required key 'distributed_type'");
-}
-
-TEST(ConfigYaml, MixedPrecisionValid) {
-  EXPECT_EQ(yaml("distributed_type: NO\nmixed_precision: 'no'\n").mixed_precision, MixedPrecision::No);
-  EXPECT_EQ(yaml("distributed_type: NO\nmixed_precision: no\n").mixed_precision, MixedPrecision::No);
-  EXPECT_EQ(yaml("distributed_type: NO\nmixed_precision: fp16\n").mixed_precision, MixedPrecision::Fp16);
-  EXPECT_EQ(yaml("distributed_type: NO\nmixed_precision: BF16\n").mixed_precision, MixedPrecision::Bf16);
-  EXPECT_EQ(yaml("distributed_type: NO\nmixed_precision: fp8\n").mixed_precision, MixedPrecision::Fp8);
-  // Accelerate's legacy key.
-  EXPECT_EQ(yaml("distributed_type: NO\nfp16: true\n").mixed_precision, MixedPrecision::Fp16);
-}
-
-TEST(ConfigYaml, MixedPrecisionInvalid) {
-  auto m = yaml_error("distributed_type: NO\nmixed_precision: fp32\n");
-  EXPECT_HAS(m, "t.yaml: mixed_precision is 'fp32'");
-  EXPECT_HAS(m, "allowed values: no, fp16, bf16, fp8");
-  m = yaml_error("distributed_type: NO\nmixed_precision: bf16\nfp16: true\n");
-  EXPECT_HAS(m, "t.yaml: fp16 is true but mixed_precision is 'bf16'");
-}
-
-TEST(ConfigYaml, NumProcesses) {
-  EXPECT_EQ(yaml("distributed_type: MULTI_CPU\nnum_processes: 4\n").num_processes, 4);
-  auto m = yaml_error("distributed_type: MULTI_CPU\nnum_processes: two\n");
-  EXPECT_HAS(m, "t.yaml: num_processes is 'two', expected an integer >= 1");
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nnum_processes: 0\n"), "num_processes is '0', expected an integer >= 1");
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nnum_processes: 1.5\n"), "num_processes is '1.5'");
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nnum_processes: [1, 2]\n"), "num_processes is '[1, 2]'");
-}
-
-TEST(ConfigYaml, NumMachinesAndMachineRank) {
-  const auto c = yaml("distributed_type: MULTI_CPU\nnum_processes: 4\nnum_machines: 2\nmachine_rank: 1\n");
-  EXPECT_EQ(c.num_machines, 2);
-  EXPECT_EQ(c.machine_rank, 1);
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nnum_machines: 0\n"), "t.yaml: num_machines is '0', expected an integer >= 1");
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nnum_processes: 3\nnum_machines: 2\n"),
-             "num_processes is 3, expected a multiple of num_machines (2)");
-  auto m = yaml_error("distributed_type: MULTI_CPU\nnum_processes: 4\nnum_machines: 2\nmachine_rank: 2\n");
-  EXPECT_HAS(m, "t.yaml: machine_rank is 2, expected 0..1 (num_machines is 2)");
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nmachine_rank: -1\n"), "machine_rank is '-1', expected an integer >= 0");
-}
-
-TEST(ConfigYaml, MainProcessIpAndPort) {
-  const auto c = yaml("distributed_type: MULTI_CPU\nmain_process_ip: 10.1.2.3\nmain_process_port: 29500\n");
-  EXPECT_EQ(c.main_process_ip, "10.1.2.3");
-  EXPECT_EQ(c.main_process_port, 29500);
-  EXPECT_EQ(yaml("distributed_type: MULTI_CPU\nmain_process_ip: node-0.cluster\n").main_process_ip, "node-0.cluster");
-  // null, as older `accelerate config` wrote, is absent.
-  EXPECT_EQ(yaml("distributed_type: MULTI_CPU\nmain_process_ip: null\nmain_process_port: null\n").main_process_port, 0);
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nmain_process_ip: my host\n"),
-             "t.yaml: main_process_ip is 'my host', expected a host name or IP address");
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nmain_process_port: 70000\n"),
-             "t.yaml: main_process_port is '70000', expected a port number 0..65535");
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nmain_process_port: http\n"), "main_process_port is 'http'");
-}
-
-TEST(ConfigYaml, UseCpu) {
-  EXPECT_TRUE(yaml("distributed_type: MULTI_CPU\nuse_cpu: true\n").use_cpu);
-  EXPECT_FALSE(yaml("distributed_type: MULTI_CPU\nuse_cpu: false\n").use_cpu);
-  EXPECT_TRUE(yaml("distributed_type: MULTI_CPU\nuse_cpu: yes\n").use_cpu);
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nuse_cpu: maybe\n"),
-             "t.yaml: use_cpu is 'maybe', expected a boolean (true or false)");
-}
-
-TEST(ConfigYaml, GradientAccumulationSteps) {
-  EXPECT_EQ(yaml("distributed_type: MULTI_CPU\ngradient_accumulation_steps: 4\n").gradient_accumulation_steps, 4);
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\ngradient_accumulation_steps: 0\n"),
-             "t.yaml: gradient_accumulation_steps is '0', expected an integer >= 1");
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\ngradient_accumulation_steps: many\n"),
-             "gradient_accumulation_steps is 'many'");
-}
-
-TEST(ConfigYaml, ComputeEnvironment) {
-  EXPECT_EQ(yaml("compute_environment: LOCAL_MACHINE\ndistributed_type: NO\n").distributed_type, DistributedType::No);
-  EXPECT_HAS(yaml_error("compute_environment: AMAZON_SAGEMAKER\ndistributed_type: NO\n"),
-             "t.yaml: compute_environment is 'AMAZON_SAGEMAKER': accel does not launch SageMaker jobs");
-  EXPECT_HAS(yaml_error("compute_environment: CLOUD\ndistributed_type: NO\n"),
-             "compute_environment is 'CLOUD'; allowed values: LOCAL_MACHINE, AMAZON_SAGEMAKER");
-}
-
-TEST(ConfigYaml, UnknownKeyDidYouMean) {
-  auto m = yaml_error("distributed_type: MULTI_CPU\nnum_proceses: 2\n");
-  EXPECT_HAS(m, "t.yaml: unknown key 'num_proceses'; did you mean 'num_processes'?");
-  EXPECT_HAS(m, "(valid keys: compute_environment, distributed_type,");
-  m = yaml_error("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_stratgy: FULL_SHARD\n");
-  EXPECT_HAS(m, "t.yaml: unknown key 'fsdp_config.fsdp_sharding_stratgy'; did you mean 'fsdp_sharding_strategy'?");
-  EXPECT_HAS(m, "valid keys: fsdp_version, fsdp_sharding_strategy");
-  m = yaml_error("distributed_type: DEEPSPEED\ndeepspeed_config:\n  stage: 3\n");
-  EXPECT_HAS(m, "unknown key 'deepspeed_config.stage'; did you mean 'zero_stage'?");
-  m = yaml_error("distributed_type: NO\ncompletely_unrelated_thing: 1\n");
-  EXPECT_HAS(m, "unknown key 'completely_unrelated_thing' (valid keys:");
-}
-
-TEST(ConfigYaml, WrongShapeDuplicateAndSyntax) {
-  EXPECT_HAS(yaml_error("distributed_type: FSDP\nfsdp_config: FULL_SHARD\n"),
-             "t.yaml: fsdp_config is 'FULL_SHARD', expected a mapping of keys");
-  EXPECT_HAS(yaml_error("- a\n- b\n"), "t.yaml: the file is '[a, b]', expected a mapping of keys");
-  EXPECT_HAS(yaml_error("distributed_type: NO\ndistributed_type: FSDP\n"), "t.yaml: distributed_type is given twice");
-  EXPECT_HAS(yaml_error("distributed_type: [NO\n"), "t.yaml: not valid YAML at line");
-}
-
-TEST(ConfigYaml, PythonOnlyKeysAreIgnoredOnce) {
-  const auto c = yaml(R"(compute_environment: LOCAL_MACHINE
-debug: false
-distributed_type: MULTI_CPU
-downcast_bf16: 'no'
-dynamo_config:
-  dynamo_backend: INDUCTOR
-enable_cpu_affinity: false
-gpu_ids: all
-main_training_function: main
-megatron_lm_config: {}
-rdzv_backend: static
-same_network: true
-tpu_env: []
-tpu_name: my-tpu
-tpu_use_cluster: false
-tpu_use_sudo: false
-)");
-  for (const char* k : {"debug", "downcast_bf16", "dynamo_config", "enable_cpu_affinity", "gpu_ids",
-                        "main_training_function", "megatron_lm_config", "rdzv_backend", "same_network", "tpu_env",
-                        "tpu_name", "tpu_use_cluster", "tpu_use_sudo"})
-    EXPECT_TRUE(ignored(c, k)) << k;
-  EXPECT_EQ(c.ignored.front().rfind("debug:", 0), 0u) << "file order";
-  EXPECT_HAS(ignored_entry(c, "tpu_name"), "TPU only");
-  EXPECT_HAS(ignored_entry(c, "dynamo_config"), "Python only");
-}
-
-TEST(ConfigYaml, EmptyBlocksOfOtherTypesAreFine) {
-  // Older `accelerate config` wrote these empty blocks for every distributed type.
-  const auto c = yaml("distributed_type: MULTI_GPU\nfsdp_config: {}\ndeepspeed_config: {}\nfp8_config: {}\n");
-  EXPECT_EQ(c.distributed_type, DistributedType::MultiGpu);
-}
-
-TEST(ConfigYaml, BlocksUnderTheWrongDistributedType) {
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"),
-             "t.yaml: fsdp_config is set but distributed_type is MULTI_CPU; set distributed_type: FSDP");
-  EXPECT_HAS(yaml_error("distributed_type: FSDP\ndeepspeed_config:\n  zero_stage: 3\n"),
-             "t.yaml: deepspeed_config is set but distributed_type is FSDP; set distributed_type: DEEPSPEED");
-  EXPECT_HAS(yaml_error("distributed_type: FSDP\nparallelism_config:\n  parallelism_config_tp_size: 2\n"),
-             "t.yaml: parallelism_config is set");
-}
-
-TEST(ConfigYaml, JsonSyntaxAccelerateConfig) {
-  // Accelerate accepts .json configs: a JSON object with distributed_type is the YAML dialect.
-  TempDir dir;
-  const auto c = load_config_file(dir.write("acc.json", R"({"distributed_type": "FSDP", "num_processes": 2,
-    "fsdp_config": {"fsdp_sharding_strategy": "SHARD_GRAD_OP"}})"));
-  EXPECT_EQ(c.distributed_type, DistributedType::Fsdp);
-  EXPECT_EQ(c.spec.strategy, Strategy::Zero2);
-  EXPECT_EQ(c.num_processes, 2);
-}
-
-TEST(ConfigYaml, MissingFile) {
-  auto m = error_of([] { load_config_file("/nonexistent/accel.yaml"); });
-  EXPECT_HAS(m, "/nonexistent/accel.yaml: cannot read config file");
-}
-
-TEST(ConfigYaml, AccelerateTemplatesLoad) {
-  // The shape of Accelerate's FSDP template (no layer class names) and of `accelerate config default`.
-  const auto f = yaml(R"(compute_environment: LOCAL_MACHINE
-debug: false
-distributed_type: FSDP
-downcast_bf16: 'no'
-enable_cpu_affinity: false
-fsdp_config:
-  fsdp_activation_checkpointing: false
-  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
-  fsdp_backward_prefetch: BACKWARD_PRE
-  fsdp_cpu_ram_efficient_loading: true
-  fsdp_forward_prefetch: false
-  fsdp_offload_params: false
-  fsdp_sharding_strategy: FULL_SHARD
-  fsdp_state_dict_type: SHARDED_STATE_DICT
-  fsdp_sync_module_states: true
-  fsdp_use_orig_params: true
-machine_rank: 0
-main_training_function: main
-mixed_precision: bf16
-num_machines: 1
-num_processes: 8
-rdzv_backend: static
-same_network: true
-tpu_env: []
-tpu_use_cluster: false
-tpu_use_sudo: false
-use_cpu: false
-)");
-  EXPECT_EQ(f.spec.strategy, Strategy::Zero3);
-  EXPECT_EQ(f.spec.wrap.kind, WrapKind::Marked);
-  EXPECT_FALSE(f.spec.forward_prefetch);
-  EXPECT_EQ(f.state_dict_type, "SHARDED_STATE_DICT");
-  EXPECT_EQ(f.mixed_precision, MixedPrecision::Bf16);
-  EXPECT_EQ(f.num_processes, 8);
-  const auto d = yaml(R"({"compute_environment": "LOCAL_MACHINE", "debug": false, "distributed_type": "MULTI_GPU",
-    "downcast_bf16": false, "enable_cpu_affinity": false, "machine_rank": 0, "main_training_function": "main",
-    "mixed_precision": "no", "num_machines": 1, "num_processes": 8, "rdzv_backend": "static",
-    "same_network": false, "tpu_use_cluster": false, "tpu_use_sudo": false, "use_cpu": false})");
-  EXPECT_EQ(d.distributed_type, DistributedType::MultiGpu);
-  // The DeepSpeed plugin form (no JSON).
-  const auto z = yaml(R"(compute_environment: LOCAL_MACHINE
-deepspeed_config:
-  gradient_accumulation_steps: 1
-  gradient_clipping: 1.0
-  offload_optimizer_device: none
-  offload_param_device: none
-  zero3_init_flag: true
-  zero3_save_16bit_model: true
-  zero_stage: 3
-distributed_type: DEEPSPEED
-mixed_precision: bf16
-num_processes: 2
-)");
-  EXPECT_EQ(z.spec.strategy, Strategy::Zero3);
-  EXPECT_EQ(z.gradient_clipping, std::optional<double>(1.0));
-}
-
-// ---------------------------------------------------------------------------------------------------
-// fsdp_config
-
-AcceleratorConfig fsdp(const std::string& block) { return yaml("distributed_type: FSDP\nfsdp_config:\n" + block); }
-std::string fsdp_error(const std::string& block) { return yaml_error("distributed_type: FSDP\nfsdp_config:\n" + block); }
-
-TEST(ConfigFsdp, ShardingStrategyNamesAndNumbers) {
-  EXPECT_EQ(fsdp("  fsdp_sharding_strategy: FULL_SHARD\n").spec.strategy, Strategy::Zero3);
-  EXPECT_EQ(fsdp("  fsdp_sharding_strategy: SHARD_GRAD_OP\n").spec.strategy, Strategy::Zero2);
-  EXPECT_EQ(fsdp("  fsdp_sharding_strategy: no_shard\n").spec.strategy, Strategy::NoShard);
-  EXPECT_EQ(fsdp("  fsdp_sharding_strategy: HYBRID_SHARD\n").spec.strategy, Strategy::HybridShard);
-  EXPECT_EQ(fsdp("  fsdp_sharding_strategy: 1\n").spec.strategy, Strategy::Zero3);
-  EXPECT_EQ(fsdp("  fsdp_sharding_strategy: 2\n").spec.strategy, Strategy::Zero2);
-  EXPECT_EQ(fsdp("  fsdp_sharding_strategy: 3\n").spec.strategy, Strategy::NoShard);
-  EXPECT_EQ(fsdp("  fsdp_sharding_strategy: 4\n").spec.strategy, Strategy::HybridShard);
-  // Accelerate adds the fsdp_ prefix to keys without it.
-  EXPECT_EQ(fsdp("  sharding_strategy: SHARD_GRAD_OP\n").spec.strategy, Strategy::Zero2);
-}
-
-TEST(ConfigFsdp, ShardingStrategyInvalid) {
-  auto m = fsdp_error("  fsdp_sharding_strategy: FULL\n");
-  EXPECT_HAS(m, "t.yaml: fsdp_config.fsdp_sharding_strategy is 'FULL'");
-  EXPECT_HAS(m, "allowed values: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
-  EXPECT_HAS(fsdp_error("  fsdp_sharding_strategy: 7\n"), "fsdp_config.fsdp_sharding_strategy is '7', expected a strategy name");
-  for (const char* v : {"HYBRID_SHARD_ZERO2", "5"}) {
-    m = fsdp_error(std::string("  fsdp_sharding_strategy: ") + v + "\n");
-    EXPECT_HAS(m, "t.yaml: fsdp_config.fsdp_sharding_strategy is '");
-    EXPECT_HAS(m, "HYBRID_SHARD_ZERO2 is not supported yet; use HYBRID_SHARD");
-    EXPECT_HAS(m, "SHARD_GRAD_OP");
-  }
-}
-
-TEST(ConfigFsdp, ReshardAfterForward) {
-  auto c = fsdp("  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n");
-  EXPECT_EQ(c.fsdp_version, 2);
-  EXPECT_EQ(c.spec.strategy, Strategy::Zero3);
-  EXPECT_FALSE(c.spec.reshard_after_forward);
-  EXPECT_TRUE(fsdp("  fsdp_version: 2\n  fsdp_reshard_after_forward: true\n").spec.reshard_after_forward);
-  // FSDP1: Accelerate's newer questionnaire writes the strategy under this key.
-  EXPECT_EQ(fsdp("  fsdp_version: 1\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n").spec.strategy, Strategy::Zero2);
-  EXPECT_EQ(fsdp("  fsdp_reshard_after_forward: HYBRID_SHARD\n  fsdp_sharding_strategy: HYBRID_SHARD\n").spec.strategy,
-            Strategy::HybridShard);
-  EXPECT_HAS(fsdp_error("  fsdp_version: 2\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n"),
-             "t.yaml: fsdp_config.fsdp_reshard_after_forward is 'SHARD_GRAD_OP', expected a boolean (true or false) "
-             "with fsdp_version 2");
-  EXPECT_HAS(fsdp_error("  fsdp_reshard_after_forward: NO_SHARD\n  fsdp_sharding_strategy: FULL_SHARD\n"),
-             "fsdp_config.fsdp_reshard_after_forward is 'NO_SHARD' but fsdp_config.fsdp_sharding_strategy is 'FULL_SHARD'");
-  EXPECT_HAS(fsdp_error("  fsdp_reshard_after_forward: sometimes\n"), "fsdp_config.fsdp_reshard_after_forward is 'sometimes'");
-}
-
-TEST(ConfigFsdp, AutoWrapPolicy) {
-  auto c = fsdp("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: BlockImpl, MlpImpl\n");
-  EXPECT_EQ(c.spec.wrap.kind, WrapKind::TypeName);
-  EXPECT_EQ(c.spec.wrap.type_names, (std::vector<std::string>{"BlockImpl", "MlpImpl"}));
-  c = fsdp("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: [BlockImpl, MlpImpl]\n");
-  EXPECT_EQ(c.spec.wrap.type_names, (std::vector<std::string>{"BlockImpl", "MlpImpl"}));
-  // No names (as Accelerate's own template writes it): the modules the model marked with accel::unit,
-  // accel's counterpart of Transformers' _no_split_modules.
-  EXPECT_EQ(fsdp("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n").spec.wrap.kind, WrapKind::Marked);
-  c = fsdp("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1e8\n");
-  EXPECT_EQ(c.spec.wrap.kind, WrapKind::Size);
-  EXPECT_EQ(c.spec.wrap.min_num_params, 100000000);
-  EXPECT_EQ(fsdp("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 2000\n").spec.wrap.min_num_params, 2000);
-  EXPECT_EQ(fsdp("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n").spec.wrap.min_num_params, 100000000);
-  EXPECT_EQ(fsdp("  fsdp_auto_wrap_policy: NO_WRAP\n").spec.wrap.kind, WrapKind::None);
-  EXPECT_EQ(fsdp("  fsdp_offload_params: false\n").spec.wrap.kind, WrapKind::Marked);
-  // A layer list without the transformer policy is reported, not silently used.
-  c = fsdp("  fsdp_auto_wrap_policy: NO_WRAP\n  fsdp_transformer_layer_cls_to_wrap: BlockImpl\n");
-  EXPECT_TRUE(ignored(c, "fsdp_config.fsdp_transformer_layer_cls_to_wrap"));
-  c = fsdp("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: BlockImpl\n"
-           "  fsdp_min_num_params: 0\n");
-  EXPECT_TRUE(ignored(c, "fsdp_config.fsdp_min_num_params"));
-}
-
-TEST(ConfigFsdp, AutoWrapPolicyInvalid) {
-  auto m = fsdp_error("  fsdp_auto_wrap_policy: LAYER_WRAP\n");
-  EXPECT_HAS(m, "t.yaml: fsdp_config.fsdp_auto_wrap_policy is 'LAYER_WRAP'");
-  EXPECT_HAS(m, "allowed values: TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP");
-  EXPECT_HAS(fsdp_error("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: {a: b}\n"),
-             "t.yaml: fsdp_config.fsdp_transformer_layer_cls_to_wrap is '{a: b}', expected module type names");
-  EXPECT_HAS(fsdp_error("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: [[A]]\n"),
-             "fsdp_config.fsdp_transformer_layer_cls_to_wrap is '[[A]]'");
-  EXPECT_HAS(fsdp_error("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1.5\n"),
-             "t.yaml: fsdp_config.fsdp_min_num_params is '1.5', expected an integer >= 0");
-  EXPECT_HAS(fsdp_error("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: -5\n"),
-             "fsdp_config.fsdp_min_num_params is '-5'");
-}
-
-TEST(ConfigFsdp, Prefetch) {
-  EXPECT_TRUE(fsdp("  fsdp_backward_prefetch: BACKWARD_PRE\n").spec.backward_prefetch);
-  EXPECT_TRUE(fsdp("  fsdp_backward_prefetch: BACKWARD_POST\n").spec.backward_prefetch);
-  EXPECT_FALSE(fsdp("  fsdp_backward_prefetch: NO_PREFETCH\n").spec.backward_prefetch);
-  EXPECT_FALSE(fsdp("  fsdp_backward_prefetch_policy: NO_PREFETCH\n").spec.backward_prefetch);  // old name
-  EXPECT_HAS(fsdp_error("  fsdp_backward_prefetch: BEFORE\n"),
-             "t.yaml: fsdp_config.fsdp_backward_prefetch is 'BEFORE'; allowed values: BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH");
-  EXPECT_FALSE(fsdp("  fsdp_forward_prefetch: false\n").spec.forward_prefetch);
-  EXPECT_TRUE(fsdp("  fsdp_forward_prefetch: true\n").spec.forward_prefetch);
-  EXPECT_HAS(fsdp_error("  fsdp_forward_prefetch: often\n"),
-             "fsdp_config.fsdp_forward_prefetch is 'often', expected a boolean");
-}
-
-TEST(ConfigFsdp, OffloadParams) {
-  auto c = fsdp("  fsdp_offload_params: true\n");
-  EXPECT_EQ(c.offload_param_device, "cpu");
-  EXPECT_EQ(c.offload_optimizer_device, "cpu");
-  EXPECT_EQ(fsdp("  fsdp_offload_params: false\n").offload_param_device, "none");
-  EXPECT_HAS(fsdp_error("  fsdp_offload_params: cpu\n"), "fsdp_config.fsdp_offload_params is 'cpu', expected a boolean");
-}
-
-TEST(ConfigFsdp, StateDictType) {
-  EXPECT_EQ(fsdp("  fsdp_state_dict_type: SHARDED_STATE_DICT\n").state_dict_type, "SHARDED_STATE_DICT");
-  EXPECT_EQ(fsdp("  fsdp_state_dict_type: LOCAL_STATE_DICT\n").state_dict_type, "LOCAL_STATE_DICT");
-  EXPECT_EQ(fsdp("  fsdp_version: 1\n").state_dict_type, "FULL_STATE_DICT");
-  EXPECT_HAS(fsdp_error("  fsdp_state_dict_type: FULL\n"),
-             "fsdp_config.fsdp_state_dict_type is 'FULL'; did you mean 'FULL_STATE_DICT'?");
-  EXPECT_HAS(fsdp_error("  fsdp_version: 2\n  fsdp_state_dict_type: LOCAL_STATE_DICT\n"),
-             "which FSDP version 2 does not have; allowed values: FULL_STATE_DICT, SHARDED_STATE_DICT");
-}
-
-TEST(ConfigFsdp, ActivationCheckpointingAndVersion) {
-  EXPECT_TRUE(fsdp("  fsdp_activation_checkpointing: true\n").activation_checkpointing);
-  EXPECT_HAS(fsdp_error("  fsdp_activation_checkpointing: 2\n"),
-             "fsdp_config.fsdp_activation_checkpointing is '2', expected a boolean");
-  EXPECT_EQ(fsdp("  fsdp_version: 2\n").fsdp_version, 2);
-  EXPECT_EQ(fsdp("  fsdp_version: '1'\n").fsdp_version, 1);
-  EXPECT_HAS(fsdp_error("  fsdp_version: 3\n"), "t.yaml: fsdp_config.fsdp_version is '3', expected 1 or 2");
-}
-
-TEST(ConfigFsdp, PythonOnlyKeysAreIgnored) {
-  const auto c = fsdp("  fsdp_sync_module_states: true\n  fsdp_use_orig_params: true\n"
-                      "  fsdp_cpu_ram_efficient_loading: false\n");
-  EXPECT_TRUE(ignored(c, "fsdp_config.fsdp_sync_module_states"));
-  EXPECT_TRUE(ignored(c, "fsdp_config.fsdp_use_orig_params"));
-  EXPECT_TRUE(ignored(c, "fsdp_config.fsdp_cpu_ram_efficient_loading"));
-  EXPECT_HAS(ignored_entry(c, "fsdp_config.fsdp_sync_module_states"), "rank 0's weights");
-  EXPECT_HAS(fsdp_error("  fsdp_use_orig_params: perhaps\n"), "fsdp_config.fsdp_use_orig_params is 'perhaps', expected a boolean");
-}
-
-// ---------------------------------------------------------------------------------------------------
-// deepspeed_config (without a JSON)
-
-AcceleratorConfig dsy(const std::string& block) { return yaml("distributed_type: DEEPSPEED\ndeepspeed_config:\n" + block); }
-std::string dsy_error(const std::string& block) {
-  return yaml_error("distributed_type: DEEPSPEED\ndeepspeed_config:\n" + block);
-}
-
-TEST(ConfigDeepSpeedYaml, ZeroStage) {
-  EXPECT_EQ(dsy("  zero_stage: 0\n").spec.strategy, Strategy::NoShard);
-  EXPECT_EQ(dsy("  zero_stage: 1\n").spec.strategy, Strategy::Zero1);
-  EXPECT_EQ(dsy("  zero_stage: 3\n").spec.strategy, Strategy::Zero3);
-  EXPECT_EQ(dsy("  zero3_init_flag: false\n").spec.strategy, Strategy::Zero2);
-  EXPECT_HAS(dsy_error("  zero_stage: 4\n"), "t.yaml: deepspeed_config.zero_stage is '4', expected 0, 1, 2 or 3");
-  EXPECT_HAS(dsy_error("  zero_stage: three\n"), "deepspeed_config.zero_stage is 'three'");
-}
-
-TEST(ConfigDeepSpeedYaml, OffloadDevices) {
-  auto c = dsy("  zero_stage: 3\n  offload_optimizer_device: cpu\n  offload_param_device: cpu\n");
-  EXPECT_EQ(c.offload_optimizer_device, "cpu");
-  EXPECT_EQ(c.offload_param_device, "cpu");
-  EXPECT_EQ(dsy("  offload_optimizer_device: nvme\n").offload_optimizer_device, "nvme");
-  EXPECT_EQ(dsy("  offload_optimizer_device: none\n").offload_optimizer_device, "none");
-  EXPECT_HAS(dsy_error("  offload_optimizer_device: disk\n"),
-             "t.yaml: deepspeed_config.offload_optimizer_device is 'disk'; allowed values: none, cpu, nvme");
-  EXPECT_HAS(dsy_error("  offload_param_device: gpu\n"), "deepspeed_config.offload_param_device is 'gpu'");
-  EXPECT_HAS(dsy_error("  zero_stage: 2\n  offload_param_device: cpu\n"),
-             "deepspeed_config.offload_param_device is 'cpu', which needs zero_stage 3 (zero_stage is 2)");
-}
-
-TEST(ConfigDeepSpeedYaml, AccumulationClippingAndSave) {
-  auto c = dsy("  gradient_accumulation_steps: 4\n  gradient_clipping: 1.0\n  zero3_save_16bit_model: true\n");
-  EXPECT_EQ(c.gradient_accumulation_steps, 4);
-  EXPECT_EQ(c.batch.gradient_accumulation_steps, std::optional<std::int64_t>(4));
-  EXPECT_EQ(c.gradient_clipping, std::optional<double>(1.0));
-  EXPECT_TRUE(c.zero3_save_16bit_model);
-  c = dsy("  gradient_accumulation_steps: auto\n  gradient_clipping: auto\n");
-  EXPECT_FALSE(c.batch.gradient_accumulation_steps.has_value());
-  EXPECT_FALSE(c.gradient_clipping.has_value());
-  EXPECT_HAS(dsy_error("  gradient_accumulation_steps: 0\n"),
-             "t.yaml: deepspeed_config.gradient_accumulation_steps is '0', expected an integer >= 1 or auto");
-  EXPECT_HAS(dsy_error("  gradient_clipping: -1\n"), "deepspeed_config.gradient_clipping is '-1', expected a number >= 0");
-  EXPECT_HAS(dsy_error("  gradient_clipping: big\n"), "deepspeed_config.gradient_clipping is 'big'");
-  EXPECT_HAS(dsy_error("  zero3_save_16bit_model: maybe\n"), "deepspeed_config.zero3_save_16bit_model is 'maybe', expected a boolean");
-  // The top-level accumulation (accel extension) and the DeepSpeed one must agree.
-  EXPECT_EQ(yaml("distributed_type: DEEPSPEED\ngradient_accumulation_steps: 2\n").batch.gradient_accumulation_steps,
-            std::optional<std::int64_t>(2));
-  EXPECT_HAS(yaml_error("distributed_type: DEEPSPEED\ngradient_accumulation_steps: 2\ndeepspeed_config:\n"
-                        "  gradient_accumulation_steps: 4\n"),
-             "gradient_accumulation_steps is 2 but deepspeed_config.gradient_accumulation_steps is 4");
-}
-
-TEST(ConfigDeepSpeedYaml, LauncherKeysAreIgnored) {
-  const auto c = dsy("  zero3_init_flag: true\n  deepspeed_multinode_launcher: standard\n  deepspeed_hostfile: /job/hostfile\n");
-  EXPECT_TRUE(ignored(c, "deepspeed_config.zero3_init_flag"));
-  EXPECT_TRUE(ignored(c, "deepspeed_config.deepspeed_multinode_launcher"));
-  EXPECT_TRUE(ignored(c, "deepspeed_config.deepspeed_hostfile"));
-}
-
-// ---------------------------------------------------------------------------------------------------
-// deepspeed_config.deepspeed_config_file: the YAML names a DeepSpeed JSON
-
-const char* kZero3Json = R"({
-  "train_micro_batch_size_per_gpu": 4,
-  "gradient_accumulation_steps": 2,
-  "gradient_clipping": 1.0,
-  "bf16": {"enabled": true},
-  "zero_optimization": {"stage": 3, "overlap_comm": true, "reduce_bucket_size": 1e6}
-})";
-
-TEST(ConfigDeepSpeedFile, LoadsTheJsonBesideTheYaml) {
-  TempDir dir;
-  dir.write("z3.json", kZero3Json);
-  const std::string yml = dir.write("z3.yaml", "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
-                                               "  deepspeed_config_file: z3.json\n  zero3_init_flag: false\n");
-  const auto c = load_config_file(yml);
-  EXPECT_EQ(c.distributed_type, DistributedType::DeepSpeed);
-  EXPECT_EQ(c.spec.strategy, Strategy::Zero3);
-  EXPECT_EQ(c.spec.bucket_bytes, 4000000);
-  EXPECT_EQ(c.mixed_precision, MixedPrecision::Bf16);
-  EXPECT_EQ(c.gradient_accumulation_steps, 2);
-  EXPECT_EQ(c.batch.micro_batch_per_gpu, std::optional<std::int64_t>(4));
-  EXPECT_EQ(c.gradient_clipping, std::optional<double>(1.0));
-  EXPECT_EQ(c.num_processes, 2);
-  EXPECT_EQ(c.deepspeed_config_file, dir.str() + "/z3.json");
-  EXPECT_HAS(c.source, "z3.yaml");
-  EXPECT_HAS(c.source, "z3.json");
-  EXPECT_TRUE(ignored(c, "zero_optimization.overlap_comm"));
-  EXPECT_TRUE(ignored(c, "deepspeed_config.zero3_init_flag"));
-}
-
-TEST(ConfigDeepSpeedFile, MissingJson) {
-  TempDir dir;
-  auto m = yaml_error("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: nope.json\n", dir.str());
-  EXPECT_HAS(m, "t.yaml: deepspeed_config.deepspeed_config_file is 'nope.json', which is neither in the working directory");
-  m = yaml_error("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: /nonexistent/ds.json\n");
-  EXPECT_HAS(m, "deepspeed_config.deepspeed_config_file is '/nonexistent/ds.json', which does not exist");
-}
-
-TEST(ConfigDeepSpeedFile, ErrorsInTheJsonNameTheJson) {
-  TempDir dir;
-  const std::string json = dir.write("bad.json", R"({"zero_optimization": {"stage": 5}})");
-  auto m = yaml_error("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: " + json + "\n");
-  EXPECT_HAS(m, json + ": zero_optimization.stage is '5', expected 0, 1, 2 or 3");
-}
-
-TEST(ConfigDeepSpeedFile, KeysTheJsonDecidesAreContradictions) {
-  TempDir dir;
-  const std::string json = dir.write("z3.json", kZero3Json);
-  const std::string head = "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: " + json + "\n";
-  for (const char* line : {"  zero_stage: 3\n", "  offload_optimizer_device: cpu\n", "  offload_param_device: none\n",
-                           "  gradient_accumulation_steps: 2\n", "  gradient_clipping: 1.0\n",
-                           "  zero3_save_16bit_model: true\n"}) {
-    const std::string key = std::string(line).substr(2, std::string(line).find(':') - 2);
-    auto m = yaml_error(head + line);
-    EXPECT_HAS(m, "t.yaml: the following keys are set in both t.yaml and " + json);
-    EXPECT_HAS(m, "deepspeed_config." + key);
-    EXPECT_HAS(m, "remove them from the YAML");
-  }
-  auto m = yaml_error(head + "  zero_stage: 3\n  gradient_clipping: 1.0\n");
-  EXPECT_HAS(m, "deepspeed_config.zero_stage, deepspeed_config.gradient_clipping");
-}
-
-TEST(ConfigDeepSpeedFile, MixedPrecisionAgainstTheJson) {
-  TempDir dir;
-  const std::string bf16 = dir.write("bf16.json", kZero3Json);
-  const std::string autop = dir.write("auto.json", R"({"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}})");
-  const std::string fp32 = dir.write("fp32.json", R"({"zero_optimization": {"stage": 1}})");
-  auto with = [](const std::string& mp, const std::string& json) {
-    return "distributed_type: DEEPSPEED\nmixed_precision: " + mp + "\ndeepspeed_config:\n  deepspeed_config_file: " +
-           json + "\n";
-  };
-  EXPECT_EQ(yaml(with("'no'", bf16)).mixed_precision, MixedPrecision::Bf16);  // 'no' = not set: the JSON decides
-  EXPECT_EQ(yaml(with("bf16", bf16)).mixed_precision, MixedPrecision::Bf16);  // agree
-  EXPECT_EQ(yaml(with("fp16", autop)).mixed_precision, MixedPrecision::Fp16);  // "auto": the YAML decides
-  EXPECT_EQ(yaml(with("'no'", autop)).mixed_precision, MixedPrecision::No);
-  auto m = yaml_error(with("fp16", bf16));
-  EXPECT_HAS(m, "the following keys are set in both t.yaml and " + bf16);
-  EXPECT_HAS(m, "mixed_precision ('fp16' in the YAML, 'bf16' in the JSON)");
-  EXPECT_HAS(yaml_error(with("bf16", fp32)), "mixed_precision ('bf16' in the YAML, 'no' in the JSON)");
-}
-
-TEST(ConfigDeepSpeedFile, TopLevelAccumulationAgainstTheJson) {
-  TempDir dir;
-  const std::string fixed = dir.write("ga2.json", kZero3Json);
-  const std::string autog = dir.write("auto.json", R"({"gradient_accumulation_steps": "auto"})");
-  auto with = [](int ga, const std::string& json) {
-    return "distributed_type: DEEPSPEED\ngradient_accumulation_steps: " + std::to_string(ga) +
-           "\ndeepspeed_config:\n  deepspeed_config_file: " + json + "\n";
-  };
-  const auto c = yaml(with(8, autog));
-  EXPECT_EQ(c.gradient_accumulation_steps, 8);
-  EXPECT_EQ(c.batch.gradient_accumulation_steps, std::optional<std::int64_t>(8));
-  EXPECT_EQ(yaml(with(2, fixed)).gradient_accumulation_steps, 2);
-  EXPECT_HAS(yaml_error(with(3, fixed)), "gradient_accumulation_steps (3 in the YAML, 2 in the JSON)");
-}
-
-// ---------------------------------------------------------------------------------------------------
-// fp8_config
-
-TEST(ConfigFp8, Keys) {
-  const auto c = yaml(R"(distributed_type: FSDP
-mixed_precision: fp8
-fp8_config:
-  backend: te
-  fp8_format: E4M3
-  amax_history_len: 16
-  amax_compute_algo: most_recent
-  margin: 1
-  interval: 2
-  use_autocast_during_eval: true
-  enable_fsdp_float8_all_gather: false
-  pad_inner_dim: false
-  override_linear_precision: [false, false, false]
-)");
-  EXPECT_EQ(c.mixed_precision, MixedPrecision::Fp8);
-  EXPECT_EQ(c.fp8.backend, "TE");
-  EXPECT_EQ(c.fp8.fp8_format, "E4M3");
-  EXPECT_EQ(c.fp8.amax_history_len, 16);
-  EXPECT_EQ(c.fp8.amax_compute_algo, "most_recent");
-  EXPECT_EQ(c.fp8.margin, 1);
-  EXPECT_EQ(c.fp8.interval, 2);
-  EXPECT_TRUE(c.fp8.use_autocast_during_eval);
-  EXPECT_FALSE(c.fp8.enable_fsdp_float8_all_gather);
-  EXPECT_FALSE(c.fp8.pad_inner_dim);
-  EXPECT_TRUE(ignored(c, "fp8_config.override_linear_precision"));
-  // The names `accelerate config` writes.
-  const auto q = yaml("distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  amax_history_length: 8\n"
-                      "  amax_compute_algorithm: max\n  optimization_level: O2\n");
-  EXPECT_EQ(q.fp8.amax_history_len, 8);
-  EXPECT_TRUE(ignored(q, "fp8_config.optimization_level"));
-  const auto d = yaml("distributed_type: NO\nmixed_precision: fp8\n");
-  EXPECT_EQ(d.fp8.fp8_format, "HYBRID");
-  EXPECT_EQ(d.fp8.amax_history_len, 1024);
-}
-
-TEST(ConfigFp8, Invalid) {
-  const std::string head = "distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n";
-  EXPECT_HAS(yaml_error(head + "  backend: XYZ\n"), "t.yaml: fp8_config.backend is 'XYZ'; allowed values: AO, TE, MSAMP");
-  EXPECT_HAS(yaml_error(head + "  fp8_format: E3M4\n"), "fp8_config.fp8_format is 'E3M4'; did you mean 'E4M3'?");
-  EXPECT_HAS(yaml_error(head + "  amax_history_len: 0\n"), "fp8_config.amax_history_len is '0', expected an integer >= 1");
-  EXPECT_HAS(yaml_error(head + "  amax_compute_algo: average\n"),
-             "fp8_config.amax_compute_algo is 'average'; allowed values: max, most_recent");
-  EXPECT_HAS(yaml_error(head + "  margin: -1\n"), "fp8_config.margin is '-1', expected an integer >= 0");
-  EXPECT_HAS(yaml_error(head + "  interval: 0\n"), "fp8_config.interval is '0', expected an integer >= 1");
-  EXPECT_HAS(yaml_error(head + "  pad_inner_dim: sure\n"), "fp8_config.pad_inner_dim is 'sure', expected a boolean");
-  EXPECT_HAS(yaml_error(head + "  use_autocast_during_eval: 3\n"), "fp8_config.use_autocast_during_eval is '3'");
-  EXPECT_HAS(yaml_error(head + "  enable_fsdp_float8_all_gather: x\n"), "fp8_config.enable_fsdp_float8_all_gather is 'x'");
-  EXPECT_HAS(yaml_error(head + "  amax_histroy_len: 3\n"),
-             "unknown key 'fp8_config.amax_histroy_len'; did you mean 'amax_history_len'?");
-  EXPECT_HAS(yaml_error("distributed_type: NO\nmixed_precision: bf16\nfp8_config:\n  backend: TE\n"),
-             "t.yaml: fp8_config is set but mixed_precision is 'bf16'; set mixed_precision: fp8");
-}
-
-// ---------------------------------------------------------------------------------------------------
-// DeepSpeed JSON on its own
-
-TEST(ConfigJson, Stage) {
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 0}})").spec.strategy, Strategy::NoShard);
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 1}})").spec.strategy, Strategy::Zero1);
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2}})").spec.strategy, Strategy::Zero2);
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 3.0}})").spec.strategy, Strategy::Zero3);
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": "auto"}})").spec.strategy, Strategy::NoShard);  // DeepSpeed's default
-  EXPECT_EQ(ds(R"({"train_batch_size": 8})").spec.strategy, Strategy::NoShard);
-  EXPECT_EQ(ds(R"({"zero_optimization": true})").spec.strategy, Strategy::Zero1);  // legacy bool form
-  const auto c = ds("{}");
-  EXPECT_EQ(c.distributed_type, DistributedType::DeepSpeed);
-  EXPECT_EQ(c.source, "ds.json");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 4}})"), "ds.json: zero_optimization.stage is '4', expected 0, 1, 2 or 3");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 1.5}})"), "zero_optimization.stage is '1.5', expected an integer");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": "two"}})"), "zero_optimization.stage is 'two', expected an integer");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": 3})"), "ds.json: zero_optimization is '3', expected an object");
-}
-
-TEST(ConfigJson, AliasesAutoAndFloats) {
-  auto c = ds(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5e8, "max_live_parameters": 1e9}})");
-  EXPECT_TRUE(ignored(c, "zero_optimization.stage3_prefetch_bucket_size"));
-  EXPECT_TRUE(ignored(c, "zero_optimization.max_live_parameters"));
-  c = ds(R"({"zero_optimization": {"stage": 2, "prefetch_bucket_size": 100}})");
-  EXPECT_TRUE(ignored(c, "zero_optimization.prefetch_bucket_size"));
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"prefetch_bucket_size": 1, "stage3_prefetch_bucket_size": 2}})"),
-             "ds.json: both 'zero_optimization.prefetch_bucket_size' and its alias "
-             "'zero_optimization.stage3_prefetch_bucket_size' are given");
-  // 5e8 elements -> bytes; "auto" keeps accel's default bucket.
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}})").spec.bucket_bytes, 2000000000);
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}})").spec.bucket_bytes,
-            zero::ShardingSpec().bucket_bytes);
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto"}})").ignored.size(), 0u);
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"reduce_bucket_size": 1.5}})"),
-             "ds.json: zero_optimization.reduce_bucket_size is '1.5', expected an integer");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"overlap_comm": "yes"}})"),
-             "zero_optimization.overlap_comm is 'yes', expected a boolean");
-}
-
-TEST(ConfigJson, UnknownKeys) {
-  auto m = ds_error(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_sise": 5e8}})");
-  EXPECT_HAS(m, "ds.json: unknown key 'zero_optimization.stage3_prefetch_bucket_sise'; did you mean "
-                "'stage3_prefetch_bucket_size'?");
-  m = ds_error(R"({"train_micro_batch_size_per_gpus": 4})");
-  EXPECT_HAS(m, "ds.json: unknown key 'train_micro_batch_size_per_gpus'; did you mean 'train_micro_batch_size_per_gpu'?");
-  EXPECT_HAS(ds_error(R"({"fp16": {"enabled": true, "initial_scale_pow": 8}})"),
-             "unknown key 'fp16.initial_scale_pow'; did you mean 'initial_scale_power'?");
-  EXPECT_HAS(ds_error(R"({"bf16": {"enable": true}})"), "unknown key 'bf16.enable'; did you mean 'enabled'?");
-}
-
-TEST(ConfigJson, PythonOnlyTopLevelKeysAreIgnored) {
-  const auto c = ds(R"({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
-    "scheduler": {"type": "WarmupLR"}, "steps_per_print": 10, "wall_clock_breakdown": false,
-    "zero_allow_untested_optimizer": true, "activation_checkpointing": {}, "tensorboard": {"enabled": false},
-    "prescale_gradients": false, "data_types": {"grad_accum_dtype": "fp32"}, "checkpoint": {}})");
-  EXPECT_HAS(ignored_entry(c, "optimizer"), "accel uses the optimizer/scheduler passed to prepare()");
-  EXPECT_HAS(ignored_entry(c, "scheduler"), "accel uses the optimizer/scheduler passed to prepare()");
-  for (const char* k : {"steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
-                        "activation_checkpointing", "tensorboard", "prescale_gradients", "data_types", "checkpoint"})
-    EXPECT_TRUE(ignored(c, k)) << k;
-}
-
-TEST(ConfigJson, TransformersZero3Example) {
-  // The shape of the ZeRO-3 config in Transformers' DeepSpeed guide.
-  const auto c = ds(R"({
-    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
-             "hysteresis": 2, "min_loss_scale": 1},
-    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
-    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
-                                                 "warmup_num_steps": "auto"}},
-    "zero_optimization": {
-      "stage": 3,
-      "offload_optimizer": {"device": "cpu", "pin_memory": true},
-      "offload_param": {"device": "cpu", "pin_memory": true},
-      "overlap_comm": true,
-      "contiguous_gradients": true,
-      "sub_group_size": 1e9,
-      "reduce_bucket_size": "auto",
-      "stage3_prefetch_bucket_size": "auto",
-      "stage3_param_persistence_threshold": "auto",
-      "stage3_max_live_parameters": 1e9,
-      "stage3_max_reuse_distance": 1e9,
-      "stage3_gather_16bit_weights_on_model_save": true
-    },
-    "gradient_accumulation_steps": "auto",
-    "gradient_clipping": "auto",
-    "steps_per_print": 2000,
-    "train_batch_size": "auto",
-    "train_micro_batch_size_per_gpu": "auto",
-    "wall_clock_breakdown": false
-  })");
-  EXPECT_EQ(c.spec.strategy, Strategy::Zero3);
-  EXPECT_EQ(c.offload_param_device, "cpu");
-  EXPECT_EQ(c.mixed_precision, MixedPrecision::No);
-  EXPECT_TRUE(c.zero3_save_16bit_model);
-  EXPECT_TRUE(ignored(c, "zero_optimization.stage3_max_live_parameters"));
-}
-
-TEST(ConfigJson, SyntaxDuplicatesAndShape) {
-  EXPECT_HAS(ds_error(R"({"train_batch_size": 8,})"), "ds.json: not valid JSON");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 1, "stage": 2}})"),
-             "ds.json: duplicate key 'zero_optimization.stage'");
-  EXPECT_HAS(ds_error("[1, 2]"), "ds.json: a DeepSpeed config is a JSON object");
-}
-
-TEST(ConfigJson, Offload) {
-  auto c = ds(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true},
-                                      "offload_param": {"device": "nvme", "nvme_path": "/local"}}})");
-  EXPECT_EQ(c.offload_optimizer_device, "cpu");
-  EXPECT_EQ(c.offload_param_device, "nvme");
-  EXPECT_TRUE(ignored(c, "zero_optimization.offload_optimizer.pin_memory"));
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2, "offload_optimizer": null}})").offload_optimizer_device, "none");
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}})").offload_optimizer_device, "none");
-  // Deprecated aliases.
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2, "cpu_offload": true}})").offload_optimizer_device, "cpu");
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2, "cpu_offload": false}})").offload_optimizer_device, "none");
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 3, "cpu_offload_param": true}})").offload_param_device, "cpu");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"cpu_offload": true, "offload_optimizer": {"device": "cpu"}}})"),
-             "ds.json: both the deprecated 'zero_optimization.cpu_offload' and its replacement "
-             "'zero_optimization.offload_optimizer' are given");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}})"),
-             "ds.json: zero_optimization.offload_optimizer.device is 'disk'; allowed values: none, cpu, nvme");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memroy": true}}})"),
-             "unknown key 'zero_optimization.offload_optimizer.pin_memroy'; did you mean 'pin_memory'?");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})"),
-             "zero_optimization.offload_param offloads parameters to 'cpu', which needs stage 3");
-}
-
-TEST(ConfigJson, Gather16BitWeights) {
-  EXPECT_TRUE(ds(R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": true}})").zero3_save_16bit_model);
-  EXPECT_TRUE(ds(R"({"zero_optimization": {"stage": 3, "gather_16bit_weights_on_model_save": true}})").zero3_save_16bit_model);
-  EXPECT_TRUE(ds(R"({"zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": true}})").zero3_save_16bit_model);
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage3_gather_fp16_weights_on_model_save": true,
-                                                "stage3_gather_16bit_weights_on_model_save": true}})"),
-             "both the deprecated 'zero_optimization.stage3_gather_fp16_weights_on_model_save'");
-}
-
-TEST(ConfigJson, Fp16LossScaler) {
-  const auto c = ds(R"({"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500,
-                                "hysteresis": 3, "consecutive_hysteresis": true, "min_loss_scale": 0.5}})");
-  EXPECT_EQ(c.mixed_precision, MixedPrecision::Fp16);
-  EXPECT_EQ(c.loss_scaler.loss_scale, 0);
-  EXPECT_EQ(c.loss_scaler.initial_scale_power, 12);
-  EXPECT_EQ(c.loss_scaler.loss_scale_window, 500);
-  EXPECT_EQ(c.loss_scaler.hysteresis, 3);
-  EXPECT_TRUE(c.loss_scaler.consecutive_hysteresis);
-  EXPECT_EQ(c.loss_scaler.min_loss_scale, 0.5);
-  EXPECT_EQ(ds(R"({"fp16": {"enabled": true, "loss_scale": 128}})").loss_scaler.loss_scale, 128);
-  const auto d = ds(R"({"fp16": {"enabled": true, "initial_scale_power": "auto"}})");
-  EXPECT_EQ(d.loss_scaler.initial_scale_power, 16);  // "auto" -> DeepSpeed's default
-  EXPECT_EQ(ds(R"({"fp16": {"enabled": false}})").mixed_precision, MixedPrecision::No);
-  EXPECT_EQ(ds(R"({"fp16": {"enabled": "auto"}})").mixed_precision, MixedPrecision::No);
-  EXPECT_HAS(ds_error(R"({"fp16": {"enabled": true, "loss_scale": -1}})"), "ds.json: fp16.loss_scale is '-1', expected a number >= 0");
-  EXPECT_HAS(ds_error(R"({"fp16": {"loss_scale_window": 0}})"), "fp16.loss_scale_window is '0', expected an integer >= 1");
-  EXPECT_HAS(ds_error(R"({"fp16": {"min_loss_scale": 0}})"), "fp16.min_loss_scale is '0', expected a number > 0");
-  EXPECT_HAS(ds_error(R"({"fp16": {"hysteresis": 1.5}})"), "fp16.hysteresis is '1.5', expected an integer");
-  EXPECT_HAS(ds_error(R"({"fp16": {"enabled": "yes"}})"), "fp16.enabled is 'yes', expected a boolean");
-}
-
-TEST(ConfigJson, Bf16AndBoth) {
-  EXPECT_EQ(ds(R"({"bf16": {"enabled": true}})").mixed_precision, MixedPrecision::Bf16);
-  EXPECT_EQ(ds(R"({"bfloat16": {"enabled": true}})").mixed_precision, MixedPrecision::Bf16);
-  // bf16 master weights are an option (read, not ignored); bf16_optimizer_states follows them.
-  EXPECT_FALSE(ds(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": false}})").spec.master_dtype.has_value());
-  EXPECT_EQ(ds(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}})").spec.master_dtype,
-            c10::ScalarType::BFloat16);
-  EXPECT_FALSE(ds(R"({"bf16": {"enabled": false, "bf16_master_weights_and_grads": true}})").spec.master_dtype.has_value());
-  EXPECT_TRUE(ignored(ds(R"({"bf16": {"enabled": true, "bf16_optimizer_states": true}})"), "bf16.bf16_optimizer_states"));
-  auto m = ds_error(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})");
-  EXPECT_HAS(m, "ds.json: fp16.enabled and bf16.enabled are both true; enable at most one");
-  EXPECT_HAS(ds_error(R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": true}})"), "its alias 'bfloat16'");
-  EXPECT_HAS(ds_error(R"({"bf16": true})"), "ds.json: bf16 is 'true', expected an object");
-}
-
-TEST(ConfigJson, CommunicationDataTypeAndClipping) {
-  EXPECT_EQ(ds(R"({"communication_data_type": "fp16"})").spec.reduce_dtype, c10::ScalarType::Half);
-  EXPECT_EQ(ds(R"({"communication_data_type": "bf16"})").spec.reduce_dtype, c10::ScalarType::BFloat16);
-  EXPECT_EQ(ds(R"({"communication_data_type": "fp32"})").spec.reduce_dtype, c10::ScalarType::Float);
-  EXPECT_FALSE(ds("{}").spec.reduce_dtype.has_value());
-  EXPECT_HAS(ds_error(R"({"communication_data_type": "int8"})"),
-             "ds.json: communication_data_type is 'int8'; allowed values: fp32, fp16, bf16");
-  EXPECT_EQ(ds(R"({"gradient_clipping": 0.5})").gradient_clipping, std::optional<double>(0.5));
-  EXPECT_FALSE(ds(R"({"gradient_clipping": "auto"})").gradient_clipping.has_value());
-  EXPECT_HAS(ds_error(R"({"gradient_clipping": -1})"), "ds.json: gradient_clipping is '-1', expected a number >= 0");
-  EXPECT_HAS(ds_error(R"({"gradient_clipping": "high"})"), "gradient_clipping is 'high'");
-  EXPECT_HAS(ds_error(R"({"gradient_allreduce_op": "sum"})"), "gradient_allreduce_op is 'sum'");
-  EXPECT_HAS(ds_error(R"({"amp": {"enabled": true}})"), "amp.enabled is true");
-}
-
-TEST(ConfigJson, BatchValues) {
-  auto c = ds(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})");
-  EXPECT_EQ(c.batch.train_batch_size, std::optional<std::int64_t>(32));
-  EXPECT_EQ(c.batch.micro_batch_per_gpu, std::optional<std::int64_t>(4));
-  EXPECT_EQ(c.batch.gradient_accumulation_steps, std::optional<std::int64_t>(2));
-  EXPECT_EQ(c.gradient_accumulation_steps, 2);
-  c = ds(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"})");
-  EXPECT_FALSE(c.batch.train_batch_size || c.batch.micro_batch_per_gpu || c.batch.gradient_accumulation_steps);
-  EXPECT_EQ(c.gradient_accumulation_steps, 1);
-  EXPECT_EQ(ds(R"({"train_batch_size": 1e3})").batch.train_batch_size, std::optional<std::int64_t>(1000));
-  EXPECT_HAS(ds_error(R"({"train_batch_size": 0})"), "ds.json: train_batch_size is '0', expected a positive integer or \"auto\"");
-  EXPECT_HAS(ds_error(R"({"train_micro_batch_size_per_gpu": 2.5})"), "train_micro_batch_size_per_gpu is '2.5'");
-  EXPECT_HAS(ds_error(R"({"gradient_accumulation_steps": "four"})"), "gradient_accumulation_steps is 'four'");
-  EXPECT_HAS(ds_error(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})"),
-             "ds.json: train_batch_size 30 must equal train_micro_batch_size_per_gpu * gradient_accumulation_steps * world size");
-}
-
-TEST(ConfigJson, LoadConfigFileTellsTheDialectApart) {
-  const auto c = load_config_file(source_path("configs/deepspeed/zero2.json"));
-  EXPECT_EQ(c.distributed_type, DistributedType::DeepSpeed);
-  EXPECT_EQ(c.spec.strategy, Strategy::Zero2);
-  TempDir dir;
-  EXPECT_HAS(error_of([&] { load_config_file(dir.write("broken.json", "{\"zero_optimization\": {\"stage\": 2,}}")); }),
-             "broken.json: not valid JSON");
-}
 
 // ---------------------------------------------------------------------------------------------------
 // resolve_batch: DeepSpeed's table (deepspeed.md §1.2)
@@ -999,7 +81,7 @@ TEST(ConfigBatch, Failures) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Helpers and describe()
+// Helpers
 
 TEST(ConfigHelpers, ClosestKey) {
   const std::vector<std::string> keys = {"num_processes", "num_machines", "machine_rank", "zero_stage"};
@@ -1017,26 +99,6 @@ TEST(ConfigHelpers, Names) {
   EXPECT_EQ(parse_mixed_precision("FP16", "argument"), MixedPrecision::Fp16);
   EXPECT_HAS(error_of([] { parse_mixed_precision("half", "argument"); }),
              "argument: mixed_precision is 'half'; allowed values: no, fp16, bf16, fp8");
-}
-
-TEST(ConfigHelpers, Describe) {
-  auto d = load_config_file(source_path("configs/fsdp/full_shard.yaml")).describe();
-  EXPECT_HAS(d, "FSDP FULL_SHARD");
-  EXPECT_HAS(d, "parameters sharded");
-  EXPECT_HAS(d, "BlockImpl");
-  EXPECT_HAS(d, "fp32");
-  EXPECT_HAS(d, "Gradients accumulate over 1 micro-step");
-  EXPECT_HAS(d, "Ignored keys: ");
-  EXPECT_HAS(d, "fsdp_config.fsdp_use_orig_params");
-  d = load_config_file(source_path("configs/deepspeed/zero2.yaml")).describe();
-  EXPECT_HAS(d, "DeepSpeed ZeRO stage 2");
-  EXPECT_HAS(d, "gradients sharded");
-  EXPECT_HAS(d, "train_batch_size auto");
-  d = ds(R"({"fp16": {"enabled": true}, "train_batch_size": 16})").describe();
-  EXPECT_HAS(d, "fp16 compute");
-  EXPECT_HAS(d, "dynamic loss scale from 2^16");
-  EXPECT_HAS(d, "train_batch_size 16");
-  EXPECT_HAS(AcceleratorConfig().describe(), "no config file");
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1186,6 +248,7 @@ TEST(ConfigShipped, Fsdp) {
     EXPECT_EQ(c.num_machines, 1);
     EXPECT_EQ(c.mixed_precision, MixedPrecision::No);
     EXPECT_EQ(c.offload_param_device, "none");
+    EXPECT_EQ(c.state_dict_type, StateDictType::Sharded);  // save_state keeps writing sharded checkpoints
   }
 }
 
@@ -1215,6 +278,233 @@ TEST(ConfigShipped, DeepSpeed) {
   }
   EXPECT_EQ(load_config_file(source_path("configs/deepspeed/zero1.yaml")).spec.bucket_bytes, 20000000);
   EXPECT_TRUE(load_config_file(source_path("configs/deepspeed/zero3.yaml")).zero3_save_16bit_model);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Every key of both dialects is acted on or listed as ignored with its reason
+
+// Everything a config decides (all but `source` and `ignored`), as text: two configs that print the
+// same decide the same.
+std::string decisions(const AcceleratorConfig& c) {
+  auto opt = [](const auto& v) { return v ? fmt::format("{}", *v) : std::string("-"); };
+  auto dt = [](const std::optional<c10::ScalarType>& t) { return t ? std::string(c10::toString(*t)) : std::string("-"); };
+  const auto& s = c.spec;
+  std::string wrap = fmt::format("{}:{}:", static_cast<int>(s.wrap.kind), s.wrap.min_num_params);
+  for (const auto& t : s.wrap.type_names) wrap += t + ",";
+  const auto& l = c.loss_scaler;
+  return fmt::format(
+      "type {} mp {} procs {} machines {} cpu {} accum {} batch {}/{}/{} clip {} | {} prefetch {}/{} align {} wrap {} "
+      "dtypes {}/{}/{} fp8ag {} | offload {}/{} state {} ckpt {} fsdp_v {} save16 {} dsfile '{}' | scaler {} {} {} {} "
+      "{} {} | fp8 {}",
+      to_string(c.distributed_type), to_string(c.mixed_precision), c.num_processes, c.num_machines, c.use_cpu,
+      c.gradient_accumulation_steps, opt(c.batch.train_batch_size), opt(c.batch.micro_batch_per_gpu),
+      opt(c.batch.gradient_accumulation_steps), opt(c.gradient_clipping), s.to_string(), s.forward_prefetch,
+      s.backward_prefetch, s.align_elements, wrap, dt(s.param_dtype), dt(s.reduce_dtype), dt(s.master_dtype),
+      s.fp8_all_gather, c.offload_optimizer_device, c.offload_param_device, to_string(c.state_dict_type),
+      c.activation_checkpointing, c.fsdp_version, c.zero3_save_16bit_model, c.deepspeed_config_file, l.loss_scale,
+      l.initial_scale_power, l.loss_scale_window, l.hysteresis, l.consecutive_hysteresis, l.min_loss_scale,
+      c.fp8.enable_fsdp_float8_all_gather);
+}
+
+// What setting one key to a non-default value must do, when it is not simply "changes the config".
+struct KeyCase {
+  std::string value;         // the value written (YAML text, or JSON text)
+  std::string base = "";     // extra lines (YAML) / a JSON object merged first, for keys that need context
+  std::string refused = "";  // non-empty: the only non-default values are refused; the error says this
+};
+
+// YAML: a value for every key accel acts on (ignored keys get "true", which each of them accepts).
+const std::map<std::string, KeyCase>& yaml_cases() {
+  static const std::map<std::string, KeyCase> cases = {
+      {"compute_environment", {"AMAZON_SAGEMAKER", "", "accel does not launch SageMaker jobs"}},
+      {"distributed_type", {"FSDP"}},
+      {"mixed_precision", {"bf16"}},
+      {"use_cpu", {"true"}},
+      {"num_processes", {"4"}},
+      {"num_machines", {"2"}},
+      {"machine_rank", {"1", "num_machines: 2\n"}},
+      {"main_process_ip", {"10.0.0.1"}},
+      {"main_process_port", {"29501"}},
+      {"gradient_accumulation_steps", {"4"}},
+      {"fsdp_config", {"{fsdp_version: 2}", "", "fsdp_config is set but distributed_type is"}},
+      {"deepspeed_config", {"{zero_stage: 1}", "", "deepspeed_config is set but distributed_type is"}},
+      {"fp8_config", {"{margin: 1}", "", "fp8_config is set but mixed_precision is"}},
+      {"fp16", {"true"}},
+      {"parallelism_config", {"{tp_size: 2}", "", "tensor/context/N-D parallelism is not supported"}},
+      {"fsdp_config.fsdp_version", {"2"}},
+      {"fsdp_config.fsdp_sharding_strategy", {"SHARD_GRAD_OP"}},
+      {"fsdp_config.fsdp_reshard_after_forward", {"false"}},
+      {"fsdp_config.fsdp_offload_params", {"true"}},
+      {"fsdp_config.fsdp_auto_wrap_policy", {"NO_WRAP"}},
+      {"fsdp_config.fsdp_transformer_layer_cls_to_wrap", {"BlockImpl"}},  // listed: no TRANSFORMER_BASED_WRAP
+      {"fsdp_config.fsdp_min_num_params", {"1000"}},                      // listed: no SIZE_BASED_WRAP
+      {"fsdp_config.fsdp_backward_prefetch", {"NO_PREFETCH"}},
+      {"fsdp_config.fsdp_forward_prefetch", {"false"}},
+      {"fsdp_config.fsdp_state_dict_type", {"FULL_STATE_DICT"}},
+      {"fsdp_config.fsdp_activation_checkpointing", {"true"}},
+      {"deepspeed_config.zero_stage", {"3"}},
+      {"deepspeed_config.offload_optimizer_device", {"cpu"}},
+      {"deepspeed_config.offload_param_device", {"cpu", "  zero_stage: 3\n"}},
+      {"deepspeed_config.gradient_accumulation_steps", {"4"}},
+      {"deepspeed_config.gradient_clipping", {"1.0"}},
+      {"deepspeed_config.zero3_save_16bit_model", {"true"}},
+      {"fp8_config.enable_fsdp_float8_all_gather", {"false"}},
+      // Ignored, but their values are still checked: a valid non-default value each.
+      {"fp8_config.backend", {"TE"}},
+      {"fp8_config.fp8_format", {"E4M3"}},
+      {"fp8_config.amax_history_len", {"16"}},
+      {"fp8_config.amax_compute_algo", {"most_recent"}},
+      {"fp8_config.margin", {"1"}},
+      {"fp8_config.interval", {"2"}},
+      {"fp8_config.pad_inner_dim", {"false"}},
+      {"fp8_config.use_autocast_during_eval", {"true"}},
+  };
+  return cases;
+}
+
+std::string yaml_doc(const std::string& section, const std::string& key_lines, const std::string& base) {
+  if (section.empty()) return "distributed_type: MULTI_CPU\n" + base + key_lines;
+  if (section == "fsdp_config") return "distributed_type: FSDP\nfsdp_config:\n" + base + key_lines;
+  if (section == "deepspeed_config") return "distributed_type: DEEPSPEED\ndeepspeed_config:\n" + base + key_lines;
+  return "distributed_type: FSDP\nmixed_precision: fp8\nfp8_config:\n" + base + key_lines;
+}
+
+TEST(ConfigKeys, EveryAccelerateKeyIsActedOnOrIgnoredWithItsReason) {
+  TempDir dir;
+  const std::string json = dir.write("z1.json", R"({"zero_optimization": {"stage": 1}})");
+  for (const auto& row : config_detail::accelerate_yaml_keys()) {
+    const std::string path = row.section.empty() ? row.name : row.section + "." + row.name;
+    SCOPED_TRACE(path);
+    KeyCase kc{"true"};
+    if (auto it = yaml_cases().find(path); it != yaml_cases().end()) {
+      kc = it->second;
+    } else if (path == "deepspeed_config.deepspeed_config_file") {
+      kc = {json};
+    } else {
+      ASSERT_NE(row.ignored, nullptr) << "accel acts on " << path << ": give it a value in yaml_cases()";
+    }
+    if (row.section == "" && row.name == "distributed_type") {  // required: compare two types
+      EXPECT_NE(decisions(yaml("distributed_type: FSDP\n")), decisions(yaml("distributed_type: MULTI_CPU\n")));
+      continue;
+    }
+    const std::string indent = row.section.empty() ? "" : "  ";
+    const std::string with = yaml_doc(row.section, indent + row.name + ": " + kc.value + "\n", kc.base);
+    const std::string without = yaml_doc(row.section, "", kc.base);
+    if (!kc.refused.empty()) {
+      EXPECT_HAS(yaml_error(with), kc.refused);
+      continue;
+    }
+    const AcceleratorConfig c = yaml(with, dir.str()), plain = yaml(without, dir.str());
+    const std::string entry = ignored_entry(c, path);
+    if (row.ignored) {
+      EXPECT_EQ(entry, path + ": " + row.ignored);
+      EXPECT_EQ(decisions(c), decisions(plain)) << "an ignored key changed the config";
+    } else {
+      EXPECT_TRUE(decisions(c) != decisions(plain) || !entry.empty())
+          << path << " changed nothing and is not listed as ignored";
+    }
+  }
+}
+
+// JSON: a value for every key accel acts on; the section's base object comes first. Ignored keys
+// get a value of their kind.
+const std::map<std::string, KeyCase>& json_cases() {
+  static const std::map<std::string, KeyCase> cases = {
+      {"train_batch_size", {"16"}},
+      {"train_micro_batch_size_per_gpu", {"4"}},
+      {"gradient_accumulation_steps", {"2"}},
+      {"gradient_clipping", {"1.0"}},
+      {"fp16", {R"({"enabled": true})"}},
+      {"bf16", {R"({"enabled": true})"}},
+      {"zero_optimization", {R"({"stage": 2})"}},
+      {"communication_data_type", {R"("fp16")"}},
+      {"gradient_allreduce_op", {R"("sum")", "", "\"mean\" (accel averages gradients; \"sum\" is not supported)"}},
+      {"amp", {R"({"enabled": true})", "", "NVIDIA Apex AMP is Python only"}},
+      {"zero_optimization.stage", {"1"}},
+      {"zero_optimization.reduce_bucket_size", {"1000"}},
+      {"zero_optimization.offload_optimizer", {R"({"device": "cpu"})"}},
+      {"zero_optimization.offload_param", {R"({"device": "cpu"})"}},
+      {"zero_optimization.cpu_offload", {"true"}},
+      {"zero_optimization.cpu_offload_param", {"true"}},
+      {"zero_optimization.offload_optimizer.device", {R"("cpu")"}},
+      {"zero_optimization.offload_param.device", {R"("cpu")"}},
+      {"zero_optimization.gather_16bit_weights_on_model_save", {"true"}},
+      {"zero_optimization.stage3_gather_fp16_weights_on_model_save", {"true"}},
+      {"fp16.enabled", {"false"}},
+      {"fp16.loss_scale", {"128"}},
+      {"fp16.initial_scale_power", {"8"}},
+      {"fp16.loss_scale_window", {"100"}},
+      {"fp16.hysteresis", {"5"}},
+      {"fp16.consecutive_hysteresis", {"true"}},
+      {"fp16.min_loss_scale", {"0.5"}},
+      {"bf16.enabled", {"false"}},
+      {"bf16.bf16_master_weights_and_grads", {"true"}},
+  };
+  return cases;
+}
+
+TEST(ConfigKeys, EveryDeepSpeedKeyIsActedOnOrIgnoredWithItsReason) {
+  using json = nlohmann::ordered_json;
+  // Each section inside a context where its keys can take effect.
+  const std::map<std::string, json> bases = {
+      {"", json::object()},
+      {"zero_optimization", json::parse(R"({"zero_optimization": {"stage": 3}})")},
+      {"zero_optimization.offload_optimizer",
+       json::parse(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}}})")},
+      {"zero_optimization.offload_param",
+       json::parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "none"}}})")},
+      {"fp16", json::parse(R"({"fp16": {"enabled": true}})")},
+      {"bf16", json::parse(R"({"bf16": {"enabled": true}})")},
+  };
+  auto kind_value = [](const std::string& name) -> std::string {
+    // Ignored keys: a value each accepts (booleans for flags, numbers for sizes, objects for blocks).
+    static const std::map<std::string, std::string> values = {
+        {"nvme_path", R"("/nvme")"}, {"ratio", "0.5"}, {"cpuadam_cores_perc", "0.5"}, {"zeropp_loco_param", "{}"}};
+    if (auto it = values.find(name); it != values.end()) return it->second;
+    return "";
+  };
+  for (const auto& row : config_detail::deepspeed_json_keys()) {
+    const std::string path = row.section.empty() ? row.name : row.section + "." + row.name;
+    SCOPED_TRACE(path);
+    KeyCase kc{""};
+    if (auto it = json_cases().find(path); it != json_cases().end()) {
+      kc = it->second;
+    } else {
+      ASSERT_NE(row.ignored, nullptr) << "accel acts on " << path << ": give it a value in json_cases()";
+      kc.value = kind_value(row.name);
+    }
+    json plain = bases.at(row.section);
+    std::string ptr = "/";
+    for (char ch : row.section) ptr += ch == '.' ? '/' : ch;
+    if (!row.section.empty()) ptr += "/";
+    ptr += row.name;
+    // An ignored key without an explicit value: try the kinds a DeepSpeed key may have, in turn.
+    std::vector<std::string> values = kc.value.empty() ? std::vector<std::string>{"true", "7", "{}", R"("x")"}
+                                                       : std::vector<std::string>{kc.value};
+    bool checked = false;
+    for (const auto& v : values) {
+      json with = plain;
+      with[json::json_pointer(ptr)] = json::parse(v);
+      if (!kc.refused.empty()) {
+        EXPECT_HAS(ds_error(with.dump()), kc.refused);
+        checked = true;
+        break;
+      }
+      if (row.ignored && ds_error(with.dump()).find("expected") != std::string::npos) continue;  // wrong kind
+      const AcceleratorConfig c = ds(with.dump()), base = ds(plain.dump());
+      const std::string entry = ignored_entry(c, path);
+      if (row.ignored) {
+        EXPECT_EQ(entry, path + ": " + row.ignored);
+        EXPECT_EQ(decisions(c), decisions(base)) << "an ignored key changed the config";
+      } else {
+        EXPECT_TRUE(decisions(c) != decisions(base) || !entry.empty())
+            << path << " changed nothing and is not listed as ignored";
+      }
+      checked = true;
+      break;
+    }
+    EXPECT_TRUE(checked) << "no value of any kind was accepted for " << path;
+  }
 }
 
 }  // namespace

@@ -14,7 +14,7 @@
 #include "accelerator/rows.h"
 #include "base/files.h"
 #include "mixed_precision/loss_scaler.h"
-#include "sharding/models.h"
+#include "support/models.h"
 #include "test_world.h"
 
 #include <ATen/autocast_mode.h>

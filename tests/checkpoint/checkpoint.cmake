@@ -18,7 +18,4 @@ target_include_directories(checkpoint_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} 
 target_link_libraries(checkpoint_tests PRIVATE accel GTest::gtest)
 target_precompile_headers(checkpoint_tests REUSE_FROM accel_tests)
 target_compile_definitions(checkpoint_tests PRIVATE ACCEL_BINARY_DIR="${CMAKE_BINARY_DIR}")
-foreach(np 1 2 3)
-  add_test(NAME checkpoint_np${np} COMMAND ${ACCEL_MPIRUN} -np ${np} $<TARGET_FILE:checkpoint_tests>)
-  set_tests_properties(checkpoint_np${np} PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600)
-endforeach()
+accel_add_mpi_test(NAME checkpoint TARGET checkpoint_tests NP 1 2 3)

@@ -1,9 +1,9 @@
-// libFuzzer harness for the safetensors header parser (src/checkpoint/safetensors.cpp compiled with
-// -DACCEL_SAFETENSORS_PARSER_ONLY: no torch). The input is a whole file: 8-byte length, header, data.
+// libFuzzer harness for the safetensors header parser (src/checkpoint/safetensors_header.cpp, no
+// torch). The input is a whole file: 8-byte length, header, data.
 // Every input must either parse into a header whose tensors cover the data exactly, or throw
 // SafetensorsError naming the file; anything else (another exception, a sanitizer report, a
 // violated invariant) is a crash. Build and run: tests/checkpoint/run_fuzz.sh SECONDS [WORKDIR].
-#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_header.h"
 
 #include <cstdint>
 #include <cstdlib>

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # libFuzzer on the safetensors header parser. Usage: run_fuzz.sh [SECONDS=300] [WORKDIR=/tmp/accel_fuzz_safetensors]
-# Compiles src/checkpoint/safetensors.cpp (parser only, no torch) + the harness with
+# Compiles src/checkpoint/safetensors_header.cpp (the parser, no torch) + the harness with
 # clang++ -fsanitize=fuzzer,address,undefined, seeds a corpus with valid files, and runs for SECONDS.
 # Exits 77 (ctest: skipped) when no clang++ with libFuzzer is available; otherwise the fuzzer's status.
 set -euo pipefail
@@ -17,8 +17,7 @@ if ! command -v "$CXX" >/dev/null 2>&1 ||
   echo "SKIPPED: no clang++ with -fsanitize=fuzzer (apt-get install clang)"; exit 77
 fi
 "$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  -DACCEL_SAFETENSORS_PARSER_ONLY -I"$SRC" \
-  "$SRC/checkpoint/safetensors.cpp" "$HERE/fuzz_safetensors_header.cpp" -o "$WORK/fuzz_safetensors_header"
+  -I"$SRC" "$SRC/checkpoint/safetensors_header.cpp" "$HERE/fuzz_safetensors_header.cpp" -o "$WORK/fuzz_safetensors_header"
 
 # Seeds: valid files (8-byte little-endian length, space-padded JSON, data).
 seed() {  # seed NAME JSON DATA_BYTES

@@ -12,12 +12,15 @@
 #include "sharding/flat_param.h"
 #include "sharding/sharded_init.h"
 #include "sharding/unit.h"
+#include "zero/optimizers.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/lbfgs.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
@@ -112,6 +115,7 @@ struct OptimizerCase {
 
 std::vector<OptimizerCase> optimizers() {
   return {
+      {"Adam", [](NetImpl& n) { return std::make_unique<torch::optim::Adam>(n.parameters(), torch::optim::AdamOptions(0.01)); }},
       {"AdamW_amsgrad",
        [](NetImpl& n) {
          return std::make_unique<torch::optim::AdamW>(n.parameters(), torch::optim::AdamWOptions(0.01).amsgrad(true));
@@ -245,6 +249,47 @@ TEST(Checkpoint, OptimizerMismatchNamesBothTypes) {
   } catch (const checkpoint::CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("holds AdamW state but the optimizer is SGD"), std::string::npos) << e.what();
   }
+}
+
+// The optimizer table has one row per libtorch optimizer accel supports, each found from an instance,
+// and refusing any other optimizer names every row.
+struct UnknownOptimizer : torch::optim::Optimizer {
+  explicit UnknownOptimizer(std::vector<at::Tensor> ps)
+      : torch::optim::Optimizer(std::move(ps), std::make_unique<torch::optim::SGDOptions>(0.1)) {}
+  at::Tensor step(LossClosure) override { return {}; }
+};
+
+TEST(OptimizerTable, EveryRowIsFoundAndTheRefusalNamesEveryRow) {
+  auto net = make_net();
+  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::Optimizer>>> expected;
+  expected.emplace_back("Adam", std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(0.1)));
+  expected.emplace_back("AdamW", std::make_unique<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(0.1)));
+  expected.emplace_back("SGD", std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1)));
+  expected.emplace_back("RMSprop", std::make_unique<torch::optim::RMSprop>(net->parameters(), torch::optim::RMSpropOptions(0.1)));
+  expected.emplace_back("Adagrad", std::make_unique<torch::optim::Adagrad>(net->parameters(), torch::optim::AdagradOptions(0.1)));
+  ASSERT_EQ(zero::optimizer_rows().size(), expected.size());
+  for (const auto& [name, opt] : expected) {
+    const zero::OptimizerRow* row = zero::find_optimizer_row(*opt);
+    ASSERT_NE(row, nullptr) << name;
+    EXPECT_EQ(std::string(row->name), name);
+  }
+  auto refusal = [&](torch::optim::Optimizer& opt) -> std::string {
+    Accelerator acc(with_config(""));
+    auto fresh = make_net();
+    try {
+      acc.prepare(fresh, opt);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "(prepared)";
+  };
+  UnknownOptimizer unknown(net->parameters());
+  EXPECT_EQ(zero::find_optimizer_row(unknown), nullptr);
+  torch::optim::LBFGS lbfgs(net->parameters(), torch::optim::LBFGSOptions(0.1));
+  for (const std::string& msg : {refusal(unknown), refusal(lbfgs)})
+    for (const auto& row : zero::optimizer_rows()) EXPECT_NE(msg.find(row.name), std::string::npos) << row.name << " in: " << msg;
+  EXPECT_NE(refusal(unknown).find("UnknownOptimizer"), std::string::npos);
+  EXPECT_NE(refusal(lbfgs).find("LBFGS cannot be sharded"), std::string::npos);
 }
 
 TEST(Checkpoint, AutomaticNamesTotalLimitAndRegisteredObjects) {

@@ -7,7 +7,8 @@
 #include "checkpoint/safetensors.h"
 
 #include "base/memory.h"
-#include "sharding/harness.h"
+#include "support/harness.h"
+#include "support/python.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -84,18 +85,9 @@ std::vector<std::string> list_dir(const std::string& dir) {
   return out;
 }
 
-std::pair<int, std::string> run_python(const std::string& args) {
-  std::string cmd = std::string("'") + ACCEL_PYTHON + "' '" + ACCEL_SOURCE_DIR +
-                    "/tests/checkpoint/safetensors_interop.py' " + args + " 2>&1";
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int st = ::pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-bool have_python() { return std::string(ACCEL_PYTHON).size() && ::access(ACCEL_PYTHON, X_OK) == 0; }
+const std::string kInterop = std::string(ACCEL_SOURCE_DIR) + "/tests/checkpoint/safetensors_interop.py";
+using accel::test::run_python;
+bool have_python() { return accel::test::python_available(ACCEL_PYTHON); }
 
 struct Case {
   const char* name;
@@ -113,7 +105,7 @@ std::vector<Case> strategies() {
 struct Prepped {
   test::Model model;
   std::unique_ptr<torch::optim::Optimizer> user_opt;
-  zero::Prepared p;
+  zero::EngineAndOptimizer p;
 };
 
 // A prepared model; `frozen_first`: the MLP's first layer does not train (a flat with no master).
@@ -209,7 +201,8 @@ TEST(SaveModel, FullWeightsEqualTheUnshardedModelAndLoadInPython) {
       auto f = SafetensorsFile::open(out + "/model.safetensors");
       EXPECT_EQ(f.metadata().at("format"), "pt");
       if (have_python()) {
-        auto [rc, msg] = run_python("compare '" + out + "' '" + dir / (std::string("ref_") + c.name + ".safetensors") + "'");
+        auto [rc, msg] = run_python(ACCEL_PYTHON, kInterop,
+                                    "compare '" + out + "' '" + dir / (std::string("ref_") + c.name + ".safetensors") + "'");
         EXPECT_EQ(rc, 0) << msg;
         std::printf("[%s np%d] python: %s", c.name, test::world()->size(), msg.c_str());
       }
@@ -271,7 +264,8 @@ TEST(SaveModel, ShardedFilesLoadInPython) {
   auto ref = unsharded_state(s);
   if (test::world()->rank() == 0) {
     write_safetensors(dir / "ref.safetensors", ref);
-    auto [rc, msg] = run_python("compare '" + dir / "sharded" + "' '" + dir / "ref.safetensors" + "'");
+    auto [rc, msg] =
+        run_python(ACCEL_PYTHON, kInterop, "compare '" + dir / "sharded" + "' '" + dir / "ref.safetensors" + "'");
     EXPECT_EQ(rc, 0) << msg;
     EXPECT_NE(msg.find("index checked"), std::string::npos) << msg;
     std::printf("[FULL_SHARD np%d, %zu files] python: %s", test::world()->size(), r.files.size(), msg.c_str());
@@ -326,6 +320,20 @@ TEST(SaveModel, MastersInAnotherDtypeAreWhatIsSaved) {
     load_model(*s2.p.engine, *s2.model.module, out);
     expect_masters_match(*s2.p.engine, saved);
     for (const auto& [n, t] : unsharded_state(s2)) EXPECT_TRUE(same(t, saved.at(n).to(at::kBFloat16))) << n;
+    // compute_dtype (DeepSpeed's gather_16bit_weights_on_model_save): the bf16 compute copies instead.
+    SaveModelOptions o16;
+    o16.compute_dtype = true;
+    save_model(*s.p.engine, *s.model.module, out + "_16bit", 300, o16);
+    std::map<std::string, at::Tensor> saved16;
+    for (const auto& f : resolve_model_files(out + "_16bit").files) {
+      auto file = SafetensorsFile::open(f);
+      for (const auto& n : file.names()) saved16[n] = file.read(n);
+    }
+    ASSERT_EQ(saved16.size(), saved.size());
+    for (const auto& [n, t] : compute) {
+      EXPECT_EQ(saved16.at(n).scalar_type(), at::kBFloat16) << n;
+      EXPECT_TRUE(same(t, saved16.at(n))) << n;
+    }
   }
 }
 
@@ -344,7 +352,8 @@ TEST(LoadModel, PythonWrittenFileIntoShardedModels) {
       auto st = unsharded_state(s);
       if (rank == 0) {
         write_safetensors(dir / "src.safetensors", st);
-        auto [rc, msg] = run_python("perturb '" + dir / "src.safetensors" + "' '" + dir / "py.safetensors" + "'");
+        auto [rc, msg] = run_python(ACCEL_PYTHON, kInterop,
+                                    "perturb '" + dir / "src.safetensors" + "' '" + dir / "py.safetensors" + "'");
         ASSERT_EQ(rc, 0) << msg;
       }
       test::world()->barrier();

@@ -3,6 +3,7 @@
 // read only their bytes, every kind of corrupted header named in the error, and a seeded mutation
 // test (the deterministic cousin of the libFuzzer run in run_fuzz.sh).
 #include "checkpoint/safetensors.h"
+#include "support/python.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -114,24 +115,12 @@ std::vector<std::pair<std::string, at::Tensor>> recipe_tensors() {
   return ::testing::AssertionSuccess();
 }
 
-std::string python() { return ACCEL_PYTHON; }
-std::string script() { return std::string(ACCEL_SOURCE_DIR) + "/tests/checkpoint/safetensors_interop.py"; }
-
-// Runs the interop script; returns its exit status and output.
-std::pair<int, std::string> run_python(const std::string& args) {
-  std::string cmd = "'" + python() + "' '" + script() + "' " + args + " 2>&1";
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int st = ::pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+const std::string kInterop = std::string(ACCEL_SOURCE_DIR) + "/tests/checkpoint/safetensors_interop.py";
+using accel::test::run_python;
 
 #define REQUIRE_PYTHON()                                                             \
   do {                                                                               \
-    if (python().empty() || ::access(python().c_str(), X_OK) != 0)                   \
+    if (!accel::test::python_available(ACCEL_PYTHON))                                \
       GTEST_SKIP() << "ACCEL_PYTHON (the venv with safetensors) is not configured";  \
   } while (0)
 
@@ -260,7 +249,7 @@ TEST(SafetensorsPython, FilesWrittenHereLoadInPython) {
   REQUIRE_PYTHON();
   TempDir d;
   write_safetensors(d.file("cpp.safetensors"), recipe_tensors(), {{"format", "pt"}, {"written_by", "accel"}});
-  auto [rc, out] = run_python("check '" + d.file("cpp.safetensors") + "'");
+  auto [rc, out] = run_python(ACCEL_PYTHON, kInterop, "check '" + d.file("cpp.safetensors") + "'");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("OK"), std::string::npos) << out;
 }
@@ -268,7 +257,7 @@ TEST(SafetensorsPython, FilesWrittenHereLoadInPython) {
 TEST(SafetensorsPython, FilesWrittenByPythonLoadHere) {
   REQUIRE_PYTHON();
   TempDir d;
-  auto [rc, out] = run_python("write '" + d.file("py.safetensors") + "'");
+  auto [rc, out] = run_python(ACCEL_PYTHON, kInterop, "write '" + d.file("py.safetensors") + "'");
   ASSERT_EQ(rc, 0) << out;
   auto f = SafetensorsFile::open(d.file("py.safetensors"));
   EXPECT_EQ(f.metadata(), (std::map<std::string, std::string>{{"format", "pt"}, {"written_by", "python"}}));

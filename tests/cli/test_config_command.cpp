@@ -5,6 +5,7 @@
 
 #include "accelerator/config.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -126,6 +127,45 @@ TEST(ConfigExplain, DdpReplicatesEverything) {
   EXPECT_NE(e.find("all of it (replicated on every rank)"), std::string::npos) << e;
   EXPECT_NE(e.find("all-reduced (averaged)"), std::string::npos) << e;
   EXPECT_EQ(e.find("Shard group"), std::string::npos) << e;
+}
+
+// What AcceleratorConfig::describe() said before `accel config explain` superseded it.
+TEST(ConfigExplain, ShippedConfigsStrategyPrecisionAccumulationAndIgnoredKeys) {
+  const std::string src = ACCEL_SOURCE_DIR;
+  std::string e = explain_config(load_config_file(src + "/configs/fsdp/full_shard.yaml"));
+  EXPECT_NE(e.find("FSDP FULL_SHARD (like ZeRO-3); FSDP version 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("1/2 of it at rest; one unit at a time is all-gathered"), std::string::npos) << e;
+  EXPECT_NE(e.find("marked modules of type BlockImpl"), std::string::npos) << e;
+  EXPECT_NE(e.find("fp32 compute, no mixed precision"), std::string::npos) << e;
+  EXPECT_NE(e.find("1 micro-step per optimizer step"), std::string::npos) << e;
+  EXPECT_NE(e.find("save_state writes sharded checkpoints"), std::string::npos) << e;
+  EXPECT_NE(e.find("  fsdp_config.fsdp_use_orig_params: "), std::string::npos) << e;
+  e = explain_config(load_config_file(src + "/configs/deepspeed/zero2.yaml"));
+  EXPECT_NE(e.find("DeepSpeed ZeRO stage 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("reduce-scatter"), std::string::npos) << e;
+  EXPECT_NE(e.find("each rank's micro batch comes from its data loader"), std::string::npos) << e;  // "auto"
+  e = explain_config(parse_deepspeed_json(R"({"fp16": {"enabled": true}, "train_batch_size": 16})", "ds.json"), 2, 1);
+  EXPECT_NE(e.find("fp16 compute, fp32 master weights, dynamic loss scale from 2^16"), std::string::npos) << e;
+  EXPECT_NE(e.find("16 per optimizer step = 8 per rank x 1 micro-steps x 2 ranks"), std::string::npos) << e;
+  e = explain_config(AcceleratorConfig());
+  EXPECT_NE(e.find("(defaults)"), std::string::npos) << e;
+  EXPECT_NE(e.find("Ignored keys  none"), std::string::npos) << e;
+  // fsdp_state_dict_type FULL_STATE_DICT: save_state writes whole tensors.
+  e = explain_config(parse_accelerate_yaml("distributed_type: FSDP\nfsdp_config:\n  fsdp_state_dict_type: FULL_STATE_DICT\n", "f"));
+  EXPECT_NE(e.find("save_state writes full checkpoints"), std::string::npos) << e;
+}
+
+// Every strategy's line names it as the strategy table does.
+TEST(ConfigExplain, StrategyLineReadsTheTable) {
+  for (const auto& row : zero::strategies()) {
+    SCOPED_TRACE(row.name);
+    AcceleratorConfig c;
+    c.spec.strategy = row.strategy;
+    c.distributed_type = DistributedType::DeepSpeed;
+    EXPECT_NE(explain_config(c).find(fmt::format("DeepSpeed ZeRO stage {}", row.zero_stage)), std::string::npos);
+    c.distributed_type = DistributedType::Fsdp;
+    EXPECT_NE(explain_config(c).find(fmt::format("FSDP {};", row.fsdp_label)), std::string::npos);
+  }
 }
 
 }  // namespace

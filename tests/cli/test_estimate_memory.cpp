@@ -24,10 +24,10 @@ EstimateRequest request(double params, int n) {
 // Device bytes of the four rows, in table order.
 void expect_device(const Estimate& e, double ddp, double z1, double z2, double z3) {
   ASSERT_EQ(e.rows.size(), 4u);
-  EXPECT_EQ(e.rows[0].strategy, Strategy::Ddp);
-  EXPECT_EQ(e.rows[1].strategy, Strategy::Zero1);
-  EXPECT_EQ(e.rows[2].strategy, Strategy::Zero2);
-  EXPECT_EQ(e.rows[3].strategy, Strategy::Zero3);
+  EXPECT_EQ(e.rows[0].strategy, zero::Strategy::NoShard);
+  EXPECT_EQ(e.rows[1].strategy, zero::Strategy::Zero1);
+  EXPECT_EQ(e.rows[2].strategy, zero::Strategy::Zero2);
+  EXPECT_EQ(e.rows[3].strategy, zero::Strategy::Zero3);
   EXPECT_DOUBLE_EQ(e.rows[0].device_bytes, ddp);
   EXPECT_DOUBLE_EQ(e.rows[1].device_bytes, z1);
   EXPECT_DOUBLE_EQ(e.rows[2].device_bytes, z2);
@@ -69,7 +69,7 @@ TEST(EstimateMemory, Fp32AdamHasNoMasterCopy) {
 TEST(EstimateMemory, SgdWithMomentum) {
   const double P = 3.5e8, N = 4;
   EstimateRequest r = request(P, 4);
-  r.optimizer = Optimizer::Sgd;  // mixed: K = 4 master + 4 momentum = 8
+  r.optimizer = OptimizerKind::Sgd;  // mixed: K = 4 master + 4 momentum = 8
   expect_device(estimate_memory(r), 12 * P, 4 * P + 8 * P / N, 2 * P + 10 * P / N, 12 * P / N);
   r.dtype = Dtype::Fp32;  // K' = 4 momentum
   expect_device(estimate_memory(r), 12 * P, 8 * P + 4 * P / N, 4 * P + 8 * P / N, 12 * P / N);
@@ -77,7 +77,7 @@ TEST(EstimateMemory, SgdWithMomentum) {
 
 TEST(EstimateMemory, AdamEqualsAdamW) {
   EstimateRequest r = request(kP, kN);
-  r.optimizer = Optimizer::Adam;
+  r.optimizer = OptimizerKind::Adam;
   expect_device(estimate_memory(r), 16 * kP, 4 * kP + 12 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
 }
 
@@ -121,7 +121,7 @@ TEST(EstimateMemory, OffloadOptimizerAndParams) {
   r.dtype = Dtype::Fp32;
   EXPECT_DOUBLE_EQ(estimate_memory(r).rows[3].cpu_bytes, 16 * kP / kN);
   r.dtype = Dtype::Bf16;
-  r.optimizer = Optimizer::Sgd;
+  r.optimizer = OptimizerKind::Sgd;
   EXPECT_DOUBLE_EQ(estimate_memory(r).rows[3].cpu_bytes, 14 * kP / kN);
 }
 
@@ -141,10 +141,10 @@ TEST(EstimateMemory, BudgetPaperExample) {
   EXPECT_EQ(e.rows[2].min_ranks, 12);
   EXPECT_EQ(e.rows[3].min_ranks, 5);
   ASSERT_TRUE(e.recommended.has_value());
-  EXPECT_EQ(e.recommended->strategy, Strategy::Zero2);
+  EXPECT_EQ(e.recommended->strategy, zero::Strategy::Zero2);
   EXPECT_EQ(e.recommended->offload, Offload::None);
   ASSERT_TRUE(e.passed_over.has_value());
-  EXPECT_EQ(e.passed_over->strategy, Strategy::Zero1);
+  EXPECT_EQ(e.passed_over->strategy, zero::Strategy::Zero1);
   EXPECT_FALSE(e.without_offload.has_value());
   const std::string text = format_estimate(e);
   EXPECT_NE(text.find("Recommendation: ZeRO-2"), std::string::npos) << text;
@@ -156,7 +156,7 @@ TEST(EstimateMemory, EverythingFitsRecommendsDdp) {
   r.device_budget = 80e9;
   const Estimate e = estimate_memory(r);
   ASSERT_TRUE(e.recommended.has_value());
-  EXPECT_EQ(e.recommended->strategy, Strategy::Ddp);
+  EXPECT_EQ(e.recommended->strategy, zero::Strategy::NoShard);
   EXPECT_FALSE(e.passed_over.has_value());
   EXPECT_DOUBLE_EQ(e.recommended->device_bytes, 16 * 1.3e9);
 }
@@ -167,7 +167,7 @@ TEST(EstimateMemory, TightFitNamesTheNextOption) {
   r.device_budget = 17e9;
   const Estimate e = estimate_memory(r);
   ASSERT_TRUE(e.recommended && e.next_option);
-  EXPECT_EQ(e.recommended->strategy, Strategy::Zero2);
+  EXPECT_EQ(e.recommended->strategy, zero::Strategy::Zero2);
   EXPECT_LT(e.next_option->device_bytes, e.recommended->device_bytes);
   EXPECT_NE(format_estimate(e).find("under 10%"), std::string::npos);
 }
@@ -179,12 +179,12 @@ TEST(EstimateMemory, OffloadSuggestedWhenNothingFitsOnDevice) {
   r.device_budget = 24e9;
   const Estimate e = estimate_memory(r);
   ASSERT_TRUE(e.recommended.has_value());
-  EXPECT_EQ(e.recommended->strategy, Strategy::Zero2);
+  EXPECT_EQ(e.recommended->strategy, zero::Strategy::Zero2);
   EXPECT_EQ(e.recommended->offload, Offload::Optimizer);
   EXPECT_DOUBLE_EQ(e.recommended->device_bytes, 2 * kP);
   EXPECT_DOUBLE_EQ(e.recommended->cpu_bytes, 16 * kP / 8);
   ASSERT_TRUE(e.without_offload.has_value());
-  EXPECT_EQ(e.without_offload->strategy, Strategy::Zero3);
+  EXPECT_EQ(e.without_offload->strategy, zero::Strategy::Zero3);
   EXPECT_NE(format_estimate(e).find("--offload optimizer"), std::string::npos);
 }
 
@@ -278,9 +278,9 @@ TEST(EstimateMemory, ParsesNamesAndCounts) {
   EXPECT_EQ(parse_dtype("fp8"), Dtype::Fp8);
   EXPECT_THROW(parse_dtype("fp64"), EstimateError);
   EXPECT_THROW(parse_dtype("int8"), EstimateError);
-  EXPECT_EQ(parse_optimizer("adamw"), Optimizer::AdamW);
-  EXPECT_EQ(parse_optimizer("Adam"), Optimizer::Adam);
-  EXPECT_EQ(parse_optimizer("sgd"), Optimizer::Sgd);
+  EXPECT_EQ(parse_optimizer("adamw"), OptimizerKind::AdamW);
+  EXPECT_EQ(parse_optimizer("Adam"), OptimizerKind::Adam);
+  EXPECT_EQ(parse_optimizer("sgd"), OptimizerKind::Sgd);
   EXPECT_THROW(parse_optimizer("lion"), EstimateError);
   EXPECT_EQ(parse_offload("none"), Offload::None);
   EXPECT_EQ(parse_offload("optimizer"), Offload::Optimizer);
@@ -308,6 +308,18 @@ TEST(EstimateMemory, Formatting) {
   EXPECT_NE(text.find("GB = 1e9 bytes"), std::string::npos) << text;
   EXPECT_NE(text.find("--budget"), std::string::npos) << text;  // the hint when no budget was given
   EXPECT_NE(text.find("4P + 12P/N"), std::string::npos) << text;
+}
+
+TEST(EstimateMemory, RowsAreTheTableLabelsAndHybridShardIsNotARow) {
+  EstimateRequest r;
+  r.params = 1e9;
+  r.num_processes = 4;
+  const std::string text = format_estimate(estimate_memory(r));
+  for (auto s : {zero::Strategy::NoShard, zero::Strategy::Zero1, zero::Strategy::Zero2, zero::Strategy::Zero3})
+    EXPECT_NE(text.find(zero::info(s).label), std::string::npos) << zero::info(s).label << "\n" << text;
+  EXPECT_EQ(text.find("HYBRID"), std::string::npos) << text;
+  EXPECT_THROW(coefficients(zero::Strategy::HybridShard, bytes_per_param(Dtype::Bf16, OptimizerKind::AdamW), Offload::None),
+               EstimateError);
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 // A program that misbehaves on purpose, for tests/comm/fault_test.sh:
 //   fault_probe timeout  rank 1 never joins; the others' all_reduce must raise TimeoutError naming
 //                        the collective and the rank, and the job must then end non-zero.
-//   fault_probe exit     rank 1 dies (exit code 7) before a collective; the others must not hang.
+//   fault_probe exit     rank 1 dies (exit code 7) before a collective; the others must not hang:
+//                        under mpirun's default they are ended with the job; where the launcher
+//                        leaves them running, their all_reduce raises TimeoutError within its 3 s
+//                        timeout, naming the collective and the rank, and they exit 3.
 #include "comm/communicator.h"
 
 #include <ATen/ATen.h>
@@ -37,9 +40,15 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(mode, "exit") == 0) {
     if (r == 1) std::_Exit(7);
-    world->all_reduce(t, {ReduceOp::Sum, std::chrono::milliseconds(10000)});
-    std::printf("rank %d: all_reduce returned without rank 1\n", r);
-    return 0;
+    try {
+      world->all_reduce(t, {ReduceOp::Sum, std::chrono::milliseconds(3000)});
+      std::printf("rank %d: all_reduce returned without rank 1\n", r);
+      return 0;
+    } catch (const TimeoutError& e) {
+      std::printf("rank %d caught TimeoutError: %s\n", r, e.what());
+      std::fflush(stdout);
+      return 3;  // exiting with a broken communicator aborts the MPI job
+    }
   }
   std::fprintf(stderr, "usage: fault_probe timeout|exit\n");
   return 2;

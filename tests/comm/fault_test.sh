@@ -1,23 +1,72 @@
 #!/usr/bin/env bash
-# Usage: fault_test.sh MPIRUN PROBE MODE NP — runs the fault probe under mpirun and asserts the job
-# ends non-zero within the bound (the probe's timeout plus start-up slack), never hangs.
+# Usage: fault_test.sh MPIRUN PROBE MODE NP — runs the fault probe (tests/comm/fault_probe.cpp) under
+# mpirun and asserts what the ranks that are left do and say, and that the job ends within a bound
+# (the probe's timeout plus start-up slack), never hangs:
+#   timeout  rank 1 never joins: rank 0 raises TimeoutError naming the collective and itself; the job
+#            ends non-zero.
+#   exit     rank 1 exits with code 7 before the collective. Twice:
+#            - as mpirun runs by default: the job ends with rank 1's code 7, mpirun naming rank 1 as
+#              the first process to fail (exit status 7 is rank 1's, not one mpirun makes up);
+#            - with mpirun told to leave the others running (orte_abort_on_non_zero_status 0, as a
+#              launcher that does not kill the job would): the survivors end it themselves. Their
+#              all_reduce raises TimeoutError after its 3 s, naming the collective, the rank and a
+#              dead peer; the broken communicator aborts the job (MPI_Abort, exit status 1).
+#   In every run no rank's collective completes without rank 1.
 set -u
 mpirun=$1 probe=$2 mode=$3 np=$4
 limit=40
-start=$(date +%s)
-out=$(timeout 120 "$mpirun" --oversubscribe -np "$np" "$probe" "$mode" 2>&1)
-rc=$?
-elapsed=$(( $(date +%s) - start ))
-echo "$out" | tail -n 20
-echo "fault_test: mode=$mode np=$np exit=$rc elapsed=${elapsed}s (bound ${limit}s)"
 fail=0
-[ "$rc" -ne 0 ] || { echo "FAIL: the job exited 0 although a rank failed"; fail=1; }
-[ "$rc" -ne 124 ] || { echo "FAIL: the job hung (killed by timeout 120)"; fail=1; }
-[ "$elapsed" -le "$limit" ] || { echo "FAIL: took ${elapsed}s > ${limit}s"; fail=1; }
-if [ "$mode" = timeout ]; then
-  echo "$out" | grep -q "caught TimeoutError: all_reduce(float32\[4\], sum) on rank 0 of $np did not complete within 2" ||
-    { echo "FAIL: no TimeoutError naming the collective and rank 0"; fail=1; }
-fi
-echo "$out" | grep -q "returned without rank 1" && { echo "FAIL: a collective completed without rank 1"; fail=1; }
+check() { "$@" || { echo "FAIL: $desc"; fail=1; }; }
+has() { grep -Eq -- "$1" <<< "$out"; }
+lacks() { ! has "$1"; }
+
+run() {  # run LABEL [MPIRUN OPTIONS...]: sets out, rc, elapsed
+  local label=$1
+  shift
+  local start
+  start=$(date +%s)
+  out=$(timeout 120 "$mpirun" --oversubscribe "$@" -np "$np" "$probe" "$mode" 2>&1)
+  rc=$?
+  elapsed=$(( $(date +%s) - start ))
+  echo "---- $label"
+  echo "$out" | grep -v '^\[vm' | tail -n 20
+  echo "fault_test: mode=$mode np=$np ($label): exit=$rc elapsed=${elapsed}s (bound ${limit}s)"
+  desc="the job hung (killed by timeout 120)"; check [ "$rc" -ne 124 ]
+  desc="took ${elapsed}s > ${limit}s"; check [ "$elapsed" -le "$limit" ]
+  desc="a collective completed without rank 1"; check lacks "returned without rank 1"
+}
+
+case $mode in
+  timeout)
+    run "rank 1 never joins"
+    desc="the job exited 0 although a rank failed"; check [ "$rc" -ne 0 ]
+    desc="no TimeoutError naming the collective and rank 0"
+    check has "caught TimeoutError: all_reduce\(float32\[4\], sum\) on rank 0 of $np did not complete within 2"
+    ;;
+  exit)
+    run "rank 1 exits 7, mpirun's default"
+    desc="exit status $rc, not rank 1's 7"; check [ "$rc" -eq 7 ]
+    desc="mpirun does not name rank 1 (exit code 7) as the first process to fail"
+    check has "Process name: +\[\[[0-9]+,[0-9]+\],1\]"
+    check has "Exit code: +7"
+
+    run "rank 1 exits 7, the others left running" --mca orte_abort_on_non_zero_status 0
+    desc="exit status $rc, not 1 (MPI_Abort of the broken communicator)"; check [ "$rc" -eq 1 ]
+    # Each survivor that reports (MPI_Abort of the first may end the other before it prints) names
+    # the collective, itself and the cause; at least one reports.
+    reports=$(grep -E "^rank [0-9]+ caught TimeoutError" <<< "$out" || true)
+    desc="no surviving rank reported a TimeoutError"; check [ -n "$reports" ]
+    while IFS= read -r line; do
+      [ -n "$line" ] || continue
+      r=$(sed -E 's/^rank ([0-9]+) .*/\1/' <<< "$line")
+      desc="a report from rank $r, which died"; check [ "$r" != 1 ]
+      desc="rank $r's report does not name the collective, the rank and a dead peer: $line"
+      check grep -Eq "caught TimeoutError: all_reduce\(float32\[4\], sum\) on rank $r of $np did not complete within 3 s: a peer rank is stuck, slow or dead" <<< "$line"
+    done <<< "$reports"
+    desc="no rank aborted the job for its broken communicator"
+    check has "accel: rank (0|2) aborting the MPI job: a collective did not complete"
+    ;;
+  *) echo "fault_test.sh: unknown mode '$mode' (timeout or exit)"; exit 2 ;;
+esac
 [ $fail -eq 0 ] && echo "fault_test: PASS"
 exit $fail

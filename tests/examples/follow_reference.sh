@@ -3,14 +3,16 @@
 # launcher, and checks that both loss trajectories follow the reference (the DDP config at 2 ranks,
 # written by the fixture test) within a relative tolerance.
 #   follow_reference.sh MPIEXEC BINARY CONFIG REFERENCE_LOG OUT_DIR [RTOL]
+# REFERENCE_LOG "world1": CONFIG is the reference's own config, whose 2-rank run IS the reference;
+# its 2-rank run is compared with its single-process run (world 1, no launcher) instead.
 set -euo pipefail
 MPIEXEC=$1 BIN=$2 CONFIG=$3 REF=$4 OUT=$5 RTOL=${6:-2e-4}
 ARGS=(--steps 20 --seed 3)
 name=$(basename "$CONFIG"); name=${name%.*}
 mkdir -p "$OUT"
-[ -f "$REF" ] || { echo "missing reference log $REF (run the fixture test first)"; exit 1; }
+[ "$REF" = world1 ] || [ -f "$REF" ] || { echo "missing reference log $REF (run the fixture test first)"; exit 1; }
 
-compare() {  # compare LOG LABEL
+compare() {  # compare LOG LABEL REFERENCE
   awk -v rtol="$RTOL" -v label="$2" '
     NR == FNR { ref[$2] = $4; n++; next }
     { got++; if (!($2 in ref)) { print label ": step " $2 " not in the reference"; bad = 1; next }
@@ -19,12 +21,16 @@ compare() {  # compare LOG LABEL
       if (d / r > worst) worst = d / r }
     END { if (got != n) { print label ": " got " steps, reference has " n; bad = 1 }
           printf "%s: %d steps, worst relative difference %.2e (tolerance %s)\n", label, got, worst, rtol; exit bad }
-  ' "$REF" "$1"
+  ' "$3" "$1"
 }
 
 "$MPIEXEC" --oversubscribe -np 2 "$BIN" --config_file "$CONFIG" --log_file "$OUT/$name.np2.log" "${ARGS[@]}"
 ACCEL_CONFIG_FILE="$CONFIG" "$BIN" --log_file "$OUT/$name.np1.log" "${ARGS[@]}"
 status=0
-compare "$OUT/$name.np2.log" "$name at 2 ranks" || status=1
-compare "$OUT/$name.np1.log" "$name at world 1, no launcher" || status=1
+if [ "$REF" = world1 ]; then
+  compare "$OUT/$name.np2.log" "$name at 2 ranks against $name at world 1, no launcher" "$OUT/$name.np1.log" || status=1
+else
+  compare "$OUT/$name.np2.log" "$name at 2 ranks" "$REF" || status=1
+  compare "$OUT/$name.np1.log" "$name at world 1, no launcher" "$REF" || status=1
+fi
 exit $status

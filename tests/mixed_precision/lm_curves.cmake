@@ -3,8 +3,9 @@
 # the tolerances and why, the checks that the low-precision runs really ran in low precision and that
 # the loss fell). One test per strategy; each runs fp32, bf16 and fp16 (about 2 s per run here).
 # fp8 (Float8Linear layers, and under ZeRO-3 the fp8 all-gather of the blocks) against the bf16
-# curve, its own entry per strategy: measured 6.8e-3 (DDP) and 6.3e-3 (ZeRO-3) max relative per-step
-# difference; e4m3 keeps 4 significant bits (2^-4 = 6e-2 per element), so 3e-2 on the loss.
+# curve, its own entry per strategy: 1.5e-2, about 3x the measured max relative per-step difference,
+# 4.8e-3 (DDP) and 4.1e-3 (ZeRO-3) (`ctest -R mp_lm_curves_fp8 -V`); e4m3 keeps 4 significant bits
+# (2^-4 = 6e-2 per element), averaged over the loss's 16 x 32 tokens.
 if(ACCEL_BUILD_EXAMPLES)
   foreach(strategy ddp zero3)
     add_test(NAME mp_lm_curves_${strategy}
@@ -15,7 +16,7 @@ if(ACCEL_BUILD_EXAMPLES)
     add_test(NAME mp_lm_curves_fp8_${strategy}
              COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/mixed_precision/lm_curves.sh ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:gpt_lm>
                      ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/lm_curve_runs/fp8_${strategy}
-                     --strategies ${strategy} --reference bf16 --precisions fp8 --tolerance fp8=3e-2 --steps 50 --np 2)
+                     --strategies ${strategy} --reference bf16 --precisions fp8 --tolerance fp8=1.5e-2 --steps 50 --np 2)
     set_tests_properties(mp_lm_curves_fp8_${strategy} PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600)
   endforeach()
 endif()

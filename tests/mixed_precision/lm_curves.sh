@@ -24,28 +24,30 @@
 #   max over steps |loss_P - loss_ref| / loss_ref <= tolerance(P), and > min_difference.
 # A failure prints the offending step with both curves' values. Exit status: the number of failed checks.
 #
-# Default tolerances, against fp32, for the 50-step run at 2 ranks. Measured max relative per-step
-# difference (this machine, CPU): seed 0 (the default, what ctest runs) DDP / ZeRO-3, then the worst
-# over seeds 1, 2, 3, 7 and over OMP_NUM_THREADS=2:
-#   bf16 1e-2  [6.7e-4 / 6.7e-4 (DDP's curve equals ZeRO-3's since DDP keeps its fp32 average; before,
-#              it rounded it to bf16: 5.3e-4); then up to 5.5e-3 at seed 3, 1.3e-3 with 2 threads]. bf16 keeps 8 significant
-#              bits (unit roundoff 2^-9 = 2e-3); the loss averages 16 x 32 tokens, but the trajectories
-#              drift apart as they train. 15x margin at seed 0, 2x over the worst seed. This is about
-#              one step of progress (the fp32 loss changes by 1e-2 per step on average, 1.5-2.5e-2 in
-#              the first steps): a curve a step behind or ahead fails. It does NOT tell fp32 masters from
-#              bf16 ones (bf16_master_weights_and_grads: 8.3e-3 at seed 0); the dtypes are checked
-#              directly in tests/accelerator/test_mixed_precision.cpp.
-#   fp16 2e-3  [7.2e-5 / 7.2e-5 (5.9e-5 for DDP before the fp32-average fix); up to 2.3e-4 over the other seeds]. fp16 keeps 11 bits (2^-12 = 2.4e-4,
-#              8x finer than bf16) and the loss scaler skips no step here. 30x margin at seed 0, 9x over
-#              the worst seed. Skipped steps show: with initial_scale_power 24 (a few overflowing
-#              steps at the start) the curve is 1e-1 off.
+# Default tolerances, against fp32, for the run ctest makes (tests/mixed_precision/lm_curves.cmake:
+# 50 steps at 2 ranks, seed 0, OMP_NUM_THREADS=1), about 3x the measured max relative per-step
+# difference. Measured with `ctest -R mp_lm_curves -V` on a 2-core AMD EPYC VM with AVX-512 (bf16
+# instructions); in brackets after it, the README table's AVX2 VM:
+#   bf16 3e-3  [measured 9.65e-4 under DDP and ZeRO-3 alike (step 42); AVX2: 6.7e-4]. Tight enough to
+#              tell fp32 masters from bf16 ones: the same run with DeepSpeed's
+#              bf16.bf16_master_weights_and_grads true (configs/deepspeed/zero3.json with that key,
+#              ACCEL_MIXED_PRECISION=bf16, `mpirun -np 2 gpt_lm --config_file ... --steps 50`, against
+#              the fp32 curve) is 7.5e-3 off under ZeRO-3 and 8.1e-3 under stage 0 (AVX2: 8.3e-3),
+#              2.5x over this tolerance. bf16 keeps 8 significant bits (unit
+#              roundoff 2^-9 = 2e-3) and the trajectories drift apart as they train: other seeds drift
+#              further (seed 3: 4.7e-3, `lm_curves.sh ... --strategies ddp -- --seed 3`), so this
+#              tolerance holds for seed 0 only; give --tolerance bf16=... for others.
+#   fp16 3e-4  [measured 8.5e-5 under DDP and ZeRO-3 (step 45); 3.8e-5 at seed 3; AVX2: 7.2e-5]. fp16 keeps 11 bits
+#              (2^-12 = 2.4e-4, 8x finer than bf16) and the loss scaler skips no step here. Skipped
+#              steps show: with initial_scale_power 24 (a few overflowing steps at the start) the
+#              curve is 1e-1 off.
 # (The fp32 loss falls 3.22 -> 2.52 over the 50 steps at seed 0.)
 set -uo pipefail
 if [ $# -lt 4 ]; then sed -n '2,26p' "$0"; exit 2; fi
 MPI=$1 GPT=$2 SRC=$3 OUT=$4
 shift 4
 STRATEGIES="ddp zero3" PRECISIONS="bf16 fp16" REFERENCE=fp32 STEPS=50 NP=2 MIN_DIFF=1e-6 MIN_DROP=0.1
-declare -A TOL=([bf16]=1e-2 [fp16]=2e-3)
+declare -A TOL=([bf16]=3e-3 [fp16]=3e-4)
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -17,7 +17,4 @@ if(ACCEL_PYTHON)
   # loss_scaler_reference.py (DeepSpeed's update_scale in Python) is the independent reference.
   target_compile_definitions(mixed_precision_tests PRIVATE ACCEL_PYTHON="${ACCEL_PYTHON}")
 endif()
-foreach(np 1 2 3)
-  add_test(NAME mixed_precision_np${np} COMMAND ${ACCEL_MPIRUN} -np ${np} $<TARGET_FILE:mixed_precision_tests>)
-  set_tests_properties(mixed_precision_np${np} PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600)
-endforeach()
+accel_add_mpi_test(NAME mixed_precision TARGET mixed_precision_tests NP 1 2 3)

@@ -3,7 +3,7 @@
 // parameter by parameter, the whole fp32 master quantized to e4m3 with the parameter's own
 // tensorwise scale (448 / amax) and dequantized to bf16 — computed here independently from the
 // gathered masters with plain ATen casts.
-#include "sharding/models.h"
+#include "support/models.h"
 #include "test_world.h"
 #include "zero/sharded_optimizer.h"
 
@@ -18,7 +18,7 @@ namespace {
 struct Fp8Run {
   std::shared_ptr<MLPImpl> model;
   std::unique_ptr<torch::optim::AdamW> user;
-  zero::Prepared p;
+  zero::EngineAndOptimizer p;
 };
 
 Fp8Run make_run(bool fp8) {

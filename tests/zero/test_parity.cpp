@@ -1,7 +1,7 @@
 // Parity, the spine: every strategy x world size x accumulation x optimizer trains to the same
 // parameters as a single-process libtorch reference on the same global batch, and each rank's
 // parameter and gradient shards equal the reference's slices.
-#include "harness.h"
+#include "support/harness.h"
 
 #include <gtest/gtest.h>
 
@@ -61,7 +61,7 @@ void run_parity(const StrategyCase& sc, ModelKind mk, OptKind ok, int accum, c10
     if (step == steps - 1) {
       // Gradient shards (what this rank's optimizer steps on) against the reference's slices.
       auto ref_grads = grads_by_name(*ref.module);
-      if (engine.passthrough())  // a world of one: the parameters keep autograd's own gradients
+      if (engine.plan().passthrough)  // a world of one: the parameters keep autograd's own gradients
         for (auto& [n, p] : params_by_name(*mdl.module)) EXPECT_LE(rel_err(p.grad(), ref_grads.at(n)), tol) << n;
       for (const auto& f : engine.flats()) {
         if (!f.master.defined()) continue;

@@ -2,7 +2,7 @@
 // per-rank bytes by category against the ZeRO formulas; and the edges: frozen and unused parameters,
 // a parameter shared across units, unsupported optimizers, clipping, wrap policies.
 #include "base/memory.h"
-#include "harness.h"
+#include "support/harness.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -52,7 +52,7 @@ TEST(EngineCounts, CollectivesPerMicroStep) {
       auto p = zero::prepare(mdl.module, *user_opt, spec, world);
       auto& e = *p.engine;
       ASSERT_EQ(e.flats().size(), 7u);
-      ASSERT_EQ(e.num_buckets(), e.passthrough() ? 0u : 7u);  // a world of one reduces nothing
+      ASSERT_EQ(e.num_buckets(), e.plan().passthrough ? 0u : 7u);  // a world of one reduces nothing
       const std::uint64_t F = 7, unit_flats = 6, root_flats = 1;
       auto& shard = *e.shard_group();
       auto& gather = *e.gather_group();
@@ -178,7 +178,7 @@ TEST(EngineMemory, BytesByCategoryMatchZeroFormulas) {
     p.engine->backward(mlp->forward(x.narrow(0, r * 4, 4)).pow(2).mean());
     auto s3 = memory::snapshot();
     // (A world of one passes autograd's gradients straight to the optimizer: nothing of the engine's.)
-    EXPECT_EQ(cur(s0, s3, Category::Gradients), p.engine->passthrough() ? 0 : (spec.shards_gradients() ? shard : psi) * e);
+    EXPECT_EQ(cur(s0, s3, Category::Gradients), p.engine->plan().passthrough ? 0 : (spec.shards_gradients() ? shard : psi) * e);
     if (spec.shards_parameters() && N > 1) {
       // Gathered parameters never exceed the current unit plus the prefetched one (no root here).
       EXPECT_LE(s3[Category::Gathered].peak - s2[Category::Gathered].current, 2 * max_unit * e);

@@ -1,0 +1,70 @@
+// Compiled without torch's include path (its bundled fmt would shadow the one Debian's spdlog is
+// built against): see the accel_log target in src/CMakeLists.txt.
+#include "base/log.h"
+
+#include "base/env.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cctype>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+namespace accel::log {
+namespace {
+
+spdlog::level::level_enum to_spdlog(Level level) {
+  switch (level) {
+    case Level::Trace: return spdlog::level::trace;
+    case Level::Debug: return spdlog::level::debug;
+    case Level::Info: return spdlog::level::info;
+    case Level::Warning: return spdlog::level::warn;
+    case Level::Error: return spdlog::level::err;
+    case Level::Critical: return spdlog::level::critical;
+    case Level::Off: return spdlog::level::off;
+  }
+  return spdlog::level::warn;
+}
+
+std::string pattern(const std::string& rank) { return "[%Y-%m-%d %H:%M:%S.%e] [accel" + rank + "] [%l] %v"; }
+
+spdlog::logger& logger() {
+  static std::shared_ptr<spdlog::logger> lg = [] {
+    auto l = std::make_shared<spdlog::logger>("accel", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+    l->set_pattern(pattern(""));
+    l->set_level(to_spdlog(parse_level(env::get("ACCEL_LOG_LEVEL"))));
+    l->flush_on(spdlog::level::trace);  // every line reaches the terminal before a crash or an abort
+    return l;
+  }();
+  return *lg;
+}
+
+}  // namespace
+
+Level parse_level(std::string_view text) {
+  std::string t(text);
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (t == "trace") return Level::Trace;
+  if (t == "debug") return Level::Debug;
+  if (t == "info") return Level::Info;
+  if (t == "warning" || t == "warn") return Level::Warning;
+  if (t == "error") return Level::Error;
+  if (t == "critical") return Level::Critical;
+  if (t == "off") return Level::Off;
+  throw std::invalid_argument("ACCEL_LOG_LEVEL='" + std::string(text) +
+                              "' is not one of trace, debug, info, warning, error, critical, off");
+}
+
+bool enabled(Level level) { return logger().should_log(to_spdlog(level)); }
+
+void write(Level level, std::string_view message) { logger().log(to_spdlog(level), "{}", message); }
+
+void set_rank(int rank, int world_size) {
+  logger().set_pattern(pattern(" rank " + std::to_string(rank) + "/" + std::to_string(world_size)));
+}
+
+}  // namespace accel::log

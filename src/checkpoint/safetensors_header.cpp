@@ -1,0 +1,233 @@
+// The safetensors header parser (see safetensors_header.h). No torch.
+#include "checkpoint/safetensors_header.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <set>
+
+namespace accel::checkpoint {
+
+namespace {
+
+struct DtypeInfo {
+  const char* name;
+  std::size_t size;
+};
+// Sub-byte dtypes (F4, F6_*) are not supported: libtorch has no tensor type for them.
+constexpr DtypeInfo kDtypes[] = {
+    {"BOOL", 1},        {"U8", 1},  {"I8", 1},           {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E4M3FNUZ", 1},
+    {"F8_E5M2FNUZ", 1}, {"F8_E8M0", 1}, {"I16", 2},      {"U16", 2},     {"F16", 2},     {"BF16", 2},
+    {"I32", 4},         {"U32", 4}, {"F32", 4},          {"I64", 8},     {"U64", 8},     {"F64", 8},
+    {"C64", 8},
+};
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// A short, printable excerpt of a JSON value for messages.
+std::string excerpt(const nlohmann::json& j) {
+  std::string s = j.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+const char* type_name(const nlohmann::json& j) { return j.type_name(); }
+
+}  // namespace
+
+void safetensors_fail(const std::string& file, const std::string& what) {
+  throw SafetensorsError("safetensors file '" + file + "': " + what);
+}
+
+void safetensors_fail_tensor(const std::string& file, const std::string& tensor, const std::string& what) {
+  safetensors_fail(file, "tensor '" + tensor + "': " + what);
+}
+
+std::size_t safetensors_dtype_size(const std::string& dtype) {
+  for (const auto& d : kDtypes)
+    if (dtype == d.name) return d.size;
+  return 0;
+}
+
+std::string safetensors_dtype_names() {
+  std::string out;
+  for (const auto& d : kDtypes) out += (out.empty() ? "" : ", ") + std::string(d.name);
+  return out;
+}
+
+std::int64_t SafetensorsEntry::numel() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+const SafetensorsEntry* SafetensorsHeader::find(const std::string& name) const {
+  auto it = std::lower_bound(tensors.begin(), tensors.end(), name,
+                             [](const SafetensorsEntry& e, const std::string& n) { return e.name < n; });
+  return it != tensors.end() && it->name == name ? &*it : nullptr;
+}
+
+std::uint64_t parse_safetensors_prefix(const unsigned char* first8, std::uint64_t file_size, const std::string& file) {
+  if (file_size < 8)
+    safetensors_fail(file, "the file is " + std::to_string(file_size) +
+                   " bytes, shorter than the 8-byte header length that starts every safetensors file (truncated?)");
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | first8[i];
+  if (n > kSafetensorsMaxHeader)
+    safetensors_fail(file, "header length " + std::to_string(n) + " bytes exceeds the limit of " +
+                   std::to_string(kSafetensorsMaxHeader) + " bytes (not a safetensors file, or corrupted)");
+  if (n > file_size - 8)
+    safetensors_fail(file, "header length " + std::to_string(n) + " bytes runs past the end of the file (" +
+                   std::to_string(file_size) + " bytes; truncated?)");
+  if (n < 2) safetensors_fail(file, "header length " + std::to_string(n) + " bytes is too short for a JSON object");
+  return n;
+}
+
+SafetensorsHeader parse_safetensors_header(const char* text, std::size_t size, std::uint64_t file_size,
+                                           const std::string& file) {
+  using nlohmann::json;
+  SafetensorsHeader h;
+  h.header_size = size;
+  if (size > kSafetensorsMaxHeader || file_size < 8 || size > file_size - 8)
+    safetensors_fail(file, "header length " + std::to_string(size) + " does not fit in a file of " + std::to_string(file_size) +
+                   " bytes");
+  h.data_start = 8 + size;
+  h.data_size = file_size - h.data_start;
+  if (size == 0 || text[0] != '{')
+    safetensors_fail(file, "the header does not start with '{' (not a safetensors file, or corrupted)");
+
+  // Parse, rejecting duplicate keys (nlohmann would keep the last one silently) and deep nesting.
+  std::vector<std::set<std::string>> keys;
+  std::string duplicate;
+  bool too_deep = false;
+  json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {
+    if (depth > 4) too_deep = true;
+    if (ev == json::parse_event_t::object_start) keys.emplace_back();
+    else if (ev == json::parse_event_t::object_end) {
+      if (!keys.empty()) keys.pop_back();
+    } else if (ev == json::parse_event_t::key && !keys.empty() && duplicate.empty()) {
+      const std::string& k = parsed.get_ref<const std::string&>();
+      if (!keys.back().insert(k).second) duplicate = k;
+    }
+    return !too_deep;  // discard what is too deep (the error is reported below)
+  };
+  json root;
+  try {
+    root = json::parse(text, text + size, cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const json::exception& e) {
+    safetensors_fail(file, std::string("the header is not valid JSON: ") + e.what());
+  }
+  if (too_deep) safetensors_fail(file, "the header nests deeper than a safetensors header can");
+  if (!duplicate.empty())
+    safetensors_fail(file, "the header has the key '" + duplicate + "' twice (a duplicate tensor name or field)");
+  if (!root.is_object()) safetensors_fail(file, std::string("the header is a JSON ") + type_name(root) + ", not an object");
+
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object())
+        safetensors_fail(file, std::string("__metadata__ must be an object of strings, got a ") + type_name(v));
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          safetensors_fail(file, "__metadata__ entry '" + m.key() + "' must be a string, got a " + type_name(m.value()) + " (" +
+                         excerpt(m.value()) + ")");
+        h.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    if (!v.is_object())
+      safetensors_fail_tensor(file, name, std::string("expected an object with dtype, shape and data_offsets, got a ") +
+                                  type_name(v) + " (" + excerpt(v) + ")");
+    for (auto f = v.begin(); f != v.end(); ++f)
+      if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
+        safetensors_fail_tensor(file, name, "unknown field '" + f.key() + "' (expected dtype, shape, data_offsets)");
+    SafetensorsEntry e;
+    e.name = name;
+    auto d = v.find("dtype");
+    if (d == v.end()) safetensors_fail_tensor(file, name, "no dtype");
+    if (!d->is_string()) safetensors_fail_tensor(file, name, std::string("dtype must be a string, got a ") + type_name(*d));
+    e.dtype = d->get<std::string>();
+    const std::size_t esize = safetensors_dtype_size(e.dtype);
+    if (esize == 0)
+      safetensors_fail_tensor(file, name, "unknown or unsupported dtype '" + e.dtype + "' (known: " + safetensors_dtype_names() + ")");
+    auto s = v.find("shape");
+    if (s == v.end()) safetensors_fail_tensor(file, name, "no shape");
+    if (!s->is_array()) safetensors_fail_tensor(file, name, std::string("shape must be an array, got a ") + type_name(*s));
+    std::uint64_t nbytes = esize;
+    bool overflow = false;
+    for (const auto& dim : *s) {
+      if (!dim.is_number_unsigned() ||
+          dim.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        safetensors_fail_tensor(file, name, "shape " + excerpt(*s) + " has an entry that is not a non-negative integer (" +
+                                    excerpt(dim) + ")");
+      const auto n = dim.get<std::uint64_t>();
+      e.shape.push_back(static_cast<std::int64_t>(n));
+      overflow = overflow || __builtin_mul_overflow(nbytes, n, &nbytes);
+    }
+    auto o = v.find("data_offsets");
+    if (o == v.end()) safetensors_fail_tensor(file, name, "no data_offsets");
+    if (!o->is_array() || o->size() != 2 || !(*o)[0].is_number_unsigned() || !(*o)[1].is_number_unsigned())
+      safetensors_fail_tensor(file, name, "data_offsets must be [begin, end], two non-negative integers, got " + excerpt(*o));
+    e.begin = (*o)[0].get<std::uint64_t>();
+    e.end = (*o)[1].get<std::uint64_t>();
+    if (e.end < e.begin)
+      safetensors_fail_tensor(file, name, "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                                  "] end before they begin");
+    if (e.end > h.data_size)
+      safetensors_fail_tensor(file, name, "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                                  "] run past the end of the data (" + std::to_string(h.data_size) +
+                                  " bytes after the header; truncated?)");
+    std::int64_t numel = 1;
+    for (auto dim : e.shape) overflow = overflow || __builtin_mul_overflow(numel, dim, &numel);
+    if (overflow || nbytes != e.end - e.begin)
+      safetensors_fail_tensor(file, name, "shape " + shape_str(e.shape) + " of " + e.dtype + " needs " +
+                                  (overflow ? std::string("more bytes than fit in 64 bits")
+                                            : std::to_string(nbytes) + " bytes") +
+                                  ", but data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                                  "] hold " + std::to_string(e.end - e.begin));
+    h.tensors.push_back(std::move(e));
+  }
+  // nlohmann's object is a std::map: the tensors come sorted by name already.
+
+  // The data must be covered exactly: sorted by offsets, each tensor starts where the previous ended
+  // and the last ends at the end of the file.
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const auto& e : h.tensors) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](const SafetensorsEntry* a, const SafetensorsEntry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  std::uint64_t pos = 0;
+  const SafetensorsEntry* prev = nullptr;
+  for (const auto* e : by_offset) {
+    if (e->begin < pos)
+      safetensors_fail_tensor(file, e->name, "data_offsets [" + std::to_string(e->begin) + ", " + std::to_string(e->end) +
+                                     "] overlap tensor '" + prev->name + "' [" + std::to_string(prev->begin) + ", " +
+                                     std::to_string(prev->end) + "]");
+    if (e->begin > pos)
+      safetensors_fail_tensor(file, e->name, "data_offsets [" + std::to_string(e->begin) + ", " + std::to_string(e->end) +
+                                     "] leave a hole: bytes [" + std::to_string(pos) + ", " + std::to_string(e->begin) +
+                                     ") of the data belong to no tensor");
+    pos = e->end;
+    prev = e;
+  }
+  if (pos != h.data_size)
+    safetensors_fail(file, "the tensors cover " + std::to_string(pos) + " bytes of data but the file holds " +
+                   std::to_string(h.data_size) + " after the header (trailing bytes, or a header that lies)");
+  return h;
+}
+
+SafetensorsHeader parse_safetensors_bytes(const char* bytes, std::size_t size, std::uint64_t file_size,
+                                          const std::string& file) {
+  if (size < 8 || file_size < size) safetensors_fail(file, "the file is " + std::to_string(size) + " bytes, shorter than 8");
+  const std::uint64_t n = parse_safetensors_prefix(reinterpret_cast<const unsigned char*>(bytes), file_size, file);
+  if (n > size - 8) safetensors_fail(file, "the header runs past the bytes given");
+  return parse_safetensors_header(bytes + 8, n, file_size, file);
+}
+
+}  // namespace accel::checkpoint

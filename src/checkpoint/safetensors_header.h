@@ -1,0 +1,60 @@
+// accel::checkpoint safetensors header parsing: the first 8 bytes (N) and the N-byte JSON header of a
+// safetensors file (the format and the checks: see safetensors.h). No torch: the libFuzzer harness
+// (tests/checkpoint/fuzz_safetensors_header.cpp) compiles safetensors_header.cpp alone.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace accel::checkpoint {
+
+class SafetensorsError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The largest header accepted (the Python reader's limit).
+constexpr std::uint64_t kSafetensorsMaxHeader = 100'000'000;
+
+// Bytes per element of a safetensors dtype name ("F32" -> 4), 0 if the name is not one we know.
+std::size_t safetensors_dtype_size(const std::string& dtype);
+// Every dtype name we know, comma-separated (for messages).
+std::string safetensors_dtype_names();
+
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;               // "F32", "BF16", ...
+  std::vector<std::int64_t> shape;  // [] for a scalar
+  std::uint64_t begin = 0, end = 0;  // byte offsets relative to the data start
+  std::int64_t numel() const;
+};
+
+struct SafetensorsHeader {
+  std::uint64_t header_size = 0;  // N
+  std::uint64_t data_start = 0;   // 8 + N
+  std::uint64_t data_size = 0;    // file size - data_start
+  std::vector<SafetensorsEntry> tensors;  // sorted by name
+  std::map<std::string, std::string> metadata;
+  // The entry called `name`, or nullptr.
+  const SafetensorsEntry* find(const std::string& name) const;
+};
+
+// N from the file's first 8 bytes, checked against the file size and kSafetensorsMaxHeader.
+// `file` only names the file in messages.
+std::uint64_t parse_safetensors_prefix(const unsigned char* first8, std::uint64_t file_size, const std::string& file);
+// Parses and validates the N header bytes of a file of file_size bytes. Throws SafetensorsError.
+SafetensorsHeader parse_safetensors_header(const char* json, std::size_t size, std::uint64_t file_size,
+                                           const std::string& file);
+// Both of the above over an in-memory file (prefix and header; the data is not needed).
+SafetensorsHeader parse_safetensors_bytes(const char* bytes, std::size_t size, std::uint64_t file_size,
+                                          const std::string& file);
+
+// Throw SafetensorsError "safetensors file '<file>': <what>" (and "... tensor '<tensor>': <what>").
+[[noreturn]] void safetensors_fail(const std::string& file, const std::string& what);
+[[noreturn]] void safetensors_fail_tensor(const std::string& file, const std::string& tensor, const std::string& what);
+
+}  // namespace accel::checkpoint

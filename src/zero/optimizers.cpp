@@ -1,0 +1,154 @@
+#include "zero/optimizers.h"
+
+#include "base/memory.h"
+#include "zero/engine.h"
+
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+namespace accel::zero {
+namespace {
+
+namespace optim = torch::optim;
+using Tensors = std::map<std::string, at::Tensor>;
+
+// The user's optimizer type, stepping master shards, bracketed by the engine.
+template <class Opt, class Options>
+class Sharded final : public Opt {
+ public:
+  Sharded(const std::vector<optim::OptimizerParamGroup>& groups, const Options& defaults, std::shared_ptr<Engine> engine)
+      : Opt(groups, defaults), engine_(std::move(engine)) {}
+
+  at::Tensor step(optim::Optimizer::LossClosure closure = nullptr) override {
+    engine_->before_step();
+    at::Tensor loss;
+    {
+      memory::CategoryScope cat(memory::Category::OptimizerState);
+      loss = Opt::step(std::move(closure));
+    }
+    engine_->after_step();
+    return loss;
+  }
+
+ private:
+  std::shared_ptr<Engine> engine_;
+};
+
+// Param groups over the master tensors, index-for-index the user's, with cloned options.
+std::vector<optim::OptimizerParamGroup> master_groups(const optim::Optimizer& user, const Engine& e) {
+  std::vector<optim::OptimizerParamGroup> groups;
+  for (std::size_t g = 0; g < user.param_groups().size(); ++g) {
+    std::vector<at::Tensor> params = e.optimizer_params().at(g);
+    const auto& ug = user.param_groups()[g];
+    if (ug.has_options())
+      groups.emplace_back(params, ug.options().clone());
+    else
+      groups.emplace_back(params, user.defaults().clone());
+  }
+  return groups;
+}
+
+template <class Opt>
+bool is(const optim::Optimizer& o) {
+  return dynamic_cast<const Opt*>(&o) != nullptr;
+}
+
+template <class Opt, class Options>
+std::shared_ptr<optim::Optimizer> make_sharded(const optim::Optimizer& user, const std::shared_ptr<Engine>& e) {
+  const auto& defaults = static_cast<const Options&>(user.defaults());
+  return std::make_shared<Sharded<Opt, Options>>(master_groups(user, *e), defaults, e);
+}
+
+at::Tensor get(const Tensors& t, const char* name) {
+  auto it = t.find(name);
+  return it == t.end() ? at::Tensor() : it->second;
+}
+
+OptimizerState named(std::initializer_list<std::pair<const char*, at::Tensor>> tensors, std::optional<std::int64_t> step) {
+  OptimizerState out{{}, step};
+  for (const auto& [n, t] : tensors)
+    if (t.defined()) out.tensors.emplace_back(n, t);
+  return out;
+}
+
+// Adam and AdamW keep the same state under different types.
+template <class State>
+OptimizerState export_adam(optim::OptimizerParamState& p) {
+  auto* s = dynamic_cast<State*>(&p);
+  if (!s) return {};
+  return named({{"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}, {"max_exp_avg_sq", s->max_exp_avg_sq()}},
+               s->step());
+}
+template <class State>
+std::unique_ptr<optim::OptimizerParamState> import_adam(const Tensors& t, std::int64_t step) {
+  auto s = std::make_unique<State>();
+  s->step(step), s->exp_avg(get(t, "exp_avg")), s->exp_avg_sq(get(t, "exp_avg_sq"));
+  s->max_exp_avg_sq(get(t, "max_exp_avg_sq"));
+  return s;
+}
+
+OptimizerState export_sgd(optim::OptimizerParamState& p) {
+  auto* s = dynamic_cast<optim::SGDParamState*>(&p);
+  return s ? named({{"momentum_buffer", s->momentum_buffer()}}, std::nullopt) : OptimizerState{};
+}
+std::unique_ptr<optim::OptimizerParamState> import_sgd(const Tensors& t, std::int64_t) {
+  auto s = std::make_unique<optim::SGDParamState>();
+  s->momentum_buffer(get(t, "momentum_buffer"));
+  return s;
+}
+
+OptimizerState export_rmsprop(optim::OptimizerParamState& p) {
+  auto* s = dynamic_cast<optim::RMSpropParamState*>(&p);
+  if (!s) return {};
+  return named({{"square_avg", s->square_avg()}, {"momentum_buffer", s->momentum_buffer()}, {"grad_avg", s->grad_avg()}},
+               s->step());
+}
+std::unique_ptr<optim::OptimizerParamState> import_rmsprop(const Tensors& t, std::int64_t step) {
+  auto s = std::make_unique<optim::RMSpropParamState>();
+  s->step(step), s->square_avg(get(t, "square_avg")), s->momentum_buffer(get(t, "momentum_buffer"));
+  s->grad_avg(get(t, "grad_avg"));
+  return s;
+}
+
+OptimizerState export_adagrad(optim::OptimizerParamState& p) {
+  auto* s = dynamic_cast<optim::AdagradParamState*>(&p);
+  return s ? named({{"sum", s->sum()}}, s->step()) : OptimizerState{};
+}
+std::unique_ptr<optim::OptimizerParamState> import_adagrad(const Tensors& t, std::int64_t step) {
+  auto s = std::make_unique<optim::AdagradParamState>();
+  s->step(step), s->sum(get(t, "sum"));
+  return s;
+}
+
+const OptimizerRow kRows[] = {
+    {"Adam", is<optim::Adam>, make_sharded<optim::Adam, optim::AdamOptions>, export_adam<optim::AdamParamState>,
+     import_adam<optim::AdamParamState>},
+    {"AdamW", is<optim::AdamW>, make_sharded<optim::AdamW, optim::AdamWOptions>, export_adam<optim::AdamWParamState>,
+     import_adam<optim::AdamWParamState>},
+    {"SGD", is<optim::SGD>, make_sharded<optim::SGD, optim::SGDOptions>, export_sgd, import_sgd},
+    {"RMSprop", is<optim::RMSprop>, make_sharded<optim::RMSprop, optim::RMSpropOptions>, export_rmsprop, import_rmsprop},
+    {"Adagrad", is<optim::Adagrad>, make_sharded<optim::Adagrad, optim::AdagradOptions>, export_adagrad, import_adagrad},
+};
+
+}  // namespace
+
+std::span<const OptimizerRow> optimizer_rows() { return kRows; }
+
+const OptimizerRow* find_optimizer_row(const torch::optim::Optimizer& o) {
+  for (const auto& r : kRows)
+    if (r.is(o)) return &r;
+  return nullptr;
+}
+
+std::string optimizer_names(const char* conjunction) {
+  std::string out;
+  const std::size_t n = std::size(kRows);
+  for (std::size_t i = 0; i < n; ++i)
+    out += std::string(i == 0 ? "" : i + 1 == n ? std::string(" ") + conjunction + " " : ", ") + kRows[i].name;
+  return out;
+}
+
+}  // namespace accel::zero

@@ -1,0 +1,72 @@
+# How accel's GoogleTest binaries become ctest tests. include()d from tests/CMakeLists.txt; the
+# functions read ACCEL_TEST_ENV (set there) at the call.
+#
+#   accel_add_mpi_test(NAME <prefix> TARGET <exe> NP <n>... [SUFFIX <s>] [FILTER <gtest filter>]
+#                      [ARGS <arg>...] [ENV <VAR=value>...] [TIMEOUT <s>] [LABELS <label>...] [SKIPPABLE])
+#     One test per world size N, named <prefix>_np<N><suffix>: the binary on every rank of
+#     `mpirun --oversubscribe -np N` (tests/test_main.cpp makes every rank exit with the worst result).
+#
+#   accel_add_gtest(NAME <name> TARGET <exe> [FILTER ...] [ARGS ...] [ENV ...] [TIMEOUT <s>] [LABELS ...]
+#                   [SKIPPABLE])
+#     The binary as one plain process.
+#
+# Every test gets ENVIRONMENT ${ACCEL_TEST_ENV} plus ENV, and TIMEOUT (default 600 s).
+# SKIPPABLE: the binary may GTEST_SKIP (a missing GPU, a missing Python package). It runs under
+# tests/support/gtest_skips.sh, which reports "skipped" (exit 77, SKIP_RETURN_CODE) only when the run
+# succeeded and skipped at least one test; a failure anywhere in the run is a failure. (ctest's
+# SKIP_REGULAR_EXPRESSION would win over the exit status and show a run where one test skipped and
+# another failed as skipped.)
+set(ACCEL_GTEST_SKIPS ${CMAKE_CURRENT_LIST_DIR}/gtest_skips.sh)
+
+function(_accel_gtest_register name)  # uses the caller's parsed T_* variables and CMD
+  set(cmd ${CMD})
+  if(T_SKIPPABLE)
+    set(cmd bash ${ACCEL_GTEST_SKIPS} ${cmd})
+  endif()
+  add_test(NAME ${name} COMMAND ${cmd})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 600)
+  endif()
+  set(env ${ACCEL_TEST_ENV} ${T_ENV})
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT "${env}" TIMEOUT ${T_TIMEOUT})
+  if(T_SKIPPABLE)
+    set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77)
+  endif()
+  if(T_LABELS)
+    set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
+  endif()
+endfunction()
+
+macro(_accel_gtest_parse)
+  cmake_parse_arguments(T "SKIPPABLE" "NAME;TARGET;SUFFIX;FILTER;TIMEOUT" "NP;ARGS;ENV;LABELS" ${ARGN})
+  if(NOT T_NAME OR NOT T_TARGET)
+    message(FATAL_ERROR "accel test helper: NAME and TARGET are required")
+  endif()
+  if(T_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "accel test helper (${T_NAME}): unknown arguments ${T_UNPARSED_ARGUMENTS}")
+  endif()
+  set(_gtest_args ${T_ARGS})
+  if(DEFINED T_FILTER)
+    list(PREPEND _gtest_args --gtest_filter=${T_FILTER})
+  endif()
+endmacro()
+
+function(accel_add_mpi_test)
+  _accel_gtest_parse(${ARGN})
+  if(NOT T_NP)
+    message(FATAL_ERROR "accel_add_mpi_test(${T_NAME}): NP <world sizes> is required")
+  endif()
+  foreach(np IN LISTS T_NP)
+    set(CMD ${MPIEXEC_EXECUTABLE} --oversubscribe -np ${np} $<TARGET_FILE:${T_TARGET}> ${_gtest_args})
+    _accel_gtest_register(${T_NAME}_np${np}${T_SUFFIX})
+  endforeach()
+endfunction()
+
+function(accel_add_gtest)
+  _accel_gtest_parse(${ARGN})
+  if(T_NP OR T_SUFFIX)
+    message(FATAL_ERROR "accel_add_gtest(${T_NAME}): one process; use accel_add_mpi_test for NP")
+  endif()
+  set(CMD $<TARGET_FILE:${T_TARGET}> ${_gtest_args})
+  _accel_gtest_register(${T_NAME})
+endfunction()
