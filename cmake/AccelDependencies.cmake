@@ -1,4 +1,4 @@
-# Every third-party dependency, found in one place (DESIGN.md §4).
+# Every third-party dependency, found in one place (docs/design.md, "Dependencies").
 
 # libtorch from the pinned PyPI wheel: pass -DCMAKE_PREFIX_PATH=$(python -c 'import torch.utils;
 # print(torch.utils.cmake_prefix_path)') (scripts/setup.sh does). The wheel is built with CUDA, so its

@@ -89,9 +89,9 @@ namespace {
 c10::Device pick_device(const AcceleratorConfig& cfg, const comm::Topology& topo) {
   const bool cuda = at::detail::getCUDAHooks().hasCUDA();
   if (cfg.distributed_type == DistributedType::MultiGpu && (!cuda || cfg.use_cpu))
-    throw ConfigError(cfg.source + ": distributed_type MULTI_GPU needs CUDA devices" +
-                      (cuda ? std::string(", but use_cpu is true") : std::string(" and this machine has none")) +
-                      "; use MULTI_CPU (or FSDP / DEEPSPEED, which run on either)");
+    throw ConfigError(fmt::format("{}: distributed_type MULTI_GPU needs CUDA devices{}; use MULTI_CPU (or FSDP / "
+                                  "DEEPSPEED, which run on either)",
+                                  cfg.source, cuda ? ", but use_cpu is true" : " and this machine has none"));
   if (!cuda || cfg.use_cpu || cfg.distributed_type == DistributedType::MultiCpu) return c10::Device(c10::kCPU);
   const int n = at::detail::getCUDAHooks().deviceCount();
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank % std::max(n, 1)));
@@ -154,9 +154,9 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
   if (cfg_.distributed_type == DistributedType::DeepSpeed) {
     BatchConfig b = resolve_batch(cfg_.batch, num_processes(), micro_batch, cfg_.gradient_accumulation_steps, where(cfg_));
     if (micro_batch && b.micro_batch_per_gpu && *b.micro_batch_per_gpu != *micro_batch)
-      throw ConfigError(where(cfg_) + ": train_micro_batch_size_per_gpu is " + std::to_string(*b.micro_batch_per_gpu) +
-                        " but the prepared loader gives " + std::to_string(*micro_batch) +
-                        " samples per process; make them agree (or write \"auto\")");
+      throw ConfigError(fmt::format("{}: train_micro_batch_size_per_gpu is {} but the prepared loader gives {} "
+                                    "samples per process; make them agree (or write \"auto\")",
+                                    where(cfg_), *b.micro_batch_per_gpu, *micro_batch));
     cfg_.batch = b;
     cfg_.gradient_accumulation_steps = *b.gradient_accumulation_steps;
     state_->accumulation_steps = cfg_.gradient_accumulation_steps;
@@ -255,9 +255,9 @@ double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
 
 void Accelerator::clip_grad_value_(double clip_value) {
   if (cfg_.distributed_type == DistributedType::DeepSpeed || cfg_.distributed_type == DistributedType::Fsdp)
-    throw std::logic_error(std::string("Accelerator::clip_grad_value_ is not supported with distributed_type ") +
-                           to_string(cfg_.distributed_type) +
-                           " (gradients are sharded, as in Accelerate); use clip_grad_norm_ instead");
+    throw std::logic_error(fmt::format("Accelerator::clip_grad_value_ is not supported with distributed_type {} "
+                                       "(gradients are sharded, as in Accelerate); use clip_grad_norm_ instead",
+                                       to_string(cfg_.distributed_type)));
   if (!engine_) throw std::logic_error("Accelerator::clip_grad_value_: prepare a model first");
   if (!state_->sync_gradients) return;
   if (scaling_ && std::isinf(scaling_->unscale(std::nullopt))) return;  // overflow: the step is skipped
@@ -295,8 +295,8 @@ at::Tensor Accelerator::reduce(const at::Tensor& t, const std::string& reduction
   else if (reduction == "min")
     op = comm::ReduceOp::Min;
   else
-    throw std::invalid_argument("Accelerator::reduce: reduction '" + reduction +
-                                "' is not one of sum, mean, max, min");
+    throw std::invalid_argument(
+        fmt::format("Accelerator::reduce: reduction '{}' is not one of sum, mean, max, min", reduction));
   at::Tensor x = t.contiguous().clone();
   if (num_processes() > 1) world_->all_reduce(x, {op});
   if (reduction == "mean") x = x.is_floating_point() ? x.div_(num_processes()) : x.to(at::kDouble).div_(num_processes());
@@ -307,8 +307,8 @@ at::Tensor Accelerator::pad_across_processes(const at::Tensor& t, std::int64_t d
   if (t.dim() == 0) return t.clone();
   const std::int64_t d = dim < 0 ? dim + t.dim() : dim;
   if (d < 0 || d >= t.dim())
-    throw std::invalid_argument("Accelerator::pad_across_processes: dim " + std::to_string(dim) +
-                                " is out of range for a tensor of " + std::to_string(t.dim()) + " dims");
+    throw std::invalid_argument(fmt::format(
+        "Accelerator::pad_across_processes: dim {} is out of range for a tensor of {} dims", dim, t.dim()));
   at::Tensor n = at::full({1}, t.size(d), at::kLong);
   if (num_processes() > 1) world_->all_reduce(n, {comm::ReduceOp::Max});
   const std::int64_t max = n.item<std::int64_t>();
@@ -420,7 +420,7 @@ std::string Accelerator::save_state(const std::string& dir_in, std::optional<boo
       next.fill_(existing.empty() ? 0 : existing.back().first + 1);
     }
     if (num_processes() > 1) world_->broadcast(next, {0});
-    dir = opts_.project_dir + "/checkpoints/checkpoint_" + std::to_string(next.item<std::int64_t>());
+    dir = fmt::format("{}/checkpoints/checkpoint_{}", opts_.project_dir, next.item<std::int64_t>());
   }
   checkpoint::TrainingState t;
   t.step = state_->optimizer_steps;
@@ -450,7 +450,7 @@ void Accelerator::load_state(const std::string& dir_in) {
       throw std::invalid_argument("Accelerator::load_state: give a directory, or set AcceleratorOptions::project_dir");
     const auto existing = checkpoint::automatic_checkpoints(opts_.project_dir);
     if (existing.empty())
-      throw checkpoint::CheckpointError("no checkpoint in " + opts_.project_dir + "/checkpoints to load");
+      throw checkpoint::CheckpointError(fmt::format("no checkpoint in {}/checkpoints to load", opts_.project_dir));
     dir = existing.back().second;
   }
   const checkpoint::TrainingState t = checkpoint::read_state(dir, *engine_, *model_, optimizer_.get(), *world_);
@@ -488,8 +488,8 @@ void Accelerator::load_model_files(const std::string& path_or_dir) {
 void Accelerator::register_for_checkpointing(const std::string& name, std::function<std::string()> save,
                                              std::function<void(const std::string&)> load) {
   if (name.empty() || name.find_first_of("/\\") != std::string::npos)
-    throw std::invalid_argument("Accelerator::register_for_checkpointing: '" + name +
-                                "' is not a usable name (non-empty, no slashes)");
+    throw std::invalid_argument(fmt::format(
+        "Accelerator::register_for_checkpointing: '{}' is not a usable name (non-empty, no slashes)", name));
   if (!save || !load) throw std::invalid_argument("Accelerator::register_for_checkpointing: give both functions");
   registered_[name] = {std::move(save), std::move(load)};
 }

@@ -112,34 +112,34 @@ MixedPrecision parse_mixed_precision(const std::string& value, const std::string
 // DeepSpeed's batch triad
 
 namespace {
-std::string show(const std::optional<std::int64_t>& v) { return v ? std::to_string(*v) : std::string("unset"); }
+std::string show(const std::optional<std::int64_t>& v) { return v ? fmt::format("{}", *v) : std::string("unset"); }
 
 std::string triad(const BatchConfig& b, int world) {
-  return "train_batch_size " + show(b.train_batch_size) + ", train_micro_batch_size_per_gpu " +
-         show(b.micro_batch_per_gpu) + ", gradient_accumulation_steps " + show(b.gradient_accumulation_steps) +
-         ", world size " + std::to_string(world);
+  return fmt::format("train_batch_size {}, train_micro_batch_size_per_gpu {}, gradient_accumulation_steps {}, "
+                     "world size {}",
+                     show(b.train_batch_size), show(b.micro_batch_per_gpu), show(b.gradient_accumulation_steps), world);
 }
 }  // namespace
 
 BatchConfig resolve_batch(BatchConfig b, int world, std::optional<std::int64_t> loader_micro_batch,
                           std::int64_t accumulation_default, const std::string& source) {
   const std::string where = source.empty() ? std::string("the configuration") : source;
-  if (world < 1) cd::fail(where, "world size is " + std::to_string(world) + ", expected >= 1");
+  if (world < 1) cd::fail(where, fmt::format("world size is {}, expected >= 1", world));
   const std::pair<const char*, const std::optional<std::int64_t>*> given[] = {
       {"train_batch_size", &b.train_batch_size},
       {"train_micro_batch_size_per_gpu", &b.micro_batch_per_gpu},
       {"gradient_accumulation_steps", &b.gradient_accumulation_steps}};
   for (const auto& [name, v] : given)
-    if (*v && **v <= 0) cd::fail(where, std::string(name) + " is " + std::to_string(**v) + ", expected a positive integer");
+    if (*v && **v <= 0) cd::fail(where, fmt::format("{} is {}, expected a positive integer", name, **v));
   if (loader_micro_batch && *loader_micro_batch <= 0)
-    cd::fail(where, "the prepared loader's batch size is " + std::to_string(*loader_micro_batch) +
-                        ", expected a positive integer");
+    cd::fail(where, fmt::format("the prepared loader's batch size is {}, expected a positive integer",
+                                *loader_micro_batch));
 
   // The loader knows the micro batch; the accumulation default fills in only what the rule cannot derive.
   if (!b.micro_batch_per_gpu && loader_micro_batch) b.micro_batch_per_gpu = loader_micro_batch;
   if (!b.gradient_accumulation_steps && !(b.train_batch_size && b.micro_batch_per_gpu)) {
     if (accumulation_default < 1)
-      cd::fail(where, "gradient_accumulation_steps is " + std::to_string(accumulation_default) + ", expected >= 1");
+      cd::fail(where, fmt::format("gradient_accumulation_steps is {}, expected >= 1", accumulation_default));
     b.gradient_accumulation_steps = accumulation_default;
   }
 
@@ -148,23 +148,26 @@ BatchConfig resolve_batch(BatchConfig b, int world, std::optional<std::int64_t> 
   auto& mbs = b.micro_batch_per_gpu;
   auto& gas = b.gradient_accumulation_steps;
   if (!tbs && !mbs)
-    cd::fail(where, "either train_batch_size or train_micro_batch_size_per_gpu needs to be given (" + triad(b, world) +
-                        "); set one, or let prepare() take the micro batch from the data loader");
+    cd::fail(where, fmt::format("either train_batch_size or train_micro_batch_size_per_gpu needs to be given ({}); "
+                                "set one, or let prepare() take the micro batch from the data loader",
+                                triad(b, world)));
   if (tbs && mbs && gas) {
     if (*tbs != *mbs * *gas * w)
-      cd::fail(where, "batch sizes do not fit: train_batch_size must equal train_micro_batch_size_per_gpu * "
-                      "gradient_accumulation_steps * world size, but " + std::to_string(*tbs) + " != " +
-                          std::to_string(*mbs) + " * " + std::to_string(*gas) + " * " + std::to_string(w) + " (" +
-                          triad(b, world) + ")");
+      cd::fail(where, fmt::format("batch sizes do not fit: train_batch_size must equal "
+                                  "train_micro_batch_size_per_gpu * gradient_accumulation_steps * world size, but "
+                                  "{} != {} * {} * {} ({})",
+                                  *tbs, *mbs, *gas, w, triad(b, world)));
   } else if (tbs && mbs) {
     if (*tbs % (*mbs * w) != 0)
-      cd::fail(where, "cannot derive gradient_accumulation_steps: train_batch_size is not a multiple of "
-                      "train_micro_batch_size_per_gpu * world size (" + triad(b, world) + ")");
+      cd::fail(where, fmt::format("cannot derive gradient_accumulation_steps: train_batch_size is not a multiple of "
+                                  "train_micro_batch_size_per_gpu * world size ({})",
+                                  triad(b, world)));
     gas = *tbs / (*mbs * w);
   } else if (tbs && gas) {
     if (*tbs % (*gas * w) != 0)
-      cd::fail(where, "cannot derive train_micro_batch_size_per_gpu: train_batch_size is not a multiple of "
-                      "gradient_accumulation_steps * world size (" + triad(b, world) + ")");
+      cd::fail(where, fmt::format("cannot derive train_micro_batch_size_per_gpu: train_batch_size is not a multiple of "
+                                  "gradient_accumulation_steps * world size ({})",
+                                  triad(b, world)));
     mbs = *tbs / (*gas * w);
   } else {  // micro batch and accumulation known
     tbs = *mbs * *gas * w;
@@ -210,7 +213,7 @@ std::optional<std::string> env_text(const char* name) {
   return env::get(name);
 }
 
-std::string env_where(const char* name) { return std::string(name) + " (environment)"; }
+std::string env_where(const char* name) { return fmt::format("{} (environment)", name); }
 
 std::optional<Given<std::string>> pick_text(const std::optional<std::string>& arg, const char* var) {
   if (arg && !arg->empty()) return Given<std::string>{*arg, "argument", 2};
@@ -256,7 +259,7 @@ AcceleratorConfig resolve_config(const ConfigOverrides& args) {
   std::optional<std::int64_t> accumulation;
   if (args.gradient_accumulation_steps) {
     if (*args.gradient_accumulation_steps < 1)
-      cd::fail_value("argument", "gradient_accumulation_steps", std::to_string(*args.gradient_accumulation_steps),
+      cd::fail_value("argument", "gradient_accumulation_steps", fmt::format("{}", *args.gradient_accumulation_steps),
                      "an integer >= 1");
     accumulation = *args.gradient_accumulation_steps;
   } else if (env::is_set("ACCEL_GRADIENT_ACCUMULATION_STEPS")) {
@@ -279,7 +282,7 @@ AcceleratorConfig resolve_config(const ConfigOverrides& args) {
   std::optional<Given<int>> stage;
   if (args.zero_stage) {
     if (*args.zero_stage < 0 || *args.zero_stage > 3)
-      cd::fail_value("argument", "zero_stage", std::to_string(*args.zero_stage), "0, 1, 2 or 3");
+      cd::fail_value("argument", "zero_stage", fmt::format("{}", *args.zero_stage), "0, 1, 2 or 3");
     stage = Given<int>{*args.zero_stage, "argument", 2};
   } else if (env::is_set("ACCEL_ZERO_STAGE")) {
     stage = Given<int>{static_cast<int>(env_integer("ACCEL_ZERO_STAGE", "zero_stage", 0, 3, "0, 1, 2 or 3")),
@@ -289,16 +292,18 @@ AcceleratorConfig resolve_config(const ConfigOverrides& args) {
   if (strategy) strategy->value = cd::fsdp_strategy_name(strategy->where, "fsdp_sharding_strategy", strategy->value);
 
   if (stage && strategy && stage->level == strategy->level)
-    cd::fail(stage->where == strategy->where ? stage->where : stage->where + " and " + strategy->where,
+    cd::fail(stage->where == strategy->where ? stage->where : fmt::format("{} and {}", stage->where, strategy->where),
              "zero_stage (DEEPSPEED) and fsdp_sharding_strategy (FSDP) are both given; give one of them");
   if (stage && (!strategy || stage->level > strategy->level)) {
     force_deepspeed(cfg, stage->value);
     if (strategy)
-      cd::note_ignored(cfg, "fsdp_sharding_strategy (" + strategy->where + ")", "overridden by zero_stage (" + stage->where + ")");
+      cd::note_ignored(cfg, fmt::format("fsdp_sharding_strategy ({})", strategy->where),
+                       fmt::format("overridden by zero_stage ({})", stage->where));
   } else if (strategy) {
     force_fsdp(cfg, strategy->value);
     if (stage)
-      cd::note_ignored(cfg, "zero_stage (" + stage->where + ")", "overridden by fsdp_sharding_strategy (" + strategy->where + ")");
+      cd::note_ignored(cfg, fmt::format("zero_stage ({})", stage->where),
+                       fmt::format("overridden by fsdp_sharding_strategy ({})", strategy->where));
   }
 
   try {

@@ -3,7 +3,7 @@
 //     fp8_config, ...), which may name a DeepSpeed JSON (deepspeed_config.deepspeed_config_file);
 //   * a DeepSpeed JSON on its own (train_batch_size, zero_optimization, fp16, bf16, ...), read as
 //     DeepSpeed reads it.
-// Both end in one AcceleratorConfig, whose ShardingSpec the engine executes (DESIGN.md §1).
+// Both end in one AcceleratorConfig, whose ShardingSpec the engine executes (docs/design.md, "The strategy table").
 //
 // Errors are ConfigError with one message that names the file, the key (dotted path), what is wrong,
 // the allowed values and, for an unknown key, the closest valid key. Every key a dialect documents

@@ -1,4 +1,4 @@
-// DeepSpeed JSON, read as DeepSpeed reads it (deepspeed.md §1), into an AcceleratorConfig:
+// DeepSpeed JSON, read as DeepSpeed reads it (docs/design.md, "Configuration"), into an AcceleratorConfig:
 //   * zero_optimization, its offload blocks, fp16 and bf16 are strict like DeepSpeed's pydantic models:
 //     an unknown key is an error; a field may be spelled by its name or its alias
 //     (prefetch_bucket_size / stage3_prefetch_bucket_size); a value "auto" drops the key (default);
@@ -15,6 +15,7 @@
 
 #include "accelerator/config_detail.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -271,8 +272,8 @@ class Block {
         if (written == k.name || written == k.alias) key = &k;
       if (!key) cd::fail_unknown_key(file, prefix + written, valid);
       if (!entries_.emplace(key->name, Entry{written, value}).second)
-        cd::fail(file, "both '" + prefix + key->name + "' and its alias '" + prefix + key->alias +
-                           "' are given; keep one");
+        cd::fail(file, fmt::format("both '{}{}' and its alias '{}{}' are given; keep one", prefix, key->name, prefix,
+                                   key->alias));
       if (value.is_null() || is_auto(value)) {
         dropped_.insert(key->name);
         continue;
@@ -348,7 +349,7 @@ json parse_strict(const std::string& text, const std::string& file) {
       case json::parse_event_t::key: {
         const std::string k = parsed.get<std::string>();
         if (!frames.back().keys.insert(k).second)
-          cd::fail(file, "duplicate key '" + path_of(k) + "' (DeepSpeed rejects duplicate keys too)");
+          cd::fail(file, fmt::format("duplicate key '{}' (DeepSpeed rejects duplicate keys too)", path_of(k)));
         frames.back().last = k;
         break;
       }
@@ -371,8 +372,8 @@ std::optional<std::int64_t> batch_value(const Block& top, const std::string& nam
 std::string read_offload(const Block& zero, const std::string& block, const std::string& deprecated,
                          const std::vector<Key>& keys, const std::string& file, AcceleratorConfig& cfg) {
   if (zero.has(deprecated) && zero.written(block))
-    cd::fail(file, "both the deprecated '" + zero.path(deprecated) + "' and its replacement '" + zero.path(block) +
-                       "' are given; keep " + zero.path(block));
+    cd::fail(file, fmt::format("both the deprecated '{}' and its replacement '{}' are given; keep {}",
+                               zero.path(deprecated), zero.path(block), zero.path(block)));
   if (zero.has(deprecated)) return *zero.boolean(deprecated) ? "cpu" : "none";
   if (!zero.has(block)) return "none";
   Block b(zero.value(block), file, zero.path(block) + ".", keys, cfg);
@@ -401,14 +402,14 @@ void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
   cfg.offload_optimizer_device = read_offload(zero, "offload_optimizer", "cpu_offload", offload_optimizer_keys(), file, cfg);
   cfg.offload_param_device = read_offload(zero, "offload_param", "cpu_offload_param", offload_param_keys(), file, cfg);
   if (cfg.offload_param_device != "none" && stage != 3)
-    cd::fail(file, zero.path("offload_param") + " offloads parameters to '" + cfg.offload_param_device +
-                       "', which needs stage 3 (zero_optimization.stage is " + std::to_string(stage) +
-                       "); use stage 3 or set the device to \"none\"");
+    cd::fail(file, fmt::format("{} offloads parameters to '{}', which needs stage 3 (zero_optimization.stage is {}); "
+                               "use stage 3 or set the device to \"none\"",
+                               zero.path("offload_param"), cfg.offload_param_device, stage));
 
   const std::string g16 = "gather_16bit_weights_on_model_save", old16 = "stage3_gather_fp16_weights_on_model_save";
   if (zero.has(old16) && zero.has(g16))
-    cd::fail(file, "both the deprecated '" + zero.path(old16) + "' and its replacement '" + zero.path(g16) +
-                       "' are given; keep " + zero.path(g16));
+    cd::fail(file, fmt::format("both the deprecated '{}' and its replacement '{}' are given; keep {}", zero.path(old16),
+                               zero.path(g16), zero.path(g16)));
   if (auto b = zero.boolean(zero.has(g16) ? g16 : old16)) cfg.zero3_save_16bit_model = *b;
 }
 
@@ -460,8 +461,9 @@ namespace config_detail {
 DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& source) {
   const json root = parse_strict(text, source);
   if (!root.is_object())
-    fail(source, "a DeepSpeed config is a JSON object ({\"train_batch_size\": ..., \"zero_optimization\": ...}), got " +
-                     std::string(root.type_name()));
+    fail(source, fmt::format("a DeepSpeed config is a JSON object ({{\"train_batch_size\": ..., "
+                             "\"zero_optimization\": ...}}), got {}",
+                             root.type_name()));
   DeepSpeedJson out;
   AcceleratorConfig& cfg = out.cfg;
   cfg.source = source;
@@ -475,10 +477,9 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   const BatchConfig& b = cfg.batch;
   if (b.train_batch_size && b.micro_batch_per_gpu && b.gradient_accumulation_steps &&
       *b.train_batch_size % (*b.micro_batch_per_gpu * *b.gradient_accumulation_steps) != 0)
-    fail(source, "train_batch_size " + std::to_string(*b.train_batch_size) +
-                     " must equal train_micro_batch_size_per_gpu * gradient_accumulation_steps * world size, but " +
-                     std::to_string(*b.micro_batch_per_gpu) + " * " + std::to_string(*b.gradient_accumulation_steps) +
-                     " does not divide it");
+    fail(source, fmt::format("train_batch_size {} must equal train_micro_batch_size_per_gpu * "
+                             "gradient_accumulation_steps * world size, but {} * {} does not divide it",
+                             *b.train_batch_size, *b.micro_batch_per_gpu, *b.gradient_accumulation_steps));
   if (b.gradient_accumulation_steps) cfg.gradient_accumulation_steps = *b.gradient_accumulation_steps;
   if (top.has("gradient_clipping")) {
     const json& v = top.value("gradient_clipping");
@@ -493,7 +494,7 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   if (top.has("fp16")) read_fp16(top.value("fp16"), source, cfg, fp16, fp16_auto);
   if (top.has("bf16")) read_bf16(top.value("bf16"), source, top.path("bf16"), cfg, bf16, bf16_auto);
   if (fp16 && bf16)
-    fail(source, "fp16.enabled and " + top.path("bf16") + ".enabled are both true; enable at most one");
+    fail(source, fmt::format("fp16.enabled and {}.enabled are both true; enable at most one", top.path("bf16")));
   cfg.mixed_precision = fp16 ? MixedPrecision::Fp16 : bf16 ? MixedPrecision::Bf16 : MixedPrecision::No;
   out.precision_given = fp16 || bf16;
   out.precision_auto = !out.precision_given && (fp16_auto || bf16_auto);

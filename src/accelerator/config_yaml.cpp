@@ -1,4 +1,4 @@
-// Accelerate-style YAML (accelerate.md §2), read strictly into an AcceleratorConfig:
+// Accelerate-style YAML (docs/design.md, "Configuration"), read strictly into an AcceleratorConfig:
 //   * distributed_type is required; the top level, fsdp_config, deepspeed_config and fp8_config reject
 //     unknown keys with a "did you mean"; wrong types and bad enum values name key, value and what is
 //     allowed. A key given twice is an error. A key with a null value (`main_process_ip: null`, as older
@@ -196,7 +196,8 @@ class Section {
       return nullptr;
     };
     for (auto it = node.begin(); it != node.end(); ++it) {
-      if (!it->first.IsScalar()) cd::fail(file_, "a key of " + where() + " is not a name: " + show(it->first));
+      if (!it->first.IsScalar())
+        cd::fail(file_, fmt::format("a key of {} is not a name: {}", where(), show(it->first)));
       const std::string written = it->first.Scalar();
       std::string name = written;
       if (auto a = aliases.find(written); a != aliases.end()) name = a->second;
@@ -205,9 +206,9 @@ class Section {
       if (!key) cd::fail_unknown_key(file_, prefix_ + written, valid);
       if (auto prev = entries_.find(name); prev != entries_.end())
         cd::fail(file_, prev->second.written == written
-                            ? prefix_ + written + " is given twice"
-                            : "both " + prefix_ + prev->second.written + " and " + prefix_ + written +
-                                  " are given (the same key); keep one");
+                            ? fmt::format("{}{} is given twice", prefix_, written)
+                            : fmt::format("both {}{} and {}{} are given (the same key); keep one", prefix_,
+                                          prev->second.written, prefix_, written));
       entries_.emplace(name, Entry{written, it->second});
       if (key->ignored && !it->second.IsNull()) cd::note_ignored(cfg, prefix_ + written, key->ignored);
     }
@@ -285,13 +286,15 @@ DistributedType read_distributed_type(const Section& top) {
                                                        "MULTI_XPU", "MULTI_HPU", "MULTI_NEURON", "XLA",
                                                        "MEGATRON_LM"};
   if (!top.has("distributed_type"))
-    cd::fail(top.file(), "missing required key 'distributed_type' (allowed values: " + cd::join(supported) +
-                             "); Accelerate requires it too");
+    cd::fail(top.file(), fmt::format("missing required key 'distributed_type' (allowed values: {}); Accelerate "
+                                     "requires it too",
+                                     cd::join(supported)));
   const std::string given = *top.text("distributed_type", "one of " + cd::join(supported));
   for (const auto& u : unsupported)
     if (cd::upper(cd::trim(given)) == u)
-      cd::fail(top.file(), "distributed_type is '" + given + "', which accel does not support (it runs on CPUs and "
-                                                              "CUDA GPUs); allowed values: " + cd::join(supported));
+      cd::fail(top.file(), fmt::format("distributed_type is '{}', which accel does not support (it runs on CPUs and "
+                                       "CUDA GPUs); allowed values: {}",
+                                       given, cd::join(supported)));
   const std::string v = cd::match_enum(top.file(), "distributed_type", given, supported);
   if (v == "MULTI_CPU") return DistributedType::MultiCpu;
   if (v == "MULTI_GPU") return DistributedType::MultiGpu;
@@ -302,9 +305,9 @@ DistributedType read_distributed_type(const Section& top) {
 
 void read_machine(const Section& top, AcceleratorConfig& cfg) {
   if (auto env = top.choice("compute_environment", {"LOCAL_MACHINE", "AMAZON_SAGEMAKER"}); env && *env != "LOCAL_MACHINE")
-    cd::fail(top.file(), "compute_environment is '" + *env +
-                             "': accel does not launch SageMaker jobs; use LOCAL_MACHINE and start `accel launch` on "
-                             "the instances");
+    cd::fail(top.file(), fmt::format("compute_environment is '{}': accel does not launch SageMaker jobs; use "
+                                     "LOCAL_MACHINE and start `accel launch` on the instances",
+                                     *env));
   if (auto v = top.boolean("use_cpu")) cfg.use_cpu = *v;
   const auto procs = top.integer("num_processes", 1, kIntMax, "an integer >= 1 (processes over all machines)");
   if (procs) cfg.num_processes = static_cast<int>(*procs);
@@ -314,9 +317,9 @@ void read_machine(const Section& top, AcceleratorConfig& cfg) {
     cd::fail(top.file(), fmt::format("machine_rank is {}, expected 0..{} (num_machines is {})", *v,
                                      cfg.num_machines - 1, cfg.num_machines));
   if (procs && cfg.num_processes % cfg.num_machines != 0)
-    cd::fail(top.file(), "num_processes is " + std::to_string(cfg.num_processes) +
-                             ", expected a multiple of num_machines (" + std::to_string(cfg.num_machines) +
-                             "): every machine runs the same number of processes");
+    cd::fail(top.file(), fmt::format("num_processes is {}, expected a multiple of num_machines ({}): every machine "
+                                     "runs the same number of processes",
+                                     cfg.num_processes, cfg.num_machines));
   if (auto ip = top.text("main_process_ip", "a host name or IP address")) {
     const std::string s = cd::trim(*ip);
     bool ok = !s.empty();
@@ -334,8 +337,8 @@ std::optional<MixedPrecision> read_mixed_precision(const Section& top) {
   if (auto legacy = top.boolean("fp16")) {  // Accelerate's old spelling
     const MixedPrecision implied = *legacy ? MixedPrecision::Fp16 : MixedPrecision::No;
     if (mp && *mp != implied)
-      cd::fail(top.file(), std::string("fp16 is ") + (*legacy ? "true" : "false") + " but mixed_precision is '" +
-                               to_string(*mp) + "'; remove the old fp16 key");
+      cd::fail(top.file(), fmt::format("fp16 is {} but mixed_precision is '{}'; remove the old fp16 key",
+                                       *legacy ? "true" : "false", to_string(*mp)));
     mp = implied;
   }
   return mp;
@@ -387,8 +390,8 @@ void read_fsdp(const Section& s, AcceleratorConfig& cfg) {
       // FSDP1: Accelerate's newer questionnaire writes the sharding strategy under this key.
       const std::string named = cd::fsdp_strategy_name(file, key, *t);
       if (strategy && *strategy != named)
-        cd::fail(file, key + " is '" + *t + "' but " + s.path("fsdp_sharding_strategy") + " is '" + *strategy +
-                           "'; they name the strategy twice, keep one");
+        cd::fail(file, fmt::format("{} is '{}' but {} is '{}'; they name the strategy twice, keep one", key, *t,
+                                   s.path("fsdp_sharding_strategy"), *strategy));
       strategy = named;
     }
   }
@@ -434,9 +437,9 @@ void read_fsdp(const Section& s, AcceleratorConfig& cfg) {
   }
   if (auto t = s.choice("fsdp_state_dict_type", {"FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT"})) {
     if (*t == "LOCAL_STATE_DICT" && cfg.fsdp_version == 2)
-      cd::fail(file, s.path("fsdp_state_dict_type") +
-                         " is 'LOCAL_STATE_DICT', which FSDP version 2 does not have; allowed values: "
-                         "FULL_STATE_DICT, SHARDED_STATE_DICT");
+      cd::fail(file, fmt::format("{} is 'LOCAL_STATE_DICT', which FSDP version 2 does not have; allowed values: "
+                                 "FULL_STATE_DICT, SHARDED_STATE_DICT",
+                                 s.path("fsdp_state_dict_type")));
     // SHARDED and LOCAL both mean each rank writes its own slices, which is accel's sharded checkpoint.
     cfg.state_dict_type = *t == "FULL_STATE_DICT" ? StateDictType::Full : StateDictType::Sharded;
   }
@@ -453,13 +456,14 @@ std::string resolve_json_path(const Section& s, const std::string& base_dir) {
   const std::string key = s.path("deepspeed_config_file");
   if (!given.empty() && given[0] == '/') {
     if (files::is_file(given)) return given;
-    cd::fail(s.file(), key + " is '" + given + "', which does not exist");
+    cd::fail(s.file(), fmt::format("{} is '{}', which does not exist", key, given));
   }
   if (files::is_file(given)) return given;
   const std::string beside = base_dir == "." ? given : base_dir + "/" + given;
   if (files::is_file(beside)) return beside;
-  cd::fail(s.file(), key + " is '" + given + "', which is neither in the working directory (" + files::working_dir() +
-                         ") nor beside the config file (" + beside + ")");
+  cd::fail(s.file(), fmt::format("{} is '{}', which is neither in the working directory ({}) nor beside the config "
+                                 "file ({})",
+                                 key, given, files::working_dir(), beside));
 }
 
 // The YAML's top-level values that may meet a DeepSpeed JSON.
@@ -484,25 +488,25 @@ void merge_deepspeed_json(const Section& s, const std::string& base_dir, const T
     if (ds.precision_auto || (!ds.precision_given && *top.mixed_precision == MixedPrecision::Fp8))
       mp = *top.mixed_precision;  // "auto" in the JSON: the YAML decides; fp8 is not a DeepSpeed JSON setting
     else if (*top.mixed_precision != j.mixed_precision)
-      both.push_back(std::string("mixed_precision ('") + to_string(*top.mixed_precision) + "' in the YAML, '" +
-                     to_string(j.mixed_precision) + "' in the JSON)");
+      both.push_back(fmt::format("mixed_precision ('{}' in the YAML, '{}' in the JSON)",
+                                 to_string(*top.mixed_precision), to_string(j.mixed_precision)));
   }
   BatchConfig batch = j.batch;
   std::int64_t accumulation = j.gradient_accumulation_steps;
   if (top.accumulation) {
     if (j.batch.gradient_accumulation_steps && *j.batch.gradient_accumulation_steps != *top.accumulation)
-      both.push_back("gradient_accumulation_steps (" + std::to_string(*top.accumulation) + " in the YAML, " +
-                     std::to_string(*j.batch.gradient_accumulation_steps) + " in the JSON)");
+      both.push_back(fmt::format("gradient_accumulation_steps ({} in the YAML, {} in the JSON)", *top.accumulation,
+                                 *j.batch.gradient_accumulation_steps));
     batch.gradient_accumulation_steps = *top.accumulation;
     accumulation = *top.accumulation;
   }
   if (!both.empty())
-    cd::fail(s.file(), "the following keys are set in both " + s.file() + " and " + json_path + " (" +
-                           s.path("deepspeed_config_file") + "): " + cd::join(both) +
-                           "; remove them from the YAML: with a DeepSpeed config file, the JSON decides them");
+    cd::fail(s.file(), fmt::format("the following keys are set in both {} and {} ({}): {}; remove them from the YAML: "
+                                   "with a DeepSpeed config file, the JSON decides them",
+                                   s.file(), json_path, s.path("deepspeed_config_file"), cd::join(both)));
 
   cfg.deepspeed_config_file = json_path;
-  cfg.source = s.file() + " + " + json_path;
+  cfg.source = fmt::format("{} + {}", s.file(), json_path);
   cfg.mixed_precision = mp;
   cfg.batch = batch;
   cfg.gradient_accumulation_steps = accumulation;
@@ -530,15 +534,15 @@ void read_deepspeed(const Section& s, const std::string& base_dir, const TopLeve
   if (auto t = s.text("offload_param_device", "none, cpu or nvme"))
     cfg.offload_param_device = cd::offload_device(s.file(), s.path("offload_param_device"), *t);
   if (cfg.offload_param_device != "none" && stage != 3)
-    cd::fail(s.file(), s.path("offload_param_device") + " is '" + cfg.offload_param_device +
-                           "', which needs zero_stage 3 (zero_stage is " + std::to_string(stage) +
-                           "); use zero_stage 3 or offload_param_device none");
+    cd::fail(s.file(), fmt::format("{} is '{}', which needs zero_stage 3 (zero_stage is {}); use zero_stage 3 or "
+                                   "offload_param_device none",
+                                   s.path("offload_param_device"), cfg.offload_param_device, stage));
   if (s.has("gradient_accumulation_steps") && cd::lower(*s.text("gradient_accumulation_steps", "")) != "auto") {
     const auto ga = *s.integer("gradient_accumulation_steps", 1, std::numeric_limits<std::int64_t>::max(),
                                "an integer >= 1 or auto");
     if (top.accumulation && *top.accumulation != ga)
-      cd::fail(s.file(), "gradient_accumulation_steps is " + std::to_string(*top.accumulation) + " but " +
-                             s.path("gradient_accumulation_steps") + " is " + std::to_string(ga) + "; keep one");
+      cd::fail(s.file(), fmt::format("gradient_accumulation_steps is {} but {} is {}; keep one", *top.accumulation,
+                                     s.path("gradient_accumulation_steps"), ga));
     cfg.gradient_accumulation_steps = ga;
     cfg.batch.gradient_accumulation_steps = ga;
   }
@@ -566,8 +570,8 @@ YAML::Node load_yaml(const std::string& text, const std::string& source) {
   try {
     return YAML::Load(text);
   } catch (const YAML::ParserException& e) {
-    cd::fail(source, "not valid YAML at line " + std::to_string(e.mark.line + 1) + ", column " +
-                         std::to_string(e.mark.column + 1) + ": " + e.msg);
+    cd::fail(source,
+             fmt::format("not valid YAML at line {}, column {}: {}", e.mark.line + 1, e.mark.column + 1, e.msg));
   } catch (const YAML::Exception& e) {
     cd::fail(source, std::string("not valid YAML: ") + e.what());
   }
@@ -616,11 +620,13 @@ AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::stri
                           {"optimization_level", "opt_level"}});
   const std::string type = to_string(cfg.distributed_type);
   if (!fsdp.empty() && cfg.distributed_type != DistributedType::Fsdp)
-    cd::fail(source, "fsdp_config is set but distributed_type is " + type +
-                         "; set distributed_type: FSDP or remove fsdp_config");
+    cd::fail(source, fmt::format("fsdp_config is set but distributed_type is {}; set distributed_type: FSDP or remove "
+                                 "fsdp_config",
+                                 type));
   if (!ds.empty() && cfg.distributed_type != DistributedType::DeepSpeed)
-    cd::fail(source, "deepspeed_config is set but distributed_type is " + type +
-                         "; set distributed_type: DEEPSPEED or remove deepspeed_config");
+    cd::fail(source, fmt::format("deepspeed_config is set but distributed_type is {}; set distributed_type: DEEPSPEED "
+                                 "or remove deepspeed_config",
+                                 type));
 
   switch (cfg.distributed_type) {
     case DistributedType::Fsdp: read_fsdp(fsdp, cfg); break;
@@ -630,8 +636,9 @@ AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::stri
 
   read_fp8(fp8, cfg);
   if (!fp8.empty() && cfg.mixed_precision != MixedPrecision::Fp8)
-    cd::fail(source, std::string("fp8_config is set but mixed_precision is '") + to_string(cfg.mixed_precision) +
-                         "'; set mixed_precision: fp8 or remove fp8_config");
+    cd::fail(source, fmt::format("fp8_config is set but mixed_precision is '{}'; set mixed_precision: fp8 or remove "
+                                 "fp8_config",
+                                 to_string(cfg.mixed_precision)));
   try {
     cfg.spec.validate();
   } catch (const std::invalid_argument& e) {

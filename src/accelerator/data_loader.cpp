@@ -1,6 +1,7 @@
 #include "accelerator/data_loader.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <limits>
@@ -13,7 +14,9 @@ namespace accel {
 
 namespace {
 
-[[noreturn]] void bad(const std::string& what) { throw std::invalid_argument("accel::ShardPlan: " + what); }
+[[noreturn]] void bad(const std::string& what) {
+  throw std::invalid_argument(fmt::format("accel::ShardPlan: {}", what));
+}
 
 // SplitMix64 finalizer: spreads (seed, epoch) over all 64 bits so nearby pairs seed unrelated streams.
 std::uint64_t mix64(std::uint64_t x) {
@@ -39,14 +42,15 @@ std::uint64_t uniform_upto(std::mt19937_64& gen, std::uint64_t bound) {
 
 ShardPlan::ShardPlan(std::int64_t dataset_size, const DataLoaderOptions& opts, int rank, int world)
     : size_(dataset_size), opts_(opts), rank_(rank), world_(world) {
-  if (dataset_size < 0) bad("dataset_size must be >= 0, got " + std::to_string(dataset_size));
-  if (opts.batch_size < 1) bad("batch_size must be >= 1, got " + std::to_string(opts.batch_size));
-  if (world < 1) bad("world must be >= 1, got " + std::to_string(world));
+  if (dataset_size < 0) bad(fmt::format("dataset_size must be >= 0, got {}", dataset_size));
+  if (opts.batch_size < 1) bad(fmt::format("batch_size must be >= 1, got {}", opts.batch_size));
+  if (world < 1) bad(fmt::format("world must be >= 1, got {}", world));
   if (rank < 0 || rank >= world)
-    bad("rank must be in [0, " + std::to_string(world) + "), got " + std::to_string(rank));
+    bad(fmt::format("rank must be in [0, {}), got {}", world, rank));
   if (opts.split_batches && opts.batch_size % world != 0)
-    bad("split_batches needs a batch_size divisible by the number of processes: batch_size " +
-        std::to_string(opts.batch_size) + ", processes " + std::to_string(world));
+    bad(fmt::format("split_batches needs a batch_size divisible by the number of processes: batch_size {}, "
+                    "processes {}",
+                    opts.batch_size, world));
   // One process has nobody to keep in step with: a plain loader's short last batch, no duplicates.
   if (world == 1) opts_.even_batches = false;
 }
@@ -114,8 +118,8 @@ at::Tensor stack_field(const std::vector<at::Tensor>& ts, const char* field, c10
     const at::Tensor& t = ts[i];
     const bool same = first.defined() == t.defined() && (!t.defined() || first.sizes() == t.sizes());
     if (!same)
-      throw std::invalid_argument(std::string("accel::collate: example ") + std::to_string(i) + " has " + field +
-                                  " of shape " + shape_str(t) + ", example 0 has " + shape_str(first));
+      throw std::invalid_argument(fmt::format("accel::collate: example {} has {} of shape {}, example 0 has {}", i,
+                                              field, shape_str(t), shape_str(first)));
   }
   if (!first.defined()) return {};
   return at::stack(ts, 0).to(device, /*non_blocking=*/device.is_cuda());

@@ -5,6 +5,7 @@
 #include "base/files.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -47,7 +48,7 @@ void save_atomically(const std::string& final_in, comm::Communicator& world,
       files::make_dirs(files::parent_dir(final_dir));
       files::remove_tree(partial);  // what a crashed save left behind
       if (::mkdir(partial.c_str(), 0755) != 0)
-        throw CheckpointError("cannot create " + partial + ": " + std::strerror(errno));
+        throw CheckpointError(fmt::format("cannot create {}: {}", partial, std::strerror(errno)));
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -68,11 +69,11 @@ void save_atomically(const std::string& final_in, comm::Communicator& world,
           const std::string old = final_dir + ".old";
           files::remove_tree(old);
           if (::rename(final_dir.c_str(), old.c_str()) != 0 || ::rename(partial.c_str(), final_dir.c_str()) != 0)
-            throw CheckpointError("cannot move " + partial + " to " + final_dir + ": " + std::strerror(errno));
+            throw CheckpointError(fmt::format("cannot move {} to {}: {}", partial, final_dir, std::strerror(errno)));
           files::remove_tree(old);
         }
       } else if (::rename(partial.c_str(), final_dir.c_str()) != 0) {
-        throw CheckpointError("cannot move " + partial + " to " + final_dir + ": " + std::strerror(errno));
+        throw CheckpointError(fmt::format("cannot move {} to {}: {}", partial, final_dir, std::strerror(errno)));
       }
       files::sync_dir(files::parent_dir(final_dir));
     } catch (const std::exception& e) {
@@ -103,7 +104,7 @@ std::vector<std::pair<int, std::string>> automatic_checkpoints(const std::string
 std::string next_automatic_dir(const std::string& project_dir) {
   const auto existing = automatic_checkpoints(project_dir);
   const int next = existing.empty() ? 0 : existing.back().first + 1;
-  return strip_slashes(project_dir) + "/checkpoints/checkpoint_" + std::to_string(next);
+  return fmt::format("{}/checkpoints/checkpoint_{}", strip_slashes(project_dir), next);
 }
 
 void apply_total_limit(const std::string& project_dir, int total_limit) {

@@ -10,6 +10,7 @@
 #include "zero/engine.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 
@@ -37,7 +38,8 @@ void mkdir_p(const std::string& dir) {
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string("save_model: ") + e.what());
   }
-  if (!files::is_dir(dir)) throw std::runtime_error("save_model: '" + dir + "' exists and is not a directory");
+  if (!files::is_dir(dir))
+    throw std::runtime_error(fmt::format("save_model: '{}' exists and is not a directory", dir));
 }
 
 // model-00002-of-00005.safetensors
@@ -55,7 +57,7 @@ bool is_shard_name(const std::string& s) {
 
 std::string shape_str(at::IntArrayRef s) {
   std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  for (std::size_t i = 0; i < s.size(); ++i) out += fmt::format("{}{}", i ? ", " : "", s[i]);
   return out + "]";
 }
 
@@ -96,8 +98,8 @@ bool save_from_master(const zero::Engine::Flat& f) {
 SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const std::string& dir,
                            std::int64_t max_shard_size_bytes, const SaveModelOptions& options) {
   if (max_shard_size_bytes <= 0)
-    throw std::invalid_argument("save_model(" + dir + "): max_shard_size must be > 0, got " +
-                                std::to_string(max_shard_size_bytes));
+    throw std::invalid_argument(
+        fmt::format("save_model({}): max_shard_size must be > 0, got {}", dir, max_shard_size_bytes));
   const bool writer_rank = engine.world().rank() == 0;
   const auto& flats = engine.flats();
   auto from_master = [&](const zero::Engine::Flat& f) { return save_from_master(f) && !options.compute_dtype; };
@@ -230,7 +232,8 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
   bar.close();
   if (any_failed(engine, !error.empty())) {
     if (!error.empty()) throw std::runtime_error(error);
-    throw std::runtime_error("save_model(" + dir + "): rank 0 could not write the checkpoint (its error says why)");
+    throw std::runtime_error(
+        fmt::format("save_model({}): rank 0 could not write the checkpoint (its error says why)", dir));
   }
   return result;
 }
@@ -244,7 +247,8 @@ ModelFiles resolve_model_files(const std::string& path_or_dir) {
     return out;
   }
   if (!files::is_dir(path_or_dir))
-    throw std::runtime_error("load_model: '" + path_or_dir + "' is neither a safetensors file nor a directory");
+    throw std::runtime_error(
+        fmt::format("load_model: '{}' is neither a safetensors file nor a directory", path_or_dir));
   std::string dir = path_or_dir;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   if (files::is_file(dir + "/" + kSingle)) {
@@ -253,29 +257,30 @@ ModelFiles resolve_model_files(const std::string& path_or_dir) {
   }
   const std::string index_path = dir + "/" + kIndex;
   if (!files::is_file(index_path))
-    throw std::runtime_error("load_model: directory '" + dir + "' holds neither " + kSingle + " nor " + kIndex);
+    throw std::runtime_error(fmt::format("load_model: directory '{}' holds neither {} nor {}", dir, kSingle, kIndex));
   nlohmann::json index;
   try {
     index = nlohmann::json::parse(files::read_file(index_path));
   } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error("load_model: index '" + index_path + "' is not valid JSON: " + e.what());
+    throw std::runtime_error(fmt::format("load_model: index '{}' is not valid JSON: {}", index_path, e.what()));
   }
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
-    throw std::runtime_error("load_model: index '" + index_path + "' has no \"weight_map\" object");
+    throw std::runtime_error(fmt::format("load_model: index '{}' has no \"weight_map\" object", index_path));
   std::set<std::string> files;
   for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
     const auto& v = it.value();
     if (!v.is_string())
-      throw std::runtime_error("load_model: index '" + index_path + "': weight_map entry '" + it.key() +
-                               "' is not a file name");
+      throw std::runtime_error(
+          fmt::format("load_model: index '{}': weight_map entry '{}' is not a file name", index_path, it.key()));
     const std::string f = v.get<std::string>();
     if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-      throw std::runtime_error("load_model: index '" + index_path + "': tensor '" + it.key() + "' maps to '" + f +
-                               "', which is not a file name inside the directory");
+      throw std::runtime_error(fmt::format(
+          "load_model: index '{}': tensor '{}' maps to '{}', which is not a file name inside the directory",
+          index_path, it.key(), f));
     const std::string path = dir + "/" + f;
     if (!files.count(path) && !files::is_file(path))
-      throw std::runtime_error("load_model: index '" + index_path + "' lists '" + f + "' (for tensor '" + it.key() +
-                               "'), which does not exist");
+      throw std::runtime_error(fmt::format("load_model: index '{}' lists '{}' (for tensor '{}'), which does not exist",
+                                           index_path, f, it.key()));
     files.insert(path);
     out.where[it.key()] = path;
   }
@@ -303,8 +308,9 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
       for (const auto& [name, path] : mf.where) {
         const SafetensorsFile& f = open.at(path);
         if (!f.contains(name))
-          throw std::runtime_error("load_model: the index of '" + path_or_dir + "' puts tensor '" + name + "' in '" +
-                                   path + "', but that file has no such tensor");
+          throw std::runtime_error(
+              fmt::format("load_model: the index of '{}' puts tensor '{}' in '{}', but that file has no such tensor",
+                          path_or_dir, name, path));
         src[name] = &f;
       }
     }
@@ -313,28 +319,30 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
       in_model.insert(name);
       auto it = src.find(name);
       if (it == src.end())
-        throw std::runtime_error("load_model: the checkpoint '" + path_or_dir + "' has no tensor '" + name +
-                                 "' (a " + shape_str(t.sizes()) + " tensor of the model)");
+        throw std::runtime_error(fmt::format("load_model: the checkpoint '{}' has no tensor '{}' (a {} tensor of the "
+                                             "model)",
+                                             path_or_dir, name, shape_str(t.sizes())));
       const SafetensorsEntry& e = it->second->entry(name);
       if (e.shape != t.sizes().vec())
-        throw std::runtime_error("load_model: tensor '" + name + "' in '" + it->second->path() + "' has shape " +
-                                 shape_str(e.shape) + ", but the model's is " + shape_str(t.sizes()));
+        throw std::runtime_error(fmt::format("load_model: tensor '{}' in '{}' has shape {}, but the model's is {}",
+                                             name, it->second->path(), shape_str(e.shape), shape_str(t.sizes())));
       const c10::ScalarType dt = it->second->dtype(name);
       if (dt != t.scalar_type() && !(at::isFloatingType(dt) && at::isFloatingType(t.scalar_type())))
-        throw std::runtime_error("load_model: tensor '" + name + "' in '" + it->second->path() + "' is " +
-                                 e.dtype + ", but the model's is " + c10::toString(t.scalar_type()) +
-                                 " (only floating-point tensors are converted)");
+        throw std::runtime_error(fmt::format("load_model: tensor '{}' in '{}' is {}, but the model's is {} (only "
+                                             "floating-point tensors are converted)",
+                                             name, it->second->path(), e.dtype, c10::toString(t.scalar_type())));
     }
     for (const auto& [name, f] : src)
       if (!in_model.count(name))
-        throw std::runtime_error("load_model: tensor '" + name + "' in '" + f->path() +
-                                 "' is not a parameter or buffer of the model");
+        throw std::runtime_error(
+            fmt::format("load_model: tensor '{}' in '{}' is not a parameter or buffer of the model", name, f->path()));
   } catch (const std::exception& e) {
     error = e.what();
   }
   if (any_failed(engine, !error.empty()))
     throw std::runtime_error(!error.empty() ? error
-                                            : "load_model(" + path_or_dir + "): another rank rejected the checkpoint");
+                                            : fmt::format("load_model({}): another rank rejected the checkpoint",
+                                                          path_or_dir));
 
   // Phase 2: each rank reads what it keeps.
   try {
@@ -387,11 +395,12 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
     bar.close();
     for (const auto& [path, f] : open) result.bytes_read += f.bytes_read();
   } catch (const std::exception& e) {
-    error = std::string(e.what()) + " (the model is partly loaded)";
+    error = fmt::format("{} (the model is partly loaded)", e.what());
   }
   if (any_failed(engine, !error.empty()))
     throw std::runtime_error(!error.empty() ? error
-                                            : "load_model(" + path_or_dir + "): another rank failed to read the checkpoint");
+                                            : fmt::format("load_model({}): another rank failed to read the checkpoint",
+                                                          path_or_dir));
   engine.params_from_masters();
   return result;
 }

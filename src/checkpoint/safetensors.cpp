@@ -4,6 +4,7 @@
 #include "base/files.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
@@ -53,7 +54,7 @@ void pwrite_all(int fd, const void* src, std::uint64_t n, std::uint64_t off, con
   while (n > 0) {
     ssize_t w = ::pwrite(fd, p, std::min<std::uint64_t>(n, 1 << 30), static_cast<off_t>(off));
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw SafetensorsError("safetensors file '" + file + "': write failed: " + errno_str());
+    if (w <= 0) throw SafetensorsError(fmt::format("safetensors file '{}': write failed: {}", file, errno_str()));
     p += w;
     n -= static_cast<std::uint64_t>(w);
     off += static_cast<std::uint64_t>(w);
@@ -65,8 +66,8 @@ void pwrite_all(int fd, const void* src, std::uint64_t n, std::uint64_t off, con
 c10::ScalarType safetensors_to_scalar_type(const std::string& dtype) {
   for (const auto& d : kTorchDtypes)
     if (dtype == d.name) return d.type;
-  throw SafetensorsError("safetensors dtype '" + dtype + "' has no libtorch counterpart (known: " +
-                         safetensors_dtype_names() + ")");
+  throw SafetensorsError(fmt::format("safetensors dtype '{}' has no libtorch counterpart (known: {})", dtype,
+                                     safetensors_dtype_names()));
 }
 
 std::string scalar_type_to_safetensors(c10::ScalarType t) {
@@ -125,7 +126,8 @@ std::vector<std::string> SafetensorsFile::names() const {
 
 const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
   if (const auto* e = header_.find(name)) return *e;
-  safetensors_fail(path_, "no tensor named '" + name + "' (the file holds " + std::to_string(header_.tensors.size()) + " tensors)");
+  safetensors_fail(path_,
+                   fmt::format("no tensor named '{}' (the file holds {} tensors)", name, header_.tensors.size()));
 }
 
 c10::ScalarType SafetensorsFile::dtype(const std::string& name) const {
@@ -137,8 +139,10 @@ void SafetensorsFile::pread_all(void* dst, std::uint64_t nbytes, std::uint64_t o
   while (nbytes > 0) {
     ssize_t r = ::pread(fd_, p, std::min<std::uint64_t>(nbytes, 1 << 30), static_cast<off_t>(offset));
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) safetensors_fail(path_, "reading " + what + " failed: " + errno_str());
-    if (r == 0) safetensors_fail(path_, "the file ended while reading " + what + " (was it truncated after it was opened?)");
+    if (r < 0) safetensors_fail(path_, fmt::format("reading {} failed: {}", what, errno_str()));
+    if (r == 0)
+      safetensors_fail(path_,
+                       fmt::format("the file ended while reading {} (was it truncated after it was opened?)", what));
     p += r;
     nbytes -= static_cast<std::uint64_t>(r);
     offset += static_cast<std::uint64_t>(r);
@@ -149,15 +153,17 @@ void SafetensorsFile::pread_all(void* dst, std::uint64_t nbytes, std::uint64_t o
 at::Tensor SafetensorsFile::read(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
   at::Tensor out = at::empty(e.shape, at::TensorOptions().dtype(safetensors_to_scalar_type(e.dtype)));
-  if (e.end > e.begin) pread_all(out.data_ptr(), e.end - e.begin, header_.data_start + e.begin, "tensor '" + name + "'");
+  if (e.end > e.begin)
+    pread_all(out.data_ptr(), e.end - e.begin, header_.data_start + e.begin, fmt::format("tensor '{}'", name));
   return out;
 }
 
 at::Tensor SafetensorsFile::read_range(const std::string& name, std::int64_t elem_begin, std::int64_t elem_end) const {
   const SafetensorsEntry& e = entry(name);
   if (elem_begin < 0 || elem_end < elem_begin || elem_end > e.numel())
-    safetensors_fail_tensor(path_, name, "element range [" + std::to_string(elem_begin) + ", " + std::to_string(elem_end) +
-                                 ") is outside the tensor's " + std::to_string(e.numel()) + " elements");
+    safetensors_fail_tensor(path_, name,
+                            fmt::format("element range [{}, {}) is outside the tensor's {} elements", elem_begin,
+                                        elem_end, e.numel()));
   at::Tensor out = at::empty({elem_end - elem_begin}, at::TensorOptions().dtype(safetensors_to_scalar_type(e.dtype)));
   read_range_into(name, elem_begin, elem_end, out);
   return out;
@@ -167,19 +173,20 @@ void SafetensorsFile::read_range_into(const std::string& name, std::int64_t elem
                                       const at::Tensor& out) const {
   const SafetensorsEntry& e = entry(name);
   if (elem_begin < 0 || elem_end < elem_begin || elem_end > e.numel())
-    safetensors_fail_tensor(path_, name, "element range [" + std::to_string(elem_begin) + ", " + std::to_string(elem_end) +
-                                 ") is outside the tensor's " + std::to_string(e.numel()) + " elements");
+    safetensors_fail_tensor(path_, name,
+                            fmt::format("element range [{}, {}) is outside the tensor's {} elements", elem_begin,
+                                        elem_end, e.numel()));
   const c10::ScalarType dt = safetensors_to_scalar_type(e.dtype);
   if (!out.defined() || out.device().type() != c10::kCPU || !out.is_contiguous() || out.scalar_type() != dt ||
       out.numel() != elem_end - elem_begin)
-    throw std::invalid_argument("SafetensorsFile::read_range_into: '" + name + "' of " + path_ +
-                                " needs a contiguous CPU " + c10::toString(dt) + " tensor of " +
-                                std::to_string(elem_end - elem_begin) + " elements");
+    throw std::invalid_argument(
+        fmt::format("SafetensorsFile::read_range_into: '{}' of {} needs a contiguous CPU {} tensor of {} elements",
+                    name, path_, c10::toString(dt), elem_end - elem_begin));
   const std::uint64_t esize = safetensors_dtype_size(e.dtype);
   const std::uint64_t nbytes = static_cast<std::uint64_t>(elem_end - elem_begin) * esize;
   if (nbytes > 0)
     pread_all(out.data_ptr(), nbytes, header_.data_start + e.begin + static_cast<std::uint64_t>(elem_begin) * esize,
-              "tensor '" + name + "'");
+              fmt::format("tensor '{}'", name));
 }
 
 // --- writer --------------------------------------------------------------------------------------
@@ -189,18 +196,20 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsTe
     : path_(std::move(path)), tmp_(path_ + ".tmp") {
   std::vector<Slot*> order;
   for (auto& t : tensors) {
-    if (t.name.empty()) throw std::invalid_argument("safetensors writer (" + path_ + "): a tensor has an empty name");
+    if (t.name.empty())
+      throw std::invalid_argument(fmt::format("safetensors writer ({}): a tensor has an empty name", path_));
     if (t.name == "__metadata__")
-      throw std::invalid_argument("safetensors writer (" + path_ + "): '__metadata__' is reserved, not a tensor name");
+      throw std::invalid_argument(
+          fmt::format("safetensors writer ({}): '__metadata__' is reserved, not a tensor name", path_));
     for (auto d : t.shape)
       if (d < 0)
-        throw std::invalid_argument("safetensors writer (" + path_ + "): tensor '" + t.name + "' has shape " +
-                                    c10::str(at::IntArrayRef(t.shape)));
+        throw std::invalid_argument(fmt::format("safetensors writer ({}): tensor '{}' has shape {}", path_, t.name,
+                                                c10::str(at::IntArrayRef(t.shape))));
     scalar_type_to_safetensors(t.dtype);  // throws for an unsupported dtype
     std::string name = t.name;
     auto [it, inserted] = slots_.emplace(name, Slot{std::move(t), 0, 0, false});
     if (!inserted)
-      throw std::invalid_argument("safetensors writer (" + path_ + "): tensor '" + name + "' is declared twice");
+      throw std::invalid_argument(fmt::format("safetensors writer ({}): tensor '{}' is declared twice", path_, name));
     order.push_back(&it->second);
   }
   // As the Python writer: larger elements first (keeps every tensor aligned), then by name.
@@ -255,22 +264,26 @@ void SafetensorsWriter::abandon() noexcept {
 
 std::pair<std::uint64_t, std::uint64_t> SafetensorsWriter::offsets(const std::string& name) const {
   auto it = slots_.find(name);
-  if (it == slots_.end()) throw std::invalid_argument("safetensors writer (" + path_ + "): no tensor '" + name + "'");
+  if (it == slots_.end())
+    throw std::invalid_argument(fmt::format("safetensors writer ({}): no tensor '{}'", path_, name));
   return {it->second.begin, it->second.end};
 }
 
 void SafetensorsWriter::write(const std::string& name, const at::Tensor& t) {
-  if (finished_ || fd_ < 0) throw std::logic_error("safetensors writer (" + path_ + "): already finished or failed");
+  if (finished_ || fd_ < 0)
+    throw std::logic_error(fmt::format("safetensors writer ({}): already finished or failed", path_));
   auto it = slots_.find(name);
   if (it == slots_.end())
-    throw std::invalid_argument("safetensors writer (" + path_ + "): tensor '" + name + "' was not declared");
+    throw std::invalid_argument(fmt::format("safetensors writer ({}): tensor '{}' was not declared", path_, name));
   Slot& s = it->second;
-  if (s.written) throw std::invalid_argument("safetensors writer (" + path_ + "): tensor '" + name + "' written twice");
+  if (s.written)
+    throw std::invalid_argument(fmt::format("safetensors writer ({}): tensor '{}' written twice", path_, name));
   if (!t.defined() || t.scalar_type() != s.spec.dtype || t.sizes().vec() != s.spec.shape)
-    throw std::invalid_argument("safetensors writer (" + path_ + "): tensor '" + name + "' was declared " +
-                                c10::toString(s.spec.dtype) + c10::str(at::IntArrayRef(s.spec.shape)) + ", got " +
-                                (t.defined() ? std::string(c10::toString(t.scalar_type())) + c10::str(t.sizes())
-                                             : std::string("an undefined tensor")));
+    throw std::invalid_argument(fmt::format(
+        "safetensors writer ({}): tensor '{}' was declared {}{}, got {}", path_, name, c10::toString(s.spec.dtype),
+        c10::str(at::IntArrayRef(s.spec.shape)),
+        t.defined() ? fmt::format("{}{}", c10::toString(t.scalar_type()), c10::str(t.sizes()))
+                    : std::string("an undefined tensor")));
   if (s.end > s.begin) {
     at::Tensor c = t.detach().to(c10::kCPU).contiguous();
     try {
@@ -285,10 +298,11 @@ void SafetensorsWriter::write(const std::string& name, const at::Tensor& t) {
 
 void SafetensorsWriter::finish() {
   if (finished_) return;
-  if (fd_ < 0) throw std::logic_error("safetensors writer (" + path_ + "): a previous write failed");
+  if (fd_ < 0) throw std::logic_error(fmt::format("safetensors writer ({}): a previous write failed", path_));
   for (const auto& [name, s] : slots_)
     if (!s.written)
-      throw std::logic_error("safetensors writer (" + path_ + "): tensor '" + name + "' was declared but never written");
+      throw std::logic_error(
+          fmt::format("safetensors writer ({}): tensor '{}' was declared but never written", path_, name));
   if (::fsync(fd_) != 0) {
     std::string e = errno_str();
     abandon();
@@ -299,7 +313,7 @@ void SafetensorsWriter::finish() {
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     std::string e = errno_str();
     ::unlink(tmp_.c_str());
-    safetensors_fail(path_, "cannot rename " + tmp_ + " into place: " + e);
+    safetensors_fail(path_, fmt::format("cannot rename {} into place: {}", tmp_, e));
   }
   finished_ = true;
   files::sync_dir(files::parent_dir(path_));
@@ -309,7 +323,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
                        const std::map<std::string, std::string>& metadata) {
   std::vector<SafetensorsTensorSpec> specs;
   for (const auto& [name, t] : tensors) {
-    if (!t.defined()) throw std::invalid_argument("write_safetensors(" + path + "): tensor '" + name + "' is undefined");
+    if (!t.defined())
+      throw std::invalid_argument(fmt::format("write_safetensors({}): tensor '{}' is undefined", path, name));
     specs.push_back({name, t.scalar_type(), t.sizes().vec()});
   }
   SafetensorsWriter w(path, std::move(specs), metadata);

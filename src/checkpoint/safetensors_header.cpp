@@ -1,6 +1,7 @@
 // The safetensors header parser (see safetensors_header.h). No torch.
 #include "checkpoint/safetensors_header.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -25,7 +26,7 @@ constexpr DtypeInfo kDtypes[] = {
 
 std::string shape_str(const std::vector<std::int64_t>& s) {
   std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  for (std::size_t i = 0; i < s.size(); ++i) out += fmt::format("{}{}", i ? ", " : "", s[i]);
   return out + "]";
 }
 
@@ -41,11 +42,11 @@ const char* type_name(const nlohmann::json& j) { return j.type_name(); }
 }  // namespace
 
 void safetensors_fail(const std::string& file, const std::string& what) {
-  throw SafetensorsError("safetensors file '" + file + "': " + what);
+  throw SafetensorsError(fmt::format("safetensors file '{}': {}", file, what));
 }
 
 void safetensors_fail_tensor(const std::string& file, const std::string& tensor, const std::string& what) {
-  safetensors_fail(file, "tensor '" + tensor + "': " + what);
+  safetensors_fail(file, fmt::format("tensor '{}': {}", tensor, what));
 }
 
 std::size_t safetensors_dtype_size(const std::string& dtype) {
@@ -74,17 +75,19 @@ const SafetensorsEntry* SafetensorsHeader::find(const std::string& name) const {
 
 std::uint64_t parse_safetensors_prefix(const unsigned char* first8, std::uint64_t file_size, const std::string& file) {
   if (file_size < 8)
-    safetensors_fail(file, "the file is " + std::to_string(file_size) +
-                   " bytes, shorter than the 8-byte header length that starts every safetensors file (truncated?)");
+    safetensors_fail(file, fmt::format("the file is {} bytes, shorter than the 8-byte header length that starts every "
+                                       "safetensors file (truncated?)",
+                                       file_size));
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | first8[i];
   if (n > kSafetensorsMaxHeader)
-    safetensors_fail(file, "header length " + std::to_string(n) + " bytes exceeds the limit of " +
-                   std::to_string(kSafetensorsMaxHeader) + " bytes (not a safetensors file, or corrupted)");
+    safetensors_fail(file, fmt::format("header length {} bytes exceeds the limit of {} bytes (not a safetensors file, "
+                                       "or corrupted)",
+                                       n, kSafetensorsMaxHeader));
   if (n > file_size - 8)
-    safetensors_fail(file, "header length " + std::to_string(n) + " bytes runs past the end of the file (" +
-                   std::to_string(file_size) + " bytes; truncated?)");
-  if (n < 2) safetensors_fail(file, "header length " + std::to_string(n) + " bytes is too short for a JSON object");
+    safetensors_fail(file, fmt::format("header length {} bytes runs past the end of the file ({} bytes; truncated?)", n,
+                                       file_size));
+  if (n < 2) safetensors_fail(file, fmt::format("header length {} bytes is too short for a JSON object", n));
   return n;
 }
 
@@ -94,8 +97,7 @@ SafetensorsHeader parse_safetensors_header(const char* text, std::size_t size, s
   SafetensorsHeader h;
   h.header_size = size;
   if (size > kSafetensorsMaxHeader || file_size < 8 || size > file_size - 8)
-    safetensors_fail(file, "header length " + std::to_string(size) + " does not fit in a file of " + std::to_string(file_size) +
-                   " bytes");
+    safetensors_fail(file, fmt::format("header length {} does not fit in a file of {} bytes", size, file_size));
   h.data_start = 8 + size;
   h.data_size = file_size - h.data_start;
   if (size == 0 || text[0] != '{')
@@ -124,8 +126,9 @@ SafetensorsHeader parse_safetensors_header(const char* text, std::size_t size, s
   }
   if (too_deep) safetensors_fail(file, "the header nests deeper than a safetensors header can");
   if (!duplicate.empty())
-    safetensors_fail(file, "the header has the key '" + duplicate + "' twice (a duplicate tensor name or field)");
-  if (!root.is_object()) safetensors_fail(file, std::string("the header is a JSON ") + type_name(root) + ", not an object");
+    safetensors_fail(file,
+                     fmt::format("the header has the key '{}' twice (a duplicate tensor name or field)", duplicate));
+  if (!root.is_object()) safetensors_fail(file, fmt::format("the header is a JSON {}, not an object", type_name(root)));
 
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string& name = it.key();
@@ -135,18 +138,20 @@ SafetensorsHeader parse_safetensors_header(const char* text, std::size_t size, s
         safetensors_fail(file, std::string("__metadata__ must be an object of strings, got a ") + type_name(v));
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string())
-          safetensors_fail(file, "__metadata__ entry '" + m.key() + "' must be a string, got a " + type_name(m.value()) + " (" +
-                         excerpt(m.value()) + ")");
+          safetensors_fail(file, fmt::format("__metadata__ entry '{}' must be a string, got a {} ({})", m.key(),
+                                             type_name(m.value()), excerpt(m.value())));
         h.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     if (!v.is_object())
-      safetensors_fail_tensor(file, name, std::string("expected an object with dtype, shape and data_offsets, got a ") +
-                                  type_name(v) + " (" + excerpt(v) + ")");
+      safetensors_fail_tensor(file, name,
+                              fmt::format("expected an object with dtype, shape and data_offsets, got a {} ({})",
+                                          type_name(v), excerpt(v)));
     for (auto f = v.begin(); f != v.end(); ++f)
       if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
-        safetensors_fail_tensor(file, name, "unknown field '" + f.key() + "' (expected dtype, shape, data_offsets)");
+        safetensors_fail_tensor(file, name,
+                                fmt::format("unknown field '{}' (expected dtype, shape, data_offsets)", f.key()));
     SafetensorsEntry e;
     e.name = name;
     auto d = v.find("dtype");
@@ -155,7 +160,8 @@ SafetensorsHeader parse_safetensors_header(const char* text, std::size_t size, s
     e.dtype = d->get<std::string>();
     const std::size_t esize = safetensors_dtype_size(e.dtype);
     if (esize == 0)
-      safetensors_fail_tensor(file, name, "unknown or unsupported dtype '" + e.dtype + "' (known: " + safetensors_dtype_names() + ")");
+      safetensors_fail_tensor(file, name, fmt::format("unknown or unsupported dtype '{}' (known: {})", e.dtype,
+                                                      safetensors_dtype_names()));
     auto s = v.find("shape");
     if (s == v.end()) safetensors_fail_tensor(file, name, "no shape");
     if (!s->is_array()) safetensors_fail_tensor(file, name, std::string("shape must be an array, got a ") + type_name(*s));
@@ -164,8 +170,9 @@ SafetensorsHeader parse_safetensors_header(const char* text, std::size_t size, s
     for (const auto& dim : *s) {
       if (!dim.is_number_unsigned() ||
           dim.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        safetensors_fail_tensor(file, name, "shape " + excerpt(*s) + " has an entry that is not a non-negative integer (" +
-                                    excerpt(dim) + ")");
+        safetensors_fail_tensor(file, name,
+                                fmt::format("shape {} has an entry that is not a non-negative integer ({})",
+                                            excerpt(*s), excerpt(dim)));
       const auto n = dim.get<std::uint64_t>();
       e.shape.push_back(static_cast<std::int64_t>(n));
       overflow = overflow || __builtin_mul_overflow(nbytes, n, &nbytes);
@@ -173,24 +180,26 @@ SafetensorsHeader parse_safetensors_header(const char* text, std::size_t size, s
     auto o = v.find("data_offsets");
     if (o == v.end()) safetensors_fail_tensor(file, name, "no data_offsets");
     if (!o->is_array() || o->size() != 2 || !(*o)[0].is_number_unsigned() || !(*o)[1].is_number_unsigned())
-      safetensors_fail_tensor(file, name, "data_offsets must be [begin, end], two non-negative integers, got " + excerpt(*o));
+      safetensors_fail_tensor(file, name,
+                              fmt::format("data_offsets must be [begin, end], two non-negative integers, got {}",
+                                          excerpt(*o)));
     e.begin = (*o)[0].get<std::uint64_t>();
     e.end = (*o)[1].get<std::uint64_t>();
     if (e.end < e.begin)
-      safetensors_fail_tensor(file, name, "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                                  "] end before they begin");
+      safetensors_fail_tensor(file, name, fmt::format("data_offsets [{}, {}] end before they begin", e.begin, e.end));
     if (e.end > h.data_size)
-      safetensors_fail_tensor(file, name, "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                                  "] run past the end of the data (" + std::to_string(h.data_size) +
-                                  " bytes after the header; truncated?)");
+      safetensors_fail_tensor(file, name,
+                              fmt::format("data_offsets [{}, {}] run past the end of the data ({} bytes after the "
+                                          "header; truncated?)",
+                                          e.begin, e.end, h.data_size));
     std::int64_t numel = 1;
     for (auto dim : e.shape) overflow = overflow || __builtin_mul_overflow(numel, dim, &numel);
     if (overflow || nbytes != e.end - e.begin)
-      safetensors_fail_tensor(file, name, "shape " + shape_str(e.shape) + " of " + e.dtype + " needs " +
-                                  (overflow ? std::string("more bytes than fit in 64 bits")
-                                            : std::to_string(nbytes) + " bytes") +
-                                  ", but data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                                  "] hold " + std::to_string(e.end - e.begin));
+      safetensors_fail_tensor(
+          file, name,
+          fmt::format("shape {} of {} needs {}, but data_offsets [{}, {}] hold {}", shape_str(e.shape), e.dtype,
+                      overflow ? std::string("more bytes than fit in 64 bits") : fmt::format("{} bytes", nbytes),
+                      e.begin, e.end, e.end - e.begin));
     h.tensors.push_back(std::move(e));
   }
   // nlohmann's object is a std::map: the tensors come sorted by name already.
@@ -206,25 +215,28 @@ SafetensorsHeader parse_safetensors_header(const char* text, std::size_t size, s
   const SafetensorsEntry* prev = nullptr;
   for (const auto* e : by_offset) {
     if (e->begin < pos)
-      safetensors_fail_tensor(file, e->name, "data_offsets [" + std::to_string(e->begin) + ", " + std::to_string(e->end) +
-                                     "] overlap tensor '" + prev->name + "' [" + std::to_string(prev->begin) + ", " +
-                                     std::to_string(prev->end) + "]");
+      safetensors_fail_tensor(file, e->name,
+                              fmt::format("data_offsets [{}, {}] overlap tensor '{}' [{}, {}]", e->begin, e->end,
+                                          prev->name, prev->begin, prev->end));
     if (e->begin > pos)
-      safetensors_fail_tensor(file, e->name, "data_offsets [" + std::to_string(e->begin) + ", " + std::to_string(e->end) +
-                                     "] leave a hole: bytes [" + std::to_string(pos) + ", " + std::to_string(e->begin) +
-                                     ") of the data belong to no tensor");
+      safetensors_fail_tensor(file, e->name,
+                              fmt::format("data_offsets [{}, {}] leave a hole: bytes [{}, {}) of the data belong to "
+                                          "no tensor",
+                                          e->begin, e->end, pos, e->begin));
     pos = e->end;
     prev = e;
   }
   if (pos != h.data_size)
-    safetensors_fail(file, "the tensors cover " + std::to_string(pos) + " bytes of data but the file holds " +
-                   std::to_string(h.data_size) + " after the header (trailing bytes, or a header that lies)");
+    safetensors_fail(file, fmt::format("the tensors cover {} bytes of data but the file holds {} after the header "
+                                       "(trailing bytes, or a header that lies)",
+                                       pos, h.data_size));
   return h;
 }
 
 SafetensorsHeader parse_safetensors_bytes(const char* bytes, std::size_t size, std::uint64_t file_size,
                                           const std::string& file) {
-  if (size < 8 || file_size < size) safetensors_fail(file, "the file is " + std::to_string(size) + " bytes, shorter than 8");
+  if (size < 8 || file_size < size)
+    safetensors_fail(file, fmt::format("the file is {} bytes, shorter than 8", size));
   const std::uint64_t n = parse_safetensors_prefix(reinterpret_cast<const unsigned char*>(bytes), file_size, file);
   if (n > size - 8) safetensors_fail(file, "the header runs past the bytes given");
   return parse_safetensors_header(bytes + 8, n, file_size, file);

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -91,7 +92,7 @@ std::vector<Segment> segments_of(const zero::Engine& e, int world_rank) {
 const zero::OptimizerRow* optimizer_row(const torch::optim::Optimizer* o) {
   if (!o) return nullptr;
   if (const auto* row = zero::find_optimizer_row(*o)) return row;
-  throw CheckpointError("checkpoints support " + zero::optimizer_names("and") + " state, not this optimizer");
+  throw CheckpointError(fmt::format("checkpoints support {} state, not this optimizer", zero::optimizer_names("and")));
 }
 
 torch::optim::OptimizerParamState* find_state(torch::optim::Optimizer& o, const at::Tensor& key) {
@@ -135,8 +136,9 @@ class Reader {
       covered += b - a;
     }
     if (covered != hi - lo)
-      throw CheckpointError(dir_ + "/index.json: " + key + " elements [" + std::to_string(lo) + ", " +
-                            std::to_string(hi) + ") are not all in its slices (the checkpoint is incomplete)");
+      throw CheckpointError(fmt::format("{}/index.json: {} elements [{}, {}) are not all in its slices (the checkpoint "
+                                        "is incomplete)",
+                                        dir_, key, lo, hi));
     return out;
   }
 
@@ -150,31 +152,32 @@ class Reader {
       fd = ::open(path.c_str(), O_RDONLY);
       if (fd < 0) {
         fd = 0;
-        throw CheckpointError("cannot open " + path + ": " + std::strerror(errno));
+        throw CheckpointError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
       }
     }
     struct stat st{};
     ::fstat(fd, &st);
     if (static_cast<std::uint64_t>(st.st_size) < s.offset + s.bytes)
-      throw CheckpointError(path + " is truncated: " + std::to_string(st.st_size) + " bytes, but " + key +
-                            " needs bytes [" + std::to_string(s.offset) + ", " + std::to_string(s.offset + s.bytes) + ")");
+      throw CheckpointError(fmt::format("{} is truncated: {} bytes, but {} needs bytes [{}, {})", path, st.st_size, key,
+                                        s.offset, s.offset + s.bytes));
     const std::int64_t n = s.end - s.begin;
     const std::int64_t elem = c10::elementSize(e.dtype);
     if (static_cast<std::uint64_t>(n * elem) != s.bytes)
-      throw CheckpointError(dir_ + "/index.json: " + key + " slice [" + std::to_string(s.begin) + ", " +
-                            std::to_string(s.end) + ") does not match its byte count " + std::to_string(s.bytes));
+      throw CheckpointError(fmt::format("{}/index.json: {} slice [{}, {}) does not match its byte count {}", dir_, key,
+                                        s.begin, s.end, s.bytes));
     at::Tensor t = at::empty({n}, at::TensorOptions().dtype(e.dtype));
     char* p = static_cast<char*>(t.data_ptr());
     std::uint64_t done = 0;
     while (done < s.bytes) {
       const ssize_t r = ::pread(fd, p + done, s.bytes - done, static_cast<off_t>(s.offset + done));
       if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) throw CheckpointError("cannot read " + path + ": " + (r < 0 ? std::strerror(errno) : "unexpected end"));
+      if (r <= 0)
+        throw CheckpointError(fmt::format("cannot read {}: {}", path, r < 0 ? std::strerror(errno) : "unexpected end"));
       done += static_cast<std::uint64_t>(r);
     }
     if (slice_crc32(p, s.bytes) != s.crc)
-      throw CheckpointError(path + ": " + key + " bytes [" + std::to_string(s.offset) + ", " +
-                            std::to_string(s.offset + s.bytes) + ") fail their CRC32 check (the file is corrupted)");
+      throw CheckpointError(fmt::format("{}: {} bytes [{}, {}) fail their CRC32 check (the file is corrupted)", path,
+                                        key, s.offset, s.offset + s.bytes));
     return cache_.emplace(id, std::move(t)).first->second;
   }
 
@@ -189,7 +192,7 @@ void agree(comm::Communicator& world, const std::string& error, const std::strin
   if (world.size() > 1) world.all_reduce(flag, {comm::ReduceOp::Max});
   const int failed = flag.item<int>();
   if (!error.empty()) throw CheckpointError(error);
-  if (failed) throw CheckpointError(what + " failed on rank " + std::to_string(failed - 1) + " (its message says why)");
+  if (failed) throw CheckpointError(fmt::format("{} failed on rank {} (its message says why)", what, failed - 1));
 }
 
 // Each rank writes the slices its masters hold (replicated state once).
@@ -267,9 +270,9 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
       files::write_file_synced(dir + "/" + rank_file("rng", rank, ".bin"), rng.data_ptr(), rng.numel());
     }
   } catch (const std::exception& e) {
-    error = std::string("rank ") + std::to_string(rank) + " could not write its part of " + dir + ": " + e.what();
+    error = fmt::format("rank {} could not write its part of {}: {}", rank, dir, e.what());
   }
-  agree(world, error, "writing the checkpoint " + dir);
+  agree(world, error, fmt::format("writing the checkpoint {}", dir));
 
   if (rank == 0) {
     try {
@@ -305,10 +308,10 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
       const std::string text = index.dump(1);
       files::write_file_synced(dir + "/index.json", text.data(), text.size());
     } catch (const std::exception& e) {
-      error = std::string("rank 0 could not write ") + dir + "/index.json: " + e.what();
+      error = fmt::format("rank 0 could not write {}/index.json: {}", dir, e.what());
     }
   }
-  agree(world, error, "writing the checkpoint index " + dir + "/index.json");
+  agree(world, error, fmt::format("writing the checkpoint index {}/index.json", dir));
 }
 
 SavedInfo read_info(const std::string& dir) {
@@ -349,7 +352,8 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
     bool has_state = false;
     for (const auto& [k, e] : entries) has_state = has_state || k.rfind("optim/", 0) == 0;
     if (opt && has_state && saved_type != type)
-      throw CheckpointError(idx + ": the checkpoint holds " + saved_type + " state but the optimizer is " + type);
+      throw CheckpointError(
+          fmt::format("{}: the checkpoint holds {} state but the optimizer is {}", idx, saved_type, type));
     Reader reader(dir);
     std::set<std::string> model_names;  // every parameter the engine holds, on any rank
     for (const auto& f : engine.flats())
@@ -357,10 +361,11 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
     for (const Segment& s : segments_of(engine, rank)) {
       auto it = entries.find("param/" + s.name);
       if (it == entries.end())
-        throw CheckpointError(idx + ": parameter '" + s.name + "' of the model is not in the checkpoint");
+        throw CheckpointError(fmt::format("{}: parameter '{}' of the model is not in the checkpoint", idx, s.name));
       if (it->second.shape != s.shape)
-        throw CheckpointError(idx + ": parameter '" + s.name + "' is " + c10::str(at::IntArrayRef(it->second.shape)) +
-                              " in the checkpoint but " + c10::str(at::IntArrayRef(s.shape)) + " in the model");
+        throw CheckpointError(fmt::format("{}: parameter '{}' is {} in the checkpoint but {} in the model", idx, s.name,
+                                          c10::str(at::IntArrayRef(it->second.shape)),
+                                          c10::str(at::IntArrayRef(s.shape))));
       copies.push_back({s.values, reader.range(it->first, it->second, s.lo, s.hi)});
       if (!opt || !s.key.defined()) continue;
       NewState& ns = states[s.key.unsafeGetTensorImpl()];
@@ -380,14 +385,16 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
     // Strict, like load_state_dict: parameters the checkpoint has and the model lacks are an error too.
     for (const auto& [k, e] : entries)
       if (k.rfind("param/", 0) == 0 && !model_names.count(k.substr(6)))
-        throw CheckpointError(idx + ": the checkpoint has parameter '" + k.substr(6) + "', which the model does not");
+        throw CheckpointError(
+            fmt::format("{}: the checkpoint has parameter '{}', which the model does not", idx, k.substr(6)));
     for (const auto& b : model.named_buffers()) {
       if (!b.value().defined()) continue;
       auto it = entries.find("buffer/" + b.key());
-      if (it == entries.end()) throw CheckpointError(idx + ": buffer '" + b.key() + "' of the model is not in the checkpoint");
+      if (it == entries.end())
+        throw CheckpointError(fmt::format("{}: buffer '{}' of the model is not in the checkpoint", idx, b.key()));
       if (it->second.shape != b.value().sizes().vec())
-        throw CheckpointError(idx + ": buffer '" + b.key() + "' is " + c10::str(at::IntArrayRef(it->second.shape)) +
-                              " in the checkpoint but " + c10::str(b.value().sizes()) + " in the model");
+        throw CheckpointError(fmt::format("{}: buffer '{}' is {} in the checkpoint but {} in the model", idx, b.key(),
+                                          c10::str(at::IntArrayRef(it->second.shape)), c10::str(b.value().sizes())));
       copies.push_back({b.value().view({-1}), reader.range(it->first, it->second, 0, b.value().numel())});
     }
     const std::string rng_path = dir + "/" + rank_file("rng", rank, ".bin");
@@ -408,11 +415,11 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
       training.objects[n] = files::read_file(dir + "/object_" + n + ".bin");
     }
   } catch (const json::exception& e) {
-    error = dir + "/index.json: malformed: " + e.what();
+    error = fmt::format("{}/index.json: malformed: {}", dir, e.what());
   } catch (const std::exception& e) {
     error = e.what();
   }
-  agree(world, error, "loading the checkpoint " + dir);
+  agree(world, error, fmt::format("loading the checkpoint {}", dir));
 
   c10::NoGradGuard ng;
   for (auto& c : copies) c.dst.copy_(c.src);

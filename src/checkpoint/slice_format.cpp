@@ -2,6 +2,7 @@
 
 #include "base/files.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
@@ -14,7 +15,7 @@ c10::ScalarType dtype_from(const std::string& s, const std::string& file) {
   for (auto t : {c10::kFloat, c10::kDouble, c10::kHalf, c10::kBFloat16, c10::kLong, c10::kInt, c10::kShort, c10::kChar,
                  c10::kByte, c10::kBool})
     if (s == c10::toString(t)) return t;
-  throw CheckpointError(file + ": unknown dtype '" + s + "'");
+  throw CheckpointError(fmt::format("{}: unknown dtype '{}'", file, s));
 }
 
 }  // namespace
@@ -46,20 +47,22 @@ void add_slice_records(json& tensors, const json& records) {
 json parse_index(const std::string& dir) {
   const std::string path = dir + "/index.json";
   if (!files::is_file(path))
-    throw CheckpointError("no index.json in " + dir + ": not an accel checkpoint, or a save that did not finish");
+    throw CheckpointError(
+        fmt::format("no index.json in {}: not an accel checkpoint, or a save that did not finish", dir));
   json j;
   try {
     j = json::parse(files::read_file(path));
   } catch (const json::exception& e) {
-    throw CheckpointError(path + " does not parse: " + e.what());
+    throw CheckpointError(fmt::format("{} does not parse: {}", path, e.what()));
   } catch (const std::runtime_error& e) {
     throw CheckpointError(e.what());
   }
   if (!j.is_object() || j.value("format", "") != kCheckpointFormat)
-    throw CheckpointError(path + ": not an accel checkpoint index (format is not '" + kCheckpointFormat + "')");
+    throw CheckpointError(
+        fmt::format("{}: not an accel checkpoint index (format is not '{}')", path, kCheckpointFormat));
   if (j.value("version", 0) != kCheckpointVersion)
-    throw CheckpointError(path + ": checkpoint version " + std::to_string(j.value("version", 0)) +
-                          ", this accel reads version " + std::to_string(kCheckpointVersion));
+    throw CheckpointError(fmt::format("{}: checkpoint version {}, this accel reads version {}", path,
+                                      j.value("version", 0), kCheckpointVersion));
   return j;
 }
 
@@ -77,7 +80,7 @@ std::map<std::string, Entry> entries_of(const json& index, const std::string& di
       out.emplace(key, std::move(en));
     }
   } catch (const json::exception& e) {
-    throw CheckpointError(dir + "/index.json: malformed tensor table: " + e.what());
+    throw CheckpointError(fmt::format("{}/index.json: malformed tensor table: {}", dir, e.what()));
   }
   return out;
 }

@@ -35,10 +35,10 @@ AcceleratorConfig write_config(const std::string& path, const std::string& yaml)
     std::ofstream f(tmp);
     f << yaml;
     f.close();
-    if (!f) throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
+    if (!f) throw std::runtime_error(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
+    throw std::runtime_error(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(errno)));
   return cfg;
 }
 
@@ -55,7 +55,8 @@ struct ConfigArgs {
 void add_config_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<ConfigArgs>();
   auto* cmd = app.add_subcommand("config", "Write a config by answering questions (or: default, explain FILE)");
-  cmd->add_option("--config_file", a->config_file, "Where to write it (default: " + default_config_path() + ")");
+  cmd->add_option("--config_file", a->config_file,
+                  fmt::format("Where to write it (default: {})", default_config_path()));
   cmd->callback([&exit_code, a, cmd] {
     if (!cmd->get_subcommands().empty()) return;  // `default` or `explain` ran
     try {
@@ -71,7 +72,8 @@ void add_config_command(CLI::App& app, int& exit_code) {
   });
 
   auto* def = cmd->add_subcommand("default", "Write a sensible config without questions (refuses to overwrite)");
-  def->add_option("--config_file", a->config_file, "Where to write it (default: " + default_config_path() + ")");
+  def->add_option("--config_file", a->config_file,
+                  fmt::format("Where to write it (default: {})", default_config_path()));
   def->add_option("--mixed_precision", a->mixed_precision, "no, fp16, bf16 or fp8")
       ->check(CLI::IsMember({"no", "fp16", "bf16", "fp8"}));
   def->add_flag("--force", a->force, "Overwrite an existing file");
@@ -94,7 +96,7 @@ void add_config_command(CLI::App& app, int& exit_code) {
   });
 
   auto* ex = cmd->add_subcommand("explain", "Say what a config (Accelerate YAML or DeepSpeed JSON) will do");
-  ex->add_option("file", a->explain_file, "The config file (default: " + default_config_path() + ")");
+  ex->add_option("file", a->explain_file, fmt::format("The config file (default: {})", default_config_path()));
   ex->add_option("--num_processes", a->num_processes, "Explain it for this many ranks (default: the file's)")
       ->check(CLI::PositiveNumber);
   ex->add_option("--num_machines", a->num_machines, "... on this many machines (default: the file's)")

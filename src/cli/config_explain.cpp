@@ -23,7 +23,7 @@ std::string groups(int world, int size, bool strided) {
     const int n = world / size;  // groups of `size` ranks, `n` apart
     for (int first = 0; first < n; ++first) {
       std::string s = "{";
-      for (int k = 0; k < size; ++k) s += (k ? "," : "") + std::to_string(first + k * n);
+      for (int k = 0; k < size; ++k) s += fmt::format("{}{}", k ? "," : "", first + k * n);
       out.push_back(s + "}");
     }
   }

@@ -1,5 +1,7 @@
 #include "cli/config_questions.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <functional>
@@ -36,8 +38,9 @@ class Asker {
       out_ << question << " [" << def << "]: " << std::flush;
       std::string line;
       if (!std::getline(in_, line))
-        throw std::runtime_error("input ended before the questions did (at: " + question +
-                                 "); `accel config default` writes a config without questions");
+        throw std::runtime_error(fmt::format(
+            "input ended before the questions did (at: {}); `accel config default` writes a config without questions",
+            question));
       std::string answer = trim(line);
       if (answer.empty()) answer = def;
       std::string why;
@@ -50,7 +53,7 @@ class Asker {
     std::string value;
     std::string list;
     for (const auto& o : options) list += (list.empty() ? "" : ", ") + o;
-    ask(question + " (" + list + ")", def, [&](const std::string& a, std::string& why) {
+    ask(fmt::format("{} ({})", question, list), def, [&](const std::string& a, std::string& why) {
       for (const auto& o : options)
         if (lower(o) == lower(a)) {
           value = o;
@@ -86,7 +89,7 @@ class Asker {
         }
       } catch (const std::exception&) {
       }
-      why = "please answer a whole number from " + std::to_string(min) + " to " + std::to_string(max);
+      why = fmt::format("please answer a whole number from {} to {}", min, max);
       return false;
     });
     return value;
@@ -106,7 +109,7 @@ class Asker {
         }
       } catch (const std::exception&) {
       }
-      why = "please answer a number >= " + std::to_string(min);
+      why = fmt::format("please answer a number >= {:f}", min);
       return false;
     });
     return value;

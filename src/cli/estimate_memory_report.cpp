@@ -103,7 +103,7 @@ std::string formula(double rep, double shard) {
   if (rep == 0 && shard == 0) return "0";
   std::string out;
   if (rep != 0) out = coef(rep) + "P";
-  if (shard != 0) out += (out.empty() ? "" : " + ") + coef(shard) + "P/N";
+  if (shard != 0) out += fmt::format("{}{}P/N", out.empty() ? "" : " + ", coef(shard));
   return out;
 }
 
@@ -220,7 +220,7 @@ std::string format_estimate(const Estimate& e) {
     for (std::size_t j = i; j < e.rows.size(); ++j)
       if (e.rows[j].coef.note == note)
         names += (names.empty() ? "" : ", ") + std::string(short_label(e.rows[j].strategy));
-    out += wrap("* " + names + ": " + note, 100, "  ");
+    out += wrap(fmt::format("* {}: {}", names, note), 100, "  ");
   }
 
   // The recommendation.
@@ -231,7 +231,8 @@ std::string format_estimate(const Estimate& e) {
     return out;
   }
   std::string where = r.device_budget ? budget_gb(*r.device_budget) + " per device" : std::string();
-  if (r.cpu_budget) where += (where.empty() ? "" : " and ") + budget_gb(*r.cpu_budget) + " of CPU memory per rank";
+  if (r.cpu_budget)
+    where += fmt::format("{}{} of CPU memory per rank", where.empty() ? "" : " and ", budget_gb(*r.cpu_budget));
   if (!e.recommended) {
     std::string text = fmt::format("Recommendation: none. Nothing fits in {} at N = {}, not even {} with "
                                    "full offload.",

@@ -1,5 +1,7 @@
 #include "cli/hostfile.h"
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -26,7 +28,7 @@ std::vector<HostSlots> parse_hostfile(const std::string& text, const std::string
   std::string line;
   int number = 0;
   auto fail = [&](const std::string& what) {
-    throw HostfileError("hostfile " + source + ", line " + std::to_string(number) + ": " + what);
+    throw HostfileError(fmt::format("hostfile {}, line {}: {}", source, number, what));
   };
   while (std::getline(in, line)) {
     ++number;
@@ -40,25 +42,26 @@ std::vector<HostSlots> parse_hostfile(const std::string& text, const std::string
       const std::string key = word.substr(0, eq);
       const std::string value = eq == std::string::npos ? "" : word.substr(eq + 1);
       if (key == "slots") {
-        if (!parse_positive(value, h.slots)) fail("slots must be a positive integer, got '" + word + "'");
+        if (!parse_positive(value, h.slots)) fail(fmt::format("slots must be a positive integer, got '{}'", word));
       } else if (key == "max_slots") {
         int ignored = 0;
-        if (!parse_positive(value, ignored)) fail("max_slots must be a positive integer, got '" + word + "'");
+        if (!parse_positive(value, ignored)) fail(fmt::format("max_slots must be a positive integer, got '{}'", word));
       } else {
-        fail("unknown entry '" + word + "' after host '" + host + "' (expected slots=N)");
+        fail(fmt::format("unknown entry '{}' after host '{}' (expected slots=N)", word, host));
       }
     }
-    if (h.slots == 0) fail("host '" + host + "' has no slots=N (the number of ranks it may run)");
-    if (!seen.insert(host).second) fail("host '" + host + "' is listed twice");
+    if (h.slots == 0) fail(fmt::format("host '{}' has no slots=N (the number of ranks it may run)", host));
+    if (!seen.insert(host).second) fail(fmt::format("host '{}' is listed twice", host));
     hosts.push_back(h);
   }
-  if (hosts.empty()) throw HostfileError("hostfile " + source + " lists no hosts (expected lines like 'node1 slots=4')");
+  if (hosts.empty())
+    throw HostfileError(fmt::format("hostfile {} lists no hosts (expected lines like 'node1 slots=4')", source));
   return hosts;
 }
 
 std::vector<HostSlots> read_hostfile(const std::string& path) {
   std::ifstream f(path);
-  if (!f) throw HostfileError("cannot read hostfile " + path + ": " + std::strerror(errno));
+  if (!f) throw HostfileError(fmt::format("cannot read hostfile {}: {}", path, std::strerror(errno)));
   std::stringstream text;
   text << f.rdbuf();
   return parse_hostfile(text.str(), path);

@@ -162,7 +162,7 @@ int run_plan(const LaunchPlan& plan, const std::string& status_dir) {
 int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   if (program.empty()) throw LaunchError("no program given: accel launch [flags] PROGRAM [ARGS...]");
   if (program[0].size() > 1 && program[0][0] == '-')
-    throw LaunchError("unknown flag '" + program[0] + "' (flags go before PROGRAM; see accel launch --help)");
+    throw LaunchError(fmt::format("unknown flag '{}' (flags go before PROGRAM; see accel launch --help)", program[0]));
 
   LaunchRequest req;
   req.num_processes = args.num_processes;
@@ -214,8 +214,8 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   }
   const auto found = find_program(program[0]);
   if (!found)
-    throw LaunchError("program '" + program[0] + "' not found" +
-                      (program[0].find('/') == std::string::npos ? " on PATH" : " (or not executable)"));
+    throw LaunchError(fmt::format("program '{}' not found{}", program[0],
+                                  program[0].find('/') == std::string::npos ? " on PATH" : " (or not executable)"));
   // Ranks on other machines run the same path: make it absolute when it was relative.
   if (program[0].find('/') != std::string::npos) program[0] = files::absolute_path(program[0]);
   req.program = program;
@@ -223,7 +223,8 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   const std::string self = files::self_exe_path();
   req.rank_wrapper = self.substr(0, self.rfind('/')) + "/accel-rank";
   if (!is_executable(req.rank_wrapper))
-    throw LaunchError("accel-rank is missing next to this accel (" + req.rank_wrapper + "); rebuild or reinstall accel");
+    throw LaunchError(
+        fmt::format("accel-rank is missing next to this accel ({}); rebuild or reinstall accel", req.rank_wrapper));
   req.mpirun = env::get("ACCEL_MPIRUN");  // the table's defaults: mpirun, srun
   req.srun = env::get("ACCEL_SRUN");
 
@@ -246,13 +247,14 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   }
   if (plan.launcher == "mpirun" && !find_program(plan.argv[0])) {
     if (!status_dir.empty()) files::remove_tree(status_dir);
-    throw LaunchError("'" + plan.argv[0] + "' not found: install Open MPI (apt install openmpi-bin) or set ACCEL_MPIRUN");
+    throw LaunchError(fmt::format("'{}' not found: install Open MPI (apt install openmpi-bin) or set ACCEL_MPIRUN",
+                                  plan.argv[0]));
   }
   const std::string where =
       plan.num_machines == 1 ? std::string("1 machine")
                              : fmt::format("{} machines ({} per machine)", plan.num_machines, plan.per_machine);
   fmt::print(stderr, "accel launch: {} rank(s) on {} via {}; {}\n", plan.num_processes, where, plan.launcher,
-             config_path.empty() ? std::string("no config file") : "config " + config_path);
+             config_path.empty() ? std::string("no config file") : fmt::format("config {}", config_path));
   if (args.dry_run) {
     fmt::print("{}\n", shell_join(plan.argv));
     return 0;
@@ -266,7 +268,7 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<LaunchArgs>();
   auto* cmd = app.add_subcommand("launch", "Start PROGRAM on every rank (mpirun on one node or a hostfile; srun in Slurm)");
   cmd->add_option("--config_file", args->config_file,
-                  "Accelerate YAML or DeepSpeed JSON (default: " + default_config_path() + " when it exists)");
+                  fmt::format("Accelerate YAML or DeepSpeed JSON (default: {} when it exists)", default_config_path()));
   cmd->add_option("--num_processes,-n", args->num_processes, "Total ranks over all machines (default: config, hostfile slots, 1)");
   cmd->add_option("--num_machines", args->num_machines, "Machines (default: config, hostfile hosts, 1)");
   cmd->add_option("--hostfile", args->hostfile, "Hosts for mpirun, one 'host slots=N' per line (DeepSpeed's format)");

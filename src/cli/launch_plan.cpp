@@ -1,5 +1,7 @@
 #include "cli/launch_plan.h"
 
+#include <fmt/format.h>
+
 namespace accel::cli {
 namespace {
 
@@ -13,14 +15,14 @@ std::string quote(const std::string& w) {
 }
 
 void require_positive(const std::optional<int>& v, const char* what) {
-  if (v && *v < 1) throw LaunchError(std::string(what) + " must be at least 1, got " + std::to_string(*v));
+  if (v && *v < 1) throw LaunchError(fmt::format("{} must be at least 1, got {}", what, *v));
 }
 
 }  // namespace
 
 std::string shell_join(const std::vector<std::string>& argv) {
   std::string s;
-  for (const auto& w : argv) s += (s.empty() ? "" : " ") + quote(w);
+  for (const auto& w : argv) s += fmt::format("{}{}", s.empty() ? "" : " ", quote(w));
   return s;
 }
 
@@ -38,7 +40,7 @@ LaunchPlan plan_launch(const LaunchRequest& r) {
   } else if (r.launcher == "mpirun" || r.launcher == "srun") {
     p.launcher = r.launcher;
   } else {
-    throw LaunchError("--launcher must be auto, mpirun or srun, got '" + r.launcher + "'");
+    throw LaunchError(fmt::format("--launcher must be auto, mpirun or srun, got '{}'", r.launcher));
   }
   if (p.launcher == "srun" && have_hosts)
     throw LaunchError("--hostfile is for mpirun; under srun, Slurm's allocation decides the hosts");
@@ -56,23 +58,24 @@ LaunchPlan plan_launch(const LaunchRequest& r) {
                     : have_hosts ? total_slots
                                  : 1;
   if (p.num_processes % p.num_machines != 0)
-    throw LaunchError(std::to_string(p.num_processes) + " processes do not spread evenly over " +
-                      std::to_string(p.num_machines) + " machines (num_processes is the total over all machines)");
+    throw LaunchError(fmt::format("{} processes do not spread evenly over {} machines (num_processes is the total over "
+                                  "all machines)",
+                                  p.num_processes, p.num_machines));
   p.per_machine = p.num_processes / p.num_machines;
 
   if (p.launcher == "mpirun" && p.num_machines > 1 && !have_hosts)
-    throw LaunchError(std::to_string(p.num_machines) +
-                      " machines need --hostfile (lines like 'node1 slots=4'), or run inside a Slurm allocation");
+    throw LaunchError(fmt::format(
+        "{} machines need --hostfile (lines like 'node1 slots=4'), or run inside a Slurm allocation", p.num_machines));
   if (have_hosts) {
     if (p.num_machines > static_cast<int>(r.hosts.size()))
-      throw LaunchError(std::to_string(p.num_machines) + " machines requested but hostfile " + r.hostfile +
-                        " lists only " + std::to_string(r.hosts.size()));
+      throw LaunchError(fmt::format("{} machines requested but hostfile {} lists only {}", p.num_machines, r.hostfile,
+                                    r.hosts.size()));
     for (int m = 0; m < p.num_machines; ++m) {
       const auto& h = r.hosts[m];
       if (h.slots < p.per_machine)
-        throw LaunchError(std::to_string(p.num_processes) + " processes on " + std::to_string(p.num_machines) +
-                          " machine(s) need " + std::to_string(p.per_machine) + " slots per host, but '" + h.host +
-                          "' in " + r.hostfile + " has slots=" + std::to_string(h.slots));
+        throw LaunchError(fmt::format(
+            "{} processes on {} machine(s) need {} slots per host, but '{}' in {} has slots={}", p.num_processes,
+            p.num_machines, p.per_machine, h.host, r.hostfile, h.slots));
       p.machines.push_back({h.host, p.per_machine});
     }
   }

@@ -216,7 +216,7 @@ void Engine::finalize_backward() {
       } else {
         // The reduced shard is the pending gradient until the step, and the window closes: a second
         // sync backward before the step reduces into a fresh window and adds to it. ZeRO-2/3 give
-        // the full buffer back; ZeRO-1 (and a group of one) keep it: g is their buffer's own slice.
+        // the full buffer back; ZeRO-1 keeps it (and so does a group of one): g is their buffer's own slice.
         if (f.grad.defined())
           f.grad.add_(g);
         else

@@ -1,4 +1,4 @@
-// accel::zero::ShardingSpec — every strategy as one point in one space (DESIGN.md §1).
+// accel::zero::ShardingSpec — every strategy as one point in one space (docs/design.md, "The strategy table").
 //
 //   strategy            | optimizer state | gradients            | parameters at rest | freed after forward
 //   DDP / NO_SHARD      | replicated      | all-reduced          | replicated         | -
@@ -80,7 +80,7 @@ struct ShardingSpec {
   // Named points: DeepSpeed stages and FSDP sharding strategies.
   static ShardingSpec ddp();
   static ShardingSpec zero(int stage);  // 0..3; throws std::invalid_argument otherwise
-  // "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD" (FSDP's names); throws otherwise.
+  // A row's fsdp_name (Accelerate/FSDP sharding_strategy); throws otherwise, listing them.
   static ShardingSpec fsdp(const std::string& sharding_strategy);
 
   // Throws std::invalid_argument naming the field for a bad value.

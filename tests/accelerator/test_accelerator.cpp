@@ -3,6 +3,8 @@
 // strategy (chosen by a config file) against a single-process libtorch reference.
 #include "accelerator/accelerator.h"
 #include "accelerator/rows.h"
+#include "checkpoint/model_export.h"
+#include "checkpoint/safetensors.h"
 #include "support/models.h"
 #include "test_world.h"
 
@@ -11,6 +13,7 @@
 #include <torch/optim/schedulers/step_lr.h>
 #include <torch/optim/sgd.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -396,6 +399,37 @@ TEST(Accelerator, FsdpStateDictTypeDecidesWhatSaveStateWrites) {
     const std::string dir = acc.save_state(root + "/ckpt_" + std::to_string(i++), c.arg);
     if (acc.is_main_process()) EXPECT_EQ(ranks_with_data(dir), c.full ? 1 : N);
     acc.load_state(dir);  // reads either kind
+    acc.end_training();
+  }
+}
+
+// DeepSpeed's gather_16bit_weights_on_model_save (zero3_save_16bit_model in the YAML) under bf16:
+// save_model writes the bf16 compute weights; without it, the fp32 masters.
+TEST(Accelerator, Save16BitModelWritesTheComputeDtype) {
+  auto w = world();
+  const std::string root = (fs::temp_directory_path() / ("accel_test_save16_" + std::to_string(w->size()))).string();
+  for (bool sixteen : {false, true}) {
+    SCOPED_TRACE(sixteen ? "gather_16bit_weights_on_model_save: true" : "gather_16bit_weights_on_model_save: false");
+    const std::string json = fmt::format(R"({{"train_micro_batch_size_per_gpu": 4, "bf16": {{"enabled": true}},
+        "zero_optimization": {{"stage": 3, "gather_16bit_weights_on_model_save": {}}}}})", sixteen);
+    Accelerator acc(quiet(write_config(sixteen ? "save16_on.json" : "save16_off.json", json)));
+    ASSERT_EQ(acc.config().zero3_save_16bit_model, sixteen);
+    auto model = make_mlp();
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    acc.prepare(model, sgd);
+    const std::string dir = root + (sixteen ? "/on" : "/off");
+    acc.save_model(model, dir);
+    if (acc.is_main_process()) {
+      int tensors = 0;
+      for (const auto& f : checkpoint::resolve_model_files(dir).files) {
+        auto file = checkpoint::SafetensorsFile::open(f);
+        for (const auto& n : file.names()) {
+          EXPECT_EQ(file.dtype(n), sixteen ? at::kBFloat16 : at::kFloat) << n;
+          ++tensors;
+        }
+      }
+      EXPECT_GT(tensors, 0);
+    }
     acc.end_training();
   }
 }

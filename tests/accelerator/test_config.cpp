@@ -25,7 +25,7 @@ using zero::Strategy;
 using WrapKind = zero::WrapPolicy::Kind;
 
 // ---------------------------------------------------------------------------------------------------
-// resolve_batch: DeepSpeed's table (deepspeed.md §1.2)
+// resolve_batch: DeepSpeed's batch rule (deepspeed/runtime/config.py, _set_batch_related_parameters)
 
 using OptI = std::optional<std::int64_t>;
 BatchConfig triad(OptI t, OptI m, OptI g) { return BatchConfig{t, m, g}; }

@@ -2,6 +2,7 @@
 // get_int / get_double / is_set: the environment's value, else the table's default; a clear error
 // for a name not in the table or a value that does not parse.
 #include "base/env.h"
+#include "support/errors.h"
 
 #include <gtest/gtest.h>
 
@@ -11,6 +12,8 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+
+using accel::test::message_of;
 
 namespace {
 
@@ -37,17 +40,6 @@ class ScopedEnv {
   const char* name_;
   std::optional<std::string> saved_;
 };
-
-// The exception's message, or "" when `f` does not throw std::invalid_argument.
-template <class F>
-std::string invalid_argument_of(F f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(EnvTable, EveryEntryIsAnAccelVariableDeclaredOnceWithAMeaning) {
   const auto& t = accel::env::table();
@@ -102,23 +94,23 @@ TEST(EnvGet, TheEnvironmentsValueWins) {
 TEST(EnvGet, ANameNotInTheTableIsABug) {
   const char* name = "ACCEL_NO_SUCH_VARIABLE";
   ScopedEnv s(name, "1");  // even when set
-  for (auto msg : {invalid_argument_of([&] { accel::env::get(name); }),
-                   invalid_argument_of([&] { accel::env::get_int(name); }),
-                   invalid_argument_of([&] { accel::env::get_double(name); }),
-                   invalid_argument_of([&] { accel::env::is_set(name); })})
+  for (auto msg : {message_of<std::invalid_argument>([&] { accel::env::get(name); }),
+                   message_of<std::invalid_argument>([&] { accel::env::get_int(name); }),
+                   message_of<std::invalid_argument>([&] { accel::env::get_double(name); }),
+                   message_of<std::invalid_argument>([&] { accel::env::is_set(name); })})
     EXPECT_NE(msg.find("ACCEL_NO_SUCH_VARIABLE"), std::string::npos) << "'" << msg << "'";
 }
 
 TEST(EnvGet, AValueThatDoesNotParseNamesTheVariableAndTheValue) {
   for (const char* bad : {"abc", "12x", "3.5", " ", "99999999999999999999999"}) {
     ScopedEnv s("ACCEL_COMM_TIMEOUT_S", bad);
-    const std::string msg = invalid_argument_of([] { accel::env::get_int("ACCEL_COMM_TIMEOUT_S"); });
+    const std::string msg = message_of<std::invalid_argument>([] { accel::env::get_int("ACCEL_COMM_TIMEOUT_S"); });
     EXPECT_NE(msg.find("ACCEL_COMM_TIMEOUT_S"), std::string::npos) << bad << ": '" << msg << "'";
     EXPECT_NE(msg.find(std::string("'") + bad + "'"), std::string::npos) << bad << ": '" << msg << "'";
   }
   for (const char* bad : {"abc", "1.5s", "--1"}) {
     ScopedEnv s("ACCEL_COMM_TIMEOUT_S", bad);
-    const std::string msg = invalid_argument_of([] { accel::env::get_double("ACCEL_COMM_TIMEOUT_S"); });
+    const std::string msg = message_of<std::invalid_argument>([] { accel::env::get_double("ACCEL_COMM_TIMEOUT_S"); });
     EXPECT_NE(msg.find("ACCEL_COMM_TIMEOUT_S"), std::string::npos) << bad << ": '" << msg << "'";
     EXPECT_NE(msg.find(std::string("'") + bad + "'"), std::string::npos) << bad << ": '" << msg << "'";
   }

@@ -1,6 +1,7 @@
 // accel::files: the POSIX file helpers, each against what the OS reports (stat, readlink, reading the
 // bytes back), in a fresh temporary directory per test.
 #include "base/files.h"
+#include "support/errors.h"
 
 #include <gtest/gtest.h>
 
@@ -12,20 +13,18 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <filesystem>
 #include <string>
+
+using accel::test::message_of;
 
 namespace {
 
 namespace files = accel::files;
 
-bool lexists(const std::string& p) {
-  struct stat st{};
-  return ::lstat(p.c_str(), &st) == 0;
-}
-bool is_directory(const std::string& p) {
-  struct stat st{};
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
+// Independent of the helpers under test: std::filesystem.
+bool lexists(const std::string& p) { return std::filesystem::exists(std::filesystem::symlink_status(p)); }
+bool is_directory(const std::string& p) { return std::filesystem::is_directory(p); }
 std::string slurp(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
   std::ostringstream ss;
@@ -33,17 +32,6 @@ std::string slurp(const std::string& p) {
   return ss.str();
 }
 void put(const std::string& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
-
-// The message of the std::runtime_error `f` throws, or "" when it throws none.
-template <class F>
-std::string runtime_error_of(F f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 class Files : public ::testing::Test {
  protected:
@@ -72,7 +60,7 @@ TEST_F(Files, MakeDirsCreatesEveryLevelAndAcceptsExistingOnes) {
 
 TEST_F(Files, MakeDirsThroughAFileFailsNamingThePath) {
   put(dir_ + "/plain", "x");
-  const std::string msg = runtime_error_of([&] { files::make_dirs(dir_ + "/plain/sub"); });
+  const std::string msg = message_of<std::runtime_error>([&] { files::make_dirs(dir_ + "/plain/sub"); });
   EXPECT_NE(msg.find(dir_ + "/plain/sub"), std::string::npos) << "'" << msg << "'";
 }
 
@@ -94,7 +82,7 @@ TEST_F(Files, WriteFileSyncedWritesTheBytesAndTruncates) {
 
 TEST_F(Files, WriteFileSyncedIntoAMissingDirectoryFailsNamingThePath) {
   const std::string p = dir_ + "/missing/data.bin";
-  const std::string msg = runtime_error_of([&] { files::write_file_synced(p, "x", 1); });
+  const std::string msg = message_of<std::runtime_error>([&] { files::write_file_synced(p, "x", 1); });
   EXPECT_NE(msg.find(p), std::string::npos) << "'" << msg << "'";
   EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << "'" << msg << "'";
 }
@@ -157,7 +145,7 @@ TEST_F(Files, ReadFileReturnsTheBytesOrFailsNamingThePath) {
   put(p, "");
   EXPECT_EQ(files::read_file(p), "");
   const std::string missing = dir_ + "/nope";
-  const std::string msg = runtime_error_of([&] { files::read_file(missing); });
+  const std::string msg = message_of<std::runtime_error>([&] { files::read_file(missing); });
   EXPECT_NE(msg.find(missing), std::string::npos) << "'" << msg << "'";
 }
 
@@ -169,7 +157,7 @@ TEST_F(Files, WriteFileAtomicReplacesAndLeavesNoTemporary) {
   EXPECT_FALSE(lexists(p + ".tmp"));
   // Into a directory that does not exist: an error naming the path, nothing created.
   const std::string bad = dir_ + "/missing/a.json";
-  EXPECT_NE(runtime_error_of([&] { files::write_file_atomic(bad, "x", 1); }).find(bad), std::string::npos);
+  EXPECT_NE(message_of<std::runtime_error>([&] { files::write_file_atomic(bad, "x", 1); }).find(bad), std::string::npos);
   EXPECT_FALSE(lexists(dir_ + "/missing"));
 }
 

@@ -13,9 +13,6 @@ endif()
 # In-process round trips at 1-3 ranks (every optimizer's state under every strategy, a failed
 # load that changes nothing, automatic naming, the total limit, registered objects), and sharded
 # construction (Accelerator::sharded_init).
-add_executable(checkpoint_tests test_main.cpp checkpoint/test_checkpoint.cpp)
-target_include_directories(checkpoint_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/examples)
-target_link_libraries(checkpoint_tests PRIVATE accel GTest::gtest)
-target_precompile_headers(checkpoint_tests REUSE_FROM accel_tests)
+accel_test_binary(checkpoint_tests checkpoint/test_checkpoint.cpp)
 target_compile_definitions(checkpoint_tests PRIVATE ACCEL_BINARY_DIR="${CMAKE_BINARY_DIR}")
 accel_add_mpi_test(NAME checkpoint TARGET checkpoint_tests NP 1 2 3)

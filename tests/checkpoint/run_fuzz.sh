@@ -16,7 +16,7 @@ if ! command -v "$CXX" >/dev/null 2>&1 ||
      "$CXX" -x c++ -fsanitize=fuzzer,address,undefined - -o "$WORK/probe" >/dev/null 2>&1; then
   echo "SKIPPED: no clang++ with -fsanitize=fuzzer (apt-get install clang)"; exit 77
 fi
-"$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+"$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DFMT_HEADER_ONLY=1 \
   -I"$SRC" "$SRC/checkpoint/safetensors_header.cpp" "$HERE/fuzz_safetensors_header.cpp" -o "$WORK/fuzz_safetensors_header"
 
 # Seeds: valid files (8-byte little-endian length, space-padded JSON, data).

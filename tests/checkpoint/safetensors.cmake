@@ -30,9 +30,7 @@ if(ACCEL_CLANGXX)
 endif()
 
 # Multi-rank: save_model / load_model under every strategy (one binary on every rank of an mpirun).
-add_executable(model_export_tests test_main.cpp checkpoint/test_model_export.cpp support/python.cpp)
-target_include_directories(model_export_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/examples)
-target_link_libraries(model_export_tests PRIVATE accel GTest::gtest nlohmann_json::nlohmann_json)
-target_precompile_headers(model_export_tests REUSE_FROM accel_tests)
+accel_test_binary(model_export_tests checkpoint/test_model_export.cpp support/python.cpp)
+target_link_libraries(model_export_tests PRIVATE nlohmann_json::nlohmann_json)
 target_compile_definitions(model_export_tests PRIVATE ACCEL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" ACCEL_PYTHON="${ACCEL_PYTHON}")
 accel_add_mpi_test(NAME checkpoint_save_model TARGET model_export_tests NP 1 2 3 SKIPPABLE)

@@ -1,26 +1,19 @@
 // accel launch's rules (cli/launch_plan.h) and hostfiles (cli/hostfile.h): pure functions, single process.
 #include "cli/hostfile.h"
 #include "cli/launch_plan.h"
+#include "support/errors.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
+using accel::test::message_of;
+
 namespace accel::cli {
 namespace {
 
 using Words = std::vector<std::string>;
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TEST(Hostfile, ParsesDeepSpeedFormatWithCommentsAndBlankLines) {
   const auto h = parse_hostfile("# cluster\n\nworker-1 slots=4\n  worker-2   slots=2 max_slots=8  # gpu box\n", "hf");
@@ -32,19 +25,19 @@ TEST(Hostfile, ParsesDeepSpeedFormatWithCommentsAndBlankLines) {
 }
 
 TEST(Hostfile, BadLinesNameFileLineAndProblem) {
-  EXPECT_EQ(error_of([] { parse_hostfile("a slots=1\nb\n", "hf"); }),
+  EXPECT_EQ(message_of([] { parse_hostfile("a slots=1\nb\n", "hf"); }),
             "hostfile hf, line 2: host 'b' has no slots=N (the number of ranks it may run)");
-  EXPECT_EQ(error_of([] { parse_hostfile("a slots=0\n", "hf"); }),
+  EXPECT_EQ(message_of([] { parse_hostfile("a slots=0\n", "hf"); }),
             "hostfile hf, line 1: slots must be a positive integer, got 'slots=0'");
-  EXPECT_EQ(error_of([] { parse_hostfile("a slots=x\n", "hf"); }),
+  EXPECT_EQ(message_of([] { parse_hostfile("a slots=x\n", "hf"); }),
             "hostfile hf, line 1: slots must be a positive integer, got 'slots=x'");
-  EXPECT_EQ(error_of([] { parse_hostfile("a slots=2 gpus=1\n", "hf"); }),
+  EXPECT_EQ(message_of([] { parse_hostfile("a slots=2 gpus=1\n", "hf"); }),
             "hostfile hf, line 1: unknown entry 'gpus=1' after host 'a' (expected slots=N)");
-  EXPECT_EQ(error_of([] { parse_hostfile("a slots=2\na slots=2\n", "hf"); }),
+  EXPECT_EQ(message_of([] { parse_hostfile("a slots=2\na slots=2\n", "hf"); }),
             "hostfile hf, line 2: host 'a' is listed twice");
-  EXPECT_EQ(error_of([] { parse_hostfile("# nothing\n\n", "hf"); }),
+  EXPECT_EQ(message_of([] { parse_hostfile("# nothing\n\n", "hf"); }),
             "hostfile hf lists no hosts (expected lines like 'node1 slots=4')");
-  EXPECT_NE(error_of([] { read_hostfile("/nonexistent/hostfile"); }).find("cannot read hostfile /nonexistent/hostfile"),
+  EXPECT_NE(message_of([] { read_hostfile("/nonexistent/hostfile"); }).find("cannot read hostfile /nonexistent/hostfile"),
             std::string::npos);
 }
 
@@ -102,30 +95,30 @@ TEST(LaunchPlan, MoreRanksThanSlotsIsRefused) {
   r.hosts = {{"a", 2}, {"b", 1}};
   r.hostfile = "hf";
   r.num_processes = 4;
-  EXPECT_EQ(error_of([&] { plan_launch(r); }),
+  EXPECT_EQ(message_of([&] { plan_launch(r); }),
             "4 processes on 2 machine(s) need 2 slots per host, but 'b' in hf has slots=1");
   r.num_machines = 3;
   r.num_processes = 3;
-  EXPECT_EQ(error_of([&] { plan_launch(r); }), "3 machines requested but hostfile hf lists only 2");
+  EXPECT_EQ(message_of([&] { plan_launch(r); }), "3 machines requested but hostfile hf lists only 2");
 }
 
 TEST(LaunchPlan, BadCountsAndMissingPiecesAreRefused) {
   auto r = request();
   r.num_processes = 0;
-  EXPECT_EQ(error_of([&] { plan_launch(r); }), "--num_processes must be at least 1, got 0");
+  EXPECT_EQ(message_of([&] { plan_launch(r); }), "--num_processes must be at least 1, got 0");
   r.num_processes = 3;
   r.num_machines = 2;
-  EXPECT_EQ(error_of([&] { plan_launch(r); }),
+  EXPECT_EQ(message_of([&] { plan_launch(r); }),
             "3 processes do not spread evenly over 2 machines (num_processes is the total over all machines)");
   r.num_processes = 4;
-  EXPECT_EQ(error_of([&] { plan_launch(r); }),
+  EXPECT_EQ(message_of([&] { plan_launch(r); }),
             "2 machines need --hostfile (lines like 'node1 slots=4'), or run inside a Slurm allocation");
-  EXPECT_EQ(error_of([] { plan_launch(request({})); }), "no program given: accel launch [flags] PROGRAM [ARGS...]");
+  EXPECT_EQ(message_of([] { plan_launch(request({})); }), "no program given: accel launch [flags] PROGRAM [ARGS...]");
   auto l = request();
   l.launcher = "ssh";
-  EXPECT_EQ(error_of([&] { plan_launch(l); }), "--launcher must be auto, mpirun or srun, got 'ssh'");
+  EXPECT_EQ(message_of([&] { plan_launch(l); }), "--launcher must be auto, mpirun or srun, got 'ssh'");
   l.launcher = "srun";
-  EXPECT_NE(error_of([&] { plan_launch(l); }).find("needs a Slurm allocation"), std::string::npos);
+  EXPECT_NE(message_of([&] { plan_launch(l); }).find("needs a Slurm allocation"), std::string::npos);
 }
 
 TEST(LaunchPlan, SrunInsideSlurm) {

@@ -17,38 +17,35 @@
 
 using namespace accel::comm;
 
+// The surviving ranks: an all_reduce that rank 1 never joins must raise TimeoutError.
+int survivor(Communicator& world, int r, std::chrono::milliseconds timeout) {
+  at::Tensor t = at::ones({4}, at::kFloat);
+  try {
+    world.all_reduce(t, {ReduceOp::Sum, timeout});
+    std::printf("rank %d: all_reduce returned without rank 1\n", r);
+    return 0;
+  } catch (const TimeoutError& e) {
+    std::printf("rank %d caught TimeoutError: %s\n", r, e.what());
+    std::fflush(stdout);
+    return 3;  // exiting with a broken communicator aborts the MPI job
+  }
+}
+
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "";
   auto world = Communicator::world();
   const int r = world->rank();
   world->barrier();
-  at::Tensor t = at::ones({4}, at::kFloat);
   if (std::strcmp(mode, "timeout") == 0) {
     if (r == 1) {
       std::this_thread::sleep_for(std::chrono::seconds(120));  // never joins; killed by the abort
       return 0;
     }
-    try {
-      world->all_reduce(t, {ReduceOp::Sum, std::chrono::milliseconds(2000)});
-      std::printf("rank %d: all_reduce returned without rank 1\n", r);
-      return 0;
-    } catch (const TimeoutError& e) {
-      std::printf("rank %d caught TimeoutError: %s\n", r, e.what());
-      std::fflush(stdout);
-      return 3;  // exiting with a broken communicator aborts the MPI job
-    }
+    return survivor(*world, r, std::chrono::milliseconds(2000));
   }
   if (std::strcmp(mode, "exit") == 0) {
     if (r == 1) std::_Exit(7);
-    try {
-      world->all_reduce(t, {ReduceOp::Sum, std::chrono::milliseconds(3000)});
-      std::printf("rank %d: all_reduce returned without rank 1\n", r);
-      return 0;
-    } catch (const TimeoutError& e) {
-      std::printf("rank %d caught TimeoutError: %s\n", r, e.what());
-      std::fflush(stdout);
-      return 3;  // exiting with a broken communicator aborts the MPI job
-    }
+    return survivor(*world, r, std::chrono::milliseconds(3000));
   }
   std::fprintf(stderr, "usage: fault_probe timeout|exit\n");
   return 2;

@@ -1,16 +1,12 @@
 # Mixed precision (src/mixed_precision/): the loss scaler, fp8 casting and the fp8 all-gather codec,
 # Float8Linear, the engine's fp8 all-gather of ZeRO-3 units. One GoogleTest binary on every rank; ctest runs it at 1, 2 and 3 ranks.
 # (include()d from tests/CMakeLists.txt: CMAKE_CURRENT_SOURCE_DIR is tests/.)
-add_executable(mixed_precision_tests
-  test_main.cpp
+accel_test_binary(mixed_precision_tests
   mixed_precision/test_loss_scaler.cpp
   mixed_precision/test_fp8.cpp
   mixed_precision/test_float8_linear.cpp
   mixed_precision/test_fp8_all_gather.cpp
 )
-target_include_directories(mixed_precision_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/examples)
-target_link_libraries(mixed_precision_tests PRIVATE accel GTest::gtest)
-target_precompile_headers(mixed_precision_tests REUSE_FROM accel_tests)
 target_compile_definitions(mixed_precision_tests PRIVATE
   ACCEL_MP_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}/mixed_precision")
 if(ACCEL_PYTHON)

@@ -10,6 +10,11 @@
 #                   [SKIPPABLE])
 #     The binary as one plain process.
 #
+#   accel_test_binary(<target> <source>...)
+#     A multi-rank GoogleTest binary: tests/test_main.cpp (every rank reports, the worst result wins)
+#     plus the sources, linked with the library and GoogleTest, sharing accel_tests' precompiled
+#     headers, with tests/ and examples/ on the include path.
+#
 # Every test gets ENVIRONMENT ${ACCEL_TEST_ENV} plus ENV, and TIMEOUT (default 600 s).
 # SKIPPABLE: the binary may GTEST_SKIP (a missing GPU, a missing Python package). It runs under
 # tests/support/gtest_skips.sh, which reports "skipped" (exit 77, SKIP_RETURN_CODE) only when the run
@@ -69,4 +74,11 @@ function(accel_add_gtest)
   endif()
   set(CMD $<TARGET_FILE:${T_TARGET}> ${_gtest_args})
   _accel_gtest_register(${T_NAME})
+endfunction()
+
+function(accel_test_binary target)
+  add_executable(${target} ${PROJECT_SOURCE_DIR}/tests/test_main.cpp ${ARGN})
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/examples)
+  target_link_libraries(${target} PRIVATE accel GTest::gtest)
+  target_precompile_headers(${target} REUSE_FROM accel_tests)
 endfunction()
