@@ -375,7 +375,7 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict() {
   std::map<std::string, at::Tensor> full;
   c10::NoGradGuard no_grad;
   for (const auto& f : engine_->flats()) {
-    const sharding::FlatParam& fp = *f.flat;
+    const sharding::FlatParam& fp = *f.flat_param;
     // A sharded unit at rest is gathered into a temporary, one flat parameter at a time.
     const at::Tensor buffer = engine_->whole_values(f, zero::Engine::Source::Compute);
     if (!keep) continue;

@@ -80,7 +80,7 @@ std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module&
 std::unordered_map<const void*, std::pair<std::size_t, std::size_t>> flat_params(const zero::Engine& engine) {
   std::unordered_map<const void*, std::pair<std::size_t, std::size_t>> out;
   for (std::size_t fi = 0; fi < engine.flats().size(); ++fi) {
-    const auto& ps = engine.flats()[fi].flat->params();
+    const auto& ps = engine.flats()[fi].flat_param->params();
     for (std::size_t i = 0; i < ps.size(); ++i) out.emplace(ps[i].unsafeGetTensorImpl(), std::make_pair(fi, i));
   }
   return out;
@@ -88,7 +88,7 @@ std::unordered_map<const void*, std::pair<std::size_t, std::size_t>> flat_params
 
 // Saved from the master where it holds the weights in another dtype than the compute copy.
 bool save_from_master(const zero::Engine::Flat& f) {
-  return f.group >= 0 && f.master.defined() && f.master.scalar_type() != f.flat->options().dtype;
+  return f.group >= 0 && f.master.defined() && f.master.scalar_type() != f.flat_param->options().dtype;
 }
 
 }  // namespace
@@ -124,7 +124,7 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
       it.flat = w->second.first;
       it.index = w->second.second;
       const auto& f = flats[it.flat];
-      it.dtype = from_master(f) ? f.master.scalar_type() : f.flat->options().dtype;
+      it.dtype = from_master(f) ? f.master.scalar_type() : f.flat_param->options().dtype;
     } else {
       it.direct = t.detach();
       it.dtype = t.scalar_type();
@@ -154,8 +154,8 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
     std::int64_t bytes = 0;
     for (auto fi : u.flats) {
       const auto& f = flats[fi];
-      const auto dt = from_master(f) ? f.master.scalar_type() : f.flat->options().dtype;
-      bytes += f.flat->layout().padded() * static_cast<std::int64_t>(c10::elementSize(dt));
+      const auto dt = from_master(f) ? f.master.scalar_type() : f.flat_param->options().dtype;
+      bytes += f.flat_param->layout().padded() * static_cast<std::int64_t>(c10::elementSize(dt));
     }
     result.largest_unit_bytes = std::max(result.largest_unit_bytes, bytes);
   }
@@ -186,7 +186,7 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
   ProgressBar bar(static_cast<std::int64_t>(flats.size()), "save_model", options.progress && writer_rank);
   for (std::size_t fi = 0; fi < flats.size(); ++fi) {
     const auto& f = flats[fi];
-    const sharding::FlatParam& fp = *f.flat;
+    const sharding::FlatParam& fp = *f.flat_param;
     at::Tensor buffer;
     {  // a sharded flat parameter is gathered into a temporary, one at a time
       memory::CategoryScope cat(memory::Category::Gathered);
@@ -350,7 +350,7 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
     const auto& flats = engine.flats();
     const auto where = flat_params(engine);
     std::vector<std::vector<std::string>> flat_names(flats.size());
-    for (std::size_t fi = 0; fi < flats.size(); ++fi) flat_names[fi].resize(flats[fi].flat->params().size());
+    for (std::size_t fi = 0; fi < flats.size(); ++fi) flat_names[fi].resize(flats[fi].flat_param->params().size());
     for (const auto& [name, t] : tensors) {
       auto w = engine.plan().passthrough ? where.end() : where.find(t.unsafeGetTensorImpl());
       if (w != where.end()) {
@@ -365,7 +365,7 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
                     options.progress && engine.world().rank() == 0);
     for (std::size_t fi = 0; fi < flats.size() && !engine.plan().passthrough; ++fi) {
       const auto& f = flats[fi];
-      const sharding::FlatParam& fp = *f.flat;
+      const sharding::FlatParam& fp = *f.flat_param;
       // Copies the part of parameter i inside flat elements [b, e) into dst (which holds [b, e)).
       auto fill = [&](std::int64_t b, std::int64_t e, const at::Tensor& dst) {
         for (std::size_t i = 0; i < fp.params().size(); ++i) {

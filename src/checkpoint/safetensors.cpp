@@ -25,27 +25,9 @@ struct TorchDtype {
   const char* name;
   c10::ScalarType type;
 };
-const TorchDtype kTorchDtypes[] = {
-    {"BOOL", c10::kBool},
-    {"U8", c10::kByte},
-    {"I8", c10::kChar},
-    {"F8_E4M3", c10::kFloat8_e4m3fn},
-    {"F8_E5M2", c10::kFloat8_e5m2},
-    {"F8_E4M3FNUZ", c10::kFloat8_e4m3fnuz},
-    {"F8_E5M2FNUZ", c10::kFloat8_e5m2fnuz},
-    {"F8_E8M0", c10::kFloat8_e8m0fnu},
-    {"I16", c10::kShort},
-    {"U16", c10::kUInt16},
-    {"F16", c10::kHalf},
-    {"BF16", c10::kBFloat16},
-    {"I32", c10::kInt},
-    {"U32", c10::kUInt32},
-    {"F32", c10::kFloat},
-    {"I64", c10::kLong},
-    {"U64", c10::kUInt64},
-    {"F64", c10::kDouble},
-    {"C64", c10::kComplexFloat},
-};
+#define ACCEL_TORCH_DTYPE(name, size, torch_type) {#name, c10::torch_type},
+const TorchDtype kTorchDtypes[] = {ACCEL_SAFETENSORS_DTYPES(ACCEL_TORCH_DTYPE)};
+#undef ACCEL_TORCH_DTYPE
 
 std::string errno_str() { return std::strerror(errno); }
 

@@ -16,13 +16,9 @@ struct DtypeInfo {
   const char* name;
   std::size_t size;
 };
-// Sub-byte dtypes (F4, F6_*) are not supported: libtorch has no tensor type for them.
-constexpr DtypeInfo kDtypes[] = {
-    {"BOOL", 1},        {"U8", 1},  {"I8", 1},           {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E4M3FNUZ", 1},
-    {"F8_E5M2FNUZ", 1}, {"F8_E8M0", 1}, {"I16", 2},      {"U16", 2},     {"F16", 2},     {"BF16", 2},
-    {"I32", 4},         {"U32", 4}, {"F32", 4},          {"I64", 8},     {"U64", 8},     {"F64", 8},
-    {"C64", 8},
-};
+#define ACCEL_DTYPE_INFO(name, size, torch_type) {#name, size},
+constexpr DtypeInfo kDtypes[] = {ACCEL_SAFETENSORS_DTYPES(ACCEL_DTYPE_INFO)};
+#undef ACCEL_DTYPE_INFO
 
 std::string shape_str(const std::vector<std::int64_t>& s) {
   std::string out = "[";

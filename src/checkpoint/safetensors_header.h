@@ -20,6 +20,18 @@ class SafetensorsError : public std::runtime_error {
 // The largest header accepted (the Python reader's limit).
 constexpr std::uint64_t kSafetensorsMaxHeader = 100'000'000;
 
+// The one table of safetensors dtypes: X(name, bytes per element, the c10::ScalarType constant).
+// This file stays torch-free: the third column is a token that only safetensors.cpp expands.
+// Sub-byte dtypes (F4, F6_*) are not supported: libtorch has no tensor type for them.
+// clang-format off
+#define ACCEL_SAFETENSORS_DTYPES(X)                                                                   \
+  X(BOOL, 1, kBool) X(U8, 1, kByte) X(I8, 1, kChar) X(F8_E4M3, 1, kFloat8_e4m3fn)                     \
+  X(F8_E5M2, 1, kFloat8_e5m2) X(F8_E4M3FNUZ, 1, kFloat8_e4m3fnuz) X(F8_E5M2FNUZ, 1, kFloat8_e5m2fnuz)  \
+  X(F8_E8M0, 1, kFloat8_e8m0fnu) X(I16, 2, kShort) X(U16, 2, kUInt16) X(F16, 2, kHalf)                 \
+  X(BF16, 2, kBFloat16) X(I32, 4, kInt) X(U32, 4, kUInt32) X(F32, 4, kFloat) X(I64, 8, kLong)          \
+  X(U64, 8, kUInt64) X(F64, 8, kDouble) X(C64, 8, kComplexFloat)
+// clang-format on
+
 // Bytes per element of a safetensors dtype name ("F32" -> 4), 0 if the name is not one we know.
 std::size_t safetensors_dtype_size(const std::string& dtype);
 // Every dtype name we know, comma-separated (for messages).

@@ -44,7 +44,7 @@ std::vector<Segment> segments_of(const zero::Engine& e, int world_rank) {
   const auto& repl = e.replicate_group();
   const bool first_replica = !repl || repl->rank() == 0;
   for (const auto& f : e.flats()) {
-    const sharding::FlatParam& fp = *f.flat;
+    const sharding::FlatParam& fp = *f.flat_param;
     const auto& layout = fp.layout();
     at::Tensor src;
     std::int64_t b = 0, end = layout.padded();
@@ -215,7 +215,7 @@ void write_sharded(Writer& w, const zero::Engine& engine, torch::optim::Optimize
 void write_full(Writer& w, const zero::Engine& engine, torch::optim::Optimizer* opt, int rank, json& scalars) {
   if (engine.plan().passthrough) return write_sharded(w, engine, opt, rank, scalars);  // one rank holds it all
   for (const auto& f : engine.flats()) {
-    const sharding::FlatParam& fp = *f.flat;
+    const sharding::FlatParam& fp = *f.flat_param;
     const auto& layout = fp.layout();
     const at::Tensor values = engine.whole_values(f, zero::Engine::Source::Master);
     std::vector<std::pair<std::string, at::Tensor>> states;
@@ -357,7 +357,7 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
     Reader reader(dir);
     std::set<std::string> model_names;  // every parameter the engine holds, on any rank
     for (const auto& f : engine.flats())
-      for (const auto& n : f.flat->names()) model_names.insert(n);
+      for (const auto& n : f.flat_param->names()) model_names.insert(n);
     for (const Segment& s : segments_of(engine, rank)) {
       auto it = entries.find("param/" + s.name);
       if (it == entries.end())

@@ -13,11 +13,11 @@
 //   p  working parameters    g  gradients    K  optimizer state = fp32 master copy (if any) + moments
 //   fp16, bf16  p = 2, g = 2, K = 4 + S   mixed precision over fp32 master weights (the paper's 2 + 2 + K)
 //   fp32 (no)   p = 4, g = 4, K = S       the parameters are the fp32 weights: no separate master copy
-//   fp8         p = 1, g = 2, K = 4 + S   accel's fp8 (docs/design.md, "One training step") keeps an fp8 working copy of each parameter
+//   fp8         p = 1, g = 2, K = 4 + S   accel's fp8 keeps an fp8 working copy of each parameter
 //                                         (re-quantized from the fp32 master after each step, gathered in
 //                                         fp8; per-tensor scales are negligible) and bf16 gradients. Layers
 //                                         left in bf16 (norms, embeddings) put the truth between this and
-//                                         the bf16 row.
+//                                         the bf16 row. (fp8 in accel: docs/design.md, "One training step".)
 // and by optimizer (--optimizer), the moments S in fp32:
 //   adam, adamw  S = 8 (exp_avg + exp_avg_sq)    sgd  S = 4 (momentum buffer; plain SGD would be 0)
 // So mixed-precision Adam has K = 12 (the paper's K), fp32 Adam K = 8: both give DDP 16P.

@@ -187,15 +187,15 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     }
     {
       CategoryScope cat(Category::Parameters);
-      f.flat = std::make_unique<sharding::FlatParam>(fname, std::move(ps), std::move(names), o);
+      f.flat_param = std::make_unique<sharding::FlatParam>(fname, std::move(ps), std::move(names), o);
     }
     f.master = original;
     f.unit = static_cast<int>(unit);
     f.group = group;
     f.persistent = sharded_params && unit == 0;
-    f.fired.assign(f.flat->params().size(), 0);
-    f.touched.assign(f.flat->params().size(), 0);
-    for (const auto& p : f.flat->params()) f.need += p.requires_grad() ? 1 : 0;
+    f.fired.assign(f.flat_param->params().size(), 0);
+    f.touched.assign(f.flat_param->params().size(), 0);
+    for (const auto& p : f.flat_param->params()) f.need += p.requires_grad() ? 1 : 0;
     units_[unit].flats.push_back(flats_.size());
     flats_.push_back(std::move(f));
   }
@@ -211,7 +211,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   }
   for (auto& f : flats_) {
     if (f.group < 0 || plan_.passthrough) continue;
-    if (!f.master.defined()) f.master = (plan_.masters_are_shards ? f.flat->shard() : f.flat->full()).alias();
+    if (!f.master.defined()) f.master = (plan_.masters_are_shards ? f.flat_param->shard() : f.flat_param->full()).alias();
     f.master.set_requires_grad(false);
     group_params_[f.group].push_back(f.master);
   }
@@ -225,8 +225,8 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   for (auto& f : flats_)
     if (f.persistent) {
       CategoryScope cat(Category::Gathered);
-      f.flat->alloc_full();
-      gather_->all_gather(f.flat->shard(), f.flat->full());
+      f.flat_param->alloc_full();
+      gather_->all_gather(f.flat_param->shard(), f.flat_param->full());
     }
   quantize_fp8_shards();
 
@@ -234,13 +234,13 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   reducer_index_.assign(flats_.size(), npos);
   std::vector<sharding::FlatParam*> order;
   for (std::size_t i = flats_.size(); i-- > 0;)
-    if (flats_[i].flat->requires_grad()) {
+    if (flats_[i].flat_param->requires_grad()) {
       reducer_index_[i] = order.size();
       reduce_order_.push_back(i);
-      order.push_back(flats_[i].flat.get());
+      order.push_back(flats_[i].flat_param.get());
     }
-  c10::ScalarType rdt = flats_.empty() ? c10::kFloat : flats_[0].flat->full().scalar_type();
-  for (const auto& f : flats_) rdt = c10::promoteTypes(rdt, f.flat->full().scalar_type());  // never narrower
+  c10::ScalarType rdt = flats_.empty() ? c10::kFloat : flats_[0].flat_param->full().scalar_type();
+  for (const auto& f : flats_) rdt = c10::promoteTypes(rdt, f.flat_param->full().scalar_type());  // never narrower
   rdt = spec_.reduce_dtype.value_or(rdt);
   if (plan_.passthrough) return;  // nothing to reduce
   CategoryScope cat(Category::Gradients);  // all-reduce buckets allocate their gradient buffers here
@@ -252,7 +252,7 @@ void Engine::install_hooks() {
   if (hooks_installed_) return;
   hooks_installed_ = true;
   for (std::size_t fi = 0; fi < flats_.size() && !plan_.passthrough; ++fi) {
-    const auto& ps = flats_[fi].flat->params();
+    const auto& ps = flats_[fi].flat_param->params();
     for (std::size_t i = 0; i < ps.size(); ++i)
       if (ps[i].requires_grad())
       {

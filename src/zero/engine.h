@@ -49,7 +49,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
  public:
   // What the engine keeps per flat parameter beyond the mechanism.
   struct Flat {
-    std::unique_ptr<sharding::FlatParam> flat;
+    std::unique_ptr<sharding::FlatParam> flat_param;
     int unit = 0;          // index into units()
     int group = -1;        // the user optimizer's param group, -1: not optimized
     bool persistent = false;  // gathered from the step's all-gather until the next step (root unit)

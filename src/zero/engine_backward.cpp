@@ -31,7 +31,7 @@ void Engine::on_grad_accumulated(std::size_t fi, std::size_t i) {
   open_window(f);
   // The first gradient of a window is copied (no zeroing pass), later ones added; once .grad is the
   // flat view, autograd accumulates in place and this is a no-op.
-  f.flat->take_grad(i, /*accumulate=*/f.touched[i] != 0);
+  f.flat_param->take_grad(i, /*accumulate=*/f.touched[i] != 0);
   f.touched[i] = 1;
   if (f.fired[i]) return;
   f.fired[i] = 1;
@@ -49,12 +49,12 @@ void Engine::open_window(Flat& f) {
   // Invariant: while !grad_live no parameter's .grad is a view of grad_full, so nothing autograd
   // just accumulated can be lost here.
   if (f.grad_live) return;
-  if (f.grad.defined() && f.grad.is_alias_of(f.flat->grad_full())) {
+  if (f.grad.defined() && f.grad.is_alias_of(f.flat_param->grad_full())) {
     // ZeRO-1: the pending reduced slice lives in the buffer this window overwrites.
     f.grad = f.grad.clone();
     set_master_grad(f);
   }
-  if (!f.flat->grad_allocated()) f.flat->alloc_grad();
+  if (!f.flat_param->grad_allocated()) f.flat_param->alloc_grad();
   std::fill(f.touched.begin(), f.touched.end(), 0);
   f.grad_live = true;
 }
@@ -62,7 +62,7 @@ void Engine::open_window(Flat& f) {
 void Engine::zero_untouched(Flat& f) {
   for (std::size_t i = 0; i < f.touched.size(); ++i)
     if (!f.touched[i]) {
-      f.flat->zero_grad_of(i);
+      f.flat_param->zero_grad_of(i);
       f.touched[i] = 1;
     }
 }
@@ -93,7 +93,7 @@ void Engine::drop_discarded_grads() {
     f.master.mutable_grad() = at::Tensor();
     f.grad = at::Tensor();
     f.grad_live = false;
-    f.flat->detach_grads();
+    f.flat_param->detach_grads();
   }
 }
 
@@ -135,7 +135,7 @@ void Engine::abort_backward() {
     f.fired_count = 0;
     f.ready = false;
     f.grad_live = false;
-    f.flat->detach_grads();
+    f.flat_param->detach_grads();
   }
 }
 
@@ -144,11 +144,11 @@ void Engine::settle_pending() {
   // window closes: this backward accumulates from zero, so neither a second sync backward nor one
   // that throws can mix into what is pending.
   for (auto& f : flats_) {
-    if (!f.grad.defined() || !f.grad.is_alias_of(f.flat->grad_full())) continue;
+    if (!f.grad.defined() || !f.grad.is_alias_of(f.flat_param->grad_full())) continue;
     CategoryScope cat(Category::Gradients);
     f.grad = f.grad.clone();
     set_master_grad(f);
-    f.flat->detach_grads();
+    f.flat_param->detach_grads();
     f.grad_live = false;
   }
 }
@@ -161,7 +161,7 @@ void Engine::backward(const at::Tensor& loss) {
   std::vector<std::pair<at::Tensor, at::Tensor>> saved;  // (parameter, its gradient before)
   if (plan_.passthrough)
     for (auto& f : flats_)
-      for (const auto& p : f.flat->params())
+      for (const auto& p : f.flat_param->params())
         if (p.grad().defined()) saved.emplace_back(p, p.grad().clone());
   std::size_t before = finalize_count_;
   try {
@@ -169,7 +169,7 @@ void Engine::backward(const at::Tensor& loss) {
   } catch (...) {
     if (plan_.passthrough) {
       for (auto& f : flats_)
-        for (const auto& p : f.flat->params()) p.mutable_grad() = at::Tensor();
+        for (const auto& p : f.flat_param->params()) p.mutable_grad() = at::Tensor();
       for (auto& [p, g] : saved) p.mutable_grad() = g;
     }
     abort_backward();
@@ -212,7 +212,7 @@ void Engine::finalize_backward() {
         // averages. (engine->backward() settles the first average into its own tensor first.)
         if (f.grad.defined() && !f.grad.is_alias_of(g)) g.add_(f.grad);
         f.grad = g;
-        f.flat->attach_grads();
+        f.flat_param->attach_grads();
       } else {
         // The reduced shard is the pending gradient until the step, and the window closes: a second
         // sync backward before the step reduces into a fresh window and adds to it. ZeRO-2/3 give
@@ -221,10 +221,10 @@ void Engine::finalize_backward() {
           f.grad.add_(g);
         else
           f.grad = g;
-        if (g.is_alias_of(f.flat->grad_full()))
-          f.flat->detach_grads();
+        if (g.is_alias_of(f.flat_param->grad_full()))
+          f.flat_param->detach_grads();
         else
-          f.flat->free_grad();
+          f.flat_param->free_grad();
         f.grad_live = false;
       }
       set_master_grad(f);
@@ -234,13 +234,13 @@ void Engine::finalize_backward() {
     for (auto& f : flats_)
       if (f.grad_live) {
         zero_untouched(f);
-        f.flat->attach_grads();
+        f.flat_param->attach_grads();
         // A placeholder master.grad (this rank's unreduced region), so that optimizer->zero_grad()
         // during accumulation is noticed and discards the window, as it would in PyTorch.
         if (f.master.defined() && !f.grad.defined() && !f.master.grad().defined() &&
-            f.master.scalar_type() == f.flat->grad_full().scalar_type()) {
-          const at::Tensor& gf = f.flat->grad_full();
-          auto [b, e] = f.flat->layout().shard_range(f.flat->options().rank);
+            f.master.scalar_type() == f.flat_param->grad_full().scalar_type()) {
+          const at::Tensor& gf = f.flat_param->grad_full();
+          auto [b, e] = f.flat_param->layout().shard_range(f.flat_param->options().rank);
           f.master.mutable_grad() = sharding::storage_alias(plan_.masters_are_shards ? gf.narrow(0, b, e - b) : gf);
           note_master_grad(f);
         }

@@ -17,7 +17,7 @@ using memory::CategoryScope;
 comm::WorkPtr Engine::gather_fp8_async(Flat& f) {
   {
     CategoryScope cat(Category::Gathered);
-    f.fp8_full = at::empty({f.flat->layout().padded()}, f.fp8_shard.options());
+    f.fp8_full = at::empty({f.flat_param->layout().padded()}, f.fp8_shard.options());
   }
   return gather_->all_gather_async(f.fp8_shard, f.fp8_full);
 }
@@ -25,7 +25,7 @@ comm::WorkPtr Engine::gather_fp8_async(Flat& f) {
 void Engine::dequantize_arrived(Flat& f) {
   if (!f.fp8_full.defined()) return;
   c10::NoGradGuard ng;
-  const sharding::FlatParam& fp = *f.flat;
+  const sharding::FlatParam& fp = *f.flat_param;
   for (std::size_t i = 0; i < fp.params().size(); ++i) {
     const std::int64_t off = fp.layout().offset(i), n = fp.params()[i].numel();
     fp.full().narrow(0, off, n).copy_(mixed_precision::dequantize(
@@ -36,7 +36,7 @@ void Engine::dequantize_arrived(Flat& f) {
 
 bool Engine::fp8_gathered(const Flat& f) const {
   // (options().sharded: parameters sharded over a group of more than one rank.)
-  return spec_.fp8_all_gather && f.flat->options().sharded && !f.persistent && f.flat->shard().is_floating_point();
+  return spec_.fp8_all_gather && f.flat_param->options().sharded && !f.persistent && f.flat_param->shard().is_floating_point();
 }
 
 void Engine::quantize_fp8_shards() {
@@ -51,12 +51,12 @@ void Engine::quantize_fp8_shards() {
   std::vector<at::Tensor> values;
   for (auto& f : flats_) {
     if (!fp8_gathered(f)) continue;
-    const auto& layout = f.flat->layout();
-    auto [b, e] = layout.shard_range(f.flat->options().rank);
-    const at::Tensor& src = f.master.defined() ? f.master : f.flat->shard();
-    for (std::size_t i = 0; i < f.flat->params().size(); ++i) {
+    const auto& layout = f.flat_param->layout();
+    auto [b, e] = layout.shard_range(f.flat_param->options().rank);
+    const at::Tensor& src = f.master.defined() ? f.master : f.flat_param->shard();
+    for (std::size_t i = 0; i < f.flat_param->params().size(); ++i) {
       const std::int64_t off = layout.offset(i), lo = std::min(std::max(off, b), e),
-                         hi = std::max(lo, std::min(off + f.flat->params()[i].numel(), e));
+                         hi = std::max(lo, std::min(off + f.flat_param->params()[i].numel(), e));
       pieces.push_back({&f, i, b, lo, hi});
       values.push_back(src.narrow(0, lo - b, hi - lo));
     }
@@ -72,8 +72,8 @@ void Engine::quantize_fp8_shards() {
     if (pc.param == 0) {
       CategoryScope cat(Category::Parameters);
       if (!f.fp8_shard.defined())
-        f.fp8_shard = at::zeros({f.flat->shard().numel()}, f.flat->shard().options().dtype(mixed_precision::fp8_dtype(Fp8Format::E4M3)));
-      f.fp8_scales = scales.narrow(0, static_cast<std::int64_t>(j), static_cast<std::int64_t>(f.flat->params().size())).clone();
+        f.fp8_shard = at::zeros({f.flat_param->shard().numel()}, f.flat_param->shard().options().dtype(mixed_precision::fp8_dtype(Fp8Format::E4M3)));
+      f.fp8_scales = scales.narrow(0, static_cast<std::int64_t>(j), static_cast<std::int64_t>(f.flat_param->params().size())).clone();
     }
     if (pc.hi > pc.lo)
       f.fp8_shard.narrow(0, pc.lo - pc.b, pc.hi - pc.lo)

@@ -24,7 +24,7 @@ void Engine::gather(std::size_t unit, bool async) {
   }
   for (auto fi : u.flats) {
     Flat& f = flats_[fi];
-    sharding::FlatParam& fp = *f.flat;
+    sharding::FlatParam& fp = *f.flat_param;
     if (fp.gathered()) continue;
     {
       CategoryScope cat(Category::Gathered);
@@ -46,19 +46,19 @@ void Engine::unshard() {
   for (std::size_t u = 0; u < units_.size(); ++u) wait_gather(u);
   std::vector<comm::WorkPtr> works;
   for (auto& f : flats_) {
-    if (f.persistent || !f.flat->options().sharded) continue;
+    if (f.persistent || !f.flat_param->options().sharded) continue;
     const bool approx = fp8_gathered(f);  // what it holds gathered now is dequantized fp8: exact values instead
     f.persistent = true;
-    if (f.flat->gathered() && !approx) continue;
+    if (f.flat_param->gathered() && !approx) continue;
     CategoryScope cat(Category::Gathered);
-    f.flat->alloc_full();
-    works.push_back(gather_->all_gather_async(f.flat->shard(), f.flat->full()));
+    f.flat_param->alloc_full();
+    works.push_back(gather_->all_gather_async(f.flat_param->shard(), f.flat_param->full()));
   }
   for (auto& w : works) w->wait();
 }
 
 at::Tensor Engine::whole(const Flat& f, const at::Tensor& local) const {
-  const std::int64_t padded = f.flat->layout().padded();
+  const std::int64_t padded = f.flat_param->layout().padded();
   if (local.numel() == padded) return local.reshape({-1});
   at::Tensor out = at::empty({padded}, local.options());
   gather_->all_gather(local.reshape({-1}).contiguous(), out);
@@ -67,13 +67,13 @@ at::Tensor Engine::whole(const Flat& f, const at::Tensor& local) const {
 
 at::Tensor Engine::whole_values(const Flat& f, Source source) const {
   if (source == Source::Master && f.master.defined()) return whole(f, f.master);
-  if (f.flat->gathered()) return f.flat->full();
-  return whole(f, f.flat->shard());
+  if (f.flat_param->gathered()) return f.flat_param->full();
+  return whole(f, f.flat_param->shard());
 }
 
 void Engine::reshard_flat(Flat& f) {
-  if (f.persistent || !f.flat->options().sharded) return;
-  f.flat->free_full();
+  if (f.persistent || !f.flat_param->options().sharded) return;
+  f.flat_param->free_full();
   f.fp8_full = at::Tensor();
 }
 

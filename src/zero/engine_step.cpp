@@ -84,7 +84,7 @@ void Engine::close_step() {
   // The step consumed (or dropped) the gradients: the next backward starts a new accumulation window.
   for (auto& f : flats_) {
     f.grad_live = false;
-    f.flat->detach_grads();
+    f.flat_param->detach_grads();
     f.grad = at::Tensor();  // after a step, master.grad keeps it until zero_grad
     f.master_grad_set = false;
   }
@@ -95,8 +95,8 @@ void Engine::before_step() {
 }
 
 std::pair<std::int64_t, std::int64_t> Engine::master_range(const Flat& f) const {
-  if (plan_.masters_are_shards) return f.flat->layout().shard_range(f.flat->options().rank);
-  return {0, f.flat->layout().padded()};
+  if (plan_.masters_are_shards) return f.flat_param->layout().shard_range(f.flat_param->options().rank);
+  return {0, f.flat_param->layout().padded()};
 }
 
 void Engine::after_step() {
@@ -112,17 +112,17 @@ void Engine::params_from_masters() {
   for (auto& f : flats_) {
     if (f.group >= 0) {
       // Master -> compute buffer where they are different tensors.
-      const at::Tensor& dst = plan_.masters_are_shards ? f.flat->shard() : f.flat->full();
+      const at::Tensor& dst = plan_.masters_are_shards ? f.flat_param->shard() : f.flat_param->full();
       if (!f.master.is_alias_of(dst)) dst.copy_(f.master);
     }
     // Replicated parameters (ZeRO-1/2) and the always-gathered root unit (ZeRO-3) are all-gathered
     // from the updated shards; sharded units are gathered again by their next forward.
     if (!plan_.state_split || f.group < 0) continue;
-    if (!f.flat->options().sharded) {
-      auto [b, e] = f.flat->layout().shard_range(f.flat->options().rank);
-      works.push_back(gather_->all_gather_async(f.flat->full().narrow(0, b, e - b), f.flat->full()));
+    if (!f.flat_param->options().sharded) {
+      auto [b, e] = f.flat_param->layout().shard_range(f.flat_param->options().rank);
+      works.push_back(gather_->all_gather_async(f.flat_param->full().narrow(0, b, e - b), f.flat_param->full()));
     } else if (f.persistent) {
-      works.push_back(gather_->all_gather_async(f.flat->shard(), f.flat->full()));
+      works.push_back(gather_->all_gather_async(f.flat_param->shard(), f.flat_param->full()));
     }
   }
   for (auto& w : works) w->wait();

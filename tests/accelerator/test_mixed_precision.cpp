@@ -154,7 +154,7 @@ Snapshot snapshot(Accelerator& acc, AcceleratedOptimizer& opt, AcceleratedSchedu
   Snapshot s;
   for (const auto& f : acc.engine()->flats()) {
     if (f.master.defined()) s.masters.push_back(f.master.detach().clone());
-    s.params.push_back(f.flat->shard().detach().clone());
+    s.params.push_back(f.flat_param->shard().detach().clone());
   }
   auto& state = opt.inner().state();
   for (auto& group : opt.inner().param_groups())
@@ -412,7 +412,7 @@ TEST(MixedPrecision, Fp16GradientsAreUnscaledExactlyOnce) {
         const auto& f = flats[i];
         ASSERT_TRUE(f.master.defined());
         EXPECT_EQ(f.master.scalar_type(), at::kFloat);
-        const sharding::FlatParam& fp = *f.flat;
+        const sharding::FlatParam& fp = *f.flat_param;
         at::Tensor want = at::zeros({fp.layout().padded()}, at::kFloat);
         for (std::size_t j = 0; j < fp.params().size(); ++j)
           want.narrow(0, fp.layout().offset(j), fp.params()[j].numel()).copy_(ref.grad.at(fp.names()[j]).reshape({-1}) * coef);
@@ -534,7 +534,7 @@ TEST(MixedPrecision, PrecisionPolicyGivesComputeAndMasterDtypes) {
     for (const auto& f : flats) {
       ASSERT_TRUE(f.master.defined());
       EXPECT_EQ(f.master.scalar_type(), pc.master);
-      EXPECT_EQ(f.flat->shard().scalar_type(), pc.compute);
+      EXPECT_EQ(f.flat_param->shard().scalar_type(), pc.compute);
     }
     for (auto& g : opt->inner().param_groups())
       for (auto& p : g.params()) EXPECT_EQ(p.scalar_type(), pc.master) << "the optimizer steps the masters";
@@ -553,7 +553,7 @@ TEST(MixedPrecision, PrecisionPolicyGivesComputeAndMasterDtypes) {
       }
     EXPECT_GT(with_state, 0);
     for (const auto& f : flats) {
-      const at::Tensor& dst = acc.engine()->spec().shards_optimizer() ? f.flat->shard() : f.flat->full();
+      const at::Tensor& dst = acc.engine()->spec().shards_optimizer() ? f.flat_param->shard() : f.flat_param->full();
       EXPECT_TRUE(at::equal(dst, f.master.to(pc.compute))) << "compute parameters are not the masters rounded";
     }
     acc.end_training();

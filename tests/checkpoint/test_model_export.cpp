@@ -170,13 +170,13 @@ void expect_checkpoint_equals(const std::string& path, const std::vector<std::pa
 void expect_masters_match(const zero::Engine& e, const std::map<std::string, at::Tensor>& want) {
   for (const auto& f : e.flats()) {
     if (f.group < 0 || !f.master.defined()) continue;
-    at::Tensor full = test::flatten_like(*f.flat, want, f.master.scalar_type());
+    at::Tensor full = test::flatten_like(*f.flat_param, want, f.master.scalar_type());
     auto [b, end] = e.master_range(f);
     // Padding is not a parameter: compare the parameters' elements only.
-    for (std::size_t i = 0; i < f.flat->params().size(); ++i) {
-      const std::int64_t off = f.flat->layout().offset(i), n = f.flat->params()[i].numel();
+    for (std::size_t i = 0; i < f.flat_param->params().size(); ++i) {
+      const std::int64_t off = f.flat_param->layout().offset(i), n = f.flat_param->params()[i].numel();
       const std::int64_t lo = std::max(b, off), hi = std::min(end, off + n);
-      if (lo < hi) EXPECT_TRUE(same(f.master.narrow(0, lo - b, hi - lo), full.narrow(0, lo, hi - lo))) << f.flat->names()[i];
+      if (lo < hi) EXPECT_TRUE(same(f.master.narrow(0, lo - b, hi - lo), full.narrow(0, lo, hi - lo))) << f.flat_param->names()[i];
     }
   }
 }

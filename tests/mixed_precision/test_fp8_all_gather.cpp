@@ -73,21 +73,21 @@ TEST(EngineFp8AllGather, HalfTheBytesOfBf16AndEachParameterIsItsMasterThroughE4m
     int checked = 0;
     for (const auto& f : r.p.engine->flats()) {
       if (f.unit == 0) continue;  // the root unit stays gathered in bf16 (it is not a sharded unit)
-      at::Tensor full = at::empty({f.flat->layout().padded()}, at::TensorOptions().dtype(at::kFloat));
+      at::Tensor full = at::empty({f.flat_param->layout().padded()}, at::TensorOptions().dtype(at::kFloat));
       if (n > 1)
         r.p.engine->gather_group()->all_gather(f.master, full);
       else
         full.copy_(f.master);
-      for (std::size_t i = 0; i < f.flat->params().size(); ++i) {
-        const at::Tensor& p = f.flat->params()[i];
-        at::Tensor master = full.narrow(0, f.flat->layout().offset(i), p.numel());
+      for (std::size_t i = 0; i < f.flat_param->params().size(); ++i) {
+        const at::Tensor& p = f.flat_param->params()[i];
+        at::Tensor master = full.narrow(0, f.flat_param->layout().offset(i), p.numel());
         // One rank holds whole parameters and gathers nothing: fp8 is used only where bytes move.
         at::Tensor want = (fp8 && n > 1 ? fp8_round_trip(master) : master).to(at::kBFloat16);
         EXPECT_TRUE(at::equal(p.reshape({-1}), want))
-            << f.flat->names()[i] << " (fp8 " << fp8 << "): max diff "
+            << f.flat_param->names()[i] << " (fp8 " << fp8 << "): max diff "
             << (p.reshape({-1}).to(at::kFloat) - want.to(at::kFloat)).abs().max().item<float>();
         if (fp8 && n > 1)  // e4m3 really changed something (3 mantissa bits against bf16's 7)
-          EXPECT_FALSE(at::equal(p.reshape({-1}), master.to(at::kBFloat16))) << f.flat->names()[i];
+          EXPECT_FALSE(at::equal(p.reshape({-1}), master.to(at::kBFloat16))) << f.flat_param->names()[i];
         ++checked;
       }
     }

@@ -163,7 +163,7 @@ TEST(EngineMemory, BytesByCategoryMatchZeroFormulas) {
     std::int64_t psi = 0, max_unit = 0;  // padded elements
     for (const auto& u : p.engine->units()) {
       std::int64_t n = 0;
-      for (auto fi : u.flats) n += p.engine->flats()[fi].flat->layout().padded();
+      for (auto fi : u.flats) n += p.engine->flats()[fi].flat_param->layout().padded();
       max_unit = std::max(max_unit, n);
       psi += n;
     }
@@ -250,7 +250,7 @@ void compare_sgd(const ShardingSpec& spec, const std::function<std::shared_ptr<M
   }
   auto want = params_by_name(*ref);
   for (const auto& f : p.engine->flats())
-    EXPECT_LE(rel_err(f.flat->shard(), own_slice(*f.flat, flatten_like(*f.flat, want))), 1e-12) << f.flat->name();
+    EXPECT_LE(rel_err(f.flat_param->shard(), own_slice(*f.flat_param, flatten_like(*f.flat_param, want))), 1e-12) << f.flat_param->name();
 }
 
 // The MLP, edited by `tweak` before training.
@@ -341,7 +341,7 @@ TEST(EngineEdges, ParameterUnusedOnSomeRanks) {
 void expect_shards_equal(const zero::Engine& e, torch::nn::Module& ref, double tol = 1e-12) {
   auto want = params_by_name(ref);
   for (const auto& f : e.flats())
-    EXPECT_LE(rel_err(f.flat->shard(), own_slice(*f.flat, flatten_like(*f.flat, want))), tol) << f.flat->name();
+    EXPECT_LE(rel_err(f.flat_param->shard(), own_slice(*f.flat_param, flatten_like(*f.flat_param, want))), tol) << f.flat_param->name();
 }
 
 std::shared_ptr<MLPImpl> seeded_mlp() {
@@ -466,7 +466,7 @@ TEST(EngineLifecycle, InPlaceZeroGradDiscardsConvertedMasterGradients) {
         p.optimizer->step();
         p.optimizer->zero_grad(false);
       }
-      for (const auto& f : p.engine->flats()) shards[discard].push_back(f.master.defined() ? f.master.clone() : f.flat->shard().clone());
+      for (const auto& f : p.engine->flats()) shards[discard].push_back(f.master.defined() ? f.master.clone() : f.flat_param->shard().clone());
     }
     for (std::size_t i = 0; i < shards[0].size(); ++i) EXPECT_TRUE(at::equal(shards[0][i], shards[1][i])) << i;
   }
@@ -610,8 +610,8 @@ TEST(EngineLifecycle, MasterStartsFromTheOriginalValues) {
   auto p = zero::prepare(mdl, opt, spec, world);
   for (const auto& f : p.engine->flats()) {
     ASSERT_EQ(f.master.scalar_type(), at::kFloat);
-    at::Tensor want = own_slice(*f.flat, flatten_like(*f.flat, originals, at::kFloat));
-    EXPECT_LE(rel_err(f.master, want), 0.0) << f.flat->name();
+    at::Tensor want = own_slice(*f.flat_param, flatten_like(*f.flat_param, originals, at::kFloat));
+    EXPECT_LE(rel_err(f.master, want), 0.0) << f.flat_param->name();
   }
 }
 
@@ -703,7 +703,7 @@ TEST(EngineEdges, ClipGradNormMatchesLibtorch) {
       }
       auto want = params_by_name(*ref.module);
       for (const auto& f : p.engine->flats())
-        EXPECT_LE(rel_err(f.flat->shard(), own_slice(*f.flat, flatten_like(*f.flat, want))), 1e-10) << f.flat->name();
+        EXPECT_LE(rel_err(f.flat_param->shard(), own_slice(*f.flat_param, flatten_like(*f.flat_param, want))), 1e-10) << f.flat_param->name();
     }
 }
 

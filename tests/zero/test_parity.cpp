@@ -65,10 +65,10 @@ void run_parity(const StrategyCase& sc, ModelKind mk, OptKind ok, int accum, c10
         for (auto& [n, p] : params_by_name(*mdl.module)) EXPECT_LE(rel_err(p.grad(), ref_grads.at(n)), tol) << n;
       for (const auto& f : engine.flats()) {
         if (!f.master.defined()) continue;
-        at::Tensor want = flatten_like(*f.flat, ref_grads);
-        if (engine.spec().shards_optimizer()) want = own_slice(*f.flat, want);
-        ASSERT_TRUE(f.master.grad().defined()) << f.flat->name();
-        EXPECT_LE(rel_err(f.master.grad(), want), tol) << "gradient shard of " << f.flat->name() << " on rank " << r;
+        at::Tensor want = flatten_like(*f.flat_param, ref_grads);
+        if (engine.spec().shards_optimizer()) want = own_slice(*f.flat_param, want);
+        ASSERT_TRUE(f.master.grad().defined()) << f.flat_param->name();
+        EXPECT_LE(rel_err(f.master.grad(), want), tol) << "gradient shard of " << f.flat_param->name() << " on rank " << r;
       }
     }
     ref_opt->step();
@@ -79,8 +79,8 @@ void run_parity(const StrategyCase& sc, ModelKind mk, OptKind ok, int accum, c10
   // Parameter shards against the reference's slices, and the full parameters where they are kept.
   auto ref_params = params_by_name(*ref.module);
   for (const auto& f : engine.flats())
-    EXPECT_LE(rel_err(f.flat->shard(), own_slice(*f.flat, flatten_like(*f.flat, ref_params))), tol)
-        << "parameter shard of " << f.flat->name() << " on rank " << r;
+    EXPECT_LE(rel_err(f.flat_param->shard(), own_slice(*f.flat_param, flatten_like(*f.flat_param, ref_params))), tol)
+        << "parameter shard of " << f.flat_param->name() << " on rank " << r;
   if (!engine.spec().shards_parameters())
     for (auto& [n, p] : params_by_name(*mdl.module)) EXPECT_LE(rel_err(p, ref_params.at(n)), tol) << n;
   // A forward after training (gathering every unit) gives the reference's loss.
