@@ -28,7 +28,8 @@ const std::vector<Variable>& table() {
       {"ACCEL_USE_CPU", "", "override use_cpu: 1/true runs on the CPU even when GPUs are present"},
       {"ACCEL_ZERO_STAGE", "", "force DEEPSPEED with this ZeRO stage (0, 1, 2 or 3)"},
       {"ACCEL_FSDP_SHARDING_STRATEGY", "",
-       "force FSDP with this sharding strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or 1..4)"},
+       "force FSDP with this fsdp_sharding_strategy (a name or Accelerate's number 1..4; `accel launch --help` "
+       "lists them)"},
       // Read by the `accel` command itself.
       {"ACCEL_HOME", "", "where `accel config` writes default_config.yaml (default ~/.cache/accel)"},
       {"ACCEL_MPIRUN", "mpirun", "the mpirun `accel launch` runs"},

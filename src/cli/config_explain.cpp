@@ -131,7 +131,8 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
       row("Shard groups", groups(n, per_machine, false));
       row("Replicas", groups(n, m, true) + " (all-reduce across machines)");
     } else {
-      row("Shard groups", "one machine: HYBRID_SHARD shards like FULL_SHARD over all ranks");
+      row("Shard groups", fmt::format("one machine: {} shards like {} over all ranks",
+                                      zero::info(zero::Strategy::HybridShard).fsdp_name, zero::info(zero::Strategy::Zero3).fsdp_name));
     }
   } else if (s.shards_optimizer() && n > 1) {
     row("Shard group", rank_range(0, n));
@@ -157,7 +158,8 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
       row("Precision", fmt::format("fp8: Float8Linear layers compute in e4m3 (weights, activations) and e5m2 "
                                    "(gradients) with dynamic tensorwise scales, the rest in bf16; fp32 master "
                                    "weights; sharded units all-gathered as fp8 {}",
-                                   s.fp8_all_gather ? "(on)" : "(off: enable_fsdp_float8_all_gather, ZeRO-3/FULL_SHARD)"));
+                                   s.fp8_all_gather ? std::string("(on)")
+                                                    : fmt::format("(off: enable_fsdp_float8_all_gather, {})", zero::info(zero::Strategy::Zero3).label)));
       break;
   }
   if (s.param_dtype || s.reduce_dtype || s.master_dtype)

@@ -1,3 +1,4 @@
+#include "zero/spec.h"
 #include "cli/config_questions.h"
 
 #include <fmt/format.h>
@@ -152,7 +153,8 @@ ConfigAnswers ask_config_questions(std::istream& in, std::ostream& out, int cuda
   a.use_cpu = q.yes_no("Train on the CPU only?", cuda_devices == 0);
   a.strategy = q.choice("Which strategy?", strategy_names(), "ddp");
   if (a.strategy == "hybrid_shard" && a.num_machines == 1)
-    out << "  note: on one machine HYBRID_SHARD shards like FULL_SHARD (it replicates across machines)\n";
+    out << fmt::format("  note: on one machine {} shards like {} (it replicates across machines)\n",
+                       zero::info(zero::Strategy::HybridShard).fsdp_name, zero::info(zero::Strategy::Zero3).fsdp_name);
   if (is_deepspeed(a.strategy)) {
     a.offload_optimizer = q.yes_no("Keep the optimizer state in CPU memory (ZeRO-Offload)?", false);
     if (a.strategy == "zero3") a.offload_params = q.yes_no("Keep the parameters in CPU memory too?", false);

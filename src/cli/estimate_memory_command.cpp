@@ -2,6 +2,7 @@
 // [--budget SIZE] [--cpu_budget SIZE]`: the model-state memory per rank of DDP and ZeRO-1/2/3 (ZeRO
 // paper formulas, see cli/estimate_memory.h) and, with a budget, which fit and which to use.
 // Single process, no torch: it runs anywhere, mpirun or not.
+#include "zero/spec.h"
 #include "cli/commands.h"
 #include "cli/estimate_memory.h"
 
@@ -45,15 +46,18 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<EstimateArgs>();
   auto* cmd = app.add_subcommand(
       "estimate-memory",
-      "Model-state memory per rank of DDP and ZeRO-1/2/3 (ZeRO paper formulas; activations excluded), and "
-      "with --budget which strategies fit and which to use");
+      fmt::format("Model-state memory per rank of {}, {}, {} and {} (ZeRO paper formulas; activations excluded), "
+                  "and with --budget which strategies fit and which to use",
+                  zero::info(zero::Strategy::NoShard).short_label, zero::info(zero::Strategy::Zero1).short_label,
+                  zero::info(zero::Strategy::Zero2).short_label, zero::info(zero::Strategy::Zero3).short_label));
   cmd->add_option("--params", args->params, "Number of parameters: 7.5e9, 7.5B, 350M, 1.3b, 125k")->required();
   cmd->add_option("--num_processes", args->num_processes, "Ranks the states are sharded over (default 1)");
   cmd->add_option("--dtype,--mixed_precision", args->dtype,
                   "bf16 | fp16 (2-byte params and grads, fp32 master) | fp32 (no) | fp8 (default bf16)");
   cmd->add_option("--optimizer", args->optimizer, "adamw | adam (8 bytes of state) | sgd with momentum (4)");
   cmd->add_option("--offload", args->offload,
-                  "none | optimizer (ZeRO-Offload) | optimizer+params (also ZeRO-3's parameters) (default none)");
+                  fmt::format("none | optimizer (ZeRO-Offload) | optimizer+params (also {}'s parameters) (default none)",
+                              zero::info(zero::Strategy::Zero3).short_label));
   auto* budget = cmd->add_option("--budget,--device_memory", args->budget,
                   "Memory of one device: 24GB, 80GiB, 40 (= GB); GB = 1e9 bytes, GiB = 2^30");
   auto* cpu_budget =

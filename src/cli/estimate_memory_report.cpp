@@ -88,7 +88,8 @@ std::string communication(zero::Strategy s, Offload o) {
   if (off) {
     t += " With the optimizer on the CPU, every step also sends the gradient shard to the CPU and the updated "
          "parameters back over PCIe, and the optimizer steps at CPU speed";
-    if (s == zero::Strategy::Zero2) t += " (Hugging Face's DeepSpeed guide still ranks this ahead of ZeRO-3)";
+    if (s == zero::Strategy::Zero2)
+      t += fmt::format(" (Hugging Face's DeepSpeed guide still ranks this ahead of {})", zero::info(zero::Strategy::Zero3).short_label);
     if (o == Offload::OptimizerAndParams && s == zero::Strategy::Zero3)
       t += "; every gather also fetches the parameters from CPU memory: the slowest option, for models that "
            "fit no other way";
@@ -164,9 +165,9 @@ std::string format_estimate(const Estimate& e) {
       break;
     case Offload::OptimizerAndParams:
       out += fmt::format("  offload    optimizer+params: ZeRO steps the optimizer on the CPU over each rank's "
-                         "shard ({:g} bytes\n             per parameter), and ZeRO-3 keeps its parameter shard "
+                         "shard ({:g} bytes\n             per parameter), and {} keeps its parameter shard "
                          "there too\n",
-                         8 + b.moments);
+                         8 + b.moments, zero::info(zero::Strategy::Zero3).short_label);
       break;
   }
   out += "Model states only: activations, temporary buffers (buckets, gathered parameters) and fragmentation\n"

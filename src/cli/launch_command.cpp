@@ -1,6 +1,7 @@
 // `accel launch [flags] PROGRAM [ARGS...]`: resolves the counts and config (explicit flag > config
 // file > default; see cli/launch_plan.h), starts the ranks with mpirun or srun, passes Ctrl-C on, and
 // exits with the first failing rank's exit code, naming that rank.
+#include "zero/spec.h"
 #include "cli/commands.h"
 #include "cli/launch_plan.h"
 #include "cli/paths.h"
@@ -275,7 +276,7 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--mixed_precision", args->mixed_precision, "no, fp16, bf16 or fp8 (overrides the config)");
   cmd->add_option("--zero_stage", args->zero_stage, "DeepSpeed ZeRO stage 0-3 (overrides the config)");
   cmd->add_option("--fsdp_sharding_strategy", args->fsdp_sharding_strategy,
-                  "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD (overrides the config)");
+                  fmt::format("{} (overrides the config)", zero::fsdp_names(" | ")));
   cmd->add_option("--gradient_accumulation_steps", args->gradient_accumulation_steps, "Overrides the config");
   cmd->add_flag("--cpu", args->cpu, "Train on the CPU even where GPUs exist");
   cmd->add_option("--launcher", args->launcher, "auto (srun inside Slurm, else mpirun), mpirun or srun");
