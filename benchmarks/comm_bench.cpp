@@ -6,8 +6,8 @@
 #include "comm/communicator.h"
 
 #include <ATen/ATen.h>
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -38,9 +38,12 @@ Row measure(Communicator& c, const std::string& op, int64_t bytes, at::ScalarTyp
   const int64_t shard = count / n;
   at::Tensor big = at::ones({count}, dtype), small = at::ones({shard}, dtype);
   auto once = [&] {
-    if (op == "all_reduce") c.all_reduce(big);
-    else if (op == "reduce_scatter") c.reduce_scatter(big, small);
-    else c.all_gather(small, big);
+    if (op == "all_reduce")
+      c.all_reduce(big);
+    else if (op == "reduce_scatter")
+      c.reduce_scatter(big, small);
+    else
+      c.all_gather(small, big);
   };
   for (int i = 0; i < warmup; ++i) once();
   c.barrier();
@@ -64,27 +67,34 @@ int main(int argc, char** argv) {
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather"};
   app.add_option("-b,--min-bytes", min_bytes, "smallest size in bytes")->capture_default_str();
   app.add_option("-e,--max-bytes", max_bytes, "largest size in bytes")->capture_default_str();
-  app.add_option("-f,--step-factor", factor, "size multiplier between rows")->capture_default_str()->check(CLI::Range(2, 1024));
+  app.add_option("-f,--step-factor", factor, "size multiplier between rows")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1024));
   app.add_option("-w,--warmup", warmup, "warm-up calls per size")->capture_default_str();
   app.add_option("-n,--max-iters", max_iters, "most timed calls per size")->capture_default_str();
-  app.add_option("--budget", budget, "target seconds of timed calls per size (fewer iterations for large sizes)")->capture_default_str();
-  app.add_option("-d,--dtype", dtype_name, "float32, bfloat16, float16 or float64")->capture_default_str()
+  app.add_option("--budget", budget, "target seconds of timed calls per size (fewer iterations for large sizes)")
+      ->capture_default_str();
+  app.add_option("-d,--dtype", dtype_name, "float32, bfloat16, float16 or float64")
+      ->capture_default_str()
       ->check(CLI::IsMember({"float32", "bfloat16", "float16", "float64"}));
-  app.add_option("--ops", ops, "collectives to measure")->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather"}));
+  app.add_option("--ops", ops, "collectives to measure")
+      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather"}));
   CLI11_PARSE(app, argc, argv);
-  const at::ScalarType dtype = dtype_name == "float32" ? at::kFloat
+  const at::ScalarType dtype = dtype_name == "float32"    ? at::kFloat
                                : dtype_name == "bfloat16" ? at::kBFloat16
-                               : dtype_name == "float16" ? at::kHalf : at::kDouble;
+                               : dtype_name == "float16"  ? at::kHalf
+                                                          : at::kDouble;
 
   auto world = Communicator::world();
   const bool root = world->rank() == 0;
   if (root)
-    fmt::print("# comm_bench: {} ranks, {} ({}), dtype {}, sizes {}..{} B x{}\n", world->size(),
-               "mpi", world->topology().to_string(), dtype_name, min_bytes, max_bytes, factor);
+    fmt::print("# comm_bench: {} ranks, {} ({}), dtype {}, sizes {}..{} B x{}\n", world->size(), "mpi",
+               world->topology().to_string(), dtype_name, min_bytes, max_bytes, factor);
   for (const auto& op : ops) {
     if (root) {
       fmt::print("#\n# {}\n", op);
-      fmt::print("# {:>12} {:>12} {:>6} {:>12} {:>10} {:>10}\n", "size(B)", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+      fmt::print("# {:>12} {:>12} {:>6} {:>12} {:>10} {:>10}\n", "size(B)", "count", "iters", "time(us)", "algbw(GB/s)",
+                 "busbw(GB/s)");
     }
     for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
       // iterations from a one-call probe, so each size takes about `budget` seconds
@@ -92,8 +102,8 @@ int main(int argc, char** argv) {
       int iters = static_cast<int>(std::clamp(budget / (probe.us * 1e-6), 1.0, static_cast<double>(max_iters)));
       Row r = measure(*world, op, bytes, dtype, warmup, iters);
       if (root)
-        fmt::print("  {:>12} {:>12} {:>6} {:>12.1f} {:>10.3f} {:>10.3f}\n", bytes, bytes / at::elementSize(dtype), iters,
-                   r.us, r.algbw, r.busbw);
+        fmt::print("  {:>12} {:>12} {:>6} {:>12.1f} {:>10.3f} {:>10.3f}\n", bytes, bytes / at::elementSize(dtype),
+                   iters, r.us, r.algbw, r.busbw);
     }
   }
 
@@ -119,9 +129,10 @@ int main(int argc, char** argv) {
   w->wait();
   double t_both = max_over_ranks(*world, seconds_since(t0));
   if (root)
-    fmt::print("#\n# overlap: compute {:.1f} ms, all_reduce(64 MiB) {:.1f} ms, sequential sum {:.1f} ms, "
-               "async all_reduce during compute {:.1f} ms (hidden: {:.0f}% of the all_reduce)\n",
-               t_compute * 1e3, t_comm * 1e3, (t_compute + t_comm) * 1e3, t_both * 1e3,
-               100.0 * std::clamp((t_compute + t_comm - t_both) / t_comm, 0.0, 1.0));
+    fmt::print(
+        "#\n# overlap: compute {:.1f} ms, all_reduce(64 MiB) {:.1f} ms, sequential sum {:.1f} ms, "
+        "async all_reduce during compute {:.1f} ms (hidden: {:.0f}% of the all_reduce)\n",
+        t_compute * 1e3, t_comm * 1e3, (t_compute + t_comm) * 1e3, t_both * 1e3,
+        100.0 * std::clamp((t_compute + t_comm - t_both) / t_comm, 0.0, 1.0));
   return 0;
 }

@@ -26,9 +26,9 @@
 #include "zero/sharded_optimizer.h"
 
 #include <ATen/Parallel.h>
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <torch/optim/adamw.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -166,8 +166,10 @@ int main(int argc, char** argv) {
         // plain is the libtorch loop without accel: there is no engine to keep fp32 masters of
         // low-precision parameters, so it has no precision axis.
         if (r == 0)
-          fmt::print(stderr, "step_bench: --strategy plain runs in fp32 only (got --precision {}); "
-                             "use --strategy DDP at 1 rank for a low-precision single-process step\n", prec.name);
+          fmt::print(stderr,
+                     "step_bench: --strategy plain runs in fp32 only (got --precision {}); "
+                     "use --strategy DDP at 1 rank for a low-precision single-process step\n",
+                     prec.name);
         return 2;
       }
       Run run;
@@ -221,8 +223,7 @@ int main(int argc, char** argv) {
         // all-reduced over the shard group where gradients or optimizer state are sharded.
         auto& engine = *run.prepared.engine;
         std::vector<at::Tensor> grads = engine.step_grads();
-        comm::Communicator* sg =
-            engine.plan().state_split ? engine.shard_group().get() : nullptr;
+        comm::Communicator* sg = engine.plan().state_split ? engine.shard_group().get() : nullptr;
         mixed_precision::unscale_and_clip(grads, run.prec.loss_scale, std::nullopt, sg);
         engine.grads_scaled(1.0 / run.prec.loss_scale);
       }
@@ -234,7 +235,8 @@ int main(int argc, char** argv) {
                    loss.item<double>() / (run.prec.loss_scale > 0 ? run.prec.loss_scale : 1.0));
       if (s >= warmup) {
         run.moved = 0;  // read before max_over_ranks, whose all_reduce is not the step's
-        for (std::size_t g = 0; g < groups.size(); ++g) run.moved += bus_bytes(c0[g], groups[g]->counters(), groups[g]->size());
+        for (std::size_t g = 0; g < groups.size(); ++g)
+          run.moved += bus_bytes(c0[g], groups[g]->counters(), groups[g]->size());
         run.times.push_back(max_over_ranks(*world, t));
       }
     }
@@ -262,8 +264,10 @@ int main(int argc, char** argv) {
          p_grad = mib(snap[Category::Gradients].peak), p_opt = mib(snap[Category::OptimizerState].peak),
          p_gath = mib(snap[Category::Gathered].peak);
   if (r == 0)
-    fmt::print("| {:<13} | {:<9} | {} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.2f} | {:>6.2f} |\n",
-               run.name, run.prec.name, n, median(run.times) * 1e3, p_total, p_param, p_grad, p_opt, p_gath, run.moved / 1048576.0,
-               n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0);
+    fmt::print(
+        "| {:<13} | {:<9} | {} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.2f} | {:>6.2f} "
+        "|\n",
+        run.name, run.prec.name, n, median(run.times) * 1e3, p_total, p_param, p_grad, p_opt, p_gath,
+        run.moved / 1048576.0, n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0);
   return 0;
 }

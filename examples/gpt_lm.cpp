@@ -44,8 +44,8 @@ int main(int argc, char** argv) {
       model->tok->weight.normal_(0.0, 0.02);
     }
     torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.01));
-    DataLoader<CharCorpus> loader(corpus, {.batch_size = args.batch, .shuffle = true, .split_batches = true,
-                                           .seed = args.seed});
+    DataLoader<CharCorpus> loader(
+        corpus, {.batch_size = args.batch, .shuffle = true, .split_batches = true, .seed = args.seed});
     auto opt = acc.prepare(model, adamw, loader);
     acc.print("gpt_lm: ", acc.num_processes(), " process(es), ", to_string(acc.config().spec.strategy), ", ",
               corpus.vocab_size(), " tokens, ", loader.dataset_size(), " windows, ", acc.engine()->units().size(),
@@ -83,14 +83,20 @@ int main(int argc, char** argv) {
       }
     }
     bar.close();
-    if (auto scale = acc.loss_scale()) acc.print("fp16: loss scale ", *scale, ", ", skipped, " of ", step, " steps skipped (overflow)");
+    if (auto scale = acc.loss_scale())
+      acc.print("fp16: loss scale ", *scale, ", ", skipped, " of ", step, " steps skipped (overflow)");
     maybe_save_final(acc, model, args);
     if (!comm_stats.empty()) {
       std::int64_t params = 0;
       for (const auto& p : model->parameters()) params += p.numel();
       write_comm_stats(acc, comm_stats,
-                       {{"vocab", corpus.vocab_size()}, {"d_model", d_model}, {"heads", heads}, {"layers", layers},
-                        {"seq", seq}, {"params", params}, {"steps", args.steps},
+                       {{"vocab", corpus.vocab_size()},
+                        {"d_model", d_model},
+                        {"heads", heads},
+                        {"layers", layers},
+                        {"seq", seq},
+                        {"params", params},
+                        {"steps", args.steps},
                         {"accumulation", acc.gradient_accumulation_steps()}});
     }
     acc.end_training();

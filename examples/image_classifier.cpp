@@ -57,8 +57,8 @@ int main(int argc, char** argv) {
     at::manual_seed(static_cast<std::int64_t>(args.seed));
     auto model = std::make_shared<CNNImpl>(side);
     torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(3e-3));
-    DataLoader<ShapesData> loader(train, {.batch_size = args.batch, .shuffle = true, .split_batches = true,
-                                          .seed = args.seed});
+    DataLoader<ShapesData> loader(
+        train, {.batch_size = args.batch, .shuffle = true, .split_batches = true, .seed = args.seed});
     DataLoader<ShapesData> eval_loader(eval, {.batch_size = 50});
     auto opt = acc.prepare(model, adam, loader);
     acc.prepare_data_loader(eval_loader);

@@ -34,8 +34,8 @@ int main(int argc, char** argv) {
     at::manual_seed(static_cast<std::int64_t>(args.seed));
     torch::nn::Linear model(10, 5);
     torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(5e-2).weight_decay(0.01));
-    DataLoader<ClassificationData> loader(train, {.batch_size = args.batch, .shuffle = true, .split_batches = true,
-                                                  .seed = args.seed});
+    DataLoader<ClassificationData> loader(
+        train, {.batch_size = args.batch, .shuffle = true, .split_batches = true, .seed = args.seed});
     DataLoader<ClassificationData> eval_loader(eval, {.batch_size = 64});
     auto [opt, scheduler] = acc.prepare(model, adamw, loader, [&](torch::optim::Optimizer& o) {
       return std::make_shared<CosineSchedule>(o, args.steps, args.steps / 10);

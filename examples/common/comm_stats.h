@@ -39,11 +39,14 @@ inline void write_comm_stats(Accelerator& acc, const std::string& path,
   const comm::Topology& topo = acc.world()->topology();
   struct stat ns {};
   const std::int64_t netns = ::stat("/proc/self/ns/net", &ns) == 0 ? static_cast<std::int64_t>(ns.st_ino) : -1;
-  std::vector<std::pair<std::string, std::int64_t>> kv = {
-      {"rank", acc.process_index()},        {"world_size", acc.num_processes()},
-      {"node", topo.node_rank},             {"num_nodes", topo.num_nodes},
-      {"local_rank", topo.local_rank},      {"local_world_size", topo.local_world_size},
-      {"simulated_nodes", topo.simulated},  {"netns", netns}};
+  std::vector<std::pair<std::string, std::int64_t>> kv = {{"rank", acc.process_index()},
+                                                          {"world_size", acc.num_processes()},
+                                                          {"node", topo.node_rank},
+                                                          {"num_nodes", topo.num_nodes},
+                                                          {"local_rank", topo.local_rank},
+                                                          {"local_world_size", topo.local_world_size},
+                                                          {"simulated_nodes", topo.simulated},
+                                                          {"netns", netns}};
   kv.insert(kv.end(), extra.begin(), extra.end());
 
   const auto& engine = acc.engine();

@@ -53,8 +53,8 @@ class CharCorpus : public torch::data::datasets::Dataset<CharCorpus> {
   CharCorpus(std::int64_t chars, std::int64_t seq, std::uint64_t seed) : seq_(seq) {
     const std::vector<std::string> subjects = {"the cat", "a dog", "the old man", "my friend", "the bird", "a child"};
     const std::vector<std::string> verbs = {"sees", "likes", "finds", "follows", "hears", "draws"};
-    const std::vector<std::string> objects = {"the moon", "a red ball", "the river", "a small house", "the tree",
-                                              "an apple"};
+    const std::vector<std::string> objects = {"the moon",      "a red ball", "the river",
+                                              "a small house", "the tree",   "an apple"};
     const std::vector<std::string> tails = {".", " today.", " again.", " at night.", " by the sea."};
     std::mt19937_64 rng(seed);
     auto pick = [&](const std::vector<std::string>& v) { return v[rng() % v.size()]; };
@@ -74,9 +74,7 @@ class CharCorpus : public torch::data::datasets::Dataset<CharCorpus> {
     const std::int64_t start = static_cast<std::int64_t>(i) * seq_;
     return {tokens_.narrow(0, start, seq_), tokens_.narrow(0, start + 1, seq_)};
   }
-  std::optional<std::size_t> size() const override {
-    return static_cast<std::size_t>((tokens_.numel() - 1) / seq_);
-  }
+  std::optional<std::size_t> size() const override { return static_cast<std::size_t>((tokens_.numel() - 1) / seq_); }
   std::int64_t vocab_size() const { return static_cast<std::int64_t>(vocab_.size()); }
   const std::string& text() const { return text_; }
 
@@ -97,14 +95,20 @@ class ShapesData : public torch::data::datasets::Dataset<ShapesData> {
     const std::int64_t len = side / 2;
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t cls = static_cast<std::int64_t>(rng() % kClasses);
-      const std::int64_t r0 = static_cast<std::int64_t>(rng() % (side - len)), c0 = static_cast<std::int64_t>(rng() % (side - len));
+      const std::int64_t r0 = static_cast<std::int64_t>(rng() % (side - len)),
+                         c0 = static_cast<std::int64_t>(rng() % (side - len));
       float* img = x_[i].data_ptr<float>();
       for (std::int64_t k = 0; k < side * side; ++k) img[k] = noise(rng);
       auto on = [&](std::int64_t r, std::int64_t c) { img[r * side + c] += 1.0f; };
       for (std::int64_t k = 0; k < len; ++k) {
         if (cls == 0) on(r0 + len / 2, c0 + k);
         if (cls == 1) on(r0 + k, c0 + len / 2);
-        if (cls == 2) { on(r0, c0 + k); on(r0 + len - 1, c0 + k); on(r0 + k, c0); on(r0 + k, c0 + len - 1); }
+        if (cls == 2) {
+          on(r0, c0 + k);
+          on(r0 + len - 1, c0 + k);
+          on(r0 + k, c0);
+          on(r0 + k, c0 + len - 1);
+        }
         if (cls == 3) on(r0 + k, c0 + k);
       }
       y_[i] = cls;

@@ -39,7 +39,8 @@ struct ExampleArgs {
 inline void add_common_options(CLI::App& app, ExampleArgs& a) {
   app.add_option("--steps", a.steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--batch", a.batch, "global batch size (split across ranks)")->check(CLI::PositiveNumber);
-  app.add_option("--config_file", a.config_file, "accel/Accelerate YAML or DeepSpeed JSON (default: ACCEL_CONFIG_FILE)");
+  app.add_option("--config_file", a.config_file,
+                 "accel/Accelerate YAML or DeepSpeed JSON (default: ACCEL_CONFIG_FILE)");
   app.add_option("--log_file", a.log_file, "write 'step <i> loss <x>' lines here (main process)");
   app.add_option("--seed", a.seed, "data order and initial weights");
   app.add_option("--project_dir", a.project_dir, "automatic checkpoints go to PROJECT_DIR/checkpoints/checkpoint_<i>");
@@ -72,7 +73,8 @@ inline void maybe_resume(Accelerator& acc, const ExampleArgs& a) {
 // Once training ends: --save_state_to, --save_model_to.
 template <class M>
 void maybe_save_final(Accelerator& acc, M& model, const ExampleArgs& a) {
-  if (!a.save_state_to.empty()) acc.save_state(a.save_state_to, a.full_state ? std::optional<bool>(true) : std::nullopt);
+  if (!a.save_state_to.empty())
+    acc.save_state(a.save_state_to, a.full_state ? std::optional<bool>(true) : std::nullopt);
   if (!a.save_model_to.empty()) acc.save_model(model, a.save_model_to);
 }
 

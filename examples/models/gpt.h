@@ -72,8 +72,8 @@ struct GPTImpl : torch::nn::Module {
     tok = register_module("tok", torch::nn::Embedding(c.vocab, c.d));
     pos = register_parameter("pos", at::randn({c.seq, c.d}) * 0.1);
     for (int64_t i = 0; i < c.layers; ++i)
-      blocks.push_back(accel::unit(
-          register_module("h" + std::to_string(i), std::make_shared<BlockImpl>(c.d, c.heads, c.fp8))));
+      blocks.push_back(
+          accel::unit(register_module("h" + std::to_string(i), std::make_shared<BlockImpl>(c.d, c.heads, c.fp8))));
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d})));
   }
   // tokens [B, T] -> logits [B, T, vocab]; the head is the token embedding (tied).

@@ -1,16 +1,16 @@
 #include "accelerator/accelerator.h"
 
+#include "accelerator/precision.h"
+#include "base/log.h"
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/model_export.h"
 #include "checkpoint/sharded_state.h"
-#include "accelerator/precision.h"
-#include "base/log.h"
 #include "zero/sharded_optimizer.h"
 
 #include <ATen/ATen.h>
-#include <fmt/format.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <limits>
@@ -46,7 +46,10 @@ std::int64_t GradientState::remainder() const {
 AcceleratedOptimizer::AcceleratedOptimizer(std::shared_ptr<torch::optim::Optimizer> inner,
                                            std::shared_ptr<zero::Engine> engine, std::shared_ptr<GradientState> state,
                                            std::optional<double> clip, std::shared_ptr<LossScaling> scaling)
-    : inner_(std::move(inner)), engine_(std::move(engine)), state_(std::move(state)), clip_(clip),
+    : inner_(std::move(inner)),
+      engine_(std::move(engine)),
+      state_(std::move(state)),
+      clip_(clip),
       scaling_(std::move(scaling)) {}
 
 void AcceleratedOptimizer::step() {
@@ -89,31 +92,35 @@ namespace {
 c10::Device pick_device(const AcceleratorConfig& cfg, const comm::Topology& topo) {
   const bool cuda = at::detail::getCUDAHooks().hasCUDA();
   if (cfg.distributed_type == DistributedType::MultiGpu && (!cuda || cfg.use_cpu))
-    throw ConfigError(fmt::format("{}: distributed_type MULTI_GPU needs CUDA devices{}; use MULTI_CPU (or FSDP / "
-                                  "DEEPSPEED, which run on either)",
-                                  cfg.source, cuda ? ", but use_cpu is true" : " and this machine has none"));
+    throw ConfigError(
+        fmt::format("{}: distributed_type MULTI_GPU needs CUDA devices{}; use MULTI_CPU (or FSDP / "
+                    "DEEPSPEED, which run on either)",
+                    cfg.source, cuda ? ", but use_cpu is true" : " and this machine has none"));
   if (!cuda || cfg.use_cpu || cfg.distributed_type == DistributedType::MultiCpu) return c10::Device(c10::kCPU);
   const int n = at::detail::getCUDAHooks().deviceCount();
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank % std::max(n, 1)));
 }
 
-std::string where(const AcceleratorConfig& cfg) { return cfg.source.empty() ? std::string("the configuration") : cfg.source; }
+std::string where(const AcceleratorConfig& cfg) {
+  return cfg.source.empty() ? std::string("the configuration") : cfg.source;
+}
 
 // What this build cannot do yet is refused here, with what to change; CPU offload on a CPU run (no
 // effect) is added to the ignored keys, with why.
 void check_supported(AcceleratorConfig& cfg, c10::Device device) {
   if (cfg.activation_checkpointing)
-    throw ConfigError(where(cfg) + ": activation checkpointing is not implemented in this version of accel; set "
+    throw ConfigError(where(cfg) +
+                      ": activation checkpointing is not implemented in this version of accel; set "
                       "fsdp_activation_checkpointing: false");
   for (const auto* dev : {&cfg.offload_optimizer_device, &cfg.offload_param_device}) {
-    if (*dev == "nvme")
-      throw ConfigError(where(cfg) + ": offload to nvme is not supported; use 'cpu' or 'none'");
+    if (*dev == "nvme") throw ConfigError(where(cfg) + ": offload to nvme is not supported; use 'cpu' or 'none'");
     if (*dev == "cpu" && device.is_cuda())
       throw ConfigError(where(cfg) + ": offload to cpu from a CUDA device is not implemented yet; use 'none'");
   }
   if (device.is_cpu() && (cfg.offload_optimizer_device == "cpu" || cfg.offload_param_device == "cpu"))
-    cfg.ignored.push_back("offload to cpu: training runs on the CPU, where parameters and optimizer state "
-                          "already live");
+    cfg.ignored.push_back(
+        "offload to cpu: training runs on the CPU, where parameters and optimizer state "
+        "already live");
 }
 }  // namespace
 
@@ -133,7 +140,8 @@ Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
     // One line: the keys only (their reasons: cfg_.ignored, or `accel config explain`).
     std::string keys;
     for (const auto& k : cfg_.ignored) keys += (keys.empty() ? "" : ", ") + k.substr(0, k.find(':'));
-    log::warning(fmt::format("{}: {} key(s) accepted but without effect here: {}", where(cfg_), cfg_.ignored.size(), keys));
+    log::warning(
+        fmt::format("{}: {} key(s) accepted but without effect here: {}", where(cfg_), cfg_.ignored.size(), keys));
   }
   if (is_main_process() && num_processes() > 1 && !cfg_.source.empty() && cfg_.num_processes != num_processes())
     log::warning(fmt::format("{} says num_processes {}, running with {} (the launcher's count wins)", cfg_.source,
@@ -149,14 +157,17 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
                                                                  torch::optim::Optimizer& optimizer,
                                                                  std::optional<std::int64_t> micro_batch) {
   if (model_)
-    throw std::logic_error("Accelerator::prepare: this Accelerator already prepared a model (one model per "
-                           "Accelerator)");
+    throw std::logic_error(
+        "Accelerator::prepare: this Accelerator already prepared a model (one model per "
+        "Accelerator)");
   if (cfg_.distributed_type == DistributedType::DeepSpeed) {
-    BatchConfig b = resolve_batch(cfg_.batch, num_processes(), micro_batch, cfg_.gradient_accumulation_steps, where(cfg_));
+    BatchConfig b =
+        resolve_batch(cfg_.batch, num_processes(), micro_batch, cfg_.gradient_accumulation_steps, where(cfg_));
     if (micro_batch && b.micro_batch_per_gpu && *b.micro_batch_per_gpu != *micro_batch)
-      throw ConfigError(fmt::format("{}: train_micro_batch_size_per_gpu is {} but the prepared loader gives {} "
-                                    "samples per process; make them agree (or write \"auto\")",
-                                    where(cfg_), *b.micro_batch_per_gpu, *micro_batch));
+      throw ConfigError(
+          fmt::format("{}: train_micro_batch_size_per_gpu is {} but the prepared loader gives {} "
+                      "samples per process; make them agree (or write \"auto\")",
+                      where(cfg_), *b.micro_batch_per_gpu, *micro_batch));
     cfg_.batch = b;
     cfg_.gradient_accumulation_steps = *b.gradient_accumulation_steps;
     state_->accumulation_steps = cfg_.gradient_accumulation_steps;
@@ -182,7 +193,8 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
   std::optional<double> clip;
   if (cfg_.gradient_clipping && *cfg_.gradient_clipping > 0) clip = cfg_.gradient_clipping;
   optimizer_ = p.optimizer;
-  if (cfg_.mixed_precision == MixedPrecision::Fp16) scaling_ = std::make_shared<LossScaling>(cfg_.loss_scaler, engine_, device_);
+  if (cfg_.mixed_precision == MixedPrecision::Fp16)
+    scaling_ = std::make_shared<LossScaling>(cfg_.loss_scaler, engine_, device_);
   return std::make_shared<AcceleratedOptimizer>(p.optimizer, engine_, state_, clip, scaling_);
 }
 
@@ -248,16 +260,16 @@ double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
   if (scaling_) return scaling_->unscale(measure_only ? std::nullopt : std::optional<double>(max_norm), norm_type);
   // DeepSpeed clips inside the step to its configured gradient_clipping (Accelerate then only
   // reports the norm): measure without clipping here, so gradients are not clipped twice.
-  if (measure_only)
-    return engine_->clip_grad_norm(std::numeric_limits<double>::infinity(), norm_type);
+  if (measure_only) return engine_->clip_grad_norm(std::numeric_limits<double>::infinity(), norm_type);
   return engine_->clip_grad_norm(max_norm, norm_type);
 }
 
 void Accelerator::clip_grad_value_(double clip_value) {
   if (cfg_.distributed_type == DistributedType::DeepSpeed || cfg_.distributed_type == DistributedType::Fsdp)
-    throw std::logic_error(fmt::format("Accelerator::clip_grad_value_ is not supported with distributed_type {} "
-                                       "(gradients are sharded, as in Accelerate); use clip_grad_norm_ instead",
-                                       to_string(cfg_.distributed_type)));
+    throw std::logic_error(
+        fmt::format("Accelerator::clip_grad_value_ is not supported with distributed_type {} "
+                    "(gradients are sharded, as in Accelerate); use clip_grad_norm_ instead",
+                    to_string(cfg_.distributed_type)));
   if (!engine_) throw std::logic_error("Accelerator::clip_grad_value_: prepare a model first");
   if (!state_->sync_gradients) return;
   if (scaling_ && std::isinf(scaling_->unscale(std::nullopt))) return;  // overflow: the step is skipped
@@ -299,7 +311,8 @@ at::Tensor Accelerator::reduce(const at::Tensor& t, const std::string& reduction
         fmt::format("Accelerator::reduce: reduction '{}' is not one of sum, mean, max, min", reduction));
   at::Tensor x = t.contiguous().clone();
   if (num_processes() > 1) world_->all_reduce(x, {op});
-  if (reduction == "mean") x = x.is_floating_point() ? x.div_(num_processes()) : x.to(at::kDouble).div_(num_processes());
+  if (reduction == "mean")
+    x = x.is_floating_point() ? x.div_(num_processes()) : x.to(at::kDouble).div_(num_processes());
   return x;
 }
 
@@ -307,8 +320,8 @@ at::Tensor Accelerator::pad_across_processes(const at::Tensor& t, std::int64_t d
   if (t.dim() == 0) return t.clone();
   const std::int64_t d = dim < 0 ? dim + t.dim() : dim;
   if (d < 0 || d >= t.dim())
-    throw std::invalid_argument(fmt::format(
-        "Accelerator::pad_across_processes: dim {} is out of range for a tensor of {} dims", dim, t.dim()));
+    throw std::invalid_argument(
+        fmt::format("Accelerator::pad_across_processes: dim {} is out of range for a tensor of {} dims", dim, t.dim()));
   at::Tensor n = at::full({1}, t.size(d), at::kLong);
   if (num_processes() > 1) world_->all_reduce(n, {comm::ReduceOp::Max});
   const std::int64_t max = n.item<std::int64_t>();

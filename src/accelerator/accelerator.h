@@ -69,9 +69,9 @@ struct AcceleratorOptions {
 struct GradientState {
   std::int64_t accumulation_steps = 1;
   std::int64_t micro_step = 0;  // micro-steps since the last sync (Accelerator::step() counts optimizer steps)
-  bool sync_gradients = true;  // this micro-step reduces and steps
+  bool sync_gradients = true;   // this micro-step reduces and steps
   bool step_was_skipped = false;
-  std::int64_t optimizer_steps = 0;  // steps the optimizer took (saved in checkpoints)
+  std::int64_t optimizer_steps = 0;                   // steps the optimizer took (saved in checkpoints)
   std::vector<std::shared_ptr<LoaderState>> loaders;  // prepared loaders
   bool end_of_dataloader() const;
   std::int64_t remainder() const;  // of the loader currently iterating, -1 if none or no padding
@@ -192,7 +192,9 @@ class Accelerator {
   };
   [[nodiscard]] AccumulateScope accumulate() { return AccumulateScope(*this); }
   template <class M>
-  [[nodiscard]] AccumulateScope accumulate(M&) { return AccumulateScope(*this); }
+  [[nodiscard]] AccumulateScope accumulate(M&) {
+    return AccumulateScope(*this);
+  }
   bool sync_gradients() const { return state_->sync_gradients; }
   std::int64_t gradient_accumulation_steps() const { return state_->accumulation_steps; }
   bool optimizer_step_was_skipped() const { return state_->step_was_skipped; }
@@ -292,7 +294,9 @@ class Accelerator {
   // --- the model --------------------------------------------------------------------------------
   // The model object is never wrapped: returns it as given.
   template <class M>
-  M& unwrap_model(M& model) const { return model; }
+  M& unwrap_model(M& model) const {
+    return model;
+  }
   // Full weights (parameters, then buffers, by name), gathered unit by unit; on the main process
   // only (other ranks get an empty list). Collective.
   std::vector<std::pair<std::string, at::Tensor>> get_state_dict();
@@ -345,11 +349,17 @@ class Accelerator {
 
  private:
   template <class M>
-  static std::shared_ptr<torch::nn::Module> module_ptr(torch::nn::ModuleHolder<M>& m) { return m.ptr(); }
+  static std::shared_ptr<torch::nn::Module> module_ptr(torch::nn::ModuleHolder<M>& m) {
+    return m.ptr();
+  }
   template <class M>
-  static std::shared_ptr<torch::nn::Module> module_ptr(std::shared_ptr<M>& m) { return m; }
+  static std::shared_ptr<torch::nn::Module> module_ptr(std::shared_ptr<M>& m) {
+    return m;
+  }
   template <class Dataset>
-  std::int64_t split_divisor(const DataLoader<Dataset>& l) const { return l.options().split_batches ? num_processes() : 1; }
+  std::int64_t split_divisor(const DataLoader<Dataset>& l) const {
+    return l.options().split_batches ? num_processes() : 1;
+  }
   std::shared_ptr<AcceleratedOptimizer> prepare_model(std::shared_ptr<torch::nn::Module> model,
                                                       torch::optim::Optimizer& optimizer,
                                                       std::optional<std::int64_t> micro_batch);

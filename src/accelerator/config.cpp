@@ -115,9 +115,10 @@ namespace {
 std::string show(const std::optional<std::int64_t>& v) { return v ? fmt::format("{}", *v) : std::string("unset"); }
 
 std::string triad(const BatchConfig& b, int world) {
-  return fmt::format("train_batch_size {}, train_micro_batch_size_per_gpu {}, gradient_accumulation_steps {}, "
-                     "world size {}",
-                     show(b.train_batch_size), show(b.micro_batch_per_gpu), show(b.gradient_accumulation_steps), world);
+  return fmt::format(
+      "train_batch_size {}, train_micro_batch_size_per_gpu {}, gradient_accumulation_steps {}, "
+      "world size {}",
+      show(b.train_batch_size), show(b.micro_batch_per_gpu), show(b.gradient_accumulation_steps), world);
 }
 }  // namespace
 
@@ -132,8 +133,8 @@ BatchConfig resolve_batch(BatchConfig b, int world, std::optional<std::int64_t> 
   for (const auto& [name, v] : given)
     if (*v && **v <= 0) cd::fail(where, fmt::format("{} is {}, expected a positive integer", name, **v));
   if (loader_micro_batch && *loader_micro_batch <= 0)
-    cd::fail(where, fmt::format("the prepared loader's batch size is {}, expected a positive integer",
-                                *loader_micro_batch));
+    cd::fail(where,
+             fmt::format("the prepared loader's batch size is {}, expected a positive integer", *loader_micro_batch));
 
   // The loader knows the micro batch; the accumulation default fills in only what the rule cannot derive.
   if (!b.micro_batch_per_gpu && loader_micro_batch) b.micro_batch_per_gpu = loader_micro_batch;
@@ -221,7 +222,8 @@ std::optional<Given<std::string>> pick_text(const std::optional<std::string>& ar
   return std::nullopt;
 }
 
-std::int64_t env_integer(const char* var, const char* key, std::int64_t lo, std::int64_t hi, const std::string& expected) {
+std::int64_t env_integer(const char* var, const char* key, std::int64_t lo, std::int64_t hi,
+                         const std::string& expected) {
   const std::string text = env::get(var);
   const auto v = cd::parse_integer(text);
   if (!v || *v < lo || *v > hi) cd::fail_value(env_where(var), key, text, expected);

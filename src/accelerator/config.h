@@ -79,11 +79,11 @@ struct AcceleratorConfig {
   bool use_cpu = false;
   // Resolved once the batch triad is known; until then the value the files gave (or 1).
   std::int64_t gradient_accumulation_steps = 1;
-  BatchConfig batch;                       // DeepSpeed's triad as written ("auto" = unset)
-  std::optional<double> gradient_clipping;  // DeepSpeed: clip every step to this global norm
-  zero::ShardingSpec spec;                  // strategy, wrap policy, prefetch, buckets, dtypes
-  std::string offload_optimizer_device = "none";  // none | cpu | nvme
-  std::string offload_param_device = "none";      // none | cpu | nvme
+  BatchConfig batch;                                       // DeepSpeed's triad as written ("auto" = unset)
+  std::optional<double> gradient_clipping;                 // DeepSpeed: clip every step to this global norm
+  zero::ShardingSpec spec;                                 // strategy, wrap policy, prefetch, buckets, dtypes
+  std::string offload_optimizer_device = "none";           // none | cpu | nvme
+  std::string offload_param_device = "none";               // none | cpu | nvme
   StateDictType state_dict_type = StateDictType::Sharded;  // fsdp_state_dict_type
   bool activation_checkpointing = false;
   int fsdp_version = 1;
@@ -111,7 +111,7 @@ struct ConfigOverrides {
   std::optional<std::string> mixed_precision;
   std::optional<std::int64_t> gradient_accumulation_steps;
   std::optional<bool> use_cpu;
-  std::optional<int> zero_stage;                       // forces DEEPSPEED with this stage
+  std::optional<int> zero_stage;                      // forces DEEPSPEED with this stage
   std::optional<std::string> fsdp_sharding_strategy;  // forces FSDP with this strategy
 };
 // Explicit argument > environment (ACCEL_CONFIG_FILE, ACCEL_MIXED_PRECISION,

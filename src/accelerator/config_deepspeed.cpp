@@ -176,12 +176,9 @@ const std::vector<Key>& offload_optimizer_keys() {
 
 const std::vector<Key>& offload_param_keys() {
   static const std::vector<Key> keys = {
-      {"device", "", Kind::String, nullptr},
-      {"nvme_path", "", Kind::String, kOffloadTuning},
-      {"buffer_count", "", Kind::Int, kOffloadTuning},
-      {"buffer_size", "", Kind::Int, kOffloadTuning},
-      {"max_in_cpu", "", Kind::Int, kOffloadTuning},
-      {"pin_memory", "", Kind::Bool, kOffloadTuning},
+      {"device", "", Kind::String, nullptr},           {"nvme_path", "", Kind::String, kOffloadTuning},
+      {"buffer_count", "", Kind::Int, kOffloadTuning}, {"buffer_size", "", Kind::Int, kOffloadTuning},
+      {"max_in_cpu", "", Kind::Int, kOffloadTuning},   {"pin_memory", "", Kind::Bool, kOffloadTuning},
   };
   return keys;
 }
@@ -207,7 +204,8 @@ const std::vector<Key>& bf16_keys() {
       {"immediate_grad_update", "", Kind::Bool, kDetail},
       {"check_grad_overflow", "", Kind::Bool, kDetail},
       {"bf16_master_weights_and_grads", "", Kind::Bool, nullptr},
-      {"bf16_optimizer_states", "", Kind::Bool, "the optimizer state follows the master dtype (bf16_master_weights_and_grads)"},
+      {"bf16_optimizer_states", "", Kind::Bool,
+       "the optimizer state follows the master dtype (bf16_master_weights_and_grads)"},
   };
   return keys;
 }
@@ -399,7 +397,8 @@ void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
                             "a number of elements >= 0"))
     cfg.spec.bucket_bytes = *n * 4;
 
-  cfg.offload_optimizer_device = read_offload(zero, "offload_optimizer", "cpu_offload", offload_optimizer_keys(), file, cfg);
+  cfg.offload_optimizer_device =
+      read_offload(zero, "offload_optimizer", "cpu_offload", offload_optimizer_keys(), file, cfg);
   cfg.offload_param_device = read_offload(zero, "offload_param", "cpu_offload_param", offload_param_keys(), file, cfg);
   if (cfg.offload_param_device != "none" && stage != 3)
     cd::fail(file, fmt::format("{} offloads parameters to '{}', which needs stage 3 (zero_optimization.stage is {}); "
@@ -419,7 +418,8 @@ void read_fp16(const json& obj, const std::string& file, AcceleratorConfig& cfg,
   is_auto_enabled = b.written_auto("enabled");
   LossScalerConfig& s = cfg.loss_scaler;
   if (auto v = b.number("loss_scale", 0, "a number >= 0 (0: dynamic)")) s.loss_scale = *v;
-  if (auto v = b.integer("initial_scale_power", 0, 64, "an integer in 0..64")) s.initial_scale_power = static_cast<int>(*v);
+  if (auto v = b.integer("initial_scale_power", 0, 64, "an integer in 0..64"))
+    s.initial_scale_power = static_cast<int>(*v);
   if (auto v = b.integer("loss_scale_window", 1, std::numeric_limits<int>::max(), "an integer >= 1"))
     s.loss_scale_window = static_cast<int>(*v);
   if (auto v = b.integer("hysteresis", 1, std::numeric_limits<int>::max(), "an integer >= 1"))
@@ -431,8 +431,8 @@ void read_fp16(const json& obj, const std::string& file, AcceleratorConfig& cfg,
   }
 }
 
-void read_bf16(const json& obj, const std::string& file, const std::string& name, AcceleratorConfig& cfg,
-               bool& enabled, bool& is_auto_enabled) {
+void read_bf16(const json& obj, const std::string& file, const std::string& name, AcceleratorConfig& cfg, bool& enabled,
+               bool& is_auto_enabled) {
   Block b(obj, file, name + ".", bf16_keys(), cfg);
   enabled = b.boolean("enabled").value_or(false);
   is_auto_enabled = b.written_auto("enabled");
@@ -516,13 +516,12 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
 
 std::vector<KeyRow> deepspeed_json_keys() {
   std::vector<KeyRow> rows;
-  for (const auto& [section, keys] :
-       {std::pair<const char*, const std::vector<Key>*>{"", &top_keys()},
-        {"zero_optimization", &zero_keys()},
-        {"zero_optimization.offload_optimizer", &offload_optimizer_keys()},
-        {"zero_optimization.offload_param", &offload_param_keys()},
-        {"fp16", &fp16_keys()},
-        {"bf16", &bf16_keys()}})
+  for (const auto& [section, keys] : {std::pair<const char*, const std::vector<Key>*>{"", &top_keys()},
+                                      {"zero_optimization", &zero_keys()},
+                                      {"zero_optimization.offload_optimizer", &offload_optimizer_keys()},
+                                      {"zero_optimization.offload_param", &offload_param_keys()},
+                                      {"fp16", &fp16_keys()},
+                                      {"bf16", &bf16_keys()}})
     for (const auto& k : *keys) rows.push_back({section, k.name, k.ignored});
   return rows;
 }

@@ -40,7 +40,7 @@ std::vector<KeyRow> deepspeed_json_keys();
 // A DeepSpeed JSON as parse_deepspeed_json reads it, plus what the YAML dialect needs to merge it.
 struct DeepSpeedJson {
   AcceleratorConfig cfg;
-  bool precision_auto = false;  // fp16.enabled or bf16.enabled is "auto": the YAML's mixed_precision decides
+  bool precision_auto = false;   // fp16.enabled or bf16.enabled is "auto": the YAML's mixed_precision decides
   bool precision_given = false;  // fp16.enabled or bf16.enabled is true
 };
 DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& source);

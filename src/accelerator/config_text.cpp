@@ -129,8 +129,8 @@ std::string closest_key(const std::string& key, const std::vector<std::string>& 
     const std::size_t d = edit_distance(k, l);
     const std::size_t limit = std::max<std::size_t>(2, std::max(k.size(), l.size()) / 3);
     // One name inside the other ("stage" / "zero_stage") is close too, if it is not tiny.
-    const bool inside = std::min(k.size(), l.size()) >= 4 &&
-                        (l.find(k) != std::string::npos || k.find(l) != std::string::npos);
+    const bool inside =
+        std::min(k.size(), l.size()) >= 4 && (l.find(k) != std::string::npos || k.find(l) != std::string::npos);
     if ((d <= limit || inside) && d < best_score) {
       best = c;
       best_score = d;

@@ -158,7 +158,8 @@ const std::vector<YKey>& fp8_keys() {
       {"pad_inner_dim",
        "accel's Float8Linear does not pad: a matmul whose dims are not multiples of 16 runs in the exact "
        "fp32 emulation instead of at::_scaled_mm"},
-      {"use_autocast_during_eval", "Transformer Engine only; accel's Float8Linear computes in fp8 in eval as in training"},
+      {"use_autocast_during_eval",
+       "Transformer Engine only; accel's Float8Linear computes in fp8 in eval as in training"},
       {"override_linear_precision", "Transformer Engine only"},
       {"use_mxfp8_block_scaling", "Transformer Engine only"},
       {"opt_level", "MS-AMP only"},
@@ -282,9 +283,9 @@ constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
 
 DistributedType read_distributed_type(const Section& top) {
   static const std::vector<std::string> supported = {"NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP"};
-  static const std::vector<std::string> unsupported = {"MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
-                                                       "MULTI_XPU", "MULTI_HPU", "MULTI_NEURON", "XLA",
-                                                       "MEGATRON_LM"};
+  static const std::vector<std::string> unsupported = {"MULTI_NPU",    "MULTI_MLU", "MULTI_SDAA",
+                                                       "MULTI_MUSA",   "MULTI_XPU", "MULTI_HPU",
+                                                       "MULTI_NEURON", "XLA",       "MEGATRON_LM"};
   if (!top.has("distributed_type"))
     cd::fail(top.file(), fmt::format("missing required key 'distributed_type' (allowed values: {}); Accelerate "
                                      "requires it too",
@@ -304,7 +305,8 @@ DistributedType read_distributed_type(const Section& top) {
 }
 
 void read_machine(const Section& top, AcceleratorConfig& cfg) {
-  if (auto env = top.choice("compute_environment", {"LOCAL_MACHINE", "AMAZON_SAGEMAKER"}); env && *env != "LOCAL_MACHINE")
+  if (auto env = top.choice("compute_environment", {"LOCAL_MACHINE", "AMAZON_SAGEMAKER"});
+      env && *env != "LOCAL_MACHINE")
     cd::fail(top.file(), fmt::format("compute_environment is '{}': accel does not launch SageMaker jobs; use "
                                      "LOCAL_MACHINE and start `accel launch` on the instances",
                                      *env));
@@ -323,8 +325,9 @@ void read_machine(const Section& top, AcceleratorConfig& cfg) {
   if (auto ip = top.text("main_process_ip", "a host name or IP address")) {
     const std::string s = cd::trim(*ip);
     bool ok = !s.empty();
-    for (char c : s) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == ':' ||
-                                 c == '_' || c == '[' || c == ']');
+    for (char c : s)
+      ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == ':' || c == '_' ||
+                  c == '[' || c == ']');
     if (!ok) cd::fail_value(top.file(), top.path("main_process_ip"), *ip, "a host name or IP address");
   }
   top.integer("main_process_port", 0, 65535, "a port number 0..65535 (0: pick a free port)");
@@ -332,8 +335,7 @@ void read_machine(const Section& top, AcceleratorConfig& cfg) {
 
 std::optional<MixedPrecision> read_mixed_precision(const Section& top) {
   std::optional<MixedPrecision> mp;
-  if (auto t = top.text("mixed_precision", "one of no, fp16, bf16, fp8"))
-    mp = parse_mixed_precision(*t, top.file());
+  if (auto t = top.text("mixed_precision", "one of no, fp16, bf16, fp8")) mp = parse_mixed_precision(*t, top.file());
   if (auto legacy = top.boolean("fp16")) {  // Accelerate's old spelling
     const MixedPrecision implied = *legacy ? MixedPrecision::Fp16 : MixedPrecision::No;
     if (mp && *mp != implied)
@@ -395,7 +397,8 @@ void read_fsdp(const Section& s, AcceleratorConfig& cfg) {
       strategy = named;
     }
   }
-  cfg.spec = zero::ShardingSpec::fsdp(strategy.value_or(zero::info(zero::Strategy::Zero3).fsdp_name));  // FSDP's default
+  cfg.spec =
+      zero::ShardingSpec::fsdp(strategy.value_or(zero::info(zero::Strategy::Zero3).fsdp_name));  // FSDP's default
   cfg.spec.reshard_after_forward = reshard;
 
   auto& wrap = cfg.spec.wrap;
@@ -473,9 +476,14 @@ struct TopLevel {
 };
 
 void merge_deepspeed_json(const Section& s, const std::string& base_dir, const TopLevel& top, AcceleratorConfig& cfg) {
-  static const std::vector<std::string> json_decides = {
-      "zero_stage", "offload_optimizer_device", "offload_param_device", "offload_optimizer_nvme_path",
-      "offload_param_nvme_path", "gradient_accumulation_steps", "gradient_clipping", "zero3_save_16bit_model"};
+  static const std::vector<std::string> json_decides = {"zero_stage",
+                                                        "offload_optimizer_device",
+                                                        "offload_param_device",
+                                                        "offload_optimizer_nvme_path",
+                                                        "offload_param_nvme_path",
+                                                        "gradient_accumulation_steps",
+                                                        "gradient_clipping",
+                                                        "zero3_save_16bit_model"};
   const std::string json_path = resolve_json_path(s, base_dir);
   cd::DeepSpeedJson ds = cd::read_deepspeed_json(cd::read_text_file(json_path), json_path);
   const AcceleratorConfig& j = ds.cfg;
@@ -591,7 +599,8 @@ std::vector<KeyRow> accelerate_yaml_keys() {
 }
 }  // namespace config_detail
 
-AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::string& source, const std::string& base_dir) {
+AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::string& source,
+                                        const std::string& base_dir) {
   const YAML::Node root = load_yaml(text, source);
   AcceleratorConfig cfg;
   cfg.source = source;
@@ -601,23 +610,27 @@ AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::stri
   TopLevel tl;
   tl.mixed_precision = read_mixed_precision(top);
   if (tl.mixed_precision) cfg.mixed_precision = *tl.mixed_precision;
-  tl.accumulation = top.integer("gradient_accumulation_steps", 1, std::numeric_limits<std::int64_t>::max(),
-                                "an integer >= 1");
+  tl.accumulation =
+      top.integer("gradient_accumulation_steps", 1, std::numeric_limits<std::int64_t>::max(), "an integer >= 1");
   if (tl.accumulation) {
     cfg.gradient_accumulation_steps = *tl.accumulation;
     if (cfg.distributed_type == DistributedType::DeepSpeed) cfg.batch.gradient_accumulation_steps = *tl.accumulation;
   }
-  if (top.has("parallelism_config") && !(top.node("parallelism_config").IsMap() && top.node("parallelism_config").size() == 0))
-    cd::fail(source, "parallelism_config is set, but tensor/context/N-D parallelism is not supported; remove it "
-                     "(data parallel sharding comes from distributed_type)");
+  if (top.has("parallelism_config") &&
+      !(top.node("parallelism_config").IsMap() && top.node("parallelism_config").size() == 0))
+    cd::fail(source,
+             "parallelism_config is set, but tensor/context/N-D parallelism is not supported; remove it "
+             "(data parallel sharding comes from distributed_type)");
 
   const Section fsdp(top.has("fsdp_config") ? top.node("fsdp_config") : YAML::Node(), source, "fsdp_config.",
                      fsdp_keys(), cfg, {{"fsdp_backward_prefetch_policy", "fsdp_backward_prefetch"}}, "fsdp_");
   const Section ds(top.has("deepspeed_config") ? top.node("deepspeed_config") : YAML::Node(), source,
                    "deepspeed_config.", deepspeed_keys(), cfg);
   const Section fp8(top.has("fp8_config") ? top.node("fp8_config") : YAML::Node(), source, "fp8_config.", fp8_keys(),
-                    cfg, {{"amax_history_length", "amax_history_len"}, {"amax_compute_algorithm", "amax_compute_algo"},
-                          {"optimization_level", "opt_level"}});
+                    cfg,
+                    {{"amax_history_length", "amax_history_len"},
+                     {"amax_compute_algorithm", "amax_compute_algo"},
+                     {"optimization_level", "opt_level"}});
   const std::string type = to_string(cfg.distributed_type);
   if (!fsdp.empty() && cfg.distributed_type != DistributedType::Fsdp)
     cd::fail(source, fmt::format("fsdp_config is set but distributed_type is {}; set distributed_type: FSDP or remove "

@@ -45,10 +45,10 @@ ShardPlan::ShardPlan(std::int64_t dataset_size, const DataLoaderOptions& opts, i
   if (dataset_size < 0) bad(fmt::format("dataset_size must be >= 0, got {}", dataset_size));
   if (opts.batch_size < 1) bad(fmt::format("batch_size must be >= 1, got {}", opts.batch_size));
   if (world < 1) bad(fmt::format("world must be >= 1, got {}", world));
-  if (rank < 0 || rank >= world)
-    bad(fmt::format("rank must be in [0, {}), got {}", world, rank));
+  if (rank < 0 || rank >= world) bad(fmt::format("rank must be in [0, {}), got {}", world, rank));
   if (opts.split_batches && opts.batch_size % world != 0)
-    bad(fmt::format("split_batches needs a batch_size divisible by the number of processes: batch_size {}, "
+    bad(
+        fmt::format("split_batches needs a batch_size divisible by the number of processes: batch_size {}, "
                     "processes {}",
                     opts.batch_size, world));
   // One process has nobody to keep in step with: a plain loader's short last batch, no duplicates.

@@ -13,8 +13,8 @@
 // global batch in order, padding (if any) at the end.
 // Last, incomplete global batch: drop_last drops it; otherwise with even_batches every rank gets a
 // full batch, the missing positions filled by wrapping around to the start of the order (the
-// duplicates gather_for_metrics drops; at world 1 even_batches is moot: a short last batch); without even_batches the real samples are split in rank
-// order (later ranks may get a smaller batch or none at all).
+// duplicates gather_for_metrics drops; at world 1 even_batches is moot: a short last batch); without even_batches the
+// real samples are split in rank order (later ranks may get a smaller batch or none at all).
 #pragma once
 
 #include <ATen/core/Tensor.h>

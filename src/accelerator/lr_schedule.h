@@ -25,9 +25,11 @@ class CosineSchedule : public torch::optim::LRScheduler {
                  double min_lr_ratio = 0.0)
       : LRScheduler(optimizer), total_(total_steps), warmup_(warmup_steps), min_ratio_(min_lr_ratio) {
     if (total_steps < 1 || warmup_steps < 0 || warmup_steps > total_steps || min_lr_ratio < 0 || min_lr_ratio > 1)
-      throw std::invalid_argument("CosineSchedule: need total_steps >= 1, 0 <= warmup_steps <= total_steps, "
-                                  "0 <= min_lr_ratio <= 1 (got " + std::to_string(total_steps) + ", " +
-                                  std::to_string(warmup_steps) + ", " + std::to_string(min_lr_ratio) + ")");
+      throw std::invalid_argument(
+          "CosineSchedule: need total_steps >= 1, 0 <= warmup_steps <= total_steps, "
+          "0 <= min_lr_ratio <= 1 (got " +
+          std::to_string(total_steps) + ", " + std::to_string(warmup_steps) + ", " + std::to_string(min_lr_ratio) +
+          ")");
     base_ = get_current_lrs();
     const double f0 = factor(0);
     for (auto& g : optimizer.param_groups()) g.options().set_lr(g.options().get_lr() * f0);

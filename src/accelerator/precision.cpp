@@ -15,9 +15,10 @@ void apply_precision_policy(AcceleratorConfig& cfg) {
   zero::ShardingSpec& s = cfg.spec;
   const auto where = cfg.source.empty() ? std::string("the configuration") : cfg.source;
   if (s.master_dtype == c10::kBFloat16 && cfg.mixed_precision != MixedPrecision::Bf16)
-    throw ConfigError(fmt::format("{}: bf16 master weights (bf16_master_weights_and_grads) need mixed_precision bf16, "
-                                  "not '{}'",
-                                  where, to_string(cfg.mixed_precision)));
+    throw ConfigError(
+        fmt::format("{}: bf16 master weights (bf16_master_weights_and_grads) need mixed_precision bf16, "
+                    "not '{}'",
+                    where, to_string(cfg.mixed_precision)));
   switch (cfg.mixed_precision) {
     case MixedPrecision::No: return;
     case MixedPrecision::Bf16: s.param_dtype = c10::kBFloat16; break;
@@ -91,8 +92,7 @@ void LossScaling::load_state_text(const std::string& text) {
   long long iter = 0, last = 0, consecutive = 0, skipped = 0;
   if (!(in >> tag >> st.cur_scale >> iter >> last >> st.cur_hysteresis >> consecutive >> skipped) || tag != "v1" ||
       !(st.cur_scale > 0) || !std::isfinite(st.cur_scale))
-    throw std::invalid_argument(
-        fmt::format("the loss scaler state '{}' is not one this version of accel wrote", text));
+    throw std::invalid_argument(fmt::format("the loss scaler state '{}' is not one this version of accel wrote", text));
   st.cur_iter = iter;
   st.last_overflow_iter = last;
   st.consecutive_overflows = consecutive;

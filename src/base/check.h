@@ -30,19 +30,19 @@ namespace detail {
 
 }  // namespace accel
 
-#define ACCEL_CHECK(cond, ...)                                                                               \
-  do {                                                                                                       \
+#define ACCEL_CHECK(cond, ...)                                                                                 \
+  do {                                                                                                         \
     if (!(cond)) ::accel::detail::check_failed(__FILE__, __LINE__, "(" #cond ")", ::fmt::format(__VA_ARGS__)); \
   } while (0)
 
-#define ACCEL_CHECK_OP_(a, b, op, ...)                                                                   \
-  do {                                                                                                   \
-    const auto& accel_check_a_ = (a);                                                                    \
-    const auto& accel_check_b_ = (b);                                                                    \
-    if (!(accel_check_a_ op accel_check_b_))                                                             \
-      ::accel::detail::check_failed(__FILE__, __LINE__,                                                  \
-                                    ::fmt::format("(" #a " " #op " " #b ": {} vs {})", accel_check_a_, accel_check_b_), \
-                                    ::fmt::format(__VA_ARGS__));                                         \
+#define ACCEL_CHECK_OP_(a, b, op, ...)                                                                            \
+  do {                                                                                                            \
+    const auto& accel_check_a_ = (a);                                                                             \
+    const auto& accel_check_b_ = (b);                                                                             \
+    if (!(accel_check_a_ op accel_check_b_))                                                                      \
+      ::accel::detail::check_failed(                                                                              \
+          __FILE__, __LINE__, ::fmt::format("(" #a " " #op " " #b ": {} vs {})", accel_check_a_, accel_check_b_), \
+          ::fmt::format(__VA_ARGS__));                                                                            \
   } while (0)
 #define ACCEL_CHECK_EQ(a, b, ...) ACCEL_CHECK_OP_(a, b, ==, __VA_ARGS__)
 #define ACCEL_CHECK_LE(a, b, ...) ACCEL_CHECK_OP_(a, b, <=, __VA_ARGS__)

@@ -8,8 +8,7 @@ namespace accel::env {
 
 const std::vector<Variable>& table() {
   static const std::vector<Variable> vars = {
-      {"ACCEL_COMM_TIMEOUT_S", "300",
-       "seconds a collective may take before it raises TimeoutError and the job fails"},
+      {"ACCEL_COMM_TIMEOUT_S", "300", "seconds a collective may take before it raises TimeoutError and the job fails"},
       {"ACCEL_COMM_CHECK", "1",
        "1: compare sizes/dtype/op/root across ranks before each collective (MismatchError instead of "
        "memory corruption); 0: skip that small all-reduce"},

@@ -13,7 +13,7 @@
 namespace accel::files {
 
 void remove_tree(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return;
   if (S_ISDIR(st.st_mode)) {
     if (DIR* d = ::opendir(path.c_str())) {
@@ -55,7 +55,8 @@ void write_file_synced(const std::string& path, const void* data, std::size_t n)
     }
     done += static_cast<std::size_t>(w);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) throw std::runtime_error("cannot sync " + path + ": " + std::strerror(errno));
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    throw std::runtime_error("cannot sync " + path + ": " + std::strerror(errno));
 }
 
 void write_file_atomic(const std::string& path, const void* data, std::size_t n) {
@@ -94,17 +95,17 @@ std::string read_file(const std::string& path) {
 }
 
 bool exists(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::lstat(path.c_str(), &st) == 0;
 }
 
 bool is_file(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 bool is_dir(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 

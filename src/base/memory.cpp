@@ -67,9 +67,7 @@ class CountingAllocator final : public c10::Allocator {
     return c10::DataPtr(data, data, &release, dev);
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    inner_->copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { inner_->copy_data(dest, src, count); }
 
  private:
   c10::Allocator* inner_;

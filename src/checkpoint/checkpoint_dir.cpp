@@ -1,8 +1,8 @@
 #include "checkpoint/checkpoint_dir.h"
 
-#include "checkpoint/sharded_state.h"
 #include "base/env.h"
 #include "base/files.h"
+#include "checkpoint/sharded_state.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -33,7 +33,8 @@ void agree_on_root(comm::Communicator& world, const std::string& error) {
   at::Tensor flag = at::full({1}, error.empty() ? 0 : 1, at::kInt);
   if (world.size() > 1) world.broadcast(flag, {0});
   if (!error.empty()) throw CheckpointError(error);
-  if (flag.item<int>()) throw CheckpointError("rank 0 could not prepare the checkpoint directory (its message says why)");
+  if (flag.item<int>())
+    throw CheckpointError("rank 0 could not prepare the checkpoint directory (its message says why)");
 }
 
 }  // namespace

@@ -11,8 +11,8 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
+#include <nlohmann/json.hpp>
 
 #include <dirent.h>
 #include <unistd.h>
@@ -38,8 +38,7 @@ void mkdir_p(const std::string& dir) {
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string("save_model: ") + e.what());
   }
-  if (!files::is_dir(dir))
-    throw std::runtime_error(fmt::format("save_model: '{}' exists and is not a directory", dir));
+  if (!files::is_dir(dir)) throw std::runtime_error(fmt::format("save_model: '{}' exists and is not a directory", dir));
 }
 
 // model-00002-of-00005.safetensors
@@ -178,8 +177,8 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
     std::vector<std::vector<SafetensorsTensorSpec>> specs(nfiles);
     for (const auto& it : items) specs[it.file].push_back({it.name, it.dtype, it.shape});
     for (std::size_t k = 0; k < nfiles; ++k)
-      writers.push_back(std::make_unique<SafetensorsWriter>(dir + "/" + result.files[k], std::move(specs[k]),
-                                                            options.metadata));
+      writers.push_back(
+          std::make_unique<SafetensorsWriter>(dir + "/" + result.files[k], std::move(specs[k]), options.metadata));
   });
 
   c10::NoGradGuard no_grad;
@@ -192,7 +191,8 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
       memory::CategoryScope cat(memory::Category::Gathered);
       buffer = engine.whole_values(f, from_master(f) ? zero::Engine::Source::Master : zero::Engine::Source::Compute);
     }
-    const bool temporary = !(f.master.defined() && buffer.is_alias_of(f.master)) && !(fp.gathered() && buffer.is_alias_of(fp.full()));
+    const bool temporary =
+        !(f.master.defined() && buffer.is_alias_of(f.master)) && !(fp.gathered() && buffer.is_alias_of(fp.full()));
     if (temporary) result.peak_gathered_bytes = std::max<std::int64_t>(result.peak_gathered_bytes, buffer.nbytes());
     guard([&] {
       for (auto i : by_param[fi]) {
@@ -274,9 +274,9 @@ ModelFiles resolve_model_files(const std::string& path_or_dir) {
           fmt::format("load_model: index '{}': weight_map entry '{}' is not a file name", index_path, it.key()));
     const std::string f = v.get<std::string>();
     if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-      throw std::runtime_error(fmt::format(
-          "load_model: index '{}': tensor '{}' maps to '{}', which is not a file name inside the directory",
-          index_path, it.key(), f));
+      throw std::runtime_error(
+          fmt::format("load_model: index '{}': tensor '{}' maps to '{}', which is not a file name inside the directory",
+                      index_path, it.key(), f));
     const std::string path = dir + "/" + f;
     if (!files.count(path) && !files::is_file(path))
       throw std::runtime_error(fmt::format("load_model: index '{}' lists '{}' (for tensor '{}'), which does not exist",
@@ -319,18 +319,20 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
       in_model.insert(name);
       auto it = src.find(name);
       if (it == src.end())
-        throw std::runtime_error(fmt::format("load_model: the checkpoint '{}' has no tensor '{}' (a {} tensor of the "
-                                             "model)",
-                                             path_or_dir, name, shape_str(t.sizes())));
+        throw std::runtime_error(
+            fmt::format("load_model: the checkpoint '{}' has no tensor '{}' (a {} tensor of the "
+                        "model)",
+                        path_or_dir, name, shape_str(t.sizes())));
       const SafetensorsEntry& e = it->second->entry(name);
       if (e.shape != t.sizes().vec())
         throw std::runtime_error(fmt::format("load_model: tensor '{}' in '{}' has shape {}, but the model's is {}",
                                              name, it->second->path(), shape_str(e.shape), shape_str(t.sizes())));
       const c10::ScalarType dt = it->second->dtype(name);
       if (dt != t.scalar_type() && !(at::isFloatingType(dt) && at::isFloatingType(t.scalar_type())))
-        throw std::runtime_error(fmt::format("load_model: tensor '{}' in '{}' is {}, but the model's is {} (only "
-                                             "floating-point tensors are converted)",
-                                             name, it->second->path(), e.dtype, c10::toString(t.scalar_type())));
+        throw std::runtime_error(
+            fmt::format("load_model: tensor '{}' in '{}' is {}, but the model's is {} (only "
+                        "floating-point tensors are converted)",
+                        name, it->second->path(), e.dtype, c10::toString(t.scalar_type())));
     }
     for (const auto& [name, f] : src)
       if (!in_model.count(name))
@@ -340,9 +342,8 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
     error = e.what();
   }
   if (any_failed(engine, !error.empty()))
-    throw std::runtime_error(!error.empty() ? error
-                                            : fmt::format("load_model({}): another rank rejected the checkpoint",
-                                                          path_or_dir));
+    throw std::runtime_error(
+        !error.empty() ? error : fmt::format("load_model({}): another rank rejected the checkpoint", path_or_dir));
 
   // Phase 2: each rank reads what it keeps.
   try {
@@ -398,9 +399,9 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
     error = fmt::format("{} (the model is partly loaded)", e.what());
   }
   if (any_failed(engine, !error.empty()))
-    throw std::runtime_error(!error.empty() ? error
-                                            : fmt::format("load_model({}): another rank failed to read the checkpoint",
-                                                          path_or_dir));
+    throw std::runtime_error(
+        !error.empty() ? error
+                       : fmt::format("load_model({}): another rank failed to read the checkpoint", path_or_dir));
   engine.params_from_masters();
   return result;
 }

@@ -50,7 +50,7 @@ inline constexpr std::int64_t kDefaultMaxShardSize = 10'000'000'000;
 
 struct SaveModelOptions {
   std::map<std::string, std::string> metadata = {{"format", "pt"}};  // every file's __metadata__
-  bool progress = false;  // a progress bar on rank 0 (one step per unit)
+  bool progress = false;                                             // a progress bar on rank 0 (one step per unit)
   // Write the weights in the compute dtype (bf16/fp16 under mixed precision: DeepSpeed's
   // gather_16bit_weights_on_model_save) instead of the fp32 masters.
   bool compute_dtype = false;
@@ -91,8 +91,8 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
 // The safetensors files of a checkpoint (as load_model resolves path_or_dir), and which file holds
 // each tensor. Throws naming the path for a missing or malformed checkpoint / index.
 struct ModelFiles {
-  std::vector<std::string> files;              // full paths
-  std::map<std::string, std::string> where;    // tensor name -> full path (empty for a single file)
+  std::vector<std::string> files;            // full paths
+  std::map<std::string, std::string> where;  // tensor name -> full path (empty for a single file)
 };
 ModelFiles resolve_model_files(const std::string& path_or_dir);
 

@@ -48,8 +48,8 @@ void pwrite_all(int fd, const void* src, std::uint64_t n, std::uint64_t off, con
 c10::ScalarType safetensors_to_scalar_type(const std::string& dtype) {
   for (const auto& d : kTorchDtypes)
     if (dtype == d.name) return d.type;
-  throw SafetensorsError(fmt::format("safetensors dtype '{}' has no libtorch counterpart (known: {})", dtype,
-                                     safetensors_dtype_names()));
+  throw SafetensorsError(
+      fmt::format("safetensors dtype '{}' has no libtorch counterpart (known: {})", dtype, safetensors_dtype_names()));
 }
 
 std::string scalar_type_to_safetensors(c10::ScalarType t) {
@@ -143,9 +143,9 @@ at::Tensor SafetensorsFile::read(const std::string& name) const {
 at::Tensor SafetensorsFile::read_range(const std::string& name, std::int64_t elem_begin, std::int64_t elem_end) const {
   const SafetensorsEntry& e = entry(name);
   if (elem_begin < 0 || elem_end < elem_begin || elem_end > e.numel())
-    safetensors_fail_tensor(path_, name,
-                            fmt::format("element range [{}, {}) is outside the tensor's {} elements", elem_begin,
-                                        elem_end, e.numel()));
+    safetensors_fail_tensor(
+        path_, name,
+        fmt::format("element range [{}, {}) is outside the tensor's {} elements", elem_begin, elem_end, e.numel()));
   at::Tensor out = at::empty({elem_end - elem_begin}, at::TensorOptions().dtype(safetensors_to_scalar_type(e.dtype)));
   read_range_into(name, elem_begin, elem_end, out);
   return out;
@@ -155,9 +155,9 @@ void SafetensorsFile::read_range_into(const std::string& name, std::int64_t elem
                                       const at::Tensor& out) const {
   const SafetensorsEntry& e = entry(name);
   if (elem_begin < 0 || elem_end < elem_begin || elem_end > e.numel())
-    safetensors_fail_tensor(path_, name,
-                            fmt::format("element range [{}, {}) is outside the tensor's {} elements", elem_begin,
-                                        elem_end, e.numel()));
+    safetensors_fail_tensor(
+        path_, name,
+        fmt::format("element range [{}, {}) is outside the tensor's {} elements", elem_begin, elem_end, e.numel()));
   const c10::ScalarType dt = safetensors_to_scalar_type(e.dtype);
   if (!out.defined() || out.device().type() != c10::kCPU || !out.is_contiguous() || out.scalar_type() != dt ||
       out.numel() != elem_end - elem_begin)
@@ -225,7 +225,8 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsTe
     for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(n >> (8 * i));
     pwrite_all(fd_, prefix, 8, 0, tmp_);
     pwrite_all(fd_, text.data(), text.size(), 8, tmp_);
-    if (::ftruncate(fd_, static_cast<off_t>(data_start_ + data_size_)) != 0) safetensors_fail(tmp_, "cannot size: " + errno_str());
+    if (::ftruncate(fd_, static_cast<off_t>(data_start_ + data_size_)) != 0)
+      safetensors_fail(tmp_, "cannot size: " + errno_str());
   } catch (...) {
     abandon();
     throw;
@@ -261,11 +262,11 @@ void SafetensorsWriter::write(const std::string& name, const at::Tensor& t) {
   if (s.written)
     throw std::invalid_argument(fmt::format("safetensors writer ({}): tensor '{}' written twice", path_, name));
   if (!t.defined() || t.scalar_type() != s.spec.dtype || t.sizes().vec() != s.spec.shape)
-    throw std::invalid_argument(fmt::format(
-        "safetensors writer ({}): tensor '{}' was declared {}{}, got {}", path_, name, c10::toString(s.spec.dtype),
-        c10::str(at::IntArrayRef(s.spec.shape)),
-        t.defined() ? fmt::format("{}{}", c10::toString(t.scalar_type()), c10::str(t.sizes()))
-                    : std::string("an undefined tensor")));
+    throw std::invalid_argument(
+        fmt::format("safetensors writer ({}): tensor '{}' was declared {}{}, got {}", path_, name,
+                    c10::toString(s.spec.dtype), c10::str(at::IntArrayRef(s.spec.shape)),
+                    t.defined() ? fmt::format("{}{}", c10::toString(t.scalar_type()), c10::str(t.sizes()))
+                                : std::string("an undefined tensor")));
   if (s.end > s.begin) {
     at::Tensor c = t.detach().to(c10::kCPU).contiguous();
     try {

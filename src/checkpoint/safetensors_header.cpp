@@ -81,8 +81,8 @@ std::uint64_t parse_safetensors_prefix(const unsigned char* first8, std::uint64_
                                        "or corrupted)",
                                        n, kSafetensorsMaxHeader));
   if (n > file_size - 8)
-    safetensors_fail(file, fmt::format("header length {} bytes runs past the end of the file ({} bytes; truncated?)", n,
-                                       file_size));
+    safetensors_fail(
+        file, fmt::format("header length {} bytes runs past the end of the file ({} bytes; truncated?)", n, file_size));
   if (n < 2) safetensors_fail(file, fmt::format("header length {} bytes is too short for a JSON object", n));
   return n;
 }
@@ -105,7 +105,8 @@ SafetensorsHeader parse_safetensors_header(const char* text, std::size_t size, s
   bool too_deep = false;
   json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {
     if (depth > 4) too_deep = true;
-    if (ev == json::parse_event_t::object_start) keys.emplace_back();
+    if (ev == json::parse_event_t::object_start)
+      keys.emplace_back();
     else if (ev == json::parse_event_t::object_end) {
       if (!keys.empty()) keys.pop_back();
     } else if (ev == json::parse_event_t::key && !keys.empty() && duplicate.empty()) {
@@ -152,23 +153,25 @@ SafetensorsHeader parse_safetensors_header(const char* text, std::size_t size, s
     e.name = name;
     auto d = v.find("dtype");
     if (d == v.end()) safetensors_fail_tensor(file, name, "no dtype");
-    if (!d->is_string()) safetensors_fail_tensor(file, name, std::string("dtype must be a string, got a ") + type_name(*d));
+    if (!d->is_string())
+      safetensors_fail_tensor(file, name, std::string("dtype must be a string, got a ") + type_name(*d));
     e.dtype = d->get<std::string>();
     const std::size_t esize = safetensors_dtype_size(e.dtype);
     if (esize == 0)
-      safetensors_fail_tensor(file, name, fmt::format("unknown or unsupported dtype '{}' (known: {})", e.dtype,
-                                                      safetensors_dtype_names()));
+      safetensors_fail_tensor(
+          file, name, fmt::format("unknown or unsupported dtype '{}' (known: {})", e.dtype, safetensors_dtype_names()));
     auto s = v.find("shape");
     if (s == v.end()) safetensors_fail_tensor(file, name, "no shape");
-    if (!s->is_array()) safetensors_fail_tensor(file, name, std::string("shape must be an array, got a ") + type_name(*s));
+    if (!s->is_array())
+      safetensors_fail_tensor(file, name, std::string("shape must be an array, got a ") + type_name(*s));
     std::uint64_t nbytes = esize;
     bool overflow = false;
     for (const auto& dim : *s) {
       if (!dim.is_number_unsigned() ||
           dim.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        safetensors_fail_tensor(file, name,
-                                fmt::format("shape {} has an entry that is not a non-negative integer ({})",
-                                            excerpt(*s), excerpt(dim)));
+        safetensors_fail_tensor(
+            file, name,
+            fmt::format("shape {} has an entry that is not a non-negative integer ({})", excerpt(*s), excerpt(dim)));
       const auto n = dim.get<std::uint64_t>();
       e.shape.push_back(static_cast<std::int64_t>(n));
       overflow = overflow || __builtin_mul_overflow(nbytes, n, &nbytes);
@@ -176,9 +179,8 @@ SafetensorsHeader parse_safetensors_header(const char* text, std::size_t size, s
     auto o = v.find("data_offsets");
     if (o == v.end()) safetensors_fail_tensor(file, name, "no data_offsets");
     if (!o->is_array() || o->size() != 2 || !(*o)[0].is_number_unsigned() || !(*o)[1].is_number_unsigned())
-      safetensors_fail_tensor(file, name,
-                              fmt::format("data_offsets must be [begin, end], two non-negative integers, got {}",
-                                          excerpt(*o)));
+      safetensors_fail_tensor(
+          file, name, fmt::format("data_offsets must be [begin, end], two non-negative integers, got {}", excerpt(*o)));
     e.begin = (*o)[0].get<std::uint64_t>();
     e.end = (*o)[1].get<std::uint64_t>();
     if (e.end < e.begin)
@@ -231,8 +233,7 @@ SafetensorsHeader parse_safetensors_header(const char* text, std::size_t size, s
 
 SafetensorsHeader parse_safetensors_bytes(const char* bytes, std::size_t size, std::uint64_t file_size,
                                           const std::string& file) {
-  if (size < 8 || file_size < size)
-    safetensors_fail(file, fmt::format("the file is {} bytes, shorter than 8", size));
+  if (size < 8 || file_size < size) safetensors_fail(file, fmt::format("the file is {} bytes, shorter than 8", size));
   const std::uint64_t n = parse_safetensors_prefix(reinterpret_cast<const unsigned char*>(bytes), file_size, file);
   if (n > size - 8) safetensors_fail(file, "the header runs past the bytes given");
   return parse_safetensors_header(bytes + 8, n, file_size, file);

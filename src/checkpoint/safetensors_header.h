@@ -39,16 +39,16 @@ std::string safetensors_dtype_names();
 
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype;               // "F32", "BF16", ...
-  std::vector<std::int64_t> shape;  // [] for a scalar
+  std::string dtype;                 // "F32", "BF16", ...
+  std::vector<std::int64_t> shape;   // [] for a scalar
   std::uint64_t begin = 0, end = 0;  // byte offsets relative to the data start
   std::int64_t numel() const;
 };
 
 struct SafetensorsHeader {
-  std::uint64_t header_size = 0;  // N
-  std::uint64_t data_start = 0;   // 8 + N
-  std::uint64_t data_size = 0;    // file size - data_start
+  std::uint64_t header_size = 0;          // N
+  std::uint64_t data_start = 0;           // 8 + N
+  std::uint64_t data_size = 0;            // file size - data_start
   std::vector<SafetensorsEntry> tensors;  // sorted by name
   std::map<std::string, std::string> metadata;
   // The entry called `name`, or nullptr.

@@ -7,9 +7,9 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -34,9 +34,9 @@ struct Segment {
   std::vector<std::int64_t> shape;  // the parameter's full shape
   std::int64_t lo = 0, hi = 0;
   at::Tensor values;
-  at::Tensor key;              // the tensor the optimizer keys its state by; undefined: none
+  at::Tensor key;               // the tensor the optimizer keys its state by; undefined: none
   std::int64_t key_offset = 0;  // where [lo, hi) starts inside key (flat)
-  bool writer = false;         // this rank writes the segment (replicated state is written once)
+  bool writer = false;          // this rank writes the segment (replicated state is written once)
 };
 
 std::vector<Segment> segments_of(const zero::Engine& e, int world_rank) {
@@ -136,9 +136,10 @@ class Reader {
       covered += b - a;
     }
     if (covered != hi - lo)
-      throw CheckpointError(fmt::format("{}/index.json: {} elements [{}, {}) are not all in its slices (the checkpoint "
-                                        "is incomplete)",
-                                        dir_, key, lo, hi));
+      throw CheckpointError(
+          fmt::format("{}/index.json: {} elements [{}, {}) are not all in its slices (the checkpoint "
+                      "is incomplete)",
+                      dir_, key, lo, hi));
     return out;
   }
 
@@ -155,7 +156,7 @@ class Reader {
         throw CheckpointError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
       }
     }
-    struct stat st{};
+    struct stat st {};
     ::fstat(fd, &st);
     if (static_cast<std::uint64_t>(st.st_size) < s.offset + s.bytes)
       throw CheckpointError(fmt::format("{} is truncated: {} bytes, but {} needs bytes [{}, {})", path, st.st_size, key,
@@ -291,7 +292,8 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
         objects.push_back(name);
       }
       json loaders = json::array();
-      for (const auto& l : training.loaders) loaders.push_back({{"epoch", l.epoch}, {"batches_consumed", l.batches_consumed}});
+      for (const auto& l : training.loaders)
+        loaders.push_back({{"epoch", l.epoch}, {"batches_consumed", l.batches_consumed}});
       json index = {{"format", kCheckpointFormat},
                     {"version", kCheckpointVersion},
                     {"world_size", world.size()},
@@ -373,7 +375,8 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
       if (auto st = scalars.find("step/" + s.name); st != scalars.end()) ns.step = st->get<std::int64_t>();
       for (const auto& [k, e] : entries) {
         const std::string prefix = "optim/", suffix = "/" + s.name;
-        if (k.rfind(prefix, 0) != 0 || k.size() <= suffix.size() || k.compare(k.size() - suffix.size(), suffix.size(), suffix) != 0)
+        if (k.rfind(prefix, 0) != 0 || k.size() <= suffix.size() ||
+            k.compare(k.size() - suffix.size(), suffix.size(), suffix) != 0)
           continue;
         const std::string sname = k.substr(prefix.size(), k.size() - prefix.size() - suffix.size());
         if (sname.find('/') != std::string::npos) continue;  // a parameter whose name ends like this one

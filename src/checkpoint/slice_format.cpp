@@ -3,8 +3,8 @@
 #include "base/files.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <zlib.h>
+#include <nlohmann/json.hpp>
 
 namespace accel::checkpoint {
 namespace {
@@ -30,17 +30,21 @@ std::string rank_file(const char* stem, int rank, const char* ext) {
 
 json slice_record(const std::string& key, const std::vector<std::int64_t>& shape, c10::ScalarType dtype,
                   const Slice& s) {
-  return {{"key", key},         {"shape", shape},   {"dtype", c10::toString(dtype)}, {"file", s.file},
-          {"offset", s.offset}, {"bytes", s.bytes}, {"begin", s.begin},              {"end", s.end},
-          {"crc32", s.crc}};
+  return {{"key", key},       {"shape", shape},     {"dtype", c10::toString(dtype)},
+          {"file", s.file},   {"offset", s.offset}, {"bytes", s.bytes},
+          {"begin", s.begin}, {"end", s.end},       {"crc32", s.crc}};
 }
 
 void add_slice_records(json& tensors, const json& records) {
   for (const auto& s : records) {
     json& t = tensors[s.at("key").get<std::string>()];
     if (t.is_null()) t = {{"shape", s.at("shape")}, {"dtype", s.at("dtype")}, {"slices", json::array()}};
-    t["slices"].push_back({{"file", s.at("file")}, {"offset", s.at("offset")}, {"bytes", s.at("bytes")},
-                           {"begin", s.at("begin")}, {"end", s.at("end")}, {"crc32", s.at("crc32")}});
+    t["slices"].push_back({{"file", s.at("file")},
+                           {"offset", s.at("offset")},
+                           {"bytes", s.at("bytes")},
+                           {"begin", s.at("begin")},
+                           {"end", s.at("end")},
+                           {"crc32", s.at("crc32")}});
   }
 }
 

@@ -87,7 +87,8 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
   row("Config", cfg.source.empty() ? "(defaults)" : cfg.source);
   row("Strategy", strategy_name(cfg));
   if (n % m != 0) {
-    row("Ranks", fmt::format("{} processes on {} machines: they do not spread evenly (accel launch refuses this)", n, m));
+    row("Ranks",
+        fmt::format("{} processes on {} machines: they do not spread evenly (accel launch refuses this)", n, m));
   } else {
     row("Ranks", m == 1 ? fmt::format("{} process{} on 1 machine", n, n == 1 ? "" : "es")
                         : fmt::format("{} processes on {} machines, {} per machine", n, m, n / m));
@@ -96,8 +97,8 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
   // Which ranks a shard is split over: every rank, or (HYBRID_SHARD) the ranks of one machine.
   const int per_machine = m > 0 && n % m == 0 ? n / m : n;
   const int shard_over = s.hybrid() ? per_machine : n;
-  const std::string fraction = shard_over == 1 ? std::string("all of it (one rank in the group)")
-                                                : fmt::format("1/{} of it", shard_over);
+  const std::string fraction =
+      shard_over == 1 ? std::string("all of it (one rank in the group)") : fmt::format("1/{} of it", shard_over);
   const std::string over = s.hybrid() ? fmt::format("sharded over the {} ranks of its machine", shard_over)
                                       : fmt::format("sharded over all {} ranks", shard_over);
   o << "Each rank holds\n";
@@ -108,22 +109,23 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
     row("  optimizer", fmt::format("all of it (replicated on every rank), master weights in {}", master));
   }
   if (s.shards_gradients()) {
-    row("  gradients", fmt::format("{}: reduce-scatter{}", fraction,
-                                   s.hybrid() && m > 1 ? fmt::format(" inside the machine, then all-reduce across the {} machines", m)
-                                                       : std::string("")));
+    row("  gradients",
+        fmt::format("{}: reduce-scatter{}", fraction,
+                    s.hybrid() && m > 1 ? fmt::format(" inside the machine, then all-reduce across the {} machines", m)
+                                        : std::string("")));
   } else if (s.shards_optimizer()) {
     row("  gradients", "a full buffer; reduce-scatter fills its own slice, which the optimizer steps");
   } else {
     row("  gradients", "all of them, all-reduced (averaged) over the ranks");
   }
   if (s.shards_parameters()) {
-    row("  parameters", fmt::format("{} at rest; one unit at a time is all-gathered in full for forward and backward, {}",
-                                    fraction,
-                                    s.reshard_after_forward ? "freed after the unit's forward"
-                                                            : "kept from forward until its gradients are reduced"));
+    row("  parameters",
+        fmt::format("{} at rest; one unit at a time is all-gathered in full for forward and backward, {}", fraction,
+                    s.reshard_after_forward ? "freed after the unit's forward"
+                                            : "kept from forward until its gradients are reduced"));
   } else {
     row("  parameters", s.shards_optimizer() ? "all of them; all-gathered again after each optimizer step"
-                                              : "all of them (replicated)");
+                                             : "all of them (replicated)");
   }
   if (s.shards_parameters() || cfg.distributed_type == DistributedType::Fsdp) row("Units", units(s.wrap));
   if (s.hybrid()) {
@@ -131,44 +133,50 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
       row("Shard groups", groups(n, per_machine, false));
       row("Replicas", groups(n, m, true) + " (all-reduce across machines)");
     } else {
-      row("Shard groups", fmt::format("one machine: {} shards like {} over all ranks",
-                                      zero::info(zero::Strategy::HybridShard).fsdp_name, zero::info(zero::Strategy::Zero3).fsdp_name));
+      row("Shard groups",
+          fmt::format("one machine: {} shards like {} over all ranks",
+                      zero::info(zero::Strategy::HybridShard).fsdp_name, zero::info(zero::Strategy::Zero3).fsdp_name));
     }
   } else if (s.shards_optimizer() && n > 1) {
     row("Shard group", rank_range(0, n));
   }
   if (s.shards_parameters() || s.shards_gradients())
-    row("Prefetch", fmt::format("forward {}, backward {}", s.forward_prefetch ? "on" : "off",
-                                s.backward_prefetch ? "on" : "off"));
-  row("Buckets", s.bucket_bytes == 0 ? std::string("one collective per flat parameter")
-                                     : fmt::format("gradient reductions fused up to {} MiB", s.bucket_bytes / double(1 << 20)));
+    row("Prefetch",
+        fmt::format("forward {}, backward {}", s.forward_prefetch ? "on" : "off", s.backward_prefetch ? "on" : "off"));
+  row("Buckets", s.bucket_bytes == 0
+                     ? std::string("one collective per flat parameter")
+                     : fmt::format("gradient reductions fused up to {} MiB", s.bucket_bytes / double(1 << 20)));
 
   switch (cfg.mixed_precision) {
     case MixedPrecision::No: row("Precision", "fp32 compute, no mixed precision"); break;
     case MixedPrecision::Bf16: row("Precision", "bf16 compute, fp32 master weights"); break;
     case MixedPrecision::Fp16:
-      row("Precision", cfg.loss_scaler.loss_scale > 0
-                           ? fmt::format("fp16 compute, fp32 master weights, static loss scale {}", cfg.loss_scaler.loss_scale)
-                           : fmt::format("fp16 compute, fp32 master weights, dynamic loss scale from 2^{} (window {}, "
-                                         "hysteresis {}, minimum {})",
-                                         cfg.loss_scaler.initial_scale_power, cfg.loss_scaler.loss_scale_window,
-                                         cfg.loss_scaler.hysteresis, cfg.loss_scaler.min_loss_scale));
+      row("Precision",
+          cfg.loss_scaler.loss_scale > 0
+              ? fmt::format("fp16 compute, fp32 master weights, static loss scale {}", cfg.loss_scaler.loss_scale)
+              : fmt::format("fp16 compute, fp32 master weights, dynamic loss scale from 2^{} (window {}, "
+                            "hysteresis {}, minimum {})",
+                            cfg.loss_scaler.initial_scale_power, cfg.loss_scaler.loss_scale_window,
+                            cfg.loss_scaler.hysteresis, cfg.loss_scaler.min_loss_scale));
       break;
     case MixedPrecision::Fp8:
       row("Precision", fmt::format("fp8: Float8Linear layers compute in e4m3 (weights, activations) and e5m2 "
                                    "(gradients) with dynamic tensorwise scales, the rest in bf16; fp32 master "
                                    "weights; sharded units all-gathered as fp8 {}",
                                    s.fp8_all_gather ? std::string("(on)")
-                                                    : fmt::format("(off: enable_fsdp_float8_all_gather, {})", zero::info(zero::Strategy::Zero3).label)));
+                                                    : fmt::format("(off: enable_fsdp_float8_all_gather, {})",
+                                                                  zero::info(zero::Strategy::Zero3).label)));
       break;
   }
   if (s.param_dtype || s.reduce_dtype || s.master_dtype)
-    row("Dtypes", fmt::format("parameters {}, gradient reduction {}, master {}", dtype_name(s.param_dtype, "as the model"),
-                              dtype_name(s.reduce_dtype, "as the parameters"), dtype_name(s.master_dtype, "as the model")));
+    row("Dtypes",
+        fmt::format("parameters {}, gradient reduction {}, master {}", dtype_name(s.param_dtype, "as the model"),
+                    dtype_name(s.reduce_dtype, "as the parameters"), dtype_name(s.master_dtype, "as the model")));
 
   const std::int64_t acc = cfg.gradient_accumulation_steps;
   row("Accumulation", fmt::format("{} micro-step{} per optimizer step", acc, acc == 1 ? "" : "s"));
-  if (cfg.distributed_type == DistributedType::DeepSpeed && (cfg.batch.train_batch_size || cfg.batch.micro_batch_per_gpu)) {
+  if (cfg.distributed_type == DistributedType::DeepSpeed &&
+      (cfg.batch.train_batch_size || cfg.batch.micro_batch_per_gpu)) {
     try {
       const BatchConfig b = resolve_batch(cfg.batch, n, std::nullopt, acc, cfg.source);
       row("Batch", fmt::format("{} per optimizer step = {} per rank x {} micro-steps x {} ranks", *b.train_batch_size,
@@ -177,20 +185,24 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
       row("Batch", std::string("does not work out at this world size: ") + e.what());
     }
   } else {
-    row("Batch", fmt::format("each rank's micro batch comes from its data loader; per optimizer step: micro batch x {} x {} rank{}",
-                             acc, n, n == 1 ? "" : "s"));
+    row("Batch",
+        fmt::format(
+            "each rank's micro batch comes from its data loader; per optimizer step: micro batch x {} x {} rank{}", acc,
+            n, n == 1 ? "" : "s"));
   }
   if (cfg.gradient_clipping) row("Clipping", fmt::format("every step, to global norm {}", *cfg.gradient_clipping));
   row("Checkpoints", cfg.state_dict_type == StateDictType::Full
                          ? "save_state writes full checkpoints (rank 0 writes every tensor whole)"
                          : "save_state writes sharded checkpoints (each rank its own slices)");
   if (cfg.offload_optimizer_device != "none" || cfg.offload_param_device != "none")
-    row("Offload", fmt::format("optimizer state: {}, parameters: {}", cfg.offload_optimizer_device, cfg.offload_param_device));
+    row("Offload",
+        fmt::format("optimizer state: {}, parameters: {}", cfg.offload_optimizer_device, cfg.offload_param_device));
   row("Device", cfg.use_cpu ? "CPU (use_cpu)" : "a GPU per rank where there are GPUs, else the CPU");
   if (cfg.ignored.empty()) {
     row("Ignored keys", "none");
   } else {
-    o << fmt::format("Ignored keys ({}), accepted so files from Accelerate/DeepSpeed load unchanged:\n", cfg.ignored.size());
+    o << fmt::format("Ignored keys ({}), accepted so files from Accelerate/DeepSpeed load unchanged:\n",
+                     cfg.ignored.size());
     for (const auto& i : cfg.ignored) o << "  " << i << "\n";
   }
   return o.str();

@@ -1,5 +1,5 @@
-#include "zero/spec.h"
 #include "cli/config_questions.h"
+#include "zero/spec.h"
 
 #include <fmt/format.h>
 
@@ -144,9 +144,9 @@ ConfigAnswers ask_config_questions(std::istream& in, std::ostream& out, int cuda
   a.num_machines = static_cast<int>(q.integer("How many machines will train?", 1, 1, 1 << 16));
   const int per_machine_default = std::max(cuda_devices, 2);
   for (;;) {
-    a.num_processes = static_cast<int>(q.integer("How many processes in total, over all machines?",
-                                                 static_cast<std::int64_t>(per_machine_default) * a.num_machines, 1,
-                                                 1 << 24));
+    a.num_processes =
+        static_cast<int>(q.integer("How many processes in total, over all machines?",
+                                   static_cast<std::int64_t>(per_machine_default) * a.num_machines, 1, 1 << 24));
     if (a.num_processes % a.num_machines == 0) break;
     out << "  " << a.num_processes << " processes do not spread evenly over " << a.num_machines << " machines\n";
   }
@@ -171,7 +171,8 @@ ConfigAnswers ask_config_questions(std::istream& in, std::ostream& out, int cuda
       for (std::string t; std::getline(list, t, ',');)
         if (!trim(t).empty()) a.layer_types.push_back(trim(t));
     } else if (a.wrap_policy == "SIZE_BASED_WRAP") {
-      a.min_num_params = q.integer("Smallest unit, in parameters?", 100000000, 1, std::numeric_limits<std::int64_t>::max());
+      a.min_num_params =
+          q.integer("Smallest unit, in parameters?", 100000000, 1, std::numeric_limits<std::int64_t>::max());
     }
   }
   a.gradient_accumulation_steps = q.integer("Gradient accumulation steps?", 1, 1, 1 << 20);

@@ -17,12 +17,12 @@ struct ConfigAnswers {
   bool use_cpu = true;
   // ddp, zero1, zero2, zero3, full_shard, shard_grad_op, no_shard, hybrid_shard
   std::string strategy = "ddp";
-  bool offload_optimizer = false;      // DeepSpeed
-  bool offload_params = false;         // DeepSpeed ZeRO-3
-  double gradient_clipping = 0;        // DeepSpeed; 0 = none
+  bool offload_optimizer = false;                      // DeepSpeed
+  bool offload_params = false;                         // DeepSpeed ZeRO-3
+  double gradient_clipping = 0;                        // DeepSpeed; 0 = none
   std::string wrap_policy = "TRANSFORMER_BASED_WRAP";  // FSDP: TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP
-  std::vector<std::string> layer_types;  // TRANSFORMER_BASED_WRAP; empty: the modules marked accel::unit
-  std::int64_t min_num_params = 100000000;  // SIZE_BASED_WRAP
+  std::vector<std::string> layer_types;                // TRANSFORMER_BASED_WRAP; empty: the modules marked accel::unit
+  std::int64_t min_num_params = 100000000;             // SIZE_BASED_WRAP
   std::int64_t gradient_accumulation_steps = 1;
   std::string mixed_precision = "no";  // no, fp16, bf16, fp8
 };

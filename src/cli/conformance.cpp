@@ -50,7 +50,8 @@ constexpr double kParamTolerance = 1e-10;  // float64: only the order of the sum
 struct Ids : torch::data::datasets::Dataset<Ids> {
   explicit Ids(std::int64_t n) : n(n) {}
   torch::data::Example<> get(std::size_t i) override {
-    return {at::full({1}, static_cast<double>(i), at::kDouble), at::scalar_tensor(static_cast<std::int64_t>(i), at::kLong)};
+    return {at::full({1}, static_cast<double>(i), at::kDouble),
+            at::scalar_tensor(static_cast<std::int64_t>(i), at::kLong)};
   }
   std::optional<std::size_t> size() const override { return static_cast<std::size_t>(n); }
   std::int64_t n;
@@ -179,8 +180,8 @@ struct TrainOutcome {
   std::vector<bool> syncs, stepped, expected_syncs;
   double max_param_diff = 0;  // on the main process, broadcast to all
   double max_norm_rel = 0;
-  std::string problem;  // missing parameters, step-count mismatch
-  std::string precision;  // "float64", or "<mixed_precision> compute"
+  std::string problem;                      // missing parameters, step-count mismatch
+  std::string precision;                    // "float64", or "<mixed_precision> compute"
   double tolerance = kParamTolerance;       // largest |dparam| against the float64 reference
   double norm_tolerance = kParamTolerance;  // largest relative difference of the clipped grad norms
 };
@@ -192,8 +193,8 @@ TrainOutcome train_and_compare(const Options& o, const char* check, std::optiona
   std::int64_t batch = 0, A = 1;
   {
     // What the config decides, before this run's Accelerator prepares anything.
-    AcceleratorConfig cfg = resolve_config(ConfigOverrides{ao.config_file, ao.mixed_precision,
-                                                           ao.gradient_accumulation_steps, ao.cpu, {}, {}});
+    AcceleratorConfig cfg = resolve_config(
+        ConfigOverrides{ao.config_file, ao.mixed_precision, ao.gradient_accumulation_steps, ao.cpu, {}, {}});
     const int world = comm::Communicator::world()->size();
     batch = per_process_batch(cfg, world, 4);
     auto [a, fixed] = config_accumulation(cfg, world, batch);
@@ -264,8 +265,8 @@ TrainOutcome train_and_compare(const Options& o, const char* check, std::optiona
   // The reference: the same global batches (positions [gG, (g+1)G) of the epoch's order), the loss
   // averaged over each accumulation window, clipped as the prepared optimizer clips.
   const AcceleratorConfig& cfg = acc.config();
-  const bool ds_clips = cfg.distributed_type == DistributedType::DeepSpeed && cfg.gradient_clipping &&
-                        *cfg.gradient_clipping > 0;
+  const bool ds_clips =
+      cfg.distributed_type == DistributedType::DeepSpeed && cfg.gradient_clipping && *cfg.gradient_clipping > 0;
   ShardPlan plan(n, {.batch_size = G, .shuffle = true, .seed = lo.seed}, 0, 1);
   auto global = plan.batches(0);
   std::vector<double> ref_norms;
@@ -276,8 +277,8 @@ TrainOutcome train_and_compare(const Options& o, const char* check, std::optiona
     const bool sync = (static_cast<std::int64_t>(i) + 1) % out.accumulation == 0 || i + 1 == global.size();
     out.expected_syncs.push_back(sync);
     if (sync) {
-      ref_norms.push_back(torch::nn::utils::clip_grad_norm_(
-          reference->parameters(), ds_clips ? std::numeric_limits<double>::infinity() : clip));
+      ref_norms.push_back(torch::nn::utils::clip_grad_norm_(reference->parameters(),
+                                                            ds_clips ? std::numeric_limits<double>::infinity() : clip));
       if (cfg.gradient_clipping && *cfg.gradient_clipping > 0)
         torch::nn::utils::clip_grad_norm_(reference->parameters(), *cfg.gradient_clipping);
       ref_opt.step();
@@ -339,7 +340,8 @@ CheckResult check_loader_coverage(const Options& o) {
     DataLoader<Ids> loader(Ids(n), {.batch_size = b});
     acc.prepare_data_loader(loader);
     if (loader.size() != batches)
-      problems.push_back(fmt::format("{} batches on rank {}, expected {}", loader.size(), acc.process_index(), batches));
+      problems.push_back(
+          fmt::format("{} batches on rank {}, expected {}", loader.size(), acc.process_index(), batches));
     std::vector<std::int64_t> metrics, all;
     bool first = true;
     for (const Batch& batch : loader) {
@@ -356,7 +358,8 @@ CheckResult check_loader_coverage(const Options& o) {
     bool wrap_ok = static_cast<std::int64_t>(all.size()) == slots;
     for (std::size_t k = 0; wrap_ok && k < all.size(); ++k) wrap_ok = all[k] == static_cast<std::int64_t>(k) % n;
     if (!wrap_ok)
-      problems.push_back(fmt::format("gather: {} ids, not the order wrapped to {} slots (k -> k % {})", all.size(), slots, n));
+      problems.push_back(
+          fmt::format("gather: {} ids, not the order wrapped to {} slots (k -> k % {})", all.size(), slots, n));
   }
   // even_batches=false: the ranks' own ids (uneven counts) together are every id once.
   {
@@ -384,9 +387,10 @@ CheckResult check_loader_coverage(const Options& o) {
   }
   acc.end_training();
   r.passed = problems.empty();
-  r.detail = r.passed ? fmt::format("{} ids, batch {} x {} rank(s): each once ({} padding dropped); "
-                                    "even_batches=false, drop_last ({}) exact",
-                                    n, b, N, slots - n, kept)
+  r.detail = r.passed ? fmt::format(
+                            "{} ids, batch {} x {} rank(s): each once ({} padding dropped); "
+                            "even_batches=false, drop_last ({}) exact",
+                            n, b, N, slots - n, kept)
                       : join(problems);
   return r;
 }
@@ -412,16 +416,19 @@ CheckResult check_rng_sync(const Options& o) {
   const auto s = static_cast<std::uint64_t>(seed.item<std::int64_t>());
   at::manual_seed(s);
   if (inject) at::randn({1});  // this rank consumes one more draw than the others
-  at::Tensor draws = at::cat({at::randn({8}, at::kDouble), at::rand({8}, at::kDouble), at::randperm(8, at::kLong).to(at::kDouble)});
+  at::Tensor draws =
+      at::cat({at::randn({8}, at::kDouble), at::rand({8}, at::kDouble), at::randperm(8, at::kLong).to(at::kDouble)});
   const std::int64_t D = draws.numel();
   at::Tensor all = acc.gather(draws).view({N, D});
   for (int k = 1; k < N; ++k)
     if (!at::equal(all[k], all[0])) problems.push_back(fmt::format("CPU draws of rank {} differ from rank 0's", k));
   std::string device_note;
   if (acc.device().is_cuda()) {
-    at::Tensor dev = acc.gather(at::randn({8}, at::TensorOptions().dtype(at::kDouble).device(acc.device()))).view({N, 8});
+    at::Tensor dev =
+        acc.gather(at::randn({8}, at::TensorOptions().dtype(at::kDouble).device(acc.device()))).view({N, 8});
     for (int k = 1; k < N; ++k)
-      if (!at::equal(dev[k], dev[0])) problems.push_back(fmt::format("{} draws of rank {} differ", acc.device().str(), k));
+      if (!at::equal(dev[k], dev[0]))
+        problems.push_back(fmt::format("{} draws of rank {} differ", acc.device().str(), k));
     device_note = " and on " + acc.device().str();
   }
 
@@ -434,7 +441,8 @@ CheckResult check_rng_sync(const Options& o) {
   const std::vector<std::int64_t> order = loader.plan().order(0);
   at::Tensor orders = acc.gather(to_tensor(order, acc.device())).view({N, n});
   for (int k = 1; k < N; ++k)
-    if (!at::equal(orders[k], orders[0])) problems.push_back(fmt::format("rank {} shuffles differently from rank 0", k));
+    if (!at::equal(orders[k], orders[0]))
+      problems.push_back(fmt::format("rank {} shuffles differently from rank 0", k));
   if (auto p = coverage_problem(seen, n); !p.empty()) problems.push_back("shuffled epoch: " + p);
   if (seen != order) problems.push_back("gather_for_metrics over the shuffled epoch is not the loader's order");
   std::vector<std::int64_t> identity(static_cast<std::size_t>(n));
@@ -444,9 +452,10 @@ CheckResult check_rng_sync(const Options& o) {
   acc.end_training();
 
   r.passed = problems.empty();
-  r.detail = r.passed ? fmt::format("seed {} from rank 0: {} CPU draws{} bitwise equal on {} rank(s) ({}/{} "
-                                    "differed before); one shuffle order on all",
-                                    s, D, device_note, N, differ, N - 1)
+  r.detail = r.passed ? fmt::format(
+                            "seed {} from rank 0: {} CPU draws{} bitwise equal on {} rank(s) ({}/{} "
+                            "differed before); one shuffle order on all",
+                            s, D, device_note, N, differ, N - 1)
                       : join(problems);
   return r;
 }
@@ -459,11 +468,12 @@ CheckResult check_training_parity(const Options& o) {
   TrainOutcome t = train_and_compare(o, r.name.c_str(), std::nullopt, /*optimizer_steps=*/6);
   const bool ok = t.problem.empty() && t.max_param_diff <= t.tolerance && t.max_norm_rel <= t.norm_tolerance;
   r.passed = ok;
-  r.detail = fmt::format("max |dparam| {:.1e} {} {:.0e}, grad norm rel {:.1e} {} {:.0e} ({} AdamW steps, accum {}, "
-                         "batch {}/rank, {})",
-                         t.max_param_diff, t.max_param_diff <= t.tolerance ? "<=" : ">", t.tolerance,
-                         t.max_norm_rel, t.max_norm_rel <= t.norm_tolerance ? "<=" : ">", t.norm_tolerance, t.micro_batches / std::max<std::int64_t>(t.accumulation, 1), t.accumulation,
-                         t.batch, t.precision);
+  r.detail = fmt::format(
+      "max |dparam| {:.1e} {} {:.0e}, grad norm rel {:.1e} {} {:.0e} ({} AdamW steps, accum {}, "
+      "batch {}/rank, {})",
+      t.max_param_diff, t.max_param_diff <= t.tolerance ? "<=" : ">", t.tolerance, t.max_norm_rel,
+      t.max_norm_rel <= t.norm_tolerance ? "<=" : ">", t.norm_tolerance,
+      t.micro_batches / std::max<std::int64_t>(t.accumulation, 1), t.accumulation, t.batch, t.precision);
   if (!t.problem.empty()) r.detail = t.problem + "; " + r.detail;
   return r;
 }
@@ -488,10 +498,12 @@ CheckResult check_collectives(const Options& o) {
   at::Tensor g = acc.gather(mine).cpu();
   bool gather_ok = g.sizes().equals({2 * N, 3});
   for (int k = 0; gather_ok && k < N; ++k)
-    gather_ok = at::equal(g.narrow(0, 2 * k, 2), at::full({2, 3}, static_cast<double>(k), at::kDouble) + at::arange(3, at::kDouble));
+    gather_ok = at::equal(g.narrow(0, 2 * k, 2),
+                          at::full({2, 3}, static_cast<double>(k), at::kDouble) + at::arange(3, at::kDouble));
   expect(gather_ok, "gather of [2,3] rows is not k + [0,1,2] in rank order");
   at::Tensor scalars = acc.gather(at::scalar_tensor(me + 1, lng)).cpu();
-  expect(scalars.numel() == N && at::equal(scalars, at::arange(1, N + 1, at::kLong)), "gather of 0-dim tensors is not 1..N");
+  expect(scalars.numel() == N && at::equal(scalars, at::arange(1, N + 1, at::kLong)),
+         "gather of 0-dim tensors is not 1..N");
   expect(at::equal(acc.gather_for_metrics(mine).cpu(), g), "gather_for_metrics outside a loader differs from gather");
 
   // reduce: x_k = k + 1 (+1 on the last rank when a failure is injected).
@@ -516,18 +528,21 @@ CheckResult check_collectives(const Options& o) {
   at::Tensor ge = acc.gather(end).cpu(), gs = acc.gather(start).cpu();
   bool pad_ok = ge.sizes().equals({static_cast<std::int64_t>(N) * N, 2}) && gs.sizes().equals(ge.sizes());
   for (int k = 0; pad_ok && k < N; ++k) {
-    at::Tensor real = at::stack({at::arange(k + 1, at::kDouble) + 100.0 * k, -(at::arange(k + 1, at::kDouble) + 100.0 * k)}, 1);
+    at::Tensor real =
+        at::stack({at::arange(k + 1, at::kDouble) + 100.0 * k, -(at::arange(k + 1, at::kDouble) + 100.0 * k)}, 1);
     at::Tensor pad = at::full({N - k - 1, 2}, -7.0, at::kDouble);
-    at::Tensor e = ge.narrow(0, static_cast<std::int64_t>(k) * N, N), s = gs.narrow(0, static_cast<std::int64_t>(k) * N, N);
+    at::Tensor e = ge.narrow(0, static_cast<std::int64_t>(k) * N, N),
+               s = gs.narrow(0, static_cast<std::int64_t>(k) * N, N);
     pad_ok = at::equal(e, at::cat({real, pad})) && at::equal(s, at::cat({pad, real}));
   }
   expect(pad_ok, "pad_across_processes (end or start) then gather is not the closed form");
   acc.end_training();
 
   r.passed = problems.empty();
-  r.detail = r.passed ? fmt::format("gather, reduce sum/mean/max/min (f64, i64), pad_across_processes "
-                                    "(lengths 1..{}, end and start) exact",
-                                    N)
+  r.detail = r.passed ? fmt::format(
+                            "gather, reduce sum/mean/max/min (f64, i64), pad_across_processes "
+                            "(lengths 1..{}, end and start) exact",
+                            N)
                       : join(problems);
   return r;
 }
@@ -545,13 +560,15 @@ CheckResult check_trigger(const Options& o) {
   const bool fired = acc.check_trigger();
   const bool after = acc.check_trigger();
   // Every rank's view, so that the table can say how many saw it.
-  at::Tensor seen = acc.gather(at::tensor({before ? 1L : 0L, fired ? 1L : 0L, after ? 1L : 0L}, at::kLong)).view({N, 3});
+  at::Tensor seen =
+      acc.gather(at::tensor({before ? 1L : 0L, fired ? 1L : 0L, after ? 1L : 0L}, at::kLong)).view({N, 3});
   const std::int64_t saw = seen.select(1, 1).sum().item<std::int64_t>();
-  const std::int64_t early = seen.select(1, 0).sum().item<std::int64_t>(), stuck = seen.select(1, 2).sum().item<std::int64_t>();
+  const std::int64_t early = seen.select(1, 0).sum().item<std::int64_t>(),
+                     stuck = seen.select(1, 2).sum().item<std::int64_t>();
   acc.end_training();
   r.passed = saw == N && early == 0 && stuck == 0;
-  r.detail = fmt::format("set on rank {}: seen by {}/{} rank(s); before: {}, after reset: {} rank(s) true", N - 1, saw, N,
-                         early, stuck);
+  r.detail = fmt::format("set on rank {}: seen by {}/{} rank(s); before: {}, after reset: {} rank(s) true", N - 1, saw,
+                         N, early, stuck);
   return r;
 }
 
@@ -568,14 +585,16 @@ CheckResult check_gradient_accumulation(const Options& o) {
   if (t.stepped != t.syncs)
     problems.push_back(fmt::format("optimizer stepped {} != sync {}", pattern(t.stepped), pattern(t.syncs)));
   if (t.max_param_diff > t.tolerance || t.max_norm_rel > t.norm_tolerance)
-    problems.push_back(fmt::format("max |dparam| {:.1e} (tolerance {:.0e}), grad norm rel {:.1e} (tolerance {:.0e}), {}",
-                                   t.max_param_diff, t.tolerance, t.max_norm_rel, t.norm_tolerance, t.precision));
+    problems.push_back(
+        fmt::format("max |dparam| {:.1e} (tolerance {:.0e}), grad norm rel {:.1e} (tolerance {:.0e}), {}",
+                    t.max_param_diff, t.tolerance, t.max_norm_rel, t.norm_tolerance, t.precision));
   r.passed = problems.empty();
-  r.detail = r.passed ? fmt::format("accum {} over {} micro-steps: sync {} = steps taken; max |dparam| {:.1e}, "
-                                    "grad norm rel {:.1e} ({})",
-                                    t.accumulation, t.micro_batches, pattern(t.syncs), t.max_param_diff,
-                                    t.max_norm_rel, t.precision)
-                      : join(problems);
+  r.detail = r.passed
+                 ? fmt::format(
+                       "accum {} over {} micro-steps: sync {} = steps taken; max |dparam| {:.1e}, "
+                       "grad norm rel {:.1e} ({})",
+                       t.accumulation, t.micro_batches, pattern(t.syncs), t.max_param_diff, t.max_norm_rel, t.precision)
+                 : join(problems);
   return r;
 }
 

@@ -66,7 +66,7 @@ std::vector<std::string> check_names();
 struct Row {
   std::string name;
   bool passed = false;
-  std::string detail;            // rank 0's, or the first failing rank's (prefixed "rank k: ")
+  std::string detail;             // rank 0's, or the first failing rank's (prefixed "rank k: ")
   std::vector<int> failed_ranks;  // in rank order
 };
 struct Report {

@@ -9,8 +9,8 @@
 
 #include <ATen/Context.h>
 #include <ATen/Functions.h>
-#include <torch/headeronly/version.h>
 #include <fmt/core.h>
+#include <torch/headeronly/version.h>
 
 #include <cstring>
 #include <string>

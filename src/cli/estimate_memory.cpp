@@ -34,16 +34,13 @@ std::optional<double> leading_number(std::string_view s, std::string_view& rest)
 double device_bytes(const StrategyCoefficients& c, double params, int n) {
   return (c.device_rep + c.device_shard / n) * params;
 }
-double cpu_bytes(const StrategyCoefficients& c, double params, int n) {
-  return (c.cpu_rep + c.cpu_shard / n) * params;
-}
+double cpu_bytes(const StrategyCoefficients& c, double params, int n) { return (c.cpu_rep + c.cpu_shard / n) * params; }
 
 bool fits(double dev, double cpu, const EstimateRequest& r) {
   if (r.device_budget && dev > *r.device_budget) return false;
   if (r.cpu_budget && cpu > *r.cpu_budget) return false;
   return true;
 }
-
 
 }  // namespace
 
@@ -69,15 +66,15 @@ Offload parse_offload(std::string_view s) {
   if (v == "none" || v == "no") return Offload::None;
   if (v == "optimizer" || v == "cpu") return Offload::Optimizer;
   if (v == "optimizer+params" || v == "all") return Offload::OptimizerAndParams;
-  throw EstimateError(
-      fmt::format("--offload: unknown offload '{}' (expected none, optimizer or optimizer+params)", s));
+  throw EstimateError(fmt::format("--offload: unknown offload '{}' (expected none, optimizer or optimizer+params)", s));
 }
 
 double parse_param_count(std::string_view s) {
   const auto bad = [&](std::string_view why) {
-    return EstimateError(fmt::format("--params: {} '{}' (expected a parameter count such as 7.5e9, 7.5B, "
-                                     "350M, 1.3b or 125k)",
-                                     why, s));
+    return EstimateError(
+        fmt::format("--params: {} '{}' (expected a parameter count such as 7.5e9, 7.5B, "
+                    "350M, 1.3b or 125k)",
+                    why, s));
   };
   std::string_view rest;
   const auto v = leading_number(s, rest);
@@ -85,10 +82,16 @@ double parse_param_count(std::string_view s) {
   double mult = 1;
   if (rest.size() == 1) {
     switch (rest[0]) {
-      case 'k': case 'K': mult = 1e3; break;
-      case 'm': case 'M': mult = 1e6; break;
-      case 'b': case 'B': case 'g': case 'G': mult = 1e9; break;
-      case 't': case 'T': mult = 1e12; break;
+      case 'k':
+      case 'K': mult = 1e3; break;
+      case 'm':
+      case 'M': mult = 1e6; break;
+      case 'b':
+      case 'B':
+      case 'g':
+      case 'G': mult = 1e9; break;
+      case 't':
+      case 'T': mult = 1e12; break;
       default: throw bad("unknown suffix in");
     }
   } else if (!rest.empty()) {
@@ -110,16 +113,26 @@ double parse_byte_size(std::string_view s, std::string_view flag) {
   if (!v) throw bad("not a size:");
   const std::string unit = lower(rest);
   double mult = 0;
-  if (unit.empty() || unit == "g" || unit == "gb") mult = 1e9;
-  else if (unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kb") mult = 1e3;
-  else if (unit == "m" || unit == "mb") mult = 1e6;
-  else if (unit == "t" || unit == "tb") mult = 1e12;
-  else if (unit == "ki" || unit == "kib") mult = 1024.0;
-  else if (unit == "mi" || unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "gi" || unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "ti" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
-  else throw bad("unknown unit in");
+  if (unit.empty() || unit == "g" || unit == "gb")
+    mult = 1e9;
+  else if (unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kb")
+    mult = 1e3;
+  else if (unit == "m" || unit == "mb")
+    mult = 1e6;
+  else if (unit == "t" || unit == "tb")
+    mult = 1e12;
+  else if (unit == "ki" || unit == "kib")
+    mult = 1024.0;
+  else if (unit == "mi" || unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "gi" || unit == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "ti" || unit == "tib")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    throw bad("unknown unit in");
   if (*v <= 0) throw bad("must be positive, got");
   return *v * mult;
 }
@@ -164,10 +177,22 @@ const char* to_string(Offload o) {
 BytesPerParam bytes_per_param(Dtype dtype, OptimizerKind optimizer) {
   BytesPerParam b;
   switch (dtype) {
-    case Dtype::Fp32: b.param = 4; b.grad = 4; b.master = 0; break;
+    case Dtype::Fp32:
+      b.param = 4;
+      b.grad = 4;
+      b.master = 0;
+      break;
     case Dtype::Fp16:
-    case Dtype::Bf16: b.param = 2; b.grad = 2; b.master = 4; break;
-    case Dtype::Fp8: b.param = 1; b.grad = 2; b.master = 4; break;
+    case Dtype::Bf16:
+      b.param = 2;
+      b.grad = 2;
+      b.master = 4;
+      break;
+    case Dtype::Fp8:
+      b.param = 1;
+      b.grad = 2;
+      b.master = 4;
+      break;
   }
   b.moments = optimizer == OptimizerKind::Sgd ? 4 : 8;
   return b;
@@ -175,16 +200,23 @@ BytesPerParam bytes_per_param(Dtype dtype, OptimizerKind optimizer) {
 
 StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offload offload) {
   if (s == zero::Strategy::HybridShard)
-    throw EstimateError(fmt::format("{} is not a row of the estimate: it stores per rank what {} stores over the "
-                                    "ranks of one machine (read that row at --num_processes = ranks per machine)",
-                                    zero::info(s).short_label, zero::info(zero::Strategy::Zero3).short_label));
+    throw EstimateError(
+        fmt::format("{} is not a row of the estimate: it stores per rank what {} stores over the "
+                    "ranks of one machine (read that row at --num_processes = ranks per machine)",
+                    zero::info(s).short_label, zero::info(zero::Strategy::Zero3).short_label));
   StrategyCoefficients c;
   const double p = b.param, g = b.grad, k = b.optimizer();
   if (offload == Offload::None) {
     switch (s) {
       case zero::Strategy::NoShard: c.device_rep = p + g + k; break;
-      case zero::Strategy::Zero1: c.device_rep = p + g; c.device_shard = k; break;
-      case zero::Strategy::Zero2: c.device_rep = p; c.device_shard = g + k; break;
+      case zero::Strategy::Zero1:
+        c.device_rep = p + g;
+        c.device_shard = k;
+        break;
+      case zero::Strategy::Zero2:
+        c.device_rep = p;
+        c.device_shard = g + k;
+        break;
       case zero::Strategy::Zero3: c.device_shard = p + g + k; break;
       case zero::Strategy::HybridShard: break;  // refused above
     }
@@ -202,9 +234,10 @@ StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offl
       c.device_rep = s == zero::Strategy::Zero1 ? p + g : p;
       c.cpu_shard = cpu_optimizer;
       if (offload == Offload::OptimizerAndParams)
-        c.note = fmt::format("only the optimizer is offloaded, since parameter offload needs {} (these "
-                             "replicate the parameters).",
-                             zero::info(zero::Strategy::Zero3).short_label);
+        c.note = fmt::format(
+            "only the optimizer is offloaded, since parameter offload needs {} (these "
+            "replicate the parameters).",
+            zero::info(zero::Strategy::Zero3).short_label);
       break;
     case zero::Strategy::HybridShard: break;  // refused above
     case zero::Strategy::Zero3:
@@ -221,9 +254,12 @@ StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offl
 
 const std::vector<std::pair<zero::Strategy, Offload>>& recommendation_order() {
   static const std::vector<std::pair<zero::Strategy, Offload>> order = {
-      {zero::Strategy::NoShard, Offload::None},         {zero::Strategy::Zero1, Offload::None},
-      {zero::Strategy::Zero2, Offload::None},       {zero::Strategy::Zero2, Offload::Optimizer},
-      {zero::Strategy::Zero3, Offload::None},       {zero::Strategy::Zero3, Offload::Optimizer},
+      {zero::Strategy::NoShard, Offload::None},
+      {zero::Strategy::Zero1, Offload::None},
+      {zero::Strategy::Zero2, Offload::None},
+      {zero::Strategy::Zero2, Offload::Optimizer},
+      {zero::Strategy::Zero3, Offload::None},
+      {zero::Strategy::Zero3, Offload::Optimizer},
       {zero::Strategy::Zero3, Offload::OptimizerAndParams},
   };
   return order;
@@ -259,7 +295,8 @@ Estimate estimate_memory(const EstimateRequest& r) {
   e.request = r;
   e.bytes = bytes_per_param(r.dtype, r.optimizer);
   const bool budgeted = r.device_budget || r.cpu_budget;
-  for (zero::Strategy s : {zero::Strategy::NoShard, zero::Strategy::Zero1, zero::Strategy::Zero2, zero::Strategy::Zero3}) {
+  for (zero::Strategy s :
+       {zero::Strategy::NoShard, zero::Strategy::Zero1, zero::Strategy::Zero2, zero::Strategy::Zero3}) {
     StrategyRow row;
     row.strategy = s;
     row.coef = coefficients(s, e.bytes, r.offload);

@@ -105,18 +105,18 @@ const char* to_string(Offload o);
 
 // Bytes per parameter of each model state (see the table above).
 struct BytesPerParam {
-  double param = 0;   // p: working parameters, in the compute dtype
-  double grad = 0;    // g: gradients
-  double master = 0;  // fp32 master copy (0 under fp32: the parameters are the master)
-  double moments = 0; // S: the optimizer's own state, fp32
+  double param = 0;    // p: working parameters, in the compute dtype
+  double grad = 0;     // g: gradients
+  double master = 0;   // fp32 master copy (0 under fp32: the parameters are the master)
+  double moments = 0;  // S: the optimizer's own state, fp32
   double optimizer() const { return master + moments; }  // the paper's K
   double total() const { return param + grad + optimizer(); }
 };
 BytesPerParam bytes_per_param(Dtype dtype, OptimizerKind optimizer);
 
 struct EstimateRequest {
-  double params = 0;       // P
-  int num_processes = 1;   // N
+  double params = 0;      // P
+  int num_processes = 1;  // N
   Dtype dtype = Dtype::Bf16;
   OptimizerKind optimizer = OptimizerKind::AdamW;
   Offload offload = Offload::None;
@@ -139,9 +139,9 @@ StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offl
 struct StrategyRow {
   zero::Strategy strategy = zero::Strategy::NoShard;
   StrategyCoefficients coef;
-  double device_bytes = 0;  // per rank
-  double cpu_bytes = 0;     // per rank
-  std::optional<bool> fits;       // set when a budget was given
+  double device_bytes = 0;             // per rank
+  double cpu_bytes = 0;                // per rank
+  std::optional<bool> fits;            // set when a budget was given
   std::optional<long long> min_ranks;  // smallest N at which it fits (all budgets); nullopt: never or no budget
 };
 
@@ -162,8 +162,8 @@ struct Estimate {
   // With a budget: the first configuration of recommendation_order() that fits; nothing if none does
   // (possible only with a --cpu_budget, since full offload leaves no model state on the device).
   std::optional<Choice> recommended;
-  std::optional<Choice> passed_over;  // the configuration just before it in the order, which does not fit
-  std::optional<Choice> next_option;  // the first one after it that fits with less device memory
+  std::optional<Choice> passed_over;      // the configuration just before it in the order, which does not fit
+  std::optional<Choice> next_option;      // the first one after it that fits with less device memory
   std::optional<Choice> without_offload;  // when it offloads: the first one after it that fits without
 };
 

@@ -2,9 +2,9 @@
 // [--budget SIZE] [--cpu_budget SIZE]`: the model-state memory per rank of DDP and ZeRO-1/2/3 (ZeRO
 // paper formulas, see cli/estimate_memory.h) and, with a budget, which fit and which to use.
 // Single process, no torch: it runs anywhere, mpirun or not.
-#include "zero/spec.h"
 #include "cli/commands.h"
 #include "cli/estimate_memory.h"
+#include "zero/spec.h"
 
 #include <fmt/core.h>
 
@@ -55,11 +55,12 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--dtype,--mixed_precision", args->dtype,
                   "bf16 | fp16 (2-byte params and grads, fp32 master) | fp32 (no) | fp8 (default bf16)");
   cmd->add_option("--optimizer", args->optimizer, "adamw | adam (8 bytes of state) | sgd with momentum (4)");
-  cmd->add_option("--offload", args->offload,
-                  fmt::format("none | optimizer (ZeRO-Offload) | optimizer+params (also {}'s parameters) (default none)",
-                              zero::info(zero::Strategy::Zero3).short_label));
+  cmd->add_option(
+      "--offload", args->offload,
+      fmt::format("none | optimizer (ZeRO-Offload) | optimizer+params (also {}'s parameters) (default none)",
+                  zero::info(zero::Strategy::Zero3).short_label));
   auto* budget = cmd->add_option("--budget,--device_memory", args->budget,
-                  "Memory of one device: 24GB, 80GiB, 40 (= GB); GB = 1e9 bytes, GiB = 2^30");
+                                 "Memory of one device: 24GB, 80GiB, 40 (= GB); GB = 1e9 bytes, GiB = 2^30");
   auto* cpu_budget =
       cmd->add_option("--cpu_budget,--cpu_memory", args->cpu_budget, "CPU memory available per rank, for offload");
   cmd->callback([args, budget, cpu_budget, &exit_code] {

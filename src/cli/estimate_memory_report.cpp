@@ -67,9 +67,10 @@ std::string communication(zero::Strategy s, Offload o) {
   std::string t;
   switch (s) {
     case zero::Strategy::NoShard:
-      t = fmt::format("{} all-reduces the gradients: 2P values sent and received per rank per step, in one "
-                      "collective.",
-                      short_label(s));
+      t = fmt::format(
+          "{} all-reduces the gradients: 2P values sent and received per rank per step, in one "
+          "collective.",
+          short_label(s));
       break;
     case zero::Strategy::Zero1:
     case zero::Strategy::Zero2:
@@ -79,9 +80,10 @@ std::string communication(zero::Strategy s, Offload o) {
           short_label(s), short_label(zero::Strategy::NoShard), short_label(zero::Strategy::Zero3));
       break;
     case zero::Strategy::Zero3:
-      t = fmt::format("{} all-gathers the parameters in forward and again in backward: 3P values per rank per "
-                      "step, 1.5x {}, on the critical path.",
-                      short_label(s), short_label(zero::Strategy::NoShard));
+      t = fmt::format(
+          "{} all-gathers the parameters in forward and again in backward: 3P values per rank per "
+          "step, 1.5x {}, on the critical path.",
+          short_label(s), short_label(zero::Strategy::NoShard));
       break;
     case zero::Strategy::HybridShard: break;  // not a row (coefficients() refuses it)
   }
@@ -89,7 +91,8 @@ std::string communication(zero::Strategy s, Offload o) {
     t += " With the optimizer on the CPU, every step also sends the gradient shard to the CPU and the updated "
          "parameters back over PCIe, and the optimizer steps at CPU speed";
     if (s == zero::Strategy::Zero2)
-      t += fmt::format(" (Hugging Face's DeepSpeed guide still ranks this ahead of {})", zero::info(zero::Strategy::Zero3).short_label);
+      t += fmt::format(" (Hugging Face's DeepSpeed guide still ranks this ahead of {})",
+                       zero::info(zero::Strategy::Zero3).short_label);
     if (o == Offload::OptimizerAndParams && s == zero::Strategy::Zero3)
       t += "; every gather also fetches the parameters from CPU memory: the slowest option, for models that "
            "fit no other way";
@@ -146,8 +149,9 @@ std::string format_estimate(const Estimate& e) {
                          to_string(r.dtype));
       break;
     case Dtype::Fp8:
-      out += "  precision  fp8: 1-byte fp8 parameters (re-quantized after each step), bf16 gradients,\n"
-             "             4-byte fp32 master copy; layers kept in bf16 add 1 byte per parameter of theirs\n";
+      out +=
+          "  precision  fp8: 1-byte fp8 parameters (re-quantized after each step), bf16 gradients,\n"
+          "             4-byte fp32 master copy; layers kept in bf16 add 1 byte per parameter of theirs\n";
       break;
   }
   if (r.optimizer == OptimizerKind::Sgd)
@@ -159,19 +163,22 @@ std::string format_estimate(const Estimate& e) {
   switch (r.offload) {
     case Offload::None: out += "  offload    none\n"; break;
     case Offload::Optimizer:
-      out += fmt::format("  offload    optimizer: ZeRO steps the optimizer on the CPU over each rank's shard ({:g} "
-                         "bytes per\n             parameter: fp32 parameters, moments, fp32 gradients)\n",
-                         8 + b.moments);
+      out += fmt::format(
+          "  offload    optimizer: ZeRO steps the optimizer on the CPU over each rank's shard ({:g} "
+          "bytes per\n             parameter: fp32 parameters, moments, fp32 gradients)\n",
+          8 + b.moments);
       break;
     case Offload::OptimizerAndParams:
-      out += fmt::format("  offload    optimizer+params: ZeRO steps the optimizer on the CPU over each rank's "
-                         "shard ({:g} bytes\n             per parameter), and {} keeps its parameter shard "
-                         "there too\n",
-                         8 + b.moments, zero::info(zero::Strategy::Zero3).short_label);
+      out += fmt::format(
+          "  offload    optimizer+params: ZeRO steps the optimizer on the CPU over each rank's "
+          "shard ({:g} bytes\n             per parameter), and {} keeps its parameter shard "
+          "there too\n",
+          8 + b.moments, zero::info(zero::Strategy::Zero3).short_label);
       break;
   }
-  out += "Model states only: activations, temporary buffers (buckets, gathered parameters) and fragmentation\n"
-         "come on top, as in the ZeRO paper. GB = 1e9 bytes; P = parameters, N = ranks.\n\n";
+  out +=
+      "Model states only: activations, temporary buffers (buckets, gathered parameters) and fragmentation\n"
+      "come on top, as in the ZeRO paper. GB = 1e9 bytes; P = parameters, N = ranks.\n\n";
 
   // The table.
   const bool budgeted = r.device_budget || r.cpu_budget;
@@ -205,8 +212,8 @@ std::string format_estimate(const Estimate& e) {
   for (const auto& c : cells)
     for (std::size_t i = 0; i < c.size(); ++i) w[i] = std::max(w[i], c[i].size());
   for (const auto& c : cells) {
-    std::string line = fmt::format("{:<{}}  {:>{}}  {:>{}}  {:<{}}  {:<{}}", c[0], w[0], c[1], w[1], c[2], w[2],
-                                   c[3], w[3], c[4], budgeted ? w[4] : 0);
+    std::string line = fmt::format("{:<{}}  {:>{}}  {:>{}}  {:<{}}  {:<{}}", c[0], w[0], c[1], w[1], c[2], w[2], c[3],
+                                   w[3], c[4], budgeted ? w[4] : 0);
     if (budgeted) line += "  " + c[5];
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out += line + "\n";
@@ -227,17 +234,19 @@ std::string format_estimate(const Estimate& e) {
   // The recommendation.
   out += "\n";
   if (!budgeted) {
-    out += "Pass --budget SIZE (the memory of one device, e.g. --budget 80GB) to see which strategies fit and\n"
-           "get a recommendation.\n";
+    out +=
+        "Pass --budget SIZE (the memory of one device, e.g. --budget 80GB) to see which strategies fit and\n"
+        "get a recommendation.\n";
     return out;
   }
   std::string where = r.device_budget ? budget_gb(*r.device_budget) + " per device" : std::string();
   if (r.cpu_budget)
     where += fmt::format("{}{} of CPU memory per rank", where.empty() ? "" : " and ", budget_gb(*r.cpu_budget));
   if (!e.recommended) {
-    std::string text = fmt::format("Recommendation: none. Nothing fits in {} at N = {}, not even {} with "
-                                   "full offload.",
-                                   where, r.num_processes, short_label(zero::Strategy::Zero3));
+    std::string text = fmt::format(
+        "Recommendation: none. Nothing fits in {} at N = {}, not even {} with "
+        "full offload.",
+        where, r.num_processes, short_label(zero::Strategy::Zero3));
     auto n = min_ranks_within_budgets(coefficients(zero::Strategy::Zero3, b, Offload::None), r);
     if (n) text += fmt::format(" {} without offload fits from N = {} ranks.", short_label(zero::Strategy::Zero3), *n);
     out += wrap(text, 100, "  ");
@@ -245,8 +254,8 @@ std::string format_estimate(const Estimate& e) {
   }
   const Choice& c = *e.recommended;
   const bool offloads = c.strategy != zero::Strategy::NoShard && c.offload != Offload::None;
-  std::string text = fmt::format("Recommendation: {}, {} per device", choice_label(c.strategy, c.offload),
-                                 gb(c.device_bytes));
+  std::string text =
+      fmt::format("Recommendation: {}, {} per device", choice_label(c.strategy, c.offload), gb(c.device_bytes));
   if (offloads) text += fmt::format(" and {} of CPU memory per rank", gb(c.cpu_bytes));
   text += ".";
   if (c.offload != r.offload && c.strategy != zero::Strategy::NoShard)
@@ -256,9 +265,10 @@ std::string format_estimate(const Estimate& e) {
     std::string passed = choice_label(e.passed_over->strategy, e.passed_over->offload);
     if (offloads && e.passed_over->offload == Offload::None && e.passed_over->strategy == c.strategy)
       passed += " without offload";
-    text += fmt::format(" It is the least-sharded{} configuration that fits in {}, so the one that communicates "
-                        "least: {} would need {} per device",
-                        offloads ? ", least-offloaded" : "", where, passed, gb(e.passed_over->device_bytes));
+    text += fmt::format(
+        " It is the least-sharded{} configuration that fits in {}, so the one that communicates "
+        "least: {} would need {} per device",
+        offloads ? ", least-offloaded" : "", where, passed, gb(e.passed_over->device_bytes));
     if (e.passed_over->cpu_bytes > 0) text += fmt::format(" and {} of CPU memory", gb(e.passed_over->cpu_bytes));
     text += ".";
   } else {
@@ -276,10 +286,11 @@ std::string format_estimate(const Estimate& e) {
       text += ".";
     }
     if (e.without_offload)
-      text += fmt::format(" {} without offload also fits ({} per device): prefer it when the CPU optimizer step "
-                          "turns out slower than the extra communication (few CPU cores per rank, a fast "
-                          "interconnect).",
-                          zero::info(e.without_offload->strategy).label, gb(e.without_offload->device_bytes));
+      text += fmt::format(
+          " {} without offload also fits ({} per device): prefer it when the CPU optimizer step "
+          "turns out slower than the extra communication (few CPU cores per rank, a fast "
+          "interconnect).",
+          zero::info(e.without_offload->strategy).label, gb(e.without_offload->device_bytes));
     if (c.device_bytes == 0)
       text += " (With every model state on the CPU, the device holds one gathered unit at a time.)";
   }

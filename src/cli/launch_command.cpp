@@ -1,10 +1,10 @@
 // `accel launch [flags] PROGRAM [ARGS...]`: resolves the counts and config (explicit flag > config
 // file > default; see cli/launch_plan.h), starts the ranks with mpirun or srun, passes Ctrl-C on, and
 // exits with the first failing rank's exit code, naming that rank.
-#include "zero/spec.h"
 #include "cli/commands.h"
 #include "cli/launch_plan.h"
 #include "cli/paths.h"
+#include "zero/spec.h"
 
 #include "accelerator/config.h"
 #include "base/env.h"
@@ -40,7 +40,7 @@ struct LaunchArgs {
 };
 
 bool is_executable(const std::string& p) {
-  struct stat st{};
+  struct stat st {};
   return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
 }
 
@@ -92,13 +92,20 @@ std::vector<RankFailure> read_failures(const std::string& dir) {
     RankFailure r;
     std::string key;
     while (f >> key) {
-      if (key == "rank") f >> r.rank;
-      else if (key == "node") f >> r.node;
-      else if (key == "local_rank") f >> r.local_rank;
-      else if (key == "exit") f >> r.exit;
-      else if (key == "signal") f >> r.signal;
-      else if (key == "time_ns") f >> r.time_ns;
-      else if (key == "host") f >> r.host;
+      if (key == "rank")
+        f >> r.rank;
+      else if (key == "node")
+        f >> r.node;
+      else if (key == "local_rank")
+        f >> r.local_rank;
+      else if (key == "exit")
+        f >> r.exit;
+      else if (key == "signal")
+        f >> r.signal;
+      else if (key == "time_ns")
+        f >> r.time_ns;
+      else if (key == "host")
+        f >> r.host;
     }
     if (r.rank >= 0) out.push_back(r);
   }
@@ -107,7 +114,7 @@ std::vector<RankFailure> read_failures(const std::string& dir) {
 }
 
 int run_plan(const LaunchPlan& plan, const std::string& status_dir) {
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_sigaction = on_signal;
   sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
@@ -143,9 +150,9 @@ int run_plan(const LaunchPlan& plan, const std::string& status_dir) {
     const RankFailure* first = &failures[0];
     for (const auto& f : failures)
       if (f.time_ns < first->time_ns) first = &f;
-    const std::string how = first->signal ? fmt::format("was killed by signal {} ({})", first->signal,
-                                                        strsignal(first->signal))
-                                          : fmt::format("exited with code {}", first->exit);
+    const std::string how = first->signal
+                                ? fmt::format("was killed by signal {} ({})", first->signal, strsignal(first->signal))
+                                : fmt::format("exited with code {}", first->exit);
     fmt::print(stderr, "accel launch: rank {} (node {}, local rank {}, host {}) failed first: it {}", first->rank,
                first->node, first->local_rank, first->host, how);
     if (failures.size() > 1) fmt::print(stderr, "; {} other rank(s) ended after it", failures.size() - 1);
@@ -153,8 +160,8 @@ int run_plan(const LaunchPlan& plan, const std::string& status_dir) {
     return first->exit;
   }
   if (launcher_code != 0) {
-    fmt::print(stderr, "accel launch: {} failed with exit code {} before any rank reported an exit\n",
-               plan.launcher, launcher_code);
+    fmt::print(stderr, "accel launch: {} failed with exit code {} before any rank reported an exit\n", plan.launcher,
+               launcher_code);
     return launcher_code;
   }
   return 0;
@@ -248,12 +255,12 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   }
   if (plan.launcher == "mpirun" && !find_program(plan.argv[0])) {
     if (!status_dir.empty()) files::remove_tree(status_dir);
-    throw LaunchError(fmt::format("'{}' not found: install Open MPI (apt install openmpi-bin) or set ACCEL_MPIRUN",
-                                  plan.argv[0]));
+    throw LaunchError(
+        fmt::format("'{}' not found: install Open MPI (apt install openmpi-bin) or set ACCEL_MPIRUN", plan.argv[0]));
   }
-  const std::string where =
-      plan.num_machines == 1 ? std::string("1 machine")
-                             : fmt::format("{} machines ({} per machine)", plan.num_machines, plan.per_machine);
+  const std::string where = plan.num_machines == 1
+                                ? std::string("1 machine")
+                                : fmt::format("{} machines ({} per machine)", plan.num_machines, plan.per_machine);
   fmt::print(stderr, "accel launch: {} rank(s) on {} via {}; {}\n", plan.num_processes, where, plan.launcher,
              config_path.empty() ? std::string("no config file") : fmt::format("config {}", config_path));
   if (args.dry_run) {
@@ -267,10 +274,12 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
 
 void add_launch_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<LaunchArgs>();
-  auto* cmd = app.add_subcommand("launch", "Start PROGRAM on every rank (mpirun on one node or a hostfile; srun in Slurm)");
+  auto* cmd =
+      app.add_subcommand("launch", "Start PROGRAM on every rank (mpirun on one node or a hostfile; srun in Slurm)");
   cmd->add_option("--config_file", args->config_file,
                   fmt::format("Accelerate YAML or DeepSpeed JSON (default: {} when it exists)", default_config_path()));
-  cmd->add_option("--num_processes,-n", args->num_processes, "Total ranks over all machines (default: config, hostfile slots, 1)");
+  cmd->add_option("--num_processes,-n", args->num_processes,
+                  "Total ranks over all machines (default: config, hostfile slots, 1)");
   cmd->add_option("--num_machines", args->num_machines, "Machines (default: config, hostfile hosts, 1)");
   cmd->add_option("--hostfile", args->hostfile, "Hosts for mpirun, one 'host slots=N' per line (DeepSpeed's format)");
   cmd->add_option("--mixed_precision", args->mixed_precision, "no, fp16, bf16 or fp8 (overrides the config)");
@@ -283,8 +292,9 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--launcher_args", args->launcher_args, "Extra arguments for mpirun/srun, as one string");
   cmd->add_flag("--dry_run", args->dry_run, "Print the command instead of running it");
   cmd->prefix_command();  // everything from PROGRAM on belongs to PROGRAM
-  cmd->footer("PROGRAM [ARGS...] follow the flags. Each rank sees RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
-              "NODE_RANK and NUM_NODES. The exit code is the first failing rank's.");
+  cmd->footer(
+      "PROGRAM [ARGS...] follow the flags. Each rank sees RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
+      "NODE_RANK and NUM_NODES. The exit code is the first failing rank's.");
   cmd->callback([&exit_code, args, cmd] {
     try {
       exit_code = run_launch(*args, cmd->remaining());

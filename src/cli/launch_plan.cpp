@@ -45,22 +45,24 @@ LaunchPlan plan_launch(const LaunchRequest& r) {
   if (p.launcher == "srun" && have_hosts)
     throw LaunchError("--hostfile is for mpirun; under srun, Slurm's allocation decides the hosts");
   if (p.launcher == "srun" && !r.in_slurm)
-    throw LaunchError("--launcher srun needs a Slurm allocation (SLURM_JOB_ID is not set); use salloc/sbatch, or mpirun");
+    throw LaunchError(
+        "--launcher srun needs a Slurm allocation (SLURM_JOB_ID is not set); use salloc/sbatch, or mpirun");
 
   int total_slots = 0;
   for (const auto& h : r.hosts) total_slots += h.slots;
-  p.num_machines = r.num_machines ? *r.num_machines
+  p.num_machines = r.num_machines          ? *r.num_machines
                    : r.config_num_machines ? *r.config_num_machines
-                   : have_hosts ? static_cast<int>(r.hosts.size())
-                                : 1;
-  p.num_processes = r.num_processes ? *r.num_processes
+                   : have_hosts            ? static_cast<int>(r.hosts.size())
+                                           : 1;
+  p.num_processes = r.num_processes          ? *r.num_processes
                     : r.config_num_processes ? *r.config_num_processes
-                    : have_hosts ? total_slots
-                                 : 1;
+                    : have_hosts             ? total_slots
+                                             : 1;
   if (p.num_processes % p.num_machines != 0)
-    throw LaunchError(fmt::format("{} processes do not spread evenly over {} machines (num_processes is the total over "
-                                  "all machines)",
-                                  p.num_processes, p.num_machines));
+    throw LaunchError(
+        fmt::format("{} processes do not spread evenly over {} machines (num_processes is the total over "
+                    "all machines)",
+                    p.num_processes, p.num_machines));
   p.per_machine = p.num_processes / p.num_machines;
 
   if (p.launcher == "mpirun" && p.num_machines > 1 && !have_hosts)
@@ -73,9 +75,9 @@ LaunchPlan plan_launch(const LaunchRequest& r) {
     for (int m = 0; m < p.num_machines; ++m) {
       const auto& h = r.hosts[m];
       if (h.slots < p.per_machine)
-        throw LaunchError(fmt::format(
-            "{} processes on {} machine(s) need {} slots per host, but '{}' in {} has slots={}", p.num_processes,
-            p.num_machines, p.per_machine, h.host, r.hostfile, h.slots));
+        throw LaunchError(
+            fmt::format("{} processes on {} machine(s) need {} slots per host, but '{}' in {} has slots={}",
+                        p.num_processes, p.num_machines, p.per_machine, h.host, r.hostfile, h.slots));
       p.machines.push_back({h.host, p.per_machine});
     }
   }

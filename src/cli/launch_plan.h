@@ -7,9 +7,10 @@
 // num_processes / num_machines slots.
 //
 // Launchers:
-//   mpirun, one machine:   mpirun --oversubscribe -x K=V.. -np N  accel-rank --node_rank 0 --num_nodes 1 -- PROGRAM ARGS
-//   mpirun, hostfile:      one app context per machine, so every rank knows its node rank exactly:
-//                          mpirun --oversubscribe -x K=V.. -np k --host h0:k accel-rank --node_rank 0 ... : -np k --host h1:k ...
+//   mpirun, one machine:   mpirun --oversubscribe -x K=V.. -np N  accel-rank --node_rank 0 --num_nodes 1 -- PROGRAM
+//   ARGS mpirun, hostfile:      one app context per machine, so every rank knows its node rank exactly:
+//                          mpirun --oversubscribe -x K=V.. -np k --host h0:k accel-rank --node_rank 0 ... : -np k
+//                          --host h1:k ...
 //   srun (in a Slurm allocation): srun --ntasks=N --nodes=M --ntasks-per-node=k --kill-on-bad-exit=1
 //                          accel-rank --num_nodes M -- PROGRAM ARGS  (node rank from SLURM_NODEID)
 // "auto" picks srun inside a Slurm allocation (SLURM_JOB_ID set) unless a hostfile is given, else mpirun.
@@ -40,10 +41,10 @@ struct LaunchRequest {
   std::string launcher = "auto";                                 // auto | mpirun | srun
   bool in_slurm = false;                                         // SLURM_JOB_ID is set
   std::string mpirun = "mpirun", srun = "srun";
-  std::string rank_wrapper = "accel-rank";                       // absolute path of accel-rank
-  std::vector<std::pair<std::string, std::string>> env;          // exported to every rank
-  std::vector<std::string> launcher_args;                        // passed to mpirun/srun as they are
-  std::vector<std::string> program;                              // PROGRAM ARGS...
+  std::string rank_wrapper = "accel-rank";               // absolute path of accel-rank
+  std::vector<std::pair<std::string, std::string>> env;  // exported to every rank
+  std::vector<std::string> launcher_args;                // passed to mpirun/srun as they are
+  std::vector<std::string> program;                      // PROGRAM ARGS...
 };
 
 struct LaunchPlan {

@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
 
   // If mpirun's daemon (or srun) goes away, so do we (and, through the child's death signal, the program).
   prctl(PR_SET_PDEATHSIG, SIGTERM);
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = forward;
   sigemptyset(&sa.sa_mask);
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) sigaction(s, &sa, nullptr);

@@ -11,8 +11,8 @@
 #include "accelerator/accelerator.h"
 #include "base/env.h"
 #include "base/files.h"
-#include "cli/launch_plan.h"
 #include "cli/conformance.h"
+#include "cli/launch_plan.h"
 #include "cli/paths.h"
 #include "comm/communicator.h"
 #include "zero/spec.h"
@@ -60,7 +60,7 @@ int run_user(const TestArgs& a) {
   if (config.empty() && files::is_file(default_config_path())) config = default_config_path();
   try {
     if (!config.empty()) load_config_file(config);  // parses; ConfigError names the file and the key
-    ConfigOverrides ov;                              // the ACCEL_* environment on top of it
+    ConfigOverrides ov;                             // the ACCEL_* environment on top of it
     if (!config.empty()) ov.config_file = config;
     resolve_config(ov);
   } catch (const std::exception& e) {
@@ -125,8 +125,8 @@ int run_worker(const TestArgs& a) {
 
 void add_test_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<TestArgs>();
-  auto* cmd = app.add_subcommand(
-      "test", "Run the conformance checks under a config on its ranks and print a pass/fail table");
+  auto* cmd =
+      app.add_subcommand("test", "Run the conformance checks under a config on its ranks and print a pass/fail table");
   cmd->add_option("--config_file", args->config_file,
                   "accel/Accelerate YAML or DeepSpeed JSON (default: ACCEL_CONFIG_FILE, then the default "
                   "config if it exists, else defaults on 1 process)");

@@ -77,8 +77,9 @@ Backend& Communicator::backend_for(const at::Tensor& t) {
       nccl_ = make_nccl_backend(*mpi_, dev);
       nccl_device_ = dev;
     } else if (dev != nccl_device_) {
-      throw InvalidArgument(fmt::format(
-          "tensor on cuda:{} but this communicator's NCCL backend uses cuda:{} (one device per rank)", dev, nccl_device_));
+      throw InvalidArgument(
+          fmt::format("tensor on cuda:{} but this communicator's NCCL backend uses cuda:{} (one device per rank)", dev,
+                      nccl_device_));
     }
     return *nccl_;
   }
@@ -87,8 +88,8 @@ Backend& Communicator::backend_for(const at::Tensor& t) {
 
 const char* Communicator::backend_name(const at::Tensor& t) { return backend_for(t).name(); }
 
-WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at::Tensor& output, ReduceOp op,
-                             int root, Duration timeout) {
+WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at::Tensor& output, ReduceOp op, int root,
+                             Duration timeout) {
   if (broken_->load())
     throw CommError(fmt::format("{} on rank {}: the communicator is broken by an earlier timeout; the job must restart",
                                 to_string(kind), rank_));
@@ -138,8 +139,7 @@ WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at:
       if (root < 0 || root >= size_)
         bad(kind, fmt::format("root {} is not a rank of this group (0..{})", root, size_ - 1));
       break;
-    case Collective::Barrier:
-      break;
+    case Collective::Barrier: break;
   }
 
   Backend& backend = backend_for(input);
@@ -187,8 +187,7 @@ void Communicator::all_reduce(const at::Tensor& in, const at::Tensor& out, const
   all_reduce_async(in, out, o)->wait();
 }
 
-WorkPtr Communicator::reduce_scatter_async(const at::Tensor& in, const at::Tensor& out,
-                                           const ReduceScatterOptions& o) {
+WorkPtr Communicator::reduce_scatter_async(const at::Tensor& in, const at::Tensor& out, const ReduceScatterOptions& o) {
   return submit(Collective::ReduceScatter, in, out, o.op, 0, o.timeout);
 }
 void Communicator::reduce_scatter(const at::Tensor& in, const at::Tensor& out, const ReduceScatterOptions& o) {

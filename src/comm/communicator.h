@@ -5,8 +5,8 @@
 // and as a blocking `x` (= x_async(...)->wait()). Collectives must be issued in the same order on
 // every rank of the group. Tensors must be contiguous, and for out-of-place calls on one device with
 // one dtype. Errors: InvalidArgument (this rank's arguments), MismatchError (ranks disagree on sizes,
-// dtype, op or root; raised on every rank; checked for CPU/MPI collectives, not yet for NCCL), TimeoutError (then the communicator is broken and the
-// process aborts the job at exit rather than hang), CommError (anything else).
+// dtype, op or root; raised on every rank; checked for CPU/MPI collectives, not yet for NCCL), TimeoutError (then the
+// communicator is broken and the process aborts the job at exit rather than hang), CommError (anything else).
 //
 // Not thread-safe: one thread issues collectives on a communicator (Work::wait may be called from any).
 #pragma once
@@ -41,8 +41,7 @@ class Communicator {
 
   // --- all_reduce: in place, or input -> output ---------------------------------------------
   WorkPtr all_reduce_async(const at::Tensor& tensor, const AllReduceOptions& opts = {});
-  WorkPtr all_reduce_async(const at::Tensor& input, const at::Tensor& output,
-                           const AllReduceOptions& opts = {});
+  WorkPtr all_reduce_async(const at::Tensor& input, const at::Tensor& output, const AllReduceOptions& opts = {});
   void all_reduce(const at::Tensor& tensor, const AllReduceOptions& opts = {});
   void all_reduce(const at::Tensor& input, const at::Tensor& output, const AllReduceOptions& opts = {});
 
@@ -50,13 +49,11 @@ class Communicator {
   // reduction of elements [r*k, (r+1)*k)). output may be input's own slice (in place).
   WorkPtr reduce_scatter_async(const at::Tensor& input, const at::Tensor& output,
                                const ReduceScatterOptions& opts = {});
-  void reduce_scatter(const at::Tensor& input, const at::Tensor& output,
-                      const ReduceScatterOptions& opts = {});
+  void reduce_scatter(const at::Tensor& input, const at::Tensor& output, const ReduceScatterOptions& opts = {});
 
   // --- all_gather: k elements -> one flat output of size()*k, rank r's at [r*k, (r+1)*k).
   // input may be output's own slice (in place).
-  WorkPtr all_gather_async(const at::Tensor& input, const at::Tensor& output,
-                           const AllGatherOptions& opts = {});
+  WorkPtr all_gather_async(const at::Tensor& input, const at::Tensor& output, const AllGatherOptions& opts = {});
   void all_gather(const at::Tensor& input, const at::Tensor& output, const AllGatherOptions& opts = {});
 
   // --- broadcast: root's tensor into everyone's, in place.
@@ -87,8 +84,8 @@ class Communicator {
  private:
   Communicator(std::unique_ptr<MpiBackend> mpi, std::shared_ptr<const Topology> topo,
                std::shared_ptr<std::atomic<bool>> broken);
-  WorkPtr submit(Collective kind, const at::Tensor& input, const at::Tensor& output, ReduceOp op,
-                 int root, Duration timeout);
+  WorkPtr submit(Collective kind, const at::Tensor& input, const at::Tensor& output, ReduceOp op, int root,
+                 Duration timeout);
   Backend& backend_for(const at::Tensor& t);
 
   std::unique_ptr<MpiBackend> mpi_;

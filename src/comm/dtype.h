@@ -8,10 +8,10 @@
 namespace accel::comm {
 
 enum class DtypeClass {
-  Float,       // float64, float32: reduced natively
-  HalfFloat,   // bfloat16, float16: reduced with fp32 accumulation
-  Integer,     // int32, int64, uint8: reduced natively (no Avg)
-  Fp8,         // float8_e4m3fn, float8_e5m2: moved as bytes (all_gather, broadcast only)
+  Float,      // float64, float32: reduced natively
+  HalfFloat,  // bfloat16, float16: reduced with fp32 accumulation
+  Integer,    // int32, int64, uint8: reduced natively (no Avg)
+  Fp8,        // float8_e4m3fn, float8_e5m2: moved as bytes (all_gather, broadcast only)
   Unsupported,
 };
 

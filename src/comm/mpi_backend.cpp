@@ -49,8 +49,8 @@ struct Group {
 
 // Fields compared across ranks before a collective starts.
 enum SigField { kKind, kDtype, kInNumel, kOutNumel, kOp, kRoot, kNumSig };
-const char* const kSigNames[kNumSig] = {"collective", "dtype", "input elements", "output elements",
-                                        "reduce op", "root"};
+const char* const kSigNames[kNumSig] = {"collective",      "dtype",     "input elements",
+                                        "output elements", "reduce op", "root"};
 
 struct Op {
   Request req;
@@ -60,9 +60,9 @@ struct Op {
   long long sig_all[2 * kNumSig] = {};
   MPI_Request check_req = MPI_REQUEST_NULL;
   MPI_Request data_req = MPI_REQUEST_NULL;
-  at::Tensor send, recv;        // the buffers handed to MPI (staging copies where needed)
-  bool in_place = false;        // MPI_IN_PLACE: send is unused
-  std::function<void()> post;   // on the engine after completion: copy back, divide for avg
+  at::Tensor send, recv;       // the buffers handed to MPI (staging copies where needed)
+  bool in_place = false;       // MPI_IN_PLACE: send is unused
+  std::function<void()> post;  // on the engine after completion: copy back, divide for avg
 };
 
 MPI_Datatype reduce_type(c10::ScalarType t) {
@@ -173,8 +173,7 @@ class Engine {
       std::deque<std::function<void()>> tasks;
       {
         std::unique_lock<std::mutex> lk(mu_);
-        if (active_.empty())
-          cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !tasks_.empty(); });
+        if (active_.empty()) cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !tasks_.empty(); });
         if (stop_ && incoming_.empty() && tasks_.empty()) {
           // At exit: finish what is in flight, but never wait longer than one collective timeout.
           if (stop_deadline_ == Clock::time_point{}) stop_deadline_ = Clock::now() + exit_grace_;
@@ -219,10 +218,14 @@ class Engine {
   void begin(std::unique_ptr<Op> op) {
     if (check_enabled_ && op->group->size > 1) {
       op->state = Op::State::Checking;
-      int rc = MPI_Iallreduce(op->sig, op->sig_all, 2 * kNumSig, MPI_LONG_LONG, MPI_MAX, op->group->check,
-                              &op->check_req);
+      int rc =
+          MPI_Iallreduce(op->sig, op->sig_all, 2 * kNumSig, MPI_LONG_LONG, MPI_MAX, op->group->check, &op->check_req);
       if (rc != MPI_SUCCESS) {
-        try { mpi_fail("MPI_Iallreduce (argument check)", rc); } catch (...) { fail(*op, std::current_exception()); }
+        try {
+          mpi_fail("MPI_Iallreduce (argument check)", rc);
+        } catch (...) {
+          fail(*op, std::current_exception());
+        }
         return;
       }
     }
@@ -299,8 +302,8 @@ class Engine {
     switch (r.kind) {
       case Collective::AllReduce: {
         int n = checked_count(op.recv.numel(), "element count");
-        ACCEL_MPI_CHECK(MPI_Iallreduce(send, op.recv.data_ptr(), n, reduce_type(op.recv.scalar_type()),
-                                       reduce_op(r.op), comm, &op.data_req));
+        ACCEL_MPI_CHECK(MPI_Iallreduce(send, op.recv.data_ptr(), n, reduce_type(op.recv.scalar_type()), reduce_op(r.op),
+                                       comm, &op.data_req));
         break;
       }
       case Collective::ReduceScatter: {
@@ -319,9 +322,7 @@ class Engine {
         ACCEL_MPI_CHECK(MPI_Ibcast(op.recv.data_ptr(), n, MPI_BYTE, r.root, comm, &op.data_req));
         break;
       }
-      case Collective::Barrier:
-        ACCEL_MPI_CHECK(MPI_Ibarrier(comm, &op.data_req));
-        break;
+      case Collective::Barrier: ACCEL_MPI_CHECK(MPI_Ibarrier(comm, &op.data_req)); break;
     }
   }
 
@@ -427,14 +428,10 @@ void MpiBackend::enqueue(Request r) {
       op->in_place = r.input.nbytes() > 0 &&
                      r.input.data_ptr() == static_cast<char*>(out.data_ptr()) + op->group->rank * r.input.nbytes();
       break;
-    case Collective::Broadcast:
-      op->recv = out;
-      break;
-    case Collective::Barrier:
-      break;
+    case Collective::Broadcast: op->recv = out; break;
+    case Collective::Barrier: break;
   }
-  if ((r.kind == Collective::AllReduce || r.kind == Collective::ReduceScatter) &&
-      (avg || !op->recv.is_same(out))) {
+  if ((r.kind == Collective::AllReduce || r.kind == Collective::ReduceScatter) && (avg || !op->recv.is_same(out))) {
     at::Tensor wire = op->recv;
     op->post = [wire, out, avg, n] {
       if (avg && wire.is_same(out)) {

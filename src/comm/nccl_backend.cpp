@@ -44,9 +44,7 @@ namespace accel::comm {
 
 namespace {
 
-std::string where(int rank, int device) {
-  return fmt::format(" (rank {}, cuda:{})", rank, device);
-}
+std::string where(int rank, int device) { return fmt::format(" (rank {}, cuda:{})", rank, device); }
 
 [[noreturn]] void throw_cuda(const char* call, cudaError_t err, int rank, int device) {
   throw CommError(fmt::format("NCCL backend: {} failed: {}{}", call, cudaGetErrorString(err), where(rank, device)));
@@ -141,8 +139,8 @@ struct NcclComm {
     if (comm == nullptr) return;
     NoThrowDeviceGuard g(device);
     ncclResult_t async = ncclSuccess;
-    const bool failed = ncclCommGetAsyncError(comm, &async) != ncclSuccess ||
-                        (async != ncclSuccess && async != ncclInProgress);
+    const bool failed =
+        ncclCommGetAsyncError(comm, &async) != ncclSuccess || (async != ncclSuccess && async != ncclInProgress);
     // A failed communicator may have kernels that never finish: destroying it would wait on them.
     if (failed)
       (void)ncclCommAbort(comm);
@@ -165,9 +163,9 @@ struct NcclComm {
   void check_async_error() {
     std::lock_guard<std::mutex> lk(mu);
     if (aborted || comm == nullptr)
-      throw CommError(fmt::format(
-          "NCCL backend: the NCCL communicator was aborted (an earlier collective timed out or failed){}",
-          where(rank, device)));
+      throw CommError(
+          fmt::format("NCCL backend: the NCCL communicator was aborted (an earlier collective timed out or failed){}",
+                      where(rank, device)));
     ncclResult_t async = ncclSuccess;
     const ncclResult_t res = ncclCommGetAsyncError(comm, &async);
     if (res != ncclSuccess) {
@@ -200,10 +198,7 @@ EventPtr make_event(int rank, int device) {
 class NcclBackend final : public Backend {
  public:
   NcclBackend(std::shared_ptr<NcclComm> state, c10::cuda::CUDAStream stream, EventPtr ready, at::Tensor barrier_buf)
-      : state_(std::move(state)),
-        stream_(stream),
-        ready_(std::move(ready)),
-        barrier_buf_(std::move(barrier_buf)) {}
+      : state_(std::move(state)), stream_(stream), ready_(std::move(ready)), barrier_buf_(std::move(barrier_buf)) {}
 
   // The communicator itself is released by ~NcclComm (ncclCommDestroy, or ncclCommAbort when it was
   // aborted or failed) once no in-flight poll still holds it. Never throws.
@@ -281,19 +276,20 @@ class NcclBackend final : public Backend {
     switch (r.kind) {
       case Collective::AllReduce: {
         if (r.output.numel() == 0) return;
-        check_nccl("ncclAllReduce",
-                   ncclAllReduce(r.input.data_ptr(), r.output.data_ptr(), static_cast<size_t>(r.output.numel()),
-                                 nccl_dtype(r.output.scalar_type(), rank, device), nccl_op(r.op, rank, device), comm, s),
-                   comm, rank, device);
+        check_nccl(
+            "ncclAllReduce",
+            ncclAllReduce(r.input.data_ptr(), r.output.data_ptr(), static_cast<size_t>(r.output.numel()),
+                          nccl_dtype(r.output.scalar_type(), rank, device), nccl_op(r.op, rank, device), comm, s),
+            comm, rank, device);
         return;
       }
       case Collective::ReduceScatter: {
         if (r.output.numel() == 0) return;
-        check_nccl("ncclReduceScatter",
-                   ncclReduceScatter(r.input.data_ptr(), r.output.data_ptr(), static_cast<size_t>(r.output.numel()),
-                                     nccl_dtype(r.output.scalar_type(), rank, device), nccl_op(r.op, rank, device),
-                                     comm, s),
-                   comm, rank, device);
+        check_nccl(
+            "ncclReduceScatter",
+            ncclReduceScatter(r.input.data_ptr(), r.output.data_ptr(), static_cast<size_t>(r.output.numel()),
+                              nccl_dtype(r.output.scalar_type(), rank, device), nccl_op(r.op, rank, device), comm, s),
+            comm, rank, device);
         return;
       }
       case Collective::AllGather: {
@@ -314,7 +310,8 @@ class NcclBackend final : public Backend {
       }
       case Collective::Barrier: {
         void* p = barrier_buf_.data_ptr();
-        check_nccl("ncclAllReduce (barrier)", ncclAllReduce(p, p, 1, ncclFloat32, ncclSum, comm, s), comm, rank, device);
+        check_nccl("ncclAllReduce (barrier)", ncclAllReduce(p, p, 1, ncclFloat32, ncclSum, comm, s), comm, rank,
+                   device);
         return;
       }
     }
@@ -389,15 +386,16 @@ std::unique_ptr<Backend> make_nccl_backend(MpiBackend& bootstrap, int device_ind
   ncclComm_t comm = nullptr;
   const ncclResult_t res = ncclCommInitRank(&comm, size, boot.id, rank);
   if (res != ncclSuccess)
-    throw CommError(fmt::format("NCCL backend: ncclCommInitRank failed: {} (world of {}; NCCL needs one distinct GPU per "
-                                "rank){}",
-                                ncclGetErrorString(res), size, where(rank, device_index)));
+    throw CommError(
+        fmt::format("NCCL backend: ncclCommInitRank failed: {} (world of {}; NCCL needs one distinct GPU per "
+                    "rank){}",
+                    ncclGetErrorString(res), size, where(rank, device_index)));
   state->comm = comm;  // from here ~NcclComm releases it if anything below throws
 
   auto stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(device_index));
   EventPtr ready = make_event(rank, device_index);
-  at::Tensor barrier_buf =
-      at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
+  at::Tensor barrier_buf = at::zeros(
+      {1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
   c10::cuda::CUDACachingAllocator::recordStream(barrier_buf.storage().data_ptr(), stream);
   return std::make_unique<NcclBackend>(std::move(state), stream, std::move(ready), std::move(barrier_buf));
 }

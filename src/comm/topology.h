@@ -10,11 +10,11 @@ namespace accel::comm {
 struct Topology {
   int rank = 0;
   int world_size = 1;
-  int local_rank = 0;         // rank within the node
-  int local_world_size = 1;   // ranks on this node
+  int local_rank = 0;        // rank within the node
+  int local_world_size = 1;  // ranks on this node
   int node_rank = 0;
   int num_nodes = 1;
-  bool simulated = false;     // true when ACCEL_RANKS_PER_NODE set the nodes
+  bool simulated = false;  // true when ACCEL_RANKS_PER_NODE set the nodes
 
   std::string to_string() const;
 };

@@ -86,9 +86,8 @@ const char* supported_dtypes() {
 
 std::string Topology::to_string() const {
   std::ostringstream os;
-  os << "rank " << rank << "/" << world_size << " local_rank " << local_rank << "/"
-     << local_world_size << " node " << node_rank << "/" << num_nodes
-     << (simulated ? " (simulated nodes: ACCEL_RANKS_PER_NODE)" : "");
+  os << "rank " << rank << "/" << world_size << " local_rank " << local_rank << "/" << local_world_size << " node "
+     << node_rank << "/" << num_nodes << (simulated ? " (simulated nodes: ACCEL_RANKS_PER_NODE)" : "");
   return os.str();
 }
 

@@ -110,10 +110,10 @@ void Work::wait(Duration timeout) {
   }
   if (!done) {
     for (auto& f : on_timeout) f();
-    throw TimeoutError(fmt::format(
-        "{} on rank {} of {} did not complete within {} s: a peer rank is stuck, slow or dead (timeout: "
-        "ACCEL_COMM_TIMEOUT_S or the collective's options). The communicator is now broken.",
-        what_, rank_, world_size_, seconds(timeout)));
+    throw TimeoutError(
+        fmt::format("{} on rank {} of {} did not complete within {} s: a peer rank is stuck, slow or dead (timeout: "
+                    "ACCEL_COMM_TIMEOUT_S or the collective's options). The communicator is now broken.",
+                    what_, rank_, world_size_, seconds(timeout)));
   }
   if (err) std::rethrow_exception(err);
 }

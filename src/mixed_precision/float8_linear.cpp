@@ -56,12 +56,9 @@ at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
   if (a.format == Fp8Format::E5M2 && b.format == Fp8Format::E5M2)
     backend = Float8MatmulBackend::Emulated;  // no e5m2 x e5m2 GEMM in cuBLASLt; never used by Float8Linear
   switch (backend) {
-    case Float8MatmulBackend::Emulated:
-      return emulated_mm(a, b, out_dtype);
-    case Float8MatmulBackend::ScaledMM:
-      return scaled_mm(a, b, out_dtype);
-    case Float8MatmulBackend::Auto:
-      break;
+    case Float8MatmulBackend::Emulated: return emulated_mm(a, b, out_dtype);
+    case Float8MatmulBackend::ScaledMM: return scaled_mm(a, b, out_dtype);
+    case Float8MatmulBackend::Auto: break;
   }
   if (!a.data.is_cuda() || !shapes_fit_scaled_mm(a, b)) return emulated_mm(a, b, out_dtype);
   const int dev = a.data.get_device();
@@ -105,8 +102,7 @@ Fp8Tensor transposed(const Fp8Tensor& t) { return Fp8Tensor{t.data.t(), t.scale,
 
 struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const std::optional<at::Tensor>& bias_opt,
-                            const std::optional<at::Tensor>& weight_fp8_data,
+                            const std::optional<at::Tensor>& bias_opt, const std::optional<at::Tensor>& weight_fp8_data,
                             const std::optional<at::Tensor>& weight_fp8_scale, int64_t backend_i) {
     // (Optional tensors: a C++ autograd Function rejects undefined at::Tensor inputs.)
     const at::Tensor bias = bias_opt ? *bias_opt : at::Tensor();
@@ -114,9 +110,9 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     const std::int64_t in = weight.size(1), out_features = weight.size(0);
     const at::Tensor x2 = input.reshape({-1, in});
     const Fp8Tensor xq = mixed_precision::quantize_dynamic(x2, Fp8Format::E4M3);
-    const Fp8Tensor wq = weight_fp8_data
-                             ? Fp8Tensor{*weight_fp8_data, weight_fp8_scale->to(at::kFloat).reshape({}), Fp8Format::E4M3}
-                             : mixed_precision::quantize_dynamic(weight, Fp8Format::E4M3);
+    const Fp8Tensor wq =
+        weight_fp8_data ? Fp8Tensor{*weight_fp8_data, weight_fp8_scale->to(at::kFloat).reshape({}), Fp8Format::E4M3}
+                        : mixed_precision::quantize_dynamic(weight, Fp8Format::E4M3);
     at::Tensor out = mixed_precision::float8_mm(xq, transposed(wq), input.scalar_type(), backend);
     if (bias.defined()) out.add_(bias.to(out.scalar_type()));
 
@@ -191,8 +187,7 @@ void Float8LinearImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
-  if (!at::isFloatingType(input.scalar_type()))
-    throw std::invalid_argument("Float8Linear: expected a floating input");
+  if (!at::isFloatingType(input.scalar_type())) throw std::invalid_argument("Float8Linear: expected a floating input");
   if (input.dim() < 1 || input.size(-1) != options.in_features())
     throw std::invalid_argument(fmt::format("Float8Linear: input's last dimension is {}, expected in_features = {}",
                                             input.dim() ? input.size(-1) : 0, options.in_features()));

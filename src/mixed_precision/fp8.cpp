@@ -21,8 +21,7 @@ void check_margin(int margin) {
 }
 
 at::Tensor as_scalar_scale(const at::Tensor& scale, const at::Device& device) {
-  if (!scale.defined() || scale.numel() != 1)
-    throw std::invalid_argument("fp8: the scale must be a 1-element tensor");
+  if (!scale.defined() || scale.numel() != 1) throw std::invalid_argument("fp8: the scale must be a 1-element tensor");
   return scale.reshape({}).to(device, at::kFloat);
 }
 }  // namespace
@@ -55,8 +54,7 @@ double scale_from_amax(double a, Fp8Format f, int margin) {
 }
 
 at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, Fp8Format f) {
-  if (!at::isFloatingType(x.scalar_type()))
-    throw std::invalid_argument("fp8 quantize: expected a floating tensor");
+  if (!at::isFloatingType(x.scalar_type())) throw std::invalid_argument("fp8 quantize: expected a floating tensor");
   const double m = fp8_max(f);
   at::Tensor y = at::mul(x.to(at::kFloat), as_scalar_scale(scale, x.device()));
   y.clamp_(-m, m);  // explicit saturation: finite values never become inf/nan; +-inf -> +-max; nan stays
@@ -75,9 +73,7 @@ at::Tensor dequantize(const at::Tensor& q, double scale, at::ScalarType dtype) {
   return dequantize(q, at::full({}, scale, q.options().dtype(at::kFloat)), dtype);
 }
 
-at::Tensor Fp8Tensor::dequantize(at::ScalarType dtype) const {
-  return mixed_precision::dequantize(data, scale, dtype);
-}
+at::Tensor Fp8Tensor::dequantize(at::ScalarType dtype) const { return mixed_precision::dequantize(data, scale, dtype); }
 
 at::Tensor Fp8Tensor::inv_scale() const { return at::reciprocal(scale.to(at::kFloat)); }
 
@@ -93,8 +89,8 @@ at::Tensor local_amaxes(const std::vector<at::Tensor>& shards) {
       device = s.device();
       break;
     }
-  at::Tensor out = at::zeros({static_cast<std::int64_t>(shards.size())},
-                             at::TensorOptions().dtype(at::kFloat).device(device));
+  at::Tensor out =
+      at::zeros({static_cast<std::int64_t>(shards.size())}, at::TensorOptions().dtype(at::kFloat).device(device));
   for (std::size_t i = 0; i < shards.size(); ++i)
     if (shards[i].defined() && shards[i].numel() > 0) out[static_cast<std::int64_t>(i)].copy_(abs_max(shards[i]));
   return out;

@@ -30,12 +30,12 @@ LossScaler::LossScaler(LossScalerOptions options) : opts_(options) {
   require(std::isfinite(opts_.loss_scale) && opts_.loss_scale >= 0, "loss_scale",
           "finite and >= 0 (0 selects dynamic scaling)", opts_.loss_scale);
   if (dynamic()) {
-    require(opts_.initial_scale_power >= 0 && opts_.initial_scale_power <= 126, "initial_scale_power",
-            "in [0, 126]", opts_.initial_scale_power);
+    require(opts_.initial_scale_power >= 0 && opts_.initial_scale_power <= 126, "initial_scale_power", "in [0, 126]",
+            opts_.initial_scale_power);
     require(opts_.loss_scale_window >= 1, "loss_scale_window", ">= 1", opts_.loss_scale_window);
     require(opts_.hysteresis >= 1, "hysteresis", ">= 1", opts_.hysteresis);
-    require(std::isfinite(opts_.min_loss_scale) && opts_.min_loss_scale > 0, "min_loss_scale",
-            "finite and > 0", opts_.min_loss_scale);
+    require(std::isfinite(opts_.min_loss_scale) && opts_.min_loss_scale > 0, "min_loss_scale", "finite and > 0",
+            opts_.min_loss_scale);
     cur_scale_ = std::ldexp(1.0, opts_.initial_scale_power);
     cur_hysteresis_ = opts_.hysteresis;
   } else {

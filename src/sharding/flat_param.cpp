@@ -57,7 +57,8 @@ FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vect
   full_ = at::zeros({layout_.padded()}, to);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
-    if (!p.is_leaf()) throw std::invalid_argument(fmt::format("FlatParam: parameter {} is not a leaf tensor", names_[i]));
+    if (!p.is_leaf())
+      throw std::invalid_argument(fmt::format("FlatParam: parameter {} is not a leaf tensor", names_[i]));
     requires_grad_ = requires_grad_ || p.requires_grad();
     at::Tensor view = full_.narrow(0, layout_.offset(i), p.numel()).view(p.sizes());
     view.copy_(p);
@@ -94,7 +95,9 @@ void FlatParam::shard_to_full() {
   if (opts_.sharded) full_.narrow(0, begin, end - begin).copy_(shard_);
 }
 
-bool FlatParam::grad_allocated() const { return storage_allocated(grad_full_) || (grad_full_.defined() && layout_.padded() == 0); }
+bool FlatParam::grad_allocated() const {
+  return storage_allocated(grad_full_) || (grad_full_.defined() && layout_.padded() == 0);
+}
 
 void FlatParam::bind_grad(const at::Tensor& buffer) {
   ACCEL_CHECK(!grad_full_.defined(), "FlatParam {}: bind_grad after gradients exist", name_);

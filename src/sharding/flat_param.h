@@ -27,8 +27,8 @@ namespace accel::sharding {
 class FlatParam {
  public:
   struct Options {
-    int rank = 0;      // rank within the shard group
-    int world = 1;     // shard group size (the layout's world)
+    int rank = 0;                         // rank within the shard group
+    int world = 1;                        // shard group size (the layout's world)
     c10::ScalarType dtype = c10::kFloat;  // compute dtype of the flat buffer
     std::int64_t align = 1;
     // true: this rank keeps only its shard at rest (own buffer); full() is allocated while gathered.

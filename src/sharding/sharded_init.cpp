@@ -50,8 +50,8 @@ void ShardedInit::shard_unit(torch::nn::Module& module) {
   for (const auto& p : module.parameters()) {
     if (is_presharded(p) || !seen.insert(p.unsafeGetTensorImpl()).second) continue;  // a nested unit's
     if (!p.is_contiguous() || !p.device().is_cpu())
-      throw std::invalid_argument(
-          fmt::format("accel sharded_init: unit {} has a parameter that is not a contiguous CPU tensor", module.name()));
+      throw std::invalid_argument(fmt::format(
+          "accel sharded_init: unit {} has a parameter that is not a contiguous CPU tensor", module.name()));
     if (!ps.empty() && p.scalar_type() != ps[0].scalar_type())
       throw std::invalid_argument(fmt::format("accel sharded_init: unit {} mixes parameter dtypes", module.name()));
     ps.push_back(p);

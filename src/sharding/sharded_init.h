@@ -40,7 +40,7 @@ class ShardedInit {
   void shard_unit(torch::nn::Module& module);
 
   std::int64_t units_sharded() const { return units_; }
-  std::int64_t shard_bytes() const { return shard_bytes_; }    // held by this rank
+  std::int64_t shard_bytes() const { return shard_bytes_; }   // held by this rank
   std::int64_t sharded_bytes() const { return full_bytes_; }  // the units' full size
 
  private:

@@ -65,8 +65,7 @@ class Unit {
  public:
   Unit() = default;
   explicit Unit(std::shared_ptr<M> module)
-      : module_(std::move(module)),
-        slot_(sharding::register_unit(static_cast<torch::nn::Module*>(module_.get()))) {}
+      : module_(std::move(module)), slot_(sharding::register_unit(static_cast<torch::nn::Module*>(module_.get()))) {}
 
   template <class... Args>
   auto operator()(Args&&... args) -> decltype(std::declval<M&>().forward(std::forward<Args>(args)...)) {

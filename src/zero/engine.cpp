@@ -80,7 +80,8 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   std::unordered_map<const void*, int> group_of;
   if (optimizer)
     for (std::size_t g = 0; g < optimizer->param_groups().size(); ++g)
-      for (const auto& p : optimizer->param_groups()[g].params()) group_of[p.unsafeGetTensorImpl()] = static_cast<int>(g);
+      for (const auto& p : optimizer->param_groups()[g].params())
+        group_of[p.unsafeGetTensorImpl()] = static_cast<int>(g);
 
   units_.push_back(UnitInfo{"", &model, {}, {}, false});
   struct Owned {
@@ -126,7 +127,8 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     c10::NoGradGuard ng;
     std::vector<comm::WorkPtr> works;
     for (auto& o : owned)
-      if (o.param.numel() > 0 && o.param.is_contiguous() && !sharding::is_presharded(o.param))  // (those were sent when built)
+      if (o.param.numel() > 0 && o.param.is_contiguous() &&
+          !sharding::is_presharded(o.param))  // (those were sent when built)
         works.push_back(world_->broadcast_async(o.param, {0}));
     for (auto& w : works) w->wait();
   }
@@ -165,10 +167,10 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     o.dtype = spec_.param_dtype.value_or(ps[0].scalar_type());
     o.align = spec_.align_elements;
     o.sharded = sharded_params;
-    std::string fname = fmt::format("{}[group {}{}, {}{}]", units_[unit].name.empty() ? "<root>" : units_[unit].name,
-                                    group, requires_grad ? "" : ", frozen",
-                                    c10::toString(static_cast<c10::ScalarType>(dtype)),
-                                    device == "cpu" ? "" : ", " + device);
+    std::string fname =
+        fmt::format("{}[group {}{}, {}{}]", units_[unit].name.empty() ? "<root>" : units_[unit].name, group,
+                    requires_grad ? "" : ", frozen", c10::toString(static_cast<c10::ScalarType>(dtype)),
+                    device == "cpu" ? "" : ", " + device);
     Flat f;
     // A master in another dtype than the compute buffer starts from the original values, not from
     // their rounded copy.
@@ -181,7 +183,8 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
       for (const auto& p : ps) numels.push_back(p.numel());
       sharding::ShardLayout layout(numels, o.world, o.align);  // the FlatParam's own
       at::Tensor flat = at::zeros({layout.padded()}, ps[0].options().dtype(mdt));
-      for (std::size_t i = 0; i < ps.size(); ++i) flat.narrow(0, layout.offset(i), ps[i].numel()).copy_(ps[i].reshape({-1}));
+      for (std::size_t i = 0; i < ps.size(); ++i)
+        flat.narrow(0, layout.offset(i), ps[i].numel()).copy_(ps[i].reshape({-1}));
       auto [b, e] = layout.shard_range(o.rank);
       original = plan_.masters_are_shards ? flat.narrow(0, b, e - b).clone() : flat;
     }
@@ -211,7 +214,8 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   }
   for (auto& f : flats_) {
     if (f.group < 0 || plan_.passthrough) continue;
-    if (!f.master.defined()) f.master = (plan_.masters_are_shards ? f.flat_param->shard() : f.flat_param->full()).alias();
+    if (!f.master.defined())
+      f.master = (plan_.masters_are_shards ? f.flat_param->shard() : f.flat_param->full()).alias();
     f.master.set_requires_grad(false);
     group_params_[f.group].push_back(f.master);
   }
@@ -242,10 +246,11 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   c10::ScalarType rdt = flats_.empty() ? c10::kFloat : flats_[0].flat_param->full().scalar_type();
   for (const auto& f : flats_) rdt = c10::promoteTypes(rdt, f.flat_param->full().scalar_type());  // never narrower
   rdt = spec_.reduce_dtype.value_or(rdt);
-  if (plan_.passthrough) return;  // nothing to reduce
+  if (plan_.passthrough) return;           // nothing to reduce
   CategoryScope cat(Category::Gradients);  // all-reduce buckets allocate their gradient buffers here
-  reducer_ = std::make_unique<GradReducer>(std::move(order), plan_.reduce_mode, rdt, shard_, replicate_, spec_.bucket_bytes,
-                                           /*may_wait_in_backward=*/!sharded_params);
+  reducer_ =
+      std::make_unique<GradReducer>(std::move(order), plan_.reduce_mode, rdt, shard_, replicate_, spec_.bucket_bytes,
+                                    /*may_wait_in_backward=*/!sharded_params);
 }
 
 void Engine::install_hooks() {
@@ -254,8 +259,7 @@ void Engine::install_hooks() {
   for (std::size_t fi = 0; fi < flats_.size() && !plan_.passthrough; ++fi) {
     const auto& ps = flats_[fi].flat_param->params();
     for (std::size_t i = 0; i < ps.size(); ++i)
-      if (ps[i].requires_grad())
-      {
+      if (ps[i].requires_grad()) {
         auto hook = std::make_unique<GradReadyHook>(this, fi, i);
         grad_hooks_.emplace_back(ps[i], hook.get());
         torch::autograd::impl::set_post_acc_grad_hooks(ps[i], std::move(hook));
@@ -278,6 +282,5 @@ void Engine::uninstall_hooks() {
     if (u < unit_hooks_.size() && slots_[u]->hooks.get() == unit_hooks_[u]) slots_[u]->hooks.reset();
   unit_hooks_.clear();
 }
-
 
 }  // namespace accel::zero

@@ -50,12 +50,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // What the engine keeps per flat parameter beyond the mechanism.
   struct Flat {
     std::unique_ptr<sharding::FlatParam> flat_param;
-    int unit = 0;          // index into units()
-    int group = -1;        // the user optimizer's param group, -1: not optimized
+    int unit = 0;             // index into units()
+    int group = -1;           // the user optimizer's param group, -1: not optimized
     bool persistent = false;  // gathered from the step's all-gather until the next step (root unit)
-    at::Tensor master;     // what the optimizer steps: the shard (sharded) or the whole flat buffer
-                           // (undefined in passthrough, and for flats the optimizer does not own)
-    at::Tensor grad;       // reduced gradient feeding master.grad (undefined until a sync backward)
+    at::Tensor master;        // what the optimizer steps: the shard (sharded) or the whole flat buffer
+                              // (undefined in passthrough, and for flats the optimizer does not own)
+    at::Tensor grad;          // reduced gradient feeding master.grad (undefined until a sync backward)
     // fp8 all-gather (spec.fp8_all_gather, sharded units): this rank's shard in e4m3, one scale per
     // parameter (agreed across the shard group after each step), the gathered bytes while in flight.
     at::Tensor fp8_shard, fp8_scales, fp8_full;
@@ -65,7 +65,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     bool grad_live = false;     // grad_full holds this accumulation window's gradients
     std::vector<char> touched;  // per parameter: its region of grad_full written in this window
     bool ready = false;
-    bool master_grad_set = false;  // master.grad was set by us (reduction or placeholder), not stepped on
+    bool master_grad_set = false;            // master.grad was set by us (reduction or placeholder), not stepped on
     const void* master_grad_impl = nullptr;  // ... that tensor, and its version then: a zero_grad()
     std::int64_t master_grad_version = 0;    // (to none, or in place) changes one of them
   };
@@ -207,8 +207,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<UnitInfo> units_;
   std::vector<std::shared_ptr<sharding::UnitSlot>> slots_;
   std::unique_ptr<GradReducer> reducer_;
-  std::vector<std::size_t> reduce_order_;  // flats_ indices in reducer order
-  std::vector<std::size_t> reducer_index_;  // flats_ index -> reducer index (or npos)
+  std::vector<std::size_t> reduce_order_;           // flats_ indices in reducer order
+  std::vector<std::size_t> reducer_index_;          // flats_ index -> reducer index (or npos)
   std::vector<std::size_t> fwd_order_, cur_order_;  // unit order of the last / current forward
   bool sync_ = true;
   bool hooks_installed_ = false;

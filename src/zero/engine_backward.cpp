@@ -255,5 +255,4 @@ void Engine::finalize_backward() {
     if (unit_sharded(u)) reshard(u);
 }
 
-
 }  // namespace accel::zero

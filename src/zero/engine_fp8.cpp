@@ -36,7 +36,8 @@ void Engine::dequantize_arrived(Flat& f) {
 
 bool Engine::fp8_gathered(const Flat& f) const {
   // (options().sharded: parameters sharded over a group of more than one rank.)
-  return spec_.fp8_all_gather && f.flat_param->options().sharded && !f.persistent && f.flat_param->shard().is_floating_point();
+  return spec_.fp8_all_gather && f.flat_param->options().sharded && !f.persistent &&
+         f.flat_param->shard().is_floating_point();
 }
 
 void Engine::quantize_fp8_shards() {
@@ -72,14 +73,16 @@ void Engine::quantize_fp8_shards() {
     if (pc.param == 0) {
       CategoryScope cat(Category::Parameters);
       if (!f.fp8_shard.defined())
-        f.fp8_shard = at::zeros({f.flat_param->shard().numel()}, f.flat_param->shard().options().dtype(mixed_precision::fp8_dtype(Fp8Format::E4M3)));
-      f.fp8_scales = scales.narrow(0, static_cast<std::int64_t>(j), static_cast<std::int64_t>(f.flat_param->params().size())).clone();
+        f.fp8_shard = at::zeros({f.flat_param->shard().numel()},
+                                f.flat_param->shard().options().dtype(mixed_precision::fp8_dtype(Fp8Format::E4M3)));
+      f.fp8_scales =
+          scales.narrow(0, static_cast<std::int64_t>(j), static_cast<std::int64_t>(f.flat_param->params().size()))
+              .clone();
     }
     if (pc.hi > pc.lo)
       f.fp8_shard.narrow(0, pc.lo - pc.b, pc.hi - pc.lo)
           .copy_(mixed_precision::quantize(values[j], scales[static_cast<std::int64_t>(j)], Fp8Format::E4M3));
   }
 }
-
 
 }  // namespace accel::zero

@@ -12,7 +12,6 @@ namespace accel::zero {
 using memory::Category;
 using memory::CategoryScope;
 
-
 // The root unit (0) stays gathered from step to step; the others are gathered around each use.
 bool Engine::unit_sharded(std::size_t unit) const { return plan_.params_sharded && unit != 0; }
 

@@ -130,5 +130,4 @@ void Engine::params_from_masters() {
   quantize_fp8_shards();
 }
 
-
 }  // namespace accel::zero

@@ -10,8 +10,12 @@ namespace accel::zero {
 GradReducer::GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10::ScalarType reduce_dtype,
                          std::shared_ptr<comm::Communicator> shard, std::shared_ptr<comm::Communicator> replicate,
                          std::int64_t bucket_bytes, bool may_wait_in_backward)
-    : flats_(std::move(flats)), mode_(mode), dtype_(reduce_dtype), shard_(std::move(shard)),
-      replicate_(std::move(replicate)), may_wait_(may_wait_in_backward) {
+    : flats_(std::move(flats)),
+      mode_(mode),
+      dtype_(reduce_dtype),
+      shard_(std::move(shard)),
+      replicate_(std::move(replicate)),
+      may_wait_(may_wait_in_backward) {
   if (replicate_ && replicate_->size() == 1) replicate_.reset();
   const std::int64_t esize = c10::elementSize(dtype_);
   std::int64_t in_bucket = 0;
@@ -53,8 +57,7 @@ void GradReducer::mark_ready(std::size_t i) {
   if (marked_.at(i)) return;
   marked_[i] = 1;
   buckets_[bucket_of_[i]].ready++;
-  while (next_launch_ < buckets_.size() &&
-         buckets_[next_launch_].ready == buckets_[next_launch_].members.size()) {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].ready == buckets_[next_launch_].members.size()) {
     launch(buckets_[next_launch_++]);
     // Bound the staging memory in flight: finish the oldest buckets beyond kMaxInFlight (without
     // blocking where another rank may need this one to get on with its backward first).

@@ -14,7 +14,8 @@
 // construction) and reduce it in place; a bucket of one flat in the reduce dtype reduces it
 // directly; otherwise through one staging buffer (rank-major for reduce-scatter), cast to the reduce
 // dtype. At most kMaxInFlight buckets are in flight: launching another first finishes the oldest,
-// which bounds staging memory (where waiting is allowed; otherwise only once it has completed). A group of one rank (and no replicate group) reduces nothing.
+// which bounds staging memory (where waiting is allowed; otherwise only once it has completed). A group of one rank
+// (and no replicate group) reduces nothing.
 #pragma once
 
 #include "comm/communicator.h"

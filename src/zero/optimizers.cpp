@@ -19,7 +19,8 @@ using Tensors = std::map<std::string, at::Tensor>;
 template <class Opt, class Options>
 class Sharded final : public Opt {
  public:
-  Sharded(const std::vector<optim::OptimizerParamGroup>& groups, const Options& defaults, std::shared_ptr<Engine> engine)
+  Sharded(const std::vector<optim::OptimizerParamGroup>& groups, const Options& defaults,
+          std::shared_ptr<Engine> engine)
       : Opt(groups, defaults), engine_(std::move(engine)) {}
 
   at::Tensor step(optim::Optimizer::LossClosure closure = nullptr) override {
@@ -67,7 +68,8 @@ at::Tensor get(const Tensors& t, const char* name) {
   return it == t.end() ? at::Tensor() : it->second;
 }
 
-OptimizerState named(std::initializer_list<std::pair<const char*, at::Tensor>> tensors, std::optional<std::int64_t> step) {
+OptimizerState named(std::initializer_list<std::pair<const char*, at::Tensor>> tensors,
+                     std::optional<std::int64_t> step) {
   OptimizerState out{{}, step};
   for (const auto& [n, t] : tensors)
     if (t.defined()) out.tensors.emplace_back(n, t);
@@ -103,8 +105,9 @@ std::unique_ptr<optim::OptimizerParamState> import_sgd(const Tensors& t, std::in
 OptimizerState export_rmsprop(optim::OptimizerParamState& p) {
   auto* s = dynamic_cast<optim::RMSpropParamState*>(&p);
   if (!s) return {};
-  return named({{"square_avg", s->square_avg()}, {"momentum_buffer", s->momentum_buffer()}, {"grad_avg", s->grad_avg()}},
-               s->step());
+  return named(
+      {{"square_avg", s->square_avg()}, {"momentum_buffer", s->momentum_buffer()}, {"grad_avg", s->grad_avg()}},
+      s->step());
 }
 std::unique_ptr<optim::OptimizerParamState> import_rmsprop(const Tensors& t, std::int64_t step) {
   auto s = std::make_unique<optim::RMSpropParamState>();
@@ -129,8 +132,10 @@ const OptimizerRow kRows[] = {
     {"AdamW", is<optim::AdamW>, make_sharded<optim::AdamW, optim::AdamWOptions>, export_adam<optim::AdamWParamState>,
      import_adam<optim::AdamWParamState>},
     {"SGD", is<optim::SGD>, make_sharded<optim::SGD, optim::SGDOptions>, export_sgd, import_sgd},
-    {"RMSprop", is<optim::RMSprop>, make_sharded<optim::RMSprop, optim::RMSpropOptions>, export_rmsprop, import_rmsprop},
-    {"Adagrad", is<optim::Adagrad>, make_sharded<optim::Adagrad, optim::AdagradOptions>, export_adagrad, import_adagrad},
+    {"RMSprop", is<optim::RMSprop>, make_sharded<optim::RMSprop, optim::RMSpropOptions>, export_rmsprop,
+     import_rmsprop},
+    {"Adagrad", is<optim::Adagrad>, make_sharded<optim::Adagrad, optim::AdagradOptions>, export_adagrad,
+     import_adagrad},
 };
 
 }  // namespace

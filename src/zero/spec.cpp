@@ -76,19 +76,22 @@ ShardingSpec ShardingSpec::fsdp(const std::string& name) {
 }
 
 void ShardingSpec::validate() const {
-  if (bucket_bytes < 0) throw std::invalid_argument(fmt::format("ShardingSpec.bucket_bytes must be >= 0, got {}", bucket_bytes));
+  if (bucket_bytes < 0)
+    throw std::invalid_argument(fmt::format("ShardingSpec.bucket_bytes must be >= 0, got {}", bucket_bytes));
   if (align_elements < 1)
     throw std::invalid_argument(fmt::format("ShardingSpec.align_elements must be >= 1, got {}", align_elements));
   wrap.validate();
   for (auto dt : {param_dtype, reduce_dtype, master_dtype})
     if (dt && !c10::isFloatingType(*dt))
-      throw std::invalid_argument(fmt::format("ShardingSpec dtypes must be floating point, got {}", c10::toString(*dt)));
+      throw std::invalid_argument(
+          fmt::format("ShardingSpec dtypes must be floating point, got {}", c10::toString(*dt)));
 }
 
 std::string ShardingSpec::to_string() const {
-  std::string s = fmt::format("{}: optimizer {}, gradients {}, parameters {}", zero::to_string(strategy),
-                              shards_optimizer() ? "sharded" : "replicated", shards_gradients() ? "sharded" : "replicated",
-                              shards_parameters() ? "sharded" : "replicated");
+  std::string s =
+      fmt::format("{}: optimizer {}, gradients {}, parameters {}", zero::to_string(strategy),
+                  shards_optimizer() ? "sharded" : "replicated", shards_gradients() ? "sharded" : "replicated",
+                  shards_parameters() ? "sharded" : "replicated");
   if (shards_parameters()) s += reshard_after_forward ? " (freed after forward)" : " (kept through backward)";
   if (hybrid()) s += ", replicated across nodes";
   return s + fmt::format(", bucket {} B", bucket_bytes);

@@ -4,8 +4,8 @@
 //   DDP / NO_SHARD      | replicated      | all-reduced          | replicated         | -
 //   ZeRO-1              | sharded         | reduce-scattered into the own slice of a full buffer | replicated | -
 //   ZeRO-2/SHARD_GRAD_OP| sharded         | sharded (reduce-scatter) | replicated, all-gathered after step | -
-//   ZeRO-3 / FULL_SHARD | sharded         | sharded              | sharded, gathered per unit | yes (reshard_after_forward)
-//   HYBRID_SHARD        | FULL_SHARD inside a node, gradients all-reduced across nodes
+//   ZeRO-3 / FULL_SHARD | sharded         | sharded              | sharded, gathered per unit | yes
+//   (reshard_after_forward) HYBRID_SHARD        | FULL_SHARD inside a node, gradients all-reduced across nodes
 //
 // ZeRO-1 reduce-scatters rather than all-reduces: it only needs its own slice of the reduced
 // gradient, and that is what keeps its traffic at DDP's 2Ψ (ZeRO paper, Table 1).
@@ -31,13 +31,13 @@ enum class Strategy { NoShard, Zero1, Zero2, Zero3, HybridShard };
 // names and labels from here; nothing else spells them.
 struct StrategyInfo {
   Strategy strategy;
-  const char* name;        // accel's own, in checkpoints and logs: "ZERO_3"
-  const char* short_label; // for people: "ZeRO-3"
-  const char* label;       // the ZeRO stage with the FSDP strategy that stores the same: "ZeRO-3 (FULL_SHARD)"
-  const char* fsdp_name;   // Accelerate/FSDP fsdp_sharding_strategy, nullptr where FSDP has none (ZeRO-1)
-  const char* fsdp_label;  // "FULL_SHARD (like ZeRO-3)"
-  int fsdp_number;         // Accelerate's number for fsdp_name (1 FULL_SHARD .. 4 HYBRID_SHARD), 0 if none
-  int zero_stage;          // DeepSpeed zero_optimization.stage that stores the same
+  const char* name;         // accel's own, in checkpoints and logs: "ZERO_3"
+  const char* short_label;  // for people: "ZeRO-3"
+  const char* label;        // the ZeRO stage with the FSDP strategy that stores the same: "ZeRO-3 (FULL_SHARD)"
+  const char* fsdp_name;    // Accelerate/FSDP fsdp_sharding_strategy, nullptr where FSDP has none (ZeRO-1)
+  const char* fsdp_label;   // "FULL_SHARD (like ZeRO-3)"
+  int fsdp_number;          // Accelerate's number for fsdp_name (1 FULL_SHARD .. 4 HYBRID_SHARD), 0 if none
+  int zero_stage;           // DeepSpeed zero_optimization.stage that stores the same
   bool shards_optimizer, shards_gradients, shards_parameters, hybrid;
 };
 // Every row, in table order (NoShard, Zero1, Zero2, Zero3, HybridShard).

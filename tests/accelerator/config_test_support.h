@@ -19,10 +19,10 @@
 
 namespace accel::config_test {
 
-#define EXPECT_HAS(msg, part)                                                                   \
-  do {                                                                                          \
-    const std::string m_ = (msg);                                                               \
-    EXPECT_NE(m_.find(part), std::string::npos) << "expected '" << (part) << "' in: " << m_;    \
+#define EXPECT_HAS(msg, part)                                                                \
+  do {                                                                                       \
+    const std::string m_ = (msg);                                                            \
+    EXPECT_NE(m_.find(part), std::string::npos) << "expected '" << (part) << "' in: " << m_; \
   } while (0)
 
 inline std::string error_of(const std::function<void()>& f) {

@@ -68,8 +68,8 @@ TEST(Accelerator, GatherConcatenatesInRankOrder) {
   at::Tensor all = acc.gather(mine);
   ASSERT_EQ(all.sizes(), (std::vector<int64_t>{2 * N, 3}));
   for (int k = 0; k < N; ++k)
-    EXPECT_TRUE(at::equal(all.narrow(0, 2 * k, 2), at::full({2, 3}, static_cast<double>(k), at::kDouble) +
-                                                       at::arange(3, at::kDouble)));
+    EXPECT_TRUE(at::equal(all.narrow(0, 2 * k, 2),
+                          at::full({2, 3}, static_cast<double>(k), at::kDouble) + at::arange(3, at::kDouble)));
   at::Tensor scalars = acc.gather(at::scalar_tensor(r + 1, at::kLong));
   ASSERT_EQ(scalars.numel(), N);
   EXPECT_EQ(scalars.sum().item<int64_t>(), static_cast<int64_t>(N) * (N + 1) / 2);
@@ -160,7 +160,8 @@ TEST(Accelerator, GatherForMetricsCountsEachSampleOnce) {
   for (int64_t n : {7, 12, 1}) {
     for (int64_t bs : {2, 3}) {
       Accelerator acc(quiet());
-      DataLoader<Rows> loader(Rows(at::arange(n, at::kLong).reshape({n, 1}), at::arange(n, at::kLong)), {.batch_size = bs});
+      DataLoader<Rows> loader(Rows(at::arange(n, at::kLong).reshape({n, 1}), at::arange(n, at::kLong)),
+                              {.batch_size = bs});
       acc.prepare_data_loader(loader);
       std::vector<int64_t> seen;
       for (const Batch& b : loader) {
@@ -243,15 +244,17 @@ std::vector<LoopCase> loop_cases() {
       {"full_shard",
        "distributed_type: FSDP\ngradient_accumulation_steps: 2\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
        "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: LinearImpl\n"},
-      {"shard_grad_op", "distributed_type: FSDP\ngradient_accumulation_steps: 2\nfsdp_config:\n"
-                        "  fsdp_sharding_strategy: SHARD_GRAD_OP\n"},
+      {"shard_grad_op",
+       "distributed_type: FSDP\ngradient_accumulation_steps: 2\nfsdp_config:\n"
+       "  fsdp_sharding_strategy: SHARD_GRAD_OP\n"},
   };
 }
 
 TEST(Accelerator, TrainingLoopMatchesSingleProcessUnderEveryStrategy) {
   for (const LoopCase& c : loop_cases()) {
     SCOPED_TRACE(c.name);
-    auto opts = quiet(c.yaml.empty() ? std::nullopt : std::optional<std::string>(write_config(c.name + ".yaml", c.yaml)));
+    auto opts =
+        quiet(c.yaml.empty() ? std::nullopt : std::optional<std::string>(write_config(c.name + ".yaml", c.yaml)));
     Accelerator acc(opts);
     const int N = acc.num_processes();
     const int64_t accum = acc.gradient_accumulation_steps(), G = 6, batches = 8;
@@ -351,8 +354,9 @@ TEST(Accelerator, RefusesWhatItCannotDo) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error(quiet(write_config("ac.yaml", "distributed_type: FSDP\nfsdp_config:\n  fsdp_activation_checkpointing: true\n")),
-               "activation checkpointing is not implemented");
+  expect_error(
+      quiet(write_config("ac.yaml", "distributed_type: FSDP\nfsdp_config:\n  fsdp_activation_checkpointing: true\n")),
+      "activation checkpointing is not implemented");
   expect_error(quiet(write_config("gpu.yaml", "distributed_type: MULTI_GPU\n")), "MULTI_GPU needs CUDA");
 
   Accelerator acc(quiet());
@@ -378,9 +382,9 @@ TEST(Accelerator, FsdpStateDictTypeDecidesWhatSaveStateWrites) {
   };
   const std::string root = (fs::temp_directory_path() / ("accel_test_state_dict_" + std::to_string(N))).string();
   struct Case {
-    const char* type;        // fsdp_state_dict_type, "" for none
-    std::optional<bool> arg; // save_state's `full`
-    bool full;               // what must be written
+    const char* type;         // fsdp_state_dict_type, "" for none
+    std::optional<bool> arg;  // save_state's `full`
+    bool full;                // what must be written
   };
   const Case cases[] = {{"FULL_STATE_DICT", std::nullopt, true},   {"SHARDED_STATE_DICT", std::nullopt, false},
                         {"LOCAL_STATE_DICT", std::nullopt, false}, {"", std::nullopt, false},
@@ -391,8 +395,8 @@ TEST(Accelerator, FsdpStateDictTypeDecidesWhatSaveStateWrites) {
     std::string yaml = "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n";
     if (*c.type) yaml += std::string("  fsdp_state_dict_type: ") + c.type + "\n";
     Accelerator acc(quiet(write_config("sdt_" + std::to_string(i) + ".yaml", yaml)));
-    EXPECT_EQ(acc.config().state_dict_type, std::string(c.type) == "FULL_STATE_DICT" ? StateDictType::Full
-                                                                                      : StateDictType::Sharded);
+    EXPECT_EQ(acc.config().state_dict_type,
+              std::string(c.type) == "FULL_STATE_DICT" ? StateDictType::Full : StateDictType::Sharded);
     auto model = make_mlp();
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
     acc.prepare(model, sgd);
@@ -411,7 +415,8 @@ TEST(Accelerator, Save16BitModelWritesTheComputeDtype) {
   for (bool sixteen : {false, true}) {
     SCOPED_TRACE(sixteen ? "gather_16bit_weights_on_model_save: true" : "gather_16bit_weights_on_model_save: false");
     const std::string json = fmt::format(R"({{"train_micro_batch_size_per_gpu": 4, "bf16": {{"enabled": true}},
-        "zero_optimization": {{"stage": 3, "gather_16bit_weights_on_model_save": {}}}}})", sixteen);
+        "zero_optimization": {{"stage": 3, "gather_16bit_weights_on_model_save": {}}}}})",
+                                         sixteen);
     Accelerator acc(quiet(write_config(sixteen ? "save16_on.json" : "save16_off.json", json)));
     ASSERT_EQ(acc.config().zero3_save_16bit_model, sixteen);
     auto model = make_mlp();

@@ -154,8 +154,9 @@ TEST(ConfigEnv, GradientAccumulationSteps) {
   c = resolve_config();
   EXPECT_EQ(c.batch.gradient_accumulation_steps, OptI(4));
   env.set("ACCEL_GRADIENT_ACCUMULATION_STEPS", "x");
-  EXPECT_HAS(error_of([] { resolve_config(); }),
-             "ACCEL_GRADIENT_ACCUMULATION_STEPS (environment): gradient_accumulation_steps is 'x', expected an integer >= 1");
+  EXPECT_HAS(
+      error_of([] { resolve_config(); }),
+      "ACCEL_GRADIENT_ACCUMULATION_STEPS (environment): gradient_accumulation_steps is 'x', expected an integer >= 1");
   env.set("ACCEL_GRADIENT_ACCUMULATION_STEPS", "0");
   EXPECT_HAS(error_of([] { resolve_config(); }), "gradient_accumulation_steps is '0'");
   args.gradient_accumulation_steps = 0;
@@ -186,7 +187,8 @@ TEST(ConfigEnv, ZeroStageForcesDeepSpeed) {
   args.zero_stage = 1;
   EXPECT_EQ(resolve_config(args).spec.strategy, Strategy::Zero1);
   env.set("ACCEL_ZERO_STAGE", "7");
-  EXPECT_HAS(error_of([] { resolve_config(); }), "ACCEL_ZERO_STAGE (environment): zero_stage is '7', expected 0, 1, 2 or 3");
+  EXPECT_HAS(error_of([] { resolve_config(); }),
+             "ACCEL_ZERO_STAGE (environment): zero_stage is '7', expected 0, 1, 2 or 3");
   args.zero_stage = -1;
   EXPECT_HAS(error_of([&] { resolve_config(args); }), "argument: zero_stage is '-1'");
 }
@@ -211,7 +213,8 @@ TEST(ConfigEnv, FsdpStrategyForcesFsdp) {
   // Both at the same level is ambiguous; an argument beats the environment.
   env.set("ACCEL_FSDP_SHARDING_STRATEGY", "FULL_SHARD");
   env.set("ACCEL_ZERO_STAGE", "2");
-  EXPECT_HAS(error_of([] { resolve_config(); }), "zero_stage (DEEPSPEED) and fsdp_sharding_strategy (FSDP) are both given");
+  EXPECT_HAS(error_of([] { resolve_config(); }),
+             "zero_stage (DEEPSPEED) and fsdp_sharding_strategy (FSDP) are both given");
   ConfigOverrides args;
   args.zero_stage = 1;
   c = resolve_config(args);
@@ -287,7 +290,9 @@ TEST(ConfigShipped, DeepSpeed) {
 // same decide the same.
 std::string decisions(const AcceleratorConfig& c) {
   auto opt = [](const auto& v) { return v ? fmt::format("{}", *v) : std::string("-"); };
-  auto dt = [](const std::optional<c10::ScalarType>& t) { return t ? std::string(c10::toString(*t)) : std::string("-"); };
+  auto dt = [](const std::optional<c10::ScalarType>& t) {
+    return t ? std::string(c10::toString(*t)) : std::string("-");
+  };
   const auto& s = c.spec;
   std::string wrap = fmt::format("{}:{}:", static_cast<int>(s.wrap.kind), s.wrap.min_num_params);
   for (const auto& t : s.wrap.type_names) wrap += t + ",";
@@ -479,8 +484,8 @@ TEST(ConfigKeys, EveryDeepSpeedKeyIsActedOnOrIgnoredWithItsReason) {
     if (!row.section.empty()) ptr += "/";
     ptr += row.name;
     // An ignored key without an explicit value: try the kinds a DeepSpeed key may have, in turn.
-    std::vector<std::string> values = kc.value.empty() ? std::vector<std::string>{"true", "7", "{}", R"("x")"}
-                                                       : std::vector<std::string>{kc.value};
+    std::vector<std::string> values =
+        kc.value.empty() ? std::vector<std::string>{"true", "7", "{}", R"("x")"} : std::vector<std::string>{kc.value};
     bool checked = false;
     for (const auto& v : values) {
       json with = plain;

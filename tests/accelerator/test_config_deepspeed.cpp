@@ -32,9 +32,12 @@ TEST(ConfigJson, Stage) {
   const auto c = ds("{}");
   EXPECT_EQ(c.distributed_type, DistributedType::DeepSpeed);
   EXPECT_EQ(c.source, "ds.json");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 4}})"), "ds.json: zero_optimization.stage is '4', expected 0, 1, 2 or 3");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 1.5}})"), "zero_optimization.stage is '1.5', expected an integer");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": "two"}})"), "zero_optimization.stage is 'two', expected an integer");
+  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 4}})"),
+             "ds.json: zero_optimization.stage is '4', expected 0, 1, 2 or 3");
+  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 1.5}})"),
+             "zero_optimization.stage is '1.5', expected an integer");
+  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": "two"}})"),
+             "zero_optimization.stage is 'two', expected an integer");
   EXPECT_HAS(ds_error(R"({"zero_optimization": 3})"), "ds.json: zero_optimization is '3', expected an object");
 }
 
@@ -51,7 +54,8 @@ TEST(ConfigJson, AliasesAutoAndFloats) {
   EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}})").spec.bucket_bytes, 2000000000);
   EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}})").spec.bucket_bytes,
             zero::ShardingSpec().bucket_bytes);
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto"}})").ignored.size(), 0u);
+  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto"}})").ignored.size(),
+            0u);
   EXPECT_HAS(ds_error(R"({"zero_optimization": {"reduce_bucket_size": 1.5}})"),
              "ds.json: zero_optimization.reduce_bucket_size is '1.5', expected an integer");
   EXPECT_HAS(ds_error(R"({"zero_optimization": {"overlap_comm": "yes"}})"),
@@ -60,10 +64,12 @@ TEST(ConfigJson, AliasesAutoAndFloats) {
 
 TEST(ConfigJson, UnknownKeys) {
   auto m = ds_error(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_sise": 5e8}})");
-  EXPECT_HAS(m, "ds.json: unknown key 'zero_optimization.stage3_prefetch_bucket_sise'; did you mean "
-                "'stage3_prefetch_bucket_size'?");
+  EXPECT_HAS(m,
+             "ds.json: unknown key 'zero_optimization.stage3_prefetch_bucket_sise'; did you mean "
+             "'stage3_prefetch_bucket_size'?");
   m = ds_error(R"({"train_micro_batch_size_per_gpus": 4})");
-  EXPECT_HAS(m, "ds.json: unknown key 'train_micro_batch_size_per_gpus'; did you mean 'train_micro_batch_size_per_gpu'?");
+  EXPECT_HAS(m,
+             "ds.json: unknown key 'train_micro_batch_size_per_gpus'; did you mean 'train_micro_batch_size_per_gpu'?");
   EXPECT_HAS(ds_error(R"({"fp16": {"enabled": true, "initial_scale_pow": 8}})"),
              "unknown key 'fp16.initial_scale_pow'; did you mean 'initial_scale_power'?");
   EXPECT_HAS(ds_error(R"({"bf16": {"enable": true}})"), "unknown key 'bf16.enable'; did you mean 'enabled'?");
@@ -131,7 +137,9 @@ TEST(ConfigJson, Offload) {
   EXPECT_EQ(c.offload_param_device, "nvme");
   EXPECT_TRUE(ignored(c, "zero_optimization.offload_optimizer.pin_memory"));
   EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2, "offload_optimizer": null}})").offload_optimizer_device, "none");
-  EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}})").offload_optimizer_device, "none");
+  EXPECT_EQ(
+      ds(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}})").offload_optimizer_device,
+      "none");
   // Deprecated aliases.
   EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2, "cpu_offload": true}})").offload_optimizer_device, "cpu");
   EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2, "cpu_offload": false}})").offload_optimizer_device, "none");
@@ -141,20 +149,25 @@ TEST(ConfigJson, Offload) {
              "'zero_optimization.offload_optimizer' are given");
   EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}})"),
              "ds.json: zero_optimization.offload_optimizer.device is 'disk'; allowed values: none, cpu, nvme");
-  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memroy": true}}})"),
-             "unknown key 'zero_optimization.offload_optimizer.pin_memroy'; did you mean 'pin_memory'?");
+  EXPECT_HAS(
+      ds_error(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memroy": true}}})"),
+      "unknown key 'zero_optimization.offload_optimizer.pin_memroy'; did you mean 'pin_memory'?");
   EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})"),
              "zero_optimization.offload_param offloads parameters to 'cpu', which needs stage 3");
 }
 
 TEST(ConfigJson, Gather16BitWeights) {
-  EXPECT_TRUE(ds(R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": true}})").zero3_save_16bit_model);
-  EXPECT_TRUE(ds(R"({"zero_optimization": {"stage": 3, "gather_16bit_weights_on_model_save": true}})").zero3_save_16bit_model);
-  EXPECT_TRUE(ds(R"({"zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": true}})").zero3_save_16bit_model);
+  EXPECT_TRUE(ds(R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": true}})")
+                  .zero3_save_16bit_model);
+  EXPECT_TRUE(
+      ds(R"({"zero_optimization": {"stage": 3, "gather_16bit_weights_on_model_save": true}})").zero3_save_16bit_model);
+  EXPECT_TRUE(ds(R"({"zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": true}})")
+                  .zero3_save_16bit_model);
   // save_model acts on it (compute-dtype weights): not in the ignored list.
-  EXPECT_EQ(ignored_entry(ds(R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": true}})"),
-                          "zero_optimization.stage3_gather_16bit_weights_on_model_save"),
-            "");
+  EXPECT_EQ(
+      ignored_entry(ds(R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": true}})"),
+                    "zero_optimization.stage3_gather_16bit_weights_on_model_save"),
+      "");
   EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage3_gather_fp16_weights_on_model_save": true,
                                                 "stage3_gather_16bit_weights_on_model_save": true}})"),
              "both the deprecated 'zero_optimization.stage3_gather_fp16_weights_on_model_save'");
@@ -175,8 +188,10 @@ TEST(ConfigJson, Fp16LossScaler) {
   EXPECT_EQ(d.loss_scaler.initial_scale_power, 16);  // "auto" -> DeepSpeed's default
   EXPECT_EQ(ds(R"({"fp16": {"enabled": false}})").mixed_precision, MixedPrecision::No);
   EXPECT_EQ(ds(R"({"fp16": {"enabled": "auto"}})").mixed_precision, MixedPrecision::No);
-  EXPECT_HAS(ds_error(R"({"fp16": {"enabled": true, "loss_scale": -1}})"), "ds.json: fp16.loss_scale is '-1', expected a number >= 0");
-  EXPECT_HAS(ds_error(R"({"fp16": {"loss_scale_window": 0}})"), "fp16.loss_scale_window is '0', expected an integer >= 1");
+  EXPECT_HAS(ds_error(R"({"fp16": {"enabled": true, "loss_scale": -1}})"),
+             "ds.json: fp16.loss_scale is '-1', expected a number >= 0");
+  EXPECT_HAS(ds_error(R"({"fp16": {"loss_scale_window": 0}})"),
+             "fp16.loss_scale_window is '0', expected an integer >= 1");
   EXPECT_HAS(ds_error(R"({"fp16": {"min_loss_scale": 0}})"), "fp16.min_loss_scale is '0', expected a number > 0");
   EXPECT_HAS(ds_error(R"({"fp16": {"hysteresis": 1.5}})"), "fp16.hysteresis is '1.5', expected an integer");
   EXPECT_HAS(ds_error(R"({"fp16": {"enabled": "yes"}})"), "fp16.enabled is 'yes', expected a boolean");
@@ -186,11 +201,14 @@ TEST(ConfigJson, Bf16AndBoth) {
   EXPECT_EQ(ds(R"({"bf16": {"enabled": true}})").mixed_precision, MixedPrecision::Bf16);
   EXPECT_EQ(ds(R"({"bfloat16": {"enabled": true}})").mixed_precision, MixedPrecision::Bf16);
   // bf16 master weights are an option (read, not ignored); bf16_optimizer_states follows them.
-  EXPECT_FALSE(ds(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": false}})").spec.master_dtype.has_value());
+  EXPECT_FALSE(
+      ds(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": false}})").spec.master_dtype.has_value());
   EXPECT_EQ(ds(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}})").spec.master_dtype,
             c10::ScalarType::BFloat16);
-  EXPECT_FALSE(ds(R"({"bf16": {"enabled": false, "bf16_master_weights_and_grads": true}})").spec.master_dtype.has_value());
-  EXPECT_TRUE(ignored(ds(R"({"bf16": {"enabled": true, "bf16_optimizer_states": true}})"), "bf16.bf16_optimizer_states"));
+  EXPECT_FALSE(
+      ds(R"({"bf16": {"enabled": false, "bf16_master_weights_and_grads": true}})").spec.master_dtype.has_value());
+  EXPECT_TRUE(
+      ignored(ds(R"({"bf16": {"enabled": true, "bf16_optimizer_states": true}})"), "bf16.bf16_optimizer_states"));
   auto m = ds_error(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})");
   EXPECT_HAS(m, "ds.json: fp16.enabled and bf16.enabled are both true; enable at most one");
   EXPECT_HAS(ds_error(R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": true}})"), "its alias 'bfloat16'");
@@ -218,15 +236,19 @@ TEST(ConfigJson, BatchValues) {
   EXPECT_EQ(c.batch.micro_batch_per_gpu, std::optional<std::int64_t>(4));
   EXPECT_EQ(c.batch.gradient_accumulation_steps, std::optional<std::int64_t>(2));
   EXPECT_EQ(c.gradient_accumulation_steps, 2);
-  c = ds(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"})");
+  c = ds(
+      R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"})");
   EXPECT_FALSE(c.batch.train_batch_size || c.batch.micro_batch_per_gpu || c.batch.gradient_accumulation_steps);
   EXPECT_EQ(c.gradient_accumulation_steps, 1);
   EXPECT_EQ(ds(R"({"train_batch_size": 1e3})").batch.train_batch_size, std::optional<std::int64_t>(1000));
-  EXPECT_HAS(ds_error(R"({"train_batch_size": 0})"), "ds.json: train_batch_size is '0', expected a positive integer or \"auto\"");
+  EXPECT_HAS(ds_error(R"({"train_batch_size": 0})"),
+             "ds.json: train_batch_size is '0', expected a positive integer or \"auto\"");
   EXPECT_HAS(ds_error(R"({"train_micro_batch_size_per_gpu": 2.5})"), "train_micro_batch_size_per_gpu is '2.5'");
   EXPECT_HAS(ds_error(R"({"gradient_accumulation_steps": "four"})"), "gradient_accumulation_steps is 'four'");
-  EXPECT_HAS(ds_error(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})"),
-             "ds.json: train_batch_size 30 must equal train_micro_batch_size_per_gpu * gradient_accumulation_steps * world size");
+  EXPECT_HAS(
+      ds_error(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})"),
+      "ds.json: train_batch_size 30 must equal train_micro_batch_size_per_gpu * gradient_accumulation_steps * world "
+      "size");
 }
 
 TEST(ConfigJson, LoadConfigFileTellsTheDialectApart) {

@@ -88,7 +88,8 @@ TEST(ConfigYaml, NumProcesses) {
   EXPECT_EQ(yaml("distributed_type: MULTI_CPU\nnum_processes: 4\n").num_processes, 4);
   auto m = yaml_error("distributed_type: MULTI_CPU\nnum_processes: two\n");
   EXPECT_HAS(m, "t.yaml: num_processes is 'two', expected an integer >= 1");
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nnum_processes: 0\n"), "num_processes is '0', expected an integer >= 1");
+  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nnum_processes: 0\n"),
+             "num_processes is '0', expected an integer >= 1");
   EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nnum_processes: 1.5\n"), "num_processes is '1.5'");
   EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nnum_processes: [1, 2]\n"), "num_processes is '[1, 2]'");
 }
@@ -98,12 +99,14 @@ TEST(ConfigYaml, NumMachinesAndMachineRank) {
   EXPECT_EQ(c.num_machines, 2);
   // accel launch places the ranks on machines (one mpirun); machine_rank is checked, then ignored.
   EXPECT_HAS(ignored_entry(c, "machine_rank"), "accel launch starts the ranks of every machine from one mpirun");
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nnum_machines: 0\n"), "t.yaml: num_machines is '0', expected an integer >= 1");
+  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nnum_machines: 0\n"),
+             "t.yaml: num_machines is '0', expected an integer >= 1");
   EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nnum_processes: 3\nnum_machines: 2\n"),
              "num_processes is 3, expected a multiple of num_machines (2)");
   auto m = yaml_error("distributed_type: MULTI_CPU\nnum_processes: 4\nnum_machines: 2\nmachine_rank: 2\n");
   EXPECT_HAS(m, "t.yaml: machine_rank is 2, expected 0..1 (num_machines is 2)");
-  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nmachine_rank: -1\n"), "machine_rank is '-1', expected an integer >= 0");
+  EXPECT_HAS(yaml_error("distributed_type: MULTI_CPU\nmachine_rank: -1\n"),
+             "machine_rank is '-1', expected an integer >= 0");
 }
 
 TEST(ConfigYaml, MainProcessIpAndPort) {
@@ -186,9 +189,9 @@ tpu_name: my-tpu
 tpu_use_cluster: false
 tpu_use_sudo: false
 )");
-  for (const char* k : {"debug", "downcast_bf16", "dynamo_config", "enable_cpu_affinity", "gpu_ids",
-                        "main_training_function", "megatron_lm_config", "rdzv_backend", "same_network", "tpu_env",
-                        "tpu_name", "tpu_use_cluster", "tpu_use_sudo"})
+  for (const char* k :
+       {"debug", "downcast_bf16", "dynamo_config", "enable_cpu_affinity", "gpu_ids", "main_training_function",
+        "megatron_lm_config", "rdzv_backend", "same_network", "tpu_env", "tpu_name", "tpu_use_cluster", "tpu_use_sudo"})
     EXPECT_TRUE(ignored(c, k)) << k;
   EXPECT_EQ(c.ignored.front().rfind("debug:", 0), 0u) << "file order";
   EXPECT_HAS(ignored_entry(c, "tpu_name"), "TPU only");
@@ -288,7 +291,9 @@ num_processes: 2
 // fsdp_config
 
 AcceleratorConfig fsdp(const std::string& block) { return yaml("distributed_type: FSDP\nfsdp_config:\n" + block); }
-std::string fsdp_error(const std::string& block) { return yaml_error("distributed_type: FSDP\nfsdp_config:\n" + block); }
+std::string fsdp_error(const std::string& block) {
+  return yaml_error("distributed_type: FSDP\nfsdp_config:\n" + block);
+}
 
 TEST(ConfigFsdp, ShardingStrategyNamesAndNumbers) {
   EXPECT_EQ(fsdp("  fsdp_sharding_strategy: FULL_SHARD\n").spec.strategy, Strategy::Zero3);
@@ -307,7 +312,8 @@ TEST(ConfigFsdp, ShardingStrategyInvalid) {
   auto m = fsdp_error("  fsdp_sharding_strategy: FULL\n");
   EXPECT_HAS(m, "t.yaml: fsdp_config.fsdp_sharding_strategy is 'FULL'");
   EXPECT_HAS(m, "allowed values: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
-  EXPECT_HAS(fsdp_error("  fsdp_sharding_strategy: 7\n"), "fsdp_config.fsdp_sharding_strategy is '7', expected a strategy name");
+  EXPECT_HAS(fsdp_error("  fsdp_sharding_strategy: 7\n"),
+             "fsdp_config.fsdp_sharding_strategy is '7', expected a strategy name");
   for (const char* v : {"HYBRID_SHARD_ZERO2", "5"}) {
     m = fsdp_error(std::string("  fsdp_sharding_strategy: ") + v + "\n");
     EXPECT_HAS(m, "t.yaml: fsdp_config.fsdp_sharding_strategy is '");
@@ -329,16 +335,20 @@ TEST(ConfigFsdp, ReshardAfterForward) {
   EXPECT_HAS(fsdp_error("  fsdp_version: 2\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n"),
              "t.yaml: fsdp_config.fsdp_reshard_after_forward is 'SHARD_GRAD_OP', expected a boolean (true or false) "
              "with fsdp_version 2");
-  EXPECT_HAS(fsdp_error("  fsdp_reshard_after_forward: NO_SHARD\n  fsdp_sharding_strategy: FULL_SHARD\n"),
-             "fsdp_config.fsdp_reshard_after_forward is 'NO_SHARD' but fsdp_config.fsdp_sharding_strategy is 'FULL_SHARD'");
-  EXPECT_HAS(fsdp_error("  fsdp_reshard_after_forward: sometimes\n"), "fsdp_config.fsdp_reshard_after_forward is 'sometimes'");
+  EXPECT_HAS(
+      fsdp_error("  fsdp_reshard_after_forward: NO_SHARD\n  fsdp_sharding_strategy: FULL_SHARD\n"),
+      "fsdp_config.fsdp_reshard_after_forward is 'NO_SHARD' but fsdp_config.fsdp_sharding_strategy is 'FULL_SHARD'");
+  EXPECT_HAS(fsdp_error("  fsdp_reshard_after_forward: sometimes\n"),
+             "fsdp_config.fsdp_reshard_after_forward is 'sometimes'");
 }
 
 TEST(ConfigFsdp, AutoWrapPolicy) {
-  auto c = fsdp("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: BlockImpl, MlpImpl\n");
+  auto c = fsdp(
+      "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: BlockImpl, MlpImpl\n");
   EXPECT_EQ(c.spec.wrap.kind, WrapKind::TypeName);
   EXPECT_EQ(c.spec.wrap.type_names, (std::vector<std::string>{"BlockImpl", "MlpImpl"}));
-  c = fsdp("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: [BlockImpl, MlpImpl]\n");
+  c = fsdp(
+      "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: [BlockImpl, MlpImpl]\n");
   EXPECT_EQ(c.spec.wrap.type_names, (std::vector<std::string>{"BlockImpl", "MlpImpl"}));
   // No names (as Accelerate's own template writes it): the modules the model marked with accel::unit,
   // accel's counterpart of Transformers' _no_split_modules.
@@ -346,15 +356,17 @@ TEST(ConfigFsdp, AutoWrapPolicy) {
   c = fsdp("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1e8\n");
   EXPECT_EQ(c.spec.wrap.kind, WrapKind::Size);
   EXPECT_EQ(c.spec.wrap.min_num_params, 100000000);
-  EXPECT_EQ(fsdp("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 2000\n").spec.wrap.min_num_params, 2000);
+  EXPECT_EQ(fsdp("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 2000\n").spec.wrap.min_num_params,
+            2000);
   EXPECT_EQ(fsdp("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n").spec.wrap.min_num_params, 100000000);
   EXPECT_EQ(fsdp("  fsdp_auto_wrap_policy: NO_WRAP\n").spec.wrap.kind, WrapKind::None);
   EXPECT_EQ(fsdp("  fsdp_offload_params: false\n").spec.wrap.kind, WrapKind::Marked);
   // A layer list without the transformer policy is reported, not silently used.
   c = fsdp("  fsdp_auto_wrap_policy: NO_WRAP\n  fsdp_transformer_layer_cls_to_wrap: BlockImpl\n");
   EXPECT_TRUE(ignored(c, "fsdp_config.fsdp_transformer_layer_cls_to_wrap"));
-  c = fsdp("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: BlockImpl\n"
-           "  fsdp_min_num_params: 0\n");
+  c = fsdp(
+      "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: BlockImpl\n"
+      "  fsdp_min_num_params: 0\n");
   EXPECT_TRUE(ignored(c, "fsdp_config.fsdp_min_num_params"));
 }
 
@@ -362,10 +374,12 @@ TEST(ConfigFsdp, AutoWrapPolicyInvalid) {
   auto m = fsdp_error("  fsdp_auto_wrap_policy: LAYER_WRAP\n");
   EXPECT_HAS(m, "t.yaml: fsdp_config.fsdp_auto_wrap_policy is 'LAYER_WRAP'");
   EXPECT_HAS(m, "allowed values: TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP");
-  EXPECT_HAS(fsdp_error("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: {a: b}\n"),
-             "t.yaml: fsdp_config.fsdp_transformer_layer_cls_to_wrap is '{a: b}', expected module type names");
-  EXPECT_HAS(fsdp_error("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: [[A]]\n"),
-             "fsdp_config.fsdp_transformer_layer_cls_to_wrap is '[[A]]'");
+  EXPECT_HAS(
+      fsdp_error("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: {a: b}\n"),
+      "t.yaml: fsdp_config.fsdp_transformer_layer_cls_to_wrap is '{a: b}', expected module type names");
+  EXPECT_HAS(
+      fsdp_error("  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: [[A]]\n"),
+      "fsdp_config.fsdp_transformer_layer_cls_to_wrap is '[[A]]'");
   EXPECT_HAS(fsdp_error("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1.5\n"),
              "t.yaml: fsdp_config.fsdp_min_num_params is '1.5', expected an integer >= 0");
   EXPECT_HAS(fsdp_error("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: -5\n"),
@@ -382,7 +396,8 @@ TEST(ConfigFsdp, Prefetch) {
   EXPECT_FALSE(fsdp("  fsdp_backward_prefetch: NO_PREFETCH\n").spec.backward_prefetch);
   EXPECT_FALSE(fsdp("  fsdp_backward_prefetch_policy: NO_PREFETCH\n").spec.backward_prefetch);  // old name
   EXPECT_HAS(fsdp_error("  fsdp_backward_prefetch: BEFORE\n"),
-             "t.yaml: fsdp_config.fsdp_backward_prefetch is 'BEFORE'; allowed values: BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH");
+             "t.yaml: fsdp_config.fsdp_backward_prefetch is 'BEFORE'; allowed values: BACKWARD_PRE, BACKWARD_POST, "
+             "NO_PREFETCH");
   EXPECT_FALSE(fsdp("  fsdp_forward_prefetch: false\n").spec.forward_prefetch);
   EXPECT_TRUE(fsdp("  fsdp_forward_prefetch: true\n").spec.forward_prefetch);
   EXPECT_HAS(fsdp_error("  fsdp_forward_prefetch: often\n"),
@@ -394,7 +409,8 @@ TEST(ConfigFsdp, OffloadParams) {
   EXPECT_EQ(c.offload_param_device, "cpu");
   EXPECT_EQ(c.offload_optimizer_device, "cpu");
   EXPECT_EQ(fsdp("  fsdp_offload_params: false\n").offload_param_device, "none");
-  EXPECT_HAS(fsdp_error("  fsdp_offload_params: cpu\n"), "fsdp_config.fsdp_offload_params is 'cpu', expected a boolean");
+  EXPECT_HAS(fsdp_error("  fsdp_offload_params: cpu\n"),
+             "fsdp_config.fsdp_offload_params is 'cpu', expected a boolean");
 }
 
 TEST(ConfigFsdp, StateDictType) {
@@ -421,19 +437,23 @@ TEST(ConfigFsdp, ActivationCheckpointingAndVersion) {
 }
 
 TEST(ConfigFsdp, PythonOnlyKeysAreIgnored) {
-  const auto c = fsdp("  fsdp_sync_module_states: true\n  fsdp_use_orig_params: true\n"
-                      "  fsdp_cpu_ram_efficient_loading: false\n");
+  const auto c = fsdp(
+      "  fsdp_sync_module_states: true\n  fsdp_use_orig_params: true\n"
+      "  fsdp_cpu_ram_efficient_loading: false\n");
   EXPECT_TRUE(ignored(c, "fsdp_config.fsdp_sync_module_states"));
   EXPECT_TRUE(ignored(c, "fsdp_config.fsdp_use_orig_params"));
   EXPECT_TRUE(ignored(c, "fsdp_config.fsdp_cpu_ram_efficient_loading"));
   EXPECT_HAS(ignored_entry(c, "fsdp_config.fsdp_sync_module_states"), "rank 0's weights");
-  EXPECT_HAS(fsdp_error("  fsdp_use_orig_params: perhaps\n"), "fsdp_config.fsdp_use_orig_params is 'perhaps', expected a boolean");
+  EXPECT_HAS(fsdp_error("  fsdp_use_orig_params: perhaps\n"),
+             "fsdp_config.fsdp_use_orig_params is 'perhaps', expected a boolean");
 }
 
 // ---------------------------------------------------------------------------------------------------
 // deepspeed_config (without a JSON)
 
-AcceleratorConfig dsy(const std::string& block) { return yaml("distributed_type: DEEPSPEED\ndeepspeed_config:\n" + block); }
+AcceleratorConfig dsy(const std::string& block) {
+  return yaml("distributed_type: DEEPSPEED\ndeepspeed_config:\n" + block);
+}
 std::string dsy_error(const std::string& block) {
   return yaml_error("distributed_type: DEEPSPEED\ndeepspeed_config:\n" + block);
 }
@@ -472,9 +492,11 @@ TEST(ConfigDeepSpeedYaml, AccumulationClippingAndSave) {
   EXPECT_FALSE(c.gradient_clipping.has_value());
   EXPECT_HAS(dsy_error("  gradient_accumulation_steps: 0\n"),
              "t.yaml: deepspeed_config.gradient_accumulation_steps is '0', expected an integer >= 1 or auto");
-  EXPECT_HAS(dsy_error("  gradient_clipping: -1\n"), "deepspeed_config.gradient_clipping is '-1', expected a number >= 0");
+  EXPECT_HAS(dsy_error("  gradient_clipping: -1\n"),
+             "deepspeed_config.gradient_clipping is '-1', expected a number >= 0");
   EXPECT_HAS(dsy_error("  gradient_clipping: big\n"), "deepspeed_config.gradient_clipping is 'big'");
-  EXPECT_HAS(dsy_error("  zero3_save_16bit_model: maybe\n"), "deepspeed_config.zero3_save_16bit_model is 'maybe', expected a boolean");
+  EXPECT_HAS(dsy_error("  zero3_save_16bit_model: maybe\n"),
+             "deepspeed_config.zero3_save_16bit_model is 'maybe', expected a boolean");
   // The top-level accumulation (accel extension) and the DeepSpeed one must agree.
   EXPECT_EQ(yaml("distributed_type: DEEPSPEED\ngradient_accumulation_steps: 2\n").batch.gradient_accumulation_steps,
             std::optional<std::int64_t>(2));
@@ -484,7 +506,8 @@ TEST(ConfigDeepSpeedYaml, AccumulationClippingAndSave) {
 }
 
 TEST(ConfigDeepSpeedYaml, LauncherKeysAreIgnored) {
-  const auto c = dsy("  zero3_init_flag: true\n  deepspeed_multinode_launcher: standard\n  deepspeed_hostfile: /job/hostfile\n");
+  const auto c =
+      dsy("  zero3_init_flag: true\n  deepspeed_multinode_launcher: standard\n  deepspeed_hostfile: /job/hostfile\n");
   EXPECT_TRUE(ignored(c, "deepspeed_config.zero3_init_flag"));
   EXPECT_TRUE(ignored(c, "deepspeed_config.deepspeed_multinode_launcher"));
   EXPECT_TRUE(ignored(c, "deepspeed_config.deepspeed_hostfile"));
@@ -504,8 +527,9 @@ const char* kZero3Json = R"({
 TEST(ConfigDeepSpeedFile, LoadsTheJsonBesideTheYaml) {
   TempDir dir;
   dir.write("z3.json", kZero3Json);
-  const std::string yml = dir.write("z3.yaml", "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
-                                               "  deepspeed_config_file: z3.json\n  zero3_init_flag: false\n");
+  const std::string yml = dir.write("z3.yaml",
+                                    "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
+                                    "  deepspeed_config_file: z3.json\n  zero3_init_flag: false\n");
   const auto c = load_config_file(yml);
   EXPECT_EQ(c.distributed_type, DistributedType::DeepSpeed);
   EXPECT_EQ(c.spec.strategy, Strategy::Zero3);
@@ -524,8 +548,10 @@ TEST(ConfigDeepSpeedFile, LoadsTheJsonBesideTheYaml) {
 
 TEST(ConfigDeepSpeedFile, MissingJson) {
   TempDir dir;
-  auto m = yaml_error("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: nope.json\n", dir.str());
-  EXPECT_HAS(m, "t.yaml: deepspeed_config.deepspeed_config_file is 'nope.json', which is neither in the working directory");
+  auto m =
+      yaml_error("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: nope.json\n", dir.str());
+  EXPECT_HAS(
+      m, "t.yaml: deepspeed_config.deepspeed_config_file is 'nope.json', which is neither in the working directory");
   m = yaml_error("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: /nonexistent/ds.json\n");
   EXPECT_HAS(m, "deepspeed_config.deepspeed_config_file is '/nonexistent/ds.json', which does not exist");
 }
@@ -541,9 +567,9 @@ TEST(ConfigDeepSpeedFile, KeysTheJsonDecidesAreContradictions) {
   TempDir dir;
   const std::string json = dir.write("z3.json", kZero3Json);
   const std::string head = "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: " + json + "\n";
-  for (const char* line : {"  zero_stage: 3\n", "  offload_optimizer_device: cpu\n", "  offload_param_device: none\n",
-                           "  gradient_accumulation_steps: 2\n", "  gradient_clipping: 1.0\n",
-                           "  zero3_save_16bit_model: true\n"}) {
+  for (const char* line :
+       {"  zero_stage: 3\n", "  offload_optimizer_device: cpu\n", "  offload_param_device: none\n",
+        "  gradient_accumulation_steps: 2\n", "  gradient_clipping: 1.0\n", "  zero3_save_16bit_model: true\n"}) {
     const std::string key = std::string(line).substr(2, std::string(line).find(':') - 2);
     auto m = yaml_error(head + line);
     EXPECT_HAS(m, "t.yaml: the following keys are set in both t.yaml and " + json);
@@ -560,11 +586,11 @@ TEST(ConfigDeepSpeedFile, MixedPrecisionAgainstTheJson) {
   const std::string autop = dir.write("auto.json", R"({"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}})");
   const std::string fp32 = dir.write("fp32.json", R"({"zero_optimization": {"stage": 1}})");
   auto with = [](const std::string& mp, const std::string& json) {
-    return "distributed_type: DEEPSPEED\nmixed_precision: " + mp + "\ndeepspeed_config:\n  deepspeed_config_file: " +
-           json + "\n";
+    return "distributed_type: DEEPSPEED\nmixed_precision: " + mp +
+           "\ndeepspeed_config:\n  deepspeed_config_file: " + json + "\n";
   };
-  EXPECT_EQ(yaml(with("'no'", bf16)).mixed_precision, MixedPrecision::Bf16);  // 'no' = not set: the JSON decides
-  EXPECT_EQ(yaml(with("bf16", bf16)).mixed_precision, MixedPrecision::Bf16);  // agree
+  EXPECT_EQ(yaml(with("'no'", bf16)).mixed_precision, MixedPrecision::Bf16);   // 'no' = not set: the JSON decides
+  EXPECT_EQ(yaml(with("bf16", bf16)).mixed_precision, MixedPrecision::Bf16);   // agree
   EXPECT_EQ(yaml(with("fp16", autop)).mixed_precision, MixedPrecision::Fp16);  // "auto": the YAML decides
   EXPECT_EQ(yaml(with("'no'", autop)).mixed_precision, MixedPrecision::No);
   auto m = yaml_error(with("fp16", bf16));
@@ -617,8 +643,9 @@ fp8_config:
   EXPECT_HAS(ignored_entry(c, "fp8_config.use_autocast_during_eval"), "in eval as in training");
   EXPECT_TRUE(ignored(c, "fp8_config.override_linear_precision"));
   // The names `accelerate config` writes.
-  const auto q = yaml("distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  amax_history_length: 8\n"
-                      "  amax_compute_algorithm: max\n  optimization_level: O2\n");
+  const auto q = yaml(
+      "distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  amax_history_length: 8\n"
+      "  amax_compute_algorithm: max\n  optimization_level: O2\n");
   EXPECT_TRUE(ignored(q, "fp8_config.amax_history_length"));
   EXPECT_TRUE(ignored(q, "fp8_config.amax_compute_algorithm"));
   EXPECT_TRUE(ignored(q, "fp8_config.optimization_level"));
@@ -629,16 +656,19 @@ fp8_config:
 
 TEST(ConfigFp8, Invalid) {
   const std::string head = "distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n";
-  EXPECT_HAS(yaml_error(head + "  backend: XYZ\n"), "t.yaml: fp8_config.backend is 'XYZ'; allowed values: AO, TE, MSAMP");
+  EXPECT_HAS(yaml_error(head + "  backend: XYZ\n"),
+             "t.yaml: fp8_config.backend is 'XYZ'; allowed values: AO, TE, MSAMP");
   EXPECT_HAS(yaml_error(head + "  fp8_format: E3M4\n"), "fp8_config.fp8_format is 'E3M4'; did you mean 'E4M3'?");
-  EXPECT_HAS(yaml_error(head + "  amax_history_len: 0\n"), "fp8_config.amax_history_len is '0', expected an integer >= 1");
+  EXPECT_HAS(yaml_error(head + "  amax_history_len: 0\n"),
+             "fp8_config.amax_history_len is '0', expected an integer >= 1");
   EXPECT_HAS(yaml_error(head + "  amax_compute_algo: average\n"),
              "fp8_config.amax_compute_algo is 'average'; allowed values: max, most_recent");
   EXPECT_HAS(yaml_error(head + "  margin: -1\n"), "fp8_config.margin is '-1', expected an integer >= 0");
   EXPECT_HAS(yaml_error(head + "  interval: 0\n"), "fp8_config.interval is '0', expected an integer >= 1");
   EXPECT_HAS(yaml_error(head + "  pad_inner_dim: sure\n"), "fp8_config.pad_inner_dim is 'sure', expected a boolean");
   EXPECT_HAS(yaml_error(head + "  use_autocast_during_eval: 3\n"), "fp8_config.use_autocast_during_eval is '3'");
-  EXPECT_HAS(yaml_error(head + "  enable_fsdp_float8_all_gather: x\n"), "fp8_config.enable_fsdp_float8_all_gather is 'x'");
+  EXPECT_HAS(yaml_error(head + "  enable_fsdp_float8_all_gather: x\n"),
+             "fp8_config.enable_fsdp_float8_all_gather is 'x'");
   EXPECT_HAS(yaml_error(head + "  amax_histroy_len: 3\n"),
              "unknown key 'fp8_config.amax_histroy_len'; did you mean 'amax_history_len'?");
   EXPECT_HAS(yaml_error("distributed_type: NO\nmixed_precision: bf16\nfp8_config:\n  backend: TE\n"),

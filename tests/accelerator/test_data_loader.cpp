@@ -385,8 +385,7 @@ TEST(DataLoader, ShardsAcrossRanks) {
       if (rem >= 0) global.resize(static_cast<std::size_t>(global.size() - (G - rem)));
       const std::vector<Index> order = single.order(epoch);
       const std::size_t covered = o.drop_last ? static_cast<std::size_t>(n / G * G) : order.size();
-      EXPECT_EQ(global, std::vector<Index>(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(covered)))
-          << why;
+      EXPECT_EQ(global, std::vector<Index>(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(covered))) << why;
       if (!o.drop_last) {
         std::vector<Index> sorted = global;
         std::sort(sorted.begin(), sorted.end());
@@ -396,8 +395,10 @@ TEST(DataLoader, ShardsAcrossRanks) {
       }
       epoch_orders.push_back(global);
     }
-    if (o.shuffle) EXPECT_NE(epoch_orders[0], epoch_orders[1]) << why;
-    else EXPECT_EQ(epoch_orders[0], epoch_orders[1]) << why;
+    if (o.shuffle)
+      EXPECT_NE(epoch_orders[0], epoch_orders[1]) << why;
+    else
+      EXPECT_EQ(epoch_orders[0], epoch_orders[1]) << why;
   }
 }
 

@@ -44,8 +44,8 @@ const std::string& run_dir() {
     auto w = world();
     at::Tensor pid = at::full({1}, static_cast<int64_t>(::getpid()), at::kLong);
     w->broadcast(pid);
-    std::string d = (fs::temp_directory_path() / ("accel_test_mp_np" + std::to_string(w->size()) + "_" +
-                                                 std::to_string(pid.item<int64_t>())))
+    std::string d = (fs::temp_directory_path() /
+                     ("accel_test_mp_np" + std::to_string(w->size()) + "_" + std::to_string(pid.item<int64_t>())))
                         .string();
     if (w->rank() == 0) files::make_dirs(d);
     w->barrier();
@@ -116,7 +116,9 @@ Data my_rows(const Data& d, const Accelerator& acc) {
 }
 // A loader handed to prepare() only so that DeepSpeed learns the micro batch (G / N per rank); the
 // tests feed my_rows() themselves.
-DataLoader<Rows> micro_batch_loader() { return DataLoader<Rows>(Rows(at::zeros({G, 6}), at::zeros({G, 3})), {.batch_size = G, .split_batches = true}); }
+DataLoader<Rows> micro_batch_loader() {
+  return DataLoader<Rows>(Rows(at::zeros({G, 6}), at::zeros({G, 3})), {.batch_size = G, .split_batches = true});
+}
 
 // Forward (under the Accelerator's autocast) and backward of this rank's part of batch k. inject:
 // the LAST rank puts +inf into one element of the first layer's weight gradient (a tensor hook), so
@@ -178,12 +180,14 @@ Snapshot snapshot(Accelerator& acc, AcceleratedOptimizer& opt, AcceleratedSchedu
 void expect_unchanged(const Snapshot& a, const Snapshot& b, const std::string& what) {
   SCOPED_TRACE(what);
   ASSERT_EQ(a.masters.size(), b.masters.size());
-  for (std::size_t i = 0; i < a.masters.size(); ++i) EXPECT_TRUE(at::equal(a.masters[i], b.masters[i])) << "master " << i;
+  for (std::size_t i = 0; i < a.masters.size(); ++i)
+    EXPECT_TRUE(at::equal(a.masters[i], b.masters[i])) << "master " << i;
   ASSERT_EQ(a.params.size(), b.params.size());
   for (std::size_t i = 0; i < a.params.size(); ++i) EXPECT_TRUE(at::equal(a.params[i], b.params[i])) << "flat " << i;
   EXPECT_EQ(a.adam_steps, b.adam_steps) << "AdamW's step counts";
   ASSERT_EQ(a.moments.size(), b.moments.size());
-  for (std::size_t i = 0; i < a.moments.size(); ++i) EXPECT_TRUE(at::equal(a.moments[i], b.moments[i])) << "moment " << i;
+  for (std::size_t i = 0; i < a.moments.size(); ++i)
+    EXPECT_TRUE(at::equal(a.moments[i], b.moments[i])) << "moment " << i;
   ASSERT_EQ(a.full.size(), b.full.size());
   for (const auto& [name, t] : a.full) EXPECT_TRUE(at::equal(t, b.full.at(name))) << name;
   EXPECT_EQ(a.lr, b.lr) << "the LR scheduler stepped";
@@ -204,8 +208,9 @@ struct Trainer {
   DataLoader<Rows> loader = micro_batch_loader();
   Prepared p;
   explicit Trainer(const AcceleratorOptions& o) : acc(o) {
-    p = acc.prepare(model, adamw, loader,
-                    [](torch::optim::Optimizer& inner) { return std::make_shared<torch::optim::StepLR>(inner, 1, 0.5); });
+    p = acc.prepare(model, adamw, loader, [](torch::optim::Optimizer& inner) {
+      return std::make_shared<torch::optim::StepLR>(inner, 1, 0.5);
+    });
   }
   // One optimizer step on batch k; returns clip_grad_norm_'s result when clip.
   double step(int k, bool inject, bool clip = false) {
@@ -275,7 +280,8 @@ TEST(MixedPrecision, Fp16OverflowOnOneRankSkipsTheStepEverywhere) {
           << "master " << i << ": max |diff| " << (after.masters[i] - r.masters[i]).abs().max().item<double>();
     EXPECT_EQ(after.adam_steps, r.adam_steps);
     EXPECT_EQ(after.lr, r.lr);
-    for (const auto& [name, v] : r.full) EXPECT_TRUE(at::allclose(after.full.at(name).to(at::kFloat), v.to(at::kFloat), 1e-3, 1e-5)) << name;
+    for (const auto& [name, v] : r.full)
+      EXPECT_TRUE(at::allclose(after.full.at(name).to(at::kFloat), v.to(at::kFloat), 1e-3, 1e-5)) << name;
     t.acc.end_training();
     ref.acc.end_training();
   }
@@ -287,7 +293,8 @@ TEST(MixedPrecision, Fp16HysteresisOneFromDeepSpeedJsonHalvesAtOnce) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     const std::string json = R"({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 1,
       "fp16": {"enabled": true, "hysteresis": 1, "initial_scale_power": 8},
-      "zero_optimization": {"stage": )" + std::to_string(stage) + "}}";
+      "zero_optimization": {"stage": )" +
+                             std::to_string(stage) + "}}";
     Trainer t(quiet(write_config("ds_h1_" + std::to_string(stage) + ".json", json)));
     EXPECT_EQ(t.acc.distributed_type(), DistributedType::DeepSpeed);
     EXPECT_EQ(*t.acc.loss_scale(), 256.0);
@@ -396,7 +403,8 @@ TEST(MixedPrecision, Fp16GradientsAreUnscaledExactlyOnce) {
         if (v != kNoClipCall && acc.sync_gradients()) {
           const double max_norm = v == kClipQuarter ? ref.norm / 4 : 1e6;
           const double norm = acc.clip_grad_norm_(max_norm);
-          EXPECT_NEAR(norm, ref.norm, 1e-2 * ref.norm) << "clip_grad_norm_ must return the unscaled norm (scale " << scale << ")";
+          EXPECT_NEAR(norm, ref.norm, 1e-2 * ref.norm)
+              << "clip_grad_norm_ must return the unscaled norm (scale " << scale << ")";
           coef = std::min(1.0, max_norm / (norm + 1e-6));
         }
         opt->step();
@@ -415,7 +423,8 @@ TEST(MixedPrecision, Fp16GradientsAreUnscaledExactlyOnce) {
         const sharding::FlatParam& fp = *f.flat_param;
         at::Tensor want = at::zeros({fp.layout().padded()}, at::kFloat);
         for (std::size_t j = 0; j < fp.params().size(); ++j)
-          want.narrow(0, fp.layout().offset(j), fp.params()[j].numel()).copy_(ref.grad.at(fp.names()[j]).reshape({-1}) * coef);
+          want.narrow(0, fp.layout().offset(j), fp.params()[j].numel())
+              .copy_(ref.grad.at(fp.names()[j]).reshape({-1}) * coef);
         auto [b, e] = acc.engine()->master_range(f);
         at::Tensor got = (before[i] - f.master.detach()).to(at::kDouble);  // lr 1: the update is the gradient
         at::Tensor w = want.narrow(0, b, e - b).to(at::kDouble);
@@ -426,15 +435,16 @@ TEST(MixedPrecision, Fp16GradientsAreUnscaledExactlyOnce) {
       at::Tensor sums = at::tensor({err2, want2}, at::kDouble);
       acc.world()->all_reduce(sums);
       const double rel = std::sqrt(sums[0].item<double>() / sums[1].item<double>());
-      EXPECT_LT(rel, 1e-2) << "the fp16 step's update is off the reference gradient by " << rel
-                           << " (norm-wise); 2^" << std::log2(scale) << " would mean unscaling missing, its inverse twice";
+      EXPECT_LT(rel, 1e-2) << "the fp16 step's update is off the reference gradient by " << rel << " (norm-wise); 2^"
+                           << std::log2(scale) << " would mean unscaling missing, its inverse twice";
       worst = std::max(worst, rel);
       acc.end_training();
     }
   }
   if (world()->rank() == 0)
-    std::printf("[ info ] fp16 updates vs the fp64 reference: worst relative error %.2e over %zu cases (tolerance 1e-2)\n",
-                worst, cases.size() * 4);
+    std::printf(
+        "[ info ] fp16 updates vs the fp64 reference: worst relative error %.2e over %zu cases (tolerance 1e-2)\n",
+        worst, cases.size() * 4);
 }
 
 // (c) Autocast scopes.
@@ -503,21 +513,35 @@ TEST(MixedPrecision, PrecisionPolicyGivesComputeAndMasterDtypes) {
   };
   const std::vector<PolicyCase> cases = {
       {{"p_ddp.yaml", "distributed_type: MULTI_CPU\n"}, "bf16", at::kBFloat16, at::kFloat},
-      {{"p_zero3.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n"}, "bf16", at::kBFloat16, at::kFloat},
+      {{"p_zero3.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n"},
+       "bf16",
+       at::kBFloat16,
+       at::kFloat},
       {{"p_full_shard_bf16.yaml",
         "distributed_type: FSDP\nmixed_precision: bf16\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n" + kUnits},
-       std::nullopt, at::kBFloat16, at::kFloat},
-      {{"p_fp16_zero1.yaml", "distributed_type: DEEPSPEED\nmixed_precision: fp16\ndeepspeed_config:\n  zero_stage: 1\n"},
-       std::nullopt, at::kHalf, at::kFloat},
+       std::nullopt,
+       at::kBFloat16,
+       at::kFloat},
+      {{"p_fp16_zero1.yaml",
+        "distributed_type: DEEPSPEED\nmixed_precision: fp16\ndeepspeed_config:\n  zero_stage: 1\n"},
+       std::nullopt,
+       at::kHalf,
+       at::kFloat},
       {{"p_bf16_masters.json", R"({"train_micro_batch_size_per_gpu": "auto",
           "bf16": {"enabled": true, "bf16_master_weights_and_grads": true}, "zero_optimization": {"stage": 3}})"},
-       std::nullopt, at::kBFloat16, at::kBFloat16},
+       std::nullopt,
+       at::kBFloat16,
+       at::kBFloat16},
       {{"p_bf16_masters_z1.json", R"({"train_micro_batch_size_per_gpu": "auto",
           "bf16": {"enabled": true, "bf16_master_weights_and_grads": true}, "zero_optimization": {"stage": 1}})"},
-       std::nullopt, at::kBFloat16, at::kBFloat16},
+       std::nullopt,
+       at::kBFloat16,
+       at::kBFloat16},
       {{"p_bf16_no_masters.json", R"({"train_micro_batch_size_per_gpu": "auto",
           "bf16": {"enabled": true, "bf16_master_weights_and_grads": false}, "zero_optimization": {"stage": 3}})"},
-       std::nullopt, at::kBFloat16, at::kFloat},
+       std::nullopt,
+       at::kBFloat16,
+       at::kFloat},
   };
   for (const PolicyCase& pc : cases) {
     SCOPED_TRACE(pc.c.name);
@@ -560,7 +584,8 @@ TEST(MixedPrecision, PrecisionPolicyGivesComputeAndMasterDtypes) {
   }
   // fp32: parameters and masters stay fp32 (masters only where the engine keeps them).
   {
-    Accelerator acc(quiet(write_config("p_fp32.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n")));
+    Accelerator acc(
+        quiet(write_config("p_fp32.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n")));
     auto model = make_mlp();
     torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
     DataLoader<Rows> loader = micro_batch_loader();
@@ -584,7 +609,8 @@ TEST(MixedPrecision, PrecisionPolicyGivesComputeAndMasterDtypes) {
       "bf16": {"enabled": true, "bf16_master_weights_and_grads": true}, "zero_optimization": {"stage": 3}})";
   const std::string masters_auto = R"({"train_micro_batch_size_per_gpu": 2,
       "bf16": {"enabled": "auto", "bf16_master_weights_and_grads": true}, "zero_optimization": {"stage": 3}})";
-  for (const auto& [name, text] : {std::pair{"bad_masters_on.json", masters_on}, std::pair{"bad_masters_auto.json", masters_auto}}) {
+  for (const auto& [name, text] :
+       {std::pair{"bad_masters_on.json", masters_on}, std::pair{"bad_masters_auto.json", masters_auto}}) {
     SCOPED_TRACE(name);
     AcceleratorOptions o = quiet(write_config(name, text));
     o.mixed_precision = "fp16";
@@ -600,7 +626,8 @@ TEST(MixedPrecision, Fp16ScalerStateSurvivesACheckpoint) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const std::string cfg = write_config(c.name, c.text);
-    const std::string one = run_dir() + "/ckpt_one_overflow_" + c.name, two = run_dir() + "/ckpt_two_overflows_" + c.name;
+    const std::string one = run_dir() + "/ckpt_one_overflow_" + c.name,
+                      two = run_dir() + "/ckpt_two_overflows_" + c.name;
     {
       Trainer t(quiet(cfg));
       t.step(0, false);
@@ -678,7 +705,8 @@ TEST(MixedPrecision, Bf16ReductionFeedsTheMastersInFp32) {
     at::Tensor t = at::full({1}, finer, at::kLong);
     acc.world()->all_reduce(t);  // under ZeRO each rank sees its own shard
     EXPECT_GT(t.item<std::int64_t>(), 0) << "every reduced gradient element is bf16-representable: it was "
-                                            "rounded to bf16 after the fp32 reduction (of " << total << " on this rank)";
+                                            "rounded to bf16 after the fp32 reduction (of "
+                                         << total << " on this rank)";
     opt->step();
     opt->zero_grad();
   }

@@ -54,8 +54,8 @@ TEST(EnvTable, EveryEntryIsAnAccelVariableDeclaredOnceWithAMeaning) {
     EXPECT_TRUE(names.insert(v.name).second) << v.name << " is declared twice";
   }
   // Variables the README and the launcher document.
-  for (const char* documented : {"ACCEL_COMM_TIMEOUT_S", "ACCEL_CONFIG_FILE", "ACCEL_MIXED_PRECISION",
-                                 "ACCEL_RANKS_PER_NODE", "ACCEL_USE_CPU"})
+  for (const char* documented :
+       {"ACCEL_COMM_TIMEOUT_S", "ACCEL_CONFIG_FILE", "ACCEL_MIXED_PRECISION", "ACCEL_RANKS_PER_NODE", "ACCEL_USE_CPU"})
     EXPECT_TRUE(names.count(documented)) << documented << " is not in the table";
 }
 

@@ -10,10 +10,10 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
-#include <filesystem>
 #include <string>
 
 using accel::test::message_of;
@@ -75,7 +75,7 @@ TEST_F(Files, WriteFileSyncedWritesTheBytesAndTruncates) {
   EXPECT_EQ(slurp(p), "");
   const mode_t mask = ::umask(0);
   ::umask(mask);
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(p.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0644 & ~mask);
 }
@@ -104,7 +104,7 @@ TEST_F(Files, RemoveTreeRemovesEverythingButFollowsNoLink) {
   EXPECT_FALSE(lexists(tree));
   EXPECT_EQ(slurp(outside + "/keep.txt"), "keep") << "remove_tree followed a symlink";
 
-  files::remove_tree(tree);                 // missing: fine
+  files::remove_tree(tree);                   // missing: fine
   files::remove_tree(outside + "/keep.txt");  // a plain file
   EXPECT_FALSE(lexists(outside + "/keep.txt"));
   EXPECT_TRUE(is_directory(outside));
@@ -157,7 +157,8 @@ TEST_F(Files, WriteFileAtomicReplacesAndLeavesNoTemporary) {
   EXPECT_FALSE(lexists(p + ".tmp"));
   // Into a directory that does not exist: an error naming the path, nothing created.
   const std::string bad = dir_ + "/missing/a.json";
-  EXPECT_NE(message_of<std::runtime_error>([&] { files::write_file_atomic(bad, "x", 1); }).find(bad), std::string::npos);
+  EXPECT_NE(message_of<std::runtime_error>([&] { files::write_file_atomic(bad, "x", 1); }).find(bad),
+            std::string::npos);
   EXPECT_FALSE(lexists(dir_ + "/missing"));
 }
 

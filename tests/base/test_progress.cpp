@@ -103,7 +103,7 @@ TEST(ProgressDraw, CloseAddsNoLineWithinTheDecileLastDrawn) {
     accel::ProgressBar bar(100, "w", true, f);
     bar.update(1);  // decile 0: drawn
     bar.update(3);  // 4/100, still decile 0: not drawn
-  }  // the destructor closes: same decile as the last line drawn, so nothing more
+  }                 // the destructor closes: same decile as the last line drawn, so nothing more
   auto lines = lines_of(f);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(without_time(lines[0]), "w   1% |                        | 1/100 [T]");

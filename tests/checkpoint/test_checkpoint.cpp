@@ -1,7 +1,7 @@
 // save_state / load_state in one process per rank: every supported optimizer's state survives a
-// round trip (sharded and full checkpoints) under each strategy (training on from a loaded checkpoint is bitwise the training that
-// went on without it), a failed load changes nothing, and the bookkeeping (automatic names, the
-// total limit, registered objects, the step counter) works.
+// round trip (sharded and full checkpoints) under each strategy (training on from a loaded checkpoint is bitwise the
+// training that went on without it), a failed load changes nothing, and the bookkeeping (automatic names, the total
+// limit, registered objects, the step counter) works.
 #include "test_world.h"
 
 #include "accelerator/accelerator.h"
@@ -24,11 +24,11 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
+#include <unistd.h>
 #include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
-#include <unistd.h>
 
 namespace accel::test {
 namespace {
@@ -84,7 +84,8 @@ void expect_same(const std::map<std::string, at::Tensor>& a, const std::map<std:
 
 // A fresh directory per test, the same on every rank.
 std::string scratch(const std::string& name) {
-  const std::string d = std::string(ACCEL_BINARY_DIR) + "/checkpoint_unit/" + name + "_np" + std::to_string(world()->size());
+  const std::string d =
+      std::string(ACCEL_BINARY_DIR) + "/checkpoint_unit/" + name + "_np" + std::to_string(world()->size());
   if (world()->rank() == 0) {
     files::remove_tree(d);
     files::make_dirs(d);
@@ -115,7 +116,10 @@ struct OptimizerCase {
 
 std::vector<OptimizerCase> optimizers() {
   return {
-      {"Adam", [](NetImpl& n) { return std::make_unique<torch::optim::Adam>(n.parameters(), torch::optim::AdamOptions(0.01)); }},
+      {"Adam",
+       [](NetImpl& n) {
+         return std::make_unique<torch::optim::Adam>(n.parameters(), torch::optim::AdamOptions(0.01));
+       }},
       {"AdamW_amsgrad",
        [](NetImpl& n) {
          return std::make_unique<torch::optim::AdamW>(n.parameters(), torch::optim::AdamWOptions(0.01).amsgrad(true));
@@ -130,7 +134,10 @@ std::vector<OptimizerCase> optimizers() {
          return std::make_unique<torch::optim::RMSprop>(
              n.parameters(), torch::optim::RMSpropOptions(0.01).momentum(0.5).centered(true));
        }},
-      {"Adagrad", [](NetImpl& n) { return std::make_unique<torch::optim::Adagrad>(n.parameters(), torch::optim::AdagradOptions(0.1)); }},
+      {"Adagrad",
+       [](NetImpl& n) {
+         return std::make_unique<torch::optim::Adagrad>(n.parameters(), torch::optim::AdagradOptions(0.1));
+       }},
   };
 }
 
@@ -193,7 +200,8 @@ TEST(Checkpoint, AFailedLoadChangesNothing) {
   } catch (const checkpoint::CheckpointError& e) {
     // The rank that reads the truncated slices names the file; the others say which rank failed.
     const std::string m = e.what();
-    EXPECT_TRUE(m.find(last + " is truncated") != std::string::npos || m.find("failed on rank") != std::string::npos) << m;
+    EXPECT_TRUE(m.find(last + " is truncated") != std::string::npos || m.find("failed on rank") != std::string::npos)
+        << m;
   }
   EXPECT_EQ(acc.step(), 3);
   const auto after = weights(acc);
@@ -262,11 +270,15 @@ struct UnknownOptimizer : torch::optim::Optimizer {
 TEST(OptimizerTable, EveryRowIsFoundAndTheRefusalNamesEveryRow) {
   auto net = make_net();
   std::vector<std::pair<std::string, std::unique_ptr<torch::optim::Optimizer>>> expected;
-  expected.emplace_back("Adam", std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(0.1)));
-  expected.emplace_back("AdamW", std::make_unique<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(0.1)));
+  expected.emplace_back("Adam",
+                        std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(0.1)));
+  expected.emplace_back("AdamW",
+                        std::make_unique<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(0.1)));
   expected.emplace_back("SGD", std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1)));
-  expected.emplace_back("RMSprop", std::make_unique<torch::optim::RMSprop>(net->parameters(), torch::optim::RMSpropOptions(0.1)));
-  expected.emplace_back("Adagrad", std::make_unique<torch::optim::Adagrad>(net->parameters(), torch::optim::AdagradOptions(0.1)));
+  expected.emplace_back("RMSprop",
+                        std::make_unique<torch::optim::RMSprop>(net->parameters(), torch::optim::RMSpropOptions(0.1)));
+  expected.emplace_back("Adagrad",
+                        std::make_unique<torch::optim::Adagrad>(net->parameters(), torch::optim::AdagradOptions(0.1)));
   ASSERT_EQ(zero::optimizer_rows().size(), expected.size());
   for (const auto& [name, opt] : expected) {
     const zero::OptimizerRow* row = zero::find_optimizer_row(*opt);
@@ -287,7 +299,8 @@ TEST(OptimizerTable, EveryRowIsFoundAndTheRefusalNamesEveryRow) {
   EXPECT_EQ(zero::find_optimizer_row(unknown), nullptr);
   torch::optim::LBFGS lbfgs(net->parameters(), torch::optim::LBFGSOptions(0.1));
   for (const std::string& msg : {refusal(unknown), refusal(lbfgs)})
-    for (const auto& row : zero::optimizer_rows()) EXPECT_NE(msg.find(row.name), std::string::npos) << row.name << " in: " << msg;
+    for (const auto& row : zero::optimizer_rows())
+      EXPECT_NE(msg.find(row.name), std::string::npos) << row.name << " in: " << msg;
   EXPECT_NE(refusal(unknown).find("UnknownOptimizer"), std::string::npos);
   EXPECT_NE(refusal(lbfgs).find("LBFGS cannot be sharded"), std::string::npos);
 }
@@ -301,8 +314,8 @@ TEST(Checkpoint, AutomaticNamesTotalLimitAndRegisteredObjects) {
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
   auto opt = acc.prepare(net, sgd);
   int counter = 0;
-  acc.register_for_checkpointing("counter", [&] { return std::to_string(counter); },
-                                 [&](const std::string& s) { counter = std::stoi(s); });
+  acc.register_for_checkpointing(
+      "counter", [&] { return std::to_string(counter); }, [&](const std::string& s) { counter = std::stoi(s); });
   for (int i = 1; i <= 3; ++i) {
     train(acc, *net, *opt, i - 1, i);
     counter = 10 * i;
@@ -317,7 +330,8 @@ TEST(Checkpoint, AutomaticNamesTotalLimitAndRegisteredObjects) {
   acc.load_state();  // the newest: checkpoint_2, saved at step 3 with counter 30
   EXPECT_EQ(acc.step(), 3);
   EXPECT_EQ(counter, 30);
-  EXPECT_THROW(acc.register_for_checkpointing("a/b", [] { return std::string(); }, [](const std::string&) {}),
+  EXPECT_THROW(acc.register_for_checkpointing(
+                   "a/b", [] { return std::string(); }, [](const std::string&) {}),
                std::invalid_argument);
 }
 
@@ -370,4 +384,3 @@ TEST(ShardedInit, UnitsAreShardedAsBuiltAndTrainLikeTheWholeModel) {
 
 }  // namespace
 }  // namespace accel::test
-

@@ -40,8 +40,10 @@ void rm_tree(const std::string& path) {
       if (n == "." || n == "..") continue;
       std::string p = path + "/" + n;
       struct stat st {};
-      if (::lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) rm_tree(p);
-      else ::unlink(p.c_str());
+      if (::lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+        rm_tree(p);
+      else
+        ::unlink(p.c_str());
     }
     ::closedir(d);
   }
@@ -176,7 +178,8 @@ void expect_masters_match(const zero::Engine& e, const std::map<std::string, at:
     for (std::size_t i = 0; i < f.flat_param->params().size(); ++i) {
       const std::int64_t off = f.flat_param->layout().offset(i), n = f.flat_param->params()[i].numel();
       const std::int64_t lo = std::max(b, off), hi = std::min(end, off + n);
-      if (lo < hi) EXPECT_TRUE(same(f.master.narrow(0, lo - b, hi - lo), full.narrow(0, lo, hi - lo))) << f.flat_param->names()[i];
+      if (lo < hi)
+        EXPECT_TRUE(same(f.master.narrow(0, lo - b, hi - lo), full.narrow(0, lo, hi - lo))) << f.flat_param->names()[i];
     }
   }
 }
@@ -201,8 +204,9 @@ TEST(SaveModel, FullWeightsEqualTheUnshardedModelAndLoadInPython) {
       auto f = SafetensorsFile::open(out + "/model.safetensors");
       EXPECT_EQ(f.metadata().at("format"), "pt");
       if (have_python()) {
-        auto [rc, msg] = run_python(ACCEL_PYTHON, kInterop,
-                                    "compare '" + out + "' '" + dir / (std::string("ref_") + c.name + ".safetensors") + "'");
+        auto [rc, msg] =
+            run_python(ACCEL_PYTHON, kInterop,
+                       "compare '" + out + "' '" + dir / (std::string("ref_") + c.name + ".safetensors") + "'");
         EXPECT_EQ(rc, 0) << msg;
         std::printf("[%s np%d] python: %s", c.name, test::world()->size(), msg.c_str());
       }
@@ -284,14 +288,16 @@ TEST(SaveModel, GatheredMemoryStaysWithinOneUnit) {
   memory::reset_peaks();
   SaveModelResult r = save_model(*s.p.engine, *s.model.module, dir / "mem");
   const std::int64_t peak = memory::snapshot()[memory::Category::Gathered].peak - before;
-  std::printf("[rank %d np%d] gathered during save_model: peak %lld bytes (own count %lld), largest unit %lld, "
-              "model %lld\n", test::world()->rank(), test::world()->size(), static_cast<long long>(peak),
-              static_cast<long long>(r.peak_gathered_bytes), static_cast<long long>(r.largest_unit_bytes),
-              static_cast<long long>(r.total_bytes));
+  std::printf(
+      "[rank %d np%d] gathered during save_model: peak %lld bytes (own count %lld), largest unit %lld, "
+      "model %lld\n",
+      test::world()->rank(), test::world()->size(), static_cast<long long>(peak),
+      static_cast<long long>(r.peak_gathered_bytes), static_cast<long long>(r.largest_unit_bytes),
+      static_cast<long long>(r.total_bytes));
   EXPECT_LE(peak, r.largest_unit_bytes);
   EXPECT_LE(r.peak_gathered_bytes, r.largest_unit_bytes);
   EXPECT_LT(r.largest_unit_bytes * 2, r.total_bytes);  // the bound means something: units are small
-  if (test::world()->size() > 1) EXPECT_GT(peak, 0);  // units were gathered, and counted
+  if (test::world()->size() > 1) EXPECT_GT(peak, 0);   // units were gathered, and counted
 }
 
 // bf16 compute over fp32 masters: the file holds the fp32 masters (the compute copy is their
@@ -409,8 +415,7 @@ TEST(LoadModel, BadCheckpointsAreNamedOnEveryRank) {
   const int rank = test::world()->rank();
   Prepped s = build(ModelKind::MLP, ShardingSpec::zero(3));
   std::vector<std::pair<std::string, at::Tensor>> good;
-  for (const auto& kv : s.model.module->named_parameters())
-    good.emplace_back(kv.key(), at::randn(kv.value().sizes()));
+  for (const auto& kv : s.model.module->named_parameters()) good.emplace_back(kv.key(), at::randn(kv.value().sizes()));
   auto variant = [&](const std::string& file, auto edit) {
     auto t = good;
     edit(t);

@@ -90,12 +90,16 @@ at::Tensor make(c10::ScalarType dt, const std::vector<std::int64_t>& shape) {
   std::int64_t n = 1;
   for (auto d : shape) n *= d;
   at::Tensor t;
-  if (dt == at::kBool) t = at::arange(n, at::kLong).remainder(3).eq(0);
-  else if (dt == at::kLong || dt == at::kUInt64) t = (at::arange(n, at::kLong) * (std::int64_t{1} << 40) + 7).to(dt);
-  else if (dt == at::kInt || dt == at::kUInt32) t = (at::arange(n, at::kLong) * 100003 + 5).to(dt);
+  if (dt == at::kBool)
+    t = at::arange(n, at::kLong).remainder(3).eq(0);
+  else if (dt == at::kLong || dt == at::kUInt64)
+    t = (at::arange(n, at::kLong) * (std::int64_t{1} << 40) + 7).to(dt);
+  else if (dt == at::kInt || dt == at::kUInt32)
+    t = (at::arange(n, at::kLong) * 100003 + 5).to(dt);
   else if (dt == at::kShort || dt == at::kChar || dt == at::kByte || dt == at::kUInt16)
     t = (at::arange(n, at::kLong) * 7 - 3).remainder(100).to(dt);
-  else t = (at::arange(n, at::kDouble) * 0.37 - 2.5).to(dt);
+  else
+    t = (at::arange(n, at::kDouble) * 0.37 - 2.5).to(dt);
   return t.reshape(shape);
 }
 
@@ -111,17 +115,18 @@ std::vector<std::pair<std::string, at::Tensor>> recipe_tensors() {
     return ::testing::AssertionFailure() << c10::toString(a.scalar_type()) << a.sizes() << " vs "
                                          << c10::toString(b.scalar_type()) << b.sizes();
   at::Tensor ca = a.contiguous(), cb = b.contiguous();
-  if (std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) != 0) return ::testing::AssertionFailure() << "bytes differ";
+  if (std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) != 0)
+    return ::testing::AssertionFailure() << "bytes differ";
   return ::testing::AssertionSuccess();
 }
 
 const std::string kInterop = std::string(ACCEL_SOURCE_DIR) + "/tests/checkpoint/safetensors_interop.py";
 using accel::test::run_python;
 
-#define REQUIRE_PYTHON()                                                             \
-  do {                                                                               \
-    if (!accel::test::python_available(ACCEL_PYTHON))                                \
-      GTEST_SKIP() << "ACCEL_PYTHON (the venv with safetensors) is not configured";  \
+#define REQUIRE_PYTHON()                                                            \
+  do {                                                                              \
+    if (!accel::test::python_available(ACCEL_PYTHON))                               \
+      GTEST_SKIP() << "ACCEL_PYTHON (the venv with safetensors) is not configured"; \
   } while (0)
 
 // Expects SafetensorsFile::open(path) to fail with a message naming the file and each of `parts`.
@@ -212,11 +217,11 @@ TEST(SafetensorsWriter, StreamsInAnyOrderAndIsAtomic) {
     w.write("c", at::tensor(42, at::kLong).reshape({}));
     w.write("a", at::arange(6, at::kFloat).reshape({2, 3}));
     EXPECT_EQ(slurp(path), old_bytes) << "the target changed before finish()";
-    EXPECT_THROW(w.write("a", at::zeros({2, 3})), std::invalid_argument);               // twice
-    EXPECT_THROW(w.write("zz", at::zeros({1})), std::invalid_argument);                 // undeclared
-    EXPECT_THROW(w.write("b", at::zeros({4})), std::invalid_argument);                  // wrong dtype
-    EXPECT_THROW(w.write("b", at::zeros({5}, at::kBFloat16)), std::invalid_argument);   // wrong shape
-    EXPECT_THROW(w.finish(), std::logic_error);                                          // b missing
+    EXPECT_THROW(w.write("a", at::zeros({2, 3})), std::invalid_argument);              // twice
+    EXPECT_THROW(w.write("zz", at::zeros({1})), std::invalid_argument);                // undeclared
+    EXPECT_THROW(w.write("b", at::zeros({4})), std::invalid_argument);                 // wrong dtype
+    EXPECT_THROW(w.write("b", at::zeros({5}, at::kBFloat16)), std::invalid_argument);  // wrong shape
+    EXPECT_THROW(w.finish(), std::logic_error);                                        // b missing
     w.write("b", at::arange(4, at::kFloat).to(at::kBFloat16));
     w.finish();
   }
@@ -234,7 +239,8 @@ TEST(SafetensorsWriter, StreamsInAnyOrderAndIsAtomic) {
   EXPECT_EQ(slurp(path), good);
   EXPECT_NE(::access((path + ".tmp").c_str(), F_OK), 0);
 
-  EXPECT_THROW(SafetensorsWriter(d.file("bad"), {{"x", at::kFloat, {1}}, {"x", at::kFloat, {1}}}), std::invalid_argument);
+  EXPECT_THROW(SafetensorsWriter(d.file("bad"), {{"x", at::kFloat, {1}}, {"x", at::kFloat, {1}}}),
+               std::invalid_argument);
   EXPECT_THROW(SafetensorsWriter(d.file("bad"), {{"__metadata__", at::kFloat, {1}}}), std::invalid_argument);
   EXPECT_THROW(SafetensorsWriter(d.file("bad"), {{"x", at::kFloat, {-1}}}), std::invalid_argument);
   EXPECT_THROW(SafetensorsWriter(d.file("no/such/dir/x.safetensors"), {}), SafetensorsError);
@@ -266,7 +272,8 @@ TEST(SafetensorsPython, FilesWrittenByPythonLoadHere) {
     SCOPED_TRACE(r.name);
     at::Tensor want = make(r.dtype, r.shape);
     EXPECT_TRUE(same(f.read(r.name), want));
-    if (want.numel() > 1) EXPECT_TRUE(same(f.read_range(r.name, 1, want.numel()), want.reshape({-1}).narrow(0, 1, want.numel() - 1)));
+    if (want.numel() > 1)
+      EXPECT_TRUE(same(f.read_range(r.name, 1, want.numel()), want.reshape({-1}).narrow(0, 1, want.numel() - 1)));
   }
 }
 
@@ -278,8 +285,8 @@ TEST(SafetensorsCorrupt, TruncatedAnywhere) {
   const std::string good = slurp(d.file("good.safetensors"));
   auto f = SafetensorsFile::open(d.file("good.safetensors"));
   const std::size_t ds = f.header().data_start;
-  for (std::size_t cut : {std::size_t{0}, std::size_t{3}, std::size_t{7}, std::size_t{8}, std::size_t{9}, ds / 2, ds - 1,
-                          ds, ds + 1, good.size() / 2 + ds / 2, good.size() - 1}) {
+  for (std::size_t cut : {std::size_t{0}, std::size_t{3}, std::size_t{7}, std::size_t{8}, std::size_t{9}, ds / 2,
+                          ds - 1, ds, ds + 1, good.size() / 2 + ds / 2, good.size() - 1}) {
     SCOPED_TRACE(cut);
     const std::string p = d.file("cut" + std::to_string(cut));
     spit(p, good.substr(0, cut));
@@ -319,8 +326,11 @@ TEST(SafetensorsCorrupt, EveryHeaderFaultIsNamed) {
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})", 8, {"not valid JSON"}},
       {R"([1, 2, 3])", 0, {"does not start with '{'"}},
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-       16, {"'a' twice"}},
-      {R"({"a":{"dtype":"F31","shape":[2],"data_offsets":[0,8]}})", 8, {"'a'", "unknown or unsupported dtype 'F31'", "F32"}},
+       16,
+       {"'a' twice"}},
+      {R"({"a":{"dtype":"F31","shape":[2],"data_offsets":[0,8]}})",
+       8,
+       {"'a'", "unknown or unsupported dtype 'F31'", "F32"}},
       {R"({"a":{"dtype":7,"shape":[2],"data_offsets":[0,8]}})", 8, {"'a'", "dtype must be a string"}},
       {R"({"a":{"shape":[2],"data_offsets":[0,8]}})", 8, {"'a'", "no dtype"}},
       {R"({"a":{"dtype":"F32","data_offsets":[0,8]}})", 8, {"'a'", "no shape"}},
@@ -334,9 +344,11 @@ TEST(SafetensorsCorrupt, EveryHeaderFaultIsNamed) {
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,-8]}})", 8, {"'a'", "two non-negative integers"}},
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[1000,1008]}})", 8, {"'a'", "run past the end of the data"}},
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-       12, {"'b'", "overlap tensor 'a'"}},
+       12,
+       {"'b'", "overlap tensor 'a'"}},
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})",
-       20, {"'b'", "leave a hole", "[8, 12)"}},
+       20,
+       {"'b'", "leave a hole", "[8, 12)"}},
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12, {"'a'", "leave a hole"}},
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 9, {"trailing bytes"}},
       {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1}})", 8, {"'a'", "unknown field 'extra'"}},
@@ -355,7 +367,8 @@ TEST(SafetensorsCorrupt, EveryHeaderFaultIsNamed) {
   }
   // Valid corner cases: empty tensors sharing an offset, scalars, an empty file, metadata only.
   const std::vector<std::pair<std::string, std::size_t>> ok = {
-      {R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"f":{"dtype":"I64","shape":[2,0],"data_offsets":[0,0]},"s":{"dtype":"F64","shape":[],"data_offsets":[0,8]}})", 8},
+      {R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"f":{"dtype":"I64","shape":[2,0],"data_offsets":[0,0]},"s":{"dtype":"F64","shape":[],"data_offsets":[0,8]}})",
+       8},
       {R"({})", 0},
       {R"({"__metadata__":{"format":"pt"}})", 0},
   };
@@ -402,23 +415,51 @@ TEST(SafetensorsFuzz, SeededMutationsOfValidFiles) {
   write_safetensors(d.file("s2"), {});
   for (const char* s : {"s0", "s1", "s2"}) seeds.push_back(slurp(d.file(s)));
   std::mt19937_64 rng(20240607);
-  const char* tokens[] = {"{", "}", "[", "]", ",", ":", "\"", "0", "-1", "18446744073709551615", "1e400", "\"F32\"",
-                          "\"dtype\"", "\"shape\"", "\"data_offsets\"", "\"__metadata__\"", "null", "[0,0]", " ", "\\u0000"};
+  const char* tokens[] = {"{",
+                          "}",
+                          "[",
+                          "]",
+                          ",",
+                          ":",
+                          "\"",
+                          "0",
+                          "-1",
+                          "18446744073709551615",
+                          "1e400",
+                          "\"F32\"",
+                          "\"dtype\"",
+                          "\"shape\"",
+                          "\"data_offsets\"",
+                          "\"__metadata__\"",
+                          "null",
+                          "[0,0]",
+                          " ",
+                          "\\u0000"};
   int parsed = 0, rejected = 0;
   const int kIters = 20000;
   for (int it = 0; it < kIters; ++it) {
     std::string b = seeds[rng() % seeds.size()];
     const int nmut = 1 + static_cast<int>(rng() % 4);
     for (int m = 0; m < nmut; ++m) {
-      const std::size_t hdr_end = std::min<std::size_t>(b.size(), 8 + (b.size() >= 8 ? static_cast<unsigned char>(b[0]) : 0));
-      const std::size_t pos = b.empty() ? 0 : (rng() % 4 ? 8 + rng() % std::max<std::size_t>(1, hdr_end - 8) : rng() % b.size());
+      const std::size_t hdr_end =
+          std::min<std::size_t>(b.size(), 8 + (b.size() >= 8 ? static_cast<unsigned char>(b[0]) : 0));
+      const std::size_t pos =
+          b.empty() ? 0 : (rng() % 4 ? 8 + rng() % std::max<std::size_t>(1, hdr_end - 8) : rng() % b.size());
       switch (rng() % 7) {
-        case 0: if (pos < b.size()) b[pos] = static_cast<char>(b[pos] ^ (1u << (rng() % 8))); break;
-        case 1: if (pos < b.size()) b[pos] = static_cast<char>(rng()); break;
+        case 0:
+          if (pos < b.size()) b[pos] = static_cast<char>(b[pos] ^ (1u << (rng() % 8)));
+          break;
+        case 1:
+          if (pos < b.size()) b[pos] = static_cast<char>(rng());
+          break;
         case 2: b.insert(std::min(pos, b.size()), tokens[rng() % std::size(tokens)]); break;
-        case 3: if (pos < b.size()) b.erase(pos, 1 + rng() % 8); break;
+        case 3:
+          if (pos < b.size()) b.erase(pos, 1 + rng() % 8);
+          break;
         case 4: b.resize(rng() % (b.size() + 1)); break;
-        case 5: if (b.size() >= 8) b[rng() % 8] = static_cast<char>(rng()); break;  // the length prefix
+        case 5:
+          if (b.size() >= 8) b[rng() % 8] = static_cast<char>(rng());
+          break;  // the length prefix
         case 6: b.append(rng() % 16, static_cast<char>(rng())); break;
       }
     }

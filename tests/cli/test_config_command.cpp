@@ -151,7 +151,8 @@ TEST(ConfigExplain, ShippedConfigsStrategyPrecisionAccumulationAndIgnoredKeys) {
   EXPECT_NE(e.find("(defaults)"), std::string::npos) << e;
   EXPECT_NE(e.find("Ignored keys  none"), std::string::npos) << e;
   // fsdp_state_dict_type FULL_STATE_DICT: save_state writes whole tensors.
-  e = explain_config(parse_accelerate_yaml("distributed_type: FSDP\nfsdp_config:\n  fsdp_state_dict_type: FULL_STATE_DICT\n", "f"));
+  e = explain_config(
+      parse_accelerate_yaml("distributed_type: FSDP\nfsdp_config:\n  fsdp_state_dict_type: FULL_STATE_DICT\n", "f"));
   EXPECT_NE(e.find("save_state writes full checkpoints"), std::string::npos) << e;
 }
 

@@ -318,8 +318,9 @@ TEST(EstimateMemory, RowsAreTheTableLabelsAndHybridShardIsNotARow) {
   for (auto s : {zero::Strategy::NoShard, zero::Strategy::Zero1, zero::Strategy::Zero2, zero::Strategy::Zero3})
     EXPECT_NE(text.find(zero::info(s).label), std::string::npos) << zero::info(s).label << "\n" << text;
   EXPECT_EQ(text.find("HYBRID"), std::string::npos) << text;
-  EXPECT_THROW(coefficients(zero::Strategy::HybridShard, bytes_per_param(Dtype::Bf16, OptimizerKind::AdamW), Offload::None),
-               EstimateError);
+  EXPECT_THROW(
+      coefficients(zero::Strategy::HybridShard, bytes_per_param(Dtype::Bf16, OptimizerKind::AdamW), Offload::None),
+      EstimateError);
 }
 
 }  // namespace

@@ -37,8 +37,9 @@ TEST(Hostfile, BadLinesNameFileLineAndProblem) {
             "hostfile hf, line 2: host 'a' is listed twice");
   EXPECT_EQ(message_of([] { parse_hostfile("# nothing\n\n", "hf"); }),
             "hostfile hf lists no hosts (expected lines like 'node1 slots=4')");
-  EXPECT_NE(message_of([] { read_hostfile("/nonexistent/hostfile"); }).find("cannot read hostfile /nonexistent/hostfile"),
-            std::string::npos);
+  EXPECT_NE(
+      message_of([] { read_hostfile("/nonexistent/hostfile"); }).find("cannot read hostfile /nonexistent/hostfile"),
+      std::string::npos);
 }
 
 LaunchRequest request(Words program = {"./train", "--steps", "3"}) {
@@ -84,9 +85,30 @@ TEST(LaunchPlan, HostfileGivesOneAppContextPerMachine) {
   r.num_machines = 2;
   const LaunchPlan p = plan_launch(r);
   ASSERT_EQ(p.machines.size(), 2u);
-  EXPECT_EQ(p.argv, (Words{"mpirun", "--oversubscribe", "-np", "2", "--host", "10.0.0.1:2", "/opt/accel/bin/accel-rank",
-                           "--node_rank", "0", "--num_nodes", "2", "--", "prog", ":", "-np", "2", "--host",
-                           "10.0.0.2:2", "/opt/accel/bin/accel-rank", "--node_rank", "1", "--num_nodes", "2", "--",
+  EXPECT_EQ(p.argv, (Words{"mpirun",
+                           "--oversubscribe",
+                           "-np",
+                           "2",
+                           "--host",
+                           "10.0.0.1:2",
+                           "/opt/accel/bin/accel-rank",
+                           "--node_rank",
+                           "0",
+                           "--num_nodes",
+                           "2",
+                           "--",
+                           "prog",
+                           ":",
+                           "-np",
+                           "2",
+                           "--host",
+                           "10.0.0.2:2",
+                           "/opt/accel/bin/accel-rank",
+                           "--node_rank",
+                           "1",
+                           "--num_nodes",
+                           "2",
+                           "--",
                            "prog"}));
 }
 

@@ -15,8 +15,8 @@ namespace {
 
 const std::vector<at::ScalarType> kReducible = {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf,
                                                 at::kInt,    at::kLong,  at::kByte};
-const std::vector<at::ScalarType> kAllDtypes = {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf, at::kInt,
-                                                at::kLong, at::kByte, at::kFloat8_e4m3fn, at::kFloat8_e5m2};
+const std::vector<at::ScalarType> kAllDtypes = {at::kDouble, at::kFloat, at::kBFloat16,      at::kHalf,       at::kInt,
+                                                at::kLong,   at::kByte,  at::kFloat8_e4m3fn, at::kFloat8_e5m2};
 // Per-rank element counts: 0, 1, odd, not divisible by 2/3/4, large enough for several MPI segments.
 const std::vector<int64_t> kSizes = {0, 1, 7, 1001, 65537};
 
@@ -41,9 +41,7 @@ class Collectives : public ::testing::TestWithParam<std::tuple<at::ScalarType, i
   }
   static at::TensorOptions opts(at::ScalarType d) { return at::TensorOptions().dtype(d); }
   // Small integers in 1..5: every dtype holds them and sums up to 4 ranks exactly.
-  static at::Tensor pattern(int64_t n, at::ScalarType d) {
-    return at::arange(n, at::kLong).remainder(5).add(1).to(d);
-  }
+  static at::Tensor pattern(int64_t n, at::ScalarType d) { return at::arange(n, at::kLong).remainder(5).add(1).to(d); }
   static void expect_equal(const at::Tensor& got, const at::Tensor& want) {
     ASSERT_EQ(got.numel(), want.numel());
     if (got.numel() == 0) return;
@@ -125,7 +123,10 @@ TEST_P(Reductions, ReduceScatter) {
   at::Tensor in = pattern(n * k, d).mul(r + 1).to(d);
   at::Tensor out = in_place ? in.narrow(0, r * k, k) : at::empty({k}, opts(d));
   auto w = comm->reduce_scatter_async(in, out);
-  if (async) run(w, true); else w->wait();
+  if (async)
+    run(w, true);
+  else
+    w->wait();
   expect_equal(out, pattern(n * k, at::kDouble).narrow(0, r * k, k).mul(n * (n + 1) / 2));
 }
 
@@ -139,7 +140,10 @@ TEST_P(Movement, AllGather) {
   at::Tensor in = in_place ? out.narrow(0, r * k, k) : contribution(r, d);
   if (in_place) in.copy_(contribution(r, d));
   auto w = comm->all_gather_async(in, out);
-  if (async) run(w, true); else w->wait();
+  if (async)
+    run(w, true);
+  else
+    w->wait();
   std::vector<at::Tensor> parts;
   for (int q = 0; q < n; ++q) parts.push_back(contribution(q, d));
   at::Tensor want = at::cat(parts);
@@ -156,7 +160,10 @@ TEST_P(Movement, Broadcast) {
   at::Tensor want = at::arange(k, at::kLong).add(3).remainder(50).to(d);
   at::Tensor t = r == root ? want.clone() : at::zeros({k}, opts(d));
   auto w = comm->broadcast_async(t, {root});
-  if (async) run(w, true); else w->wait();
+  if (async)
+    run(w, true);
+  else
+    w->wait();
   EXPECT_TRUE(at::equal(t.view(at::kByte), want.view(at::kByte)));
 }
 

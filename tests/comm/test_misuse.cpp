@@ -1,7 +1,7 @@
 // Bad usage raises the documented error, on this rank (InvalidArgument) or on every rank
 // (MismatchError), and the communicator stays usable afterwards.
-#include "test_world.h"
 #include "support/errors.h"
+#include "test_world.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -24,19 +24,22 @@ TEST(Misuse, LocalArgumentErrors) {
   const int n = comm->size();
   at::Tensor strided = at::ones({4, 4}, at::kFloat).t();
   EXPECT_NE(message_of<InvalidArgument>([&] { comm->all_reduce(strided); }).find("not contiguous"), std::string::npos);
-  EXPECT_NE(message_of<InvalidArgument>([&] { comm->reduce_scatter(at::ones({n * 3 + 1}), at::empty({3})); })
-                .find("world_size"),
+  EXPECT_NE(message_of<InvalidArgument>([&] {
+              comm->reduce_scatter(at::ones({n * 3 + 1}), at::empty({3}));
+            }).find("world_size"),
             std::string::npos);
-  EXPECT_NE(message_of<InvalidArgument>([&] { comm->all_gather(at::ones({3}), at::empty({n * 3 + 2})); })
-                .find("world_size"),
-            std::string::npos);
-  EXPECT_NE(message_of<InvalidArgument>([&] { comm->all_reduce(at::ones({3}), at::empty({3}, at::kDouble)); })
-                .find("differs from output dtype"),
+  EXPECT_NE(
+      message_of<InvalidArgument>([&] { comm->all_gather(at::ones({3}), at::empty({n * 3 + 2})); }).find("world_size"),
+      std::string::npos);
+  EXPECT_NE(message_of<InvalidArgument>([&] {
+              comm->all_reduce(at::ones({3}), at::empty({3}, at::kDouble));
+            }).find("differs from output dtype"),
             std::string::npos);
   EXPECT_NE(message_of<InvalidArgument>([&] { comm->all_reduce(at::ones({3}, at::kFloat8_e4m3fn)); }).find("fp8"),
             std::string::npos);
-  EXPECT_NE(message_of<InvalidArgument>([&] { comm->all_reduce(at::ones({3}, at::kLong), {ReduceOp::Avg}); })
-                .find("avg needs a floating dtype"),
+  EXPECT_NE(message_of<InvalidArgument>([&] {
+              comm->all_reduce(at::ones({3}, at::kLong), {ReduceOp::Avg});
+            }).find("avg needs a floating dtype"),
             std::string::npos);
   EXPECT_NE(message_of<InvalidArgument>([&] { comm->all_reduce(at::ones({3}, at::kBool)); }).find("not supported"),
             std::string::npos);

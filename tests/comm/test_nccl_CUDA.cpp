@@ -61,8 +61,8 @@ void expect_equal(const at::Tensor& got, const at::Tensor& want, const std::stri
   if (at::equal(g, w)) return;
   const at::Tensor bad = (g != w).nonzero();
   const int64_t i = bad[0][0].item<int64_t>();
-  ADD_FAILURE() << what << ": " << bad.size(0) << " of " << g.numel() << " elements differ; first at " << i
-                << ": got " << g[i].item<double>() << ", want " << w[i].item<double>();
+  ADD_FAILURE() << what << ": " << bad.size(0) << " of " << g.numel() << " elements differ; first at " << i << ": got "
+                << g[i].item<double>() << ", want " << w[i].item<double>();
 }
 
 void expect_all(const at::Tensor& got, double v, const std::string& what) {

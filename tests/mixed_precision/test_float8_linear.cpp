@@ -5,9 +5,9 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
@@ -166,7 +166,8 @@ TEST(Float8Linear, CloseToLinearWithinTheFormatsBound) {
   const double sx = 448.0 / x.abs().max().item<double>(), sw = 448.0 / w.abs().max().item<double>();
   const at::Tensor ex = x.abs() * std::ldexp(1.0, -4) + std::ldexp(1.0, -10) / sx;
   const at::Tensor ew = w.abs() * std::ldexp(1.0, -4) + std::ldexp(1.0, -10) / sw;
-  const at::Tensor bound = at::mm(ex, (w.abs() + ew).t()) + at::mm(x.abs(), ew.t()) + 1e-5 * at::mm(x.abs(), w.abs().t());
+  const at::Tensor bound =
+      at::mm(ex, (w.abs() + ew).t()) + at::mm(x.abs(), ew.t()) + 1e-5 * at::mm(x.abs(), w.abs().t());
   EXPECT_TRUE(((y8 - y).abs() <= bound).all().item<bool>());
   const double rel = ((y8 - y).norm() / (y - lin->bias.detach()).norm()).item<double>();
   EXPECT_LT(rel, 0.06);
@@ -296,8 +297,9 @@ TEST(Float8Linear, SmallMlpTrainsAndFollowsLinear) {
   }
   for (std::size_t i = 0; i < gaps.size(); ++i) EXPECT_LE(gaps[i], 0.03) << "step " << i;
   if (test::world()->rank() == 0)
-    std::printf("[ fp8 MLP ] loss %.4f -> %.4f (fp32 Linear: %.4f -> %.4f); max over steps |fp8 - fp32| / initial %.4f\n",
-                first_f, last_f, first_r, last_r, worst);
+    std::printf(
+        "[ fp8 MLP ] loss %.4f -> %.4f (fp32 Linear: %.4f -> %.4f); max over steps |fp8 - fp32| / initial %.4f\n",
+        first_f, last_f, first_r, last_r, worst);
   EXPECT_LT(last_f, 0.05 * first_f);
   EXPECT_TRUE(std::isfinite(last_f));
 }

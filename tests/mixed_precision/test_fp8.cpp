@@ -58,8 +58,7 @@ TEST(Fp8, RoundTripErrorWithinTheFormatsBound) {
       const at::Tensor err = (back - xd).abs();
       const at::Tensor normal = xd.abs() * s >= fb.min_normal;
       const double slack = std::ldexp(1.0, -21);
-      const at::Tensor bound =
-          at::where(normal, xd.abs() * (fb.rel + slack), fb.subnormal_abs / s + xd.abs() * slack);
+      const at::Tensor bound = at::where(normal, xd.abs() * (fb.rel + slack), fb.subnormal_abs / s + xd.abs() * slack);
       const at::Tensor excess = err - bound;
       EXPECT_LE(excess.max().item<double>(), 0.0)
           << "worst element " << x[excess.argmax()].item<double>() << " -> " << back[excess.argmax()].item<double>();
@@ -84,7 +83,8 @@ TEST(Fp8, EveryFiniteFp8ValueRoundTripsExactly) {
     at::Tensor q = quantize(finite, 1.0, fb.f);
     EXPECT_TRUE(at::equal(q.to(at::kFloat), finite)) << to_string(fb.f);
     at::Tensor b = at::randn({1000}).to(at::kBFloat16);
-    EXPECT_TRUE(at::equal(quantize(b, 3.0, fb.f).view(at::kByte), quantize(b.to(at::kFloat), 3.0, fb.f).view(at::kByte)));
+    EXPECT_TRUE(
+        at::equal(quantize(b, 3.0, fb.f).view(at::kByte), quantize(b.to(at::kFloat), 3.0, fb.f).view(at::kByte)));
   }
 }
 
@@ -100,8 +100,8 @@ TEST(Fp8, SaturatesNeverInfOrNanFromFiniteInputs) {
     EXPECT_FALSE(at::isfinite(plain[0]).item<bool>());
     at::Tensor q = quantize(x, 1.0, fb.f).to(at::kFloat);
     EXPECT_TRUE(at::isfinite(q).all().item<bool>());
-    EXPECT_TRUE(at::equal(q, at::tensor({float(fb.max), -float(fb.max), float(fb.max), float(fb.max),
-                                         -float(fb.max), 1.0f})));
+    EXPECT_TRUE(
+        at::equal(q, at::tensor({float(fb.max), -float(fb.max), float(fb.max), float(fb.max), -float(fb.max), 1.0f})));
     // A large scale pushes finite values past max: still saturated.
     at::Tensor q2 = quantize(at::randn({1000}), 1e30, fb.f).to(at::kFloat);
     EXPECT_TRUE(at::isfinite(q2).all().item<bool>());
@@ -197,8 +197,8 @@ TEST(Fp8AllGather, GathersHalfTheBytesOfBf16AndEqualsQuantizeOfTheFullUnit) {
     // and it is an fp8-accurate copy of the unit (the bound of RoundTripErrorWithinTheFormatsBound)
     const at::Tensor x = units[i].reshape({-1});
     const double s = scales[i].item<double>();
-    const at::Tensor bound = at::maximum(x.abs() * (std::ldexp(1.0, -4) + std::ldexp(1.0, -21)),
-                                         at::full_like(x, std::ldexp(1.0, -10) / s));
+    const at::Tensor bound =
+        at::maximum(x.abs() * (std::ldexp(1.0, -4) + std::ldexp(1.0, -21)), at::full_like(x, std::ldexp(1.0, -10) / s));
     EXPECT_TRUE(((full.dequantize() - x).abs() <= bound).all().item<bool>());
   }
 }
@@ -214,8 +214,7 @@ TEST(Fp8AllGather, AsyncIntoACallerBufferAndBadBuffersRejected) {
   EXPECT_TRUE(at::equal(out.view(at::kByte), quantize(unit, scale, Fp8Format::E5M2).view(at::kByte)));
   // Checked locally, before any communication (so every rank throws and none hangs).
   EXPECT_THROW(all_gather_fp8_async(shard, scale, Fp8Format::E4M3, *world, out), std::invalid_argument);
-  EXPECT_THROW(all_gather_fp8_async(shard, scale, Fp8Format::E5M2, *world, out.narrow(0, 0, 1)),
-               std::invalid_argument);
+  EXPECT_THROW(all_gather_fp8_async(shard, scale, Fp8Format::E5M2, *world, out.narrow(0, 0, 1)), std::invalid_argument);
 }
 
 }  // namespace

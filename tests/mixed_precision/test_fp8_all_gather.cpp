@@ -67,7 +67,8 @@ TEST(EngineFp8AllGather, HalfTheBytesOfBf16AndEachParameterIsItsMasterThroughE4m
     const auto c0 = g.counters();
     at::Tensor x = batch(200, {6, 8}), y = batch(201, {6, 4});
     at::Tensor out = r.model->forward(x.to(at::kBFloat16));
-    bytes[fp8] = g.counters()[comm::Collective::AllGather].bytes_received - c0[comm::Collective::AllGather].bytes_received;
+    bytes[fp8] =
+        g.counters()[comm::Collective::AllGather].bytes_received - c0[comm::Collective::AllGather].bytes_received;
 
     // Each unit's parameters (gathered now) against its masters, gathered here in fp32.
     int checked = 0;

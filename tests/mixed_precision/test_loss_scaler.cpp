@@ -83,23 +83,25 @@ TEST(LossScaler, DelayedShiftWithoutConsecutiveHysteresis) {
   LossScalerOptions o;
   o.initial_scale_power = 4;
   o.loss_scale_window = 3;
-  run_table(o, {{C, 16},   // it0: stable 0                       hyst 2
-                {O, 16},   // it1: hyst 2 -> 1, no halving; last=1
-                {C, 16},   // it2: stable 0 (not refilled: only a doubling refills)
-                {C, 16},   // it3: stable 1
-                {O, 8},    // it4: hyst 1 -> halve; last=4
-                {O, 4},    // it5: hyst still 1 -> halve; last=5
-                {C, 4},    // it6: stable 0
-                {C, 4},    // it7: stable 1
-                {C, 4},    // it8: stable 2
-                {C, 8},    // it9: stable 3 % 3 == 0 -> x2, hyst refilled to 2
-                {C, 8},    // it10: stable 4
-                {O, 8},    // it11: hyst 2 -> 1, no halving; last=11
-                {O, 4},    // it12: hyst 1 -> halve
-                {C, 4}, {C, 4}, {C, 4},  // it13..15: stable 0, 1, 2
-                {O, 2},    // it16: hyst still 1 -> halve
-                {O, 1},    // it17: -> 1 == min_loss_scale
-                {O, -1}}); // it18: overflow at the minimum -> error
+  run_table(o, {{C, 16},  // it0: stable 0                       hyst 2
+                {O, 16},  // it1: hyst 2 -> 1, no halving; last=1
+                {C, 16},  // it2: stable 0 (not refilled: only a doubling refills)
+                {C, 16},  // it3: stable 1
+                {O, 8},   // it4: hyst 1 -> halve; last=4
+                {O, 4},   // it5: hyst still 1 -> halve; last=5
+                {C, 4},   // it6: stable 0
+                {C, 4},   // it7: stable 1
+                {C, 4},   // it8: stable 2
+                {C, 8},   // it9: stable 3 % 3 == 0 -> x2, hyst refilled to 2
+                {C, 8},   // it10: stable 4
+                {O, 8},   // it11: hyst 2 -> 1, no halving; last=11
+                {O, 4},   // it12: hyst 1 -> halve
+                {C, 4},
+                {C, 4},
+                {C, 4},     // it13..15: stable 0, 1, 2
+                {O, 2},     // it16: hyst still 1 -> halve
+                {O, 1},     // it17: -> 1 == min_loss_scale
+                {O, -1}});  // it18: overflow at the minimum -> error
 }
 
 // Same sequence with consecutive_hysteresis: every clean step refills cur_hysteresis to 2, so an
@@ -109,20 +111,22 @@ TEST(LossScaler, DelayedShiftWithConsecutiveHysteresis) {
   o.initial_scale_power = 4;
   o.loss_scale_window = 3;
   o.consecutive_hysteresis = true;
-  run_table(o, {{C, 16},   // it0: hyst 2
-                {O, 16},   // it1: 2 -> 1; last=1
-                {C, 16},   // it2: refill 2; stable 0
-                {C, 16},   // it3: stable 1
-                {O, 16},   // it4: 2 -> 1; last=4
-                {O, 8},    // it5: 1 -> halve; last=5
-                {C, 8},    // it6: refill; stable 0
-                {C, 8},    // it7: stable 1
-                {C, 8},    // it8: stable 2
-                {C, 16},   // it9: stable 3 -> x2
-                {C, 16},   // it10: stable 4
-                {O, 16},   // it11: 2 -> 1
-                {O, 8},    // it12: halve
-                {C, 8}, {C, 8}, {C, 8},  // it13..15: refill; stable 0, 1, 2
+  run_table(o, {{C, 16},  // it0: hyst 2
+                {O, 16},  // it1: 2 -> 1; last=1
+                {C, 16},  // it2: refill 2; stable 0
+                {C, 16},  // it3: stable 1
+                {O, 16},  // it4: 2 -> 1; last=4
+                {O, 8},   // it5: 1 -> halve; last=5
+                {C, 8},   // it6: refill; stable 0
+                {C, 8},   // it7: stable 1
+                {C, 8},   // it8: stable 2
+                {C, 16},  // it9: stable 3 -> x2
+                {C, 16},  // it10: stable 4
+                {O, 16},  // it11: 2 -> 1
+                {O, 8},   // it12: halve
+                {C, 8},
+                {C, 8},
+                {C, 8},    // it13..15: refill; stable 0, 1, 2
                 {O, 8},    // it16: 2 -> 1 (refilled by the clean steps)
                 {O, 4},    // it17: halve
                 {O, 2}});  // it18: still 1 -> halve
@@ -246,8 +250,8 @@ TEST(LossScaler, FollowsDeepSpeedsUpdateScaleOnRandomSequences) {
           for (int i = 0; i < 60; ++i) seq += d(rng) ? '1' : '0';
           const auto expected = python_trajectory(o, seq);
           ASSERT_FALSE(expected.empty()) << "could not run " << ACCEL_PYTHON;
-          SCOPED_TRACE("hysteresis " + std::to_string(hyst) + " consecutive " + std::to_string(consec) +
-                       " window " + std::to_string(window) + " seq " + seq);
+          SCOPED_TRACE("hysteresis " + std::to_string(hyst) + " consecutive " + std::to_string(consec) + " window " +
+                       std::to_string(window) + " seq " + seq);
           LossScaler s(o);
           for (std::size_t i = 0; i < expected.size(); ++i) {
             SCOPED_TRACE("step " + std::to_string(i));
@@ -311,8 +315,8 @@ TEST(UnscaleAndClip, EqualsUnscaleThenClipGradNormOnTheGatheredGradients) {
   auto world = test::world();
   const int n = world->size(), r = world->rank();
   for (double scale : {1.0, 1024.0, 65536.0})
-    for (std::optional<double> max_norm : {std::optional<double>(), std::optional<double>(0.5),
-                                           std::optional<double>(1e6)}) {
+    for (std::optional<double> max_norm :
+         {std::optional<double>(), std::optional<double>(0.5), std::optional<double>(1e6)}) {
       SCOPED_TRACE("scale " + std::to_string(scale) + " max_norm " + (max_norm ? std::to_string(*max_norm) : "none"));
       // The "full" gradients (the same on every rank), scaled as a backward under this scale makes them.
       std::vector<at::Tensor> full;
@@ -331,9 +335,8 @@ TEST(UnscaleAndClip, EqualsUnscaleThenClipGradNormOnTheGatheredGradients) {
         p.mutable_grad() = g.clone();
         params.push_back(p);
       }
-      const double ref_norm =
-          max_norm ? torch::nn::utils::clip_grad_norm_(params, *max_norm)
-                   : torch::nn::utils::clip_grad_norm_(params, 1e30);  // no clipping: just the norm
+      const double ref_norm = max_norm ? torch::nn::utils::clip_grad_norm_(params, *max_norm)
+                                       : torch::nn::utils::clip_grad_norm_(params, 1e30);  // no clipping: just the norm
       EXPECT_NEAR(norm, ref_norm, 1e-6 * ref_norm);
       for (int i = 0; i < 3; ++i)
         EXPECT_TRUE(at::allclose(mine[i], params[3 * r + i].grad(), 1e-6, 1e-9))

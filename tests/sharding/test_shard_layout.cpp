@@ -13,7 +13,8 @@ using accel::sharding::ShardLayout;
 namespace {
 
 // Element-level truth: flat[i] = {tensor, element} or {-1, -1}, built by walking the rules directly.
-std::vector<std::pair<int, std::int64_t>> brute(const std::vector<std::int64_t>& numels, int world, std::int64_t align) {
+std::vector<std::pair<int, std::int64_t>> brute(const std::vector<std::int64_t>& numels, int world,
+                                                std::int64_t align) {
   std::vector<std::pair<int, std::int64_t>> flat;
   for (std::size_t t = 0; t < numels.size(); ++t) {
     while (flat.size() % align) flat.push_back({-1, -1});

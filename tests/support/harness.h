@@ -59,8 +59,10 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(OptKind kind, tor
   for (auto& p : m.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   if (kind == OptKind::AdamW) {
     std::vector<torch::optim::OptimizerParamGroup> g;
-    g.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.02).weight_decay(0.1)));
-    g.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.02).weight_decay(0.0)));
+    g.emplace_back(decay,
+                   std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.02).weight_decay(0.1)));
+    g.emplace_back(no_decay,
+                   std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.02).weight_decay(0.0)));
     return std::make_unique<torch::optim::AdamW>(g, torch::optim::AdamWOptions(0.02));
   }
   std::vector<torch::optim::OptimizerParamGroup> g;

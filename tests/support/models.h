@@ -23,7 +23,8 @@ struct MLPImpl : torch::nn::Module {
   // widths {in, h1, ..., out}; every Linear is a unit; `root_scale` is a parameter of the root unit.
   MLPImpl(std::vector<int64_t> widths, bool root_param = true) {
     for (std::size_t i = 0; i + 1 < widths.size(); ++i)
-      layers.push_back(accel::unit(register_module("fc" + std::to_string(i), torch::nn::Linear(widths[i], widths[i + 1]))));
+      layers.push_back(
+          accel::unit(register_module("fc" + std::to_string(i), torch::nn::Linear(widths[i], widths[i + 1]))));
     if (root_param) scale = register_parameter("scale", at::ones({1}));
   }
   at::Tensor forward(at::Tensor x) {

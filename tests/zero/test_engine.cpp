@@ -8,9 +8,9 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/lbfgs.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
-#include <algorithm>
 #include <optional>
 
 namespace accel::test {
@@ -21,8 +21,10 @@ using zero::ShardingSpec;
 
 std::vector<std::pair<std::string, ShardingSpec>> all_specs() {
   std::vector<std::pair<std::string, ShardingSpec>> out = {
-      {"DDP", ShardingSpec::ddp()},         {"ZeRO1", ShardingSpec::zero(1)},
-      {"ZeRO2", ShardingSpec::zero(2)},     {"ZeRO3", ShardingSpec::zero(3)},
+      {"DDP", ShardingSpec::ddp()},
+      {"ZeRO1", ShardingSpec::zero(1)},
+      {"ZeRO2", ShardingSpec::zero(2)},
+      {"ZeRO3", ShardingSpec::zero(3)},
       {"HYBRID", ShardingSpec::fsdp("HYBRID_SHARD")},
   };
   for (auto& [n, s] : out) s.bucket_bytes = 0;  // one collective per flat parameter: countable
@@ -95,7 +97,9 @@ TEST(EngineCounts, CollectivesPerMicroStep) {
         auto after = counters();
         Delta d = diff(before.first, after.first, before.second, after.second);
         // After the step: ZeRO-1/2 re-gather every flat, ZeRO-3 only the always-gathered root unit.
-        std::uint64_t want_ag = !spec.shards_optimizer() || shard.size() == 1 ? 0 : spec.shards_parameters() ? root_flats : F;
+        std::uint64_t want_ag = !spec.shards_optimizer() || shard.size() == 1 ? 0
+                                : spec.shards_parameters()                    ? root_flats
+                                                                              : F;
         EXPECT_EQ(d.ag, want_ag) << "step";
         EXPECT_EQ(d.rs + d.ar + d.rep_ar, 0u) << "step";
       }
@@ -169,7 +173,9 @@ TEST(EngineMemory, BytesByCategoryMatchZeroFormulas) {
     }
     const std::int64_t e = 4, shard = psi / N;
     auto s1 = memory::snapshot();
-    auto cur = [](const memory::Snapshot& a, const memory::Snapshot& b, Category c) { return b[c].current - a[c].current; };
+    auto cur = [](const memory::Snapshot& a, const memory::Snapshot& b, Category c) {
+      return b[c].current - a[c].current;
+    };
     EXPECT_EQ(cur(s0, s1, Category::Parameters), (spec.shards_parameters() ? shard : psi) * e);
     at::manual_seed(3);
     at::Tensor x = at::randn({4 * N, 64});
@@ -178,7 +184,8 @@ TEST(EngineMemory, BytesByCategoryMatchZeroFormulas) {
     p.engine->backward(mlp->forward(x.narrow(0, r * 4, 4)).pow(2).mean());
     auto s3 = memory::snapshot();
     // (A world of one passes autograd's gradients straight to the optimizer: nothing of the engine's.)
-    EXPECT_EQ(cur(s0, s3, Category::Gradients), p.engine->plan().passthrough ? 0 : (spec.shards_gradients() ? shard : psi) * e);
+    EXPECT_EQ(cur(s0, s3, Category::Gradients),
+              p.engine->plan().passthrough ? 0 : (spec.shards_gradients() ? shard : psi) * e);
     if (spec.shards_parameters() && N > 1) {
       // Gathered parameters never exceed the current unit plus the prefetched one (no root here).
       EXPECT_LE(s3[Category::Gathered].peak - s2[Category::Gathered].current, 2 * max_unit * e);
@@ -250,7 +257,8 @@ void compare_sgd(const ShardingSpec& spec, const std::function<std::shared_ptr<M
   }
   auto want = params_by_name(*ref);
   for (const auto& f : p.engine->flats())
-    EXPECT_LE(rel_err(f.flat_param->shard(), own_slice(*f.flat_param, flatten_like(*f.flat_param, want))), 1e-12) << f.flat_param->name();
+    EXPECT_LE(rel_err(f.flat_param->shard(), own_slice(*f.flat_param, flatten_like(*f.flat_param, want))), 1e-12)
+        << f.flat_param->name();
 }
 
 // The MLP, edited by `tweak` before training.
@@ -341,7 +349,8 @@ TEST(EngineEdges, ParameterUnusedOnSomeRanks) {
 void expect_shards_equal(const zero::Engine& e, torch::nn::Module& ref, double tol = 1e-12) {
   auto want = params_by_name(ref);
   for (const auto& f : e.flats())
-    EXPECT_LE(rel_err(f.flat_param->shard(), own_slice(*f.flat_param, flatten_like(*f.flat_param, want))), tol) << f.flat_param->name();
+    EXPECT_LE(rel_err(f.flat_param->shard(), own_slice(*f.flat_param, flatten_like(*f.flat_param, want))), tol)
+        << f.flat_param->name();
 }
 
 std::shared_ptr<MLPImpl> seeded_mlp() {
@@ -376,7 +385,9 @@ TEST(EngineLifecycle, GradientsLastUntilStepAndZeroGradDiscards) {
         auto local_loss = [&](const at::Tensor& x, const at::Tensor& y) {
           return at::mse_loss(mdl->forward(x.narrow(0, r * local, local)), y.narrow(0, r * local, local));
         };
-        auto ref_backward = [&](const at::Tensor& x, const at::Tensor& y) { at::mse_loss(ref->forward(x), y).backward(); };
+        auto ref_backward = [&](const at::Tensor& x, const at::Tensor& y) {
+          at::mse_loss(ref->forward(x), y).backward();
+        };
         // A backward that throws on every rank after part of the graph (the root scale) ran.
         auto throwing_backward = [&] {
           at::Tensor out = mdl->forward(x1.narrow(0, r * local, local));
@@ -459,14 +470,16 @@ TEST(EngineLifecycle, InPlaceZeroGradDiscardsConvertedMasterGradients) {
         auto [x1, y1] = make_batch(ModelKind::MLP, at::kFloat, step, 0);
         auto [x2, y2] = make_batch(ModelKind::MLP, at::kFloat, step, 1);
         if (discard) {
-          p.engine->backward(at::mse_loss(mdl->forward(x1.narrow(0, r * local, local)), y1.narrow(0, r * local, local)));
+          p.engine->backward(
+              at::mse_loss(mdl->forward(x1.narrow(0, r * local, local)), y1.narrow(0, r * local, local)));
           p.optimizer->zero_grad(/*set_to_none=*/false);
         }
         p.engine->backward(at::mse_loss(mdl->forward(x2.narrow(0, r * local, local)), y2.narrow(0, r * local, local)));
         p.optimizer->step();
         p.optimizer->zero_grad(false);
       }
-      for (const auto& f : p.engine->flats()) shards[discard].push_back(f.master.defined() ? f.master.clone() : f.flat_param->shard().clone());
+      for (const auto& f : p.engine->flats())
+        shards[discard].push_back(f.master.defined() ? f.master.clone() : f.flat_param->shard().clone());
     }
     for (std::size_t i = 0; i < shards[0].size(); ++i) EXPECT_TRUE(at::equal(shards[0][i], shards[1][i])) << i;
   }
@@ -486,7 +499,8 @@ struct MaybeBonus : torch::nn::Module {
 };
 struct Stack : torch::nn::Module {
   Stack() {
-    for (int i = 0; i < 4; ++i) blocks.push_back(accel::unit(register_module("b" + std::to_string(i), std::make_shared<MaybeBonus>())));
+    for (int i = 0; i < 4; ++i)
+      blocks.push_back(accel::unit(register_module("b" + std::to_string(i), std::make_shared<MaybeBonus>())));
   }
   at::Tensor forward(at::Tensor x) {
     for (auto& b : blocks) x = at::tanh(b(x));
@@ -703,7 +717,8 @@ TEST(EngineEdges, ClipGradNormMatchesLibtorch) {
       }
       auto want = params_by_name(*ref.module);
       for (const auto& f : p.engine->flats())
-        EXPECT_LE(rel_err(f.flat_param->shard(), own_slice(*f.flat_param, flatten_like(*f.flat_param, want))), 1e-10) << f.flat_param->name();
+        EXPECT_LE(rel_err(f.flat_param->shard(), own_slice(*f.flat_param, flatten_like(*f.flat_param, want))), 1e-10)
+            << f.flat_param->name();
     }
 }
 

@@ -19,13 +19,43 @@ struct StrategyCase {
 std::vector<StrategyCase> strategies() {
   return {
       {"DDP", [] { return ShardingSpec::ddp(); }},  // one fused bucket (staging path)
-      {"NO_SHARD", [] { auto s = ShardingSpec::fsdp("NO_SHARD"); s.bucket_bytes = 0; return s; }},
+      {"NO_SHARD",
+       [] {
+         auto s = ShardingSpec::fsdp("NO_SHARD");
+         s.bucket_bytes = 0;
+         return s;
+       }},
       {"ZeRO1", [] { return ShardingSpec::zero(1); }},
-      {"ZeRO2", [] { auto s = ShardingSpec::zero(2); s.bucket_bytes = 0; return s; }},
-      {"SHARD_GRAD_OP", [] { auto s = ShardingSpec::fsdp("SHARD_GRAD_OP"); s.bucket_bytes = 300; return s; }},
-      {"ZeRO3", [] { auto s = ShardingSpec::zero(3); s.reshard_after_forward = false; return s; }},
-      {"FULL_SHARD", [] { auto s = ShardingSpec::fsdp("FULL_SHARD"); s.bucket_bytes = 0; return s; }},
-      {"HYBRID_SHARD", [] { auto s = ShardingSpec::fsdp("HYBRID_SHARD"); s.bucket_bytes = 0; return s; }},
+      {"ZeRO2",
+       [] {
+         auto s = ShardingSpec::zero(2);
+         s.bucket_bytes = 0;
+         return s;
+       }},
+      {"SHARD_GRAD_OP",
+       [] {
+         auto s = ShardingSpec::fsdp("SHARD_GRAD_OP");
+         s.bucket_bytes = 300;
+         return s;
+       }},
+      {"ZeRO3",
+       [] {
+         auto s = ShardingSpec::zero(3);
+         s.reshard_after_forward = false;
+         return s;
+       }},
+      {"FULL_SHARD",
+       [] {
+         auto s = ShardingSpec::fsdp("FULL_SHARD");
+         s.bucket_bytes = 0;
+         return s;
+       }},
+      {"HYBRID_SHARD",
+       [] {
+         auto s = ShardingSpec::fsdp("HYBRID_SHARD");
+         s.bucket_bytes = 0;
+         return s;
+       }},
   };
 }
 
@@ -68,7 +98,8 @@ void run_parity(const StrategyCase& sc, ModelKind mk, OptKind ok, int accum, c10
         at::Tensor want = flatten_like(*f.flat_param, ref_grads);
         if (engine.spec().shards_optimizer()) want = own_slice(*f.flat_param, want);
         ASSERT_TRUE(f.master.grad().defined()) << f.flat_param->name();
-        EXPECT_LE(rel_err(f.master.grad(), want), tol) << "gradient shard of " << f.flat_param->name() << " on rank " << r;
+        EXPECT_LE(rel_err(f.master.grad(), want), tol)
+            << "gradient shard of " << f.flat_param->name() << " on rank " << r;
       }
     }
     ref_opt->step();
@@ -94,7 +125,8 @@ class Parity : public ::testing::TestWithParam<std::tuple<int, ModelKind>> {};
 TEST_P(Parity, Float64MatchesReference) {
   const StrategyCase sc = strategies()[std::get<0>(GetParam())];
   for (int accum : {1, 3})
-    for (OptKind ok : {OptKind::AdamW, OptKind::SGD}) run_parity(sc, std::get<1>(GetParam()), ok, accum, at::kDouble, 1e-10);
+    for (OptKind ok : {OptKind::AdamW, OptKind::SGD})
+      run_parity(sc, std::get<1>(GetParam()), ok, accum, at::kDouble, 1e-10);
 }
 
 TEST_P(Parity, Float32MatchesReference) {
