@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdio>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -13,8 +13,15 @@ namespace {
 
 // The elapsed time is the one part of the line that is not a function of the state: "[1.2s]" -> "[T]".
 std::string without_time(const std::string& line) {
-  static const std::regex seconds(R"(\[[0-9]+\.[0-9]s\])");
-  return std::regex_replace(line, seconds, "[T]");
+  // The first "[<digits>.<digit>s]" (not with <regex>: it triples this file's compile time).
+  auto digit = [&](std::size_t k) { return k < line.size() && std::isdigit(static_cast<unsigned char>(line[k])); };
+  for (std::size_t open = line.find('['); open != std::string::npos; open = line.find('[', open + 1)) {
+    std::size_t k = open + 1;
+    while (digit(k)) ++k;
+    if (k > open + 1 && line.compare(k, 1, ".") == 0 && digit(k + 1) && line.compare(k + 2, 2, "s]") == 0)
+      return line.substr(0, open) + "[T]" + line.substr(k + 4);
+  }
+  return line;
 }
 
 // Everything `bar` wrote to its file, one entry per line.
@@ -74,7 +81,12 @@ TEST(ProgressRender, ZeroOrNegativeTotalIsComplete) {
 
 TEST(ProgressRender, ElapsedTimeIsSecondsWithOneDecimal) {
   accel::ProgressBar bar(10, "t", false);
-  EXPECT_TRUE(std::regex_search(bar.render(), std::regex(R"( 0/10 \[[0-9]+\.[0-9]s\]$)"))) << bar.render();
+  const std::string line = bar.render();
+  const std::string tail = " 0/10 [T]";
+  const std::string masked = without_time(line);
+  EXPECT_NE(masked, line) << line;  // a "[<digits>.<digit>s]" was there
+  ASSERT_GE(masked.size(), tail.size()) << line;
+  EXPECT_EQ(masked.substr(masked.size() - tail.size()), tail) << line;  // ... at the end
 }
 
 TEST(ProgressDraw, NonTerminalPrintsOneLinePerDecile) {

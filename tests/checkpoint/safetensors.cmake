@@ -2,9 +2,10 @@
 # (src/checkpoint/model_export.*). Included from tests/CMakeLists.txt: CMAKE_CURRENT_SOURCE_DIR is tests/.
 
 # Single process: round trips, the Python `safetensors` package both ways, corrupted files, mutations.
-add_executable(safetensors_tests checkpoint/test_safetensors.cpp support/python.cpp)
+add_executable(safetensors_tests checkpoint/test_safetensors.cpp)
 target_include_directories(safetensors_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-target_link_libraries(safetensors_tests PRIVATE accel GTest::gtest GTest::gtest_main nlohmann_json::nlohmann_json)
+target_link_libraries(safetensors_tests PRIVATE accel accel_test_support GTest::gtest GTest::gtest_main
+                      nlohmann_json::nlohmann_json)
 target_precompile_headers(safetensors_tests REUSE_FROM accel_tests)
 target_compile_definitions(safetensors_tests PRIVATE ACCEL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" ACCEL_PYTHON="${ACCEL_PYTHON}")
 
@@ -30,7 +31,7 @@ if(ACCEL_CLANGXX)
 endif()
 
 # Multi-rank: save_model / load_model under every strategy (one binary on every rank of an mpirun).
-accel_test_binary(model_export_tests checkpoint/test_model_export.cpp support/python.cpp)
-target_link_libraries(model_export_tests PRIVATE nlohmann_json::nlohmann_json)
+accel_test_binary(model_export_tests checkpoint/test_model_export.cpp)
+target_link_libraries(model_export_tests PRIVATE accel_test_support nlohmann_json::nlohmann_json)
 target_compile_definitions(model_export_tests PRIVATE ACCEL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" ACCEL_PYTHON="${ACCEL_PYTHON}")
 accel_add_mpi_test(NAME checkpoint_save_model TARGET model_export_tests NP 1 2 3 SKIPPABLE)
