@@ -20,6 +20,9 @@ set(ACCEL_INTERNAL_HEADERS
   base/files.h                 # POSIX file helpers of the launcher and checkpoints
   checkpoint/checkpoint_dir.h  # save_state's directories (Accelerator::save_state is the interface)
   checkpoint/sharded_state.h   # save_state's format
+  checkpoint/slice_format.h    # ... and its slice records
+  checkpoint/checkpoint_error.h
+  accelerator/config_text.h    # the config parsers' text helpers
   comm/backend.h               # the transports below the Communicator
   comm/mpi_backend.h
   comm/nccl_backend.h

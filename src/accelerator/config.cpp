@@ -30,13 +30,12 @@ void note_ignored(AcceleratorConfig& cfg, const std::string& key, const std::str
 }
 
 std::string fsdp_strategy_name(const std::string& where, const std::string& key, const std::string& text) {
-  // Accelerate's numbering (FSDP's ShardingStrategy enum): 1 .. 4, and 5 HYBRID_SHARD_ZERO2.
-  static const zero::Strategy numbered[] = {zero::Strategy::Zero3, zero::Strategy::Zero2, zero::Strategy::NoShard,
-                                            zero::Strategy::HybridShard};
+  // Accelerate's numbering (FSDP's ShardingStrategy enum, the table's fsdp_number): 1 .. 4, and 5
+  // HYBRID_SHARD_ZERO2.
   std::vector<std::string> names, numbers;
-  for (std::size_t i = 0; i < std::size(numbered); ++i) {
-    names.emplace_back(zero::info(numbered[i]).fsdp_name);
-    numbers.push_back(fmt::format("{} {}", i + 1, names.back()));
+  for (int n = 1; const zero::StrategyInfo* row = zero::find_fsdp(n); ++n) {
+    names.emplace_back(row->fsdp_name);
+    numbers.push_back(fmt::format("{} {}", n, names.back()));
   }
   const auto number = parse_integer(text);
   if ((number && *number == 5) || upper(trim(text)) == "HYBRID_SHARD_ZERO2")

@@ -11,4 +11,7 @@ template FMT_API auto thousands_sep_impl(locale_ref) -> thousands_sep_result<wch
 template FMT_API auto decimal_point_impl(locale_ref) -> char;
 template FMT_API auto decimal_point_impl(locale_ref) -> wchar_t;
 }  // namespace detail
+#if FMT_USE_LOCALE
+template FMT_API auto locale_ref::get<std::locale>() const -> std::locale;  // locale-aware formatting
+#endif
 FMT_END_NAMESPACE

@@ -154,7 +154,8 @@ class Engine {
     g_engine_alive = false;
     if (!owns_mpi_) return;
     if (g_broken || !active_.empty()) {
-      // A collective timed out or never finished: finalizing would hang on the missing peers.
+      // A collective timed out or never finished: finalizing would hang on the missing peers. (Plain
+      // stderr, not the logger: this runs while the process exits, possibly after the logger is gone.)
       std::fprintf(stderr, "accel: rank %d aborting the MPI job: a collective did not complete\n", world_.rank);
       MPI_Abort(MPI_COMM_WORLD, 1);
     }

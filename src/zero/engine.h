@@ -161,7 +161,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // get_state_dict see a flat parameter whole.
   at::Tensor whole(const Flat& f, const at::Tensor& local) const;
   // f's values whole: from the master (exact fp32 where masters are wider than the compute dtype) or
-  // from the compute buffer (a gathered flat as it is, a sharded one gathered into a temporary).
+  // from the compute buffer (a gathered flat as it is; a sharded one, one whose gather is still in
+  // flight, or one gathered as fp8, from its exact shard gathered into a temporary).
   enum class Source { Compute, Master };
   at::Tensor whole_values(const Flat& f, Source source) const;
 

@@ -66,7 +66,12 @@ at::Tensor Engine::whole(const Flat& f, const at::Tensor& local) const {
 
 at::Tensor Engine::whole_values(const Flat& f, Source source) const {
   if (source == Source::Master && f.master.defined()) return whole(f, f.master);
-  if (f.flat_param->gathered()) return f.flat_param->full();
+  // The gathered buffer only where it holds the exact values now: not while a (prefetch) gather into
+  // it is in flight, and not when it holds fp8 bytes dequantized. (The same on every rank: gathering
+  // is collective.) Otherwise the shard, gathered into a temporary.
+  const bool exact =
+      f.flat_param->gathered() && units_[static_cast<std::size_t>(f.unit)].inflight.empty() && !fp8_gathered(f);
+  if (exact) return f.flat_param->full();
   return whole(f, f.flat_param->shard());
 }
 
