@@ -90,18 +90,12 @@ std::vector<RankFailure> read_failures(const std::string& dir) {
     if (name.rfind("rank_", 0) != 0 || name.find('.') != std::string::npos) continue;
     std::ifstream f(dir + "/" + name);
     RankFailure r;
+    const std::map<std::string, int*> ints = {
+        {"rank", &r.rank}, {"node", &r.node}, {"local_rank", &r.local_rank}, {"exit", &r.exit}, {"signal", &r.signal}};
     std::string key;
     while (f >> key) {
-      if (key == "rank")
-        f >> r.rank;
-      else if (key == "node")
-        f >> r.node;
-      else if (key == "local_rank")
-        f >> r.local_rank;
-      else if (key == "exit")
-        f >> r.exit;
-      else if (key == "signal")
-        f >> r.signal;
+      if (auto it = ints.find(key); it != ints.end())
+        f >> *it->second;
       else if (key == "time_ns")
         f >> r.time_ns;
       else if (key == "host")

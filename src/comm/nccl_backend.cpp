@@ -274,22 +274,16 @@ class NcclBackend final : public Backend {
     const int rank = state_->rank, device = state_->device;
     ncclComm_t comm = state_->comm;
     switch (r.kind) {
-      case Collective::AllReduce: {
-        if (r.output.numel() == 0) return;
-        check_nccl(
-            "ncclAllReduce",
-            ncclAllReduce(r.input.data_ptr(), r.output.data_ptr(), static_cast<size_t>(r.output.numel()),
-                          nccl_dtype(r.output.scalar_type(), rank, device), nccl_op(r.op, rank, device), comm, s),
-            comm, rank, device);
-        return;
-      }
+      case Collective::AllReduce:
       case Collective::ReduceScatter: {
+        // The same signature: (send, recv, elements received, dtype, op, comm, stream).
         if (r.output.numel() == 0) return;
-        check_nccl(
-            "ncclReduceScatter",
-            ncclReduceScatter(r.input.data_ptr(), r.output.data_ptr(), static_cast<size_t>(r.output.numel()),
-                              nccl_dtype(r.output.scalar_type(), rank, device), nccl_op(r.op, rank, device), comm, s),
-            comm, rank, device);
+        const bool all = r.kind == Collective::AllReduce;
+        auto* reduce = all ? &ncclAllReduce : &ncclReduceScatter;
+        check_nccl(all ? "ncclAllReduce" : "ncclReduceScatter",
+                   reduce(r.input.data_ptr(), r.output.data_ptr(), static_cast<size_t>(r.output.numel()),
+                          nccl_dtype(r.output.scalar_type(), rank, device), nccl_op(r.op, rank, device), comm, s),
+                   comm, rank, device);
         return;
       }
       case Collective::AllGather: {

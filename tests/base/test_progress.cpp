@@ -6,6 +6,7 @@
 
 #include <cctype>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -89,17 +90,25 @@ TEST(ProgressRender, ElapsedTimeIsSecondsWithOneDecimal) {
   EXPECT_EQ(masked.substr(masked.size() - tail.size()), tail) << line;  // ... at the end
 }
 
-TEST(ProgressDraw, NonTerminalPrintsOneLinePerDecile) {
+// What a bar drawing into a temporary file writes while `use(file)` runs (the bar's destructor
+// included), one entry per line.
+template <class F>
+std::vector<std::string> drawn(F&& use) {
   std::FILE* f = std::tmpfile();
-  ASSERT_NE(f, nullptr);
-  {
+  if (!f) throw std::runtime_error("tmpfile failed");
+  use(f);
+  auto lines = lines_of(f);
+  std::fclose(f);
+  return lines;
+}
+
+TEST(ProgressDraw, NonTerminalPrintsOneLinePerDecile) {
+  const auto lines = drawn([](std::FILE* f) {
     accel::ProgressBar bar(50, "steps", /*enabled=*/true, f);
     for (int i = 0; i < 50; ++i) bar.update(1);
     bar.close();
     bar.close();  // a second close (and the destructor) draw nothing more
-  }
-  const auto lines = lines_of(f);
-  std::fclose(f);
+  });
   // Deciles 0 (at 1/50), 1 (5/50), ..., 10 (50/50): 11 lines; the final state is not repeated.
   ASSERT_EQ(lines.size(), 11u);
   EXPECT_EQ(without_time(lines.front()), "steps   2% |                        | 1/50 [T]");
@@ -109,44 +118,33 @@ TEST(ProgressDraw, NonTerminalPrintsOneLinePerDecile) {
 }
 
 TEST(ProgressDraw, CloseAddsNoLineWithinTheDecileLastDrawn) {
-  std::FILE* f = std::tmpfile();
-  ASSERT_NE(f, nullptr);
-  {
+  const auto lines = drawn([](std::FILE* f) {
     accel::ProgressBar bar(100, "w", true, f);
     bar.update(1);  // decile 0: drawn
     bar.update(3);  // 4/100, still decile 0: not drawn
-  }                 // the destructor closes: same decile as the last line drawn, so nothing more
-  auto lines = lines_of(f);
+  });               // the destructor closes: same decile as the last line drawn, so nothing more
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(without_time(lines[0]), "w   1% |                        | 1/100 [T]");
-  std::fclose(f);
 }
 
 TEST(ProgressDraw, CloseDrawsABarNeverDrawn) {
-  std::FILE* f = std::tmpfile();
-  ASSERT_NE(f, nullptr);
-  {
+  const auto lines = drawn([](std::FILE* f) {
     accel::ProgressBar bar(100, "w", true, f);
     bar.set_postfix("nothing done");  // set_postfix does not draw
     EXPECT_TRUE(lines_of(f).empty());
     bar.close();
-  }
-  auto lines = lines_of(f);
+  });
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(without_time(lines[0]), "w   0% |                        | 0/100 [T] nothing done");
-  std::fclose(f);
 }
 
 TEST(ProgressDraw, DisabledBarPrintsNothing) {
-  std::FILE* f = std::tmpfile();
-  ASSERT_NE(f, nullptr);
-  {
+  const auto lines = drawn([](std::FILE* f) {
     accel::ProgressBar bar(10, "quiet", /*enabled=*/false, f);
     for (int i = 0; i < 10; ++i) bar.update(1, "loss 1");
     EXPECT_EQ(bar.count(), 10);
-  }
-  EXPECT_TRUE(lines_of(f).empty());
-  std::fclose(f);
+  });
+  EXPECT_TRUE(lines.empty());
 }
 
 }  // namespace

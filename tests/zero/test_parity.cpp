@@ -15,47 +15,27 @@ struct StrategyCase {
   std::function<ShardingSpec()> make;
 };
 
+ShardingSpec with_bucket(ShardingSpec s, std::int64_t bytes) {
+  s.bucket_bytes = bytes;  // 0: one collective per flat parameter
+  return s;
+}
+
 // Each named strategy also varies a knob (bucket size, reshard_after_forward) to cover more paths.
 std::vector<StrategyCase> strategies() {
   return {
       {"DDP", [] { return ShardingSpec::ddp(); }},  // one fused bucket (staging path)
-      {"NO_SHARD",
-       [] {
-         auto s = ShardingSpec::fsdp("NO_SHARD");
-         s.bucket_bytes = 0;
-         return s;
-       }},
+      {"NO_SHARD", [] { return with_bucket(ShardingSpec::fsdp("NO_SHARD"), 0); }},
       {"ZeRO1", [] { return ShardingSpec::zero(1); }},
-      {"ZeRO2",
-       [] {
-         auto s = ShardingSpec::zero(2);
-         s.bucket_bytes = 0;
-         return s;
-       }},
-      {"SHARD_GRAD_OP",
-       [] {
-         auto s = ShardingSpec::fsdp("SHARD_GRAD_OP");
-         s.bucket_bytes = 300;
-         return s;
-       }},
+      {"ZeRO2", [] { return with_bucket(ShardingSpec::zero(2), 0); }},
+      {"SHARD_GRAD_OP", [] { return with_bucket(ShardingSpec::fsdp("SHARD_GRAD_OP"), 300); }},
       {"ZeRO3",
        [] {
          auto s = ShardingSpec::zero(3);
          s.reshard_after_forward = false;
          return s;
        }},
-      {"FULL_SHARD",
-       [] {
-         auto s = ShardingSpec::fsdp("FULL_SHARD");
-         s.bucket_bytes = 0;
-         return s;
-       }},
-      {"HYBRID_SHARD",
-       [] {
-         auto s = ShardingSpec::fsdp("HYBRID_SHARD");
-         s.bucket_bytes = 0;
-         return s;
-       }},
+      {"FULL_SHARD", [] { return with_bucket(ShardingSpec::fsdp("FULL_SHARD"), 0); }},
+      {"HYBRID_SHARD", [] { return with_bucket(ShardingSpec::fsdp("HYBRID_SHARD"), 0); }},
   };
 }
 
