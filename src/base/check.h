@@ -45,4 +45,3 @@ namespace detail {
           ::fmt::format(__VA_ARGS__));                                                                            \
   } while (0)
 #define ACCEL_CHECK_EQ(a, b, ...) ACCEL_CHECK_OP_(a, b, ==, __VA_ARGS__)
-#define ACCEL_CHECK_LE(a, b, ...) ACCEL_CHECK_OP_(a, b, <=, __VA_ARGS__)

@@ -15,9 +15,6 @@
 
 #include <fmt/core.h>
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <stdexcept>
@@ -27,18 +24,10 @@ namespace {
 
 // Parses the YAML back (a questionnaire bug must not leave a broken file), then writes it atomically.
 AcceleratorConfig write_config(const std::string& path, const std::string& yaml) {
-  const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+  const std::string dir = files::parent_dir(path);
   AcceleratorConfig cfg = parse_accelerate_yaml(yaml, path, dir);
   if (dir != ".") files::make_dirs(dir);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << yaml;
-    f.close();
-    if (!f) throw std::runtime_error(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw std::runtime_error(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(errno)));
+  files::write_file_atomic(path, yaml.data(), yaml.size());
   return cfg;
 }
 
