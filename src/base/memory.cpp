@@ -31,6 +31,7 @@ struct Counter {
 Counter g_total;
 std::array<Counter, kNumCategories> g_by_cat;
 thread_local Category t_category = Category::Other;
+thread_local bool t_forward = false;
 
 // Every counted allocation is laid out as [Header | data]: the header, in the first kHeader bytes
 // (which keeps the inner allocator's 64-byte alignment), holds the inner allocation and what to credit
@@ -60,7 +61,8 @@ class CountingAllocator final : public c10::Allocator {
     c10::DataPtr d = inner_->allocate(n + kHeader);
     char* base = static_cast<char*>(d.get());
     c10::Device dev = d.device();
-    auto* h = new (base) Header{std::move(d), static_cast<std::int64_t>(n), t_category};
+    const Category c = t_forward && t_category == Category::Other ? Category::Activations : t_category;
+    auto* h = new (base) Header{std::move(d), static_cast<std::int64_t>(n), c};
     g_total.add(h->bytes);
     g_by_cat[static_cast<int>(h->category)].add(h->bytes);
     void* data = base + kHeader;
@@ -88,6 +90,7 @@ const char* to_string(Category c) {
     case Category::Gradients: return "gradients";
     case Category::OptimizerState: return "optimizer_state";
     case Category::Gathered: return "gathered";
+    case Category::Activations: return "activations";
   }
   return "?";
 }
@@ -131,6 +134,9 @@ std::string Snapshot::to_string() const {
                        human(by_category[i].peak));
   return out;
 }
+
+void set_forward_active(bool on) { t_forward = on; }
+bool forward_active() { return t_forward; }
 
 CategoryScope::CategoryScope(Category c) : saved_(t_category) { t_category = c; }
 CategoryScope::~CategoryScope() { t_category = saved_; }

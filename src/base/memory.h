@@ -1,5 +1,5 @@
 // accel::memory — a counting CPU allocator: current and peak bytes per process (= per rank), and
-// bytes by category (parameters, gradients, optimizer state, gathered buffers, other).
+// bytes by category (parameters, gradients, optimizer state, gathered buffers, activations, other).
 //
 // install_counting_allocator() puts it in front of libtorch's default CPU allocator (once; tensors
 // allocated before that are not counted). A CategoryScope on the allocating thread says what the
@@ -13,8 +13,11 @@
 
 namespace accel::memory {
 
-enum class Category { Other, Parameters, Gradients, OptimizerState, Gathered };
-constexpr int kNumCategories = 5;
+// Activations: what a forward allocates that no other category claims (the tensors autograd saves
+// for backward, and the forward's temporaries), charged while forward_active() on the allocating
+// thread, and what an activation-checkpointed unit allocates when it recomputes its forward.
+enum class Category { Other, Parameters, Gradients, OptimizerState, Gathered, Activations };
+constexpr int kNumCategories = 6;
 const char* to_string(Category c);
 
 struct Usage {
@@ -41,6 +44,12 @@ void reset_peaks();
 // gathered parameters) then reuse warm pages. Process-wide, idempotent; returns false where it has
 // no effect (not glibc).
 bool keep_freed_cpu_memory();
+
+// While on, allocations on this thread that no CategoryScope claims (Other) are charged to
+// Activations. The engine turns it on at the first unit of a forward and off when backward or the
+// step begins.
+void set_forward_active(bool on);
+bool forward_active();
 
 // Allocations made on this thread while the scope lives are charged to `c` (scopes nest).
 class CategoryScope {

@@ -49,6 +49,10 @@ class UnitHooks {
 struct UnitSlot {
   torch::nn::Module* module = nullptr;
   std::shared_ptr<UnitHooks> hooks;  // null until prepared
+  // Recompute the forward during backward instead of keeping activations: set by the unit's own
+  // options, or by the engine for every unit (ShardingSpec::activation_checkpointing).
+  bool checkpoint = false;
+  bool checkpoint_by_spec = false;
 };
 
 // Registers `module` as a unit (idempotent) and returns its slot.

@@ -267,6 +267,7 @@ void Engine::install_hooks() {
   }
   for (std::size_t u = 1; u < units_.size(); ++u) {
     slots_[u - 1]->hooks = std::make_shared<UnitHooksImpl>(weak_from_this(), u);
+    slots_[u - 1]->checkpoint_by_spec = spec_.activation_checkpointing;
     unit_hooks_.push_back(slots_[u - 1]->hooks.get());
   }
 }
@@ -279,7 +280,10 @@ void Engine::uninstall_hooks() {
   }
   grad_hooks_.clear();
   for (std::size_t u = 0; u < slots_.size(); ++u)
-    if (u < unit_hooks_.size() && slots_[u]->hooks.get() == unit_hooks_[u]) slots_[u]->hooks.reset();
+    if (u < unit_hooks_.size() && slots_[u]->hooks.get() == unit_hooks_[u]) {
+      slots_[u]->hooks.reset();
+      slots_[u]->checkpoint_by_spec = false;
+    }
   unit_hooks_.clear();
 }
 

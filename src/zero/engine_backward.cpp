@@ -15,6 +15,7 @@ using memory::Category;
 using memory::CategoryScope;
 
 void Engine::begin_backward() {
+  memory::set_forward_active(false);
   if (in_backward_) return;
   in_backward_ = true;
   drop_discarded_grads();
@@ -154,6 +155,7 @@ void Engine::settle_pending() {
 }
 
 void Engine::backward(const at::Tensor& loss) {
+  memory::set_forward_active(false);
   drop_discarded_grads();
   settle_pending();
   // Passthrough keeps gradients in .grad, where a throwing backward would leave part of its own:

@@ -92,6 +92,7 @@ void Engine::prefetch(std::size_t unit) {
 
 void Engine::pre_forward(std::size_t unit) {
   if (cur_order_.empty()) drop_discarded_grads();  // the first unit of a forward
+  memory::set_forward_active(true);                // until backward or the step begins
   bool seen = false;
   for (auto u : cur_order_) seen = seen || u == unit;
   if (!seen) cur_order_.push_back(unit);

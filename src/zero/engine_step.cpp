@@ -2,6 +2,8 @@
 // sees, and the bracket around the optimizer's step (masters written back, parameters all-gathered).
 #include "zero/engine.h"
 
+#include "base/memory.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
@@ -91,6 +93,7 @@ void Engine::close_step() {
 }
 
 void Engine::before_step() {
+  memory::set_forward_active(false);
   if (in_backward_) throw std::logic_error("accel: optimizer step during backward");
 }
 

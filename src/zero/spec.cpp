@@ -78,6 +78,9 @@ ShardingSpec ShardingSpec::fsdp(const std::string& name) {
 void ShardingSpec::validate() const {
   if (bucket_bytes < 0)
     throw std::invalid_argument(fmt::format("ShardingSpec.bucket_bytes must be >= 0, got {}", bucket_bytes));
+  if (grad_buckets_in_flight < 1)
+    throw std::invalid_argument(
+        fmt::format("ShardingSpec.grad_buckets_in_flight must be >= 1, got {}", grad_buckets_in_flight));
   if (align_elements < 1)
     throw std::invalid_argument(fmt::format("ShardingSpec.align_elements must be >= 1, got {}", align_elements));
   wrap.validate();
@@ -94,7 +97,9 @@ std::string ShardingSpec::to_string() const {
                   shards_parameters() ? "sharded" : "replicated");
   if (shards_parameters()) s += reshard_after_forward ? " (freed after forward)" : " (kept through backward)";
   if (hybrid()) s += ", replicated across nodes";
-  return s + fmt::format(", bucket {} B", bucket_bytes);
+  s += fmt::format(", bucket {} B, {} in flight", bucket_bytes, grad_buckets_in_flight);
+  if (activation_checkpointing) s += ", activation checkpointing";
+  return s;
 }
 
 }  // namespace accel::zero

@@ -62,6 +62,14 @@ struct ShardingSpec {
   // Gradient buckets: reductions of consecutive flat parameters are fused up to this many bytes;
   // 0 = one collective per flat parameter.
   std::int64_t bucket_bytes = 25 << 20;
+  // Full-gradient buckets alive at once during backward, counting the one being filled: launching a
+  // reduction waits for the oldest while more would be in flight (FSDP2: one reduce-scatter in flight
+  // plus one being filled). Bounds the gradient peak to Psi/N + this many buckets or units. >= 1.
+  int grad_buckets_in_flight = 2;
+  // Every unit recomputes its forward during backward instead of keeping its activations (as if each
+  // were marked accel::unit(m, {.checkpoint = true})). Accelerate fsdp_activation_checkpointing,
+  // DeepSpeed activation_checkpointing.
+  bool activation_checkpointing = false;
   // Each tensor starts at a multiple of this many elements inside its flat buffer.
   std::int64_t align_elements = 1;
   WrapPolicy wrap;
