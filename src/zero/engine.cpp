@@ -248,9 +248,8 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   rdt = spec_.reduce_dtype.value_or(rdt);
   if (plan_.passthrough) return;           // nothing to reduce
   CategoryScope cat(Category::Gradients);  // all-reduce buckets allocate their gradient buffers here
-  reducer_ =
-      std::make_unique<GradReducer>(std::move(order), plan_.reduce_mode, rdt, shard_, replicate_, spec_.bucket_bytes,
-                                    /*may_wait_in_backward=*/!sharded_params);
+  reducer_ = std::make_unique<GradReducer>(std::move(order), plan_.reduce_mode, rdt, shard_, replicate_,
+                                           spec_.bucket_bytes, spec_.grad_buckets_in_flight);
 }
 
 void Engine::install_hooks() {

@@ -75,6 +75,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
     std::vector<std::size_t> flats;
     std::vector<comm::WorkPtr> inflight;  // prefetch all-gathers
     bool backward_gathered = false;
+    // Per forward/backward: when its first call began (a tick of the unit hooks, -1: not called), and
+    // whether its end of backward has been handled (its flats reduced).
+    std::int64_t first_start = -1;
+    bool ended = false;
   };
 
   Engine(std::shared_ptr<torch::nn::Module> model, const torch::optim::Optimizer* optimizer, ShardingSpec spec,
@@ -173,7 +177,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // --- called by the unit hooks and autograd hooks ---------------------------------------------------
   void pre_forward(std::size_t unit);
   void post_forward(std::size_t unit, std::vector<at::Tensor>& outputs, bool tracked);
-  void pre_backward(std::size_t unit);
+  // call_end: the tick at which that call of the unit ended its forward.
+  void pre_backward(std::size_t unit, std::int64_t call_end);
   void on_grad_accumulated(std::size_t flat, std::size_t param);
 
  private:
@@ -187,6 +192,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void abort_backward();
   void zero_untouched(Flat& f);
   void finalize_backward();
+  void end_units_started_after(std::int64_t call_end);
+  void end_unit(std::size_t unit);
   void gather(std::size_t unit, bool async);
   void wait_gather(std::size_t unit);
   void reshard(std::size_t unit);
@@ -211,6 +218,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::size_t> reduce_order_;           // flats_ indices in reducer order
   std::vector<std::size_t> reducer_index_;          // flats_ index -> reducer index (or npos)
   std::vector<std::size_t> fwd_order_, cur_order_;  // unit order of the last / current forward
+  std::int64_t tick_ = 0;                           // counts unit calls' starts and ends in a forward
   bool sync_ = true;
   bool hooks_installed_ = false;
   std::vector<std::pair<at::Tensor, const void*>> grad_hooks_;  // ours, to remove only ours

@@ -7,7 +7,11 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
 #include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
+#include <stdexcept>
 
 namespace accel::zero {
 
@@ -28,6 +32,11 @@ void Engine::begin_backward() {
 void Engine::on_grad_accumulated(std::size_t fi, std::size_t i) {
   begin_backward();
   Flat& f = flats_[fi];
+  if (plan_.params_sharded && sync_ && reducer_index_[fi] != npos && reducer_->launched(reducer_index_[fi]))
+    throw std::logic_error(fmt::format(
+        "accel: a gradient of '{}' arrived after its unit's backward had ended and its gradients were reduced; "
+        "under sharded parameters a unit's parameters may only be used inside its own forward",
+        f.flat_param->names()[i]));
   CategoryScope cat(Category::Gradients);
   open_window(f);
   // The first gradient of a window is copied (no zeroing pass), later ones added; once .grad is the
@@ -38,11 +47,46 @@ void Engine::on_grad_accumulated(std::size_t fi, std::size_t i) {
   f.fired[i] = 1;
   if (++f.fired_count < f.need) return;
   f.ready = true;
-  // Every use of the flat's parameters is behind us: reduce, and free the gathered parameters.
-  if (sync_ && reducer_index_[fi] != npos) reducer_->mark_ready(reducer_index_[fi]);
+  // Every use of the flat's parameters is behind us: reduce (under sharded parameters only at the
+  // unit's end of backward, see end_units_started_after), and free the gathered parameters.
+  if (sync_ && reducer_index_[fi] != npos && !plan_.params_sharded) reducer_->mark_ready(reducer_index_[fi]);
   if (unit_sharded(static_cast<std::size_t>(f.unit))) {
     wait_gather(static_cast<std::size_t>(f.unit));
     reshard_flat(f);
+  }
+}
+
+// A unit's end of backward, under sharded parameters. A call's output hook (pre_backward) runs when
+// autograd executes the node that made that output. Autograd's CPU and per-device queues run ready
+// nodes latest-created first (gradient accumulation first of all), and a node only feeds nodes
+// created before it, so every node created after that output, in particular every node of a unit
+// call that began later, has run by then: those units' gradients are complete. Reducing them here,
+// with the gradients their parameters did not get on this rank zero-filled, happens at the same
+// point of backward on every rank whatever the data made each rank use. So a rank that waits for a
+// reduction (the reducer's back-pressure) never waits for one that a peer launches only after an
+// all-gather this rank has not issued yet: no deadlock, and at most grad_buckets_in_flight full
+// gradients alive. Units whose end no later hook marks (the first unit, outputs without a hook) end
+// in finalize_backward, as the root unit does.
+void Engine::end_units_started_after(std::int64_t call_end) {
+  if (!plan_.params_sharded || !sync_ || !reducer_) return;
+  std::vector<std::size_t> ending;
+  for (std::size_t u = 1; u < units_.size(); ++u)
+    if (!units_[u].ended && units_[u].first_start > call_end) ending.push_back(u);
+  // Latest first: the order their backward ran in.
+  std::sort(ending.begin(), ending.end(),
+            [&](std::size_t a, std::size_t b) { return units_[a].first_start > units_[b].first_start; });
+  for (auto u : ending) end_unit(u);
+}
+
+void Engine::end_unit(std::size_t unit) {
+  units_[unit].ended = true;
+  for (auto fi : units_[unit].flats) {
+    if (reducer_index_[fi] == npos) continue;
+    Flat& f = flats_[fi];
+    CategoryScope cat(Category::Gradients);
+    open_window(f);
+    zero_untouched(f);
+    reducer_->mark_ready(reducer_index_[fi]);
   }
 }
 
@@ -104,6 +148,11 @@ void Engine::abort_backward() {
   // every rank saw the error).
   in_backward_ = false;
   cur_order_.clear();
+  tick_ = 0;
+  for (auto& u : units_) {
+    u.first_start = -1;
+    u.ended = false;
+  }
   if (reducer_ && sync_) {
     // Issue every remaining bucket, as a finished backward would: a rank that had launched some
     // earlier (its gradients were ready sooner) then never waits for a collective the others skip.
@@ -188,7 +237,12 @@ void Engine::finalize_backward() {
     fwd_order_ = cur_order_;
     cur_order_.clear();
   }
-  for (auto& u : units_) u.backward_gathered = false;
+  tick_ = 0;
+  for (auto& u : units_) {
+    u.backward_gathered = false;
+    u.first_start = -1;
+    u.ended = false;
+  }
   if (plan_.passthrough) return;
   if (sync_) {
     // Parameters that got no gradient on this rank in this window contribute zeros; flats still

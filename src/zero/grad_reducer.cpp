@@ -9,13 +9,14 @@ namespace accel::zero {
 
 GradReducer::GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10::ScalarType reduce_dtype,
                          std::shared_ptr<comm::Communicator> shard, std::shared_ptr<comm::Communicator> replicate,
-                         std::int64_t bucket_bytes, bool may_wait_in_backward)
+                         std::int64_t bucket_bytes, int in_flight)
     : flats_(std::move(flats)),
       mode_(mode),
+      in_flight_(static_cast<std::size_t>(in_flight)),
       dtype_(reduce_dtype),
       shard_(std::move(shard)),
-      replicate_(std::move(replicate)),
-      may_wait_(may_wait_in_backward) {
+      replicate_(std::move(replicate)) {
+  ACCEL_CHECK(in_flight >= 1, "GradReducer: in_flight must be >= 1, got {}", in_flight);
   if (replicate_ && replicate_->size() == 1) replicate_.reset();
   const std::int64_t esize = c10::elementSize(dtype_);
   std::int64_t in_bucket = 0;
@@ -58,14 +59,13 @@ void GradReducer::mark_ready(std::size_t i) {
   marked_[i] = 1;
   buckets_[bucket_of_[i]].ready++;
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].ready == buckets_[next_launch_].members.size()) {
+    // Back-pressure: at most in_flight buckets hold full gradients, the one being filled included.
+    // Launching a staged bucket briefly holds it twice (its flats' gradients and the staging copy),
+    // so the oldest finish first; what stays launched afterwards is at most in_flight - 1.
+    const std::size_t before = in_flight_ >= 2 ? in_flight_ - 2 : 0;
+    while (next_launch_ - next_finish_ > before) finish(buckets_[next_finish_++]);
     launch(buckets_[next_launch_++]);
-    // Bound the staging memory in flight: finish the oldest buckets beyond kMaxInFlight (without
-    // blocking where another rank may need this one to get on with its backward first).
-    while (next_launch_ - next_finish_ > kMaxInFlight) {
-      Bucket& oldest = buckets_[next_finish_];
-      if (!may_wait_ && oldest.work && !oldest.work->is_completed()) break;
-      finish(buckets_[next_finish_++]);
-    }
+    while (next_launch_ - next_finish_ > in_flight_ - 1) finish(buckets_[next_finish_++]);
   }
 }
 
@@ -142,6 +142,8 @@ void GradReducer::finish(Bucket& b) {
     }
   } else if (b.members.size() == 1 && !b.staging_in.defined()) {
     results_[b.members[0]] = b.staging_out;
+    // ZeRO-2/3: reduce-scattered straight from the full gradient, which nothing needs any more.
+    if (mode_ == Mode::ReduceScatter) flats_[b.members[0]]->free_grad();
   } else {
     std::int64_t at = 0;
     for (auto m : b.members) {

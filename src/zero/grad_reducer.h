@@ -13,9 +13,14 @@
 // Fusion: all-reduce buckets keep their flats' gradients in one contiguous buffer (bound at
 // construction) and reduce it in place; a bucket of one flat in the reduce dtype reduces it
 // directly; otherwise through one staging buffer (rank-major for reduce-scatter), cast to the reduce
-// dtype. At most kMaxInFlight buckets are in flight: launching another first finishes the oldest,
-// which bounds staging memory (where waiting is allowed; otherwise only once it has completed). A group of one rank
-// (and no replicate group) reduces nothing.
+// dtype. Back-pressure: at most `in_flight` buckets hold full gradients at once, counting the one
+// being filled, so launching a bucket first finishes (waits for) the oldest while more than
+// in_flight - 1 would stay launched. That bounds the full gradients and staging buffers alive during
+// backward to in_flight buckets (ReduceScatter frees each bucket's full gradients when it finishes or,
+// when staged, at launch). Waiting inside backward is safe only if every rank launches the same
+// buckets at the same point of its backward relative to the other collectives it issues there: the
+// engine guarantees that (under sharded parameters it marks flats ready only at each unit's end of
+// backward, never earlier). A group of one rank (and no replicate group) reduces nothing.
 #pragma once
 
 #include "comm/communicator.h"
@@ -33,12 +38,10 @@ class GradReducer {
 
   // flats: the flat parameters whose gradients are reduced, in launch order. reduce_dtype: the wire
   // dtype. shard: the group the layouts split over; replicate: null or the cross-node group.
-  // may_wait_in_backward: false when ranks depend on each other during backward (ZeRO-3 gathers):
-  // a rank whose gradients became ready earlier must then never block on a reduction the others
-  // launch only at the end of their backward.
+  // in_flight: buckets alive at once, counting the one being filled (>= 1).
   GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10::ScalarType reduce_dtype,
               std::shared_ptr<comm::Communicator> shard, std::shared_ptr<comm::Communicator> replicate,
-              std::int64_t bucket_bytes, bool may_wait_in_backward);
+              std::int64_t bucket_bytes, int in_flight);
 
   // Flat i (index into flats) has all its gradients in grad_full(): launch what is launchable.
   void mark_ready(std::size_t i);
@@ -52,6 +55,8 @@ class GradReducer {
   void abandon();
 
   std::size_t num_buckets() const { return buckets_.size(); }
+  // Flat i's bucket has been launched in this backward (its gradients are no longer to be added to).
+  bool launched(std::size_t i) const { return buckets_[bucket_of_[i]].launched; }
   // Collectives one sync backward issues: on the shard group and on the replicate group.
   std::size_t collectives_per_backward() const { return buckets_.size(); }
 
@@ -64,14 +69,13 @@ class GradReducer {
     at::Tensor staging_in, staging_out;
     comm::WorkPtr work;
   };
-  static constexpr std::size_t kMaxInFlight = 2;
   void launch(Bucket& b);
   void reset();  // ready for the next backward
   void finish(Bucket& b);
 
   std::vector<sharding::FlatParam*> flats_;
   Mode mode_;
-  bool may_wait_ = true;
+  std::size_t in_flight_ = 2;
   c10::ScalarType dtype_;
   std::shared_ptr<comm::Communicator> shard_, replicate_;
   std::vector<Bucket> buckets_;
