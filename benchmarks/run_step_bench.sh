@@ -14,8 +14,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${STEP_BENCH:-$ROOT/build/bin/step_bench}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run() { mpirun --oversubscribe --bind-to none -np "$1" "$BIN" --strategy "$2" "${@:3}"; }
-HEADER="| strategy      | precision | ranks | step ms | peak MiB | params | grads | optim | gathered | moved MiB | ×Ψ(n-1)/n·4B |
-|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+HEADER="| strategy      | precision | ranks | step ms | peak MiB | params | grads | optim | gathered | activations | moved MiB | ×Ψ(n-1)/n·4B | peak RSS MiB |
+|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 
 if [ "${1:-}" = "--precision-table" ]; then
   shift

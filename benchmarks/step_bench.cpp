@@ -5,6 +5,13 @@
 // accel), the 1-rank baseline. Weak scaling: each rank trains its own micro-batch.
 // `--strategy plain,DDP` (a list) interleaves the strategies' steps in one run: time ratios measured
 // under the same conditions, which single runs on a noisy machine cannot give.
+// Models are built through sharded construction (sharding::ShardedInit, as Accelerator::sharded_init
+// does) for every strategy but plain: no rank ever holds the whole model before prepare, so a model
+// that only fits sharded can be built. `--checkpoint` sets ShardingSpec::activation_checkpointing.
+// The table's activations column is memory::Category::Activations (what the forward keeps for
+// backward); `--json` prints, instead of the table row, one JSON line with the same figures in bytes
+// plus the per-rank peak RSS (getrusage ru_maxrss, the largest over ranks) and the RSS before the
+// model was built (the runtime's fixed cost); benchmarks/largest_model.sh reads it.
 // `--precision fp32|bf16|fp16|fp8` sets the ShardingSpec dtypes (param / reduce / master):
 //   fp32  the model's own (fp32 everywhere)
 //   bf16  bf16 / fp32 / fp32
@@ -19,14 +26,18 @@
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3 --precision bf16
 //   bash benchmarks/run_step_bench.sh      # the README table: every strategy at 1, 2 and 4 ranks
 //   bash benchmarks/run_step_bench.sh --precision-table   # DDP and ZERO_3 at 2 ranks, each precision
+//   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3 --checkpoint --d-model 1024 --json
 #include "base/memory.h"
 #include "comm/communicator.h"
 #include "mixed_precision/loss_scaler.h"
+#include "sharding/sharded_init.h"
 #include "support/models.h"
+#include "zero/plan.h"
 #include "zero/sharded_optimizer.h"
 
 #include <ATen/Parallel.h>
 #include <fmt/core.h>
+#include <sys/resource.h>
 #include <torch/optim/adamw.h>
 #include <CLI/CLI.hpp>
 
@@ -93,6 +104,13 @@ Precision precision_for(const std::string& p) {
   return x;
 }
 
+// This process's peak resident set so far, in bytes (Linux reports ru_maxrss in KiB).
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;
+}
+
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   for (std::size_t at = 0; at <= s.size();) {
@@ -109,7 +127,7 @@ int main(int argc, char** argv) {
   CLI::App app{"step_bench: step time, memory and traffic of one strategy"};
   std::string strategy = "DDP", precision = "fp32";
   int steps = 6, warmup = 2, batch = 4, seq = 64;
-  bool show_loss = false;
+  bool show_loss = false, checkpoint = false, json = false;
   test::GPTConfig cfg{4096, 384, 6, 10, 64};
   app.add_option("--strategy", strategy,
                  "plain | DDP | ZERO_1 | ZERO_2 | ZERO_3 | FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD; "
@@ -122,13 +140,25 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "sequences per rank per step")->check(CLI::PositiveNumber);
   app.add_flag("--show-loss", show_loss, "print rank 0's loss of every step to stderr (a sanity check)");
   app.add_option("--layers", cfg.layers, "transformer blocks (each a unit)");
-  app.add_option("--d-model", cfg.d, "width");
+  app.add_option("--d-model,--d_model", cfg.d, "width")->check(CLI::PositiveNumber);
+  app.add_option("--heads", cfg.heads, "attention heads (must divide the width)")->check(CLI::PositiveNumber);
+  app.add_option("--seq", seq, "sequence length")->check(CLI::PositiveNumber);
+  app.add_option("--vocab", cfg.vocab, "vocabulary size")->check(CLI::PositiveNumber);
+  app.add_flag("--checkpoint", checkpoint,
+               "activation checkpointing of every block (ShardingSpec::activation_checkpointing)");
+  app.add_flag("--json", json, "print one JSON line (bytes, peak RSS) instead of the table row");
   CLI11_PARSE(app, argc, argv);
   cfg.seq = seq;
 
   memory::install_counting_allocator();
   auto world = comm::Communicator::world();
   const int n = world->size(), r = world->rank();
+  if (cfg.d % cfg.heads != 0) {
+    if (r == 0) fmt::print(stderr, "step_bench: --heads {} does not divide --d-model {}\n", cfg.heads, cfg.d);
+    return 2;
+  }
+  // The runtime's fixed cost (libtorch, MPI), before any model exists.
+  const double rss_base = peak_rss_bytes();
   // Share the cores among the ranks of this machine.
   int cores = static_cast<int>(std::thread::hardware_concurrency());
   at::set_num_threads(std::max(1, cores / world->topology().local_world_size));
@@ -162,6 +192,10 @@ int main(int argc, char** argv) {
         if (r == 0) fmt::print(stderr, "step_bench: --strategy plain runs on 1 rank\n");
         return 2;
       }
+      if (name == "plain" && checkpoint) {
+        if (r == 0) fmt::print(stderr, "step_bench: --checkpoint needs an accel strategy, not plain\n");
+        return 2;
+      }
       if (name == "plain" && prec.low()) {
         // plain is the libtorch loop without accel: there is no engine to keep fp32 masters of
         // low-precision parameters, so it has no precision axis.
@@ -178,23 +212,33 @@ int main(int argc, char** argv) {
       test::GPTConfig c = cfg;
       c.fp8 = prec.fp8;
       at::manual_seed(0);
-      run.model = std::make_shared<test::GPTImpl>(c);
+      std::optional<zero::ShardingSpec> spec;
+      if (name != "plain") {
+        spec = spec_for(name);
+        spec->param_dtype = prec.param;
+        spec->reduce_dtype = prec.reduce;
+        spec->master_dtype = prec.master;
+        spec->fp8_all_gather = prec.fp8 && spec->shards_parameters();
+        spec->activation_checkpointing = checkpoint;
+        // Sharded construction: each block is sharded as soon as it is built (rank 0's values).
+        sharding::ShardedInit scope(world, zero::groups_for(*spec, world).shard);
+        run.model = std::make_shared<test::GPTImpl>(c);
+      } else {
+        run.model = std::make_shared<test::GPTImpl>(c);
+      }
       psi = 0;
       for (const auto& p : run.model->parameters()) psi += p.numel();
       run.user_opt = std::make_unique<torch::optim::AdamW>(run.model->parameters(), torch::optim::AdamWOptions(1e-4));
       run.opt = run.user_opt.get();
-      if (name != "plain") {
-        zero::ShardingSpec spec = spec_for(name);
-        spec.param_dtype = prec.param;
-        spec.reduce_dtype = prec.reduce;
-        spec.master_dtype = prec.master;
-        spec.fp8_all_gather = prec.fp8 && spec.shards_parameters();
-        run.prepared = zero::prepare(run.model, *run.user_opt, spec, world);
+      if (spec) {
+        run.prepared = zero::prepare(run.model, *run.user_opt, *spec, world);
         run.opt = run.prepared.optimizer.get();
       }
       runs.push_back(std::move(run));
     }
 
+  // Peak RSS once every model is built and prepared (before the first step).
+  const double rss_built = peak_rss_bytes();
   at::manual_seed(100 + r);
   at::Tensor x = at::randint(cfg.vocab, {batch, seq}), y = at::randint(cfg.vocab, {batch, seq});
   for (int s = 0; s < warmup + steps; ++s)
@@ -259,15 +303,36 @@ int main(int argc, char** argv) {
   auto snap = memory::snapshot();
   using memory::Category;
   // Per-rank peaks: the largest over ranks.
-  auto mib = [&](std::int64_t b) { return max_over_ranks(*world, static_cast<double>(b)) / 1048576.0; };
+  auto peak = [&](std::int64_t b) { return max_over_ranks(*world, static_cast<double>(b)); };
+  auto mib = [&](std::int64_t b) { return peak(b) / 1048576.0; };
+  const double step_ms = median(run.times) * 1e3;
+  const double rss = max_over_ranks(*world, peak_rss_bytes()), rss0 = max_over_ranks(*world, rss_base),
+               rss1 = max_over_ranks(*world, rss_built);
+  if (json) {
+    double b_total = peak(snap.total.peak), b_param = peak(snap[Category::Parameters].peak),
+           b_grad = peak(snap[Category::Gradients].peak), b_opt = peak(snap[Category::OptimizerState].peak),
+           b_gath = peak(snap[Category::Gathered].peak), b_act = peak(snap[Category::Activations].peak),
+           b_other = peak(snap[Category::Other].peak);
+    if (r == 0)
+      fmt::print(
+          "{{\"strategy\": \"{}\", \"precision\": \"{}\", \"ranks\": {}, \"checkpoint\": {}, \"params\": {}, "
+          "\"vocab\": {}, \"d_model\": {}, \"heads\": {}, \"layers\": {}, \"seq\": {}, \"batch\": {}, "
+          "\"step_ms\": {:.1f}, \"peak_rss\": {:.0f}, \"rss_base\": {:.0f}, \"rss_built\": {:.0f}, \"counted_peak\": "
+          "{:.0f}, "
+          "\"parameters\": {:.0f}, \"gradients\": {:.0f}, \"optimizer\": {:.0f}, \"gathered\": {:.0f}, "
+          "\"activations\": {:.0f}, \"other\": {:.0f}}}\n",
+          run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
+          batch, step_ms, rss, rss0, rss1, b_total, b_param, b_grad, b_opt, b_gath, b_act, b_other);
+    return 0;
+  }
   double p_total = mib(snap.total.peak), p_param = mib(snap[Category::Parameters].peak),
          p_grad = mib(snap[Category::Gradients].peak), p_opt = mib(snap[Category::OptimizerState].peak),
-         p_gath = mib(snap[Category::Gathered].peak);
+         p_gath = mib(snap[Category::Gathered].peak), p_act = mib(snap[Category::Activations].peak);
   if (r == 0)
     fmt::print(
-        "| {:<13} | {:<9} | {} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.2f} | {:>6.2f} "
-        "|\n",
-        run.name, run.prec.name, n, median(run.times) * 1e3, p_total, p_param, p_grad, p_opt, p_gath,
-        run.moved / 1048576.0, n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0);
+        "| {:<13} | {:<9} | {} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.2f} "
+        "| {:>6.2f} | {:>7.1f} |\n",
+        run.name + (checkpoint ? "+ckpt" : ""), run.prec.name, n, step_ms, p_total, p_param, p_grad, p_opt, p_gath,
+        p_act, run.moved / 1048576.0, n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0, rss / 1048576.0);
   return 0;
 }

@@ -2,6 +2,10 @@
 // units (accel::unit), so FULL_SHARD / ZeRO-3 keeps one block's parameters gathered at a time.
 // The loop has no strategy in it: the config file chooses DDP, ZeRO-1/2/3 or FSDP.
 //   mpirun -np 2 build/bin/gpt_lm --config_file configs/fsdp/full_shard.yaml
+//   mpirun -np 2 build/bin/gpt_lm --config_file configs/deepspeed/zero3.json --d_model 1024 --layers 12 --heads 16
+// The model is built through sharded construction (Accelerator::sharded_init, on the CPU): each block
+// is sharded as soon as it is built, so no rank ever holds the whole model and one that fits only
+// sharded can be built.
 // --comm_stats FILE: after training, the main process writes each rank's communication counters
 // there (common/comm_stats.h), with the model's sizes; the multi-node test checks them.
 #include "common/comm_stats.h"
@@ -25,20 +29,33 @@ int main(int argc, char** argv) {
   ExampleArgs args;
   args.steps = 40;
   add_common_options(app, args);
-  std::int64_t layers = 2, d_model = 32, seq = 32;
-  const std::int64_t heads = 4;
+  std::int64_t layers = 2, d_model = 32, seq = 32, heads = 4;
   std::string comm_stats;
   app.add_option("--layers", layers, "transformer blocks");
-  app.add_option("--d_model", d_model, "model width");
+  app.add_option("--d_model", d_model, "model width")->check(CLI::PositiveNumber);
+  app.add_option("--heads", heads, "attention heads (must divide --d_model)")->check(CLI::PositiveNumber);
+  app.add_option("--seq", seq, "sequence length (characters per window)")->check(CLI::PositiveNumber);
   app.add_option("--comm_stats", comm_stats, "write every rank's communication counters here (main process)");
   CLI11_PARSE(app, argc, argv);
+  if (d_model % heads != 0) {
+    std::fprintf(stderr, "gpt_lm: error: --heads %lld does not divide --d_model %lld\n", static_cast<long long>(heads),
+                 static_cast<long long>(d_model));
+    return 2;
+  }
   try {
     Accelerator acc(accelerator_options(args));
     CharCorpus corpus(40000, seq, args.seed);
     at::manual_seed(static_cast<std::int64_t>(args.seed));
     // mixed_precision fp8: the blocks' linear layers are Float8Linear (fp8 matmuls); the rest runs in bf16.
     const bool fp8 = acc.mixed_precision() == MixedPrecision::Fp8;
-    auto model = std::make_shared<GPTImpl>(GPTConfig{corpus.vocab_size(), d_model, heads, layers, seq, fp8});
+    const GPTConfig shape{corpus.vocab_size(), d_model, heads, layers, seq, fp8};
+    std::shared_ptr<GPTImpl> model;
+    if (acc.device().is_cpu()) {
+      auto scope = acc.sharded_init();  // each block sharded as built
+      model = std::make_shared<GPTImpl>(shape);
+    } else {
+      model = std::make_shared<GPTImpl>(shape);  // sharded construction is CPU-only so far
+    }
     {
       c10::NoGradGuard no_grad;  // small embeddings (GPT-2's 0.02): the tied head starts near uniform
       model->tok->weight.normal_(0.0, 0.02);

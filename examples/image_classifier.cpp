@@ -55,7 +55,13 @@ int main(int argc, char** argv) {
     const std::int64_t side = 16;
     ShapesData train(2048, side, args.seed), eval(eval_size, side, args.seed + 1);
     at::manual_seed(static_cast<std::int64_t>(args.seed));
-    auto model = std::make_shared<CNNImpl>(side);
+    std::shared_ptr<CNNImpl> model;
+    if (acc.device().is_cpu()) {
+      auto scope = acc.sharded_init();  // sharded construction: each conv block sharded as built
+      model = std::make_shared<CNNImpl>(side);
+    } else {
+      model = std::make_shared<CNNImpl>(side);  // sharded construction is CPU-only so far
+    }
     torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(3e-3));
     DataLoader<ShapesData> loader(
         train, {.batch_size = args.batch, .shuffle = true, .split_batches = true, .seed = args.seed});

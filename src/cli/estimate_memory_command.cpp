@@ -1,8 +1,11 @@
 // `accel estimate-memory --params P [--num_processes N] [--dtype D] [--optimizer O] [--offload M]
 // [--budget SIZE] [--cpu_budget SIZE]`: the model-state memory per rank of DDP and ZeRO-1/2/3 (ZeRO
 // paper formulas, see cli/estimate_memory.h) and, with a budget, which fit and which to use.
-// Single process, no torch: it runs anywhere, mpirun or not.
+// With a GPT shape instead of --params (--d_model --layers --heads --seq [--micro_batch] [--vocab]),
+// the whole per-rank peak of a step, activations included, with and without checkpointing
+// (cli/estimate_gpt.h). Single process, no torch: it runs anywhere, mpirun or not.
 #include "cli/commands.h"
+#include "cli/estimate_gpt.h"
 #include "cli/estimate_memory.h"
 #include "zero/spec.h"
 
@@ -11,6 +14,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace accel::cli {
 namespace {
@@ -19,18 +23,37 @@ struct EstimateArgs {
   std::string params, num_processes = "1", dtype = "bf16", optimizer = "adamw", offload = "none";
   std::string budget, cpu_budget;
   bool has_budget = false, has_cpu_budget = false;  // given at all (an empty value is an error, not "none")
+  GptShape shape;
+  bool has_shape = false, has_shape_part = false;  // any of the GPT flags given; all of the required ones
+  std::string overhead;
+  bool has_overhead = false;
 };
 
 int run_estimate(const EstimateArgs& a) {
   try {
     EstimateRequest r;
-    r.params = parse_param_count(a.params);
+    if (a.has_shape_part && !a.params.empty())
+      throw EstimateError("give either --params or a GPT shape (--d_model --layers --heads --seq), not both");
+    if (a.has_shape_part && !a.has_shape)
+      throw EstimateError(
+          "a GPT shape needs --d_model, --layers, --heads and --seq (--micro_batch and --vocab are optional)");
+    if (!a.has_shape_part && a.params.empty())
+      throw EstimateError("give --params or a GPT shape (--d_model --layers --heads --seq)");
+    if (!a.has_shape) r.params = parse_param_count(a.params);
     r.num_processes = parse_num_processes(a.num_processes);
     r.dtype = parse_dtype(a.dtype);
     r.optimizer = parse_optimizer(a.optimizer);
     r.offload = parse_offload(a.offload);
     if (a.has_budget) r.device_budget = parse_byte_size(a.budget, "--budget");
     if (a.has_cpu_budget) r.cpu_budget = parse_byte_size(a.cpu_budget, "--cpu_budget");
+    if (a.has_shape) {
+      if (a.has_cpu_budget) throw EstimateError("--cpu_budget: a GPT shape is estimated without offload");
+      GptRuntime rt;
+      if (a.has_overhead) rt.overhead = parse_byte_size(a.overhead, "--overhead");
+      fmt::print("{}", format_gpt_estimate(estimate_gpt(a.shape, r, rt)));
+      std::fflush(stdout);
+      return 0;
+    }
     fmt::print("{}", format_estimate(estimate_memory(r)));
     std::fflush(stdout);
     return 0;
@@ -46,11 +69,21 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<EstimateArgs>();
   auto* cmd = app.add_subcommand(
       "estimate-memory",
-      fmt::format("Model-state memory per rank of {}, {}, {} and {} (ZeRO paper formulas; activations excluded), "
-                  "and with --budget which strategies fit and which to use",
+      fmt::format("Model-state memory per rank of {}, {}, {} and {} (ZeRO paper formulas), or for a GPT shape the "
+                  "whole peak with activations, and with --budget which strategies fit and which to use",
                   zero::info(zero::Strategy::NoShard).short_label, zero::info(zero::Strategy::Zero1).short_label,
                   zero::info(zero::Strategy::Zero2).short_label, zero::info(zero::Strategy::Zero3).short_label));
-  cmd->add_option("--params", args->params, "Number of parameters: 7.5e9, 7.5B, 350M, 1.3b, 125k")->required();
+  cmd->add_option("--params", args->params, "Number of parameters: 7.5e9, 7.5B, 350M, 1.3b, 125k");
+  std::vector<CLI::Option*> shape_opts = {
+      cmd->add_option("--d_model", args->shape.d_model, "GPT width (a GPT shape instead of --params)"),
+      cmd->add_option("--layers", args->shape.layers, "GPT blocks"),
+      cmd->add_option("--heads", args->shape.heads, "GPT attention heads"),
+      cmd->add_option("--seq", args->shape.seq, "GPT sequence length")};
+  std::vector<CLI::Option*> shape_extra = {
+      cmd->add_option("--micro_batch", args->shape.micro_batch, "sequences per rank per step (default 1)"),
+      cmd->add_option("--vocab", args->shape.vocab, "vocabulary (default 4096, step_bench's)")};
+  auto* overhead = cmd->add_option("--overhead", args->overhead,
+                                   "per-rank memory the allocator does not count (runtime; default 0.55GB)");
   cmd->add_option("--num_processes", args->num_processes, "Ranks the states are sharded over (default 1)");
   cmd->add_option("--dtype,--mixed_precision", args->dtype,
                   "bf16 | fp16 (2-byte params and grads, fp32 master) | fp32 (no) | fp8 (default bf16)");
@@ -63,9 +96,16 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code) {
                                  "Memory of one device: 24GB, 80GiB, 40 (= GB); GB = 1e9 bytes, GiB = 2^30");
   auto* cpu_budget =
       cmd->add_option("--cpu_budget,--cpu_memory", args->cpu_budget, "CPU memory available per rank, for offload");
-  cmd->callback([args, budget, cpu_budget, &exit_code] {
+  cmd->callback([args, budget, cpu_budget, overhead, shape_opts, shape_extra, &exit_code] {
     args->has_budget = budget->count() > 0;
     args->has_cpu_budget = cpu_budget->count() > 0;
+    args->has_overhead = overhead->count() > 0;
+    args->has_shape = true;
+    for (auto* o : shape_opts) {
+      args->has_shape = args->has_shape && o->count() > 0;
+      args->has_shape_part = args->has_shape_part || o->count() > 0;
+    }
+    for (auto* o : shape_extra) args->has_shape_part = args->has_shape_part || o->count() > 0;
     exit_code = run_estimate(*args);
   });
 }

@@ -19,10 +19,16 @@ add_test(NAME cli_estimate_memory_offload
          COMMAND ${_em_expect} pass "ZeRO-2 \\(SHARD_GRAD_OP\\) +15\\.0 +1\\.9 +2P +16P/N"
                  -- ${ACCEL_CLI} estimate-memory --params 7.5e9 --num_processes 64 --offload optimizer --dtype fp16 --optimizer adam)
 
+# A GPT shape: 1.02B parameters, the whole per-rank peak with activations, ZeRO-3 fits 11 GB at 2 ranks.
+add_test(NAME cli_estimate_memory_gpt
+         COMMAND ${_em_expect} pass "1\\.02B parameters \\(1015566336\\)" "ZeRO-3 \\+ checkpointing .* 9\\.7  yes"
+                 "DDP +16\\.2 .* no" "Recommendation: ZeRO-3, 9\\.8 GB"
+                 -- ${ACCEL_CLI} estimate-memory --d_model 2048 --layers 20 --heads 16 --seq 64 --num_processes 2 --dtype fp32 --budget 11GB)
+
 # Bad input: a clear message and a non-zero exit.
 set(_em_cases
   "unknown_flag|--foo|${ACCEL_CLI} estimate-memory --params 7.5e9 --foo 3"
-  "missing_params|--params is required|${ACCEL_CLI} estimate-memory --num_processes 8"
+  "missing_params|error: give --params or a GPT shape|${ACCEL_CLI} estimate-memory --num_processes 8"
   "params_abc|error: --params: not a number: 'abc'|${ACCEL_CLI} estimate-memory --params abc"
   "params_negative|error: --params: must be positive|${ACCEL_CLI} estimate-memory --params=-5"
   "params_suffix|error: --params: unknown suffix|${ACCEL_CLI} estimate-memory --params 7.5X"
@@ -31,7 +37,10 @@ set(_em_cases
   "dtype|error: --dtype: unknown precision 'fp64'|${ACCEL_CLI} estimate-memory --params 7.5e9 --dtype fp64"
   "optimizer|error: --optimizer: unknown optimizer 'lion'|${ACCEL_CLI} estimate-memory --params 7.5e9 --optimizer lion"
   "offload|error: --offload: unknown offload 'nvme'|${ACCEL_CLI} estimate-memory --params 7.5e9 --offload nvme"
-  "budget|error: --budget: unknown unit|${ACCEL_CLI} estimate-memory --params 7.5e9 --budget 24XB")
+  "budget|error: --budget: unknown unit|${ACCEL_CLI} estimate-memory --params 7.5e9 --budget 24XB"
+  "gpt_and_params|error: give either --params or a GPT shape|${ACCEL_CLI} estimate-memory --params 1B --d_model 64 --layers 2 --heads 2 --seq 8"
+  "gpt_partial|error: a GPT shape needs --d_model, --layers, --heads and --seq|${ACCEL_CLI} estimate-memory --d_model 64 --layers 2"
+  "gpt_heads|error: --heads: 3 does not divide --d_model 64|${ACCEL_CLI} estimate-memory --d_model 64 --layers 2 --heads 3 --seq 8")
 foreach(_case IN LISTS _em_cases)
   string(REPLACE "|" ";" _parts "${_case}")
   list(GET _parts 0 _name)

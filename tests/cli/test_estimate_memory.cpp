@@ -1,6 +1,7 @@
 // `accel estimate-memory`'s arithmetic, held against closed forms written out here independently of
 // cli/estimate_memory.cpp: the ZeRO paper's example, other precisions and optimizers, offload, budgets
 // and the recommendation, the parsers' accepted and refused inputs.
+#include "cli/estimate_gpt.h"
 #include "cli/estimate_memory.h"
 
 #include <gtest/gtest.h>
@@ -321,6 +322,123 @@ TEST(EstimateMemory, RowsAreTheTableLabelsAndHybridShardIsNotARow) {
   EXPECT_THROW(
       coefficients(zero::Strategy::HybridShard, bytes_per_param(Dtype::Bf16, OptimizerKind::AdamW), Offload::None),
       EstimateError);
+}
+
+}  // namespace
+}  // namespace accel::cli
+
+// ---------------------------------------------------------------------------------------------------
+// A GPT shape (cli/estimate_gpt.h), against closed forms written out here.
+namespace accel::cli {
+namespace {
+
+GptShape shape(long long d, long long layers, long long heads, long long seq, long long batch) {
+  GptShape s;
+  s.d_model = d;
+  s.layers = layers;
+  s.heads = heads;
+  s.seq = seq;
+  s.micro_batch = batch;
+  return s;
+}
+
+TEST(EstimateGpt, ParametersOfTheExamplesGpt) {
+  // step_bench's default model: vocab 4096, d 384, 10 blocks, seq 64 -> 19.3M (README).
+  const GptShape s = shape(384, 10, 6, 64, 4);
+  EXPECT_DOUBLE_EQ(gpt_root_params(s), 4096.0 * 384 + 64 * 384 + 2 * 384);
+  EXPECT_DOUBLE_EQ(gpt_block_params(s), 12.0 * 384 * 384 + 10 * 384);
+  EXPECT_DOUBLE_EQ(gpt_params(s), 19'331'328);
+  // The numel step_bench printed for --d-model 128 --layers 2 --seq 32.
+  EXPECT_DOUBLE_EQ(gpt_params(shape(128, 2, 4, 32, 1)), 924'416);
+}
+
+TEST(EstimateGpt, ActivationsEqualWhatStepBenchMeasured) {
+  // memory::Category::Activations' peak, read by step_bench --json (fp32, ZERO_3, 2 ranks).
+  EXPECT_DOUBLE_EQ(gpt_activations(shape(128, 2, 4, 32, 1), Dtype::Fp32).without_ckpt, 1'625'352);
+  EXPECT_DOUBLE_EQ(gpt_activations(shape(96, 3, 6, 48, 2), Dtype::Fp32).without_ckpt, 5'296'136);
+  EXPECT_DOUBLE_EQ(gpt_activations(shape(256, 4, 8, 64, 1), Dtype::Fp32).without_ckpt, 6'902'280);
+  EXPECT_DOUBLE_EQ(gpt_activations(shape(64, 2, 2, 16, 3), Dtype::Fp32).without_ckpt, 1'993'096);
+}
+
+TEST(EstimateGpt, CheckpointingKeepsBlockInputsAndOneBlock) {
+  const GptShape s = shape(512, 8, 8, 128, 2);
+  const GptActivations a = gpt_activations(s, Dtype::Fp32);
+  const double BTd = 2.0 * 128 * 512;
+  EXPECT_DOUBLE_EQ(a.block, 4 * (16 * BTd + 2.0 * 8 * 128 * 128 + 4 * 2.0 * 128) + 128.0 * 128);
+  EXPECT_DOUBLE_EQ(a.head, 4 * (BTd + 2 * 2.0 * 128 + 2 * 2.0 * 128 * 4096) + 8);
+  EXPECT_DOUBLE_EQ(a.with_ckpt, 4 * 8 * BTd + a.head + a.block);
+  EXPECT_LT(a.with_ckpt, a.without_ckpt / 2);
+  // bf16 halves the tensors (not the bool mask).
+  EXPECT_DOUBLE_EQ(gpt_activations(s, Dtype::Bf16).block,
+                   2 * (16 * BTd + 2.0 * 8 * 128 * 128 + 4 * 2.0 * 128) + 128.0 * 128);
+}
+
+TEST(EstimateGpt, PeakTermsPerStrategy) {
+  // d 2048, 20 blocks, seq 64, batch 1, 2 ranks, fp32 AdamW: the 1.2B-class target.
+  const GptShape s = shape(2048, 20, 16, 64, 1);
+  const double P = gpt_params(s), R = gpt_root_params(s), U = gpt_block_params(s);
+  const GptRuntime rt;
+  const GptActivations a = gpt_activations(s, Dtype::Fp32);
+  const GptPeak z3 = gpt_peak(zero::Strategy::Zero3, true, s, 2, Dtype::Fp32, OptimizerKind::AdamW, rt);
+  EXPECT_DOUBLE_EQ(z3.states, 16 * P / 2);
+  EXPECT_DOUBLE_EQ(z3.gathered, 4 * (R + 2 * U));
+  EXPECT_DOUBLE_EQ(z3.in_flight, 4 * (R + 2 * U));  // units (200 MB) are bigger than the 25 MiB bucket
+  EXPECT_DOUBLE_EQ(z3.activations, a.with_ckpt);
+  EXPECT_DOUBLE_EQ(z3.backward, 12 * R + a.block);
+  EXPECT_DOUBLE_EQ(z3.optimizer, 8 * U / 2);
+  EXPECT_DOUBLE_EQ(z3.total, rt.overhead + z3.states + z3.gathered + z3.in_flight + z3.activations + z3.backward);
+  const GptPeak ddp = gpt_peak(zero::Strategy::NoShard, false, s, 2, Dtype::Fp32, OptimizerKind::AdamW, rt);
+  EXPECT_DOUBLE_EQ(ddp.states, 16 * P);
+  EXPECT_EQ(ddp.gathered, 0);
+  EXPECT_EQ(ddp.in_flight, 0);
+  EXPECT_DOUBLE_EQ(ddp.optimizer, 8 * U);
+  // DDP steps whole units: AdamW's temporaries (8U = 0.4 GB) outgrow backward's peak here.
+  EXPECT_GT(8 * U, a.without_ckpt + 12 * R + a.block);
+  EXPECT_DOUBLE_EQ(ddp.total, rt.overhead + 16 * P + 8 * U);
+  const GptPeak z1 = gpt_peak(zero::Strategy::Zero1, false, s, 2, Dtype::Fp32, OptimizerKind::AdamW, rt);
+  EXPECT_DOUBLE_EQ(z1.states, 8 * P + 8 * P / 2);
+  EXPECT_DOUBLE_EQ(z1.in_flight, 2 * rt.bucket_bytes);
+  // Small units: the in-flight gradients are buckets, never more than the whole gradient.
+  const GptShape tiny = shape(64, 2, 2, 16, 1);
+  const GptPeak z2 = gpt_peak(zero::Strategy::Zero2, false, tiny, 2, Dtype::Fp32, OptimizerKind::AdamW, rt);
+  EXPECT_DOUBLE_EQ(z2.in_flight, 4 * gpt_params(tiny));
+}
+
+TEST(EstimateGpt, BudgetPicksTheLeastShardedRowThatFits) {
+  EstimateRequest r;
+  r.num_processes = 2;
+  r.dtype = Dtype::Fp32;
+  r.device_budget = 11e9;
+  const GptEstimate e = estimate_gpt(shape(2048, 20, 16, 64, 1), r, GptRuntime{});
+  ASSERT_EQ(e.rows.size(), 8u);
+  EXPECT_EQ(e.request.params, gpt_params(shape(2048, 20, 16, 64, 1)));
+  for (std::size_t i = 0; i < e.rows.size(); ++i) {
+    EXPECT_EQ(e.rows[i].checkpoint, i % 2 == 1);
+    EXPECT_EQ(*e.rows[i].fits, e.rows[i].total <= 11e9);
+  }
+  ASSERT_TRUE(e.recommended.has_value());
+  EXPECT_EQ(e.recommended->strategy, zero::Strategy::Zero3);  // 16P = 16 GB under DDP: only ZeRO-3 fits
+  EXPECT_FALSE(e.recommended->checkpoint);
+  const std::string text = format_gpt_estimate(e);
+  EXPECT_NE(text.find("Recommendation: ZeRO-3,"), std::string::npos) << text;
+}
+
+TEST(EstimateGpt, BadShapesNameTheFlag) {
+  EstimateRequest r;
+  EXPECT_THROW(
+      {
+        try {
+          estimate_gpt(shape(100, 2, 3, 16, 1), r, GptRuntime{});
+        } catch (const EstimateError& e) {
+          EXPECT_NE(std::string(e.what()).find("--heads: 3 does not divide --d_model 100"), std::string::npos);
+          throw;
+        }
+      },
+      EstimateError);
+  EXPECT_THROW(estimate_gpt(shape(64, 0, 2, 16, 1), r, GptRuntime{}), EstimateError);
+  EXPECT_THROW(estimate_gpt(shape(64, 2, 2, 16, 0), r, GptRuntime{}), EstimateError);
+  r.offload = Offload::Optimizer;
+  EXPECT_THROW(estimate_gpt(shape(64, 2, 2, 16, 1), r, GptRuntime{}), EstimateError);
 }
 
 }  // namespace

@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# The largest GPT each strategy trains for 2 optimizer steps at 2 ranks on this machine (issue 15).
+#   bash benchmarks/largest_model.sh [options]
+# For each strategy (DDP, ZERO_1, ZERO_2, ZERO_3, ZERO_3+ckpt = ZeRO-3 with activation checkpointing),
+# grows --d-model at a fixed shape (--layers, --heads, --seq, --batch) and prints a markdown table:
+# parameters, per-rank peak RSS, the counted categories (activations included), `accel estimate-memory`'s
+# prediction for the same shape and its error, and the step time. The search starts at the largest
+# d_model estimate-memory predicts to fit the cap, gallops up or down from there, then bisects to
+# --resolution, so each strategy takes a handful of runs.
+#
+# A run is step_bench --steps 1 --warmup 1 --json under mpirun (2 optimizer steps). A size that is
+# killed (by the cap or by the kernel's out-of-memory killer) or fails is "too big", never the end of
+# the script. The cap is on the sum of the ranks' memory:
+#   - a cgroup v2 memory.max (with swap off) around mpirun, where /sys/fs/cgroup is cgroup v2 with the
+#     memory controller and writable (root);
+#   - always, a watchdog that sums the RSS of mpirun's session every 0.2 s and kills the session past
+#     the cap (here, cgroup v1 with no memory controller in the v2 hierarchy: the watchdog is the cap);
+#   - sizes whose estimate-memory prediction is over 1.5x the per-rank cap are not run at all.
+#
+# Options (defaults in brackets):
+#   --strategies "S ..."   [DDP ZERO_1 ZERO_2 ZERO_3 ZERO_3+ckpt]
+#   --cap SIZE_GB          memory for all ranks together [90% of MemAvailable]
+#   --ranks N              [2]
+#   --layers L --heads H --seq T --batch B --vocab V   [20 16 64 1 4096]
+#   --resolution D         d_model step of the final bisection, a multiple of --heads [128]
+#   --min-d D              smallest d_model tried [--resolution]
+#   --log FILE             every run's JSON line and failure reason [largest_model.log]
+# Small-scale trial (minutes, ~2 GB):
+#   bash benchmarks/largest_model.sh --layers 2 --seq 32 --heads 4 --cap 2.5 --resolution 64
+# The full table (the machine alone, ~20 GB, about an hour):
+#   bash benchmarks/largest_model.sh
+# STEP_BENCH and ACCEL_CLI override the binaries (default build/bin/step_bench, build/bin/accel).
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${STEP_BENCH:-$ROOT/build/bin/step_bench}
+CLI=${ACCEL_CLI:-$ROOT/build/bin/accel}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+STRATEGIES="DDP ZERO_1 ZERO_2 ZERO_3 ZERO_3+ckpt"
+RANKS=2 LAYERS=20 HEADS=16 SEQ=64 BATCH=1 VOCAB=4096 RES=128 MIN_D="" CAP_GB="" LOG=largest_model.log
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --strategies) STRATEGIES=$2; shift 2 ;;
+    --cap) CAP_GB=$2; shift 2 ;;
+    --ranks) RANKS=$2; shift 2 ;;
+    --layers) LAYERS=$2; shift 2 ;;
+    --heads) HEADS=$2; shift 2 ;;
+    --seq) SEQ=$2; shift 2 ;;
+    --batch) BATCH=$2; shift 2 ;;
+    --vocab) VOCAB=$2; shift 2 ;;
+    --resolution) RES=$2; shift 2 ;;
+    --min-d) MIN_D=$2; shift 2 ;;
+    --log) LOG=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "largest_model.sh: unknown option '$1' (--help)" >&2; exit 2 ;;
+  esac
+done
+if (( RES % HEADS != 0 )); then echo "largest_model.sh: --resolution $RES is not a multiple of --heads $HEADS" >&2; exit 2; fi
+MIN_D=${MIN_D:-$RES}
+if [ -z "$CAP_GB" ]; then
+  CAP_GB=$(awk '/MemAvailable/ {printf "%.1f", $2 * 1024 * 0.9 / 1e9}' /proc/meminfo)
+fi
+CAP_BYTES=$(awk -v g="$CAP_GB" 'BEGIN {printf "%.0f", g * 1e9}')
+PER_RANK_BYTES=$((CAP_BYTES / RANKS))
+: >"$LOG"
+
+# A cgroup v2 memory.max, where one can be made.
+CGROUP=""
+if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null &&
+  mkdir "/sys/fs/cgroup/accel_largest_$$" 2>/dev/null; then
+  CGROUP=/sys/fs/cgroup/accel_largest_$$
+  if echo "$CAP_BYTES" >"$CGROUP/memory.max" 2>/dev/null; then
+    echo 0 >"$CGROUP/memory.swap.max" 2>/dev/null || true
+  else
+    rmdir "$CGROUP"; CGROUP=""
+  fi
+fi
+cleanup() { [ -n "$CGROUP" ] && rmdir "$CGROUP" 2>/dev/null; }
+trap cleanup EXIT
+echo "cap: $CAP_GB GB for $RANKS ranks ($([ -n "$CGROUP" ] && echo "cgroup v2 memory.max + watchdog" || echo "RSS watchdog"))" >&2
+
+# run D STRATEGY: one step_bench run; prints its JSON line and returns 0, or returns 1 (too big / failed).
+run() {
+  local d=$1 s=$2 extra=() name=$2
+  if [ "$s" = "ZERO_3+ckpt" ]; then name=ZERO_3; extra=(--checkpoint); fi
+  # Sizes predicted far past the cap are not tried (the watchdog would kill them anyway).
+  local p
+  p=$(predict "$d" "$s")
+  if [ -n "$p" ] && [ "$p" -gt $((PER_RANK_BYTES * 3 / 2)) ]; then
+    echo "$s d=$d too big: predicted $((p / 1000000)) MB per rank, over 1.5x the cap, not run" >>"$LOG"
+    echo "  $s d=$d: too big (predicted over 1.5x the cap, not run)" >&2
+    return 1
+  fi
+  local out err
+  out=$(mktemp) err=$(mktemp)
+  (
+    [ -n "$CGROUP" ] && echo $BASHPID >"$CGROUP/cgroup.procs"
+    exec setsid mpirun --oversubscribe --bind-to none -np "$RANKS" "$BIN" --strategy "$name" "${extra[@]}" \
+      --d-model "$d" --layers "$LAYERS" --heads "$HEADS" --seq "$SEQ" --batch "$BATCH" --vocab "$VOCAB" \
+      --steps 1 --warmup 1 --json
+  ) >"$out" 2>"$err" &
+  local pid=$! killed=""
+  sleep 0.2
+  while kill -0 "$pid" 2>/dev/null; do
+    local rss
+    rss=$(ps -o rss= --sid "$pid" 2>/dev/null | awk '{s += $1} END {printf "%.0f", s * 1024}')
+    if [ "${rss:-0}" -gt "$CAP_BYTES" ]; then
+      kill -KILL -- "-$pid" 2>/dev/null
+      killed="over the cap ($((rss / 1000000)) MB)"
+    fi
+    sleep 0.2
+  done
+  wait "$pid"
+  local rc=$?
+  local line
+  line=$(grep '^{' "$out" | tail -1)
+  if [ $rc -eq 0 ] && [ -n "$line" ]; then
+    echo "$s d=$d ok $line" >>"$LOG"
+    echo "$line"
+    rm -f "$out" "$err"
+    return 0
+  fi
+  [ -z "$killed" ] && { [ $rc -ge 128 ] || grep -qi "killed\|signal 9" "$err"; } && killed="killed (rc $rc: out of memory?)"
+  echo "$s d=$d too big: ${killed:-failed, rc $rc: $(tail -c 300 "$err" | tr '\n' ' ')}" >>"$LOG"
+  echo "  $s d=$d: too big (${killed:-rc $rc})" >&2
+  rm -f "$out" "$err"
+  return 1
+}
+
+# predict D STRATEGY: estimate-memory's per-rank peak (bytes) for that shape.
+predict() {
+  local label ckpt=0
+  case "$2" in
+    DDP) label="DDP" ;; ZERO_1) label="ZeRO-1" ;; ZERO_2) label="ZeRO-2" ;; ZERO_3) label="ZeRO-3" ;;
+    ZERO_3+ckpt) label="ZeRO-3"; ckpt=1 ;;
+  esac
+  "$CLI" estimate-memory --d_model "$1" --layers "$LAYERS" --heads "$HEADS" --seq "$SEQ" --micro_batch "$BATCH" \
+    --vocab "$VOCAB" --num_processes "$RANKS" --dtype fp32 --optimizer adamw |
+    awk -v l="$label" -v c="$ckpt" '
+      { row = c ? l " + checkpointing" : l }
+      index($0, row " ") == 1 && (c || index($0, "checkpointing") == 0) { printf "%.0f", $(NF) * 1e9; exit }'
+}
+
+# The largest d (a multiple of RES) whose prediction fits the per-rank cap.
+predicted_largest() {
+  local lo=0 hi=$RES p
+  while p=$(predict "$hi" "$1") && [ "$p" -le "$PER_RANK_BYTES" ]; do lo=$hi; hi=$((hi * 2)); done
+  while ((hi - lo > RES)); do
+    local mid=$(((lo + hi) / 2 / RES * RES))
+    if [ "$(predict "$mid" "$1")" -le "$PER_RANK_BYTES" ]; then lo=$mid; else hi=$mid; fi
+  done
+  echo $((lo > MIN_D ? lo : MIN_D))
+}
+
+declare -A BEST
+for s in $STRATEGIES; do
+  d0=$(predicted_largest "$s")
+  echo "$s: estimate-memory predicts d_model $d0 fits $((PER_RANK_BYTES / 1000000)) MB per rank" >&2
+  lo="" hi="" best="" runs=0
+  # Gallop from the prediction until a pass and a failure bracket the answer.
+  step=$RES d=$d0
+  while :; do
+    runs=$((runs + 1))
+    if line=$(run "$d" "$s"); then
+      lo=$d best=$line
+      [ -n "$hi" ] && break
+      d=$((d + step))
+    else
+      hi=$d
+      [ -n "$lo" ] && break
+      d=$((d - step))
+      if ((d < MIN_D)); then break; fi
+    fi
+    step=$((step * 2))
+  done
+  # Bisect between them.
+  while [ -n "$lo" ] && [ -n "$hi" ] && ((hi - lo > RES)); do
+    mid=$(((lo + hi) / 2 / RES * RES))
+    ((mid <= lo)) && break
+    runs=$((runs + 1))
+    if line=$(run "$mid" "$s"); then lo=$mid best=$line; else hi=$mid; fi
+  done
+  if [ -z "$best" ]; then
+    BEST[$s]="none|$runs"
+    continue
+  fi
+  BEST[$s]="$best|$(predict "$lo" "$s")|$runs"
+done
+
+echo
+echo "$RANKS ranks, GPT --layers $LAYERS --heads $HEADS --seq $SEQ --batch $BATCH --vocab $VOCAB, fp32 AdamW, 2 optimizer steps; cap $CAP_GB GB; d_model to $RES"
+echo
+echo "| strategy | d_model | parameters | peak RSS / rank | counted peak | params | grads | optim | gathered | activations | estimate-memory | error | step s | runs |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+for s in $STRATEGIES; do
+  IFS='|' read -r json pred runs <<<"${BEST[$s]}"
+  if [ "$json" = none ]; then
+    echo "| $s | none fits from $MIN_D | | | | | | | | | | | | $pred |"
+    continue
+  fi
+  python3 - "$s" "$json" "$pred" "$runs" <<'EOF'
+import json, sys
+s, j, pred, runs = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+gb = lambda b: f"{b / 1e9:.2f}"
+err = (j["peak_rss"] - pred) / pred * 100
+print(f"| {s} | {j['d_model']} | {j['params'] / 1e9:.3f}B | {gb(j['peak_rss'])} GB | {gb(j['counted_peak'])} | "
+      f"{gb(j['parameters'])} | {gb(j['gradients'])} | {gb(j['optimizer'])} | {gb(j['gathered'])} | "
+      f"{gb(j['activations'])} | {gb(pred)} GB | {err:+.1f}% | {j['step_ms'] / 1e3:.2f} | {runs} |")
+EOF
+done
+echo
+echo "GB = 1e9 bytes; the counted columns are the counting allocator's per-rank peaks (largest over ranks);"
+echo "error = (peak RSS - estimate) / estimate. Every run: $LOG"

@@ -1,0 +1,111 @@
+// `accel estimate-memory` for a GPT shape (--d_model --layers --heads --seq --micro_batch [--vocab]):
+// the whole per-rank peak of one training step of the examples' GPT (examples/models/gpt.h), model
+// states plus what the ZeRO formulas leave out, with and without activation checkpointing. Pure
+// arithmetic: no torch.
+//
+// The model: V vocabulary, d width, L blocks, H heads, T sequence, B micro-batch (sequences per rank).
+//   root unit  R = V d + T d + 2d        token embedding (tied to the head), positions, final LayerNorm
+//   block      U = 12 d^2 + 10 d         qkv 3d^2 (no bias), proj d^2 + d, fc1 4d^2 + 4d, fc2 4d^2 + d,
+//                                        two LayerNorms 4d
+//   P = R + L U
+//
+// Activations: what the forward keeps for backward, counted element by element for this GPT in e-byte
+// elements (e = 4 in fp32, 2 under bf16/fp16/fp8 autocast). Per block, in units of B T d:
+//   1 input (ln1's), 1 ln1 output (qkv's input), 3 q, k, v (matmul copies them contiguous), 1 attention
+//   output (proj's input), 1 residual (ln2's input), 1 ln2 output, 4 fc1 output (gelu's input),
+//   4 gelu output (fc2's input) = 16 B T d, plus the softmax output B H T^2, LayerNorm mean and rstd
+//   4 B T, and the causal mask T^2 bytes (bool):
+//     A_block = e (16 B T d + B H T^2 + 4 B T) + T^2
+//   After the blocks: ln_f's output B T d and its mean/rstd 2 B T, the logits B T V and log_softmax's
+//   output B T V, and the loss (8 bytes):
+//     A_head = e (B T d + 2 B T + 2 B T V) + 8
+//   Without checkpointing: L A_block + A_head (the first block's input is the embedding's output,
+//   made before the first unit: not an activation; the last block's output, ln_f's input, is in
+//   A_head's place of it). Measured by step_bench (memory::Category::Activations, fp32, 2 ranks):
+//   equal to the byte at B,T,d,H,L = 1,32,128,4,2 / 2,48,96,6,3 / 1,64,256,8,4 / 3,16,64,2,2.
+//   With checkpointing every block keeps its input only, and backward recomputes one block at a time:
+//     e L B T d + A_head + A_block.
+//
+// The per-rank peak of a step (N ranks; p, g, K bytes per parameter as in estimate_memory.h; F
+// gradient buckets in flight, ShardingSpec::grad_buckets_in_flight = 2; bucket S = bucket_bytes):
+//   states     the ZeRO formula's row (estimate_memory.h): DDP 16P, ZeRO-3 16P/N for fp32 AdamW
+//   gathered   ZeRO-3: the root unit stays gathered, and at most 2 blocks (the one in use and the
+//              prefetched one): p (R + 2U). Others 0 (their parameters are in the states).
+//   in flight  gradients beyond those in the states, during backward:
+//              DDP 0 (the buckets are the gradients' own memory); ZeRO-1: F staged buckets, F min(S, gP);
+//              ZeRO-2/3: the root's full gradient (the tied embedding accumulates over all of backward)
+//              plus F full-gradient buckets or units: g (R + F max(U, S/g)), at most g P.
+//   backward   autograd's temporaries: the root's gradients before they are summed into the flat one
+//              (embedding, head and their sum: 3 e R) and one block's activation gradients (A_block).
+//   optimizer  AdamW's step temporaries (sqrt and the division: 2 x the largest tensor it steps, the
+//              rank's shard of the largest unit under ZeRO, the whole unit under DDP), at step time.
+//   overhead   per rank, not counted by the allocator: the libtorch + Open MPI runtime (354 MiB RSS
+//              before any model, measured by step_bench's rss_base) and allocator and MPI slack
+//              (about 0.2 GB measured at 31.5M parameters), 0.55 GB in all (--overhead).
+//   peak = overhead + states + max(gathered + in flight + activations + backward, root gathered +
+//          optimizer)
+// This is the designed bound of the gradients (issue 15's bounded gradient memory); an engine that
+// keeps more gradients alive measures above it.
+#pragma once
+
+#include "cli/estimate_memory.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace accel::cli {
+
+struct GptShape {
+  long long vocab = 4096;  // step_bench's default
+  long long d_model = 0, layers = 0, heads = 0, seq = 0, micro_batch = 1;
+};
+
+// Throws EstimateError naming the flag (every field >= 1, heads divides d_model).
+void validate(const GptShape& s);
+double gpt_root_params(const GptShape& s);   // R
+double gpt_block_params(const GptShape& s);  // U
+double gpt_params(const GptShape& s);        // P = R + L U
+
+struct GptActivations {
+  double block = 0;          // A_block
+  double head = 0;           // A_head
+  double without_ckpt = 0;   // L A_block + A_head
+  double with_ckpt = 0;      // e L B T d + A_head + A_block
+  double element_bytes = 4;  // e
+};
+GptActivations gpt_activations(const GptShape& s, Dtype dtype);
+
+// The runtime knobs the peak depends on.
+struct GptRuntime {
+  double overhead = 0.55e9;        // bytes per rank (--overhead)
+  double bucket_bytes = 25 << 20;  // ShardingSpec::bucket_bytes
+  int buckets_in_flight = 2;       // ShardingSpec::grad_buckets_in_flight
+};
+
+// One strategy, with or without checkpointing: the terms above, in bytes per rank.
+struct GptPeak {
+  zero::Strategy strategy = zero::Strategy::NoShard;
+  bool checkpoint = false;
+  double states = 0, gathered = 0, in_flight = 0, activations = 0, backward = 0, optimizer = 0, overhead = 0;
+  double total = 0;
+  std::optional<bool> fits;
+};
+GptPeak gpt_peak(zero::Strategy s, bool checkpoint, const GptShape& shape, int num_processes, Dtype dtype,
+                 OptimizerKind optimizer, const GptRuntime& rt);
+
+struct GptEstimate {
+  GptShape shape;
+  EstimateRequest request;  // params = P; offload none
+  GptRuntime runtime;
+  GptActivations activations;
+  std::vector<GptPeak> rows;           // DDP, ZeRO-1, ZeRO-2, ZeRO-3, each without then with checkpointing
+  std::optional<GptPeak> recommended;  // with a budget: the first row, in that order, that fits
+};
+// Validates (shape, N >= 1, budget > 0, no offload) and fills the rows.
+GptEstimate estimate_gpt(const GptShape& shape, const EstimateRequest& request, const GptRuntime& rt);
+
+// The report `accel estimate-memory` prints for a GPT shape.
+std::string format_gpt_estimate(const GptEstimate& e);
+
+}  // namespace accel::cli

@@ -1,0 +1,84 @@
+// `accel estimate-memory`'s report for a GPT shape (format_gpt_estimate): the shape and its
+// parameters, the activations with and without checkpointing, one row per strategy and checkpointing
+// with the peak's terms, and with --budget which fit and which to use. The arithmetic is
+// estimate_gpt.cpp.
+#include "cli/estimate_gpt.h"
+
+#include "zero/spec.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <vector>
+
+namespace accel::cli {
+namespace {
+
+std::string gb(double bytes) { return format_gb(bytes); }
+
+std::string row_label(const GptPeak& p) {
+  return std::string(zero::info(p.strategy).short_label) + (p.checkpoint ? " + checkpointing" : "");
+}
+
+}  // namespace
+
+std::string format_gpt_estimate(const GptEstimate& e) {
+  const GptShape& s = e.shape;
+  const EstimateRequest& r = e.request;
+  const GptActivations& a = e.activations;
+  std::string out;
+  out += fmt::format(
+      "GPT: d_model {}, {} layers, {} heads, seq {}, micro-batch {}, vocab {}: {} parameters ({:.0f}), {} rank{}\n",
+      s.d_model, s.layers, s.heads, s.seq, s.micro_batch, s.vocab, format_param_count(r.params), r.params,
+      r.num_processes, r.num_processes == 1 ? "" : "s");
+  out += fmt::format("  precision  {}, optimizer {}; activations in {:g}-byte elements\n", to_string(r.dtype),
+                     to_string(r.optimizer), a.element_bytes);
+  out += fmt::format(
+      "  activations per rank: {} GB without checkpointing ({} GB per block, {} GB after the blocks),\n"
+      "             {} GB with every block checkpointed (block inputs + one block recomputed)\n",
+      gb(a.without_ckpt), gb(a.block), gb(a.head), gb(a.with_ckpt));
+  out += fmt::format(
+      "Per-rank peak of one step = overhead + states + max(gathered + in flight + activations + backward,\n"
+      "  optimizer step). overhead {} GB (libtorch + MPI runtime, allocator slack; --overhead); gradient\n"
+      "  buckets in flight {}, bucket {} MiB. GB = 1e9 bytes.\n\n",
+      gb(e.runtime.overhead), e.runtime.buckets_in_flight, e.runtime.bucket_bytes / 1048576.0);
+
+  const bool budgeted = r.device_budget.has_value();
+  std::vector<std::array<std::string, 9>> cells;
+  cells.push_back({"strategy", "states", "gathered", "in flight", "activations", "backward", "optimizer", "peak GB",
+                   budgeted ? fmt::format("fits {:.4g} GB?", *r.device_budget / 1e9) : ""});
+  for (const auto& p : e.rows) {
+    std::string fit;
+    if (p.fits) fit = *p.fits ? fmt::format("yes, {} spare", gb(*r.device_budget - p.total)) : "no";
+    cells.push_back({row_label(p), gb(p.states), gb(p.gathered), gb(p.in_flight), gb(p.activations), gb(p.backward),
+                     gb(p.optimizer), gb(p.total), fit});
+  }
+  std::array<std::size_t, 9> w{};
+  for (const auto& c : cells)
+    for (std::size_t i = 0; i < c.size(); ++i) w[i] = std::max(w[i], c[i].size());
+  for (const auto& c : cells) {
+    std::string line = fmt::format("{:<{}}", c[0], w[0]);
+    for (std::size_t i = 1; i < 8; ++i) line += fmt::format("  {:>{}}", c[i], w[i]);
+    if (budgeted) line += "  " + c[8];
+    out += line + "\n";
+  }
+  out += "\n";
+  if (!budgeted) {
+    out += "Pass --budget SIZE (memory per rank, e.g. --budget 11GB) to see which strategies fit.\n";
+    return out;
+  }
+  if (!e.recommended) {
+    out += fmt::format("Recommendation: none fits in {:.4g} GB per rank at N = {}; add ranks or shrink the model.\n",
+                       *r.device_budget / 1e9, r.num_processes);
+    return out;
+  }
+  out += fmt::format(
+      "Recommendation: {}, {} GB per rank: the least-sharded row that fits (it communicates least), without\n"
+      "checkpointing where that fits (checkpointing recomputes each block's forward in backward).\n",
+      row_label(*e.recommended), gb(e.recommended->total));
+  return out;
+}
+
+}  // namespace accel::cli
