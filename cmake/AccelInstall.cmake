@@ -26,7 +26,8 @@ set(ACCEL_INTERNAL_HEADERS
   comm/backend.h               # the transports below the Communicator
   comm/mpi_backend.h
   comm/nccl_backend.h
-  comm/dtype.h)
+  comm/dtype.h
+  zero/unit_report.h)          # prepare's warning about the root unit (the Accelerator logs it)
 set(_accel_header_excludes PATTERN "cli" EXCLUDE)  # the `accel` command's internals (accel_cli_core is not installed)
 foreach(h IN LISTS ACCEL_INTERNAL_HEADERS)
   list(APPEND _accel_header_excludes PATTERN "${h}" EXCLUDE)

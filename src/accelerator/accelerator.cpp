@@ -6,6 +6,7 @@
 #include "checkpoint/model_export.h"
 #include "checkpoint/sharded_state.h"
 #include "zero/sharded_optimizer.h"
+#include "zero/unit_report.h"
 
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -190,6 +191,8 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
   zero::EngineAndOptimizer p = zero::prepare(model, optimizer, cfg_.spec, world_);
   model_ = std::move(model);
   engine_ = p.engine;
+  // A sharded strategy that keeps most of the model whole on every rank says so, once.
+  if (auto report = zero::unit_report(*engine_); report && is_main_process()) log::warning(*report);
   std::optional<double> clip;
   if (cfg_.gradient_clipping && *cfg_.gradient_clipping > 0) clip = cfg_.gradient_clipping;
   optimizer_ = p.optimizer;

@@ -128,6 +128,11 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
                                              : "all of them (replicated)");
   }
   if (s.shards_parameters() || cfg.distributed_type == DistributedType::Fsdp) row("Units", units(s.wrap));
+  if (s.shards_parameters())
+    row("Not in a unit",
+        "only units are gathered one at a time; parameters in no unit form the root unit, kept whole on every rank "
+        "from step to step: a model that marks no module with accel::unit stays whole on every rank (DDP's "
+        "parameter memory), and prepare warns when that is at least half of the model");
   if (s.hybrid()) {
     if (m > 1 && n % m == 0) {
       row("Shard groups", groups(n, per_machine, false));

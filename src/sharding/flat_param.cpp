@@ -7,9 +7,22 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <stdexcept>
+#include <utility>
 
 namespace accel::sharding {
 namespace {
+
+// c10::StorageImpl can be told to throw a message of ours on every access to its data, reads included
+// (release_data_and_set_meta_custom_data_ptr_error_msg_: data(), data_ptr(), mutable_data() all check
+// throw_on_immutable_data_ptr_), but it has no call that lifts this again, and the flag is private. An
+// explicit instantiation may name a private member ([temp.spec.general]/6), and this one hands the
+// pointer to that member to throw_flag() below, once. alloc_storage clears the flag through it.
+bool c10::StorageImpl::*throw_flag();
+template <bool c10::StorageImpl::*Member>
+struct ThrowFlag {
+  friend bool c10::StorageImpl::*throw_flag() { return Member; }
+};
+template struct ThrowFlag<&c10::StorageImpl::throw_on_immutable_data_ptr_>;
 
 std::vector<std::int64_t> numels_of(const std::vector<at::Tensor>& ps) {
   std::vector<std::int64_t> n;
@@ -28,20 +41,44 @@ at::Tensor storage_alias(const at::Tensor& t) {
   return a;
 }
 
-void free_storage(const at::Tensor& t) {
+void free_storage(const at::Tensor& t, std::optional<std::string> access_error) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   s->set_data_ptr_noswap(c10::DataPtr(nullptr, s->device()));
-  s->set_nbytes(0);
+  if (!access_error) {
+    s->set_nbytes(0);
+    return;
+  }
+  // The size stays, so that views made now (p.view(-1), p[0], p.t()) pass ATen's bounds checks and
+  // throw the message too when read, instead of a bounds error that names nothing.
+  s->release_data_and_set_meta_custom_data_ptr_error_msg_(std::move(access_error));
 }
 
 void alloc_storage(const at::Tensor& t, std::size_t nbytes) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   ACCEL_CHECK(s->resizable() && s->allocator(), "cannot re-allocate a storage that is not resizable");
+  s->*throw_flag() = false;  // before set_data_ptr_noswap, which then re-derives the storage's fast-path check
   s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
   s->set_nbytes(nbytes);
 }
 
-bool storage_allocated(const at::Tensor& t) { return t.defined() && t.storage().nbytes() > 0; }
+bool storage_throws_on_access(const at::Tensor& t) {
+  return t.defined() && t.storage().unsafeGetStorageImpl()->*throw_flag();
+}
+
+bool storage_allocated(const at::Tensor& t) {
+  return t.defined() && t.storage().nbytes() > 0 && !storage_throws_on_access(t);
+}
+
+std::string freed_parameter_message(const std::string& flat, const std::vector<std::string>& names) {
+  std::string which = names.empty() ? std::string("(none)") : names[0];
+  if (names.size() > 1) which += fmt::format(" and {} more", names.size() - 1);
+  return fmt::format(
+      "accel: this parameter is sharded (ZeRO-3 / FULL_SHARD) and has no storage between steps: only its shape is "
+      "left, its values live as shards across the ranks (flat parameter {}: {}). Read or save the full weights "
+      "with accelerator.get_state_dict() or accelerator.save_model(model, dir) (both collective), not through the "
+      "tensors of unwrap_model(model)->named_parameters()",
+      flat, which);
+}
 
 FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vector<std::string> names, Options opts)
     : name_(std::move(name)),
@@ -87,7 +124,7 @@ void FlatParam::alloc_full() {
 
 void FlatParam::free_full() {
   ACCEL_CHECK(opts_.sharded, "FlatParam {}: free_full on an unsharded parameter", name_);
-  if (storage_allocated(full_)) free_storage(full_);
+  if (storage_allocated(full_)) free_storage(full_, freed_parameter_message(name_, names_));
 }
 
 void FlatParam::shard_to_full() {

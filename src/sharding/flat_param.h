@@ -4,7 +4,9 @@
 // Every original parameter is re-pointed in place (same TensorImpl, same autograd identity, same
 // name) at its view into full(): module members, named_parameters() and optimizers' references keep
 // working. The buffer's storage can be freed and re-allocated in place (free_full/alloc_full) while
-// the views stay valid; touching a parameter while it is freed is the caller's bug.
+// the views stay valid. While it is freed, any access to a parameter's data (a read such as p.sum(),
+// p.clone() or p.data_ptr(), or a write) throws c10::Error with freed_parameter_message(): it names
+// get_state_dict / save_model, and no kernel ever sees the freed memory.
 //
 // Gradients live in a second padded buffer, grad_full(), with the same layout. take_grad(i) moves what
 // autograd accumulated into params[i].grad into its view and points .grad at that view, so later
@@ -19,6 +21,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,7 +57,8 @@ class FlatParam {
   bool gathered() const;
   // Gives full() storage again (contents undefined until filled, e.g. by an all-gather). No-op if gathered.
   void alloc_full();
-  // Returns full()'s storage to the allocator (sharded only). The parameter views stay valid objects.
+  // Returns full()'s storage to the allocator (sharded only). The parameter views stay valid objects;
+  // touching their data throws freed_parameter_message() until alloc_full().
   void free_full();
   // Copies the own shard into its place in full() (e.g. after the shard was updated on this rank).
   void shard_to_full();
@@ -94,10 +98,19 @@ class FlatParam {
 };
 
 // Frees / re-allocates a tensor's storage in place (every view of it sees the change). The storage's
-// own allocator is used, so a counting allocator sees both.
-void free_storage(const at::Tensor& t);
+// own allocator is used, so a counting allocator sees both. Without access_error the freed storage has
+// size 0 and a null pointer. With access_error it keeps its size (views of it can still be made) and
+// any access to its data, reads included, throws c10::Error with that message instead of handing out
+// the null pointer, until alloc_storage gives it memory again.
+void free_storage(const at::Tensor& t, std::optional<std::string> access_error = std::nullopt);
 void alloc_storage(const at::Tensor& t, std::size_t nbytes);
+// Whether t's storage has memory (not freed, with or without an access_error).
 bool storage_allocated(const at::Tensor& t);
+// Whether t's storage is freed with an access_error (its data throws when touched).
+bool storage_throws_on_access(const at::Tensor& t);
+// What a FlatParam's parameters throw while its full() is freed: names the flat and its parameters, and
+// Accelerator::get_state_dict / save_model, the ways to see sharded weights whole.
+std::string freed_parameter_message(const std::string& flat, const std::vector<std::string>& names);
 // A new tensor (own TensorImpl, own version counter, not an autograd view) over t's memory: same
 // storage, offset, sizes and strides.
 at::Tensor storage_alias(const at::Tensor& t);

@@ -17,8 +17,11 @@
 // reductions, waits for them, and forgets that backward's gradients before rethrowing.
 //
 // Lifetime: under ZeRO-3 the units' parameters are shards held by the flat buffers; the model's
-// parameter tensors hold data only while gathered. Keep the engine alive while the model is used,
-// or call unshard() (collective) first, after which the model keeps full parameters.
+// parameter tensors hold data only while gathered (between steps any access to their data throws,
+// naming get_state_dict / save_model: sharding::freed_parameter_message). The root unit, the
+// parameters in no unit, stays gathered (zero::unit_report says when that is most of the model).
+// Keep the engine alive while the model is used, or call unshard() (collective) first, after which
+// the model keeps full parameters.
 //
 // Not thread-safe: one thread drives forward, backward and step. Collectives are issued in the same
 // order on every rank as long as every rank runs the same model code.

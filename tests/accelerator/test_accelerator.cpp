@@ -5,6 +5,7 @@
 #include "accelerator/rows.h"
 #include "checkpoint/model_export.h"
 #include "checkpoint/safetensors.h"
+#include "support/errors.h"
 #include "support/models.h"
 #include "test_world.h"
 
@@ -12,6 +13,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/schedulers/step_lr.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize.h>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -19,9 +21,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <set>
+#include <sstream>
 
 namespace accel::test {
 namespace {
@@ -403,6 +407,94 @@ TEST(Accelerator, FsdpStateDictTypeDecidesWhatSaveStateWrites) {
     const std::string dir = acc.save_state(root + "/ckpt_" + std::to_string(i++), c.arg);
     if (acc.is_main_process()) EXPECT_EQ(ranks_with_data(dir), c.full ? 1 : N);
     acc.load_state(dir);  // reads either kind
+    acc.end_training();
+  }
+}
+
+// Under ZeRO-3 / FULL_SHARD a unit's parameters have no storage between steps. Reading them through
+// unwrap_model(model)->named_parameters() (the Accelerate habit of saving unwrap_model(model)'s
+// weights) throws an error naming get_state_dict / save_model instead of reading freed memory; the
+// root unit's parameter stays readable; get_state_dict, save_model and further training (forward with
+// prefetch, backward, step) are unaffected by the failed reads.
+TEST(Accelerator, ShardedParametersAtRestNameGetStateDictAndSaveModel) {
+  auto w = world();
+  const std::vector<std::pair<std::string, std::string>> configs = {
+      {"rest_full_shard.yaml",
+       "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_forward_prefetch: true\n"},
+      {"rest_zero3.json", R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}})"},
+  };
+  const std::vector<std::pair<const char*, std::function<void(const at::Tensor&)>>> reads = {
+      {"sum", [](const at::Tensor& p) { (void)p.sum(); }},
+      {"clone", [](const at::Tensor& p) { (void)p.detach().clone(); }},
+      {"data_ptr", [](const at::Tensor& p) { (void)p.data_ptr(); }},
+      {"torch::save",
+       [](const at::Tensor& p) {
+         std::ostringstream out;
+         torch::save(p, out);
+       }},
+  };
+  for (const auto& [name, yaml] : configs) {
+    SCOPED_TRACE(name);
+    Accelerator acc(quiet(write_config(name, yaml)));
+    const int N = acc.num_processes();
+    auto model = make_mlp();
+    torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(0.01));
+    auto opt = acc.prepare(model, adamw);
+    Rows rows = make_rows(4 * N);
+    auto train_step = [&](int i) {
+      at::Tensor idx = at::arange(2 * i + acc.process_index() * 4, 2 * i + acc.process_index() * 4 + 2, at::kLong);
+      acc.backward(at::mse_loss(model->forward(rows.x.index_select(0, idx)), rows.y.index_select(0, idx)));
+      opt->step();
+      opt->zero_grad();
+    };
+    train_step(0);
+    const bool sharded = acc.engine()->plan().params_sharded;
+    EXPECT_EQ(sharded, N > 1);
+    int freed = 0;
+    for (const auto& kv : acc.unwrap_model(model)->named_parameters()) {
+      const bool at_rest = sharded && kv.key() != "scale";  // "scale" is the root unit's: always gathered
+      freed += at_rest;
+      for (const auto& [what, read] : reads) {
+        SCOPED_TRACE(kv.key() + " " + what);
+        const std::string m = message_of<c10::Error>([&, &read = read] { read(kv.value()); });
+        if (!at_rest) {
+          EXPECT_EQ(m, "");
+          continue;
+        }
+        EXPECT_NE(m.find("has no storage between steps"), std::string::npos) << m;
+        EXPECT_NE(m.find("accelerator.get_state_dict()"), std::string::npos) << m;
+        EXPECT_NE(m.find("accelerator.save_model(model, dir)"), std::string::npos) << m;
+      }
+    }
+    EXPECT_EQ(freed, sharded ? 6 : 0);  // fc0..fc2, weight and bias
+
+    auto state = acc.get_state_dict();
+    const std::string dir = (fs::temp_directory_path() / ("accel_test_rest_" + std::to_string(N)) / name).string();
+    acc.save_model(model, dir);
+    if (acc.is_main_process()) {
+      std::map<std::string, at::Tensor> got(state.begin(), state.end());
+      ASSERT_EQ(got.size(), 7u);
+      int tensors = 0;
+      for (const auto& f : checkpoint::resolve_model_files(dir).files) {
+        auto file = checkpoint::SafetensorsFile::open(f);
+        for (const auto& n : file.names()) {
+          ASSERT_TRUE(got.count(n)) << n;
+          EXPECT_TRUE(at::equal(file.read(n), got[n])) << n;
+          ++tensors;
+        }
+      }
+      EXPECT_EQ(tensors, 7);
+    }
+    // The next step gathers the units again (the error is lifted) and moves every weight.
+    train_step(1);
+    auto after = acc.get_state_dict();
+    if (acc.is_main_process()) {
+      std::map<std::string, at::Tensor> before(state.begin(), state.end());
+      for (const auto& [n, t] : after) {
+        EXPECT_TRUE(at::isfinite(t).all().item<bool>()) << n;
+        EXPECT_FALSE(at::equal(t, before.at(n))) << n;
+      }
+    }
     acc.end_training();
   }
 }

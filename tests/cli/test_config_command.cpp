@@ -136,6 +136,8 @@ TEST(ConfigExplain, ShippedConfigsStrategyPrecisionAccumulationAndIgnoredKeys) {
   EXPECT_NE(e.find("FSDP FULL_SHARD (like ZeRO-3); FSDP version 1"), std::string::npos) << e;
   EXPECT_NE(e.find("1/2 of it at rest; one unit at a time is all-gathered"), std::string::npos) << e;
   EXPECT_NE(e.find("marked modules of type BlockImpl"), std::string::npos) << e;
+  EXPECT_NE(e.find("Not in a unit only units are gathered one at a time;"), std::string::npos) << e;
+  EXPECT_NE(e.find("a model that marks no module with accel::unit stays whole on every rank"), std::string::npos) << e;
   EXPECT_NE(e.find("fp32 compute, no mixed precision"), std::string::npos) << e;
   EXPECT_NE(e.find("1 micro-step per optimizer step"), std::string::npos) << e;
   EXPECT_NE(e.find("save_state writes sharded checkpoints"), std::string::npos) << e;
@@ -144,6 +146,7 @@ TEST(ConfigExplain, ShippedConfigsStrategyPrecisionAccumulationAndIgnoredKeys) {
   EXPECT_NE(e.find("DeepSpeed ZeRO stage 2"), std::string::npos) << e;
   EXPECT_NE(e.find("reduce-scatter"), std::string::npos) << e;
   EXPECT_NE(e.find("each rank's micro batch comes from its data loader"), std::string::npos) << e;  // "auto"
+  EXPECT_EQ(e.find("Not in a unit"), std::string::npos) << e;  // ZeRO-2 keeps every parameter whole anyway
   e = explain_config(parse_deepspeed_json(R"({"fp16": {"enabled": true}, "train_batch_size": 16})", "ds.json"), 2, 1);
   EXPECT_NE(e.find("fp16 compute, fp32 master weights, dynamic loss scale from 2^16"), std::string::npos) << e;
   EXPECT_NE(e.find("16 per optimizer step = 8 per rank x 1 micro-steps x 2 ranks"), std::string::npos) << e;
@@ -166,6 +169,21 @@ TEST(ConfigExplain, StrategyLineReadsTheTable) {
     EXPECT_NE(explain_config(c).find(fmt::format("DeepSpeed ZeRO stage {}", row.zero_stage)), std::string::npos);
     c.distributed_type = DistributedType::Fsdp;
     EXPECT_NE(explain_config(c).find(fmt::format("FSDP {};", row.fsdp_label)), std::string::npos);
+  }
+}
+
+// Where parameters are sharded, explain says that only units are gathered one at a time and that a
+// model with none stays whole on every rank; elsewhere it has nothing to say about it.
+TEST(ConfigExplain, SaysWhatStaysWholeWhereParametersAreSharded) {
+  for (const auto& row : zero::strategies()) {
+    SCOPED_TRACE(row.name);
+    AcceleratorConfig c;
+    c.spec.strategy = row.strategy;
+    c.distributed_type = DistributedType::DeepSpeed;
+    const std::string e = explain_config(c, 4, 1);
+    EXPECT_EQ(e.find("a model that marks no module with accel::unit stays whole on every rank") != std::string::npos,
+              row.shards_parameters)
+        << e;
   }
 }
 
