@@ -152,11 +152,11 @@ void check_leaves(const State& st, const std::vector<at::Tensor>& outputs, const
     if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(n)) {
       if (!allowed.count(acc->variable.unsafeGetTensorImpl()))
         throw std::runtime_error(fmt::format(
-            "activation checkpointing of {}: its forward uses a tensor that requires grad (sizes {}) which is "
+            "activation checkpointing of {}: its forward uses a tensor that requires grad (shape {}) which is "
             "neither a Tensor argument nor one of its parameters (a captured tensor, or another module's "
             "parameter); its gradient would be lost. Pass it as an at::Tensor argument, or do not checkpoint "
             "this unit",
-            st.name, fmt::join(acc->variable.sizes(), "x")));
+            st.name, c10::str(acc->variable.sizes())));
       continue;
     }
     for (const auto& e : n->next_edges())
