@@ -201,9 +201,9 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       outputs = st->fn(inputs);
     }
     if (outputs.size() != grads.size())
-      throw std::runtime_error(fmt::format(
-          "activation checkpointing of {}: the recomputed forward returned {} tensors, the forward {}", st->name,
-          outputs.size(), grads.size()));
+      throw std::runtime_error(
+          fmt::format("activation checkpointing of {}: the recomputed forward returned {} tensors, the forward {}",
+                      st->name, outputs.size(), grads.size()));
     std::vector<at::Tensor> diff_outputs, grad_outputs;
     for (std::size_t j = 0; j < outputs.size(); ++j)
       if (outputs[j].defined() && outputs[j].requires_grad() && grads[j].defined()) {

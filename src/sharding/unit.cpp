@@ -49,9 +49,10 @@ std::vector<at::Tensor> checkpoint_unit(const UnitSlot& slot, const CheckpointFn
 }
 
 void throw_checkpoint_output(const UnitSlot& slot) {
-  throw std::logic_error(fmt::format("activation checkpointing of unit {}: its forward must return an at::Tensor or a "
-                                     "std::vector<at::Tensor> (the outputs the recompute reproduces)",
-                                     slot.module->name()));
+  throw std::logic_error(
+      fmt::format("activation checkpointing of unit {}: its forward must return an at::Tensor or a "
+                  "std::vector<at::Tensor> (the outputs the recompute reproduces)",
+                  slot.module->name()));
 }
 
 }  // namespace accel::sharding

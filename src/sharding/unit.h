@@ -92,7 +92,8 @@ template <class Tuple, std::size_t I>
 constexpr std::size_t tensors_before() {
   return []<std::size_t... J>(std::index_sequence<J...>) {
     return (std::size_t{0} + ... + (is_tensor_v<std::tuple_element_t<J, Tuple>> ? 1 : 0));
-  }(std::make_index_sequence<I>{});
+  }
+  (std::make_index_sequence<I>{});
 }
 // Argument I of a recorded call: a tensor from the checkpoint's inputs, anything else as captured.
 template <std::size_t I, class Tuple>
@@ -103,8 +104,7 @@ decltype(auto) pick(Tuple& captured, const std::vector<at::Tensor>& tensors) {
     return (std::get<I>(captured));
 }
 template <class M, class Tuple, std::size_t... I>
-decltype(auto) call_recorded(M& m, Tuple& captured, const std::vector<at::Tensor>& tensors,
-                             std::index_sequence<I...>) {
+decltype(auto) call_recorded(M& m, Tuple& captured, const std::vector<at::Tensor>& tensors, std::index_sequence<I...>) {
   return m.forward(pick<I>(captured, tensors)...);
 }
 // What the recorded call keeps of an argument: tensors travel as the checkpoint's inputs instead.

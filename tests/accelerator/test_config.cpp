@@ -306,8 +306,8 @@ std::string decisions(const AcceleratorConfig& c) {
       opt(c.batch.gradient_accumulation_steps), opt(c.gradient_clipping), s.to_string(), s.forward_prefetch,
       s.backward_prefetch, s.align_elements, wrap, dt(s.param_dtype), dt(s.reduce_dtype), dt(s.master_dtype),
       s.fp8_all_gather, c.offload_optimizer_device, c.offload_param_device, to_string(c.state_dict_type),
-      c.fsdp_version, c.zero3_save_16bit_model, c.deepspeed_config_file, l.loss_scale,
-      l.initial_scale_power, l.loss_scale_window, l.hysteresis, l.consecutive_hysteresis, l.min_loss_scale,
+      c.fsdp_version, c.zero3_save_16bit_model, c.deepspeed_config_file, l.loss_scale, l.initial_scale_power,
+      l.loss_scale_window, l.hysteresis, l.consecutive_hysteresis, l.min_loss_scale,
       c.fp8.enable_fsdp_float8_all_gather);
 }
 

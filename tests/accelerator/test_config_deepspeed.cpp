@@ -82,8 +82,8 @@ TEST(ConfigJson, PythonOnlyTopLevelKeysAreIgnored) {
     "prescale_gradients": false, "data_types": {"grad_accum_dtype": "fp32"}, "checkpoint": {}})");
   EXPECT_HAS(ignored_entry(c, "optimizer"), "accel uses the optimizer/scheduler passed to prepare()");
   EXPECT_HAS(ignored_entry(c, "scheduler"), "accel uses the optimizer/scheduler passed to prepare()");
-  for (const char* k : {"steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
-                        "tensorboard", "prescale_gradients", "data_types", "checkpoint"})
+  for (const char* k : {"steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "tensorboard",
+                        "prescale_gradients", "data_types", "checkpoint"})
     EXPECT_TRUE(ignored(c, k)) << k;
 }
 

@@ -42,9 +42,9 @@ struct NetImpl : torch::nn::Module {
   NetImpl(int64_t n_blocks, int64_t d, int64_t hidden, bool checkpoint_units, double p = 0.25) {
     in = register_module("in", torch::nn::Linear(5, d));
     for (int64_t i = 0; i < n_blocks; ++i)
-      blocks.push_back(accel::unit(
-          register_module("b" + std::to_string(i), std::make_shared<DropBlockImpl>(d, hidden, p)),
-          accel::UnitOptions{.checkpoint = checkpoint_units}));
+      blocks.push_back(
+          accel::unit(register_module("b" + std::to_string(i), std::make_shared<DropBlockImpl>(d, hidden, p)),
+                      accel::UnitOptions{.checkpoint = checkpoint_units}));
     head = register_module("head", torch::nn::Linear(d, 3));
   }
   at::Tensor forward(at::Tensor x) {
@@ -148,9 +148,8 @@ std::vector<std::pair<std::string, std::optional<ShardingSpec>>> strategies() {
   zero3.reshard_after_forward = false;
   auto full = ShardingSpec::fsdp("FULL_SHARD");
   full.bucket_bytes = 0;
-  return {{"not prepared", std::nullopt},     {"NO_SHARD/DDP", ShardingSpec::ddp()},
-          {"ZeRO1", ShardingSpec::zero(1)},   {"ZeRO2", ShardingSpec::zero(2)},
-          {"ZeRO3 (no reshard)", zero3},      {"FULL_SHARD", full}};
+  return {{"not prepared", std::nullopt},   {"NO_SHARD/DDP", ShardingSpec::ddp()}, {"ZeRO1", ShardingSpec::zero(1)},
+          {"ZeRO2", ShardingSpec::zero(2)}, {"ZeRO3 (no reshard)", zero3},         {"FULL_SHARD", full}};
 }
 
 TEST(ActivationCheckpoint, TrainingIsBitwiseEqualWithDropoutUnderEveryStrategy) {
@@ -179,7 +178,8 @@ TEST(ActivationCheckpoint, SameResultUnderBf16) {
   full.param_dtype = at::kBFloat16;
   bf16.spec = full;
   bf16.input_dtype = at::kBFloat16;
-  for (const auto& [sname, s] : {std::pair{"bf16 autocast, DDP", autocast}, std::pair{"bf16 params, FULL_SHARD", bf16}}) {
+  for (const auto& [sname, s] :
+       {std::pair{"bf16 autocast, DDP", autocast}, std::pair{"bf16 params, FULL_SHARD", bf16}}) {
     SCOPED_TRACE(sname);
     const TrainRun ref = train(s, Ckpt::None);
     const TrainRun got = train(s, Ckpt::PerUnit);
