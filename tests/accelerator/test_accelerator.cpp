@@ -365,6 +365,31 @@ TEST(Accelerator, RefusesWhatItCannotDo) {
   EXPECT_THROW(acc.prepare(other, sgd2), std::logic_error);
 }
 
+// fsdp_activation_checkpointing: true reaches every unit of the prepared model, and training through
+// the Accelerator then gives the losses of the same run without it (the MLP has no dropout: equal).
+TEST(Accelerator, ActivationCheckpointingFromTheConfigReachesEveryUnit) {
+  std::vector<at::Tensor> losses[2];
+  for (int ck = 0; ck < 2; ++ck) {
+    Accelerator acc(quiet(write_config(
+        "ac.yaml", fmt::format("distributed_type: FSDP\nfsdp_config:\n  fsdp_activation_checkpointing: {}\n",
+                               ck ? "true" : "false"))));
+    auto model = make_mlp();
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    auto opt = acc.prepare(model, sgd);
+    for (auto& l : model->layers) EXPECT_EQ(l.checkpointed(), ck == 1);
+    at::manual_seed(5 + acc.process_index());
+    for (int step = 0; step < 3; ++step) {
+      at::Tensor x = at::randn({4, 6}, at::kDouble), y = at::randn({4, 3}, at::kDouble);
+      at::Tensor loss = at::mse_loss(model->forward(x), y);
+      losses[ck].push_back(loss.detach());
+      acc.backward(loss);
+      opt->step();
+      opt->zero_grad();
+    }
+  }
+  for (std::size_t i = 0; i < losses[0].size(); ++i) EXPECT_TRUE(at::equal(losses[0][i], losses[1][i])) << i;
+}
+
 // fsdp_state_dict_type decides what save_state() writes when its `full` argument is not given:
 // FULL_STATE_DICT has rank 0 write every tensor whole, SHARDED_STATE_DICT (and LOCAL_STATE_DICT, and
 // no key) each rank its own slices. Told apart by the ranks whose shard file holds data.
