@@ -109,10 +109,6 @@ std::string where(const AcceleratorConfig& cfg) {
 // What this build cannot do yet is refused here, with what to change; CPU offload on a CPU run (no
 // effect) is added to the ignored keys, with why.
 void check_supported(AcceleratorConfig& cfg, c10::Device device) {
-  if (cfg.activation_checkpointing)
-    throw ConfigError(where(cfg) +
-                      ": activation checkpointing is not implemented in this version of accel; set "
-                      "fsdp_activation_checkpointing: false");
   for (const auto* dev : {&cfg.offload_optimizer_device, &cfg.offload_param_device}) {
     if (*dev == "nvme") throw ConfigError(where(cfg) + ": offload to nvme is not supported; use 'cpu' or 'none'");
     if (*dev == "cpu" && device.is_cuda())

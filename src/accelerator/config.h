@@ -85,7 +85,6 @@ struct AcceleratorConfig {
   std::string offload_optimizer_device = "none";           // none | cpu | nvme
   std::string offload_param_device = "none";               // none | cpu | nvme
   StateDictType state_dict_type = StateDictType::Sharded;  // fsdp_state_dict_type
-  bool activation_checkpointing = false;
   int fsdp_version = 1;
   // DeepSpeed's gather_16bit_weights_on_model_save (zero3_save_16bit_model in the YAML): save_model
   // writes the weights in the compute dtype (bf16/fp16 under mixed precision), not the fp32 masters.

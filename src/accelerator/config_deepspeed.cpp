@@ -82,8 +82,7 @@ const std::vector<Key>& top_keys() {
       {"zero_allow_untested_optimizer", "", Kind::Any, "accel shards any torch::optim optimizer"},
       {"zero_force_ds_cpu_optimizer", "", Kind::Any,
        "DeepSpeedCPUAdam belongs to DeepSpeed's Python package; accel steps the optimizer passed to prepare()"},
-      {"activation_checkpointing", "", Kind::Any,
-       "DeepSpeed's Python activation-checkpointing API; accel has no activation checkpointing yet (issue 15)"},
+      {"activation_checkpointing", "", Kind::Object, nullptr},
       {"data_types", "", Kind::Any, "accel accumulates gradients in the parameters' dtype"},
       {"checkpoint", "", Kind::Any, "DeepSpeed checkpoint-engine options; accel writes its own checkpoint format"},
       {"managed_gradient_accumulation", "", Kind::Any, "accel's accumulate() always owns the accumulation boundary"},
@@ -206,6 +205,26 @@ const std::vector<Key>& bf16_keys() {
       {"bf16_master_weights_and_grads", "", Kind::Bool, nullptr},
       {"bf16_optimizer_states", "", Kind::Bool,
        "the optimizer state follows the master dtype (bf16_master_weights_and_grads)"},
+  };
+  return keys;
+}
+
+// DeepSpeed's activation_checkpointing block. Its presence turns checkpointing on for every unit
+// (the blocks a DeepSpeed model wraps in deepspeed.checkpointing.checkpoint are accel's units); what
+// its keys tune is partitioning across model-parallel ranks, which accel does not have.
+constexpr const char* kNoModelParallel =
+    "acts only with partition_activations, which partitions activations across model-parallel ranks; accel "
+    "has no model parallelism, so a unit's checkpointed inputs stay whole on their device";
+const std::vector<Key>& activation_checkpointing_keys() {
+  static const std::vector<Key> keys = {
+      {"partition_activations", "", Kind::Bool,
+       "partitions the checkpointed activations across model-parallel ranks; accel has no model parallelism"},
+      {"cpu_checkpointing", "", Kind::Bool, kNoModelParallel},
+      {"contiguous_memory_optimization", "", Kind::Bool, kNoModelParallel},
+      {"number_checkpoints", "", Kind::Int, kNoModelParallel},
+      {"synchronize_checkpoint_boundary", "", Kind::Bool,
+       "a device synchronize at each checkpoint boundary, for profiling; accel's checkpoints do not synchronize"},
+      {"profile", "", Kind::Bool, "DeepSpeed's per-checkpoint forward/backward timers; accel has none"},
   };
   return keys;
 }
@@ -511,6 +530,11 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
       fail_value(source, "gradient_allreduce_op", op, "\"mean\" (accel averages gradients; \"sum\" is not supported)");
   }
   cfg.spec.reduce_dtype = comm_dtype(top, source);
+  if (top.has("activation_checkpointing")) {
+    Block ac(top.value("activation_checkpointing"), source, top.path("activation_checkpointing") + ".",
+             activation_checkpointing_keys(), cfg);
+    cfg.spec.activation_checkpointing = true;
+  }
   return out;
 }
 
@@ -521,7 +545,8 @@ std::vector<KeyRow> deepspeed_json_keys() {
                                       {"zero_optimization.offload_optimizer", &offload_optimizer_keys()},
                                       {"zero_optimization.offload_param", &offload_param_keys()},
                                       {"fp16", &fp16_keys()},
-                                      {"bf16", &bf16_keys()}})
+                                      {"bf16", &bf16_keys()},
+                                      {"activation_checkpointing", &activation_checkpointing_keys()}})
     for (const auto& k : *keys) rows.push_back({section, k.name, k.ignored});
   return rows;
 }

@@ -446,7 +446,7 @@ void read_fsdp(const Section& s, AcceleratorConfig& cfg) {
     // SHARDED and LOCAL both mean each rank writes its own slices, which is accel's sharded checkpoint.
     cfg.state_dict_type = *t == "FULL_STATE_DICT" ? StateDictType::Full : StateDictType::Sharded;
   }
-  if (auto v = s.boolean("fsdp_activation_checkpointing")) cfg.activation_checkpointing = *v;
+  if (auto v = s.boolean("fsdp_activation_checkpointing")) cfg.spec.activation_checkpointing = *v;
   for (const char* bool_key : {"fsdp_sync_module_states", "fsdp_use_orig_params", "fsdp_cpu_ram_efficient_loading"})
     s.boolean(bool_key);  // ignored, but still a boolean
 }

@@ -196,6 +196,11 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
             n, n == 1 ? "" : "s"));
   }
   if (cfg.gradient_clipping) row("Clipping", fmt::format("every step, to global norm {}", *cfg.gradient_clipping));
+  row("Activations", s.activation_checkpointing
+                         ? "checkpointed per unit: each unit keeps only its inputs and recomputes its forward in "
+                           "backward (one more forward of compute; same results, dropout included)"
+                         : "kept from forward to backward (no activation checkpointing; accel::unit(m, "
+                           "{.checkpoint = true}) still checkpoints single units)");
   row("Checkpoints", cfg.state_dict_type == StateDictType::Full
                          ? "save_state writes full checkpoints (rank 0 writes every tensor whole)"
                          : "save_state writes sharded checkpoints (each rank its own slices)");

@@ -174,6 +174,9 @@ ConfigAnswers ask_config_questions(std::istream& in, std::ostream& out, int cuda
       a.min_num_params =
           q.integer("Smallest unit, in parameters?", 100000000, 1, std::numeric_limits<std::int64_t>::max());
     }
+    a.activation_checkpointing = q.yes_no(
+        "Activation checkpointing: recompute each unit's forward in backward instead of keeping its activations?",
+        false);
   }
   a.gradient_accumulation_steps = q.integer("Gradient accumulation steps?", 1, 1, 1 << 20);
   a.mixed_precision = q.choice("Mixed precision?", {"no", "fp16", "bf16", "fp8"}, "no");
@@ -206,6 +209,7 @@ std::string config_yaml(const ConfigAnswers& a) {
     y << "  fsdp_backward_prefetch: BACKWARD_PRE\n";
     y << "  fsdp_forward_prefetch: true\n";
     y << "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
+    y << "  fsdp_activation_checkpointing: " << (a.activation_checkpointing ? "true" : "false") << "\n";
   } else {
     y << "distributed_type: " << (a.num_processes == 1 ? "NO" : a.use_cpu ? "MULTI_CPU" : "MULTI_GPU") << "\n";
   }

@@ -23,6 +23,7 @@ struct ConfigAnswers {
   std::string wrap_policy = "TRANSFORMER_BASED_WRAP";  // FSDP: TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP
   std::vector<std::string> layer_types;                // TRANSFORMER_BASED_WRAP; empty: the modules marked accel::unit
   std::int64_t min_num_params = 100000000;             // SIZE_BASED_WRAP
+  bool activation_checkpointing = false;               // FSDP: fsdp_activation_checkpointing
   std::int64_t gradient_accumulation_steps = 1;
   std::string mixed_precision = "no";  // no, fp16, bf16, fp8
 };

@@ -2,6 +2,9 @@
 
 #include "sharding/sharded_init.h"
 
+#include <fmt/format.h>
+#include <torch/nn/module.h>
+
 #include <mutex>
 #include <unordered_map>
 
@@ -35,6 +38,21 @@ std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module) {
   auto& r = registry();
   auto it = r.find(module);
   return it == r.end() ? nullptr : it->second.lock();
+}
+
+std::vector<at::Tensor> checkpoint_unit(const UnitSlot& slot, const CheckpointFn& fn,
+                                        const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> params;
+  for (const auto& p : slot.module->parameters())
+    if (p.requires_grad()) params.push_back(p);
+  return checkpoint(fn, inputs, params, slot.module->name());
+}
+
+void throw_checkpoint_output(const UnitSlot& slot) {
+  throw std::logic_error(
+      fmt::format("activation checkpointing of unit {}: its forward must return an at::Tensor or a "
+                  "std::vector<at::Tensor> (the outputs the recompute reproduces)",
+                  slot.module->name()));
 }
 
 }  // namespace accel::sharding

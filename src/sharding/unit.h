@@ -18,12 +18,26 @@
 //
 // Outputs: a Tensor or a std::vector<at::Tensor> is tracked for backward. Any other return type is
 // passed through and the unit then stays gathered until its gradients are reduced.
+//
+// Activation checkpointing: accel::unit(m, {.checkpoint = true}), or every unit through
+// ShardingSpec::activation_checkpointing. While grad mode is on and something requires grad, the
+// unit's forward runs through sharding::checkpoint (activation_checkpoint.h): its activations are
+// dropped and recomputed in backward. The at::Tensor arguments are the checkpoint's inputs (they get
+// gradients); every other argument is copied and passed again to the recompute (anything in it that
+// requires grad is refused in backward). Such a unit must return a Tensor or a std::vector<at::Tensor>.
+// Under ZeRO-3 the recompute runs on the parameters that backward gathers for the unit anyway.
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include "sharding/activation_checkpoint.h"
 
+#include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
+
+#include <cstddef>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -60,23 +74,73 @@ std::shared_ptr<UnitSlot> register_unit(torch::nn::Module* module);
 // The slot of a module marked with accel::unit, or null.
 std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module);
 
+// Whether the unit's forward is to run through checkpoint() now.
+inline bool checkpoint_wanted(const UnitSlot& slot) {
+  return (slot.checkpoint || slot.checkpoint_by_spec) && c10::GradMode::is_enabled();
+}
+// checkpoint(fn, inputs, the unit module's parameters), named after the module.
+std::vector<at::Tensor> checkpoint_unit(const UnitSlot& slot, const CheckpointFn& fn,
+                                        const std::vector<at::Tensor>& inputs);
+// The std::logic_error for a checkpointed unit whose forward returns something else.
+[[noreturn]] void throw_checkpoint_output(const UnitSlot& slot);
+
+namespace detail {
+template <class T>
+inline constexpr bool is_tensor_v = std::is_same_v<std::decay_t<T>, at::Tensor>;
+// How many of the first I elements of Tuple are tensors.
+template <class Tuple, std::size_t I>
+constexpr std::size_t tensors_before() {
+  return []<std::size_t... J>(std::index_sequence<J...>) {
+    return (std::size_t{0} + ... + (is_tensor_v<std::tuple_element_t<J, Tuple>> ? 1 : 0));
+  }
+  (std::make_index_sequence<I>{});
+}
+// Argument I of a recorded call: a tensor from the checkpoint's inputs, anything else as captured.
+template <std::size_t I, class Tuple>
+decltype(auto) pick(Tuple& captured, const std::vector<at::Tensor>& tensors) {
+  if constexpr (is_tensor_v<std::tuple_element_t<I, Tuple>>)
+    return (tensors[tensors_before<Tuple, I>()]);
+  else
+    return (std::get<I>(captured));
+}
+template <class M, class Tuple, std::size_t... I>
+decltype(auto) call_recorded(M& m, Tuple& captured, const std::vector<at::Tensor>& tensors, std::index_sequence<I...>) {
+  return m.forward(pick<I>(captured, tensors)...);
+}
+// What the recorded call keeps of an argument: tensors travel as the checkpoint's inputs instead.
+template <class A>
+std::decay_t<A> keep(A&& a) {
+  if constexpr (is_tensor_v<A>)
+    return at::Tensor();
+  else
+    return std::forward<A>(a);
+}
+}  // namespace detail
+
 }  // namespace accel::sharding
 
 namespace accel {
+
+struct UnitOptions {
+  // Recompute this unit's forward during backward instead of keeping its activations.
+  bool checkpoint = false;
+};
 
 template <class M>
 class Unit {
  public:
   Unit() = default;
-  explicit Unit(std::shared_ptr<M> module)
-      : module_(std::move(module)), slot_(sharding::register_unit(static_cast<torch::nn::Module*>(module_.get()))) {}
+  explicit Unit(std::shared_ptr<M> module, UnitOptions options = {})
+      : module_(std::move(module)), slot_(sharding::register_unit(static_cast<torch::nn::Module*>(module_.get()))) {
+    if (options.checkpoint) slot_->checkpoint = true;
+  }
 
   template <class... Args>
   auto operator()(Args&&... args) -> decltype(std::declval<M&>().forward(std::forward<Args>(args)...)) {
     auto* hooks = slot_->hooks.get();
-    if (!hooks) return module_->forward(std::forward<Args>(args)...);
+    if (!hooks) return run(std::forward<Args>(args)...);
     hooks->pre_forward();
-    auto out = module_->forward(std::forward<Args>(args)...);
+    auto out = run(std::forward<Args>(args)...);
     using Out = decltype(out);
     if constexpr (std::is_same_v<Out, at::Tensor>) {
       std::vector<at::Tensor> outs{out};
@@ -92,22 +156,53 @@ class Unit {
   }
 
   M* operator->() const { return module_.get(); }
+  bool checkpointed() const { return slot_->checkpoint || slot_->checkpoint_by_spec; }
   M& operator*() const { return *module_; }
   const std::shared_ptr<M>& ptr() const { return module_; }
 
  private:
+  template <class... Args>
+  auto run(Args&&... args) -> decltype(std::declval<M&>().forward(std::forward<Args>(args)...)) {
+    using Out = decltype(std::declval<M&>().forward(std::forward<Args>(args)...));
+    if (!sharding::checkpoint_wanted(*slot_)) return module_->forward(std::forward<Args>(args)...);
+    if constexpr (!std::is_same_v<Out, at::Tensor> && !std::is_same_v<Out, std::vector<at::Tensor>>) {
+      sharding::throw_checkpoint_output(*slot_);
+    } else {
+      std::vector<at::Tensor> inputs;
+      (
+          [&](const auto& a) {
+            if constexpr (sharding::detail::is_tensor_v<decltype(a)>) inputs.push_back(a);
+          }(args),
+          ...);
+      using Tuple = std::tuple<std::decay_t<Args>...>;
+      auto captured = std::make_shared<Tuple>(sharding::detail::keep(std::forward<Args>(args))...);
+      sharding::CheckpointFn fn = [module = module_, captured](const std::vector<at::Tensor>& tensors) {
+        auto out = sharding::detail::call_recorded(*module, *captured, tensors, std::index_sequence_for<Args...>{});
+        if constexpr (std::is_same_v<Out, at::Tensor>)
+          return std::vector<at::Tensor>{std::move(out)};
+        else
+          return std::vector<at::Tensor>(std::move(out));
+      };
+      auto outs = sharding::checkpoint_unit(*slot_, fn, inputs);
+      if constexpr (std::is_same_v<Out, at::Tensor>)
+        return std::move(outs.at(0));
+      else
+        return outs;
+    }
+  }
+
   std::shared_ptr<M> module_;
   std::shared_ptr<sharding::UnitSlot> slot_;
 };
 
 template <class M>
-Unit<M> unit(std::shared_ptr<M> module) {
-  return Unit<M>(std::move(module));
+Unit<M> unit(std::shared_ptr<M> module, UnitOptions options = {}) {
+  return Unit<M>(std::move(module), options);
 }
 // torch::nn::Linear and other ModuleHolders.
 template <class Holder>
-auto unit(const Holder& holder) -> Unit<typename Holder::ContainedType> {
-  return Unit<typename Holder::ContainedType>(holder.ptr());
+auto unit(const Holder& holder, UnitOptions options = {}) -> Unit<typename Holder::ContainedType> {
+  return Unit<typename Holder::ContainedType>(holder.ptr(), options);
 }
 
 }  // namespace accel

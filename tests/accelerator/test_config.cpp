@@ -299,15 +299,15 @@ std::string decisions(const AcceleratorConfig& c) {
   const auto& l = c.loss_scaler;
   return fmt::format(
       "type {} mp {} procs {} machines {} cpu {} accum {} batch {}/{}/{} clip {} | {} prefetch {}/{} align {} wrap {} "
-      "dtypes {}/{}/{} fp8ag {} | offload {}/{} state {} ckpt {} fsdp_v {} save16 {} dsfile '{}' | scaler {} {} {} {} "
+      "dtypes {}/{}/{} fp8ag {} | offload {}/{} state {} fsdp_v {} save16 {} dsfile '{}' | scaler {} {} {} {} "
       "{} {} | fp8 {}",
       to_string(c.distributed_type), to_string(c.mixed_precision), c.num_processes, c.num_machines, c.use_cpu,
       c.gradient_accumulation_steps, opt(c.batch.train_batch_size), opt(c.batch.micro_batch_per_gpu),
       opt(c.batch.gradient_accumulation_steps), opt(c.gradient_clipping), s.to_string(), s.forward_prefetch,
       s.backward_prefetch, s.align_elements, wrap, dt(s.param_dtype), dt(s.reduce_dtype), dt(s.master_dtype),
       s.fp8_all_gather, c.offload_optimizer_device, c.offload_param_device, to_string(c.state_dict_type),
-      c.activation_checkpointing, c.fsdp_version, c.zero3_save_16bit_model, c.deepspeed_config_file, l.loss_scale,
-      l.initial_scale_power, l.loss_scale_window, l.hysteresis, l.consecutive_hysteresis, l.min_loss_scale,
+      c.fsdp_version, c.zero3_save_16bit_model, c.deepspeed_config_file, l.loss_scale, l.initial_scale_power,
+      l.loss_scale_window, l.hysteresis, l.consecutive_hysteresis, l.min_loss_scale,
       c.fp8.enable_fsdp_float8_all_gather);
 }
 
@@ -444,6 +444,7 @@ const std::map<std::string, KeyCase>& json_cases() {
       {"fp16.min_loss_scale", {"0.5"}},
       {"bf16.enabled", {"false"}},
       {"bf16.bf16_master_weights_and_grads", {"true"}},
+      {"activation_checkpointing", {R"({"number_checkpoints": 4})"}},
   };
   return cases;
 }
@@ -460,6 +461,7 @@ TEST(ConfigKeys, EveryDeepSpeedKeyIsActedOnOrIgnoredWithItsReason) {
        json::parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "none"}}})")},
       {"fp16", json::parse(R"({"fp16": {"enabled": true}})")},
       {"bf16", json::parse(R"({"bf16": {"enabled": true}})")},
+      {"activation_checkpointing", json::parse(R"({"activation_checkpointing": {}})")},
   };
   auto kind_value = [](const std::string& name) -> std::string {
     // Ignored keys: a value each accepts (booleans for flags, numbers for sizes, objects for blocks).

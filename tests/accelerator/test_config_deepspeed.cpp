@@ -78,13 +78,36 @@ TEST(ConfigJson, UnknownKeys) {
 TEST(ConfigJson, PythonOnlyTopLevelKeysAreIgnored) {
   const auto c = ds(R"({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
     "scheduler": {"type": "WarmupLR"}, "steps_per_print": 10, "wall_clock_breakdown": false,
-    "zero_allow_untested_optimizer": true, "activation_checkpointing": {}, "tensorboard": {"enabled": false},
+    "zero_allow_untested_optimizer": true, "tensorboard": {"enabled": false},
     "prescale_gradients": false, "data_types": {"grad_accum_dtype": "fp32"}, "checkpoint": {}})");
   EXPECT_HAS(ignored_entry(c, "optimizer"), "accel uses the optimizer/scheduler passed to prepare()");
   EXPECT_HAS(ignored_entry(c, "scheduler"), "accel uses the optimizer/scheduler passed to prepare()");
-  for (const char* k : {"steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
-                        "activation_checkpointing", "tensorboard", "prescale_gradients", "data_types", "checkpoint"})
+  for (const char* k : {"steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "tensorboard",
+                        "prescale_gradients", "data_types", "checkpoint"})
     EXPECT_TRUE(ignored(c, k)) << k;
+}
+
+// The block switches checkpointing on for every unit; its keys tune model-parallel partitioning,
+// which accel does not have: accepted, listed as ignored with why, their values still checked.
+TEST(ConfigJson, ActivationCheckpointingBlockSwitchesItOn) {
+  EXPECT_FALSE(ds(R"({"zero_optimization": {"stage": 3}})").spec.activation_checkpointing);
+  EXPECT_TRUE(ds(R"({"activation_checkpointing": {}})").spec.activation_checkpointing);
+  const auto c = ds(R"({"zero_optimization": {"stage": 3}, "activation_checkpointing": {
+    "partition_activations": false, "cpu_checkpointing": false, "contiguous_memory_optimization": false,
+    "number_checkpoints": null, "synchronize_checkpoint_boundary": false, "profile": false}})");
+  EXPECT_TRUE(c.spec.activation_checkpointing);
+  EXPECT_EQ(c.spec.strategy, zero::Strategy::Zero3);
+  EXPECT_HAS(ignored_entry(c, "activation_checkpointing.partition_activations"), "accel has no model parallelism");
+  EXPECT_HAS(ignored_entry(c, "activation_checkpointing.profile"), "timers");
+  EXPECT_FALSE(ds(R"({"activation_checkpointing": null})").spec.activation_checkpointing);
+  EXPECT_HAS(ds_error(R"({"activation_checkpointing": true})"),
+             "activation_checkpointing is 'true', expected an object");
+  EXPECT_HAS(ds_error(R"({"activation_checkpointing": {"partition_activations": 1}})"),
+             "activation_checkpointing.partition_activations is '1', expected a boolean");
+  EXPECT_HAS(ds_error(R"({"activation_checkpointing": {"number_checkpoints": "four"}})"),
+             "activation_checkpointing.number_checkpoints is 'four', expected an integer");
+  EXPECT_HAS(ds_error(R"({"activation_checkpointing": {"partition_activation": true}})"),
+             "unknown key 'activation_checkpointing.partition_activation'; did you mean 'partition_activations'?");
 }
 
 TEST(ConfigJson, TransformersZero3Example) {

@@ -428,7 +428,9 @@ TEST(ConfigFsdp, StateDictType) {
 }
 
 TEST(ConfigFsdp, ActivationCheckpointingAndVersion) {
-  EXPECT_TRUE(fsdp("  fsdp_activation_checkpointing: true\n").activation_checkpointing);
+  EXPECT_TRUE(fsdp("  fsdp_activation_checkpointing: true\n").spec.activation_checkpointing);
+  EXPECT_FALSE(fsdp("  fsdp_activation_checkpointing: false\n").spec.activation_checkpointing);
+  EXPECT_FALSE(fsdp("  fsdp_version: 2\n").spec.activation_checkpointing);
   EXPECT_HAS(fsdp_error("  fsdp_activation_checkpointing: 2\n"),
              "fsdp_config.fsdp_activation_checkpointing is '2', expected a boolean");
   EXPECT_EQ(fsdp("  fsdp_version: 2\n").fsdp_version, 2);

@@ -47,12 +47,13 @@ TEST(ConfigQuestions, DeepSpeedZero3WithOffloadAndClipping) {
 }
 
 TEST(ConfigQuestions, FsdpHybridOverTwoMachinesWithLayerTypes) {
-  const AcceleratorConfig c = ask_and_parse("2\n4\nyes\nHYBRID_SHARD\n\nBlockImpl, MlpImpl\n1\nbf16\n");
+  const AcceleratorConfig c = ask_and_parse("2\n4\nyes\nHYBRID_SHARD\n\nBlockImpl, MlpImpl\nyes\n1\nbf16\n");
   EXPECT_EQ(c.distributed_type, DistributedType::Fsdp);
   EXPECT_EQ(c.spec.strategy, zero::Strategy::HybridShard);
   EXPECT_EQ(c.num_machines, 2);
   EXPECT_EQ(c.spec.wrap.kind, zero::WrapPolicy::Kind::TypeName);
   EXPECT_EQ(c.spec.wrap.type_names, (std::vector<std::string>{"BlockImpl", "MlpImpl"}));
+  EXPECT_TRUE(c.spec.activation_checkpointing);
   EXPECT_EQ(c.mixed_precision, MixedPrecision::Bf16);
 }
 
@@ -61,7 +62,7 @@ TEST(ConfigQuestions, BadAnswersAreExplainedAndAskedAgain) {
   // "two" and 0 are not counts; 3 processes do not spread over 2 machines; "maybe" is not yes/no;
   // "zero4" is not a strategy; SIZE_BASED_WRAP then 1e6 parameters.
   const AcceleratorConfig c =
-      ask_and_parse("two\n2\n3\n0\n4\nmaybe\nno\nzero4\nshard_grad_op\nSIZE_BASED_WRAP\n1e6\n\n\n", &transcript);
+      ask_and_parse("two\n2\n3\n0\n4\nmaybe\nno\nzero4\nshard_grad_op\nSIZE_BASED_WRAP\n1e6\n\n\n\n", &transcript);
   EXPECT_NE(transcript.find("please answer a whole number from 1 to"), std::string::npos) << transcript;
   EXPECT_NE(transcript.find("3 processes do not spread evenly over 2 machines"), std::string::npos);
   EXPECT_NE(transcript.find("please answer yes or no"), std::string::npos);
@@ -71,6 +72,7 @@ TEST(ConfigQuestions, BadAnswersAreExplainedAndAskedAgain) {
   EXPECT_FALSE(c.use_cpu);
   EXPECT_EQ(c.spec.wrap.kind, zero::WrapPolicy::Kind::Size);
   EXPECT_EQ(c.spec.wrap.min_num_params, 1000000);
+  EXPECT_FALSE(c.spec.activation_checkpointing);  // the default
 }
 
 TEST(ConfigQuestions, EndOfInputIsAnError) {
@@ -142,6 +144,13 @@ TEST(ConfigExplain, ShippedConfigsStrategyPrecisionAccumulationAndIgnoredKeys) {
   EXPECT_NE(e.find("1 micro-step per optimizer step"), std::string::npos) << e;
   EXPECT_NE(e.find("save_state writes sharded checkpoints"), std::string::npos) << e;
   EXPECT_NE(e.find("  fsdp_config.fsdp_use_orig_params: "), std::string::npos) << e;
+  EXPECT_NE(e.find("kept from forward to backward (no activation checkpointing"), std::string::npos) << e;
+  e = explain_config(
+      parse_accelerate_yaml("distributed_type: FSDP\nfsdp_config:\n  fsdp_activation_checkpointing: true\n", "f"));
+  EXPECT_NE(e.find("checkpointed per unit: each unit keeps only its inputs"), std::string::npos) << e;
+  e = explain_config(parse_deepspeed_json(R"({"activation_checkpointing": {"profile": true}})", "ds.json"));
+  EXPECT_NE(e.find("checkpointed per unit: each unit keeps only its inputs"), std::string::npos) << e;
+  EXPECT_NE(e.find("activation_checkpointing.profile: "), std::string::npos) << e;
   e = explain_config(load_config_file(src + "/configs/deepspeed/zero2.yaml"));
   EXPECT_NE(e.find("DeepSpeed ZeRO stage 2"), std::string::npos) << e;
   EXPECT_NE(e.find("reduce-scatter"), std::string::npos) << e;
