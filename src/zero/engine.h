@@ -78,9 +78,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
     std::vector<std::size_t> flats;
     std::vector<comm::WorkPtr> inflight;  // prefetch all-gathers
     bool backward_gathered = false;
-    // Per forward/backward: when its first call began (a tick of the unit hooks, -1: not called), and
-    // whether its end of backward has been handled (its flats reduced).
-    std::int64_t first_start = -1;
+    // Per forward/backward: when its first call that backward will reach began (a tick of the unit
+    // hooks; -1: none yet; calls whose outputs need no gradient, such as an evaluation under no_grad,
+    // do not count), when its latest call began, and whether its end of backward has been handled.
+    std::int64_t first_start = -1, call_start = -1;
     bool ended = false;
   };
 

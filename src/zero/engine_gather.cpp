@@ -96,7 +96,7 @@ void Engine::pre_forward(std::size_t unit) {
   bool seen = false;
   for (auto u : cur_order_) seen = seen || u == unit;
   if (!seen) cur_order_.push_back(unit);
-  if (units_[unit].first_start < 0) units_[unit].first_start = ++tick_;
+  units_[unit].call_start = ++tick_;
   if (!unit_sharded(unit)) return;
   gather(unit, /*async=*/false);
   if (spec_.forward_prefetch) {
@@ -113,10 +113,12 @@ void Engine::post_forward(std::size_t unit, std::vector<at::Tensor>& outputs, bo
   const std::int64_t call_end = ++tick_;
   if (!unit_sharded(unit)) return;
   for (auto& t : outputs)
-    if (t.defined() && t.requires_grad())
+    if (t.defined() && t.requires_grad()) {
       t.register_hook([self = weak_from_this(), unit, call_end](const at::Tensor&) {
         if (auto e = self.lock()) e->pre_backward(unit, call_end);
       });
+      if (units_[unit].first_start < 0) units_[unit].first_start = units_[unit].call_start;
+    }
   units_[unit].backward_gathered = false;
   // Without tracked outputs backward could not gather first: keep the parameters until post-backward.
   if (spec_.reshard_after_forward && tracked) reshard(unit);
