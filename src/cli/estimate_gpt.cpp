@@ -60,21 +60,18 @@ GptPeak gpt_peak(zero::Strategy s, bool checkpoint, const GptShape& shape, int n
   p.strategy = s;
   p.checkpoint = checkpoint;
   p.states = (c.device_rep + c.device_shard / n) * P;
-  const double root_gathered = s == zero::Strategy::Zero3 ? b.param * R : 0;
-  if (s == zero::Strategy::Zero3) p.gathered = b.param * (R + 2 * U);
-  switch (s) {
-    case zero::Strategy::NoShard: break;
-    case zero::Strategy::Zero1: p.in_flight = F * std::min(rt.bucket_bytes, b.grad * P); break;
-    case zero::Strategy::Zero2:
-    case zero::Strategy::Zero3:
-      p.in_flight = std::min(b.grad * (R + F * std::max(U, rt.bucket_bytes / b.grad)), b.grad * P);
-      break;
-    case zero::Strategy::HybridShard: break;  // not a row (coefficients() refuses it)
-  }
+  // What the strategy shards, from the strategy table (HYBRID_SHARD is no row: coefficients() refuses it).
+  const zero::StrategyInfo& row = zero::info(s);
+  const double root_gathered = row.shards_parameters ? b.param * R : 0;
+  if (row.shards_parameters) p.gathered = b.param * (R + 2 * U);
+  if (row.shards_gradients)
+    p.in_flight = std::min(b.grad * (R + F * std::max(U, rt.bucket_bytes / b.grad)), b.grad * P);
+  else if (row.shards_optimizer)
+    p.in_flight = F * std::min(rt.bucket_bytes, b.grad * P);
   p.activations = checkpoint ? a.with_ckpt : a.without_ckpt;
   p.backward = 3 * a.element_bytes * R + a.block;
   // AdamW's temporaries over fp32 masters: the rank's shard of a unit under ZeRO, the whole unit under DDP.
-  const double stepped = std::max(U, R) / (s == zero::Strategy::NoShard ? 1 : n);
+  const double stepped = std::max(U, R) / (row.shards_optimizer ? n : 1);
   p.optimizer = 2 * 4 * stepped;
   p.overhead = rt.overhead;
   p.total = p.overhead + p.states +

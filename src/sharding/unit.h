@@ -67,6 +67,7 @@ struct UnitSlot {
   // options, or by the engine for every unit (ShardingSpec::activation_checkpointing).
   bool checkpoint = false;
   bool checkpoint_by_spec = false;
+  bool checkpointed() const { return checkpoint || checkpoint_by_spec; }
 };
 
 // Registers `module` as a unit (idempotent) and returns its slot.
@@ -75,9 +76,7 @@ std::shared_ptr<UnitSlot> register_unit(torch::nn::Module* module);
 std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module);
 
 // Whether the unit's forward is to run through checkpoint() now.
-inline bool checkpoint_wanted(const UnitSlot& slot) {
-  return (slot.checkpoint || slot.checkpoint_by_spec) && c10::GradMode::is_enabled();
-}
+inline bool checkpoint_wanted(const UnitSlot& slot) { return slot.checkpointed() && c10::GradMode::is_enabled(); }
 // checkpoint(fn, inputs, the unit module's parameters), named after the module.
 std::vector<at::Tensor> checkpoint_unit(const UnitSlot& slot, const CheckpointFn& fn,
                                         const std::vector<at::Tensor>& inputs);
@@ -156,7 +155,7 @@ class Unit {
   }
 
   M* operator->() const { return module_.get(); }
-  bool checkpointed() const { return slot_->checkpoint || slot_->checkpoint_by_spec; }
+  bool checkpointed() const { return slot_->checkpointed(); }
   M& operator*() const { return *module_; }
   const std::shared_ptr<M>& ptr() const { return module_; }
 

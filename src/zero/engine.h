@@ -198,6 +198,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void finalize_backward();
   void end_units_started_after(std::int64_t call_end);
   void end_unit(std::size_t unit);
+  // Flat fi's gradients of this window are complete: zero-fill what no gradient reached, mark it ready.
+  void mark_complete(std::size_t fi);
+  void forget_unit_calls();  // a forward/backward's unit ticks and ends
   void gather(std::size_t unit, bool async);
   void wait_gather(std::size_t unit);
   void reshard(std::size_t unit);

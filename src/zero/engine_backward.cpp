@@ -80,13 +80,24 @@ void Engine::end_units_started_after(std::int64_t call_end) {
 
 void Engine::end_unit(std::size_t unit) {
   units_[unit].ended = true;
-  for (auto fi : units_[unit].flats) {
-    if (reducer_index_[fi] == npos) continue;
-    Flat& f = flats_[fi];
-    CategoryScope cat(Category::Gradients);
-    open_window(f);
-    zero_untouched(f);
-    reducer_->mark_ready(reducer_index_[fi]);
+  for (auto fi : units_[unit].flats)
+    if (reducer_index_[fi] != npos) mark_complete(fi);
+}
+
+void Engine::mark_complete(std::size_t fi) {
+  // The regions no gradient reached in this window contribute zeros.
+  Flat& f = flats_[fi];
+  CategoryScope cat(Category::Gradients);
+  open_window(f);
+  zero_untouched(f);
+  reducer_->mark_ready(reducer_index_[fi]);
+}
+
+void Engine::forget_unit_calls() {
+  tick_ = 0;
+  for (auto& u : units_) {
+    u.first_start = -1;
+    u.ended = false;
   }
 }
 
@@ -148,21 +159,13 @@ void Engine::abort_backward() {
   // every rank saw the error).
   in_backward_ = false;
   cur_order_.clear();
-  tick_ = 0;
-  for (auto& u : units_) {
-    u.first_start = -1;
-    u.ended = false;
-  }
+  forget_unit_calls();
   if (reducer_ && sync_) {
     // Issue every remaining bucket, as a finished backward would: a rank that had launched some
     // earlier (its gradients were ready sooner) then never waits for a collective the others skip.
     // The results are thrown away.
     try {
-      for (auto fi : reduce_order_) {
-        open_window(flats_[fi]);
-        zero_untouched(flats_[fi]);
-        reducer_->mark_ready(reducer_index_[fi]);
-      }
+      for (auto fi : reduce_order_) mark_complete(fi);
       reducer_->flush();
     } catch (...) {
       reducer_->abandon();
@@ -237,23 +240,12 @@ void Engine::finalize_backward() {
     fwd_order_ = cur_order_;
     cur_order_.clear();
   }
-  tick_ = 0;
-  for (auto& u : units_) {
-    u.backward_gathered = false;
-    u.first_start = -1;
-    u.ended = false;
-  }
+  forget_unit_calls();
+  for (auto& u : units_) u.backward_gathered = false;
   if (plan_.passthrough) return;
   if (sync_) {
-    // Parameters that got no gradient on this rank in this window contribute zeros; flats still
-    // waiting are launched now, in the same order on every rank.
-    for (auto fi : reduce_order_) {
-      Flat& f = flats_[fi];
-      CategoryScope cat(Category::Gradients);
-      open_window(f);
-      zero_untouched(f);
-      reducer_->mark_ready(reducer_index_[fi]);
-    }
+    // Flats still waiting are launched now, in the same order on every rank.
+    for (auto fi : reduce_order_) mark_complete(fi);
     std::vector<at::Tensor> reduced;
     {
       CategoryScope cat(Category::Gradients);
