@@ -21,6 +21,9 @@
 //         ShardingSpec::fp8_all_gather where parameters are sharded (ZeRO-3, FULL_SHARD, HYBRID_SHARD)
 // The loss is computed in fp32 (logits cast) for every low precision. A list (fp32,bf16) interleaves
 // too: every strategy x precision pair is one model in the same run. `plain` runs fp32 only.
+// `--device cuda` (the default where CUDA is usable and ACCEL_USE_CPU is unset) trains on
+// cuda:(local rank): the model is built whole on the CPU and moved (sharded construction is CPU-only),
+// the data lives on the device, and each step ends with a device synchronize before its clock stops.
 //
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3 --precision bf16
@@ -36,6 +39,7 @@
 #include "zero/sharded_optimizer.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <fmt/core.h>
 #include <sys/resource.h>
 #include <torch/optim/adamw.h>
@@ -43,6 +47,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -128,6 +133,8 @@ int main(int argc, char** argv) {
   std::string strategy = "DDP", precision = "fp32";
   int steps = 6, warmup = 2, batch = 4, seq = 64;
   bool show_loss = false, checkpoint = false, json = false;
+  const bool cuda_usable = at::detail::getCUDAHooks().hasCUDA() && std::getenv("ACCEL_USE_CPU") == nullptr;
+  std::string device_name = cuda_usable ? "cuda" : "cpu";
   test::GPTConfig cfg{4096, 384, 6, 10, 64};
   app.add_option("--strategy", strategy,
                  "plain | DDP | ZERO_1 | ZERO_2 | ZERO_3 | FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD; "
@@ -146,6 +153,8 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", cfg.vocab, "vocabulary size")->check(CLI::PositiveNumber);
   app.add_flag("--checkpoint", checkpoint,
                "activation checkpointing of every block (ShardingSpec::activation_checkpointing)");
+  app.add_option("--device", device_name, "cpu | cuda (default: cuda where usable and ACCEL_USE_CPU is unset)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--json", json, "print one JSON line (bytes, peak RSS) instead of the table row");
   CLI11_PARSE(app, argc, argv);
   cfg.seq = seq;
@@ -157,6 +166,18 @@ int main(int argc, char** argv) {
     if (r == 0) fmt::print(stderr, "step_bench: --heads {} does not divide --d-model {}\n", cfg.heads, cfg.d);
     return 2;
   }
+  if (device_name == "cuda" && !at::detail::getCUDAHooks().hasCUDA()) {
+    if (r == 0) fmt::print(stderr, "step_bench: --device cuda but CUDA is not usable here\n");
+    return 2;
+  }
+  const bool on_cuda = device_name == "cuda";
+  const c10::Device device =
+      on_cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world->topology().local_rank %
+                                                                      at::detail::getCUDAHooks().deviceCount()))
+              : c10::Device(c10::kCPU);
+  auto sync_device = [&] {
+    if (on_cuda) at::detail::getCUDAHooks().deviceSynchronize(device.index());
+  };
   // The runtime's fixed cost (libtorch, MPI), before any model exists.
   const double rss_base = peak_rss_bytes();
   // Share the cores among the ranks of this machine.
@@ -220,12 +241,17 @@ int main(int argc, char** argv) {
         spec->master_dtype = prec.master;
         spec->fp8_all_gather = prec.fp8 && spec->shards_parameters();
         spec->activation_checkpointing = checkpoint;
-        // Sharded construction: each block is sharded as soon as it is built (rank 0's values).
-        sharding::ShardedInit scope(world, zero::groups_for(*spec, world).shard);
-        run.model = std::make_shared<test::GPTImpl>(c);
+        if (on_cuda) {
+          run.model = std::make_shared<test::GPTImpl>(c);  // sharded construction is CPU-only
+        } else {
+          // Sharded construction: each block is sharded as soon as it is built (rank 0's values).
+          sharding::ShardedInit scope(world, zero::groups_for(*spec, world).shard);
+          run.model = std::make_shared<test::GPTImpl>(c);
+        }
       } else {
         run.model = std::make_shared<test::GPTImpl>(c);
       }
+      if (on_cuda) run.model->to(device);
       psi = 0;
       for (const auto& p : run.model->parameters()) psi += p.numel();
       run.user_opt = std::make_unique<torch::optim::AdamW>(run.model->parameters(), torch::optim::AdamWOptions(1e-4));
@@ -240,7 +266,7 @@ int main(int argc, char** argv) {
   // Peak RSS once every model is built and prepared (before the first step).
   const double rss_built = peak_rss_bytes();
   at::manual_seed(100 + r);
-  at::Tensor x = at::randint(cfg.vocab, {batch, seq}), y = at::randint(cfg.vocab, {batch, seq});
+  at::Tensor x = at::randint(cfg.vocab, {batch, seq}).to(device), y = at::randint(cfg.vocab, {batch, seq}).to(device);
   for (int s = 0; s < warmup + steps; ++s)
     for (auto& run : runs) {
       if (s == warmup) memory::reset_peaks();
@@ -253,6 +279,7 @@ int main(int argc, char** argv) {
           if (g && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
       std::vector<comm::Counters> c0;
       for (auto* g : groups) c0.push_back(g->counters());
+      sync_device();
       auto t0 = Clock::now();
       at::Tensor logits = run.model->forward(x);
       if (run.prec.low()) logits = logits.to(at::kFloat);  // the loss in fp32
@@ -273,6 +300,7 @@ int main(int argc, char** argv) {
       }
       run.opt->step();
       run.opt->zero_grad();
+      sync_device();
       double t = std::chrono::duration<double>(Clock::now() - t0).count();
       if (show_loss && r == 0)
         fmt::print(stderr, "step {:>2} {:<13} {:<4} loss {:.5f}\n", s, run.name, run.prec.name,

@@ -5,7 +5,7 @@
 // and as a blocking `x` (= x_async(...)->wait()). Collectives must be issued in the same order on
 // every rank of the group. Tensors must be contiguous, and for out-of-place calls on one device with
 // one dtype. Errors: InvalidArgument (this rank's arguments), MismatchError (ranks disagree on sizes,
-// dtype, op or root; raised on every rank; checked for CPU/MPI collectives, not yet for NCCL), TimeoutError (then the
+// dtype, op or root; raised on every rank; on CUDA it also aborts the NCCL communicator), TimeoutError (then the
 // communicator is broken and the process aborts the job at exit rather than hang), CommError (anything else).
 //
 // Not thread-safe: one thread issues collectives on a communicator (Work::wait may be called from any).
