@@ -40,6 +40,10 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#if __has_include(<c10/cuda/CUDACachingAllocator.h>) && __has_include(<cuda_runtime_api.h>)
+#include <c10/cuda/CUDACachingAllocator.h>
+#define STEP_BENCH_CUDA_STATS 1
+#endif
 #include <fmt/core.h>
 #include <sys/resource.h>
 #include <torch/optim/adamw.h>
@@ -178,6 +182,23 @@ int main(int argc, char** argv) {
   auto sync_device = [&] {
     if (on_cuda) at::detail::getCUDAHooks().deviceSynchronize(device.index());
   };
+  // On CUDA the counting allocator sees nothing: the peak is the caching allocator's peak of
+  // allocated bytes over the measured steps (torch.cuda.max_memory_allocated).
+  auto reset_cuda_peak = [&] {
+#ifdef STEP_BENCH_CUDA_STATS
+    if (on_cuda) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+  };
+  auto cuda_peak_bytes = [&]() -> double {
+#ifdef STEP_BENCH_CUDA_STATS
+    if (on_cuda)
+      return static_cast<double>(
+          c10::cuda::CUDACachingAllocator::getDeviceStats(device.index())
+              .allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+              .peak);
+#endif
+    return 0.0;
+  };
   // The runtime's fixed cost (libtorch, MPI), before any model exists.
   const double rss_base = peak_rss_bytes();
   // Share the cores among the ranks of this machine.
@@ -269,7 +290,10 @@ int main(int argc, char** argv) {
   at::Tensor x = at::randint(cfg.vocab, {batch, seq}).to(device), y = at::randint(cfg.vocab, {batch, seq}).to(device);
   for (int s = 0; s < warmup + steps; ++s)
     for (auto& run : runs) {
-      if (s == warmup) memory::reset_peaks();
+      if (s == warmup) {
+        memory::reset_peaks();
+        reset_cuda_peak();
+      }
       world->barrier();
       // Every group the step talks over (HYBRID_SHARD: the node and cross-node groups).
       std::vector<comm::Communicator*> groups{world.get()};
@@ -336,6 +360,7 @@ int main(int argc, char** argv) {
   const double step_ms = median(run.times) * 1e3;
   const double rss = max_over_ranks(*world, peak_rss_bytes()), rss0 = max_over_ranks(*world, rss_base),
                rss1 = max_over_ranks(*world, rss_built);
+  const double cuda_peak = max_over_ranks(*world, cuda_peak_bytes());  // every rank takes part
   if (json) {
     double b_total = peak(snap.total.peak), b_param = peak(snap[Category::Parameters].peak),
            b_grad = peak(snap[Category::Gradients].peak), b_opt = peak(snap[Category::OptimizerState].peak),
@@ -348,14 +373,17 @@ int main(int argc, char** argv) {
           "\"step_ms\": {:.1f}, \"peak_rss\": {:.0f}, \"rss_base\": {:.0f}, \"rss_built\": {:.0f}, \"counted_peak\": "
           "{:.0f}, "
           "\"parameters\": {:.0f}, \"gradients\": {:.0f}, \"optimizer\": {:.0f}, \"gathered\": {:.0f}, "
-          "\"activations\": {:.0f}, \"other\": {:.0f}}}\n",
+          "\"activations\": {:.0f}, \"other\": {:.0f}, \"device\": \"{}\", \"cuda_peak\": {:.0f}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
-          batch, step_ms, rss, rss0, rss1, b_total, b_param, b_grad, b_opt, b_gath, b_act, b_other);
+          batch, step_ms, rss, rss0, rss1, b_total, b_param, b_grad, b_opt, b_gath, b_act, b_other, device_name,
+          cuda_peak);
     return 0;
   }
-  double p_total = mib(snap.total.peak), p_param = mib(snap[Category::Parameters].peak),
-         p_grad = mib(snap[Category::Gradients].peak), p_opt = mib(snap[Category::OptimizerState].peak),
-         p_gath = mib(snap[Category::Gathered].peak), p_act = mib(snap[Category::Activations].peak);
+  // On CUDA: the device's peak (the category columns count host memory only).
+  double p_total = on_cuda ? cuda_peak / 1048576.0 : mib(snap.total.peak),
+         p_param = mib(snap[Category::Parameters].peak), p_grad = mib(snap[Category::Gradients].peak),
+         p_opt = mib(snap[Category::OptimizerState].peak), p_gath = mib(snap[Category::Gathered].peak),
+         p_act = mib(snap[Category::Activations].peak);
   if (r == 0)
     fmt::print(
         "| {:<13} | {:<9} | {} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.2f} "
