@@ -77,9 +77,31 @@ WIDE=(--d-model 1024 --heads 16 --layers 12 --seq 512 --vocab 32000 --batch 8)
 step step_bench_wide_bf16 "${SB[@]}" --strategy DDP,ZERO_3,FULL_SHARD --precision bf16,fp8 "${WIDE[@]}"
 step step_bench_wide_plain "${SB[@]}" --strategy plain "${WIDE[@]}"
 for s in DDP ZERO_3; do step "step_bench_wide_${s}" "${SB[@]}" --strategy "$s" --precision bf16 "${WIDE[@]}"; done
+# PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate, three
+# runs each, so the medians of the runs compare under the same conditions.
 if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
-  step torch_anchor_plain "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --mode plain --steps 10 --warmup 3
-  step torch_anchor_plain_wide "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --mode plain --steps 10 --warmup 3 "${WIDE[@]}"
+  for model in default wide; do
+    args=(--steps 10 --warmup 3); [ "$model" = wide ] && args+=("${WIDE[@]}")
+    for i in 1 2 3; do
+      for s in plain DDP; do
+        step "vs_torch_${model}_${s}_accel_$i" "$BIN/step_bench" --device cuda --strategy "$s" "${args[@]}"
+        step "vs_torch_${model}_${s}_torch_$i" "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy "$s" "${args[@]}"
+      done
+    done
+  done
+fi
+
+# The step time of a table row (| strategy | precision | ranks | step ms | ...), median over runs.
+median_ms() { cat "$@" 2>/dev/null | awk -F'|' '/^\|/ && $5+0 > 0 {print $5+0}' | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}'; }
+if ls "$OUTDIR"/vs_torch_* >/dev/null 2>&1; then
+  printf '\n== accel / PyTorch on this GPU (fp32, 1 rank, median of 3 alternating runs each)\n'
+  printf '| model | strategy | accel ms | PyTorch ms | ratio |\n|---|---|---:|---:|---:|\n'
+  for model in default wide; do
+    for s in plain DDP; do
+      a=$(median_ms "$OUTDIR"/vs_torch_${model}_${s}_accel_*.log); t=$(median_ms "$OUTDIR"/vs_torch_${model}_${s}_torch_*.log)
+      [ -n "$a" ] && [ -n "$t" ] && printf '| %s | %s | %s | %s | %.2f |\n' "$model" "$s" "$a" "$t" "$(awk -v a="$a" -v t="$t" 'BEGIN {print a / t}')"
+    done
+  done
 fi
 
 printf '\n== summary (logs in %s)\n' "$OUTDIR"
