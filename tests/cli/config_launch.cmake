@@ -2,7 +2,7 @@
 # real binary as a user would (tests/cli/config_launch_checks.sh SCENARIO).
 target_sources(cli_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_launch_plan.cpp
                                  ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_config_command.cpp)
-foreach(scenario ranks first_failure interrupt launch_errors dry_run config_flow config_errors explain_shipped)
+foreach(scenario ranks first_failure interrupt launch_errors dry_run binding config_flow config_errors explain_shipped)
   add_test(NAME cli_${scenario}
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cli/config_launch_checks.sh ${ACCEL_CLI} ${PROJECT_SOURCE_DIR} ${scenario})
   set_tests_properties(cli_${scenario} PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 300)
