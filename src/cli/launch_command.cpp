@@ -224,8 +224,13 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   if (!found)
     throw LaunchError(fmt::format("program '{}' not found{}", program[0],
                                   program[0].find('/') == std::string::npos ? " on PATH" : " (or not executable)"));
-  // Ranks on other machines run the same path: make it absolute when it was relative.
-  if (program[0].find('/') != std::string::npos) program[0] = files::absolute_path(program[0]);
+  // Ranks on other machines run the same path: make it absolute when it was relative, without
+  // resolving symbolic links (a venv's bin/python is a link to the system's, and only the link's
+  // place makes it the venv's Python).
+  if (program[0].find('/') != std::string::npos && program[0][0] != '/') {
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof cwd)) program[0] = std::string(cwd) + "/" + program[0];
+  }
   req.program = program;
 
   const std::string self = files::self_exe_path();
