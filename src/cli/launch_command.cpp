@@ -34,8 +34,8 @@ namespace accel::cli {
 namespace {
 
 struct LaunchArgs {
-  std::string config_file, hostfile, mixed_precision, fsdp_sharding_strategy, launcher = "auto", launcher_args,
-                                                                              bind = "auto";
+  std::string config_file, hostfile, mixed_precision, fsdp_sharding_strategy, launcher_args;
+  std::string launcher = "auto", bind = "auto";
   std::optional<int> num_processes, num_machines, zero_stage;
   std::optional<std::int64_t> gradient_accumulation_steps;
   bool cpu = false, dry_run = false;
