@@ -62,11 +62,12 @@ step accel_env "$BIN/accel" env
 # --- the CUDA tests ------------------------------------------------------------------------------
 step nccl_np1 "$BIN/accel_tests" --gtest_filter='*CUDA*'
 step cuda_training_np1 "$BIN/cuda_tests"
-if command -v mpirun >/dev/null && mpirun --oversubscribe -np 2 true >/dev/null 2>&1; then
-  if [ "$NDEV" -ge 2 ]; then step nccl_np2 mpirun --oversubscribe -np 2 "$BIN/accel_tests" --gtest_filter='*CUDA*'; fi
-  step cuda_training_np2 mpirun --oversubscribe -np 2 "$BIN/cuda_tests"
+# Two ranks start as users start them (accel launch: mpirun, each rank on its share of the cores).
+if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
+  if [ "$NDEV" -ge 2 ]; then step nccl_np2 "$BIN/accel" launch -n 2 "$BIN/accel_tests" --gtest_filter='*CUDA*'; fi
+  step cuda_training_np2 "$BIN/accel" launch -n 2 "$BIN/cuda_tests"
 else
-  SUMMARY+=("$(printf '%-28s %-4s  (mpirun cannot start 2 ranks here)' np2_tests SKIP)")
+  SUMMARY+=("$(printf '%-28s %-4s  (accel launch cannot start 2 ranks here)' np2_tests SKIP)")
 fi
 
 # --- step_bench on the GPU, and PyTorch beside it ---------------------------------------------------
