@@ -5,13 +5,15 @@
 //   canary race      two threads write one int without synchronization (ThreadSanitizer)
 //   canary overflow  a read one past the end of a heap array (AddressSanitizer)
 //   canary shift     a shift by more than the width of int (UBSan)
+//   canary leak      a heap block whose last pointer is dropped (LeakSanitizer)
 #include <cstdio>
 #include <cstring>
 #include <thread>
 
 namespace {
 int g_shared = 0;
-}
+int* volatile g_pointer = nullptr;
+}  // namespace
 
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "";
@@ -33,6 +35,11 @@ int main(int argc, char** argv) {
     volatile int v = 1 << s;
     return v == 12345 ? 1 : 0;
   }
-  std::fprintf(stderr, "usage: canary race|overflow|shift\n");
+  if (std::strcmp(mode, "leak") == 0) {
+    g_pointer = new int[64];
+    g_pointer = nullptr;
+    return 0;
+  }
+  std::fprintf(stderr, "usage: canary race|overflow|shift|leak\n");
   return 2;
 }
