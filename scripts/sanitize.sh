@@ -109,14 +109,15 @@ run_one() {  # run_one SANITIZER
   case $san in thread) build=$ROOT/build-tsan ;; address) build=$ROOT/build-asan ;; esac
 
   say "$san: configure $build"
+  mkdir -p "$build"
   local gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
   # NCCL off: its backend cannot run without a GPU and would only cost build time. Examples and
   # benchmarks off: no comm or sharding test runs them.
   cmake -S "$ROOT" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DACCEL_SANITIZE="$san" \
     -DACCEL_WITH_NCCL=OFF -DACCEL_BUILD_EXAMPLES=OFF -DACCEL_BUILD_BENCHMARKS=OFF \
-    -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DACCEL_PYTHON="$VENV/bin/python" >"$build.configure.log" 2>&1 ||
-    { cat "$build.configure.log"; die "$san: configure failed"; }
+    -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DACCEL_PYTHON="$VENV/bin/python" >"$build/configure.log" 2>&1 ||
+    { cat "$build/configure.log"; die "$san: configure failed"; }
 
   local targets
   targets=$(test_targets "$build" "$TESTS")

@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
     std::thread t([] { g_shared = 1; });
     g_shared = 2;
     t.join();
-    return 0;
+    return g_shared == 3 ? 1 : 0;  // read, so that neither write is optimized away
   }
   if (std::strcmp(mode, "overflow") == 0) {
     volatile int n = 8;
