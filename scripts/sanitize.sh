@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # accel under the sanitizers: builds the library and the comm/sharding test binaries with
-# ThreadSanitizer (build-tsan/) and with AddressSanitizer + UBSan (build-asan/), then runs every comm
-# and sharding test at 2-4 ranks under mpirun (ctest). Fails on a failing test or on any sanitizer
-# report from any rank. libtorch and Open MPI are not instrumented; the runtime options and the
+# ThreadSanitizer (build-tsan/) and with AddressSanitizer + UBSan (build-asan/), then runs every comm,
+# sharding and activation checkpointing test at 2-4 ranks under mpirun (ctest). Fails on a failing
+# test or on any sanitizer report from any rank. libtorch and Open MPI are not instrumented; the runtime options and the
 # suppressions that this needs are explained in scripts/sanitizers/README.md.
 #
 #   scripts/sanitize.sh                  both sanitizers, thread first
 #   scripts/sanitize.sh thread|address   one of them
 # Environment:
-#   ACCEL_SANITIZE_TESTS  ctest regex of the tests to run (default: comm and sharding tests at 2-4 ranks)
+#   ACCEL_SANITIZE_TESTS  ctest regex of the tests to run (default: comm, sharding and activation
+#                         checkpointing tests at 2-4 ranks)
 #   ACCEL_CACHE           where scripts/setup.sh put the torch venv (default ~/.cache/accel)
 #   JOBS                  build parallelism (default 2)
 set -euo pipefail
@@ -17,8 +18,9 @@ SAN_DIR=$ROOT/scripts/sanitizers
 VENV=${ACCEL_CACHE:-$HOME/.cache/accel}/venv-torch-2.11.0
 JOBS=${JOBS:-2}
 # Test names are <prefix>_np<N> (tests/support/AccelTests.cmake): every comm_* and sharding_* test at
-# 2, 3 or 4 ranks, whatever tests a later comm transport adds (the *_CUDA ones end in _CUDA: left out).
-TESTS=${ACCEL_SANITIZE_TESTS:-'^(comm|sharding)(_[a-z0-9_]+)?_np[234]$'}
+# 2, 3 or 4 ranks, whatever tests a later comm transport adds (the *_CUDA ones end in _CUDA: left out),
+# and activation_checkpoint_*, whose recomputation re-gathers through the engine's unit hooks.
+TESTS=${ACCEL_SANITIZE_TESTS:-'^(comm|sharding|activation_checkpoint)(_[a-z0-9_]+)?_np[234]$'}
 # What a sanitizer report starts with (TSan, ASan, LSan, UBSan).
 REPORT_RE='WARNING: ThreadSanitizer|ERROR: (Address|Leak)Sanitizer|runtime error: '
 
