@@ -2,8 +2,8 @@
 # accel under the sanitizers: builds the library and the comm/sharding test binaries with
 # ThreadSanitizer (build-tsan/) and with AddressSanitizer + UBSan (build-asan/), then runs every comm,
 # sharding and activation checkpointing test at 2-4 ranks under mpirun (ctest). Fails on a failing
-# test or on any sanitizer report from any rank. libtorch and Open MPI are not instrumented; the runtime options and the
-# suppressions that this needs are explained in scripts/sanitizers/README.md.
+# test or on any sanitizer report from any rank. libtorch and Open MPI are not instrumented; the
+# runtime options and the suppressions that this needs are explained in scripts/sanitizers/README.md.
 #
 #   scripts/sanitize.sh                  both sanitizers, thread first
 #   scripts/sanitize.sh thread|address   one of them
@@ -58,7 +58,8 @@ set_options() {
 }
 
 # The executables the selected tests run, by their CMake target names (read from ctest's own
-# description of the tests, so no list of test files or sources lives here).
+# description of the tests, so no list of test files or sources lives here). Assumes a test binary's
+# file name is its target's name, as for every test executable today.
 test_targets() {  # test_targets BUILD REGEX
   ctest --test-dir "$1" -R "$2" --show-only=json-v1 | "$VENV/bin/python" -c '
 import json, os, sys
