@@ -15,7 +15,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SAN_DIR=$ROOT/scripts/sanitizers
-VENV=${ACCEL_CACHE:-$HOME/.cache/accel}/venv-torch-2.11.0
+# The venv scripts/setup.sh made for its pinned torch.
+VENV=${ACCEL_CACHE:-$HOME/.cache/accel}/venv-torch-$(sed -n 's/^TORCH_VERSION=//p' "$ROOT/scripts/setup.sh")
 JOBS=${JOBS:-2}
 # Test names are <prefix>_np<N> (tests/support/AccelTests.cmake): every comm_* and sharding_* test at
 # 2, 3 or 4 ranks, whatever tests a later comm transport adds (the *_CUDA ones end in _CUDA: left out),
