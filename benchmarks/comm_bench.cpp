@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   auto world = Communicator::world();
   const bool root = world->rank() == 0;
   if (root)
-    fmt::print("# comm_bench: {} ranks, {} ({}), dtype {}, sizes {}..{} B x{}\n", world->size(), "mpi",
+    fmt::print("# comm_bench: {} ranks, {} ({}), dtype {}, sizes {}..{} B x{}\n", world->size(), world->backend_name(at::ones({1})),
                world->topology().to_string(), dtype_name, min_bytes, max_bytes, factor);
   for (const auto& op : ops) {
     if (root) {

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <thread>
 
+#include <sched.h>
+
 namespace accel::comm {
 
 static std::string seconds(Duration d) {
@@ -73,6 +75,11 @@ bool Work::poll_once() {
 
 bool Work::is_completed() { return poll_once(); }
 
+bool Work::finished() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return done_;
+}
+
 std::exception_ptr Work::exception() {
   poll_once();
   std::lock_guard<std::mutex> lk(mu_);
@@ -81,7 +88,8 @@ std::exception_ptr Work::exception() {
 
 void Work::wait(Duration timeout) {
   if (timeout <= Duration::zero()) timeout = timeout_;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
   bool polled;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -89,15 +97,28 @@ void Work::wait(Duration timeout) {
   }
   bool done = false;
   if (polled) {
-    auto nap = std::chrono::microseconds(1);
-    while (!(done = poll_once()) && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(nap);
+    // The poll may move the collective itself (shared memory), so poll hot at first; then yield the
+    // core to peers (ranks may outnumber cores), then sleep, woken early when another thread finishes.
+    constexpr int kSpin = 200, kYield = 2000;
+    auto nap = std::chrono::microseconds(10);
+    for (int polls = 0; !(done = poll_once()); ++polls) {
+      if (std::chrono::steady_clock::now() >= deadline) break;
+      if (polls < kSpin) continue;
+      if (polls < kSpin + kYield) {
+        sched_yield();
+        continue;
+      }
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait_for(lk, nap, [&] { return done_; });
       nap = std::min(nap * 2, std::chrono::microseconds(200));
     }
   } else {
     std::unique_lock<std::mutex> lk(mu_);
     done = cv_.wait_until(lk, deadline, [&] { return done_; });
   }
+  if (wait_sink_)
+    wait_sink_->fetch_add(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   std::vector<std::function<void()>> on_timeout;
   std::exception_ptr err;
   {

@@ -1,0 +1,479 @@
+// Shared-memory transport (see shm_backend.h): the segment, the per-collective step lists, and the
+// process's progress thread for collectives nobody is waiting on yet.
+#include "comm/shm_backend.h"
+
+#include "base/env.h"
+#include "comm/mpi_backend.h"
+#include "comm/shm_reduce.h"
+#include "comm/signature.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+namespace accel::comm {
+namespace {
+
+using Counter = std::atomic<std::uint64_t>;
+static_assert(Counter::is_always_lock_free, "shared-memory counters must be lock-free (address-free)");
+
+// One rank's control block, on cache lines of its own; only that rank writes it. The counters count
+// chunks over the group's whole life, so they never need resetting between collectives.
+struct alignas(128) RankCtl {
+  Counter posted;    // sequence number of the last collective whose signature this rank posted
+  Counter in_step;   // chunks this rank has copied into its buffer
+  Counter red_step;  // chunks whose reduced slice this rank has written to its buffer (all_reduce)
+  Counter out_step;  // chunks this rank has finished reading from its peers' buffers
+  long long sig[2][kNumSig];  // by sequence parity: a peer may post the next one while we read this
+};
+
+constexpr int kBuffers = 2;
+
+// The mapping: `size` control blocks, then each rank's two chunk buffers.
+class Segment {
+ public:
+  Segment(void* base, std::size_t bytes, int size, std::size_t chunk)
+      : base_(static_cast<char*>(base)), bytes_(bytes), size_(size), chunk_(chunk) {}
+  ~Segment() { munmap(base_, bytes_); }
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  static std::size_t ctl_bytes(int size) { return (size * sizeof(RankCtl) + 4095) / 4096 * 4096; }
+  static std::size_t total_bytes(int size, std::size_t chunk) {
+    return ctl_bytes(size) + static_cast<std::size_t>(size) * kBuffers * chunk;
+  }
+  RankCtl& ctl(int r) { return reinterpret_cast<RankCtl*>(base_)[r]; }
+  char* buf(int r, int b) { return base_ + ctl_bytes(size_) + (static_cast<std::size_t>(r) * kBuffers + b) * chunk_; }
+  std::size_t chunk() const { return chunk_; }
+
+ private:
+  char* base_;
+  std::size_t bytes_;
+  int size_;
+  std::size_t chunk_;
+};
+
+enum class Phase : std::uint8_t { In, Reduce, Out };
+
+struct ShmOp {
+  Request req;
+  bool started = false, posted = false, checked = false;
+  std::uint64_t seq = 0, g0 = 0;
+  // count and unit (per chunk): elements for all_reduce and reduce_scatter (of the output), bytes
+  // for all_gather (of the input) and broadcast.
+  std::int64_t esize = 1, count = 0, unit = 1, nchunks = 0;
+  bool in_place = false;  // all_gather: the input is the output's own slice
+  std::vector<std::pair<Phase, std::int64_t>> steps;
+  std::size_t pos = 0;
+};
+
+class ShmGroup {
+ public:
+  ShmGroup(std::unique_ptr<Segment> seg, int rank, int size)
+      : seg_(std::move(seg)), rank_(rank), size_(size), check_(env::get_int("ACCEL_COMM_CHECK") != 0) {}
+
+  void push(std::unique_ptr<ShmOp> op) {
+    std::lock_guard<std::mutex> lk(mu_);
+    q_.push_back(std::move(op));
+  }
+  // Nothing queued (false while another thread holds the group: it may be queueing).
+  bool idle() {
+    std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+    return lk.owns_lock() && q_.empty();
+  }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Moves the queued collectives as far as the peers allow, in issue order; true when anything
+  // moved. Never waits for a peer; skips (false) when another thread is moving this group.
+  bool progress() {
+    std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+    if (!lk.owns_lock()) return false;
+    bool moved = false;
+    while (!q_.empty()) {
+      ShmOp& op = *q_.front();
+      bool done = false;
+      std::exception_ptr err;
+      try {
+        done = run(op, moved);
+      } catch (...) {
+        err = std::current_exception();
+        done = true;
+      }
+      if (!done) break;
+      std::unique_ptr<ShmOp> owned = std::move(q_.front());
+      q_.pop_front();
+      // Drop every tensor reference before the Work wakes its waiter (see Work::finish).
+      WorkPtr work = std::move(owned->req.work);
+      owned.reset();
+      work->finish(err);
+      moved = true;
+    }
+    return moved;
+  }
+
+ private:
+  bool all_at_least(Counter RankCtl::*c, std::uint64_t v) {
+    for (int j = 0; j < size_; ++j)
+      if ((seg_->ctl(j).*c).load(std::memory_order_acquire) < v) return false;
+    return true;
+  }
+
+  void plan(ShmOp& op) {
+    const Request& r = op.req;
+    const auto chunk = static_cast<std::int64_t>(seg_->chunk());
+    bool two_phase_reduce = false;
+    switch (r.kind) {
+      case Collective::AllReduce:
+        op.esize = static_cast<std::int64_t>(r.input.element_size());
+        op.count = r.input.numel();
+        op.unit = std::max<std::int64_t>(1, chunk / op.esize);
+        two_phase_reduce = true;
+        break;
+      case Collective::ReduceScatter:
+        op.esize = static_cast<std::int64_t>(r.input.element_size());
+        op.count = r.output.numel();
+        op.unit = std::max<std::int64_t>(1, chunk / (op.esize * size_));
+        break;
+      case Collective::AllGather:
+        op.count = static_cast<std::int64_t>(r.input.nbytes());
+        op.unit = chunk;
+        op.in_place = op.count > 0 && static_cast<const char*>(r.input.data_ptr()) ==
+                                          static_cast<const char*>(r.output.data_ptr()) + rank_ * op.count;
+        break;
+      case Collective::Broadcast:
+        op.count = static_cast<std::int64_t>(r.output.nbytes());
+        op.unit = chunk;
+        break;
+      case Collective::Barrier: op.count = 0; break;
+    }
+    if (r.check_only) op.count = 0;
+    op.nchunks = (op.count + op.unit - 1) / op.unit;
+    // Chunk t+1 is copied in before chunk t is finished, so peers reduce or read t meanwhile.
+    const Phase second = r.kind == Collective::ReduceScatter ? Phase::Reduce : Phase::Out;
+    if (op.nchunks == 0) return;
+    op.steps.reserve(3 * op.nchunks);
+    op.steps.emplace_back(Phase::In, 0);
+    if (two_phase_reduce) op.steps.emplace_back(Phase::Reduce, 0);
+    for (std::int64_t t = 0; t < op.nchunks; ++t) {
+      if (t + 1 < op.nchunks) op.steps.emplace_back(Phase::In, t + 1);
+      op.steps.emplace_back(second, t);
+      if (two_phase_reduce && t + 1 < op.nchunks) op.steps.emplace_back(Phase::Reduce, t + 1);
+    }
+  }
+
+  // True when the collective is finished; false when it waits for a peer (or a dependency).
+  bool run(ShmOp& op, bool& moved) {
+    if (!op.started) {
+      bool ready = true;
+      if (auto e = dependency_error(op.req, ready)) std::rethrow_exception(e);
+      if (!ready) return false;
+      plan(op);
+      op.started = true;
+    }
+    RankCtl& me = seg_->ctl(rank_);
+    if (!op.posted) {
+      op.seq = ++seq_;
+      make_signature(op.req, me.sig[op.seq & 1]);
+      me.posted.store(op.seq, std::memory_order_release);
+      op.posted = true;
+      moved = true;
+    }
+    if (!op.checked) {
+      if (!all_at_least(&RankCtl::posted, op.seq)) return false;
+      op.checked = true;
+      moved = true;
+      if (check_ && !op.req.skip_check) {
+        long long lo[kNumSig], hi[kNumSig];
+        const long long* mine = me.sig[op.seq & 1];
+        std::copy(mine, mine + kNumSig, lo);
+        std::copy(mine, mine + kNumSig, hi);
+        for (int j = 0; j < size_; ++j) {
+          const long long* s = seg_->ctl(j).sig[op.seq & 1];
+          for (int f = 0; f < kNumSig; ++f) {
+            lo[f] = std::min(lo[f], s[f]);
+            hi[f] = std::max(hi[f], s[f]);
+          }
+        }
+        verify_signature(mine, lo, hi, op.req.work->what(), rank_, size_);  // alike on every rank
+      }
+      op.g0 = chunks_;
+      chunks_ += static_cast<std::uint64_t>(op.nchunks);
+    }
+    while (op.pos < op.steps.size()) {
+      if (!step(op, op.steps[op.pos].first, op.steps[op.pos].second)) return false;
+      ++op.pos;
+      moved = true;
+    }
+    if (op.req.then) op.req.then();
+    return true;
+  }
+
+  // One step of one chunk; false when a peer is not there yet.
+  bool step(ShmOp& op, Phase ph, std::int64_t t) {
+    const Request& r = op.req;
+    const std::uint64_t g = op.g0 + static_cast<std::uint64_t>(t) + 1;  // this chunk's number in the group
+    const int b = static_cast<int>(g % kBuffers);
+    const std::int64_t off = t * op.unit, c = std::min(op.unit, op.count - off);
+    const std::int64_t es = op.esize;
+    const int n = size_, me = rank_;
+    RankCtl& ctl = seg_->ctl(me);
+    // Writing my buffer b again: every peer must be done reading it (the chunk before last).
+    if (ph == Phase::In && g > kBuffers && !all_at_least(&RankCtl::out_step, g - kBuffers)) return false;
+    const char* in = r.input.defined() ? static_cast<const char*>(r.input.data_ptr()) : nullptr;
+    char* out = r.output.defined() ? static_cast<char*>(r.output.data_ptr()) : nullptr;
+    const void* srcs[64];
+    switch (r.kind) {
+      case Collective::AllReduce: {
+        auto lo = [&](int j) { return c * j / n; };
+        in += off * es;
+        out += off * es;
+        if (ph == Phase::In) {
+          char* mine = seg_->buf(me, b);
+          for (int j = 0; j < n; ++j)
+            if (j != me) std::memcpy(mine + lo(j) * es, in + lo(j) * es, (lo(j + 1) - lo(j)) * es);
+          ctl.in_step.store(g, std::memory_order_release);
+        } else if (ph == Phase::Reduce) {
+          if (!all_at_least(&RankCtl::in_step, g)) return false;
+          for (int j = 0; j < n; ++j) srcs[j] = j == me ? in + lo(me) * es : seg_->buf(j, b) + lo(me) * es;
+          reduce_into(seg_->buf(me, b) + lo(me) * es, srcs, n, lo(me + 1) - lo(me), r.input.scalar_type(), r.op,
+                      r.op == ReduceOp::Avg ? n : 0);
+          ctl.red_step.store(g, std::memory_order_release);
+        } else {
+          if (!all_at_least(&RankCtl::red_step, g)) return false;
+          for (int j = 0; j < n; ++j) std::memcpy(out + lo(j) * es, seg_->buf(j, b) + lo(j) * es, (lo(j + 1) - lo(j)) * es);
+          ctl.out_step.store(g, std::memory_order_release);
+        }
+        return true;
+      }
+      case Collective::ReduceScatter: {
+        const std::int64_t k = op.count;
+        if (ph == Phase::In) {
+          char* mine = seg_->buf(me, b);
+          for (int j = 0; j < n; ++j)
+            if (j != me) std::memcpy(mine + j * op.unit * es, in + (j * k + off) * es, c * es);
+          ctl.in_step.store(g, std::memory_order_release);
+        } else {
+          if (!all_at_least(&RankCtl::in_step, g)) return false;
+          for (int j = 0; j < n; ++j) srcs[j] = j == me ? in + (me * k + off) * es : seg_->buf(j, b) + me * op.unit * es;
+          reduce_into(out + off * es, srcs, n, c, r.input.scalar_type(), r.op, r.op == ReduceOp::Avg ? n : 0);
+          ctl.out_step.store(g, std::memory_order_release);
+        }
+        return true;
+      }
+      case Collective::AllGather: {
+        const std::int64_t k = op.count;
+        if (ph == Phase::In) {
+          std::memcpy(seg_->buf(me, b), in + off, c);
+          if (!op.in_place) std::memcpy(out + me * k + off, in + off, c);
+          ctl.in_step.store(g, std::memory_order_release);
+        } else {
+          if (!all_at_least(&RankCtl::in_step, g)) return false;
+          for (int j = 0; j < n; ++j)
+            if (j != me) std::memcpy(out + j * k + off, seg_->buf(j, b), c);
+          ctl.out_step.store(g, std::memory_order_release);
+        }
+        return true;
+      }
+      case Collective::Broadcast: {
+        const int root = r.root;
+        if (ph == Phase::In) {
+          if (me == root) std::memcpy(seg_->buf(root, b), out + off, c);
+          ctl.in_step.store(g, std::memory_order_release);
+        } else {
+          if (seg_->ctl(root).in_step.load(std::memory_order_acquire) < g) return false;
+          if (me != root) std::memcpy(out + off, seg_->buf(root, b), c);
+          ctl.out_step.store(g, std::memory_order_release);
+        }
+        return true;
+      }
+      case Collective::Barrier: return true;
+    }
+    return true;
+  }
+
+  std::mutex mu_;
+  std::deque<std::unique_ptr<ShmOp>> q_;  // issue order; guarded by mu_
+  std::unique_ptr<Segment> seg_;
+  const int rank_, size_;
+  const bool check_;
+  std::uint64_t seq_ = 0, chunks_ = 0;  // guarded by mu_
+};
+
+// The process's shm progress thread: moves the groups that have collectives queued while their
+// callers compute. Spins briefly, then yields, then sleeps between polls (ranks may outnumber cores).
+class ShmEngine {
+ public:
+  static ShmEngine& get() {
+    static ShmEngine engine;
+    return engine;
+  }
+
+  void activate(const std::shared_ptr<ShmGroup>& g) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (std::find(active_.begin(), active_.end(), g) == active_.end()) active_.push_back(g);
+      ++generation_;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  ShmEngine() : thread_([this] { loop(); }) {}
+  ~ShmEngine() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  static constexpr int kSpinPolls = 64, kYieldPolls = 2000;
+
+  void loop() {
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point stop_deadline{};
+    std::vector<std::shared_ptr<ShmGroup>> groups;
+    int empty_polls = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        active_.erase(std::remove_if(active_.begin(), active_.end(), [](const auto& g) { return g->idle(); }),
+                      active_.end());
+        if (stop_) {
+          // At exit: finish what peers may be waiting for, but never longer than one timeout.
+          if (stop_deadline == Clock::time_point{}) stop_deadline = Clock::now() + default_timeout();
+          if (active_.empty() || MpiBackend::is_broken()) return;
+          if (Clock::now() > stop_deadline) {
+            MpiBackend::mark_broken();  // MPI aborts the job instead of finalizing
+            return;
+          }
+        } else if (active_.empty()) {
+          cv_.wait(lk, [&] { return stop_ || !active_.empty(); });
+          continue;
+        }
+        groups = active_;
+      }
+      bool moved = false;
+      for (auto& g : groups) moved |= g->progress();
+      groups.clear();
+      if (moved) {
+        empty_polls = 0;
+      } else if (++empty_polls > kSpinPolls + kYieldPolls) {
+        std::unique_lock<std::mutex> lk(mu_);
+        const std::uint64_t gen = generation_;
+        cv_.wait_for(lk, std::chrono::microseconds(20), [&] { return stop_ || generation_ != gen; });
+      } else if (empty_polls > kSpinPolls) {
+        sched_yield();
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::uint64_t generation_ = 0;  // bumped by every activate(), so a new collective cuts a sleep short
+  std::vector<std::shared_ptr<ShmGroup>> active_;
+  std::thread thread_;
+};
+
+class ShmBackend final : public Backend {
+ public:
+  explicit ShmBackend(std::shared_ptr<ShmGroup> g) : g_(std::move(g)) {}
+  const char* name() const override { return "shm"; }
+  int rank() const override { return g_->rank(); }
+  int size() const override { return g_->size(); }
+
+  void enqueue(Request r) override {
+    auto op = std::make_unique<ShmOp>();
+    const bool inline_progress = r.caller_waits && r.after.empty();
+    WorkPtr work = r.work;
+    std::weak_ptr<ShmGroup> weak = g_;
+    // A waiter moves the group itself (the poll); finish() comes from whichever thread completes it.
+    work->set_poll([weak] {
+      if (auto g = weak.lock()) g->progress();
+      return false;
+    });
+    op->req = std::move(r);
+    g_->push(std::move(op));
+    if (inline_progress)
+      g_->progress();  // the caller is about to wait anyway: no thread hand-off for small messages
+    else
+      ShmEngine::get().activate(g_);
+  }
+
+ private:
+  std::shared_ptr<ShmGroup> g_;
+};
+
+std::atomic<int> g_segments{0};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
+  const int rank = group.rank(), size = group.size();
+  if (size > 64) return nullptr;  // the reduction's source list is sized for 64 ranks per node
+  struct Hello {
+    char name[64];
+    std::uint64_t chunk, bytes;
+  } hello{};
+  void* base = MAP_FAILED;
+  if (rank == 0) {
+    std::uint64_t chunk = static_cast<std::uint64_t>(std::max<long long>(1, env::get_int("ACCEL_COMM_SHM_CHUNK_KB")));
+    hello.chunk = chunk * 1024;
+    hello.bytes = Segment::total_bytes(size, hello.chunk);
+    std::snprintf(hello.name, sizeof hello.name, "/accel-%d-%d", static_cast<int>(getpid()), g_segments++);
+    int fd = shm_open(hello.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) {
+      if (ftruncate(fd, static_cast<off_t>(hello.bytes)) == 0)
+        base = mmap(nullptr, hello.bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+      close(fd);
+    }
+    if (base == MAP_FAILED) {
+      if (fd >= 0) shm_unlink(hello.name);
+      hello.name[0] = '\0';
+    } else {
+      for (int j = 0; j < size; ++j) new (static_cast<char*>(base) + j * sizeof(RankCtl)) RankCtl{};
+    }
+  }
+  group.broadcast_bytes(&hello, sizeof hello, 0);
+  if (hello.name[0] == '\0') return nullptr;
+  if (rank != 0) {
+    int fd = shm_open(hello.name, O_RDWR, 0);
+    if (fd >= 0) {
+      base = mmap(nullptr, hello.bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+      close(fd);
+    }
+  }
+  int ok = base != MAP_FAILED, all_ok = 1;
+  std::vector<int> oks(size);
+  group.allgather_bytes(&ok, sizeof ok, oks.data());  // also: everyone has it open before the unlink
+  for (int o : oks) all_ok &= o;
+  if (rank == 0) shm_unlink(hello.name);
+  if (!all_ok) {
+    if (base != MAP_FAILED) munmap(base, hello.bytes);
+    return nullptr;
+  }
+  auto seg = std::make_unique<Segment>(base, hello.bytes, size, hello.chunk);
+  return std::make_unique<ShmBackend>(std::make_shared<ShmGroup>(std::move(seg), rank, size));
+}
+
+}  // namespace accel::comm
