@@ -252,12 +252,14 @@ class ShmGroup {
         } else if (ph == Phase::Reduce) {
           if (!all_at_least(&RankCtl::in_step, g)) return false;
           for (int j = 0; j < n; ++j) srcs[j] = j == me ? in + lo(me) * es : seg_->buf(j, b) + lo(me) * es;
-          reduce_into(seg_->buf(me, b) + lo(me) * es, srcs, n, lo(me + 1) - lo(me), r.input.scalar_type(), r.op,
-                      r.op == ReduceOp::Avg ? n : 0);
+          // the reduced slice goes to the peers (my buffer) and to my output at once
+          reduce_into(seg_->buf(me, b) + lo(me) * es, out + lo(me) * es, srcs, n, lo(me + 1) - lo(me),
+                      r.input.scalar_type(), r.op, r.op == ReduceOp::Avg ? n : 0);
           ctl.red_step.store(g, std::memory_order_release);
         } else {
           if (!all_at_least(&RankCtl::red_step, g)) return false;
-          for (int j = 0; j < n; ++j) std::memcpy(out + lo(j) * es, seg_->buf(j, b) + lo(j) * es, (lo(j + 1) - lo(j)) * es);
+          for (int j = 0; j < n; ++j)
+            if (j != me) std::memcpy(out + lo(j) * es, seg_->buf(j, b) + lo(j) * es, (lo(j + 1) - lo(j)) * es);
           ctl.out_step.store(g, std::memory_order_release);
         }
         return true;
@@ -272,7 +274,7 @@ class ShmGroup {
         } else {
           if (!all_at_least(&RankCtl::in_step, g)) return false;
           for (int j = 0; j < n; ++j) srcs[j] = j == me ? in + (me * k + off) * es : seg_->buf(j, b) + me * op.unit * es;
-          reduce_into(out + off * es, srcs, n, c, r.input.scalar_type(), r.op, r.op == ReduceOp::Avg ? n : 0);
+          reduce_into(out + off * es, nullptr, srcs, n, c, r.input.scalar_type(), r.op, r.op == ReduceOp::Avg ? n : 0);
           ctl.out_step.store(g, std::memory_order_release);
         }
         return true;

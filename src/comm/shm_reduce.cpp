@@ -35,8 +35,8 @@ struct Min {
 
 // A: the accumulation type (fp32 for 16-bit floats; unsigned for integer sums, which wrap).
 template <class T, class A, class Op>
-__attribute__((always_inline)) inline void reduce_t(T* dst, const void* const* srcs, int n, std::int64_t count,
-                                                    A divisor) {
+__attribute__((always_inline)) inline void reduce_t(T* dst, T* dst2, const void* const* srcs, int n,
+                                                    std::int64_t count, A divisor) {
   A acc[kBlock];
   for (std::int64_t base = 0; base < count; base += kBlock) {
     const std::int64_t m = std::min(kBlock, count - base);
@@ -50,25 +50,31 @@ __attribute__((always_inline)) inline void reduce_t(T* dst, const void* const* s
       for (std::int64_t i = 0; i < m; ++i) acc[i] = acc[i] / divisor;
     T* d = dst + base;
     for (std::int64_t i = 0; i < m; ++i) d[i] = static_cast<T>(acc[i]);
+    if (dst2 != nullptr) {
+      T* d2 = dst2 + base;
+      for (std::int64_t i = 0; i < m; ++i) d2[i] = d[i];
+    }
   }
 }
 
 template <class T, class A>
-__attribute__((always_inline)) inline void reduce_op(void* dst, const void* const* srcs, int n, std::int64_t count,
-                                                     ReduceOp op, double divisor) {
+__attribute__((always_inline)) inline void reduce_op(void* dst, void* dst2, const void* const* srcs, int n,
+                                                     std::int64_t count, ReduceOp op, double divisor) {
   T* d = static_cast<T*>(dst);
+  T* d2 = static_cast<T*>(dst2);
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: reduce_t<T, A, Sum>(d, srcs, n, count, static_cast<A>(divisor)); break;
-    case ReduceOp::Max: reduce_t<T, A, Max>(d, srcs, n, count, A(0)); break;
-    case ReduceOp::Min: reduce_t<T, A, Min>(d, srcs, n, count, A(0)); break;
+    case ReduceOp::Avg: reduce_t<T, A, Sum>(d, d2, srcs, n, count, static_cast<A>(divisor)); break;
+    case ReduceOp::Max: reduce_t<T, A, Max>(d, d2, srcs, n, count, A(0)); break;
+    case ReduceOp::Min: reduce_t<T, A, Min>(d, d2, srcs, n, count, A(0)); break;
   }
 }
 
 #define ACCEL_SHM_KERNEL(NAME, T, A)                                                                           \
-  __attribute__((target_clones("avx2", "default"))) void NAME(void* dst, const void* const* srcs, int n,        \
-                                                              std::int64_t count, ReduceOp op, double divisor) { \
-    reduce_op<T, A>(dst, srcs, n, count, op, divisor);                                                          \
+  __attribute__((target_clones("avx2", "default"))) void NAME(void* dst, void* dst2, const void* const* srcs,   \
+                                                              int n, std::int64_t count, ReduceOp op,           \
+                                                              double divisor) {                                 \
+    reduce_op<T, A>(dst, dst2, srcs, n, count, op, divisor);                                                       \
   }
 
 ACCEL_SHM_KERNEL(reduce_f64, double, double)
@@ -81,17 +87,17 @@ ACCEL_SHM_KERNEL(reduce_u8, std::uint8_t, std::uint8_t)
 
 }  // namespace
 
-void reduce_into(void* dst, const void* const* srcs, int nsrc, std::int64_t count, c10::ScalarType dtype, ReduceOp op,
-                 double divisor) {
+void reduce_into(void* dst, void* dst2, const void* const* srcs, int nsrc, std::int64_t count, c10::ScalarType dtype,
+                 ReduceOp op, double divisor) {
   if (count <= 0) return;
   switch (dtype) {
-    case c10::kDouble: return reduce_f64(dst, srcs, nsrc, count, op, divisor);
-    case c10::kFloat: return reduce_f32(dst, srcs, nsrc, count, op, divisor);
-    case c10::kBFloat16: return reduce_bf16(dst, srcs, nsrc, count, op, divisor);
-    case c10::kHalf: return reduce_f16(dst, srcs, nsrc, count, op, divisor);
-    case c10::kInt: return reduce_i32(dst, srcs, nsrc, count, op, divisor);
-    case c10::kLong: return reduce_i64(dst, srcs, nsrc, count, op, divisor);
-    case c10::kByte: return reduce_u8(dst, srcs, nsrc, count, op, divisor);
+    case c10::kDouble: return reduce_f64(dst, dst2, srcs, nsrc, count, op, divisor);
+    case c10::kFloat: return reduce_f32(dst, dst2, srcs, nsrc, count, op, divisor);
+    case c10::kBFloat16: return reduce_bf16(dst, dst2, srcs, nsrc, count, op, divisor);
+    case c10::kHalf: return reduce_f16(dst, dst2, srcs, nsrc, count, op, divisor);
+    case c10::kInt: return reduce_i32(dst, dst2, srcs, nsrc, count, op, divisor);
+    case c10::kLong: return reduce_i64(dst, dst2, srcs, nsrc, count, op, divisor);
+    case c10::kByte: return reduce_u8(dst, dst2, srcs, nsrc, count, op, divisor);
     default: throw std::invalid_argument("shm reduce: unsupported dtype");
   }
 }

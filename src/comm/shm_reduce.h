@@ -13,8 +13,9 @@ namespace accel::comm {
 
 // dst[i] = op(srcs[0][i], ..., srcs[n-1][i]), divided by `divisor` when it is > 0 (avg). dst may be
 // one of the sources (same address). bfloat16/float16 accumulate in fp32 and are rounded once, as
-// the MPI transport does. Integer sums wrap as MPI's do.
-void reduce_into(void* dst, const void* const* srcs, int nsrc, std::int64_t count, c10::ScalarType dtype,
+// the MPI transport does. Integer sums wrap as MPI's do. dst2, when not null, gets the same values
+// (all_reduce writes its reduced slice to the shared buffer and its own output in one pass).
+void reduce_into(void* dst, void* dst2, const void* const* srcs, int nsrc, std::int64_t count, c10::ScalarType dtype,
                  ReduceOp op, double divisor);
 
 }  // namespace accel::comm
