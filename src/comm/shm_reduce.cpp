@@ -71,7 +71,7 @@ __attribute__((always_inline)) inline void reduce_op(void* dst, void* dst2, cons
 }
 
 #define ACCEL_SHM_KERNEL(NAME, T, A)                                                                           \
-  __attribute__((target_clones("avx2", "default"))) void NAME(void* dst, void* dst2, const void* const* srcs,   \
+  __attribute__((target_clones("avx512f", "avx2", "default"))) void NAME(void* dst, void* dst2, const void* const* srcs,   \
                                                               int n, std::int64_t count, ReduceOp op,           \
                                                               double divisor) {                                 \
     reduce_op<T, A>(dst, dst2, srcs, n, count, op, divisor);                                                       \
