@@ -140,7 +140,8 @@ int main(int argc, char** argv) {
     MPI_Comm_dup(MPI_COMM_WORLD, &mc);
   } else {
     impls.erase(std::remove_if(impls.begin(), impls.end(), [](const auto& i) { return i != "accel"; }), impls.end());
-    if (root) fmt::print("# (no Open MPI rows: {})\n", level != MPI_THREAD_MULTIPLE ? "no MPI_THREAD_MULTIPLE" : "dtype");
+    if (root)
+      fmt::print("# (no Open MPI rows: {})\n", level != MPI_THREAD_MULTIPLE ? "no MPI_THREAD_MULTIPLE" : "dtype");
   }
   if (root)
     fmt::print("# comm_bench: {} ranks, accel transport {} ({}), dtype {}, sizes {}..{} B x{}\n", world->size(),

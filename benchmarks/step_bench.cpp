@@ -309,9 +309,9 @@ int main(int argc, char** argv) {
     double base = median(runs[0].times);
     for (auto& run : runs)
       if (r == 0)
-        fmt::print("{} ranks, interleaved: {:<18} median {:>8.1f} ms = {:.3f} x {} (waiting on collectives {:.1f} ms)\n",
-                   n, label(run), median(run.times) * 1e3, median(run.times) / base, label(runs[0]),
-                   median(run.waits) * 1e3);
+        fmt::print(
+            "{} ranks, interleaved: {:<18} median {:>8.1f} ms = {:.3f} x {} (waiting on collectives {:.1f} ms)\n", n,
+            label(run), median(run.times) * 1e3, median(run.times) / base, label(runs[0]), median(run.waits) * 1e3);
     return 0;
   }
   Run& run = runs[0];
@@ -332,12 +332,14 @@ int main(int argc, char** argv) {
       fmt::print(
           "{{\"strategy\": \"{}\", \"precision\": \"{}\", \"ranks\": {}, \"checkpoint\": {}, \"params\": {}, "
           "\"vocab\": {}, \"d_model\": {}, \"heads\": {}, \"layers\": {}, \"seq\": {}, \"batch\": {}, "
-          "\"step_ms\": {:.1f}, \"wait_ms\": {:.1f}, \"wait_share\": {:.3f}, \"peak_rss\": {:.0f}, \"rss_base\": {:.0f}, \"rss_built\": {:.0f}, \"counted_peak\": "
+          "\"step_ms\": {:.1f}, \"wait_ms\": {:.1f}, \"wait_share\": {:.3f}, \"peak_rss\": {:.0f}, \"rss_base\": "
+          "{:.0f}, \"rss_built\": {:.0f}, \"counted_peak\": "
           "{:.0f}, "
           "\"parameters\": {:.0f}, \"gradients\": {:.0f}, \"optimizer\": {:.0f}, \"gathered\": {:.0f}, "
           "\"activations\": {:.0f}, \"other\": {:.0f}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
-          batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad, b_opt, b_gath, b_act, b_other);
+          batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad,
+          b_opt, b_gath, b_act, b_other);
     return 0;
   }
   double p_total = mib(snap.total.peak), p_param = mib(snap[Category::Parameters].peak),
@@ -348,7 +350,6 @@ int main(int argc, char** argv) {
         "| {:<13} | {:<9} | {} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.2f} "
         "| {:>6.2f} | {:>7.1f} | {:>7.1f} |\n",
         run.name + (checkpoint ? "+ckpt" : ""), run.prec.name, n, step_ms, p_total, p_param, p_grad, p_opt, p_gath,
-        p_act, run.moved / 1048576.0, n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0, rss / 1048576.0,
-        wait_ms);
+        p_act, run.moved / 1048576.0, n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0, rss / 1048576.0, wait_ms);
   return 0;
 }

@@ -11,7 +11,6 @@
 
 #include <fmt/format.h>
 
-
 namespace accel::comm {
 namespace {
 

@@ -13,7 +13,10 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
+
+#include <sched.h>
 
 namespace accel::comm {
 namespace {
@@ -120,7 +123,9 @@ class HierBackend final : public Backend {
   // Group rank q's place in the node-major staging layout: [index in node][node].
   std::int64_t slot(int q) const { return static_cast<std::int64_t>(l_of_[q]) * M_ + m_of_[q]; }
 
-  WorkPtr step_work(const Request& r) const { return std::make_shared<Work>(r.work->what(), rank_, size_, Duration(0)); }
+  WorkPtr step_work(const Request& r) const {
+    return std::make_shared<Work>(r.work->what(), rank_, size_, Duration(0));
+  }
 
   WorkPtr step(Backend& b, Collective kind, const at::Tensor& in, const at::Tensor& out, ReduceOp op, int root,
                const WorkPtr& after, const Request& user) {
@@ -163,6 +168,14 @@ class HierBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_transport(MpiBackend& group, const Topology& topo) {
   const int n = group.size(), rank = group.rank();
+  if (n == topo.world_size) {
+    // Ranks on this machine against the cores this process may run on: with a core each, waiters
+    // poll hot for a while (peers answer within microseconds); oversubscribed, they yield at once.
+    cpu_set_t set;
+    const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    const int here = topo.simulated ? topo.world_size : topo.local_world_size;
+    detail::set_spin_before_yield(std::chrono::microseconds(here <= cores ? 200 : 5));
+  }
   if (n == 1) return nullptr;
   // Every rank's node and wish, so that all ranks decide alike.
   int mine[2] = {topo.node_rank, env::get_int("ACCEL_COMM_SHM") != 0 ? 1 : 0};

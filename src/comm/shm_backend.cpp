@@ -36,10 +36,10 @@ static_assert(Counter::is_always_lock_free, "shared-memory counters must be lock
 // One rank's control block, on cache lines of its own; only that rank writes it. The counters count
 // chunks over the group's whole life, so they never need resetting between collectives.
 struct alignas(128) RankCtl {
-  Counter posted;    // sequence number of the last collective whose signature this rank posted
-  Counter in_step;   // chunks this rank has copied into its buffer
-  Counter red_step;  // chunks whose reduced slice this rank has written to its buffer (all_reduce)
-  Counter out_step;  // chunks this rank has finished reading from its peers' buffers
+  Counter posted;             // sequence number of the last collective whose signature this rank posted
+  Counter in_step;            // chunks this rank has copied into its buffer
+  Counter red_step;           // chunks whose reduced slice this rank has written to its buffer (all_reduce)
+  Counter out_step;           // chunks this rank has finished reading from its peers' buffers
   long long sig[2][kNumSig];  // by sequence parity: a peer may post the next one while we read this
 };
 
@@ -273,7 +273,8 @@ class ShmGroup {
           ctl.in_step.store(g, std::memory_order_release);
         } else {
           if (!all_at_least(&RankCtl::in_step, g)) return false;
-          for (int j = 0; j < n; ++j) srcs[j] = j == me ? in + (me * k + off) * es : seg_->buf(j, b) + me * op.unit * es;
+          for (int j = 0; j < n; ++j)
+            srcs[j] = j == me ? in + (me * k + off) * es : seg_->buf(j, b) + me * op.unit * es;
           reduce_into(out + off * es, nullptr, srcs, n, c, r.input.scalar_type(), r.op, r.op == ReduceOp::Avg ? n : 0);
           ctl.out_step.store(g, std::memory_order_release);
         }
@@ -347,7 +348,7 @@ class ShmEngine {
     if (thread_.joinable()) thread_.join();
   }
 
-  static constexpr int kSpinPolls = 64, kYieldPolls = 2000;
+  static constexpr int kYieldPolls = 2000;
 
   void loop() {
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
@@ -355,6 +356,7 @@ class ShmEngine {
     Clock::time_point stop_deadline{};
     std::vector<std::shared_ptr<ShmGroup>> groups;
     int empty_polls = 0;
+    Clock::time_point idle_since = Clock::now();
     for (;;) {
       {
         std::unique_lock<std::mutex> lk(mu_);
@@ -370,6 +372,8 @@ class ShmEngine {
           }
         } else if (active_.empty()) {
           cv_.wait(lk, [&] { return stop_ || !active_.empty(); });
+          empty_polls = 0;
+          idle_since = Clock::now();
           continue;
         }
         groups = active_;
@@ -379,11 +383,17 @@ class ShmEngine {
       groups.clear();
       if (moved) {
         empty_polls = 0;
-      } else if (++empty_polls > kSpinPolls + kYieldPolls) {
+        idle_since = Clock::now();
+      } else if (Clock::now() - idle_since < detail::spin_before_yield()) {
+        // hot
+      } else if (++empty_polls > kYieldPolls) {
         std::unique_lock<std::mutex> lk(mu_);
         const std::uint64_t gen = generation_;
-        cv_.wait_for(lk, std::chrono::microseconds(20), [&] { return stop_ || generation_ != gen; });
-      } else if (empty_polls > kSpinPolls) {
+        if (cv_.wait_for(lk, std::chrono::microseconds(20), [&] { return stop_ || generation_ != gen; })) {
+          empty_polls = 0;  // a new collective: poll hot again
+          idle_since = Clock::now();
+        }
+      } else {
         sched_yield();
       }
     }

@@ -35,8 +35,8 @@ struct Min {
 
 // A: the accumulation type (fp32 for 16-bit floats; unsigned for integer sums, which wrap).
 template <class T, class A, class Op>
-__attribute__((always_inline)) inline void reduce_t(T* dst, T* dst2, const void* const* srcs, int n,
-                                                    std::int64_t count, A divisor) {
+__attribute__((always_inline)) inline void reduce_t(T* dst, T* dst2, const void* const* srcs, int n, std::int64_t count,
+                                                    A divisor) {
   A acc[kBlock];
   for (std::int64_t base = 0; base < count; base += kBlock) {
     const std::int64_t m = std::min(kBlock, count - base);
@@ -70,11 +70,10 @@ __attribute__((always_inline)) inline void reduce_op(void* dst, void* dst2, cons
   }
 }
 
-#define ACCEL_SHM_KERNEL(NAME, T, A)                                                                           \
-  __attribute__((target_clones("avx512f", "avx2", "default"))) void NAME(void* dst, void* dst2, const void* const* srcs,   \
-                                                              int n, std::int64_t count, ReduceOp op,           \
-                                                              double divisor) {                                 \
-    reduce_op<T, A>(dst, dst2, srcs, n, count, op, divisor);                                                       \
+#define ACCEL_SHM_KERNEL(NAME, T, A)                                                                            \
+  __attribute__((target_clones("avx512f", "avx2", "default"))) void NAME(                                       \
+      void* dst, void* dst2, const void* const* srcs, int n, std::int64_t count, ReduceOp op, double divisor) { \
+    reduce_op<T, A>(dst, dst2, srcs, n, count, op, divisor);                                                    \
   }
 
 ACCEL_SHM_KERNEL(reduce_f64, double, double)

@@ -10,6 +10,12 @@
 
 namespace accel::comm {
 
+namespace detail {
+static std::atomic<std::int64_t> g_spin_us{10};
+void set_spin_before_yield(std::chrono::microseconds d) { g_spin_us = d.count(); }
+std::chrono::microseconds spin_before_yield() { return std::chrono::microseconds(g_spin_us.load()); }
+}  // namespace detail
+
 static std::string seconds(Duration d) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", d.count() / 1000.0);
@@ -99,12 +105,15 @@ void Work::wait(Duration timeout) {
   if (polled) {
     // The poll may move the collective itself (shared memory), so poll hot at first; then yield the
     // core to peers (ranks may outnumber cores), then sleep, woken early when another thread finishes.
-    constexpr int kSpin = 200, kYield = 2000;
+    constexpr int kYield = 2000;
+    const auto spin_until = start + detail::spin_before_yield();
     auto nap = std::chrono::microseconds(10);
-    for (int polls = 0; !(done = poll_once()); ++polls) {
-      if (std::chrono::steady_clock::now() >= deadline) break;
-      if (polls < kSpin) continue;
-      if (polls < kSpin + kYield) {
+    int yields = 0;
+    while (!(done = poll_once())) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) break;
+      if (now < spin_until) continue;
+      if (yields++ < kYield) {
         sched_yield();
         continue;
       }

@@ -75,4 +75,12 @@ class Work {
 
 using WorkPtr = std::shared_ptr<Work>;
 
+namespace detail {
+// How long a waiter polls a polled Work hot before yielding its core to others (then it sleeps).
+// Set once by the CPU transport: long when the node's ranks have a core each, short when they
+// outnumber the cores (a peer may need this very core to make progress).
+void set_spin_before_yield(std::chrono::microseconds d);
+std::chrono::microseconds spin_before_yield();
+}  // namespace detail
+
 }  // namespace accel::comm

@@ -3,7 +3,7 @@
 // sizes spanning several chunks and not divisible by the world, in-place and aliasing forms, groups
 // from split() (in rank orders that interleave the nodes), many collectives in flight on several
 // groups at once, and the time callers spend waiting. ctest runs it at np 1-4, under simulated nodes
-// (ACCEL_RANKS_PER_NODE=2), with a 1 KiB chunk (ACCEL_COMM_SHM_CHUNK_KB=1) and with ACCEL_COMM_SHM=0.
+// (ACCEL_RANKS_PER_NODE=2), with a 3 KiB chunk (ACCEL_COMM_SHM_CHUNK_KB=3) and with ACCEL_COMM_SHM=0.
 #include "test_world.h"
 
 #include "comm/dtype.h"
@@ -64,7 +64,10 @@ void check_collectives(Communicator& c, at::ScalarType d, int64_t k) {
       at::Tensor in = pattern(k).mul(r + 1).to(d);
       at::Tensor out = in_place ? in : at::full({k}, 77, o);
       c.all_reduce(in, out, {op});
-      double f = op == ReduceOp::Sum ? n * (n + 1) / 2.0 : op == ReduceOp::Avg ? (n + 1) / 2.0 : op == ReduceOp::Max ? n : 1;
+      double f = op == ReduceOp::Sum   ? n * (n + 1) / 2.0
+                 : op == ReduceOp::Avg ? (n + 1) / 2.0
+                 : op == ReduceOp::Max ? n
+                                       : 1;
       expect_equal(out, pattern(k).to(at::kDouble).mul(f).to(d),
                    "all_reduce " + std::string(to_string(op)) + (in_place ? " in place " : " ") + tag);
       if (!in_place) expect_equal(in, pattern(k).mul(r + 1), "all_reduce input untouched " + tag);
@@ -74,14 +77,16 @@ void check_collectives(Communicator& c, at::ScalarType d, int64_t k) {
   for (bool in_place : {true, false}) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg}) {
       if (op == ReduceOp::Avg && integer) continue;
-      at::Tensor in = pattern(n * k).mul(r + 1).add(at::arange(n * k, at::kLong).div(std::max<int64_t>(k, 1), "floor")).to(d);
+      at::Tensor in =
+          pattern(n * k).mul(r + 1).add(at::arange(n * k, at::kLong).div(std::max<int64_t>(k, 1), "floor")).to(d);
       at::Tensor out = in_place ? in.narrow(0, r * k, k) : at::full({k}, 77, o);
       c.reduce_scatter(in, out, {op});
       at::Tensor p = pattern(n * k).narrow(0, r * k, k).to(at::kDouble);
       at::Tensor want = op == ReduceOp::Sum   ? p.mul(n * (n + 1) / 2.0).add(n * r)
                         : op == ReduceOp::Max ? p.mul(n).add(r)
                                               : p.mul((n + 1) / 2.0).add(r);
-      expect_equal(out, want.to(d), "reduce_scatter " + std::string(to_string(op)) + (in_place ? " in place " : " ") + tag);
+      expect_equal(out, want.to(d),
+                   "reduce_scatter " + std::string(to_string(op)) + (in_place ? " in place " : " ") + tag);
     }
   }
   // all_gather: rank q contributes p shifted by q; in place = input is the output's own slice
