@@ -85,8 +85,9 @@ struct ShmOp {
 
 class ShmGroup {
  public:
-  ShmGroup(std::unique_ptr<Segment> seg, int rank, int size)
-      : seg_(std::move(seg)), rank_(rank), size_(size), check_(env::get_int("ACCEL_COMM_CHECK") != 0) {}
+  // check: compare signatures before each collective (rank 0's ACCEL_COMM_CHECK, so ranks agree).
+  ShmGroup(std::unique_ptr<Segment> seg, int rank, int size, bool check)
+      : seg_(std::move(seg)), rank_(rank), size_(size), check_(check) {}
 
   void push(std::unique_ptr<ShmOp> op) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -188,18 +189,25 @@ class ShmGroup {
       op.started = true;
     }
     RankCtl& me = seg_->ctl(rank_);
+    // The handshake: post the signature, wait for everyone's, compare. Without the check (and for
+    // steps of an already checked chain) only a barrier needs it: the chunk counters alone keep the
+    // data safe, so such collectives start at once.
+    const bool checked_here = check_ && !op.req.skip_check;
+    const bool handshake = checked_here || op.req.kind == Collective::Barrier;
     if (!op.posted) {
-      op.seq = ++seq_;
-      make_signature(op.req, me.sig[op.seq & 1]);
-      me.posted.store(op.seq, std::memory_order_release);
       op.posted = true;
       moved = true;
+      if (handshake) {
+        op.seq = ++seq_;
+        make_signature(op.req, me.sig[op.seq & 1]);
+        me.posted.store(op.seq, std::memory_order_release);
+      }
     }
     if (!op.checked) {
-      if (!all_at_least(&RankCtl::posted, op.seq)) return false;
+      if (handshake && !all_at_least(&RankCtl::posted, op.seq)) return false;
       op.checked = true;
       moved = true;
-      if (check_ && !op.req.skip_check) {
+      if (checked_here) {
         long long lo[kNumSig], hi[kNumSig];
         const long long* mine = me.sig[op.seq & 1];
         std::copy(mine, mine + kNumSig, lo);
@@ -445,12 +453,13 @@ std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
   if (size > 64) return nullptr;  // the reduction's source list is sized for 64 ranks per node
   struct Hello {
     char name[64];
-    std::uint64_t chunk, bytes;
+    std::uint64_t chunk, bytes, check;
   } hello{};
   void* base = MAP_FAILED;
   if (rank == 0) {
     std::uint64_t chunk = static_cast<std::uint64_t>(std::max<long long>(1, env::get_int("ACCEL_COMM_SHM_CHUNK_KB")));
     hello.chunk = chunk * 1024;
+    hello.check = env::get_int("ACCEL_COMM_CHECK") != 0;
     hello.bytes = Segment::total_bytes(size, hello.chunk);
     std::snprintf(hello.name, sizeof hello.name, "/accel-%d-%d", static_cast<int>(getpid()), g_segments++);
     int fd = shm_open(hello.name, O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -485,7 +494,7 @@ std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
     return nullptr;
   }
   auto seg = std::make_unique<Segment>(base, hello.bytes, size, hello.chunk);
-  return std::make_unique<ShmBackend>(std::make_shared<ShmGroup>(std::move(seg), rank, size));
+  return std::make_unique<ShmBackend>(std::make_shared<ShmGroup>(std::move(seg), rank, size, hello.check != 0));
 }
 
 }  // namespace accel::comm
