@@ -36,11 +36,12 @@ static_assert(Counter::is_always_lock_free, "shared-memory counters must be lock
 // One rank's control block, on cache lines of its own; only that rank writes it. The counters count
 // chunks over the group's whole life, so they never need resetting between collectives.
 struct alignas(128) RankCtl {
-  Counter posted;             // sequence number of the last collective whose signature this rank posted
-  Counter in_step;            // chunks this rank has copied into its buffer
-  Counter red_step;           // chunks whose reduced slice this rank has written to its buffer (all_reduce)
-  Counter out_step;           // chunks this rank has finished reading from its peers' buffers
-  long long sig[2][kNumSig];  // by sequence parity: a peer may post the next one while we read this
+  Counter in_step;   // chunks this rank has copied into its buffer
+  Counter red_step;  // chunks whose reduced slice this rank has written to its buffer (all_reduce)
+  Counter out_step;  // chunks this rank has finished reading from its peers' buffers
+  // The signature of a collective, posted with its first chunk (by collective parity: a rank writes
+  // the next-but-one only once every peer is done with this one's first chunk, so with it).
+  long long sig[2][kNumSig];
 };
 
 constexpr int kBuffers = 2;
@@ -71,9 +72,14 @@ class Segment {
 
 enum class Phase : std::uint8_t { In, Reduce, Out };
 
+// memcpy that accepts empty copies from empty (null) tensors.
+inline void copy_bytes(void* dst, const void* src, std::int64_t n) {
+  if (n > 0) std::memcpy(dst, src, static_cast<std::size_t>(n));
+}
+
 struct ShmOp {
   Request req;
-  bool started = false, posted = false, checked = false;
+  bool started = false;
   std::uint64_t seq = 0, g0 = 0;
   // count and unit (per chunk): elements for all_reduce and reduce_scatter (of the output), bytes
   // for all_gather (of the input) and broadcast.
@@ -165,16 +171,19 @@ class ShmGroup {
       case Collective::Barrier: op.count = 0; break;
     }
     if (r.check_only) op.count = 0;
-    op.nchunks = (op.count + op.unit - 1) / op.unit;
-    // Chunk t+1 is copied in before chunk t is finished, so peers reduce or read t meanwhile.
+    // At least one chunk, even empty: the first chunk carries the signature (and makes a barrier).
+    op.nchunks = std::max<std::int64_t>(1, (op.count + op.unit - 1) / op.unit);
+    // Chunk t+1 is copied in before chunk t is finished, so peers reduce or read t meanwhile; but not
+    // before the first chunk's signatures are compared, which leaves the counters alike on every rank
+    // whatever the others' sizes (a mismatch consumes exactly one chunk everywhere).
     const Phase second = r.kind == Collective::ReduceScatter ? Phase::Reduce : Phase::Out;
-    if (op.nchunks == 0) return;
-    op.steps.reserve(3 * op.nchunks);
+    op.steps.reserve(3 * op.nchunks + 2);
     op.steps.emplace_back(Phase::In, 0);
-    if (two_phase_reduce) op.steps.emplace_back(Phase::Reduce, 0);
+    if (two_phase_reduce) op.steps.emplace_back(Phase::Reduce, 0);  // compares the signatures
     for (std::int64_t t = 0; t < op.nchunks; ++t) {
-      if (t + 1 < op.nchunks) op.steps.emplace_back(Phase::In, t + 1);
-      op.steps.emplace_back(second, t);
+      if (t + 1 < op.nchunks && (two_phase_reduce || t > 0)) op.steps.emplace_back(Phase::In, t + 1);
+      op.steps.emplace_back(second, t);  // (t = 0, not all_reduce: compares the signatures)
+      if (!two_phase_reduce && t == 0 && op.nchunks > 1) op.steps.emplace_back(Phase::In, 1);
       if (two_phase_reduce && t + 1 < op.nchunks) op.steps.emplace_back(Phase::Reduce, t + 1);
     }
   }
@@ -186,51 +195,45 @@ class ShmGroup {
       if (auto e = dependency_error(op.req, ready)) std::rethrow_exception(e);
       if (!ready) return false;
       plan(op);
-      op.started = true;
-    }
-    RankCtl& me = seg_->ctl(rank_);
-    // The handshake: post the signature, wait for everyone's, compare. Without the check (and for
-    // steps of an already checked chain) only a barrier needs it: the chunk counters alone keep the
-    // data safe, so such collectives start at once.
-    const bool checked_here = check_ && !op.req.skip_check;
-    const bool handshake = checked_here || op.req.kind == Collective::Barrier;
-    if (!op.posted) {
-      op.posted = true;
-      moved = true;
-      if (handshake) {
-        op.seq = ++seq_;
-        make_signature(op.req, me.sig[op.seq & 1]);
-        me.posted.store(op.seq, std::memory_order_release);
-      }
-    }
-    if (!op.checked) {
-      if (handshake && !all_at_least(&RankCtl::posted, op.seq)) return false;
-      op.checked = true;
-      moved = true;
-      if (checked_here) {
-        long long lo[kNumSig], hi[kNumSig];
-        const long long* mine = me.sig[op.seq & 1];
-        std::copy(mine, mine + kNumSig, lo);
-        std::copy(mine, mine + kNumSig, hi);
-        for (int j = 0; j < size_; ++j) {
-          const long long* s = seg_->ctl(j).sig[op.seq & 1];
-          for (int f = 0; f < kNumSig; ++f) {
-            lo[f] = std::min(lo[f], s[f]);
-            hi[f] = std::max(hi[f], s[f]);
-          }
-        }
-        verify_signature(mine, lo, hi, op.req.work->what(), rank_, size_);  // alike on every rank
-      }
+      op.seq = ++seq_;
       op.g0 = chunks_;
-      chunks_ += static_cast<std::uint64_t>(op.nchunks);
+      op.started = true;
     }
     while (op.pos < op.steps.size()) {
       if (!step(op, op.steps[op.pos].first, op.steps[op.pos].second)) return false;
       ++op.pos;
       moved = true;
     }
+    chunks_ = op.g0 + static_cast<std::uint64_t>(op.nchunks);
     if (op.req.then) op.req.then();
     return true;
+  }
+
+  // Once every rank has posted its first chunk: compare the signatures (unless unchecked). On a
+  // mismatch, every rank marks that one chunk consumed and raises, so the group stays usable.
+  void verify_first_chunk(ShmOp& op, std::uint64_t g) {
+    if (!check_ || op.req.skip_check) return;
+    const int slot = static_cast<int>(op.seq & 1);
+    const long long* mine = seg_->ctl(rank_).sig[slot];
+    long long lo[kNumSig], hi[kNumSig];
+    std::copy(mine, mine + kNumSig, lo);
+    std::copy(mine, mine + kNumSig, hi);
+    for (int j = 0; j < size_; ++j) {
+      const long long* s = seg_->ctl(j).sig[slot];
+      for (int f = 0; f < kNumSig; ++f) {
+        lo[f] = std::min(lo[f], s[f]);
+        hi[f] = std::max(hi[f], s[f]);
+      }
+    }
+    try {
+      verify_signature(mine, lo, hi, op.req.work->what(), rank_, size_);  // alike on every rank
+    } catch (...) {
+      RankCtl& me = seg_->ctl(rank_);
+      me.red_step.store(g, std::memory_order_release);
+      me.out_step.store(g, std::memory_order_release);
+      chunks_ = g;
+      throw;
+    }
   }
 
   // One step of one chunk; false when a peer is not there yet.
@@ -244,6 +247,13 @@ class ShmGroup {
     RankCtl& ctl = seg_->ctl(me);
     // Writing my buffer b again: every peer must be done reading it (the chunk before last).
     if (ph == Phase::In && g > kBuffers && !all_at_least(&RankCtl::out_step, g - kBuffers)) return false;
+    if (ph == Phase::In && t == 0) make_signature(r, ctl.sig[op.seq & 1]);  // published by in_step
+    // The first step reading peers' data: everyone's first chunk is in, so their signatures are.
+    const bool first_read = t == 0 && ph != Phase::In && (ph == Phase::Reduce || r.kind != Collective::AllReduce);
+    if (first_read) {
+      if (!all_at_least(&RankCtl::in_step, g)) return false;
+      verify_first_chunk(op, g);
+    }
     const char* in = r.input.defined() ? static_cast<const char*>(r.input.data_ptr()) : nullptr;
     char* out = r.output.defined() ? static_cast<char*>(r.output.data_ptr()) : nullptr;
     const void* srcs[64];
@@ -255,7 +265,7 @@ class ShmGroup {
         if (ph == Phase::In) {
           char* mine = seg_->buf(me, b);
           for (int j = 0; j < n; ++j)
-            if (j != me) std::memcpy(mine + lo(j) * es, in + lo(j) * es, (lo(j + 1) - lo(j)) * es);
+            if (j != me) copy_bytes(mine + lo(j) * es, in + lo(j) * es, (lo(j + 1) - lo(j)) * es);
           ctl.in_step.store(g, std::memory_order_release);
         } else if (ph == Phase::Reduce) {
           if (!all_at_least(&RankCtl::in_step, g)) return false;
@@ -267,7 +277,7 @@ class ShmGroup {
         } else {
           if (!all_at_least(&RankCtl::red_step, g)) return false;
           for (int j = 0; j < n; ++j)
-            if (j != me) std::memcpy(out + lo(j) * es, seg_->buf(j, b) + lo(j) * es, (lo(j + 1) - lo(j)) * es);
+            if (j != me) copy_bytes(out + lo(j) * es, seg_->buf(j, b) + lo(j) * es, (lo(j + 1) - lo(j)) * es);
           ctl.out_step.store(g, std::memory_order_release);
         }
         return true;
@@ -277,7 +287,7 @@ class ShmGroup {
         if (ph == Phase::In) {
           char* mine = seg_->buf(me, b);
           for (int j = 0; j < n; ++j)
-            if (j != me) std::memcpy(mine + j * op.unit * es, in + (j * k + off) * es, c * es);
+            if (j != me) copy_bytes(mine + j * op.unit * es, in + (j * k + off) * es, c * es);
           ctl.in_step.store(g, std::memory_order_release);
         } else {
           if (!all_at_least(&RankCtl::in_step, g)) return false;
@@ -291,13 +301,13 @@ class ShmGroup {
       case Collective::AllGather: {
         const std::int64_t k = op.count;
         if (ph == Phase::In) {
-          std::memcpy(seg_->buf(me, b), in + off, c);
-          if (!op.in_place) std::memcpy(out + me * k + off, in + off, c);
+          copy_bytes(seg_->buf(me, b), in + off, c);
+          if (!op.in_place) copy_bytes(out + me * k + off, in + off, c);
           ctl.in_step.store(g, std::memory_order_release);
         } else {
           if (!all_at_least(&RankCtl::in_step, g)) return false;
           for (int j = 0; j < n; ++j)
-            if (j != me) std::memcpy(out + j * k + off, seg_->buf(j, b), c);
+            if (j != me) copy_bytes(out + j * k + off, seg_->buf(j, b), c);
           ctl.out_step.store(g, std::memory_order_release);
         }
         return true;
@@ -305,16 +315,22 @@ class ShmGroup {
       case Collective::Broadcast: {
         const int root = r.root;
         if (ph == Phase::In) {
-          if (me == root) std::memcpy(seg_->buf(root, b), out + off, c);
+          if (me == root) copy_bytes(seg_->buf(root, b), out + off, c);
           ctl.in_step.store(g, std::memory_order_release);
         } else {
           if (seg_->ctl(root).in_step.load(std::memory_order_acquire) < g) return false;
-          if (me != root) std::memcpy(out + off, seg_->buf(root, b), c);
+          if (me != root) copy_bytes(out + off, seg_->buf(root, b), c);
           ctl.out_step.store(g, std::memory_order_release);
         }
         return true;
       }
-      case Collective::Barrier: return true;
+      case Collective::Barrier:
+        if (ph == Phase::In) {
+          ctl.in_step.store(g, std::memory_order_release);
+        } else {
+          ctl.out_step.store(g, std::memory_order_release);  // everyone arrived (first_read above)
+        }
+        return true;
     }
     return true;
   }
