@@ -45,6 +45,7 @@ struct alignas(128) RankCtl {
 };
 
 constexpr int kBuffers = 2;
+constexpr std::int64_t kDirectBytes = 64 << 10;  // all_reduce up to this size: one round (ShmOp::direct)
 
 // The mapping: `size` control blocks, then each rank's two chunk buffers.
 class Segment {
@@ -85,6 +86,7 @@ struct ShmOp {
   // for all_gather (of the input) and broadcast.
   std::int64_t esize = 1, count = 0, unit = 1, nchunks = 0;
   bool in_place = false;  // all_gather: the input is the output's own slice
+  bool direct = false;    // all_reduce in one round: every rank reduces whole chunks (see plan)
   std::vector<std::pair<Phase, std::int64_t>> steps;
   std::size_t pos = 0;
 };
@@ -151,7 +153,11 @@ class ShmGroup {
         op.esize = static_cast<std::int64_t>(r.input.element_size());
         op.count = r.input.numel();
         op.unit = std::max<std::int64_t>(1, chunk / op.esize);
-        two_phase_reduce = true;
+        // Two ranks, or a small message: each rank copies whole chunks in and reduces them all
+        // itself (in rank order, so every rank gets the same bits). One round of peers instead of
+        // two, and for two ranks no more traffic than slicing. Otherwise each rank reduces 1/N.
+        op.direct = size_ == 2 || op.count * op.esize <= kDirectBytes;
+        two_phase_reduce = !op.direct;
         break;
       case Collective::ReduceScatter:
         op.esize = static_cast<std::int64_t>(r.input.element_size());
@@ -176,7 +182,7 @@ class ShmGroup {
     // Chunk t+1 is copied in before chunk t is finished, so peers reduce or read t meanwhile; but not
     // before the first chunk's signatures are compared, which leaves the counters alike on every rank
     // whatever the others' sizes (a mismatch consumes exactly one chunk everywhere).
-    const Phase second = r.kind == Collective::ReduceScatter ? Phase::Reduce : Phase::Out;
+    const Phase second = r.kind == Collective::ReduceScatter || op.direct ? Phase::Reduce : Phase::Out;
     op.steps.reserve(3 * op.nchunks + 2);
     op.steps.emplace_back(Phase::In, 0);
     if (two_phase_reduce) op.steps.emplace_back(Phase::Reduce, 0);  // compares the signatures
@@ -262,6 +268,18 @@ class ShmGroup {
         auto lo = [&](int j) { return c * j / n; };
         in += off * es;
         out += off * es;
+        if (op.direct) {
+          if (ph == Phase::In) {
+            copy_bytes(seg_->buf(me, b), in, c * es);
+            ctl.in_step.store(g, std::memory_order_release);
+          } else {
+            if (!all_at_least(&RankCtl::in_step, g)) return false;
+            for (int j = 0; j < n; ++j) srcs[j] = j == me ? in : seg_->buf(j, b);
+            reduce_into(out, nullptr, srcs, n, c, r.input.scalar_type(), r.op, r.op == ReduceOp::Avg ? n : 0);
+            ctl.out_step.store(g, std::memory_order_release);
+          }
+          return true;
+        }
         if (ph == Phase::In) {
           char* mine = seg_->buf(me, b);
           for (int j = 0; j < n; ++j)
