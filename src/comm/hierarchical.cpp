@@ -174,7 +174,7 @@ std::unique_ptr<Backend> make_cpu_transport(MpiBackend& group, const Topology& t
     cpu_set_t set;
     const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
     const int here = topo.simulated ? topo.world_size : topo.local_world_size;
-    detail::set_spin_before_yield(std::chrono::microseconds(here <= cores ? 200 : 5));
+    detail::set_spin_before_yield(std::chrono::microseconds(here <= cores ? 50 : 5));
   }
   if (n == 1) return nullptr;
   // Every rank's node and wish, so that all ranks decide alike.

@@ -105,15 +105,14 @@ void Work::wait(Duration timeout) {
   if (polled) {
     // The poll may move the collective itself (shared memory), so poll hot at first; then yield the
     // core to peers (ranks may outnumber cores), then sleep, woken early when another thread finishes.
-    constexpr int kYield = 2000;
     const auto spin_until = start + detail::spin_before_yield();
+    const auto yield_until = spin_until + std::chrono::milliseconds(1);
     auto nap = std::chrono::microseconds(10);
-    int yields = 0;
     while (!(done = poll_once())) {
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) break;
       if (now < spin_until) continue;
-      if (yields++ < kYield) {
+      if (now < yield_until) {
         sched_yield();
         continue;
       }
