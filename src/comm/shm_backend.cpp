@@ -8,9 +8,11 @@
 #include "comm/signature.h"
 
 #include <ATen/core/Tensor.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -25,6 +27,7 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 namespace accel::comm {
@@ -42,9 +45,16 @@ struct alignas(128) RankCtl {
   // The signature of a collective, posted with its first chunk (by collective parity: a rank writes
   // the next-but-one only once every peer is done with this one's first chunk, so with it).
   long long sig[2][kNumSig];
+  // Single copy (cross-memory attach): this rank's pid, and where its input of the current large
+  // all_gather / broadcast lies in its own address space (published by in_step).
+  std::int64_t pid;
+  std::uint64_t src_addr;
 };
 
 constexpr int kBuffers = 2;
+// all_gather inputs and broadcasts from this size on are read straight from the peer's memory
+// (process_vm_readv: one copy instead of two through the segment) where the kernel allows it.
+constexpr std::int64_t kSingleCopyBytes = 1 << 20;
 constexpr std::int64_t kDirectBytes = 64 << 10;  // all_reduce up to this size: one round (ShmOp::direct)
 
 // The mapping: `size` control blocks, then each rank's two chunk buffers.
@@ -85,8 +95,9 @@ struct ShmOp {
   // count and unit (per chunk): elements for all_reduce and reduce_scatter (of the output), bytes
   // for all_gather (of the input) and broadcast.
   std::int64_t esize = 1, count = 0, unit = 1, nchunks = 0;
-  bool in_place = false;  // all_gather: the input is the output's own slice
-  bool direct = false;    // all_reduce in one round: every rank reduces whole chunks (see plan)
+  bool in_place = false;     // all_gather: the input is the output's own slice
+  bool single_copy = false;  // all_gather/broadcast read from the peers' memory (kSingleCopyBytes)
+  bool direct = false;       // all_reduce in one round: every rank reduces whole chunks (see plan)
   std::vector<std::pair<Phase, std::int64_t>> steps;
   std::size_t pos = 0;
 };
@@ -94,8 +105,8 @@ struct ShmOp {
 class ShmGroup {
  public:
   // check: compare signatures before each collective (rank 0's ACCEL_COMM_CHECK, so ranks agree).
-  ShmGroup(std::unique_ptr<Segment> seg, int rank, int size, bool check)
-      : seg_(std::move(seg)), rank_(rank), size_(size), check_(check) {}
+  ShmGroup(std::unique_ptr<Segment> seg, int rank, int size, bool check, bool single_copy)
+      : seg_(std::move(seg)), rank_(rank), size_(size), check_(check), single_copy_(single_copy) {}
 
   void push(std::unique_ptr<ShmOp> op) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -177,6 +188,15 @@ class ShmGroup {
       case Collective::Barrier: op.count = 0; break;
     }
     if (r.check_only) op.count = 0;
+    if (single_copy_ && (r.kind == Collective::AllGather || r.kind == Collective::Broadcast) &&
+        op.count >= kSingleCopyBytes) {
+      // One pseudo-chunk: post the address (In), read the peers' memory (Out), then wait until
+      // every peer is done reading mine (Reduce) before the caller gets its tensor back.
+      op.single_copy = true;
+      op.nchunks = 1;
+      op.steps = {{Phase::In, 0}, {Phase::Out, 0}, {Phase::Reduce, 0}};
+      return;
+    }
     // At least one chunk, even empty: the first chunk carries the signature (and makes a barrier).
     op.nchunks = std::max<std::int64_t>(1, (op.count + op.unit - 1) / op.unit);
     // Chunk t+1 is copied in before chunk t is finished, so peers reduce or read t meanwhile; but not
@@ -213,6 +233,45 @@ class ShmGroup {
     chunks_ = op.g0 + static_cast<std::uint64_t>(op.nchunks);
     if (op.req.then) op.req.then();
     return true;
+  }
+
+  // A large all_gather or broadcast, one copy: each reader pulls the peers' bytes itself.
+  bool single_copy_step(ShmOp& op, Phase ph, std::uint64_t g, const char* in, char* out) {
+    const Request& r = op.req;
+    const int n = size_, me = rank_;
+    RankCtl& ctl = seg_->ctl(me);
+    const bool gather = r.kind == Collective::AllGather;
+    const std::int64_t k = op.count;
+    if (ph == Phase::In) {
+      ctl.src_addr = reinterpret_cast<std::uint64_t>(gather ? in : out);
+      if (gather && !op.in_place) copy_bytes(out + me * k, in, k);
+      ctl.in_step.store(g, std::memory_order_release);
+    } else if (ph == Phase::Out) {  // (after the signatures were compared)
+      for (int j = 0; j < n; ++j) {
+        if (j == me || (!gather && j != r.root) || (!gather && me == r.root)) continue;
+        read_peer(j, gather ? out + j * k : out, k);
+      }
+      ctl.out_step.store(g, std::memory_order_release);
+    } else {
+      if (!all_at_least(&RankCtl::out_step, g)) return false;  // nobody reads my tensor any more
+    }
+    return true;
+  }
+
+  // process_vm_readv of n bytes at peer j's posted address into dst.
+  void read_peer(int j, char* dst, std::int64_t n) {
+    const RankCtl& peer = seg_->ctl(j);
+    std::int64_t done = 0;
+    while (done < n) {
+      iovec local{dst + done, static_cast<std::size_t>(n - done)};
+      iovec remote{reinterpret_cast<void*>(peer.src_addr + static_cast<std::uint64_t>(done)),
+                   static_cast<std::size_t>(n - done)};
+      const ssize_t got = process_vm_readv(static_cast<pid_t>(peer.pid), &local, 1, &remote, 1, 0);
+      if (got <= 0)
+        throw CommError(
+            fmt::format("shm: reading rank {}'s memory (process_vm_readv) failed: {}", j, std::strerror(errno)));
+      done += got;
+    }
   }
 
   // Once every rank has posted its first chunk: compare the signatures (unless unchecked). On a
@@ -263,6 +322,7 @@ class ShmGroup {
     const char* in = r.input.defined() ? static_cast<const char*>(r.input.data_ptr()) : nullptr;
     char* out = r.output.defined() ? static_cast<char*>(r.output.data_ptr()) : nullptr;
     const void* srcs[64];
+    if (op.single_copy) return single_copy_step(op, ph, g, in, out);
     switch (r.kind) {
       case Collective::AllReduce: {
         auto lo = [&](int j) { return c * j / n; };
@@ -358,6 +418,7 @@ class ShmGroup {
   std::unique_ptr<Segment> seg_;
   const int rank_, size_;
   const bool check_;
+  const bool single_copy_;              // process_vm_readv works between every pair (probed at setup)
   std::uint64_t seq_ = 0, chunks_ = 0;  // guarded by mu_
 };
 
@@ -528,7 +589,29 @@ std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
     return nullptr;
   }
   auto seg = std::make_unique<Segment>(base, hello.bytes, size, hello.chunk);
-  return std::make_unique<ShmBackend>(std::make_shared<ShmGroup>(std::move(seg), rank, size, hello.check != 0));
+  // Can this rank read its peers' memory (process_vm_readv: same user, no ptrace restriction)?
+  // Each rank posts its pid and a probe word's address; every rank must read every other's.
+  static const std::uint64_t probe_word = 0x61636365'6c736d21ULL;
+  seg->ctl(rank).pid = getpid();
+  seg->ctl(rank).src_addr = reinterpret_cast<std::uint64_t>(&probe_word);
+  int dummy = 0;
+  std::vector<int> sync(size);
+  group.allgather_bytes(&dummy, sizeof dummy, sync.data());  // everyone has posted
+  int cma = 1;
+  for (int j = 0; j < size && cma; ++j) {
+    if (j == rank) continue;
+    std::uint64_t v = 0;
+    iovec local{&v, sizeof v};
+    iovec remote{reinterpret_cast<void*>(seg->ctl(j).src_addr), sizeof v};
+    cma = process_vm_readv(static_cast<pid_t>(seg->ctl(j).pid), &local, 1, &remote, 1, 0) ==
+              static_cast<ssize_t>(sizeof v) &&
+          v == probe_word;
+  }
+  std::vector<int> cmas(size);
+  group.allgather_bytes(&cma, sizeof cma, cmas.data());
+  const bool single_copy = std::find(cmas.begin(), cmas.end(), 0) == cmas.end();
+  return std::make_unique<ShmBackend>(
+      std::make_shared<ShmGroup>(std::move(seg), rank, size, hello.check != 0, single_copy));
 }
 
 }  // namespace accel::comm
