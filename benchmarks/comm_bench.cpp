@@ -1,9 +1,19 @@
 // comm_bench — collective bandwidth in the manner of nccl-tests: for each size, the mean time per
 // call (slowest rank), algbw = size / time and busbw = algbw x the collective's factor
 // (all_reduce 2(n-1)/n, reduce_scatter and all_gather (n-1)/n). "size" is the larger buffer:
-// all_reduce's tensor, reduce_scatter's input, all_gather's output. Then one overlap figure: the
-// time of a compute loop alone, with a large async all_reduce in flight, and the two in sequence.
+// all_reduce's tensor, reduce_scatter's input, all_gather's output. Each size is measured for every
+// implementation in turn, in the same run (a noisy machine shifts them alike): `accel` (the
+// Communicator), `mpi` (Open MPI's blocking MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather
+// called directly) and `mpi_nb` (MPI_Iallreduce, ... then MPI_Wait). benchmarks/gloo_bench.py prints
+// torch.distributed gloo's rows in the same format; benchmarks/run_comm_bench.sh tabulates them all.
+// Then one overlap figure: the time of a compute loop alone, with a large async all_reduce in
+// flight, and the two in sequence.
+//
+//   mpirun --oversubscribe --bind-to none -np 2 build/bin/comm_bench
+//   ACCEL_COMM_SHM=0 mpirun ... build/bin/comm_bench --impls accel   # accel over MPI
 #include "comm/communicator.h"
+
+#include <mpi.h>
 
 #include <ATen/ATen.h>
 #include <fmt/core.h>
@@ -30,25 +40,56 @@ struct Row {
   double us, algbw, busbw;
 };
 
-Row measure(Communicator& c, const std::string& op, int64_t bytes, at::ScalarType dtype, int warmup, int iters) {
-  const int n = c.size();
-  const int64_t esize = at::elementSize(dtype);
-  int64_t count = bytes / esize;
-  if (op != "all_reduce") count = count / n * n;  // divisible into n shards
-  const int64_t shard = count / n;
-  at::Tensor big = at::ones({count}, dtype), small = at::ones({shard}, dtype);
-  auto once = [&] {
+MPI_Datatype mpi_type(at::ScalarType t) { return t == at::kDouble ? MPI_DOUBLE : MPI_FLOAT; }
+
+void mpi_check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) throw std::runtime_error(std::string(what) + " failed");
+}
+
+// One call of `op` by implementation `impl` ("accel", "mpi", "mpi_nb") on the tensors.
+void call_once(Communicator& c, MPI_Comm mc, const std::string& impl, const std::string& op, at::Tensor& big,
+               at::Tensor& small) {
+  if (impl == "accel") {
     if (op == "all_reduce")
       c.all_reduce(big);
     else if (op == "reduce_scatter")
       c.reduce_scatter(big, small);
     else
       c.all_gather(small, big);
-  };
-  for (int i = 0; i < warmup; ++i) once();
+    return;
+  }
+  const MPI_Datatype t = mpi_type(big.scalar_type());
+  const int count = static_cast<int>(big.numel()), shard = static_cast<int>(small.numel());
+  const bool nb = impl == "mpi_nb";
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (op == "all_reduce") {
+    mpi_check(nb ? MPI_Iallreduce(MPI_IN_PLACE, big.data_ptr(), count, t, MPI_SUM, mc, &req)
+                 : MPI_Allreduce(MPI_IN_PLACE, big.data_ptr(), count, t, MPI_SUM, mc),
+              "MPI all_reduce");
+  } else if (op == "reduce_scatter") {
+    mpi_check(nb ? MPI_Ireduce_scatter_block(big.data_ptr(), small.data_ptr(), shard, t, MPI_SUM, mc, &req)
+                 : MPI_Reduce_scatter_block(big.data_ptr(), small.data_ptr(), shard, t, MPI_SUM, mc),
+              "MPI reduce_scatter");
+  } else {
+    mpi_check(nb ? MPI_Iallgather(small.data_ptr(), shard, t, big.data_ptr(), shard, t, mc, &req)
+                 : MPI_Allgather(small.data_ptr(), shard, t, big.data_ptr(), shard, t, mc),
+              "MPI all_gather");
+  }
+  if (nb) mpi_check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+}
+
+Row measure(Communicator& c, MPI_Comm mc, const std::string& impl, const std::string& op, int64_t bytes,
+            at::ScalarType dtype, int warmup, int iters) {
+  const int n = c.size();
+  const int64_t esize = at::elementSize(dtype);
+  int64_t count = bytes / esize;
+  if (op != "all_reduce") count = count / n * n;  // divisible into n shards
+  const int64_t shard = count / n;
+  at::Tensor big = at::ones({count}, dtype), small = at::ones({shard}, dtype);
+  for (int i = 0; i < warmup; ++i) call_once(c, mc, impl, op, big, small);
   c.barrier();
   auto t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) once();
+  for (int i = 0; i < iters; ++i) call_once(c, mc, impl, op, big, small);
   double t = max_over_ranks(c, seconds_since(t0) / iters);
   double size = static_cast<double>(count * esize);
   double algbw = size / t / 1e9;
@@ -65,6 +106,7 @@ int main(int argc, char** argv) {
   double budget = 0.5;
   std::string dtype_name = "float32";
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather"};
+  std::vector<std::string> impls = {"accel", "mpi", "mpi_nb"};
   app.add_option("-b,--min-bytes", min_bytes, "smallest size in bytes")->capture_default_str();
   app.add_option("-e,--max-bytes", max_bytes, "largest size in bytes")->capture_default_str();
   app.add_option("-f,--step-factor", factor, "size multiplier between rows")
@@ -79,6 +121,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"float32", "bfloat16", "float16", "float64"}));
   app.add_option("--ops", ops, "collectives to measure")
       ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather"}));
+  app.add_option("--impls", impls, "implementations to measure, each size in turn")
+      ->check(CLI::IsMember({"accel", "mpi", "mpi_nb"}));
   CLI11_PARSE(app, argc, argv);
   const at::ScalarType dtype = dtype_name == "float32"    ? at::kFloat
                                : dtype_name == "bfloat16" ? at::kBFloat16
@@ -87,25 +131,41 @@ int main(int argc, char** argv) {
 
   auto world = Communicator::world();
   const bool root = world->rank() == 0;
+  // Open MPI called directly from this thread, beside accel's own MPI thread: needs MPI_THREAD_MULTIPLE.
+  int level = 0;
+  MPI_Query_thread(&level);
+  MPI_Comm mc = MPI_COMM_NULL;
+  const bool mpi_rows = level == MPI_THREAD_MULTIPLE && (dtype == at::kFloat || dtype == at::kDouble);
+  if (mpi_rows) {
+    MPI_Comm_dup(MPI_COMM_WORLD, &mc);
+  } else {
+    impls.erase(std::remove_if(impls.begin(), impls.end(), [](const auto& i) { return i != "accel"; }), impls.end());
+    if (root)
+      fmt::print("# (no Open MPI rows: {})\n", level != MPI_THREAD_MULTIPLE ? "no MPI_THREAD_MULTIPLE" : "dtype");
+  }
   if (root)
-    fmt::print("# comm_bench: {} ranks, {} ({}), dtype {}, sizes {}..{} B x{}\n", world->size(), "mpi",
-               world->topology().to_string(), dtype_name, min_bytes, max_bytes, factor);
+    fmt::print("# comm_bench: {} ranks, accel transport {} ({}), dtype {}, sizes {}..{} B x{}\n", world->size(),
+               world->backend_name(at::ones({1})), world->topology().to_string(), dtype_name, min_bytes, max_bytes,
+               factor);
   for (const auto& op : ops) {
     if (root) {
       fmt::print("#\n# {}\n", op);
-      fmt::print("# {:>12} {:>12} {:>6} {:>12} {:>10} {:>10}\n", "size(B)", "count", "iters", "time(us)", "algbw(GB/s)",
-                 "busbw(GB/s)");
+      fmt::print("# {:<8} {:>12} {:>12} {:>6} {:>12} {:>10} {:>10}\n", "impl", "size(B)", "count", "iters", "time(us)",
+                 "algbw(GB/s)", "busbw(GB/s)");
     }
     for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
-      // iterations from a one-call probe, so each size takes about `budget` seconds
-      Row probe = measure(*world, op, bytes, dtype, 1, 1);
-      int iters = static_cast<int>(std::clamp(budget / (probe.us * 1e-6), 1.0, static_cast<double>(max_iters)));
-      Row r = measure(*world, op, bytes, dtype, warmup, iters);
-      if (root)
-        fmt::print("  {:>12} {:>12} {:>6} {:>12.1f} {:>10.3f} {:>10.3f}\n", bytes, bytes / at::elementSize(dtype),
-                   iters, r.us, r.algbw, r.busbw);
+      for (const auto& impl : impls) {
+        // iterations from a one-call probe, so each size takes about `budget` seconds
+        Row probe = measure(*world, mc, impl, op, bytes, dtype, 1, 1);
+        int iters = static_cast<int>(std::clamp(budget / (probe.us * 1e-6), 1.0, static_cast<double>(max_iters)));
+        Row r = measure(*world, mc, impl, op, bytes, dtype, warmup, iters);
+        if (root)
+          fmt::print("  {:<8} {:>12} {:>12} {:>6} {:>12.1f} {:>10.3f} {:>10.3f}\n", impl, bytes,
+                     bytes / at::elementSize(dtype), iters, r.us, r.algbw, r.busbw);
+      }
     }
   }
+  if (mc != MPI_COMM_NULL) MPI_Comm_free(&mc);
 
   // Overlap: compute (matmuls) alone, with a 64 MiB async all_reduce in flight, and both in sequence.
   at::Tensor a = at::randn({256, 256}), acc = at::zeros({256, 256});

@@ -12,6 +12,9 @@
 // backward); `--json` prints, instead of the table row, one JSON line with the same figures in bytes
 // plus the per-rank peak RSS (getrusage ru_maxrss, the largest over ranks) and the RSS before the
 // model was built (the runtime's fixed cost); benchmarks/largest_model.sh reads it.
+// "wait ms" (JSON "wait_ms", with "wait_share" of the step): per step, the time a rank spent blocked
+// in Work::wait on the step's collectives (comm::Counters::wait_seconds over every group the step
+// talks over), the mean over ranks, median over steps: the communication the step did not hide.
 // `--precision fp32|bf16|fp16|fp8` sets the ShardingSpec dtypes (param / reduce / master):
 //   fp32  the model's own (fp32 everywhere)
 //   bf16  bf16 / fp32 / fp32
@@ -66,6 +69,12 @@ namespace {
 double max_over_ranks(comm::Communicator& c, double v) {
   at::Tensor t = at::full({1}, v, at::kDouble);
   c.all_reduce(t, {comm::ReduceOp::Max});
+  return t.item<double>();
+}
+
+double mean_over_ranks(comm::Communicator& c, double v) {
+  at::Tensor t = at::full({1}, v, at::kDouble);
+  c.all_reduce(t, {comm::ReduceOp::Avg});
   return t.item<double>();
 }
 
@@ -223,7 +232,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<torch::optim::AdamW> user_opt;
     zero::EngineAndOptimizer prepared;
     torch::optim::Optimizer* opt = nullptr;
-    std::vector<double> times;
+    std::vector<double> times, waits;
     double moved = 0;
   };
   std::vector<Run> runs;
@@ -331,9 +340,14 @@ int main(int argc, char** argv) {
                    loss.item<double>() / (run.prec.loss_scale > 0 ? run.prec.loss_scale : 1.0));
       if (s >= warmup) {
         run.moved = 0;  // read before max_over_ranks, whose all_reduce is not the step's
-        for (std::size_t g = 0; g < groups.size(); ++g)
-          run.moved += bus_bytes(c0[g], groups[g]->counters(), groups[g]->size());
+        double waited = 0;
+        for (std::size_t g = 0; g < groups.size(); ++g) {
+          comm::Counters c1 = groups[g]->counters();
+          run.moved += bus_bytes(c0[g], c1, groups[g]->size());
+          waited += c1.wait_seconds - c0[g].wait_seconds;
+        }
         run.times.push_back(max_over_ranks(*world, t));
+        run.waits.push_back(mean_over_ranks(*world, waited));
       }
     }
   auto median = [](std::vector<double> v) {
@@ -347,8 +361,9 @@ int main(int argc, char** argv) {
     double base = median(runs[0].times);
     for (auto& run : runs)
       if (r == 0)
-        fmt::print("{} ranks, interleaved: {:<18} median {:>8.1f} ms = {:.3f} x {}\n", n, label(run),
-                   median(run.times) * 1e3, median(run.times) / base, label(runs[0]));
+        fmt::print(
+            "{} ranks, interleaved: {:<18} median {:>8.1f} ms = {:.3f} x {} (waiting on collectives {:.1f} ms)\n", n,
+            label(run), median(run.times) * 1e3, median(run.times) / base, label(runs[0]), median(run.waits) * 1e3);
     return 0;
   }
   Run& run = runs[0];
@@ -357,7 +372,7 @@ int main(int argc, char** argv) {
   // Per-rank peaks: the largest over ranks.
   auto peak = [&](std::int64_t b) { return max_over_ranks(*world, static_cast<double>(b)); };
   auto mib = [&](std::int64_t b) { return peak(b) / 1048576.0; };
-  const double step_ms = median(run.times) * 1e3;
+  const double step_ms = median(run.times) * 1e3, wait_ms = median(run.waits) * 1e3;
   const double rss = max_over_ranks(*world, peak_rss_bytes()), rss0 = max_over_ranks(*world, rss_base),
                rss1 = max_over_ranks(*world, rss_built);
   const double cuda_peak = max_over_ranks(*world, cuda_peak_bytes());  // every rank takes part
@@ -370,13 +385,14 @@ int main(int argc, char** argv) {
       fmt::print(
           "{{\"strategy\": \"{}\", \"precision\": \"{}\", \"ranks\": {}, \"checkpoint\": {}, \"params\": {}, "
           "\"vocab\": {}, \"d_model\": {}, \"heads\": {}, \"layers\": {}, \"seq\": {}, \"batch\": {}, "
-          "\"step_ms\": {:.1f}, \"peak_rss\": {:.0f}, \"rss_base\": {:.0f}, \"rss_built\": {:.0f}, \"counted_peak\": "
+          "\"step_ms\": {:.1f}, \"wait_ms\": {:.1f}, \"wait_share\": {:.3f}, \"peak_rss\": {:.0f}, \"rss_base\": "
+          "{:.0f}, \"rss_built\": {:.0f}, \"counted_peak\": "
           "{:.0f}, "
           "\"parameters\": {:.0f}, \"gradients\": {:.0f}, \"optimizer\": {:.0f}, \"gathered\": {:.0f}, "
           "\"activations\": {:.0f}, \"other\": {:.0f}, \"device\": \"{}\", \"cuda_peak\": {:.0f}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
-          batch, step_ms, rss, rss0, rss1, b_total, b_param, b_grad, b_opt, b_gath, b_act, b_other, device_name,
-          cuda_peak);
+          batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad,
+          b_opt, b_gath, b_act, b_other, device_name, cuda_peak);
     return 0;
   }
   // On CUDA: the device's peak (the category columns count host memory only).
@@ -387,8 +403,8 @@ int main(int argc, char** argv) {
   if (r == 0)
     fmt::print(
         "| {:<13} | {:<9} | {} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.2f} "
-        "| {:>6.2f} | {:>7.1f} |\n",
+        "| {:>6.2f} | {:>7.1f} | {:>7.1f} |\n",
         run.name + (checkpoint ? "+ckpt" : ""), run.prec.name, n, step_ms, p_total, p_param, p_grad, p_opt, p_gath,
-        p_act, run.moved / 1048576.0, n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0, rss / 1048576.0);
+        p_act, run.moved / 1048576.0, n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0, rss / 1048576.0, wait_ms);
   return 0;
 }

@@ -12,6 +12,11 @@ const std::vector<Variable>& table() {
       {"ACCEL_COMM_CHECK", "1",
        "1: compare sizes/dtype/op/root across ranks before each collective (MismatchError instead of "
        "memory corruption); 0: skip that small all-reduce"},
+      {"ACCEL_COMM_SHM", "1",
+       "1: collectives on CPU tensors between the ranks of one node go through shared memory (groups spanning "
+       "nodes: node-local shared memory plus MPI between nodes); 0: every CPU collective goes over MPI"},
+      {"ACCEL_COMM_SHM_CHUNK_KB", "256",
+       "the shared-memory transport's chunk per rank and buffer, in KiB (pipelining grain; rank 0's value is used)"},
       {"ACCEL_CPU_MALLOC_CACHE", "1",
        "1: once a model is prepared with sharded CPU parameters or gradients, glibc keeps freed memory "
        "in the heap (no mmap under 32 MiB, no trimming), so the gather/free cycle of each unit reuses "

@@ -8,7 +8,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
+#include <vector>
 
 namespace accel::comm {
 
@@ -25,12 +27,35 @@ struct Request {
   ReduceOp op = ReduceOp::Sum;
   int root = 0;
   WorkPtr work;  // finish() it exactly once, or throw from enqueue() before anything started
+
+  // --- used by transports built from other transports (hierarchical collectives) -----------------
+  bool caller_waits = false;  // the caller waits right away (blocking call): no need to wake a thread
+  bool skip_check = false;    // the cross-rank check was done elsewhere (a check_only request)
+  bool check_only = false;    // only the cross-rank check of these arguments; no data moves
+  // Not started before every one of these has finished; fails with the first one's error, if any
+  // failed (which happens alike on every rank: they are checks or steps of the same collective).
+  std::vector<WorkPtr> after;
+  // Runs after the data moved, before work is finished (copy a staging buffer out, divide for avg).
+  std::function<void()> then;
 };
 
 // True when the two tensors' bytes overlap (both non-empty).
 inline bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   auto a0 = static_cast<const char*>(a.data_ptr()), b0 = static_cast<const char*>(b.data_ptr());
   return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// The first error among `after`, or null; `ready` false while one is still running.
+inline std::exception_ptr dependency_error(const Request& r, bool& ready) {
+  ready = true;
+  for (const auto& w : r.after) {
+    if (!w->finished()) {
+      ready = false;
+      return nullptr;
+    }
+    if (auto e = w->exception()) return e;
+  }
+  return nullptr;
 }
 
 class Backend {

@@ -5,24 +5,22 @@
 
 #include "comm/backend.h"
 #include "comm/dtype.h"
+#include "comm/hierarchical.h"
 #include "comm/mpi_backend.h"
 #include "comm/nccl_backend.h"
 
 #include <fmt/format.h>
 
-#include <sstream>
-
 namespace accel::comm {
 namespace {
 
 std::string describe(Collective kind, const at::Tensor& t, ReduceOp op, int root) {
-  std::ostringstream os;
-  os << to_string(kind) << "(";
-  if (t.defined()) os << dtype_name(t.scalar_type()) << "[" << t.numel() << "]";
-  if (kind == Collective::AllReduce || kind == Collective::ReduceScatter) os << ", " << to_string(op);
-  if (kind == Collective::Broadcast) os << ", root " << root;
-  os << ")";
-  return os.str();
+  std::string s = fmt::format("{}(", to_string(kind));
+  if (t.defined()) s += fmt::format("{}[{}]", dtype_name(t.scalar_type()), t.numel());
+  if (kind == Collective::AllReduce || kind == Collective::ReduceScatter) s += fmt::format(", {}", to_string(op));
+  if (kind == Collective::Broadcast) s += fmt::format(", root {}", root);
+  s += ")";
+  return s;
 }
 
 [[noreturn]] void bad(Collective kind, const std::string& msg) {
@@ -61,16 +59,18 @@ Communicator::Communicator(std::unique_ptr<MpiBackend> mpi, std::shared_ptr<cons
     : mpi_(std::move(mpi)), topo_(std::move(topo)), broken_(std::move(broken)) {
   rank_ = mpi_->rank();
   size_ = mpi_->size();
+  cpu_ = make_cpu_transport(*mpi_, *topo_);  // collective over the group
 }
 
 Communicator::~Communicator() {
   nccl_.reset();  // before the MPI group it was bootstrapped from
+  cpu_.reset();
 }
 
 const Topology& Communicator::topology() const { return *topo_; }
 
 Backend& Communicator::backend_for(const at::Tensor& t) {
-  if (!t.defined() || t.is_cpu()) return *mpi_;
+  if (!t.defined() || t.is_cpu()) return cpu_ ? *cpu_ : static_cast<Backend&>(*mpi_);
   if (t.is_cuda()) {
     int dev = t.get_device();
     if (!nccl_) {
@@ -89,7 +89,7 @@ Backend& Communicator::backend_for(const at::Tensor& t) {
 const char* Communicator::backend_name(const at::Tensor& t) { return backend_for(t).name(); }
 
 WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at::Tensor& output, ReduceOp op, int root,
-                             Duration timeout) {
+                             Duration timeout, bool blocking) {
   if (broken_->load())
     throw CommError(fmt::format("{} on rank {}: the communicator is broken by an earlier timeout; the job must restart",
                                 to_string(kind), rank_));
@@ -146,6 +146,7 @@ WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at:
   if (timeout <= Duration::zero()) timeout = default_timeout();
   auto work = std::make_shared<Work>(describe(kind, input, op, root), rank_, size_, timeout);
   work->keep_alive(std::make_shared<std::pair<at::Tensor, at::Tensor>>(input, output));
+  work->set_wait_sink(wait_ns_);
   std::weak_ptr<std::atomic<bool>> broken = broken_;
   work->set_on_timeout([broken] {
     if (auto b = broken.lock()) b->store(true);
@@ -172,6 +173,7 @@ WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at:
   r.op = op;
   r.root = root;
   r.work = work;
+  r.caller_waits = blocking;
   backend.enqueue(std::move(r));
   return work;
 }
@@ -182,34 +184,40 @@ WorkPtr Communicator::all_reduce_async(const at::Tensor& t, const AllReduceOptio
 WorkPtr Communicator::all_reduce_async(const at::Tensor& in, const at::Tensor& out, const AllReduceOptions& o) {
   return submit(Collective::AllReduce, in, out, o.op, 0, o.timeout);
 }
-void Communicator::all_reduce(const at::Tensor& t, const AllReduceOptions& o) { all_reduce_async(t, o)->wait(); }
+void Communicator::all_reduce(const at::Tensor& t, const AllReduceOptions& o) {
+  submit(Collective::AllReduce, t, t, o.op, 0, o.timeout, true)->wait();
+}
 void Communicator::all_reduce(const at::Tensor& in, const at::Tensor& out, const AllReduceOptions& o) {
-  all_reduce_async(in, out, o)->wait();
+  submit(Collective::AllReduce, in, out, o.op, 0, o.timeout, true)->wait();
 }
 
 WorkPtr Communicator::reduce_scatter_async(const at::Tensor& in, const at::Tensor& out, const ReduceScatterOptions& o) {
   return submit(Collective::ReduceScatter, in, out, o.op, 0, o.timeout);
 }
 void Communicator::reduce_scatter(const at::Tensor& in, const at::Tensor& out, const ReduceScatterOptions& o) {
-  reduce_scatter_async(in, out, o)->wait();
+  submit(Collective::ReduceScatter, in, out, o.op, 0, o.timeout, true)->wait();
 }
 
 WorkPtr Communicator::all_gather_async(const at::Tensor& in, const at::Tensor& out, const AllGatherOptions& o) {
   return submit(Collective::AllGather, in, out, ReduceOp::Sum, 0, o.timeout);
 }
 void Communicator::all_gather(const at::Tensor& in, const at::Tensor& out, const AllGatherOptions& o) {
-  all_gather_async(in, out, o)->wait();
+  submit(Collective::AllGather, in, out, ReduceOp::Sum, 0, o.timeout, true)->wait();
 }
 
 WorkPtr Communicator::broadcast_async(const at::Tensor& t, const BroadcastOptions& o) {
   return submit(Collective::Broadcast, t, t, ReduceOp::Sum, o.root, o.timeout);
 }
-void Communicator::broadcast(const at::Tensor& t, const BroadcastOptions& o) { broadcast_async(t, o)->wait(); }
+void Communicator::broadcast(const at::Tensor& t, const BroadcastOptions& o) {
+  submit(Collective::Broadcast, t, t, ReduceOp::Sum, o.root, o.timeout, true)->wait();
+}
 
 WorkPtr Communicator::barrier_async(const BarrierOptions& o) {
   return submit(Collective::Barrier, at::Tensor(), at::Tensor(), ReduceOp::Sum, 0, o.timeout);
 }
-void Communicator::barrier(const BarrierOptions& o) { barrier_async(o)->wait(); }
+void Communicator::barrier(const BarrierOptions& o) {
+  submit(Collective::Barrier, at::Tensor(), at::Tensor(), ReduceOp::Sum, 0, o.timeout, true)->wait();
+}
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   if (broken_->load()) throw CommError("split: the communicator is broken by an earlier timeout");
@@ -232,12 +240,15 @@ std::shared_ptr<Communicator> Communicator::cross_node() {
 
 Counters Communicator::counters() const {
   std::lock_guard<std::mutex> lk(counters_mu_);
-  return counters_;
+  Counters c = counters_;
+  c.wait_seconds = static_cast<double>(wait_ns_->load()) * 1e-9;
+  return c;
 }
 
 void Communicator::reset_counters() {
   std::lock_guard<std::mutex> lk(counters_mu_);
   counters_ = Counters{};
+  wait_ns_->store(0);
 }
 
 }  // namespace accel::comm

@@ -5,6 +5,8 @@
 //   all_gather s -> N*s:       sent s,      received N*s
 //   broadcast n:               root sent n, others received n
 // (The MPI transport sums 16-bit floats in fp32, moving twice these bytes on the wire.)
+// wait_seconds: the time callers spent blocked in Work::wait (the blocking calls included) on this
+// communicator's collectives, summed over waits: communication the caller did not hide.
 #pragma once
 
 #include "types.h"
@@ -22,6 +24,7 @@ struct CollectiveCount {
 
 struct Counters {
   std::array<CollectiveCount, kNumCollectives> by_kind{};
+  double wait_seconds = 0;
 
   const CollectiveCount& operator[](Collective c) const { return by_kind[static_cast<int>(c)]; }
   CollectiveCount& operator[](Collective c) { return by_kind[static_cast<int>(c)]; }

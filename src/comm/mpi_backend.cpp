@@ -4,6 +4,7 @@
 
 #include "base/env.h"
 #include "comm/dtype.h"
+#include "comm/signature.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -46,11 +47,6 @@ struct Group {
   MPI_Comm data = MPI_COMM_NULL, check = MPI_COMM_NULL, control = MPI_COMM_NULL;
   int rank = 0, size = 1;
 };
-
-// Fields compared across ranks before a collective starts.
-enum SigField { kKind, kDtype, kInNumel, kOutNumel, kOp, kRoot, kNumSig };
-const char* const kSigNames[kNumSig] = {"collective",      "dtype",     "input elements",
-                                        "output elements", "reduce op", "root"};
 
 struct Op {
   Request req;
@@ -210,6 +206,8 @@ class Engine {
     WorkPtr work = std::move(op.req.work);
     op.req.input = at::Tensor();
     op.req.output = at::Tensor();
+    op.req.then = nullptr;
+    op.req.after.clear();
     op.send = at::Tensor();
     op.recv = at::Tensor();
     op.post = nullptr;
@@ -217,7 +215,7 @@ class Engine {
   }
 
   void begin(std::unique_ptr<Op> op) {
-    if (check_enabled_ && op->group->size > 1) {
+    if (check_enabled_ && op->group->size > 1 && !op->req.skip_check) {
       op->state = Op::State::Checking;
       int rc =
           MPI_Iallreduce(op->sig, op->sig_all, 2 * kNumSig, MPI_LONG_LONG, MPI_MAX, op->group->check, &op->check_req);
@@ -252,20 +250,28 @@ class Engine {
           }
         }
         if (op.state == Op::State::Ready) {
-          if (is_blocked(op.group.get())) {
+          bool deps_done = true;
+          std::exception_ptr dep_error = dependency_error(op.req, deps_done);
+          if (dep_error) std::rethrow_exception(dep_error);
+          if (is_blocked(op.group.get()) || !deps_done) {
             // started later, in issue order
+          } else if (op.req.check_only) {
+            complete(op);
+            remove = true;
+            progressed = true;
           } else {
             start(op);
             op.state = Op::State::Running;
             progressed = true;
           }
         }
-        if (op.state == Op::State::Running) {
+        if (!remove && op.state == Op::State::Running) {
           int flag = 0;
           ACCEL_MPI_CHECK(MPI_Test(&op.data_req, &flag, MPI_STATUS_IGNORE));
           if (flag) {
             progressed = true;
             if (op.post) op.post();
+            if (op.req.then) op.req.then();
             complete(op);
             remove = true;
           }
@@ -282,18 +288,12 @@ class Engine {
   }
 
   void verify_signature(const Op& op) {
+    long long lo[kNumSig], hi[kNumSig];
     for (int f = 0; f < kNumSig; ++f) {
-      long long hi = op.sig_all[f], lo = -op.sig_all[kNumSig + f];
-      if (hi == lo) continue;
-      std::string mine = fmt::format("{}", op.sig[f]);
-      if (f == kKind) mine = to_string(static_cast<Collective>(op.sig[f]));
-      if (f == kDtype) mine = dtype_name(static_cast<c10::ScalarType>(op.sig[f]));
-      if (f == kOp) mine = to_string(static_cast<ReduceOp>(op.sig[f]));
-      throw MismatchError(fmt::format(
-          "{} on rank {} of {}: ranks disagree on the {} (this rank: {}; values across ranks range {}..{}). Every "
-          "rank must issue the same collectives in the same order with the same sizes, dtype, op and root.",
-          op.req.work->what(), op.group->rank, op.group->size, kSigNames[f], mine, lo, hi));
+      hi[f] = op.sig_all[f];
+      lo[f] = -op.sig_all[kNumSig + f];
     }
+    comm::verify_signature(op.sig, lo, hi, op.req.work->what(), op.group->rank, op.group->size);
   }
 
   void start(Op& op) {
@@ -384,21 +384,23 @@ int MpiBackend::rank() const { return impl_->group->rank; }
 int MpiBackend::size() const { return impl_->group->size; }
 
 void MpiBackend::mark_broken() { g_broken = true; }
+bool MpiBackend::is_broken() { return g_broken; }
 
 void MpiBackend::enqueue(Request r) {
   auto op = std::make_unique<Op>();
   op->group = impl_->group;
   const int n = op->group->size;
   // The signature every rank must agree on.
-  long long sig[kNumSig] = {static_cast<long long>(r.kind),
-                            r.input.defined() ? static_cast<long long>(r.input.scalar_type()) : -1,
-                            r.input.defined() ? r.input.numel() : 0,
-                            r.output.defined() ? r.output.numel() : 0,
-                            static_cast<long long>(r.op),
-                            r.kind == Collective::Broadcast ? r.root : 0};
+  long long sig[kNumSig];
+  make_signature(r, sig);
   for (int f = 0; f < kNumSig; ++f) {
     op->sig[f] = sig[f];
     op->sig[kNumSig + f] = -sig[f];
+  }
+  if (r.check_only) {
+    op->req = std::move(r);
+    Engine::get().submit(std::move(op));
+    return;
   }
   const bool half = r.input.defined() && classify(r.input.scalar_type()) == DtypeClass::HalfFloat;
   const bool avg = r.op == ReduceOp::Avg;
@@ -463,6 +465,15 @@ std::unique_ptr<MpiBackend> MpiBackend::split(int color, int key) {
   auto impl = std::make_unique<Impl>();
   impl->group = std::move(sub);
   return std::unique_ptr<MpiBackend>(new MpiBackend(std::move(impl)));
+}
+
+void MpiBackend::allgather_bytes(const void* mine, std::size_t n, void* all) {
+  auto g = impl_->group;
+  int count = checked_count(static_cast<long long>(n), "byte count");
+  Engine::get().call([&] {
+    ACCEL_MPI_CHECK(MPI_Allgather(mine, count, MPI_BYTE, all, count, MPI_BYTE, g->control));
+    return 0;
+  });
 }
 
 void MpiBackend::broadcast_bytes(void* data, std::size_t n, int root) {

@@ -33,11 +33,14 @@ class MpiBackend final : public Backend {
   std::unique_ptr<MpiBackend> split(int color, int key);
   // Blocking broadcast of raw bytes from root on the control channel (bootstraps NCCL).
   void broadcast_bytes(void* data, std::size_t n, int root);
+  // Blocking all-gather of n raw bytes per rank on the control channel (transport setup).
+  void allgather_bytes(const void* mine, std::size_t n, void* all);
   // Blocking: the topology of the world group as MPI sees it (shared-memory nodes).
   Topology read_topology();
 
   // Marks the job as failed: process exit will MPI_Abort instead of MPI_Finalize.
   static void mark_broken();
+  static bool is_broken();
 
  private:
   struct Impl;

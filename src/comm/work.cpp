@@ -6,7 +6,15 @@
 #include <cstdio>
 #include <thread>
 
+#include <sched.h>
+
 namespace accel::comm {
+
+namespace detail {
+static std::atomic<std::int64_t> g_spin_us{10};
+void set_spin_before_yield(std::chrono::microseconds d) { g_spin_us = d.count(); }
+std::chrono::microseconds spin_before_yield() { return std::chrono::microseconds(g_spin_us.load()); }
+}  // namespace detail
 
 static std::string seconds(Duration d) {
   char buf[32];
@@ -73,6 +81,11 @@ bool Work::poll_once() {
 
 bool Work::is_completed() { return poll_once(); }
 
+bool Work::finished() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return done_;
+}
+
 std::exception_ptr Work::exception() {
   poll_once();
   std::lock_guard<std::mutex> lk(mu_);
@@ -81,7 +94,8 @@ std::exception_ptr Work::exception() {
 
 void Work::wait(Duration timeout) {
   if (timeout <= Duration::zero()) timeout = timeout_;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
   bool polled;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -89,15 +103,30 @@ void Work::wait(Duration timeout) {
   }
   bool done = false;
   if (polled) {
-    auto nap = std::chrono::microseconds(1);
-    while (!(done = poll_once()) && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(nap);
+    // The poll may move the collective itself (shared memory), so poll hot at first; then yield the
+    // core to peers (ranks may outnumber cores), then sleep, woken early when another thread finishes.
+    const auto spin_until = start + detail::spin_before_yield();
+    const auto yield_until = spin_until + std::chrono::milliseconds(1);
+    auto nap = std::chrono::microseconds(10);
+    while (!(done = poll_once())) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) break;
+      if (now < spin_until) continue;
+      if (now < yield_until) {
+        sched_yield();
+        continue;
+      }
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait_for(lk, nap, [&] { return done_; });
       nap = std::min(nap * 2, std::chrono::microseconds(200));
     }
   } else {
     std::unique_lock<std::mutex> lk(mu_);
     done = cv_.wait_until(lk, deadline, [&] { return done_; });
   }
+  if (wait_sink_)
+    wait_sink_->fetch_add(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   std::vector<std::function<void()>> on_timeout;
   std::exception_ptr err;
   {

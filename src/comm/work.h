@@ -10,7 +10,9 @@
 
 #include "types.h"
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -32,6 +34,8 @@ class Work {
   void wait(Duration timeout = Duration::zero());
   // True once finished, successfully or not. Never blocks.
   bool is_completed();
+  // Like is_completed() but without polling the backend (for transports waiting on each other).
+  bool finished();
   // The error a finished collective failed with, or null.
   std::exception_ptr exception();
   const std::string& what() const { return what_; }
@@ -49,6 +53,8 @@ class Work {
   // are dropped inside finish(), before any waiter wakes. This keeps objects alive, not their memory:
   // a storage freed in place (sharding::free_storage) while a collective still runs is a bug.
   void keep_alive(std::shared_ptr<void> p);
+  // Where wait() adds the nanoseconds its caller spent blocked (the communicator's wait counter).
+  void set_wait_sink(std::shared_ptr<std::atomic<std::int64_t>> sink) { wait_sink_ = std::move(sink); }
 
  private:
   bool poll_once();
@@ -64,8 +70,17 @@ class Work {
   std::function<bool()> poll_;
   std::vector<std::function<void()>> on_timeout_;
   std::vector<std::shared_ptr<void>> keep_;
+  std::shared_ptr<std::atomic<std::int64_t>> wait_sink_;
 };
 
 using WorkPtr = std::shared_ptr<Work>;
+
+namespace detail {
+// How long a waiter polls a polled Work hot before yielding its core to others (then it sleeps).
+// Set once by the CPU transport: long when the node's ranks have a core each, short when they
+// outnumber the cores (a peer may need this very core to make progress).
+void set_spin_before_yield(std::chrono::microseconds d);
+std::chrono::microseconds spin_before_yield();
+}  // namespace detail
 
 }  // namespace accel::comm

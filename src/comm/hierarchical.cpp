@@ -1,0 +1,215 @@
+// Hierarchical collectives for groups spanning nodes, and the choice of a group's CPU transport.
+// A collective becomes a chain of steps on the node group (shared memory) and the cross-node group
+// (MPI), each started when the one before finished (Request::after); the whole group's arguments are
+// checked once first (a check_only request on the group's MPI transport), so a mismatch still raises
+// on every rank. 16-bit floats travel as fp32 through the chain and are rounded once at the end.
+#include "comm/hierarchical.h"
+
+#include "base/env.h"
+#include "comm/dtype.h"
+#include "comm/mpi_backend.h"
+#include "comm/shm_backend.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include <sched.h>
+
+namespace accel::comm {
+namespace {
+
+class HierBackend final : public Backend {
+ public:
+  // l_of/m_of: each group rank's index within its node and its node's index.
+  HierBackend(MpiBackend& group, std::unique_ptr<MpiBackend> node_mpi, std::unique_ptr<MpiBackend> cross_mpi,
+              std::unique_ptr<Backend> node, std::vector<int> l_of, std::vector<int> m_of, int L, int M)
+      : group_(group),
+        node_mpi_(std::move(node_mpi)),
+        cross_mpi_(std::move(cross_mpi)),
+        node_(std::move(node)),
+        l_of_(std::move(l_of)),
+        m_of_(std::move(m_of)),
+        L_(L),
+        M_(M) {
+    rank_ = group_.rank();
+    size_ = group_.size();
+    l_ = l_of_[rank_];
+    m_ = m_of_[rank_];
+  }
+  ~HierBackend() override {
+    node_.reset();  // before the MPI group it was set up over
+  }
+
+  const char* name() const override { return "shm+mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void enqueue(Request r) override {
+    if (r.kind == Collective::Barrier) {
+      group_.enqueue(std::move(r));
+      return;
+    }
+    // The whole group's check first; every step after it skips its own.
+    Request c;
+    c.kind = r.kind;
+    c.input = r.input;
+    c.output = r.output;
+    c.op = r.op;
+    c.root = r.root;
+    c.check_only = true;
+    c.work = step_work(r);
+    WorkPtr prev = c.work;
+    group_.enqueue(std::move(c));
+
+    const bool half = classify(r.input.scalar_type()) == DtypeClass::HalfFloat;
+    const bool avg = r.op == ReduceOp::Avg;
+    const ReduceOp step_op = avg ? ReduceOp::Sum : r.op;
+    const at::ScalarType acc = half ? at::kFloat : r.input.scalar_type();
+    const int N = size_;
+    at::Tensor in = r.input.reshape({-1}), out = r.output.reshape({-1});
+    switch (r.kind) {
+      case Collective::AllReduce: {
+        const std::int64_t n = in.numel(), k = (n + L_ - 1) / L_;
+        at::Tensor tmp = at::zeros({L_ * k}, in.options().dtype(acc));
+        tmp.narrow(0, 0, n).copy_(in);
+        at::Tensor mine = tmp.narrow(0, l_ * k, k);
+        prev = step(*node_, Collective::ReduceScatter, tmp, mine, step_op, 0, prev, r);
+        prev = step(*cross_mpi_, Collective::AllReduce, mine, mine, step_op, 0, prev, r);
+        r.then = [tmp, out, n, avg, N] {
+          at::Tensor v = tmp.narrow(0, 0, n);
+          out.copy_(avg ? v.div(N) : v);
+        };
+        last(*node_, Collective::AllGather, mine, tmp, step_op, 0, prev, std::move(r));
+        break;
+      }
+      case Collective::ReduceScatter: {
+        const std::int64_t k = out.numel();
+        at::Tensor tmp = at::empty({N * k}, in.options().dtype(acc));
+        for (int q = 0; q < N; ++q) tmp.narrow(0, slot(q) * k, k).copy_(in.narrow(0, q * k, k));
+        at::Tensor block = tmp.narrow(0, l_ * M_ * k, M_ * k), mine = block.narrow(0, m_ * k, k);
+        prev = step(*node_, Collective::ReduceScatter, tmp, block, step_op, 0, prev, r);
+        r.then = [mine, out, avg, N] { out.copy_(avg ? mine.div(N) : mine); };
+        last(*cross_mpi_, Collective::ReduceScatter, block, mine, step_op, 0, prev, std::move(r));
+        break;
+      }
+      case Collective::AllGather: {
+        const std::int64_t k = in.numel();
+        at::Tensor tmp = at::empty({N * k}, in.options());
+        at::Tensor block = tmp.narrow(0, l_ * M_ * k, M_ * k);
+        prev = step(*cross_mpi_, Collective::AllGather, in, block, ReduceOp::Sum, 0, prev, r);
+        std::vector<std::int64_t> slots(N);
+        for (int q = 0; q < N; ++q) slots[q] = slot(q);
+        r.then = [tmp, out, k, slots] {
+          for (std::size_t q = 0; q < slots.size(); ++q)
+            out.narrow(0, static_cast<std::int64_t>(q) * k, k).copy_(tmp.narrow(0, slots[q] * k, k));
+        };
+        last(*node_, Collective::AllGather, block, tmp, ReduceOp::Sum, 0, prev, std::move(r));
+        break;
+      }
+      case Collective::Broadcast: {
+        const int lr = l_of_[r.root], mr = m_of_[r.root];
+        if (l_ == lr) prev = step(*cross_mpi_, Collective::Broadcast, out, out, ReduceOp::Sum, mr, prev, r);
+        last(*node_, Collective::Broadcast, out, out, ReduceOp::Sum, lr, prev, std::move(r));
+        break;
+      }
+      case Collective::Barrier: break;
+    }
+  }
+
+ private:
+  // Group rank q's place in the node-major staging layout: [index in node][node].
+  std::int64_t slot(int q) const { return static_cast<std::int64_t>(l_of_[q]) * M_ + m_of_[q]; }
+
+  WorkPtr step_work(const Request& r) const {
+    return std::make_shared<Work>(r.work->what(), rank_, size_, Duration(0));
+  }
+
+  WorkPtr step(Backend& b, Collective kind, const at::Tensor& in, const at::Tensor& out, ReduceOp op, int root,
+               const WorkPtr& after, const Request& user) {
+    Request q;
+    q.kind = kind;
+    q.input = in;
+    q.output = out;
+    q.op = op;
+    q.root = root;
+    q.skip_check = true;
+    q.after = {after};
+    q.work = step_work(user);
+    WorkPtr w = q.work;
+    b.enqueue(std::move(q));
+    return w;
+  }
+
+  // The chain's last step finishes the caller's Work (and runs its `then`).
+  void last(Backend& b, Collective kind, const at::Tensor& in, const at::Tensor& out, ReduceOp op, int root,
+            const WorkPtr& after, Request user) {
+    user.kind = kind;
+    user.input = in;
+    user.output = out;
+    user.op = op;
+    user.root = root;
+    user.skip_check = true;
+    user.caller_waits = false;
+    user.after = {after};
+    b.enqueue(std::move(user));
+  }
+
+  MpiBackend& group_;
+  std::unique_ptr<MpiBackend> node_mpi_, cross_mpi_;
+  std::unique_ptr<Backend> node_;
+  std::vector<int> l_of_, m_of_;
+  int L_, M_, l_ = 0, m_ = 0, rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_transport(MpiBackend& group, const Topology& topo) {
+  const int n = group.size(), rank = group.rank();
+  if (n == topo.world_size) {
+    // Ranks on this machine against the cores this process may run on: with a core each, waiters
+    // poll hot for a while (peers answer within microseconds); oversubscribed, they yield at once.
+    cpu_set_t set;
+    const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    const int here = topo.simulated ? topo.world_size : topo.local_world_size;
+    detail::set_spin_before_yield(std::chrono::microseconds(here <= cores ? 50 : 5));
+  }
+  if (n == 1) return nullptr;
+  // Every rank's node and wish, so that all ranks decide alike.
+  int mine[2] = {topo.node_rank, env::get_int("ACCEL_COMM_SHM") != 0 ? 1 : 0};
+  std::vector<int> all(2 * n);
+  group.allgather_bytes(mine, sizeof mine, all.data());
+  std::vector<int> nodes;
+  bool wanted = true;
+  for (int q = 0; q < n; ++q) {
+    nodes.push_back(all[2 * q]);
+    wanted = wanted && all[2 * q + 1] != 0;
+  }
+  if (!wanted) return nullptr;
+  std::vector<int> distinct = nodes;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  const int M = static_cast<int>(distinct.size());
+  if (M == 1) return make_shm_backend(group);
+  std::vector<int> l_of(n), m_of(n), per_node(M, 0);
+  for (int q = 0; q < n; ++q) {
+    m_of[q] = static_cast<int>(std::lower_bound(distinct.begin(), distinct.end(), nodes[q]) - distinct.begin());
+    l_of[q] = per_node[m_of[q]]++;
+  }
+  const int L = per_node[0];
+  if (L == 1 || std::any_of(per_node.begin(), per_node.end(), [&](int c) { return c != L; })) return nullptr;
+  auto node_mpi = group.split(m_of[rank], rank);
+  auto cross_mpi = group.split(l_of[rank], m_of[rank]);
+  auto node = make_shm_backend(*node_mpi);
+  // Shared memory may fail on one node only: the group takes the hierarchical path on all or none.
+  int ok = node != nullptr;
+  std::vector<int> oks(n);
+  group.allgather_bytes(&ok, sizeof ok, oks.data());
+  if (std::find(oks.begin(), oks.end(), 0) != oks.end()) return nullptr;
+  return std::make_unique<HierBackend>(group, std::move(node_mpi), std::move(cross_mpi), std::move(node),
+                                       std::move(l_of), std::move(m_of), L, M);
+}
+
+}  // namespace accel::comm

@@ -1,0 +1,221 @@
+// The CPU transport the communicator picks (shared memory within a node, hierarchical across simulated
+// nodes, MPI when told so) and its collectives against closed forms: every reduce op and dtype at
+// sizes spanning several chunks and not divisible by the world, in-place and aliasing forms, groups
+// from split() (in rank orders that interleave the nodes), many collectives in flight on several
+// groups at once, and the time callers spend waiting. ctest runs it at np 1-4, under simulated nodes
+// (ACCEL_RANKS_PER_NODE=2), with a 3 KiB chunk (ACCEL_COMM_SHM_CHUNK_KB=3) and with ACCEL_COMM_SHM=0.
+#include "test_world.h"
+
+#include "comm/dtype.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+using namespace accel::comm;
+using accel::test::world;
+
+namespace {
+
+const std::vector<at::ScalarType> kReducible = {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf,
+                                                at::kInt,    at::kLong,  at::kByte};
+
+// Element i's base value: small integers, exact in every dtype after the sums below.
+at::Tensor pattern(int64_t k, int64_t shift = 0) { return at::arange(k, at::kLong).add(shift).remainder(5).add(1); }
+
+void expect_equal(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.numel(), want.numel()) << what;
+  if (got.numel() == 0) return;
+  at::Tensor g = got.to(at::kDouble).flatten(), w = want.to(at::kDouble).flatten();
+  if (!at::equal(g, w)) {
+    auto bad = (g != w).nonzero();
+    int64_t i = bad[0].item<int64_t>();
+    FAIL() << what << ": " << bad.size(0) << " of " << g.numel() << " elements differ; first at " << i << ": got "
+           << g[i].item<double>() << ", want " << w[i].item<double>();
+  }
+}
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == value;
+}
+
+// What the communicator must have picked for CPU tensors, from the topology alone.
+std::string expected_transport(Communicator& c, int nodes_spanned, int ranks_per_node) {
+  if (c.size() == 1 || env_is("ACCEL_COMM_SHM", "0")) return "mpi";
+  if (nodes_spanned == 1) return "shm";
+  return ranks_per_node > 1 ? "shm+mpi" : "mpi";
+}
+
+// Every collective over `c` for one dtype and per-rank size k, against closed forms.
+void check_collectives(Communicator& c, at::ScalarType d, int64_t k) {
+  const int n = c.size(), r = c.rank();
+  const auto o = at::TensorOptions().dtype(d);
+  const bool integer = classify(d) == DtypeClass::Integer;
+  const std::string tag = std::string(dtype_name(d)) + "[" + std::to_string(k) + "] n=" + std::to_string(n);
+  // all_reduce: rank q holds p * (q+1)
+  for (bool in_place : {true, false}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+      if (op == ReduceOp::Avg && integer) continue;
+      at::Tensor in = pattern(k).mul(r + 1).to(d);
+      at::Tensor out = in_place ? in : at::full({k}, 77, o);
+      c.all_reduce(in, out, {op});
+      double f = op == ReduceOp::Sum   ? n * (n + 1) / 2.0
+                 : op == ReduceOp::Avg ? (n + 1) / 2.0
+                 : op == ReduceOp::Max ? n
+                                       : 1;
+      expect_equal(out, pattern(k).to(at::kDouble).mul(f).to(d),
+                   "all_reduce " + std::string(to_string(op)) + (in_place ? " in place " : " ") + tag);
+      if (!in_place) expect_equal(in, pattern(k).mul(r + 1), "all_reduce input untouched " + tag);
+    }
+  }
+  // reduce_scatter: rank q holds p(j) * (q+1) + (j / k) at element j; rank r gets slice r
+  for (bool in_place : {true, false}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg}) {
+      if (op == ReduceOp::Avg && integer) continue;
+      at::Tensor in =
+          pattern(n * k).mul(r + 1).add(at::arange(n * k, at::kLong).div(std::max<int64_t>(k, 1), "floor")).to(d);
+      at::Tensor out = in_place ? in.narrow(0, r * k, k) : at::full({k}, 77, o);
+      c.reduce_scatter(in, out, {op});
+      at::Tensor p = pattern(n * k).narrow(0, r * k, k).to(at::kDouble);
+      at::Tensor want = op == ReduceOp::Sum   ? p.mul(n * (n + 1) / 2.0).add(n * r)
+                        : op == ReduceOp::Max ? p.mul(n).add(r)
+                                              : p.mul((n + 1) / 2.0).add(r);
+      expect_equal(out, want.to(d),
+                   "reduce_scatter " + std::string(to_string(op)) + (in_place ? " in place " : " ") + tag);
+    }
+  }
+  // all_gather: rank q contributes p shifted by q; in place = input is the output's own slice
+  for (bool in_place : {true, false}) {
+    at::Tensor out = at::zeros({n * k}, o);
+    at::Tensor in = in_place ? out.narrow(0, r * k, k) : at::empty({k}, o);
+    in.copy_(pattern(k, r).add(10 * r).to(d));
+    c.all_gather(in, out);
+    std::vector<at::Tensor> parts;
+    for (int q = 0; q < n; ++q) parts.push_back(pattern(k, q).add(10 * q));
+    expect_equal(out, at::cat(parts).to(d), std::string("all_gather") + (in_place ? " in place " : " ") + tag);
+  }
+  // broadcast from the last rank and from rank 0
+  for (int root : {n - 1, 0}) {
+    at::Tensor t = pattern(k, r).add(r).to(d);
+    c.broadcast(t, {root});
+    expect_equal(t, pattern(k, root).add(root).to(d), "broadcast root " + std::to_string(root) + " " + tag);
+  }
+}
+
+TEST(Shm, TransportInUse) {
+  auto comm = world();
+  const Topology& t = comm->topology();
+  at::Tensor cpu = at::ones({1});
+  EXPECT_EQ(comm->backend_name(cpu), expected_transport(*comm, t.num_nodes, t.local_world_size));
+  // node-local groups are one node; cross-node groups hold one rank per node
+  EXPECT_EQ(comm->node_local()->backend_name(cpu), expected_transport(*comm->node_local(), 1, t.local_world_size));
+  EXPECT_EQ(comm->cross_node()->backend_name(cpu), expected_transport(*comm->cross_node(), t.num_nodes, 1));
+}
+
+TEST(Shm, EveryDtypeAcrossChunks) {
+  auto comm = world();
+  // 300007 float32 = 1.2 MB per rank: several 256 KiB chunks, divisible by neither 2, 3 nor 4
+  for (at::ScalarType d : kReducible)
+    for (int64_t k : {int64_t(0), int64_t(1), int64_t(3), int64_t(4099), int64_t(300007)}) {
+      check_collectives(*comm, d, k);
+      if (::testing::Test::HasFailure()) return;
+    }
+}
+
+TEST(Shm, SixteenBitSumsRoundOnce) {
+  // 1 and 1 + ulp(1) alternating over ranks: the partial sums need more bits than the dtype has; the
+  // exact total rounded once is what fp32 accumulation gives (and what the MPI path gives).
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  for (at::ScalarType d : {at::kBFloat16, at::kHalf}) {
+    const double eps = d == at::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
+    at::Tensor t = at::full({4099}, 1.0 + eps * (r % 2), at::kDouble).to(d);
+    at::Tensor exact = at::zeros({4099}, at::kDouble);
+    for (int q = 0; q < n; ++q) exact.add_(at::full({4099}, 1.0 + eps * (q % 2), at::kDouble).to(d).to(at::kDouble));
+    comm->all_reduce(t);
+    expect_equal(t, exact.to(at::kFloat).to(d), std::string("sum rounded once ") + dtype_name(d));
+  }
+}
+
+TEST(Shm, AliasedViewsOfOneBuffer) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  const int64_t k = 70001;
+  // all_reduce from one half of a buffer into the other half
+  at::Tensor buf = at::zeros({2 * k}, at::kFloat);
+  buf.narrow(0, 0, k).copy_(pattern(k).mul(r + 1));
+  comm->all_reduce(buf.narrow(0, 0, k), buf.narrow(0, k, k));
+  expect_equal(buf.narrow(0, k, k), pattern(k).mul(n * (n + 1) / 2), "all_reduce into the buffer's other half");
+  expect_equal(buf.narrow(0, 0, k), pattern(k).mul(r + 1), "all_reduce input half untouched");
+  // a 2-D tensor in place
+  at::Tensor m = pattern(3 * 1001).mul(r + 1).to(at::kDouble).view({3, 1001});
+  comm->all_reduce(m);
+  expect_equal(m, pattern(3 * 1001).mul(n * (n + 1) / 2), "all_reduce 2-D");
+}
+
+TEST(Shm, SplitGroups) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  // parity groups, a group in reversed order, and one whose order interleaves the (simulated) nodes
+  std::vector<std::shared_ptr<Communicator>> groups = {comm->split(r % 2, r), comm->split(0, n - 1 - r),
+                                                       comm->split(0, (r * 3) % n)};
+  for (auto& g : groups) {
+    ASSERT_NE(g, nullptr);
+    for (at::ScalarType d : {at::kFloat, at::kBFloat16, at::kLong})
+      for (int64_t k : {int64_t(1), int64_t(5003), int64_t(140001)}) {
+        check_collectives(*g, d, k);
+        if (::testing::Test::HasFailure()) return;
+      }
+  }
+}
+
+TEST(Shm, ManyInFlightAcrossGroups) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  auto sub = comm->split(r % 2, r);
+  const int m = sub->size();
+  const int64_t k = 100003;
+  std::vector<at::Tensor> ts, ss;
+  std::vector<WorkPtr> ws;
+  for (int i = 0; i < 6; ++i) {
+    ts.push_back(pattern(k, i).mul(r + 1).to(at::kFloat));
+    ss.push_back(pattern(k, i).mul(r + 1).to(at::kFloat));
+    ws.push_back(comm->all_reduce_async(ts.back()));
+    ws.push_back(sub->all_reduce_async(ss.back()));
+  }
+  int msum = 0;
+  for (int q = r % 2; q < n; q += 2) msum += q + 1;
+  (void)m;
+  for (auto it = ws.rbegin(); it != ws.rend(); ++it) (*it)->wait();  // waited in reverse order
+  for (int i = 0; i < 6; ++i) {
+    expect_equal(ts[i], pattern(k, i).mul(n * (n + 1) / 2), "world all_reduce " + std::to_string(i));
+    expect_equal(ss[i], pattern(k, i).mul(msum), "group all_reduce " + std::to_string(i));
+  }
+}
+
+TEST(Shm, WaitTimeIsCounted) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  comm->barrier();
+  comm->reset_counters();
+  EXPECT_EQ(comm->counters().wait_seconds, 0.0);
+  // rank 0 arrives 200 ms late: everyone else waits at least most of that in the all_reduce
+  if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  at::Tensor t = at::ones({8});
+  auto w = comm->all_reduce_async(t);
+  w->wait();
+  const double waited = comm->counters().wait_seconds;
+  if (r != 0) EXPECT_GT(waited, 0.15) << "rank " << r;
+  EXPECT_LT(waited, 60.0);
+  EXPECT_TRUE(at::equal(t, at::full({8}, n, at::kFloat)));
+  comm->reset_counters();
+  EXPECT_EQ(comm->counters().wait_seconds, 0.0);
+}
+
+}  // namespace
