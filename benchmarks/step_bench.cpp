@@ -210,9 +210,12 @@ int main(int argc, char** argv) {
   };
   // The runtime's fixed cost (libtorch, MPI), before any model exists.
   const double rss_base = peak_rss_bytes();
-  // Share the cores among the ranks of this machine.
-  int cores = static_cast<int>(std::thread::hardware_concurrency());
-  at::set_num_threads(std::max(1, cores / world->topology().local_world_size));
+  // Share the cores among the ranks of this machine, unless OMP_NUM_THREADS says how many (accel launch
+  // sets each rank's share; a user's own setting wins).
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    int cores = static_cast<int>(std::thread::hardware_concurrency());
+    at::set_num_threads(std::max(1, cores / world->topology().local_world_size));
+  }
 
   // One model per strategy x precision named; with several, their steps are interleaved round-robin
   // in this one run, so their time ratio is measured under the same conditions (memory columns need
