@@ -8,9 +8,10 @@
 # d_model estimate-memory predicts to fit the cap, gallops up or down from there, then bisects to
 # --resolution, so each strategy takes a handful of runs.
 #
-# A run is step_bench --steps 1 --warmup 1 --json under mpirun (2 optimizer steps). A size that is
-# killed (by the cap or by the kernel's out-of-memory killer) or fails is "too big", never the end of
-# the script. The cap is on the sum of the ranks' memory:
+# A run is step_bench --steps 1 --warmup 1 --json (2 optimizer steps) under the mpirun line of
+# `accel launch --dry_run` (each rank on its share of the cores). A size that is killed (by the cap
+# or by the kernel's out-of-memory killer) or fails is "too big", never the end of the script. The
+# cap is on the sum of the ranks' memory:
 #   - a cgroup v2 memory.max (with swap off) around mpirun, where /sys/fs/cgroup is cgroup v2 with the
 #     memory controller and writable (root);
 #   - always, a watchdog that sums the RSS of mpirun's session every 0.2 s and kills the session past
@@ -95,9 +96,13 @@ run() {
   out=$(mktemp) err=$(mktemp)
   (
     [ -n "$CGROUP" ] && echo $BASHPID >"$CGROUP/cgroup.procs"
-    exec setsid mpirun --oversubscribe --bind-to none -np "$RANKS" "$BIN" --strategy "$name" "${extra[@]}" \
+    # accel launch's own mpirun line (cores and threads per rank as users get them), run without the
+    # accel launch process itself, whose libtorch (~350 MB resident) would count against the cap.
+    local cmd
+    cmd=$("$CLI" launch --dry_run -n "$RANKS" "$BIN" --strategy "$name" "${extra[@]}" \
       --d-model "$d" --layers "$LAYERS" --heads "$HEADS" --seq "$SEQ" --batch "$BATCH" --vocab "$VOCAB" \
-      --steps 1 --warmup 1 --json
+      --steps 1 --warmup 1 --json 2>/dev/null)
+    eval "exec setsid $cmd"
   ) >"$out" 2>"$err" &
   local pid=$! killed=""
   sleep 0.2

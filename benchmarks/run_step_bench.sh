@@ -7,13 +7,62 @@
 #       ratios of the four precisions (their steps interleaved in one run). A smaller model than the
 #       default (--layers 4 --d-model 192, unless given): this CPU has no bf16/fp16/fp8 matmul
 #       hardware, and the default model's bf16 step takes ~16 s here.
-# Extra arguments go to step_bench (e.g. --steps 10). STEP_BENCH overrides the binary
-# (default build/bin/step_bench).
+#   bash benchmarks/run_step_bench.sh --vs-torch [--repeats R] [step_bench args]
+#       accel against PyTorch on the same GPT step (benchmarks/torch_anchor.py): accel DDP / PyTorch
+#       DDP, FULL_SHARD / FSDP2 (fully_shard per block), SHARD_GRAD_OP / FSDP2 without
+#       reshard_after_forward, and plain C++ / plain Python at 1 rank, at 1, 2 and 4 ranks. Each pair
+#       runs alternately (accel, torch, accel, torch, ...) R times [3]; the table shows each side's
+#       median and their ratio (below 1: accel is faster). Whole processes on a shared machine are
+#       noisy: the spread (min-max of the R runs) is shown too.
+# Extra arguments go to step_bench (and torch_anchor.py: --steps, --warmup, --batch, --layers,
+# --d-model, --heads, --seq, --vocab), e.g. --steps 10. Every run starts through `accel launch`, so
+# each rank is bound to its share of the cores with as many intra-op threads (README "Launch").
+# STEP_BENCH, ACCEL_CLI and TORCH_PYTHON override the binaries (default build/bin/step_bench,
+# build/bin/accel, and the build's ACCEL_PYTHON).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${STEP_BENCH:-$ROOT/build/bin/step_bench}
+CLI=${ACCEL_CLI:-$(dirname "$BIN")/accel}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-run() { mpirun --oversubscribe --bind-to none -np "$1" "$BIN" --strategy "$2" "${@:3}"; }
+run() { "$CLI" launch -n "$1" "$BIN" --strategy "$2" "${@:3}" 2> >(grep -v '^accel launch: ' >&2); }
+
+if [ "${1:-}" = "--vs-torch" ]; then
+  shift
+  repeats=3
+  if [ "${1:-}" = "--repeats" ]; then repeats=$2; shift 2; fi
+  PY=${TORCH_PYTHON:-$(sed -n 's/^ACCEL_PYTHON:FILEPATH=//p' "$(dirname "$BIN")/../CMakeCache.txt" 2>/dev/null || true)}
+  [ -n "$PY" ] || { echo "run_step_bench.sh: set TORCH_PYTHON to a Python with torch" >&2; exit 2; }
+  step_ms() { grep -o '"step_ms": [0-9.]*' | tail -1 | awk '{print $2}'; }
+  accel_ms() { run "$1" "$2" --json "${@:3}" | step_ms; }
+  torch_ms() {
+    "$CLI" launch -n "$1" "$PY" "$ROOT/benchmarks/torch_anchor.py" --strategy "$2" --json "${@:3}" \
+      2> >(grep -v '^accel launch: ' >&2) | step_ms
+  }
+  stats() { tr ' ' '\n' | sort -g | awk '{v[NR] = $1} END {printf "%.1f %.1f-%.1f", v[int((NR + 1) / 2)], v[1], v[NR]}'; }
+  device=$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")' 2>/dev/null || echo cpu)
+  echo "accel vs PyTorch ($device; $("$PY" -c 'import torch; print("torch", torch.__version__)'), the same GPT step; median of $repeats alternating runs each, ms per step (min-max)"
+  echo
+  echo "| ranks | accel | PyTorch | accel ms | PyTorch ms | ratio |"
+  echo "|---:|---|---|---:|---:|---:|"
+  for n in 1 2 4; do
+    pairs="DDP:DDP FULL_SHARD:FSDP2 SHARD_GRAD_OP:FSDP2_NO_RESHARD"
+    [ "$n" = 1 ] && pairs="plain:plain $pairs"
+    for pair in $pairs; do
+      ours=${pair%%:*} theirs=${pair#*:} a="" t=""
+      for ((i = 0; i < repeats; i++)); do
+        a="$a $(accel_ms "$n" "$ours" "$@")"
+        t="$t $(torch_ms "$n" "$theirs" "$@")"
+      done
+      read -r am ar <<<"$(echo $a | stats)"
+      read -r tm tr_ <<<"$(echo $t | stats)"
+      label=$ours
+      [ "$ours" = plain ] && label="plain (C++ libtorch)"
+      printf "| %d | %s | %s | %s (%s) | %s (%s) | %.2f |\n" "$n" "$label" "$theirs" "$am" "$ar" "$tm" "$tr_" \
+        "$(awk -v a="$am" -v b="$tm" 'BEGIN {print a / b}')"
+    done
+  done
+  exit 0
+fi
 HEADER="| strategy      | precision | ranks | step ms | peak MiB | params | grads | optim | gathered | activations | moved MiB | ×Ψ(n-1)/n·4B | peak RSS MiB |
 |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 

@@ -24,6 +24,9 @@
 //         ShardingSpec::fp8_all_gather where parameters are sharded (ZeRO-3, FULL_SHARD, HYBRID_SHARD)
 // The loss is computed in fp32 (logits cast) for every low precision. A list (fp32,bf16) interleaves
 // too: every strategy x precision pair is one model in the same run. `plain` runs fp32 only.
+// `--device cuda` (the default where CUDA is usable and ACCEL_USE_CPU is unset) trains on
+// cuda:(local rank): the model is built whole on the CPU and moved (sharded construction is CPU-only),
+// the data lives on the device, and each step ends with a device synchronize before its clock stops.
 //
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3 --precision bf16
@@ -39,6 +42,11 @@
 #include "zero/sharded_optimizer.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#if __has_include(<c10/cuda/CUDACachingAllocator.h>) && __has_include(<cuda_runtime_api.h>)
+#include <c10/cuda/CUDACachingAllocator.h>
+#define STEP_BENCH_CUDA_STATS 1
+#endif
 #include <fmt/core.h>
 #include <sys/resource.h>
 #include <torch/optim/adamw.h>
@@ -46,6 +54,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -137,6 +146,8 @@ int main(int argc, char** argv) {
   std::string strategy = "DDP", precision = "fp32";
   int steps = 6, warmup = 2, batch = 4, seq = 64;
   bool show_loss = false, checkpoint = false, json = false;
+  const bool cuda_usable = at::detail::getCUDAHooks().hasCUDA() && std::getenv("ACCEL_USE_CPU") == nullptr;
+  std::string device_name = cuda_usable ? "cuda" : "cpu";
   test::GPTConfig cfg{4096, 384, 6, 10, 64};
   app.add_option("--strategy", strategy,
                  "plain | DDP | ZERO_1 | ZERO_2 | ZERO_3 | FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD; "
@@ -155,6 +166,8 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", cfg.vocab, "vocabulary size")->check(CLI::PositiveNumber);
   app.add_flag("--checkpoint", checkpoint,
                "activation checkpointing of every block (ShardingSpec::activation_checkpointing)");
+  app.add_option("--device", device_name, "cpu | cuda (default: cuda where usable and ACCEL_USE_CPU is unset)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--json", json, "print one JSON line (bytes, peak RSS) instead of the table row");
   CLI11_PARSE(app, argc, argv);
   cfg.seq = seq;
@@ -166,6 +179,35 @@ int main(int argc, char** argv) {
     if (r == 0) fmt::print(stderr, "step_bench: --heads {} does not divide --d-model {}\n", cfg.heads, cfg.d);
     return 2;
   }
+  if (device_name == "cuda" && !at::detail::getCUDAHooks().hasCUDA()) {
+    if (r == 0) fmt::print(stderr, "step_bench: --device cuda but CUDA is not usable here\n");
+    return 2;
+  }
+  const bool on_cuda = device_name == "cuda";
+  const c10::Device device =
+      on_cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world->topology().local_rank %
+                                                                      at::detail::getCUDAHooks().deviceCount()))
+              : c10::Device(c10::kCPU);
+  auto sync_device = [&] {
+    if (on_cuda) at::detail::getCUDAHooks().deviceSynchronize(device.index());
+  };
+  // On CUDA the counting allocator sees nothing: the peak is the caching allocator's peak of
+  // allocated bytes over the measured steps (torch.cuda.max_memory_allocated).
+  auto reset_cuda_peak = [&] {
+#ifdef STEP_BENCH_CUDA_STATS
+    if (on_cuda) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+  };
+  auto cuda_peak_bytes = [&]() -> double {
+#ifdef STEP_BENCH_CUDA_STATS
+    if (on_cuda)
+      return static_cast<double>(
+          c10::cuda::CUDACachingAllocator::getDeviceStats(device.index())
+              .allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+              .peak);
+#endif
+    return 0.0;
+  };
   // The runtime's fixed cost (libtorch, MPI), before any model exists.
   const double rss_base = peak_rss_bytes();
   // Share the cores among the ranks of this machine.
@@ -229,12 +271,17 @@ int main(int argc, char** argv) {
         spec->master_dtype = prec.master;
         spec->fp8_all_gather = prec.fp8 && spec->shards_parameters();
         spec->activation_checkpointing = checkpoint;
-        // Sharded construction: each block is sharded as soon as it is built (rank 0's values).
-        sharding::ShardedInit scope(world, zero::groups_for(*spec, world).shard);
-        run.model = std::make_shared<test::GPTImpl>(c);
+        if (on_cuda) {
+          run.model = std::make_shared<test::GPTImpl>(c);  // sharded construction is CPU-only
+        } else {
+          // Sharded construction: each block is sharded as soon as it is built (rank 0's values).
+          sharding::ShardedInit scope(world, zero::groups_for(*spec, world).shard);
+          run.model = std::make_shared<test::GPTImpl>(c);
+        }
       } else {
         run.model = std::make_shared<test::GPTImpl>(c);
       }
+      if (on_cuda) run.model->to(device);
       psi = 0;
       for (const auto& p : run.model->parameters()) psi += p.numel();
       run.user_opt = std::make_unique<torch::optim::AdamW>(run.model->parameters(), torch::optim::AdamWOptions(1e-4));
@@ -249,10 +296,13 @@ int main(int argc, char** argv) {
   // Peak RSS once every model is built and prepared (before the first step).
   const double rss_built = peak_rss_bytes();
   at::manual_seed(100 + r);
-  at::Tensor x = at::randint(cfg.vocab, {batch, seq}), y = at::randint(cfg.vocab, {batch, seq});
+  at::Tensor x = at::randint(cfg.vocab, {batch, seq}).to(device), y = at::randint(cfg.vocab, {batch, seq}).to(device);
   for (int s = 0; s < warmup + steps; ++s)
     for (auto& run : runs) {
-      if (s == warmup) memory::reset_peaks();
+      if (s == warmup) {
+        memory::reset_peaks();
+        reset_cuda_peak();
+      }
       world->barrier();
       // Every group the step talks over (HYBRID_SHARD: the node and cross-node groups).
       std::vector<comm::Communicator*> groups{world.get()};
@@ -262,6 +312,7 @@ int main(int argc, char** argv) {
           if (g && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
       std::vector<comm::Counters> c0;
       for (auto* g : groups) c0.push_back(g->counters());
+      sync_device();
       auto t0 = Clock::now();
       at::Tensor logits = run.model->forward(x);
       if (run.prec.low()) logits = logits.to(at::kFloat);  // the loss in fp32
@@ -282,6 +333,7 @@ int main(int argc, char** argv) {
       }
       run.opt->step();
       run.opt->zero_grad();
+      sync_device();
       double t = std::chrono::duration<double>(Clock::now() - t0).count();
       if (show_loss && r == 0)
         fmt::print(stderr, "step {:>2} {:<13} {:<4} loss {:.5f}\n", s, run.name, run.prec.name,
@@ -323,6 +375,7 @@ int main(int argc, char** argv) {
   const double step_ms = median(run.times) * 1e3, wait_ms = median(run.waits) * 1e3;
   const double rss = max_over_ranks(*world, peak_rss_bytes()), rss0 = max_over_ranks(*world, rss_base),
                rss1 = max_over_ranks(*world, rss_built);
+  const double cuda_peak = max_over_ranks(*world, cuda_peak_bytes());  // every rank takes part
   if (json) {
     double b_total = peak(snap.total.peak), b_param = peak(snap[Category::Parameters].peak),
            b_grad = peak(snap[Category::Gradients].peak), b_opt = peak(snap[Category::OptimizerState].peak),
@@ -336,15 +389,17 @@ int main(int argc, char** argv) {
           "{:.0f}, \"rss_built\": {:.0f}, \"counted_peak\": "
           "{:.0f}, "
           "\"parameters\": {:.0f}, \"gradients\": {:.0f}, \"optimizer\": {:.0f}, \"gathered\": {:.0f}, "
-          "\"activations\": {:.0f}, \"other\": {:.0f}}}\n",
+          "\"activations\": {:.0f}, \"other\": {:.0f}, \"device\": \"{}\", \"cuda_peak\": {:.0f}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
           batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad,
-          b_opt, b_gath, b_act, b_other);
+          b_opt, b_gath, b_act, b_other, device_name, cuda_peak);
     return 0;
   }
-  double p_total = mib(snap.total.peak), p_param = mib(snap[Category::Parameters].peak),
-         p_grad = mib(snap[Category::Gradients].peak), p_opt = mib(snap[Category::OptimizerState].peak),
-         p_gath = mib(snap[Category::Gathered].peak), p_act = mib(snap[Category::Activations].peak);
+  // On CUDA: the device's peak (the category columns count host memory only).
+  double p_total = on_cuda ? cuda_peak / 1048576.0 : mib(snap.total.peak),
+         p_param = mib(snap[Category::Parameters].peak), p_grad = mib(snap[Category::Gradients].peak),
+         p_opt = mib(snap[Category::OptimizerState].peak), p_gath = mib(snap[Category::Gathered].peak),
+         p_act = mib(snap[Category::Activations].peak);
   if (r == 0)
     fmt::print(
         "| {:<13} | {:<9} | {} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.2f} "

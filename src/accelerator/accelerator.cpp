@@ -98,8 +98,19 @@ c10::Device pick_device(const AcceleratorConfig& cfg, const comm::Topology& topo
                     "DEEPSPEED, which run on either)",
                     cfg.source, cuda ? ", but use_cpu is true" : " and this machine has none"));
   if (!cuda || cfg.use_cpu || cfg.distributed_type == DistributedType::MultiCpu) return c10::Device(c10::kCPU);
+  // One GPU per rank: NCCL cannot put two ranks of a communicator on one device, and it would only
+  // fail at the first collective, deep in prepare(). A simulated topology (ACCEL_RANKS_PER_NODE) says
+  // nothing about machines: every rank is then taken to be on this one.
   const int n = at::detail::getCUDAHooks().deviceCount();
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank % std::max(n, 1)));
+  const int ranks_here = topo.simulated ? topo.world_size : topo.local_world_size;
+  const int index = topo.simulated ? topo.rank : topo.local_rank;
+  if (ranks_here > n)
+    throw ConfigError(fmt::format(
+        "{}: {} ranks on this node but {} CUDA device(s): each rank needs its own GPU (NCCL cannot put two ranks on "
+        "one device). Launch at most {} rank(s) per node (accel launch --num_processes), make more devices visible "
+        "(CUDA_VISIBLE_DEVICES), or train on the CPU (use_cpu: true, or ACCEL_USE_CPU=1)",
+        cfg.source.empty() ? std::string("the configuration") : cfg.source, ranks_here, n, n));
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 std::string where(const AcceleratorConfig& cfg) {

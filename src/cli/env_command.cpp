@@ -1,5 +1,8 @@
-// `accel env`: what a bug report needs. Under mpirun every rank reports its topology; rank 0 prints.
+// `accel env`: what a bug report needs. Under mpirun every rank reports its topology, the CPUs it
+// may run on (sched_getaffinity: what `accel launch` bound it to) and libtorch's intra-op threads;
+// rank 0 prints.
 #include "cli/commands.h"
+#include "cli/cpu_cores.h"
 
 #include "accel/version.h"
 #include "base/env.h"
@@ -9,11 +12,13 @@
 
 #include <ATen/Context.h>
 #include <ATen/Functions.h>
+#include <ATen/Parallel.h>
 #include <fmt/core.h>
 #include <torch/headeronly/version.h>
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace accel::cli {
 namespace {
@@ -23,8 +28,11 @@ int run_env() {
   const comm::Topology& t = world->topology();
 
   // Gather every rank's topology line to rank 0 (fixed-size records through our own all_gather).
-  constexpr int kLine = 160;
-  std::string mine = t.to_string();
+  constexpr int kLine = 320;
+  const std::vector<int> cpus = affinity_cpus();
+  std::string mine = fmt::format("{} cpus {} ({} core(s)) intra-op threads {}", t.to_string(), cpu_list(cpus),
+                                 physical_cores(cpus), at::get_num_threads());
+  mine.resize(kLine - 1);  // (a longer line is cut; the last byte stays the terminating NUL)
   mine.resize(kLine, '\0');
   at::Tensor local = at::from_blob(mine.data(), {kLine}, at::kByte).clone();
   at::Tensor all = at::empty({world->size() * kLine}, at::kByte);

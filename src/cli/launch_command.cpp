@@ -2,6 +2,7 @@
 // file > default; see cli/launch_plan.h), starts the ranks with mpirun or srun, passes Ctrl-C on, and
 // exits with the first failing rank's exit code, naming that rank.
 #include "cli/commands.h"
+#include "cli/cpu_cores.h"
 #include "cli/launch_plan.h"
 #include "cli/paths.h"
 #include "zero/spec.h"
@@ -33,7 +34,8 @@ namespace accel::cli {
 namespace {
 
 struct LaunchArgs {
-  std::string config_file, hostfile, mixed_precision, fsdp_sharding_strategy, launcher = "auto", launcher_args;
+  std::string config_file, hostfile, mixed_precision, fsdp_sharding_strategy, launcher_args;
+  std::string launcher = "auto", bind = "auto";
   std::optional<int> num_processes, num_machines, zero_stage;
   std::optional<std::int64_t> gradient_accumulation_steps;
   bool cpu = false, dry_run = false;
@@ -172,6 +174,10 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   req.launcher = args.launcher;
   req.in_slurm = std::getenv("SLURM_JOB_ID") != nullptr;
   req.launcher_args = split_words(args.launcher_args);
+  req.bind = args.bind;
+  // This machine's cores (those accel launch may use: taskset and cgroup cpusets shrink them); a
+  // hostfile's machines are taken to have as many.
+  req.cores_per_machine = physical_cores(affinity_cpus());
 
   // The config: --config_file, else the default one when it exists. It is read here to check it
   // before anything starts, and each rank reads it again (ACCEL_CONFIG_FILE).
@@ -218,8 +224,13 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   if (!found)
     throw LaunchError(fmt::format("program '{}' not found{}", program[0],
                                   program[0].find('/') == std::string::npos ? " on PATH" : " (or not executable)"));
-  // Ranks on other machines run the same path: make it absolute when it was relative.
-  if (program[0].find('/') != std::string::npos) program[0] = files::absolute_path(program[0]);
+  // Ranks on other machines run the same path: make it absolute when it was relative, without
+  // resolving symbolic links (a venv's bin/python is a link to the system's, and only the link's
+  // place makes it the venv's Python).
+  if (program[0].find('/') != std::string::npos && program[0][0] != '/') {
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof cwd)) program[0] = std::string(cwd) + "/" + program[0];
+  }
   req.program = program;
 
   const std::string self = files::self_exe_path();
@@ -257,6 +268,18 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
                                 : fmt::format("{} machines ({} per machine)", plan.num_machines, plan.per_machine);
   fmt::print(stderr, "accel launch: {} rank(s) on {} via {}; {}\n", plan.num_processes, where, plan.launcher,
              config_path.empty() ? std::string("no config file") : fmt::format("config {}", config_path));
+  const std::string threads = plan.threads_per_rank > 0
+                                  ? fmt::format("{} intra-op thread(s) per rank{}", plan.threads_per_rank,
+                                                plan.threads_from_user ? " (your OMP_NUM_THREADS)" : "")
+                                  : std::string("intra-op threads from Slurm's CPUs per task");
+  const std::string cores =
+      plan.binding == "core"
+          ? fmt::format("each rank bound to {} of {} core(s)", plan.cores_per_rank, req.cores_per_machine)
+      : plan.binding == "none"
+          ? fmt::format("ranks not bound ({} per machine, {} core(s))", plan.per_machine, req.cores_per_machine)
+      : plan.binding == "slurm" ? std::string("cores as Slurm binds them")
+                                : std::string("placement from --launcher_args");
+  fmt::print(stderr, "accel launch: {}; {}\n", cores, threads);
   if (args.dry_run) {
     fmt::print("{}\n", shell_join(plan.argv));
     return 0;
@@ -283,12 +306,17 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--gradient_accumulation_steps", args->gradient_accumulation_steps, "Overrides the config");
   cmd->add_flag("--cpu", args->cpu, "Train on the CPU even where GPUs exist");
   cmd->add_option("--launcher", args->launcher, "auto (srun inside Slurm, else mpirun), mpirun or srun");
-  cmd->add_option("--launcher_args", args->launcher_args, "Extra arguments for mpirun/srun, as one string");
+  cmd->add_option("--launcher_args", args->launcher_args,
+                  "Extra arguments for mpirun/srun, as one string (--map-by/--bind-to here replace accel's)");
+  cmd->add_option("--bind", args->bind,
+                  "auto (each rank bound to its share of the machine's cores; no binding when there are more "
+                  "ranks than cores), core, or none (not bound; threads still the share)");
   cmd->add_flag("--dry_run", args->dry_run, "Print the command instead of running it");
   cmd->prefix_command();  // everything from PROGRAM on belongs to PROGRAM
   cmd->footer(
       "PROGRAM [ARGS...] follow the flags. Each rank sees RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
-      "NODE_RANK and NUM_NODES. The exit code is the first failing rank's.");
+      "NODE_RANK and NUM_NODES, runs on its share of the machine's cores (--bind) and gets as many\n"
+      "intra-op threads (OMP_NUM_THREADS, unless you set it). The exit code is the first failing rank's.");
   cmd->callback([&exit_code, args, cmd] {
     try {
       exit_code = run_launch(*args, cmd->remaining());

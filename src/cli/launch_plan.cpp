@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 namespace accel::cli {
 namespace {
 
@@ -12,6 +15,49 @@ std::string quote(const std::string& w) {
   std::string q = "'";
   for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
+}
+
+// Does the user's --launcher_args already say where ranks run (mapping, binding, cpu sets)?
+bool places_ranks(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    for (const char* f : {"bind-to", "map-by", "cpus-per-", "cpu-set", "rankfile"})
+      if (a.find(f) != std::string::npos) return true;
+  return false;
+}
+
+// Binding and threads for k ranks per machine (see launch_plan.h, "Cores").
+void plan_cores(const LaunchRequest& r, LaunchPlan& p) {
+  if (r.bind != "auto" && r.bind != "core" && r.bind != "none")
+    throw LaunchError(fmt::format("--bind must be auto, core or none, got '{}'", r.bind));
+  const int cores = std::max(1, r.cores_per_machine), k = p.per_machine;
+  const int share = std::max(1, cores / k);
+  for (const auto& [key, v] : r.env)
+    if (key == "OMP_NUM_THREADS") {
+      p.threads_from_user = true;
+      p.threads_per_rank = std::atoi(v.c_str());
+    }
+  if (!p.threads_from_user) p.threads_per_rank = share;
+  if (p.launcher == "srun") {
+    p.binding = "slurm";
+    if (!p.threads_from_user) p.threads_per_rank = 0;
+    return;
+  }
+  if (places_ranks(r.launcher_args)) {
+    p.binding = "launcher_args";
+  } else if (k > cores) {
+    if (r.bind == "core")
+      throw LaunchError(fmt::format("--bind core needs at most {} ranks per machine (its cores), got {}", cores, k));
+    p.binding = "none";
+    p.bind_args = {"--bind-to", "none"};
+  } else if (r.bind == "none") {
+    p.binding = "none";
+    p.bind_args = {"--bind-to", "none"};
+  } else {
+    p.binding = "core";
+    p.cores_per_rank = share;
+    p.bind_args = {"--map-by", fmt::format("ppr:{}:node:PE={}", k, share), "--bind-to", "core"};
+  }
+  if (!p.threads_from_user) p.bind_args.insert(p.bind_args.end(), {"-x", fmt::format("OMP_NUM_THREADS={}", share)});
 }
 
 void require_positive(const std::optional<int>& v, const char* what) {
@@ -83,6 +129,7 @@ LaunchPlan plan_launch(const LaunchRequest& r) {
   }
 
   p.env = r.env;
+  plan_cores(r, p);
   auto& a = p.argv;
   const std::string nodes = std::to_string(p.num_machines);
   auto rank_command = [&](std::optional<int> node_rank) {
@@ -99,6 +146,7 @@ LaunchPlan plan_launch(const LaunchRequest& r) {
     return p;
   }
   a = {r.mpirun, "--oversubscribe"};
+  a.insert(a.end(), p.bind_args.begin(), p.bind_args.end());
   for (const auto& [k, v] : r.env) a.insert(a.end(), {"-x", k + "=" + v});
   a.insert(a.end(), r.launcher_args.begin(), r.launcher_args.end());
   if (!have_hosts) {

@@ -16,6 +16,17 @@
 // "auto" picks srun inside a Slurm allocation (SLURM_JOB_ID set) unless a hostfile is given, else mpirun.
 // mpirun forwards only the `-x` variables to other machines, so everything a rank needs (ACCEL_*)
 // travels that way; srun exports the launcher's whole environment.
+//
+// Cores (mpirun): each machine's cores are shared evenly among its ranks. With k ranks per machine
+// and C cores (this machine's physical cores, taken for every machine of a hostfile):
+//   k <= C   --map-by ppr:k:node:PE=C/k --bind-to core, and -x OMP_NUM_THREADS=C/k (libtorch's
+//            intra-op threads), so each rank computes on its own C/k cores;
+//   k > C    (oversubscribed, as the tests' 4 ranks on 2 cores) --bind-to none and OMP_NUM_THREADS=1.
+// Without these flags Open MPI binds each of up to 2 ranks to one core: a lone rank computes on one.
+// An OMP_NUM_THREADS the user set is kept (and forwarded); --bind none asks for no binding (threads
+// still the share); mapping or binding flags in --launcher_args replace ours. srun: Slurm's
+// allocation decides the cores; accel-rank sets OMP_NUM_THREADS from SLURM_CPUS_PER_TASK or its CPU
+// mask when unset.
 #pragma once
 
 #include "cli/hostfile.h"
@@ -45,6 +56,8 @@ struct LaunchRequest {
   std::vector<std::pair<std::string, std::string>> env;  // exported to every rank
   std::vector<std::string> launcher_args;                // passed to mpirun/srun as they are
   std::vector<std::string> program;                      // PROGRAM ARGS...
+  int cores_per_machine = 1;                             // physical cores a machine gives its ranks
+  std::string bind = "auto";                             // auto | core | none
 };
 
 struct LaunchPlan {
@@ -53,6 +66,13 @@ struct LaunchPlan {
   std::vector<HostSlots> machines;  // the hosts used (slots = ranks placed there); empty: local/Slurm
   std::vector<std::string> argv;    // the command to run
   std::vector<std::pair<std::string, std::string>> env;  // for the launcher's own environment (srun)
+  // Cores and threads (mpirun): binding is "core" (each rank on cores_per_rank cores of its own),
+  // "none", "launcher_args" (the user's flags decide) or "slurm".
+  std::string binding = "none";
+  int cores_per_rank = 0;              // 0 where not bound
+  int threads_per_rank = 0;            // OMP_NUM_THREADS each rank gets; 0: left to the rank (srun)
+  bool threads_from_user = false;      // OMP_NUM_THREADS was the user's
+  std::vector<std::string> bind_args;  // the flags of the two above, as they appear in argv
 };
 
 // Throws LaunchError with a message saying what is wrong and what to change.

@@ -5,6 +5,8 @@
 // 1. Reads the rank from the launcher (Open MPI: OMPI_COMM_WORLD_*; Slurm: SLURM_PROCID/LOCALID/NODEID)
 //    and exports the names torchrun and Accelerate users know: RANK, WORLD_SIZE, LOCAL_RANK,
 //    LOCAL_WORLD_SIZE, NODE_RANK, NUM_NODES.
+//    When OMP_NUM_THREADS is unset (srun; accel launch sets it under mpirun), sets it to Slurm's
+//    CPUs per task, else to this rank's share of the cores it may run on (cli/cpu_cores.h).
 // 2. Runs PROGRAM as its child and passes SIGINT/SIGTERM/SIGHUP on to it. Both ends die together:
 //    the child gets SIGKILL if accel-rank dies, and accel-rank gets SIGTERM if its parent (mpirun's
 //    daemon, srun) dies, so no rank outlives its launcher.
@@ -13,11 +15,13 @@
 // Exits with PROGRAM's exit code, or 128 + the signal that ended it.
 // Plain C++ and POSIX (and base/env.cpp, the ACCEL_* table): no torch, no MPI, so it starts instantly.
 #include "base/env.h"
+#include "cli/cpu_cores.h"
 
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -122,6 +126,12 @@ int main(int argc, char** argv) {
   setenv("LOCAL_WORLD_SIZE", std::to_string(local_world).c_str(), 1);
   setenv("NODE_RANK", std::to_string(node_rank).c_str(), 1);
   setenv("NUM_NODES", std::to_string(num_nodes).c_str(), 1);
+  if (!first_env({"OMP_NUM_THREADS"})) {
+    const char* per_task = first_env({"SLURM_CPUS_PER_TASK"});
+    const int threads = per_task ? std::max(1, to_int(per_task, "SLURM_CPUS_PER_TASK"))
+                                 : std::max(1, accel::cli::physical_cores(accel::cli::affinity_cpus()) / local_world);
+    setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+  }
 
   // If mpirun's daemon (or srun) goes away, so do we (and, through the child's death signal, the program).
   prctl(PR_SET_PDEATHSIG, SIGTERM);

@@ -4,22 +4,29 @@
 // control channel, and one dedicated (high-priority, pooled) stream on which every collective runs.
 //
 // Ordering, per collective:
-//   caller's current stream --(event "ready")--> comm stream: NCCL kernel --(event "done")--> caller's
-//   current stream.
+//   caller's current stream --(event "ready")--> comm stream: [signature check] NCCL kernel --(event "done")
 // The comm stream first waits for the caller's current stream, so the collective sees everything the
-// caller has queued so far. Right after the launch the caller's current stream is made to wait for the
-// "done" event (cudaStreamWaitEvent, asynchronous for the host): kernels the caller queues later on
-// that stream are ordered after the collective even without wait(). This is necessary because the
-// Work API has no hook to make a stream wait at wait() time. Work::wait() additionally blocks the host
-// (it polls the "done" event), which is what callers that read results on the host or on other
-// streams rely on.
+// caller has queued so far. The caller's stream does NOT wait for the collective: compute queued after
+// the launch overlaps it. Results are the caller's only after Work::wait() (or is_completed() true),
+// which the Work contract already demands; wait() blocks the host until the "done" event has passed,
+// so whatever the caller queues afterwards, on any stream, runs after the collective. The caching
+// allocator is told that input and output are used on the comm stream (recordStream), so freeing them
+// early never hands their blocks to other work before the collective ends.
+//
+// Cross-rank check (unless ACCEL_COMM_CHECK=0, groups of 2 or more): before the collective, the comm
+// stream all-reduces (MAX) the collective's packed Signature, a few dozen bytes, and copies the result
+// to pinned host memory; the Work's poll compares it as soon as it lands. A disagreement raises
+// MismatchError on every rank. NCCL cannot cancel a launched collective, and mismatched sizes can leave
+// it waiting forever, so the NCCL communicator is then aborted and the job must restart.
 //
 // Completion: the Work polls the "done" event (cudaEventQuery); while it is not ready the poll also
 // checks ncclCommGetAsyncError, so a communicator failure raises instead of hanging until the
 // timeout. On timeout the NCCL communicator is aborted (its kernels exit) and the job is marked broken.
 #include "comm/nccl_backend.h"
 
+#include "base/env.h"
 #include "comm/mpi_backend.h"
+#include "comm/signature.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -29,6 +36,7 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -197,8 +205,13 @@ EventPtr make_event(int rank, int device) {
 
 class NcclBackend final : public Backend {
  public:
-  NcclBackend(std::shared_ptr<NcclComm> state, c10::cuda::CUDAStream stream, EventPtr ready, at::Tensor barrier_buf)
-      : state_(std::move(state)), stream_(stream), ready_(std::move(ready)), barrier_buf_(std::move(barrier_buf)) {}
+  NcclBackend(std::shared_ptr<NcclComm> state, c10::cuda::CUDAStream stream, EventPtr ready, at::Tensor barrier_buf,
+              bool check)
+      : state_(std::move(state)),
+        stream_(stream),
+        ready_(std::move(ready)),
+        barrier_buf_(std::move(barrier_buf)),
+        check_(check && state_->size > 1) {}
 
   // The communicator itself is released by ~NcclComm (ncclCommDestroy, or ncclCommAbort when it was
   // aborted or failed) once no in-flight poll still holds it. Never throws.
@@ -227,6 +240,26 @@ class NcclBackend final : public Backend {
     check_cuda("cudaStreamWaitEvent", cudaStreamWaitEvent(comm_stream, ready_.get(), 0), rank, device);
 
     EventPtr done = make_event(rank, device);
+    // The signature check: pinned host copy in, MAX all-reduce on the device, copy back into the same
+    // pinned buffer (stream order makes the reuse safe); the poll reads it once `checked` has passed.
+    struct Check {
+      Signature mine;
+      at::Tensor host, dev;
+      EventPtr checked;
+      std::atomic<bool> verified{false};  // polls may run on several threads
+    };
+    std::shared_ptr<Check> chk;
+    if (check_) {
+      chk = std::make_shared<Check>();
+      chk->mine = Signature::of(request);
+      constexpr int64_t n = 2 * Signature::kNumFields;
+      chk->host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+      std::memcpy(chk->host.data_ptr(), chk->mine.v, sizeof chk->mine.v);
+      chk->dev =
+          at::empty({n}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
+      c10::cuda::CUDACachingAllocator::recordStream(chk->dev.storage().data_ptr(), stream_);
+      chk->checked = make_event(rank, device);
+    }
     {
       std::lock_guard<std::mutex> lk(state_->mu);
       if (state_->aborted || state_->comm == nullptr)
@@ -234,6 +267,22 @@ class NcclBackend final : public Backend {
             "NCCL backend: the NCCL communicator was aborted (an earlier collective timed out or failed); the job must "
             "restart{}",
             where(rank, device)));
+      if (chk) {
+        const size_t bytes = sizeof chk->mine.v;
+        check_cuda(
+            "cudaMemcpyAsync",
+            cudaMemcpyAsync(chk->dev.data_ptr(), chk->host.data_ptr(), bytes, cudaMemcpyHostToDevice, comm_stream),
+            rank, device);
+        check_nccl("ncclAllReduce (argument check)",
+                   ncclAllReduce(chk->dev.data_ptr(), chk->dev.data_ptr(), 2 * Signature::kNumFields, ncclInt64,
+                                 ncclMax, state_->comm, comm_stream),
+                   state_->comm, rank, device);
+        check_cuda(
+            "cudaMemcpyAsync",
+            cudaMemcpyAsync(chk->host.data_ptr(), chk->dev.data_ptr(), bytes, cudaMemcpyDeviceToHost, comm_stream),
+            rank, device);
+        check_cuda("cudaEventRecord", cudaEventRecord(chk->checked.get(), comm_stream), rank, device);
+      }
       launch(request, comm_stream);
       check_cuda("cudaEventRecord", cudaEventRecord(done.get(), comm_stream), rank, device);
     }
@@ -247,7 +296,28 @@ class NcclBackend final : public Backend {
     if (request.kind == Collective::Barrier) request.work->keep_alive(std::make_shared<at::Tensor>(barrier_buf_));
 
     std::weak_ptr<NcclComm> weak = state_;
-    request.work->set_poll([done, weak, rank, device]() -> bool {
+    const std::string what = request.work->what();
+    const int size = state_->size;
+    request.work->set_poll([done, weak, rank, size, device, chk, what]() -> bool {
+      if (chk && !chk->verified.load()) {
+        const cudaError_t c = cudaEventQuery(chk->checked.get());
+        if (c != cudaSuccess && c != cudaErrorNotReady) throw_cuda("cudaEventQuery", c, rank, device);
+        if (c == cudaSuccess && !chk->verified.exchange(true)) {
+          std::string msg = Signature::disagreement(chk->mine, chk->host.data_ptr<int64_t>(), what, rank, size);
+          if (!msg.empty()) {
+            if (auto s = weak.lock()) {
+              std::lock_guard<std::mutex> lk(s->mu);
+              s->abort_locked();
+            }
+            MpiBackend::mark_broken();
+            throw MismatchError(msg +
+                                " NCCL cannot cancel the collective it launched, so the NCCL communicator was aborted: "
+                                "the job must restart.");
+          }
+        } else if (c == cudaErrorNotReady) {
+          (void)cudaGetLastError();
+        }
+      }
       const cudaError_t e = cudaEventQuery(done.get());
       if (e == cudaSuccess) return true;
       if (e != cudaErrorNotReady) throw_cuda("cudaEventQuery", e, rank, device);
@@ -263,9 +333,7 @@ class NcclBackend final : public Backend {
       MpiBackend::mark_broken();
     });
 
-    // Subsequent kernels on the caller's current stream are ordered after the collective (see the
-    // file comment); wait() additionally blocks the host.
-    check_cuda("cudaStreamWaitEvent", cudaStreamWaitEvent(current, done.get(), 0), rank, device);
+    if (chk) request.work->keep_alive(chk);
   }
 
  private:
@@ -316,6 +384,7 @@ class NcclBackend final : public Backend {
   c10::cuda::CUDAStream stream_;
   EventPtr ready_;          // reused: cudaStreamWaitEvent captures its state at call time
   at::Tensor barrier_buf_;  // 1 float32 on the device
+  bool check_;              // the cross-rank signature check runs before each collective
 };
 
 }  // namespace
@@ -391,7 +460,8 @@ std::unique_ptr<Backend> make_nccl_backend(MpiBackend& bootstrap, int device_ind
   at::Tensor barrier_buf = at::zeros(
       {1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
   c10::cuda::CUDACachingAllocator::recordStream(barrier_buf.storage().data_ptr(), stream);
-  return std::make_unique<NcclBackend>(std::move(state), stream, std::move(ready), std::move(barrier_buf));
+  return std::make_unique<NcclBackend>(std::move(state), stream, std::move(ready), std::move(barrier_buf),
+                                       env::get_int("ACCEL_COMM_CHECK") != 0);
 }
 
 }  // namespace accel::comm

@@ -3,8 +3,10 @@
 //
 // Contract: the NCCL communicator is created on first use, collectively, on the device of that
 // first tensor (rank 0's ncclUniqueId is broadcast over MPI). Each collective runs on the backend's
-// own stream after the caller's current stream; Work::wait() blocks the host until the collective
-// has finished (or the timeout passes: then the NCCL communicator is aborted and the job fails).
+// own stream after the work already queued on the caller's current stream; the caller's stream does
+// not wait for it, so later compute overlaps the collective. Work::wait() blocks the host until the
+// collective has finished (or the timeout passes: then the NCCL communicator is aborted and the job
+// fails). Arguments are checked across ranks on the device (MismatchError; ACCEL_COMM_CHECK=0: off).
 // 16-bit sums use NCCL's own (fp32-accumulating) reductions; fp8 moves as bytes.
 #pragma once
 

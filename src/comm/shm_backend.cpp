@@ -44,7 +44,7 @@ struct alignas(128) RankCtl {
   Counter out_step;  // chunks this rank has finished reading from its peers' buffers
   // The signature of a collective, posted with its first chunk (by collective parity: a rank writes
   // the next-but-one only once every peer is done with this one's first chunk, so with it).
-  long long sig[2][kNumSig];
+  std::int64_t sig[2][Signature::kNumFields];
   // Single copy (cross-memory attach): this rank's pid, and where its input of the current large
   // all_gather / broadcast lies in its own address space (published by in_step).
   std::int64_t pid;
@@ -82,6 +82,12 @@ class Segment {
 };
 
 enum class Phase : std::uint8_t { In, Reduce, Out };
+
+// This rank's signature fields into its control block.
+inline void post_signature(const Request& r, std::int64_t* slot) {
+  const Signature s = Signature::of(r);
+  std::copy(s.v, s.v + Signature::kNumFields, slot);
+}
 
 // memcpy that accepts empty copies from empty (null) tensors.
 inline void copy_bytes(void* dst, const void* src, std::int64_t n) {
@@ -279,19 +285,24 @@ class ShmGroup {
   void verify_first_chunk(ShmOp& op, std::uint64_t g) {
     if (!check_ || op.req.skip_check) return;
     const int slot = static_cast<int>(op.seq & 1);
-    const long long* mine = seg_->ctl(rank_).sig[slot];
-    long long lo[kNumSig], hi[kNumSig];
-    std::copy(mine, mine + kNumSig, lo);
-    std::copy(mine, mine + kNumSig, hi);
-    for (int j = 0; j < size_; ++j) {
-      const long long* s = seg_->ctl(j).sig[slot];
-      for (int f = 0; f < kNumSig; ++f) {
-        lo[f] = std::min(lo[f], s[f]);
-        hi[f] = std::max(hi[f], s[f]);
-      }
+    constexpr int F = Signature::kNumFields;
+    Signature mine;
+    std::int64_t reduced[2 * F];  // [max | -min] over ranks, as Signature::disagreement reads it
+    for (int f = 0; f < F; ++f) {
+      mine.v[f] = seg_->ctl(rank_).sig[slot][f];
+      mine.v[F + f] = -mine.v[f];
+      reduced[f] = mine.v[f];
+      reduced[F + f] = -mine.v[f];
     }
+    for (int j = 0; j < size_; ++j)
+      for (int f = 0; f < F; ++f) {
+        const std::int64_t x = seg_->ctl(j).sig[slot][f];
+        reduced[f] = std::max(reduced[f], x);
+        reduced[F + f] = std::max(reduced[F + f], -x);
+      }
     try {
-      verify_signature(mine, lo, hi, op.req.work->what(), rank_, size_);  // alike on every rank
+      std::string msg = Signature::disagreement(mine, reduced, op.req.work->what(), rank_, size_);
+      if (!msg.empty()) throw MismatchError(msg);  // alike on every rank
     } catch (...) {
       RankCtl& me = seg_->ctl(rank_);
       me.red_step.store(g, std::memory_order_release);
@@ -312,7 +323,7 @@ class ShmGroup {
     RankCtl& ctl = seg_->ctl(me);
     // Writing my buffer b again: every peer must be done reading it (the chunk before last).
     if (ph == Phase::In && g > kBuffers && !all_at_least(&RankCtl::out_step, g - kBuffers)) return false;
-    if (ph == Phase::In && t == 0) make_signature(r, ctl.sig[op.seq & 1]);  // published by in_step
+    if (ph == Phase::In && t == 0) post_signature(r, ctl.sig[op.seq & 1]);  // published by in_step
     // The first step reading peers' data: everyone's first chunk is in, so their signatures are.
     const bool first_read = t == 0 && ph != Phase::In && (ph == Phase::Reduce || r.kind != Collective::AllReduce);
     if (first_read) {
@@ -609,8 +620,8 @@ std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
   }
   // Only where every rank has a core: oversubscribed, the readers' extra round (the owner waits
   // for all of them) cost more than the copy it saves (measured at 4 ranks on 2 cores).
-  cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof cpus, &cpus) != 0 || CPU_COUNT(&cpus) < size) cma = 0;
+  // (The machine's CPUs, not this rank's affinity: a launcher may bind each rank to its own core.)
+  if (static_cast<int>(std::thread::hardware_concurrency()) < size) cma = 0;
   std::vector<int> cmas(size);
   group.allgather_bytes(&cma, sizeof cma, cmas.data());
   const bool single_copy = std::find(cmas.begin(), cmas.end(), 0) == cmas.end();

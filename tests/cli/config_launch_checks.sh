@@ -129,6 +129,48 @@ config_errors)
   expect_error "mixed_precision: fp9 not in" "$ACCEL" config default --mixed_precision fp9
   expect_error "The following argument was not expected: --bogus|--bogus" "$ACCEL" config explain --bogus
   ;;
+binding)  # each rank gets its share of the cores (mpirun flags, the CPUs it reports) and as many threads
+  unset OMP_NUM_THREADS  # (the test environment sets 1; the default is what is checked first)
+  # The cores independently of accel: this process's CPU list and sysfs's (package, core) of each.
+  cpus=$(awk '/^Cpus_allowed_list/ {print $2}' /proc/self/status | tr ',' '\n' |
+         awk -F- '{ e = (NF > 1 ? $2 : $1); for (c = $1; c <= e; ++c) print c }')
+  C=$(for c in $cpus; do t=/sys/devices/system/cpu/cpu$c/topology
+        echo "$(cat $t/physical_package_id 2>/dev/null || echo $c):$(cat $t/core_id 2>/dev/null || echo $c)"; done | sort -u | wc -l)
+  ncpu=$(wc -w <<<"$cpus")
+  echo "this process: $ncpu CPU(s), $C physical core(s)"
+  # rank_line N OUT R: rank R's line from `accel env` output OUT
+  rank_line() { grep -E "^  rank $2/" <<<"$1"; }
+  out=$("$ACCEL" launch --dry_run -n 1 true 2>&1)
+  grep -q -- "--map-by ppr:1:node:PE=$C --bind-to core -x OMP_NUM_THREADS=$C " <<<"$out" \
+    && pass "-n 1: bound to all $C cores, $C threads (flags)" || { fail "-n 1 flags"; echo "$out"; }
+  out=$("$ACCEL" launch -n 1 "$ACCEL" env 2>&1) || fail "accel env -n 1 exited $?"
+  line=$(rank_line "$out" 0)
+  grep -q "($C core(s)) intra-op threads $C$" <<<"$line" && pass "-n 1: rank 0 runs on $C cores with $C threads" \
+    || { fail "-n 1: rank 0 reports '$line'"; echo "$out"; }
+  out=$(OMP_NUM_THREADS=1 "$ACCEL" launch -n 1 "$ACCEL" env 2>&1) || fail "OMP_NUM_THREADS=1 accel env exited $?"
+  grep -q "($C core(s)) intra-op threads 1$" <<<"$(rank_line "$out" 0)" && grep -q "1 intra-op thread(s) per rank (your OMP_NUM_THREADS)" <<<"$out" \
+    && pass "the user's OMP_NUM_THREADS=1 is kept" || { fail "OMP_NUM_THREADS=1 not kept"; echo "$out"; }
+  if [ "$C" -ge 2 ]; then
+    P=$((C / 2))
+    out=$("$ACCEL" launch -n 2 "$ACCEL" env 2>&1) || fail "accel env -n 2 exited $?"
+    grep -q -- "--map-by ppr:2:node:PE=$P --bind-to core" <<<"$("$ACCEL" launch --dry_run -n 2 true 2>&1)" \
+      && pass "-n 2: PE=$P flags" || fail "-n 2 flags"
+    l0=$(rank_line "$out" 0) l1=$(rank_line "$out" 1)
+    grep -q "($P core(s)) intra-op threads $P$" <<<"$l0" && grep -q "($P core(s)) intra-op threads $P$" <<<"$l1" \
+      && pass "-n 2: each rank on $P core(s) with $P thread(s)" || { fail "-n 2 ranks"; echo "$out"; }
+    s0=$(sed -E 's/.* cpus ([^ ]+) .*/\1/' <<<"$l0") s1=$(sed -E 's/.* cpus ([^ ]+) .*/\1/' <<<"$l1")
+    [ "$s0" != "$s1" ] && pass "-n 2: the ranks' CPU sets differ ($s0 | $s1)" || fail "-n 2: both ranks on $s0"
+  fi
+  if [ "$C" -le 8 ]; then  # oversubscribed: more ranks than cores
+    N=$((C + 2))
+    out=$("$ACCEL" launch -n $N "$ACCEL" env 2>&1) || fail "accel env -n $N exited $?"
+    grep -q -- "--bind-to none -x OMP_NUM_THREADS=1 " <<<"$("$ACCEL" launch --dry_run -n $N true 2>&1)" \
+      && pass "-n $N: not bound, 1 thread (flags)" || fail "-n $N flags"
+    unbound=$(grep -cE "^  rank [0-9]+/$N .*\($C core\(s\)\) intra-op threads 1$" <<<"$out")
+    [ "$unbound" -eq "$N" ] && pass "-n $N: all $N ranks unbound (all $C cores) with 1 thread" \
+      || { fail "-n $N: $unbound of $N ranks unbound with 1 thread"; echo "$out"; }
+  fi
+  ;;
 explain_shipped)  # every shipped config explains without error
   for f in $(cd "$SRC" && ls configs/*.yaml configs/*/*.yaml configs/*/*.json); do
     out=$("$ACCEL" config explain "$SRC/$f" 2>&1) && grep -q "^Strategy" <<<"$out" && pass "$f" || { fail "$f"; echo "$out"; }

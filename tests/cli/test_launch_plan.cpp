@@ -3,6 +3,7 @@
 #include "cli/launch_plan.h"
 #include "support/errors.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -56,9 +57,10 @@ TEST(LaunchPlan, OneMachineUsesMpirunWithTheRankWrapper) {
   const LaunchPlan p = plan_launch(r);
   EXPECT_EQ(p.launcher, "mpirun");
   EXPECT_EQ(p.num_processes, 3);
-  EXPECT_EQ(p.argv, (Words{"mpirun", "--oversubscribe", "-x", "ACCEL_CONFIG_FILE=/c/ddp.yaml", "-np", "3",
-                           "/opt/accel/bin/accel-rank", "--node_rank", "0", "--num_nodes", "1", "--", "./train",
-                           "--steps", "3"}));
+  // (request() gives one core: 3 ranks oversubscribe it, so no binding and one thread each)
+  EXPECT_EQ(p.argv, (Words{"mpirun", "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1", "-x",
+                           "ACCEL_CONFIG_FILE=/c/ddp.yaml", "-np", "3", "/opt/accel/bin/accel-rank", "--node_rank", "0",
+                           "--num_nodes", "1", "--", "./train", "--steps", "3"}));
 }
 
 TEST(LaunchPlan, FlagBeatsConfigBeatsHostfileBeatsDefault) {
@@ -83,10 +85,17 @@ TEST(LaunchPlan, HostfileGivesOneAppContextPerMachine) {
   r.hostfile = "hf";
   r.num_processes = 4;
   r.num_machines = 2;
+  r.cores_per_machine = 2;
   const LaunchPlan p = plan_launch(r);
   ASSERT_EQ(p.machines.size(), 2u);
   EXPECT_EQ(p.argv, (Words{"mpirun",
                            "--oversubscribe",
+                           "--map-by",
+                           "ppr:2:node:PE=1",
+                           "--bind-to",
+                           "core",
+                           "-x",
+                           "OMP_NUM_THREADS=1",
                            "-np",
                            "2",
                            "--host",
@@ -155,6 +164,79 @@ TEST(LaunchPlan, SrunInsideSlurm) {
                            "--partition=gpu", "/opt/accel/bin/accel-rank", "--num_nodes", "2", "--", "prog"}));
   r.hosts = {{"a", 4}, {"b", 4}};
   EXPECT_EQ(plan_launch(r).launcher, "mpirun");  // a hostfile means mpirun even inside Slurm
+}
+
+// The flags that place ranks and the OMP_NUM_THREADS they get, as they appear in argv.
+Words placement(const LaunchPlan& p) {
+  Words w;
+  for (std::size_t i = 1; i < p.argv.size() && p.argv[i] != "-np"; ++i) w.push_back(p.argv[i]);
+  return w;
+}
+
+TEST(LaunchPlan, EachRankGetsItsShareOfTheMachinesCores) {
+  auto r = request();
+  r.cores_per_machine = 8;
+  for (auto [n, pe] : {std::pair{1, 8}, {2, 4}, {3, 2}, {8, 1}}) {
+    r.num_processes = n;
+    const LaunchPlan p = plan_launch(r);
+    EXPECT_EQ(placement(p), (Words{"--oversubscribe", "--map-by", fmt::format("ppr:{}:node:PE={}", n, pe), "--bind-to",
+                                   "core", "-x", fmt::format("OMP_NUM_THREADS={}", pe)}))
+        << n << " ranks";
+    EXPECT_EQ(p.binding, "core");
+    EXPECT_EQ(p.cores_per_rank, pe);
+    EXPECT_EQ(p.threads_per_rank, pe);
+    EXPECT_FALSE(p.threads_from_user);
+  }
+  // Per machine, not in all: 2 machines x 2 ranks of 8 cores each.
+  r.hosts = {{"a", 2}, {"b", 2}};
+  r.num_processes = 4;
+  EXPECT_EQ(plan_launch(r).cores_per_rank, 4);
+}
+
+TEST(LaunchPlan, MoreRanksThanCoresAreNotBoundAndGetOneThread) {
+  auto r = request();
+  r.cores_per_machine = 2;
+  r.num_processes = 4;
+  const LaunchPlan p = plan_launch(r);
+  EXPECT_EQ(placement(p), (Words{"--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1"}));
+  EXPECT_EQ(p.binding, "none");
+  EXPECT_EQ(p.cores_per_rank, 0);
+  EXPECT_EQ(p.threads_per_rank, 1);
+  r.bind = "core";
+  EXPECT_EQ(message_of([&] { plan_launch(r); }), "--bind core needs at most 2 ranks per machine (its cores), got 4");
+}
+
+TEST(LaunchPlan, TheUsersThreadsAndPlacementWin) {
+  auto r = request();
+  r.cores_per_machine = 4;
+  r.num_processes = 2;
+  r.env = {{"OMP_NUM_THREADS", "3"}};
+  LaunchPlan p = plan_launch(r);  // bound as usual, the user's thread count forwarded as it is
+  EXPECT_EQ(placement(p),
+            (Words{"--oversubscribe", "--map-by", "ppr:2:node:PE=2", "--bind-to", "core", "-x", "OMP_NUM_THREADS=3"}));
+  EXPECT_TRUE(p.threads_from_user);
+  EXPECT_EQ(p.threads_per_rank, 3);
+  r.env.clear();
+  r.bind = "none";
+  EXPECT_EQ(placement(plan_launch(r)), (Words{"--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=2"}));
+  r.bind = "auto";
+  r.launcher_args = {"--map-by", "socket"};
+  p = plan_launch(r);
+  EXPECT_EQ(p.binding, "launcher_args");
+  EXPECT_EQ(placement(p), (Words{"--oversubscribe", "-x", "OMP_NUM_THREADS=2", "--map-by", "socket"}));
+  r.bind = "tight";
+  EXPECT_EQ(message_of([&] { plan_launch(r); }), "--bind must be auto, core or none, got 'tight'");
+}
+
+TEST(LaunchPlan, SrunLeavesCoresToSlurm) {
+  auto r = request({"prog"});
+  r.in_slurm = true;
+  r.cores_per_machine = 8;
+  r.num_processes = 2;
+  const LaunchPlan p = plan_launch(r);
+  EXPECT_EQ(p.binding, "slurm");
+  EXPECT_EQ(p.threads_per_rank, 0);  // accel-rank takes SLURM_CPUS_PER_TASK
+  EXPECT_TRUE(p.bind_args.empty());
 }
 
 TEST(LaunchPlan, ShellJoinQuotesOnlyWhatNeedsIt) {

@@ -10,6 +10,12 @@
 #include "comm/nccl_backend.h"
 #include "test_world.h"
 
+#if __has_include(<c10/cuda/CUDAStream.h>) && __has_include(<cuda_runtime_api.h>)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#define ACCEL_TEST_HAS_CUDA_STREAMS 1
+#endif
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -322,3 +328,38 @@ TEST(NcclComm_CUDA, CountersCountBytes) {
   ctx.comm->reset_counters();
   EXPECT_EQ(ctx.comm->counters().total().calls, 0u);
 }
+
+#ifdef ACCEL_TEST_HAS_CUDA_STREAMS
+// The caller's stream does not wait for a collective at launch: work queued after it overlaps it, and
+// only Work::wait() (or is_completed()) hands the result over. The collective is made slow by queueing
+// it behind an earlier one that waits for ~0.3 s of matmuls on a side stream; a kernel queued on the
+// current stream after the launch must finish while the collective is still pending.
+TEST(NcclComm_CUDA, ComputeStreamDoesNotWaitForTheCollective) {
+  if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
+  const auto dev = static_cast<c10::DeviceIndex>(ctx.device);
+  c10::cuda::CUDAGuard guard(dev);
+  const int64_t n = ctx.world;
+  at::Tensor w = at::randn({4096, 4096}, ctx.opts(at::kFloat)) * (1.0 / 64);
+  at::Tensor first = at::ones({1 << 20}, ctx.opts(at::kFloat)), second = at::ones({1 << 20}, ctx.opts(at::kFloat));
+  c10::cuda::getCurrentCUDAStream(dev).synchronize();  // the side stream reads w
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, dev);
+  accel::comm::WorkPtr w1;
+  {
+    c10::cuda::CUDAStreamGuard on_side(side);
+    at::Tensor acc = w;
+    for (int i = 0; i < 100; ++i) acc = at::mm(acc, w);
+    w1 = ctx.comm->all_reduce_async(first);  // its stream waits for the matmuls
+  }
+  accel::comm::WorkPtr w2 = ctx.comm->all_reduce_async(second);  // queued behind w1
+  at::Tensor small = at::ones({16}, ctx.opts(at::kFloat)) * 2;   // on the current stream
+  c10::cuda::getCurrentCUDAStream(dev).synchronize();
+  EXPECT_FALSE(w2->is_completed()) << "the current stream waited for the collective launched before it";
+  EXPECT_TRUE(at::equal(small.cpu(), at::full({16}, 2.0f)));
+  w2->wait();
+  w1->wait();
+  expect_all(second, n, "all_reduce after the overlapped kernel");
+  expect_all(first, n, "all_reduce behind the side stream");
+}
+#endif

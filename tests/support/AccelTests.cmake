@@ -4,7 +4,10 @@
 #   accel_add_mpi_test(NAME <prefix> TARGET <exe> NP <n>... [SUFFIX <s>] [FILTER <gtest filter>]
 #                      [ARGS <arg>...] [ENV <VAR=value>...] [TIMEOUT <s>] [LABELS <label>...] [SKIPPABLE])
 #     One test per world size N, named <prefix>_np<N><suffix>: the binary on every rank of
-#     `mpirun --oversubscribe -np N` (tests/test_main.cpp makes every rank exit with the worst result).
+#     `accel launch -n N`, so tests start the way users' programs do (mpirun --oversubscribe, each rank
+#     on its share of the cores, unbound when N exceeds them; OMP_NUM_THREADS from ACCEL_TEST_ENV is
+#     kept). ACCEL_HOME points into the build tree, so a user's default config never reaches a test.
+#     tests/test_main.cpp makes every rank exit with the worst result; accel launch exits with it.
 #
 #   accel_add_gtest(NAME <name> TARGET <exe> [FILTER ...] [ARGS ...] [ENV ...] [TIMEOUT <s>] [LABELS ...]
 #                   [SKIPPABLE])
@@ -61,8 +64,10 @@ function(accel_add_mpi_test)
   if(NOT T_NP)
     message(FATAL_ERROR "accel_add_mpi_test(${T_NAME}): NP <world sizes> is required")
   endif()
+  add_dependencies(${T_TARGET} accel_cli accel_rank)  # the launcher the test runs under
+  list(APPEND T_ENV ACCEL_HOME=${CMAKE_BINARY_DIR}/tests_accel_home)
   foreach(np IN LISTS T_NP)
-    set(CMD ${MPIEXEC_EXECUTABLE} --oversubscribe -np ${np} $<TARGET_FILE:${T_TARGET}> ${_gtest_args})
+    set(CMD $<TARGET_FILE:accel_cli> launch -n ${np} $<TARGET_FILE:${T_TARGET}> ${_gtest_args})
     _accel_gtest_register(${T_NAME}_np${np}${T_SUFFIX})
   endforeach()
 endfunction()

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+# torch_anchor: step_bench's training step in PyTorch itself, the anchor accel's step times are held
+# against. The same GPT as step_bench (examples/models/gpt.h: pre-norm blocks, causal attention
+# written out with matmul + masked_fill + softmax, exact GELU, no qkv bias, head tied to the token
+# embedding, positions randn * 0.1), the same sizes (vocab 4096, width 384, 6 heads, 10 layers,
+# seq 64), AdamW(lr 1e-4, PyTorch's and libtorch's defaults otherwise: betas 0.9/0.999, eps 1e-8,
+# weight decay 0.01), the same batch (4 sequences per rank) and synthetic data (uniform token ids,
+# seeded per rank), and the same timing: a barrier, then forward + loss + backward + step +
+# zero_grad, the slowest rank's time, the median of --steps after --warmup.
+#
+#   --strategy plain             the model alone (1 rank), step_bench --strategy plain's twin
+#              DDP               DistributedDataParallel (default buckets)
+#              FSDP2             fully_shard per block, then the root (reshard_after_forward=True):
+#                                accel FULL_SHARD's twin
+#              FSDP2_NO_RESHARD  the same with reshard_after_forward=False: SHARD_GRAD_OP's twin
+#
+# Launch (gloo on CPU, NCCL on CUDA):
+#   accel launch -n 2 $PY benchmarks/torch_anchor.py --strategy DDP      # as run_step_bench.sh does
+#   mpirun -np 2 $PY benchmarks/torch_anchor.py --strategy FSDP2         # OMPI_COMM_WORLD_* read
+#   torchrun --nproc-per-node 2 benchmarks/torch_anchor.py --strategy DDP
+# The rendezvous is MASTER_ADDR:MASTER_PORT when set, else 127.0.0.1 and a port derived from the job
+# (accel launch's status directory or Open MPI's job id), so concurrent jobs do not collide.
+# --device auto (the default) picks CUDA when present, as step_bench does; each rank takes
+# cuda:LOCAL_RANK. Intra-op threads: OMP_NUM_THREADS when set (accel launch sets each rank's share),
+# else the machine's cores over the ranks on it, as step_bench does.
+# Output: one table row like step_bench's (strategy, precision, ranks, step ms, peak RSS MiB), or with
+# --json one line {"strategy", "ranks", "step_ms", "params", ...}.
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        hd = d // self.heads
+        qkv = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, hd).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        att = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(hd)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        att = torch.softmax(att.masked_fill(mask, -1e9), -1)
+        y = torch.matmul(att, v).transpose(1, 2).reshape(B, T, d)
+        x = x + self.proj(y)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, d, heads, layers, seq):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.randn(seq, d) * 0.1)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+
+    def forward(self, tokens):
+        x = self.tok(tokens) + self.pos[: tokens.size(1)]
+        for b in self.blocks:
+            x = b(x)
+        return torch.matmul(self.ln_f(x), self.tok.weight.t())
+
+
+def lm_loss(logits, targets):
+    return F.nll_loss(F.log_softmax(logits.reshape(-1, logits.size(-1)), -1), targets.reshape(-1))
+
+
+def first_env(*names):
+    for n in names:
+        v = os.environ.get(n)
+        if v:
+            return v
+    return None
+
+
+def rendezvous():
+    """rank, world, local rank, local world from torchrun, accel launch (accel-rank) or Open MPI."""
+    rank = int(first_env("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") or 0)
+    world = int(first_env("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE") or 1)
+    local_rank = int(first_env("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK") or rank)
+    local_world = int(first_env("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE") or world)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        job = first_env("ACCEL_LAUNCH_STATUS_DIR", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_hnp_uri") or "anchor"
+        os.environ["MASTER_PORT"] = str(20000 + zlib.crc32(job.encode()) % 30000)
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
+    return rank, world, local_rank, local_world
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--strategy", default="DDP", choices=["plain", "DDP", "FSDP2", "FSDP2_NO_RESHARD"])
+    ap.add_argument("--steps", type=int, default=6, help="measured steps")
+    ap.add_argument("--warmup", type=int, default=2, help="unmeasured steps first")
+    ap.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
+    ap.add_argument("--layers", type=int, default=10)
+    ap.add_argument("--d-model", "--d_model", dest="d", type=int, default=384)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--backend", default=None, help="gloo (CPU default) or nccl (CUDA default)")
+    ap.add_argument("--show-loss", action="store_true", help="rank 0's loss of every step on stderr")
+    ap.add_argument("--json", action="store_true", help="one JSON line instead of the table row")
+    a = ap.parse_args()
+
+    rank, world, local_rank, local_world = rendezvous()
+    if a.strategy == "plain" and world != 1:
+        sys.exit("torch_anchor: --strategy plain runs on 1 rank")
+    use_cuda = a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    threads = os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // local_world))
+
+    distributed = a.strategy != "plain"
+    if distributed:
+        dist.init_process_group(a.backend or ("nccl" if use_cuda else "gloo"), rank=rank, world_size=world,
+                                device_id=device if use_cuda else None)
+
+    torch.manual_seed(0)
+    model = GPT(a.vocab, a.d, a.heads, a.layers, a.seq).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    if a.strategy == "DDP":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, device_ids=[device.index] if use_cuda else None)
+    elif a.strategy.startswith("FSDP2"):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(device.type, (world,))
+        reshard = a.strategy == "FSDP2"
+        for b in model.blocks:
+            fully_shard(b, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    torch.manual_seed(100 + rank)
+    x = torch.randint(a.vocab, (a.batch, a.seq)).to(device)
+    y = torch.randint(a.vocab, (a.batch, a.seq)).to(device)
+    times = []
+    for s in range(a.warmup + a.steps):
+        if distributed:
+            dist.barrier()
+        if use_cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = lm_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if use_cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter() - t0
+        if a.show_loss and rank == 0:
+            print(f"step {s:>2} {a.strategy:<13} loss {loss.item():.5f}", file=sys.stderr)
+        if s >= a.warmup:
+            if distributed:  # the slowest rank's time
+                tt = torch.tensor([t], dtype=torch.float64, device=device)
+                dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+                t = tt.item()
+            times.append(t)
+    step_ms = statistics.median_high(times) * 1e3  # step_bench's median: v[n / 2] of the sorted times
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+    if distributed:
+        r = torch.tensor([rss], dtype=torch.float64, device=device)
+        dist.all_reduce(r, op=dist.ReduceOp.MAX)
+        rss = r.item()
+    if rank == 0:
+        name = "torch " + a.strategy
+        if a.json:
+            print(json.dumps({"strategy": name, "precision": "fp32", "ranks": world, "device": device.type,
+                              "params": params, "vocab": a.vocab, "d_model": a.d, "heads": a.heads,
+                              "layers": a.layers, "seq": a.seq, "batch": a.batch, "threads": torch.get_num_threads(),
+                              "step_ms": round(step_ms, 1), "peak_rss": round(rss)}))
+        else:
+            print(f"| {name:<22} | fp32      | {world} | {step_ms:>8.1f} | peak RSS {rss / 1048576:.1f} MiB |")
+    if distributed:
+        # Leave without tearing gloo down: DDP's reducer and gloo's threads at interpreter exit end in
+        # "terminate called without an active exception" (SIGABRT) here, after the work is done.
+        dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

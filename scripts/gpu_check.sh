@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh — everything a CPU-only machine cannot run, for a machine with a CUDA GPU:
+#   1. the build (scripts/setup.sh --no-run: the CUDA build of accel with the NCCL backend);
+#   2. the CUDA tests: the NCCL collectives (accel_tests *CUDA*: every dtype and op, the compute stream
+#      not waiting for a collective, fp8 all-gathers) and training on the device (cuda_tests: every
+#      strategy against plain libtorch, bf16 and fp16 autocast, fp8 through at::_scaled_mm against a
+#      bf16 Linear), at 1 rank, and at 2 ranks where mpirun runs (two GPUs: NCCL across them; one GPU:
+#      the Accelerator must refuse two ranks on one device);
+#   3. step_bench on the GPU (every strategy in fp32, then fp32/bf16/fp16/fp8 interleaved, then a wider
+#      GPT in bf16) and, where benchmarks/torch_anchor.py exists, PyTorch on the same GPU and model.
+# Usage:
+#   bash scripts/gpu_check.sh                 build, then run everything (needs what setup.sh needs)
+#   bash scripts/gpu_check.sh --no-build      use the binaries in $ACCEL_BIN (default build/bin)
+# Environment: ACCEL_BIN (binaries), PYTHON (the Python with torch, default: the setup venv's, else
+# python3), GPU_CHECK_OUT (a folder for the full logs; default a temporary one). Every step runs even
+# when an earlier one failed; the summary at the end lists each with PASS, FAIL or SKIP, and the exit
+# status is 1 when any failed.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=1
+for a in "$@"; do
+  case "$a" in
+    --no-build) BUILD=0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$a' (allowed: --no-build, --help)" >&2; exit 2 ;;
+  esac
+done
+BIN=${ACCEL_BIN:-$ROOT/build/bin}
+OUTDIR=${GPU_CHECK_OUT:-$(mktemp -d /tmp/accel_gpu_check.XXXXXX)}
+mkdir -p "$OUTDIR"
+VENV_PY=${ACCEL_CACHE:-$HOME/.cache/accel}/venv-torch-2.11.0/bin/python
+PY=${PYTHON:-$( [ -x "$VENV_PY" ] && echo "$VENV_PY" || echo python3 )}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 GTEST_COLOR=no
+unset ACCEL_USE_CPU
+
+declare -a SUMMARY
+FAILED=0
+# step NAME CMD...: runs CMD with its output in $OUTDIR/NAME.log (and on the terminal); a GoogleTest
+# run whose tests all skipped counts as SKIP.
+step() {
+  local name=$1; shift
+  printf '\n== %s: %s\n' "$name" "$*"
+  local t0=$(date +%s)
+  "$@" 2>&1 | tee "$OUTDIR/$name.log"
+  local rc=${PIPESTATUS[0]} verdict=PASS
+  if [ "$rc" -ne 0 ]; then verdict=FAIL; FAILED=1
+  elif grep -q '^\[  SKIPPED \]' "$OUTDIR/$name.log" && ! grep -q '^\[       OK \]' "$OUTDIR/$name.log"; then verdict=SKIP; fi
+  SUMMARY+=("$(printf '%-28s %-4s %4ss  %s' "$name" "$verdict" "$(( $(date +%s) - t0 ))" "$OUTDIR/$name.log")")
+}
+
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu_check.sh: no NVIDIA GPU visible (nvidia-smi -L failed); nothing to check here" >&2
+  exit 2
+fi
+nvidia-smi -L
+if [ "$BUILD" = 1 ]; then
+  step build bash "$ROOT/scripts/setup.sh" --no-run
+fi
+NDEV=$(nvidia-smi -L | grep -c '^GPU')
+step accel_env "$BIN/accel" env
+
+# --- the CUDA tests ------------------------------------------------------------------------------
+step nccl_np1 "$BIN/accel_tests" --gtest_filter='*CUDA*'
+step cuda_training_np1 "$BIN/cuda_tests"
+# Two ranks start as users start them (accel launch: mpirun, each rank on its share of the cores).
+if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
+  if [ "$NDEV" -ge 2 ]; then step nccl_np2 "$BIN/accel" launch -n 2 "$BIN/accel_tests" --gtest_filter='*CUDA*'; fi
+  step cuda_training_np2 "$BIN/accel" launch -n 2 "$BIN/cuda_tests"
+else
+  SUMMARY+=("$(printf '%-28s %-4s  (accel launch cannot start 2 ranks here)' np2_tests SKIP)")
+fi
+
+# --- step_bench on the GPU, and PyTorch beside it ---------------------------------------------------
+SB=("$BIN/step_bench" --device cuda --steps 10 --warmup 3)
+step step_bench_strategies "${SB[@]}" --strategy plain,DDP,ZERO_2,ZERO_3,FULL_SHARD
+step step_bench_precisions "${SB[@]}" --strategy DDP,ZERO_3 --precision fp32,bf16,fp16,fp8
+WIDE=(--d-model 1024 --heads 16 --layers 12 --seq 512 --vocab 32000 --batch 8)
+step step_bench_wide_bf16 "${SB[@]}" --strategy DDP,ZERO_3,FULL_SHARD --precision bf16,fp8 "${WIDE[@]}"
+step step_bench_wide_plain "${SB[@]}" --strategy plain "${WIDE[@]}"
+for s in DDP ZERO_3; do step "step_bench_wide_${s}" "${SB[@]}" --strategy "$s" --precision bf16 "${WIDE[@]}"; done
+# PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate, three
+# runs each, so the medians of the runs compare under the same conditions.
+if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
+  for model in default wide; do
+    args=(--steps 10 --warmup 3); [ "$model" = wide ] && args+=("${WIDE[@]}")
+    for i in 1 2 3; do
+      for s in plain DDP; do
+        step "vs_torch_${model}_${s}_accel_$i" "$BIN/step_bench" --device cuda --strategy "$s" "${args[@]}"
+        step "vs_torch_${model}_${s}_torch_$i" "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy "$s" "${args[@]}"
+      done
+    done
+  done
+fi
+
+# The step time of a table row (| strategy | precision | ranks | step ms | ...), median over runs.
+median_ms() { cat "$@" 2>/dev/null | awk -F'|' '/^\|/ && $5+0 > 0 {print $5+0}' | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}'; }
+if ls "$OUTDIR"/vs_torch_* >/dev/null 2>&1; then
+  printf '\n== accel / PyTorch on this GPU (fp32, 1 rank, median of 3 alternating runs each)\n'
+  printf '| model | strategy | accel ms | PyTorch ms | ratio |\n|---|---|---:|---:|---:|\n'
+  for model in default wide; do
+    for s in plain DDP; do
+      a=$(median_ms "$OUTDIR"/vs_torch_${model}_${s}_accel_*.log); t=$(median_ms "$OUTDIR"/vs_torch_${model}_${s}_torch_*.log)
+      [ -n "$a" ] && [ -n "$t" ] && printf '| %s | %s | %s | %s | %.2f |\n' "$model" "$s" "$a" "$t" "$(awk -v a="$a" -v t="$t" 'BEGIN {print a / t}')"
+    done
+  done
+fi
+
+printf '\n== summary (logs in %s)\n' "$OUTDIR"
+printf '%s\n' "${SUMMARY[@]}"
+exit $FAILED

@@ -1,0 +1,335 @@
+// Training on CUDA devices through the Accelerator and the engine, checked against plain libtorch on
+// the same device (the GPU half of what the CPU suites check; run by scripts/gpu_check.sh):
+//   * every strategy (DDP, ZeRO-2/3, FULL_SHARD, SHARD_GRAD_OP) trains an MLP like plain libtorch;
+//     at one rank the engine is a passthrough, at N ranks (one GPU each) the reductions go over NCCL;
+//   * bf16 autocast on the device: the configured dtype inside acc.autocast(), fp32 masters stepped on
+//     the device, training that follows fp32 within bf16's precision;
+//   * fp16 with the dynamic loss scaler: an overflow skips the step and leaves the weights alone;
+//   * fp8: Float8Linear through at::_scaled_mm (cuBLASLt) against the exact emulation and against a
+//     bf16 Linear;
+//   * more ranks on a node than GPUs is refused when the Accelerator starts.
+// Every test skips without a CUDA device (and where ranks outnumber devices, except the last one).
+#include "accelerator/accelerator.h"
+#include "accelerator/rows.h"
+#include "comm/nccl_backend.h"
+#include "mixed_precision/float8_linear.h"
+#include "support/models.h"
+#include "test_world.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/optim/adamw.h>
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+
+namespace accel::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Why this rank cannot run the CUDA tests here, or empty.
+std::string cuda_skip_reason() {
+  const int ndev = comm::cuda_device_count();
+  if (ndev == 0) return "no CUDA device";
+  const auto& topo = world()->topology();
+  const int here = topo.simulated ? topo.world_size : topo.local_world_size;
+  if (here > ndev) return std::to_string(here) + " ranks share " + std::to_string(ndev) + " CUDA device(s)";
+  return {};
+}
+#define SKIP_WITHOUT_CUDA()                     \
+  do {                                          \
+    const std::string why = cuda_skip_reason(); \
+    if (!why.empty()) GTEST_SKIP() << why;      \
+  } while (0)
+
+// This rank's device, as the Accelerator picks it.
+c10::Device my_device() {
+  const auto& topo = world()->topology();
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(topo.simulated ? topo.rank : topo.local_rank));
+}
+
+// A config file every rank reads (rank 0 writes it under a directory named after rank 0's pid).
+std::string write_config(const std::string& name, const std::string& text) {
+  static const std::string dir = [] {
+    at::Tensor pid = at::full({1}, static_cast<int64_t>(::getpid()), at::kLong);
+    world()->broadcast(pid);
+    std::string d = (fs::temp_directory_path() / ("accel_cuda_test_" + std::to_string(pid.item<int64_t>()))).string();
+    if (world()->rank() == 0) fs::create_directories(d);
+    world()->barrier();
+    return d;
+  }();
+  const std::string p = dir + "/" + name;
+  if (world()->rank() == 0) std::ofstream(p) << text;
+  world()->barrier();
+  return p;
+}
+
+AcceleratorOptions quiet(const std::string& file) {
+  AcceleratorOptions o;
+  o.config_file = file;
+  o.report_ignored_keys = false;
+  return o;
+}
+
+const std::string kUnits =
+    "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: LinearImpl\n";
+
+struct Case {
+  std::string name, text;
+};
+std::vector<Case> strategies(const std::string& precision) {
+  const std::string mp = "mixed_precision: " + precision + "\n";
+  return {
+      {"ddp_" + precision + ".yaml", "distributed_type: MULTI_GPU\n" + mp},
+      {"zero2_" + precision + ".yaml", "distributed_type: DEEPSPEED\n" + mp + "deepspeed_config:\n  zero_stage: 2\n"},
+      {"zero3_" + precision + ".yaml", "distributed_type: DEEPSPEED\n" + mp + "deepspeed_config:\n  zero_stage: 3\n"},
+      {"full_shard_" + precision + ".yaml",
+       "distributed_type: FSDP\n" + mp + "fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n" + kUnits},
+      {"shard_grad_op_" + precision + ".yaml",
+       "distributed_type: FSDP\n" + mp + "fsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n" + kUnits},
+  };
+}
+
+constexpr int64_t kG = 8;  // global batch
+const std::vector<int64_t> kWidths{16, 64, 64, 4};
+
+struct Batch {
+  at::Tensor x, y;
+};
+Batch global_batch(int k, c10::Device dev) {
+  at::manual_seed(700 + k);
+  return {at::randn({kG, kWidths.front()}).to(dev), (0.1 * at::randn({kG, kWidths.back()})).to(dev)};
+}
+Batch my_rows(const Batch& b, int rank, int n) {
+  const int64_t per = kG / n;
+  return {b.x.narrow(0, rank * per, per), b.y.narrow(0, rank * per, per)};
+}
+DataLoader<Rows> loader_for_micro_batch() {
+  return DataLoader<Rows>(Rows(at::zeros({kG, kWidths.front()}), at::zeros({kG, kWidths.back()})),
+                          {.batch_size = kG, .split_batches = true});
+}
+std::shared_ptr<MLPImpl> make_mlp() {
+  at::manual_seed(1234);
+  return std::make_shared<MLPImpl>(kWidths);
+}
+
+// Plain libtorch on `dev`, the whole global batch: the parameters after `steps` AdamW steps.
+std::map<std::string, at::Tensor> plain_reference(c10::Device dev, int steps, std::vector<double>* losses = nullptr) {
+  auto m = make_mlp();
+  m->to(dev);
+  torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int k = 0; k < steps; ++k) {
+    Batch b = global_batch(k, dev);
+    at::Tensor loss = at::mse_loss(m->forward(b.x), b.y);
+    if (losses) losses->push_back(loss.item<double>());
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+  }
+  std::map<std::string, at::Tensor> out;
+  for (const auto& kv : m->named_parameters()) out[kv.key()] = kv.value().detach().cpu();
+  return out;
+}
+
+struct Trained {
+  std::map<std::string, at::Tensor> params;  // full, on the CPU (get_state_dict)
+  std::vector<double> losses;                // this rank's
+  c10::Device device = c10::kCPU;
+};
+
+// The same training through the Accelerator under `config` (each rank its rows of the batch).
+Trained accelerated(const std::string& config, int steps, const std::function<void(Accelerator&)>& check = nullptr) {
+  Accelerator acc(quiet(config));
+  auto model = make_mlp();
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto loader = loader_for_micro_batch();
+  auto p = acc.prepare(model, adamw, loader);
+  Trained t;
+  t.device = acc.device();
+  for (int k = 0; k < steps; ++k) {
+    Batch b = my_rows(global_batch(k, acc.device()), acc.process_index(), acc.num_processes());
+    at::Tensor loss;
+    {
+      auto ac = acc.autocast();
+      loss = at::mse_loss(model->forward(b.x).to(at::kFloat), b.y);
+    }
+    t.losses.push_back(loss.item<double>());
+    acc.backward(loss);
+    p->step();
+    p->zero_grad();
+  }
+  if (check) check(acc);
+  for (auto& [name, v] : acc.get_state_dict()) t.params[name] = v;
+  return t;
+}
+
+double rel_err(const at::Tensor& a, const at::Tensor& b) {
+  return ((a.to(at::kDouble) - b.to(at::kDouble)).norm() / (b.to(at::kDouble).norm() + 1e-30)).item<double>();
+}
+
+TEST(CudaTraining_CUDA, EveryStrategyTrainsLikePlainLibtorchOnTheDevice) {
+  SKIP_WITHOUT_CUDA();
+  const int steps = 5;
+  for (const auto& c : strategies("no")) {
+    SCOPED_TRACE(c.name);
+    Trained t = accelerated(write_config(c.name, c.text), steps);
+    ASSERT_TRUE(t.device.is_cuda()) << "the Accelerator should train on the GPU";
+    const auto ref = plain_reference(t.device, steps);
+    ASSERT_EQ(t.params.size(), ref.size());
+    // One rank: the same kernels in the same order. More: NCCL's summation order only.
+    const double tol = world()->size() == 1 ? 1e-6 : 1e-5;
+    for (const auto& [name, want] : ref) {
+      ASSERT_TRUE(t.params.count(name)) << name;
+      EXPECT_EQ(t.params.at(name).scalar_type(), at::kFloat) << name;
+      EXPECT_LE(rel_err(t.params.at(name), want), tol) << name;
+    }
+  }
+}
+
+TEST(CudaTraining_CUDA, Bf16AutocastOnTheDeviceFollowsFp32) {
+  SKIP_WITHOUT_CUDA();
+  const int steps = 12;
+  const auto ref = plain_reference(my_device(), steps);
+  for (const auto& c : strategies("bf16")) {
+    SCOPED_TRACE(c.name);
+    Trained t = accelerated(write_config(c.name, c.text), steps, [](Accelerator& acc) {
+      ASSERT_TRUE(acc.device().is_cuda());
+      at::manual_seed(3);
+      const at::Tensor a = at::randn({32, 48}, acc.device()), b = at::randn({48, 16}, acc.device());
+      auto g = acc.autocast();
+      EXPECT_TRUE(at::autocast::is_autocast_enabled(at::kCUDA));
+      const at::Tensor r = at::matmul(a, b);
+      EXPECT_EQ(r.scalar_type(), at::kBFloat16);
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      const at::Tensor want = at::matmul(a.to(at::kBFloat16), b.to(at::kBFloat16));
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      EXPECT_TRUE(at::equal(r, want)) << "autocast's product differs from the product of bf16 inputs";
+      // The optimizer steps fp32 masters on the device (the model's own parameters hold bf16).
+      ASSERT_TRUE(acc.engine());
+      for (const auto& f : acc.engine()->flats()) {
+        if (!f.master.defined()) continue;
+        EXPECT_EQ(f.master.scalar_type(), at::kFloat);
+        EXPECT_TRUE(f.master.is_cuda());
+      }
+    });
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCUDA)) << "autocast left on after the scope";
+    // Training follows fp32 within bf16's precision (8 significant bits).
+    for (const auto& [name, want] : ref) {
+      EXPECT_LE(rel_err(t.params.at(name), want), 3e-2) << name;
+    }
+    EXPECT_LT(t.losses.back(), 0.7 * t.losses.front()) << "bf16 training did not reduce the loss";
+  }
+}
+
+TEST(CudaTraining_CUDA, Fp16OverflowSkipsTheStepAndKeepsTheWeights) {
+  SKIP_WITHOUT_CUDA();
+  for (const auto& c : strategies("fp16")) {
+    SCOPED_TRACE(c.name);
+    Accelerator acc(quiet(write_config(c.name, c.text)));
+    ASSERT_TRUE(acc.device().is_cuda());
+    auto model = make_mlp();
+    torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
+    auto loader = loader_for_micro_batch();
+    auto p = acc.prepare(model, adamw, loader);
+    ASSERT_TRUE(acc.loss_scale().has_value());
+    EXPECT_EQ(*acc.loss_scale(), 65536.0);
+    auto step = [&](int k, bool overflow) {
+      Batch b = my_rows(global_batch(k, acc.device()), acc.process_index(), acc.num_processes());
+      at::Tensor loss;
+      {
+        auto ac = acc.autocast();
+        at::Tensor out = model->forward(b.x);
+        EXPECT_EQ(out.scalar_type(), at::kHalf);
+        loss = at::mse_loss(out.to(at::kFloat), b.y);
+      }
+      // The last rank's loss becomes inf: its gradients overflow, and every rank must skip.
+      if (overflow && acc.is_last_process()) loss = loss * std::numeric_limits<double>::infinity();
+      acc.backward(loss);
+      p->step();
+      p->zero_grad();
+      return loss.item<double>();
+    };
+    const double first = step(0, false);
+    auto before = acc.get_state_dict();
+    step(1, true);
+    EXPECT_TRUE(acc.optimizer_step_was_skipped());
+    auto after = acc.get_state_dict();
+    ASSERT_EQ(before.size(), after.size());
+    for (std::size_t i = 0; i < before.size(); ++i)
+      EXPECT_TRUE(at::equal(before[i].second, after[i].second)) << before[i].first << " changed on a skipped step";
+    double last = first;
+    for (int k = 2; k < 14; ++k) last = step(k % 4, false);
+    EXPECT_FALSE(acc.optimizer_step_was_skipped());
+    EXPECT_LT(last, first) << "fp16 training did not reduce the loss";
+  }
+}
+
+TEST(CudaFloat8_CUDA, ScaledMmMatchesTheEmulationAndFollowsBf16Linear) {
+  SKIP_WITHOUT_CUDA();
+  using mixed_precision::Float8MatmulBackend;
+  const c10::Device dev = my_device();
+  try {  // cuBLASLt's fp8 GEMM needs compute capability >= 8.9
+    const at::Tensor a = at::ones({16, 16}, dev).to(at::kFloat8_e4m3fn);
+    const at::Tensor one = at::ones({}, at::TensorOptions().device(dev));
+    (void)at::_scaled_mm(a, a.t(), one, one, std::nullopt, std::nullopt, at::kBFloat16);
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << "at::_scaled_mm does not run on this device: " << std::string(e.what()).substr(0, 200);
+  }
+  at::manual_seed(5);
+  nn::Float8Linear mm(128, 64), emu(128, 64);
+  torch::nn::Linear lin(128, 64);
+  {
+    at::NoGradGuard ng;
+    emu->weight.copy_(mm->weight);
+    emu->bias.copy_(mm->bias);
+    lin->weight.copy_(mm->weight);
+    lin->bias.copy_(mm->bias);
+  }
+  mm->to(dev);
+  emu->to(dev);
+  lin->to(dev, at::kBFloat16);
+  mm->backend = Float8MatmulBackend::ScaledMM;
+  emu->backend = Float8MatmulBackend::Emulated;
+  const at::Tensor x0 = at::randn({96, 128}, dev).to(at::kBFloat16);
+  const at::Tensor g = at::randn({96, 64}, dev).to(at::kBFloat16) * 1e-2;
+  at::Tensor xm = x0.clone().set_requires_grad(true), xe = x0.clone().set_requires_grad(true);
+  const at::Tensor ym = mm->forward(xm), ye = emu->forward(xe);
+  ym.backward(g);
+  ye.backward(g);
+  EXPECT_EQ(ym.scalar_type(), at::kBFloat16);
+  // The same fp8 operands and scales: cuBLASLt and the emulation differ in summation order and in
+  // the final rounding to bf16 only (one bf16 ulp, 2^-8 relative, plus accumulation order).
+  EXPECT_LE(rel_err(ym.to(at::kFloat), ye.to(at::kFloat)), 1e-2);
+  EXPECT_LE(rel_err(xm.grad().to(at::kFloat), xe.grad().to(at::kFloat)), 1e-2);
+  EXPECT_LE(rel_err(mm->weight.grad(), emu->weight.grad()), 1e-2);
+  // Against the bf16 Linear: within e4m3's precision (3 mantissa bits), yet really fp8.
+  const at::Tensor yl = lin->forward(x0).detach();
+  const double rel =
+      rel_err(ym.detach().to(at::kFloat) - mm->bias.detach(), yl.to(at::kFloat) - lin->bias.detach().to(at::kFloat));
+  EXPECT_LT(rel, 0.08);
+  EXPECT_GT(rel, 1e-3) << "no fp8 rounding visible: is the fp8 path really taken?";
+}
+
+TEST(AcceleratorOnCuda_CUDA, MoreRanksThanDevicesIsRefusedAtStart) {
+  const int ndev = comm::cuda_device_count();
+  if (ndev == 0) GTEST_SKIP() << "no CUDA device";
+  const auto& topo = world()->topology();
+  const int here = topo.simulated ? topo.world_size : topo.local_world_size;
+  if (here <= ndev) GTEST_SKIP() << "every rank has its own GPU here (run with more ranks than devices)";
+  const std::string cfg = write_config("gpu.yaml", "distributed_type: MULTI_GPU\n");
+  try {
+    Accelerator acc(quiet(cfg));
+    ADD_FAILURE() << "no error with " << here << " ranks on " << ndev << " device(s); device " << acc.device().str();
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("each rank needs its own GPU"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace accel::test
