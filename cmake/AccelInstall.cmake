@@ -28,6 +28,9 @@ set(ACCEL_INTERNAL_HEADERS
   comm/nccl_backend.h
   comm/dtype.h
   comm/signature.h             # the cross-rank argument check's packing
+  comm/shm_backend.h           # the shared-memory transport and the hierarchy over nodes
+  comm/hierarchical.h
+  comm/shm_reduce.h
   zero/unit_report.h)          # prepare's warning about the root unit (the Accelerator logs it)
 set(_accel_header_excludes PATTERN "cli" EXCLUDE)  # the `accel` command's internals (accel_cli_core is not installed)
 foreach(h IN LISTS ACCEL_INTERNAL_HEADERS)

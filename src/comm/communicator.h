@@ -1,14 +1,13 @@
 // accel::comm::Communicator — the one interface for collectives over a group of ranks.
 //
 // CPU tensors go over shared memory between the ranks of one node (over MPI when the group spans
-// nodes, hierarchically; plain MPI with ACCEL_COMM_SHM=0), CUDA tensors over NCCL (bootstrapped over
-// MPI on first use); the backend is chosen per call from the tensor's device. Every collective exists
-// as `x_async` returning a Work and as a blocking `x` (= x_async(...)->wait()). Collectives must be
-// issued in the same order on every rank of the group. Tensors must be contiguous, and for
-// out-of-place calls on one device with one dtype. Errors: InvalidArgument (this rank's arguments),
-// MismatchError (ranks disagree on sizes, dtype, op or root; raised on every rank; on CUDA it also
-// aborts the NCCL communicator), TimeoutError (then the communicator is broken and the process aborts
-// the job at exit rather than hang), CommError (anything else).
+// nodes, hierarchically; plain MPI with ACCEL_COMM_SHM=0), CUDA tensors over NCCL (bootstrapped over MPI on first use);
+// the backend is chosen per call from the tensor's device. Every collective exists as `x_async` returning a Work and as
+// a blocking `x` (= x_async(...)->wait()). Collectives must be issued in the same order on every rank of the group.
+// Tensors must be contiguous, and for out-of-place calls on one device with one dtype. Errors: InvalidArgument (this
+// rank's arguments), MismatchError (ranks disagree on sizes, dtype, op or root; raised on every rank; on CUDA it also
+// aborts the NCCL communicator), TimeoutError (then the communicator is broken and the process aborts the job
+// at exit rather than hang), CommError (anything else).
 //
 // Not thread-safe: one thread issues collectives on a communicator (Work::wait may be called from any).
 #pragma once

@@ -52,8 +52,8 @@ struct Op {
   Request req;
   std::shared_ptr<Group> group;
   enum class State { Checking, Ready, Running } state = State::Ready;
-  Signature sig;  // [fields | negated fields]: one MPI_MAX gives max and -min
-  std::int64_t sig_all[2 * Signature::kNumFields] = {};
+  long long sig[2 * kNumSig] = {};  // [max-fields | negated fields]: one MPI_MAX gives max and -min
+  long long sig_all[2 * kNumSig] = {};
   MPI_Request check_req = MPI_REQUEST_NULL;
   MPI_Request data_req = MPI_REQUEST_NULL;
   at::Tensor send, recv;       // the buffers handed to MPI (staging copies where needed)
@@ -217,8 +217,8 @@ class Engine {
   void begin(std::unique_ptr<Op> op) {
     if (check_enabled_ && op->group->size > 1 && !op->req.skip_check) {
       op->state = Op::State::Checking;
-      int rc = MPI_Iallreduce(op->sig.v, op->sig_all, 2 * Signature::kNumFields, MPI_INT64_T, MPI_MAX, op->group->check,
-                              &op->check_req);
+      int rc =
+          MPI_Iallreduce(op->sig, op->sig_all, 2 * kNumSig, MPI_LONG_LONG, MPI_MAX, op->group->check, &op->check_req);
       if (rc != MPI_SUCCESS) {
         try {
           mpi_fail("MPI_Iallreduce (argument check)", rc);
@@ -288,8 +288,12 @@ class Engine {
   }
 
   void verify_signature(const Op& op) {
-    std::string msg = Signature::disagreement(op.sig, op.sig_all, op.req.work->what(), op.group->rank, op.group->size);
-    if (!msg.empty()) throw MismatchError(msg);
+    long long lo[kNumSig], hi[kNumSig];
+    for (int f = 0; f < kNumSig; ++f) {
+      hi[f] = op.sig_all[f];
+      lo[f] = -op.sig_all[kNumSig + f];
+    }
+    comm::verify_signature(op.sig, lo, hi, op.req.work->what(), op.group->rank, op.group->size);
   }
 
   void start(Op& op) {
@@ -386,7 +390,13 @@ void MpiBackend::enqueue(Request r) {
   auto op = std::make_unique<Op>();
   op->group = impl_->group;
   const int n = op->group->size;
-  op->sig = Signature::of(r);  // what every rank must agree on
+  // The signature every rank must agree on.
+  long long sig[kNumSig];
+  make_signature(r, sig);
+  for (int f = 0; f < kNumSig; ++f) {
+    op->sig[f] = sig[f];
+    op->sig[kNumSig + f] = -sig[f];
+  }
   if (r.check_only) {
     op->req = std::move(r);
     Engine::get().submit(std::move(op));

@@ -14,7 +14,7 @@
 // early never hands their blocks to other work before the collective ends.
 //
 // Cross-rank check (unless ACCEL_COMM_CHECK=0, groups of 2 or more): before the collective, the comm
-// stream all-reduces (MAX) the collective's packed Signature, a few dozen bytes, and copies the result
+// stream all-reduces (MAX) the collective's packed signature (signature.h), a few dozen bytes, and copies the result
 // to pinned host memory; the Work's poll compares it as soon as it lands. A disagreement raises
 // MismatchError on every rank. NCCL cannot cancel a launched collective, and mismatched sizes can leave
 // it waiting forever, so the NCCL communicator is then aborted and the job must restart.
@@ -243,18 +243,22 @@ class NcclBackend final : public Backend {
     // The signature check: pinned host copy in, MAX all-reduce on the device, copy back into the same
     // pinned buffer (stream order makes the reuse safe); the poll reads it once `checked` has passed.
     struct Check {
-      Signature mine;
-      at::Tensor host, dev;
+      long long mine[kNumSig] = {};
+      at::Tensor host, dev;  // [fields | negated fields]: one MAX all-reduce gives max and -min
       EventPtr checked;
       std::atomic<bool> verified{false};  // polls may run on several threads
     };
     std::shared_ptr<Check> chk;
     if (check_) {
       chk = std::make_shared<Check>();
-      chk->mine = Signature::of(request);
-      constexpr int64_t n = 2 * Signature::kNumFields;
+      make_signature(request, chk->mine);
+      constexpr int64_t n = 2 * kNumSig;
       chk->host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-      std::memcpy(chk->host.data_ptr(), chk->mine.v, sizeof chk->mine.v);
+      auto* h = chk->host.data_ptr<int64_t>();
+      for (int f = 0; f < kNumSig; ++f) {
+        h[f] = chk->mine[f];
+        h[kNumSig + f] = -chk->mine[f];
+      }
       chk->dev =
           at::empty({n}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, static_cast<c10::DeviceIndex>(device)));
       c10::cuda::CUDACachingAllocator::recordStream(chk->dev.storage().data_ptr(), stream_);
@@ -268,14 +272,14 @@ class NcclBackend final : public Backend {
             "restart{}",
             where(rank, device)));
       if (chk) {
-        const size_t bytes = sizeof chk->mine.v;
+        const size_t bytes = chk->host.nbytes();
         check_cuda(
             "cudaMemcpyAsync",
             cudaMemcpyAsync(chk->dev.data_ptr(), chk->host.data_ptr(), bytes, cudaMemcpyHostToDevice, comm_stream),
             rank, device);
         check_nccl("ncclAllReduce (argument check)",
-                   ncclAllReduce(chk->dev.data_ptr(), chk->dev.data_ptr(), 2 * Signature::kNumFields, ncclInt64,
-                                 ncclMax, state_->comm, comm_stream),
+                   ncclAllReduce(chk->dev.data_ptr(), chk->dev.data_ptr(), 2 * kNumSig, ncclInt64, ncclMax,
+                                 state_->comm, comm_stream),
                    state_->comm, rank, device);
         check_cuda(
             "cudaMemcpyAsync",
@@ -303,14 +307,21 @@ class NcclBackend final : public Backend {
         const cudaError_t c = cudaEventQuery(chk->checked.get());
         if (c != cudaSuccess && c != cudaErrorNotReady) throw_cuda("cudaEventQuery", c, rank, device);
         if (c == cudaSuccess && !chk->verified.exchange(true)) {
-          std::string msg = Signature::disagreement(chk->mine, chk->host.data_ptr<int64_t>(), what, rank, size);
-          if (!msg.empty()) {
+          const auto* all = chk->host.data_ptr<int64_t>();
+          long long lo[kNumSig], hi[kNumSig];
+          for (int f = 0; f < kNumSig; ++f) {
+            hi[f] = all[f];
+            lo[f] = -all[kNumSig + f];
+          }
+          try {
+            verify_signature(chk->mine, lo, hi, what, rank, size);
+          } catch (const MismatchError& e) {
             if (auto s = weak.lock()) {
               std::lock_guard<std::mutex> lk(s->mu);
               s->abort_locked();
             }
             MpiBackend::mark_broken();
-            throw MismatchError(msg +
+            throw MismatchError(std::string(e.what()) +
                                 " NCCL cannot cancel the collective it launched, so the NCCL communicator was aborted: "
                                 "the job must restart.");
           }

@@ -44,7 +44,7 @@ struct alignas(128) RankCtl {
   Counter out_step;  // chunks this rank has finished reading from its peers' buffers
   // The signature of a collective, posted with its first chunk (by collective parity: a rank writes
   // the next-but-one only once every peer is done with this one's first chunk, so with it).
-  std::int64_t sig[2][Signature::kNumFields];
+  long long sig[2][kNumSig];
   // Single copy (cross-memory attach): this rank's pid, and where its input of the current large
   // all_gather / broadcast lies in its own address space (published by in_step).
   std::int64_t pid;
@@ -82,12 +82,6 @@ class Segment {
 };
 
 enum class Phase : std::uint8_t { In, Reduce, Out };
-
-// This rank's signature fields into its control block.
-inline void post_signature(const Request& r, std::int64_t* slot) {
-  const Signature s = Signature::of(r);
-  std::copy(s.v, s.v + Signature::kNumFields, slot);
-}
 
 // memcpy that accepts empty copies from empty (null) tensors.
 inline void copy_bytes(void* dst, const void* src, std::int64_t n) {
@@ -285,24 +279,19 @@ class ShmGroup {
   void verify_first_chunk(ShmOp& op, std::uint64_t g) {
     if (!check_ || op.req.skip_check) return;
     const int slot = static_cast<int>(op.seq & 1);
-    constexpr int F = Signature::kNumFields;
-    Signature mine;
-    std::int64_t reduced[2 * F];  // [max | -min] over ranks, as Signature::disagreement reads it
-    for (int f = 0; f < F; ++f) {
-      mine.v[f] = seg_->ctl(rank_).sig[slot][f];
-      mine.v[F + f] = -mine.v[f];
-      reduced[f] = mine.v[f];
-      reduced[F + f] = -mine.v[f];
-    }
-    for (int j = 0; j < size_; ++j)
-      for (int f = 0; f < F; ++f) {
-        const std::int64_t x = seg_->ctl(j).sig[slot][f];
-        reduced[f] = std::max(reduced[f], x);
-        reduced[F + f] = std::max(reduced[F + f], -x);
+    const long long* mine = seg_->ctl(rank_).sig[slot];
+    long long lo[kNumSig], hi[kNumSig];
+    std::copy(mine, mine + kNumSig, lo);
+    std::copy(mine, mine + kNumSig, hi);
+    for (int j = 0; j < size_; ++j) {
+      const long long* s = seg_->ctl(j).sig[slot];
+      for (int f = 0; f < kNumSig; ++f) {
+        lo[f] = std::min(lo[f], s[f]);
+        hi[f] = std::max(hi[f], s[f]);
       }
+    }
     try {
-      std::string msg = Signature::disagreement(mine, reduced, op.req.work->what(), rank_, size_);
-      if (!msg.empty()) throw MismatchError(msg);  // alike on every rank
+      verify_signature(mine, lo, hi, op.req.work->what(), rank_, size_);  // alike on every rank
     } catch (...) {
       RankCtl& me = seg_->ctl(rank_);
       me.red_step.store(g, std::memory_order_release);
@@ -323,7 +312,7 @@ class ShmGroup {
     RankCtl& ctl = seg_->ctl(me);
     // Writing my buffer b again: every peer must be done reading it (the chunk before last).
     if (ph == Phase::In && g > kBuffers && !all_at_least(&RankCtl::out_step, g - kBuffers)) return false;
-    if (ph == Phase::In && t == 0) post_signature(r, ctl.sig[op.seq & 1]);  // published by in_step
+    if (ph == Phase::In && t == 0) make_signature(r, ctl.sig[op.seq & 1]);  // published by in_step
     // The first step reading peers' data: everyone's first chunk is in, so their signatures are.
     const bool first_read = t == 0 && ph != Phase::In && (ph == Phase::Reduce || r.kind != Collective::AllReduce);
     if (first_read) {

@@ -1,6 +1,6 @@
-// comm::Signature: what the cross-rank check compares (kind, dtype, counts, op, root) and the
-// sentence a disagreement raises, for two simulated ranks (their packed signatures MAX-reduced by
-// hand, as the MPI and NCCL transports reduce them).
+// comm signatures (signature.h): what the cross-rank check compares (kind, dtype, counts, op, root)
+// and the sentence a disagreement raises, for two simulated ranks whose signatures are combined into
+// per-field minima and maxima by hand, as the MPI, shared-memory and NCCL transports combine them.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -20,11 +20,21 @@ Request all_reduce(int64_t n, at::ScalarType t = at::kFloat, ReduceOp op = Reduc
   return r;
 }
 
+// The MismatchError message this rank (`mine`) raises against `other`, or "" when they agree.
 std::string check(const Request& mine, const Request& other) {
-  const Signature a = Signature::of(mine), b = Signature::of(other);
-  std::int64_t reduced[2 * Signature::kNumFields];
-  for (int i = 0; i < 2 * Signature::kNumFields; ++i) reduced[i] = std::max(a.v[i], b.v[i]);
-  return Signature::disagreement(a, reduced, "all_reduce(test)", 0, 2);
+  long long a[kNumSig], b[kNumSig], lo[kNumSig], hi[kNumSig];
+  make_signature(mine, a);
+  make_signature(other, b);
+  for (int i = 0; i < kNumSig; ++i) {
+    lo[i] = std::min(a[i], b[i]);
+    hi[i] = std::max(a[i], b[i]);
+  }
+  try {
+    verify_signature(a, lo, hi, "all_reduce(test)", 0, 2);
+  } catch (const MismatchError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 TEST(Signature, AgreementIsSilentAndEachFieldIsNamed) {
