@@ -14,9 +14,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <vector>
-
-#include <sched.h>
 
 namespace accel::comm {
 namespace {
@@ -171,8 +170,8 @@ std::unique_ptr<Backend> make_cpu_transport(MpiBackend& group, const Topology& t
   if (n == topo.world_size) {
     // Ranks on this machine against the cores this process may run on: with a core each, waiters
     // poll hot for a while (peers answer within microseconds); oversubscribed, they yield at once.
-    cpu_set_t set;
-    const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    // (The machine's CPUs, not this rank's affinity: a launcher may bind each rank to its own core.)
+    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     const int here = topo.simulated ? topo.world_size : topo.local_world_size;
     detail::set_spin_before_yield(std::chrono::microseconds(here <= cores ? 50 : 5));
   }

@@ -609,8 +609,8 @@ std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
   }
   // Only where every rank has a core: oversubscribed, the readers' extra round (the owner waits
   // for all of them) cost more than the copy it saves (measured at 4 ranks on 2 cores).
-  cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof cpus, &cpus) != 0 || CPU_COUNT(&cpus) < size) cma = 0;
+  // (The machine's CPUs, not this rank's affinity: a launcher may bind each rank to its own core.)
+  if (static_cast<int>(std::thread::hardware_concurrency()) < size) cma = 0;
   std::vector<int> cmas(size);
   group.allgather_bytes(&cma, sizeof cma, cmas.data());
   const bool single_copy = std::find(cmas.begin(), cmas.end(), 0) == cmas.end();
