@@ -63,8 +63,8 @@ if [ "${1:-}" = "--vs-torch" ]; then
   done
   exit 0
 fi
-HEADER="| strategy      | precision | ranks | step ms | peak MiB | params | grads | optim | gathered | activations | moved MiB | ×Ψ(n-1)/n·4B | peak RSS MiB |
-|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+HEADER="| strategy      | precision | ranks | step ms | peak MiB | params | grads | optim | gathered | activations | moved MiB | ×Ψ(n-1)/n·4B | peak RSS MiB | wait ms |
+|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 
 if [ "${1:-}" = "--precision-table" ]; then
   shift
