@@ -70,10 +70,19 @@ __attribute__((always_inline)) inline void reduce_op(void* dst, void* dst2, cons
   }
 }
 
-#define ACCEL_SHM_KERNEL(NAME, T, A)                                                                            \
-  __attribute__((target_clones("avx512f", "avx2", "default"))) void NAME(                                       \
-      void* dst, void* dst2, const void* const* srcs, int n, std::int64_t count, ReduceOp op, double divisor) { \
-    reduce_op<T, A>(dst, dst2, srcs, n, count, op, divisor);                                                    \
+// Each kernel is cloned per instruction set and picked at load time through an ifunc. Not under
+// ThreadSanitizer or AddressSanitizer: the loader runs ifunc resolvers before the sanitizer runtime
+// is initialized, and the instrumented resolver crashes the process (scripts/sanitize.sh).
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define ACCEL_SHM_CLONES
+#else
+#define ACCEL_SHM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+
+#define ACCEL_SHM_KERNEL(NAME, T, A)                                                                                 \
+  ACCEL_SHM_CLONES void NAME(void* dst, void* dst2, const void* const* srcs, int n, std::int64_t count, ReduceOp op, \
+                             double divisor) {                                                                       \
+    reduce_op<T, A>(dst, dst2, srcs, n, count, op, divisor);                                                         \
   }
 
 ACCEL_SHM_KERNEL(reduce_f64, double, double)
