@@ -129,20 +129,13 @@ class HierBackend final : public Backend {
   WorkPtr step(Backend& b, Collective kind, const at::Tensor& in, const at::Tensor& out, ReduceOp op, int root,
                const WorkPtr& after, const Request& user) {
     Request q;
-    q.kind = kind;
-    q.input = in;
-    q.output = out;
-    q.op = op;
-    q.root = root;
-    q.skip_check = true;
-    q.after = {after};
     q.work = step_work(user);
     WorkPtr w = q.work;
-    b.enqueue(std::move(q));
+    last(b, kind, in, out, op, root, after, std::move(q));
     return w;
   }
 
-  // The chain's last step finishes the caller's Work (and runs its `then`).
+  // The chain's last step finishes the caller's Work (and runs its `then`); step() makes the others.
   void last(Backend& b, Collective kind, const at::Tensor& in, const at::Tensor& out, ReduceOp op, int root,
             const WorkPtr& after, Request user) {
     user.kind = kind;

@@ -344,7 +344,6 @@ class NcclBackend final : public Backend {
       MpiBackend::mark_broken();
     });
 
-    if (chk) request.work->keep_alive(chk);
   }
 
  private:
