@@ -1,0 +1,103 @@
+// accel::offload — files for offloaded state, read and written asynchronously through the kernel's
+// asynchronous I/O, with O_DIRECT where the file system allows it (see README, "Offload", for why
+// this library). Offload files are scratch: the checkpoint is the durable state.
+//
+// Errors name the file, the offset and the byte count; a full disk says so ("no space left on
+// device") and never leaves a short write unnoticed.
+//
+// Layering: below zero/ (the offloaded optimizer and parameter shards use it); depends on nothing of
+// accel but base/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace accel::offload {
+
+// O_DIRECT transfers need buffer address, file offset and length aligned to this many bytes.
+constexpr std::size_t kAlignment = 4096;
+constexpr std::uint64_t align_up(std::uint64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+// Heap memory aligned to kAlignment (zero-filled), for O_DIRECT transfers. Move-only.
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(std::size_t bytes);
+  ~AlignedBuffer();
+  AlignedBuffer(AlignedBuffer&& o) noexcept;
+  AlignedBuffer& operator=(AlignedBuffer&& o) noexcept;
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  void* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// DeepSpeed's `aio` block, with its defaults.
+struct AioOptions {
+  std::size_t block_size = 1 << 20;  // a request larger than this is split into requests of this size
+  int queue_depth = 8;               // requests in flight per file
+  int thread_count = 1;
+  bool single_submit = false;
+  bool overlap_events = true;
+};
+
+// One file opened for reading and writing. Not thread-safe: one thread queues and waits.
+class AsyncFile {
+ public:
+  using Ticket = std::uint64_t;
+  // create: create or truncate; else open an existing file. direct: try O_DIRECT, falling back to
+  // buffered I/O where the file system refuses it (direct() says which).
+  AsyncFile(std::string path, bool create, const AioOptions& options = {}, bool direct = true);
+  ~AsyncFile();  // waits for requests in flight (errors then are logged, not thrown), closes
+  AsyncFile(const AsyncFile&) = delete;
+  AsyncFile& operator=(const AsyncFile&) = delete;
+
+  // Queue a transfer of `bytes` at `offset`. Under O_DIRECT, buffer, offset and bytes must be
+  // multiples of kAlignment (std::invalid_argument otherwise). The buffer must stay alive and, for a
+  // read, untouched until wait() returns for the ticket.
+  Ticket read_async(void* buffer, std::size_t bytes, std::uint64_t offset);
+  Ticket write_async(const void* buffer, std::size_t bytes, std::uint64_t offset);
+  // Blocks until the transfer is complete; throws std::runtime_error naming the file, offset, bytes
+  // and the system's reason (a short transfer is an error too). Waiting twice is a no-op.
+  void wait(Ticket ticket);
+  void wait_all();
+  // Synchronous forms.
+  void read(void* buffer, std::size_t bytes, std::uint64_t offset) { wait(read_async(buffer, bytes, offset)); }
+  void write(const void* buffer, std::size_t bytes, std::uint64_t offset) { wait(write_async(buffer, bytes, offset)); }
+
+  // Reserves `bytes` on disk now (fallocate), so that a full disk is an error here, at setup, rather
+  // than in the middle of a step. Throws naming the file and the bytes.
+  void reserve(std::uint64_t bytes);
+
+  const std::string& path() const { return path_; }
+  bool direct() const { return direct_; }
+  std::uint64_t bytes_read() const { return bytes_read_; }
+  std::uint64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  struct Impl;
+  Impl* impl_ = nullptr;
+  std::string path_;
+  bool direct_ = false;
+  std::uint64_t bytes_read_ = 0, bytes_written_ = 0;
+};
+
+// Checks a directory offload will write `bytes` into, before training starts: it exists, is a
+// directory, is writable (a probe file is created and removed) and has room for the bytes (statvfs).
+// Throws std::runtime_error naming `what` (the config key, "offload_optimizer.nvme_path"), the path,
+// the bytes needed and, for room, the bytes free.
+void check_offload_dir(const std::string& path, std::uint64_t bytes, const std::string& what);
+
+// The disk's sequential bandwidth under `dir`: writes then reads `bytes` through AsyncFile (O_DIRECT
+// where allowed) in block_size requests, queue_depth in flight; removes its file. GB/s = 1e9 bytes/s.
+struct DiskBandwidth {
+  double write_gbps = 0, read_gbps = 0;
+};
+DiskBandwidth measure_disk(const std::string& dir, std::uint64_t bytes, const AioOptions& options = {});
+
+}  // namespace accel::offload
