@@ -113,18 +113,39 @@ c10::Device pick_device(const AcceleratorConfig& cfg, const comm::Topology& topo
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
+// Offloaded state brought into memory for a checkpoint's duration (Engine::stage_offloaded). What a
+// load put there goes back to the files on commit(); anything else (a save, a load that threw) is
+// dropped.
+class OffloadStaging {
+ public:
+  OffloadStaging(zero::Engine* e, torch::optim::Optimizer* opt) : e_(e), opt_(opt) {
+    if (e_) e_->stage_offloaded(opt_);
+  }
+  void commit() {
+    if (e_) std::exchange(e_, nullptr)->unstage_offloaded(opt_, /*write_back=*/true);
+  }
+  ~OffloadStaging() {
+    if (e_) e_->unstage_offloaded(opt_, /*write_back=*/false);
+  }
+
+ private:
+  zero::Engine* e_;
+  torch::optim::Optimizer* opt_;
+};
+
 std::string where(const AcceleratorConfig& cfg) {
   return cfg.source.empty() ? std::string("the configuration") : cfg.source;
 }
 
 // What this build cannot do yet is refused here, with what to change; CPU offload on a CPU run (no
-// effect) is added to the ignored keys, with why.
+// effect) is added to the ignored keys, with why. Offload to nvme goes into the spec.
 void check_supported(AcceleratorConfig& cfg, c10::Device device) {
-  for (const auto* dev : {&cfg.offload_optimizer_device, &cfg.offload_param_device}) {
-    if (*dev == "nvme") throw ConfigError(where(cfg) + ": offload to nvme is not supported; use 'cpu' or 'none'");
-    if (*dev == "cpu" && device.is_cuda())
-      throw ConfigError(where(cfg) + ": offload to cpu from a CUDA device is not implemented yet; use 'none'");
-  }
+  for (const auto* dev : {&cfg.offload_optimizer_device, &cfg.offload_param_device})
+    if (*dev != "none" && device.is_cuda())
+      throw ConfigError(where(cfg) + ": offload (" + *dev +
+                        ") from a CUDA device is not implemented yet (issue 16); use 'none', or train on the CPU");
+  cfg.spec.offload.optimizer = cfg.offload_optimizer_device == "nvme" ? zero::OffloadDevice::Nvme : zero::OffloadDevice::None;
+  cfg.spec.offload.param = cfg.offload_param_device == "nvme" ? zero::OffloadDevice::Nvme : zero::OffloadDevice::None;
   if (device.is_cpu() && (cfg.offload_optimizer_device == "cpu" || cfg.offload_param_device == "cpu"))
     cfg.ignored.push_back(
         "offload to cpu: training runs on the CPU, where parameters and optimizer state "
@@ -456,9 +477,12 @@ std::string Accelerator::save_state(const std::string& dir_in, std::optional<boo
   if (scaling_) t.loss_scaler = scaling_->state_text();
   if (is_main_process())
     for (const auto& [name, r] : registered_) t.objects[name] = r.save();
-  checkpoint::save_atomically(dir, *world_, [&](const std::string& partial) {
-    checkpoint::write_state(partial, *engine_, *model_, optimizer_.get(), t, *world_, full);
-  });
+  {
+    OffloadStaging staged(engine_.get(), optimizer_.get());
+    checkpoint::save_atomically(dir, *world_, [&](const std::string& partial) {
+      checkpoint::write_state(partial, *engine_, *model_, optimizer_.get(), t, *world_, full);
+    });
+  }
   if (dir_in.empty() && opts_.total_limit > 0 && is_main_process())
     checkpoint::apply_total_limit(opts_.project_dir, opts_.total_limit);
   if (num_processes() > 1) world_->barrier();
@@ -476,7 +500,9 @@ void Accelerator::load_state(const std::string& dir_in) {
       throw checkpoint::CheckpointError(fmt::format("no checkpoint in {}/checkpoints to load", opts_.project_dir));
     dir = existing.back().second;
   }
+  OffloadStaging staged(engine_.get(), optimizer_.get());
   const checkpoint::TrainingState t = checkpoint::read_state(dir, *engine_, *model_, optimizer_.get(), *world_);
+  staged.commit();
   state_->optimizer_steps = t.step;
   if (scaling_ && !t.loss_scaler.empty()) scaling_->load_state_text(t.loss_scaler);
   if (scheduler_ && t.scheduler_steps) scheduler_->fast_forward(*t.scheduler_steps);
@@ -505,7 +531,9 @@ std::vector<std::string> Accelerator::save_model_files(const std::string& dir, s
 void Accelerator::load_model_files(const std::string& path_or_dir) {
   checkpoint::LoadModelOptions o;
   o.progress = is_main_process();
+  OffloadStaging staged(engine_.get(), nullptr);
   checkpoint::load_model(*engine_, *model_, path_or_dir, o);
+  staged.commit();
 }
 
 void Accelerator::register_for_checkpointing(const std::string& name, std::function<std::string()> save,

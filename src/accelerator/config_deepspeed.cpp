@@ -50,7 +50,10 @@ constexpr const char* kGather = "accel all-gathers each unit's flat parameter in
 constexpr const char* kDetail = "a DeepSpeed implementation detail with no accel counterpart";
 constexpr const char* kZeroPP = "ZeRO++ is not implemented in accel";
 constexpr const char* kMics = "MiCS is not implemented in accel";
-constexpr const char* kOffloadTuning = "tunes DeepSpeed's offload; accel has no offload yet (issue 16)";
+constexpr const char* kPipelined = "accel always reads the next sub-group ahead and writes the last one behind";
+constexpr const char* kOffloadCpu = "applies to offload to cpu, which on a CPU run changes nothing";
+constexpr const char* kBufferSize = "accel sizes each staging buffer to the largest unit shard";
+constexpr const char* kInit = "accel writes the initial state in one sequential pass";
 constexpr const char* kMaster = "accel keeps fp32 master weights and optimizer state";
 
 const std::vector<Key>& top_keys() {
@@ -94,7 +97,7 @@ const std::vector<Key>& top_keys() {
       {"data_efficiency", "", Kind::Any, kNoCounterpart},
       {"curriculum_learning", "", Kind::Any, kNoCounterpart},
       {"pipeline", "", Kind::Any, kNoCounterpart},
-      {"aio", "", Kind::Any, kNoCounterpart},
+      {"aio", "", Kind::Object, nullptr},
       {"nebula", "", Kind::Any, kNoCounterpart},
       {"quantize_training", "", Kind::Any, kNoCounterpart},
       {"sequence_parallel_size", "", Kind::Any, kNoCounterpart},
@@ -117,7 +120,7 @@ const std::vector<Key>& zero_keys() {
       {"offload_param", "", Kind::Object, nullptr},
       {"cpu_offload", "", Kind::Bool, nullptr},        // deprecated: offload_optimizer.device cpu
       {"cpu_offload_param", "", Kind::Bool, nullptr},  // deprecated: offload_param.device cpu
-      {"cpu_offload_use_pin_memory", "", Kind::Bool, kOffloadTuning},
+      {"cpu_offload_use_pin_memory", "", Kind::Bool, nullptr},
       {"gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save", Kind::Bool, nullptr},
       {"stage3_gather_fp16_weights_on_model_save", "", Kind::Bool, nullptr},  // deprecated name of the above
       {"contiguous_gradients", "", Kind::Bool, "accel's gradients always live in flat contiguous buffers"},
@@ -128,7 +131,7 @@ const std::vector<Key>& zero_keys() {
       {"allgather_bucket_size", "", Kind::Int, kGather},
       {"load_from_fp32_weights", "", Kind::Bool, kDetail},
       {"elastic_checkpoint", "", Kind::Bool, kDetail},
-      {"sub_group_size", "", Kind::Int, "accel steps each rank's whole shard at once"},
+      {"sub_group_size", "", Kind::Int, nullptr},
       {"prefetch_bucket_size", "stage3_prefetch_bucket_size", Kind::Int, kFetcher},
       {"param_persistence_threshold", "stage3_param_persistence_threshold", Kind::Int, kFetcher},
       {"model_persistence_threshold", "stage3_model_persistence_threshold", Kind::Int, kFetcher},
@@ -159,25 +162,36 @@ const std::vector<Key>& zero_keys() {
 const std::vector<Key>& offload_optimizer_keys() {
   static const std::vector<Key> keys = {
       {"device", "", Kind::String, nullptr},
-      {"nvme_path", "", Kind::String, kOffloadTuning},
-      {"buffer_count", "", Kind::Int, kOffloadTuning},
-      {"pin_memory", "", Kind::Bool, kOffloadTuning},
-      {"pipeline", "", Kind::Bool, kOffloadTuning},
-      {"pipeline_read", "", Kind::Bool, kOffloadTuning},
-      {"pipeline_write", "", Kind::Bool, kOffloadTuning},
-      {"fast_init", "", Kind::Bool, kOffloadTuning},
-      {"ratio", "", Kind::Number, kOffloadTuning},
-      {"super_offload", "", Kind::Bool, kOffloadTuning},
-      {"cpuadam_cores_perc", "", Kind::Number, kOffloadTuning},
+      {"nvme_path", "", Kind::String, nullptr},
+      {"buffer_count", "", Kind::Int, nullptr},
+      {"pin_memory", "", Kind::Bool, nullptr},
+      {"pipeline", "", Kind::Bool, kPipelined},
+      {"pipeline_read", "", Kind::Bool, kPipelined},
+      {"pipeline_write", "", Kind::Bool, kPipelined},
+      {"fast_init", "", Kind::Bool, kInit},
+      {"ratio", "", Kind::Number, "accel offloads all of the optimizer state (ratio 1)"},
+      {"super_offload", "", Kind::Bool, kNoCounterpart},
+      {"cpuadam_cores_perc", "", Kind::Number, "accel's CPU step uses the rank's intra-op threads"},
   };
   return keys;
 }
 
 const std::vector<Key>& offload_param_keys() {
   static const std::vector<Key> keys = {
-      {"device", "", Kind::String, nullptr},           {"nvme_path", "", Kind::String, kOffloadTuning},
-      {"buffer_count", "", Kind::Int, kOffloadTuning}, {"buffer_size", "", Kind::Int, kOffloadTuning},
-      {"max_in_cpu", "", Kind::Int, kOffloadTuning},   {"pin_memory", "", Kind::Bool, kOffloadTuning},
+      {"device", "", Kind::String, nullptr},       {"nvme_path", "", Kind::String, nullptr},
+      {"buffer_count", "", Kind::Int, nullptr},    {"buffer_size", "", Kind::Int, kBufferSize},
+      {"max_in_cpu", "", Kind::Int, kOffloadCpu},  {"pin_memory", "", Kind::Bool, nullptr},
+  };
+  return keys;
+}
+
+// DeepSpeed's asynchronous I/O block (offload to nvme).
+const std::vector<Key>& aio_keys() {
+  static const std::vector<Key> keys = {
+      {"block_size", "", Kind::Int, nullptr},      {"queue_depth", "", Kind::Int, nullptr},
+      {"thread_count", "", Kind::Int, nullptr},    {"intra_op_parallelism", "", Kind::Int, nullptr},
+      {"single_submit", "", Kind::Bool, nullptr},  {"overlap_events", "", Kind::Bool, nullptr},
+      {"use_gds", "", Kind::Bool, "GPUDirect Storage is not used by accel"},
   };
   return keys;
 }
@@ -386,16 +400,25 @@ std::optional<std::int64_t> batch_value(const Block& top, const std::string& nam
 }
 
 // An offload block, or null; returns the device. The deprecated bool (cpu_offload) maps onto it.
+// nvme_path, buffer_count and pin_memory land in the given fields.
 std::string read_offload(const Block& zero, const std::string& block, const std::string& deprecated,
-                         const std::vector<Key>& keys, const std::string& file, AcceleratorConfig& cfg) {
+                         const std::vector<Key>& keys, const std::string& file, AcceleratorConfig& cfg,
+                         std::string& nvme_path, int& buffer_count) {
   if (zero.has(deprecated) && zero.written(block))
     cd::fail(file, fmt::format("both the deprecated '{}' and its replacement '{}' are given; keep {}",
                                zero.path(deprecated), zero.path(block), zero.path(block)));
   if (zero.has(deprecated)) return *zero.boolean(deprecated) ? "cpu" : "none";
   if (!zero.has(block)) return "none";
   Block b(zero.value(block), file, zero.path(block) + ".", keys, cfg);
+  if (b.has("nvme_path")) nvme_path = b.value("nvme_path").get<std::string>();
+  if (auto n = b.integer("buffer_count", 2, 1 << 20, "an integer >= 2")) buffer_count = static_cast<int>(*n);
+  if (auto p = b.boolean("pin_memory")) cfg.spec.offload.pin_memory = cfg.spec.offload.pin_memory || *p;
   if (!b.has("device")) return "none";
-  return cd::offload_device(file, b.path("device"), b.value("device").get<std::string>());
+  const std::string device = cd::offload_device(file, b.path("device"), b.value("device").get<std::string>());
+  if (device == "nvme" && nvme_path.empty())
+    cd::fail(file, fmt::format("{} is \"nvme\" but {}.nvme_path is not set; give the directory to offload into",
+                               b.path("device"), zero.path(block)));
+  return device;
 }
 
 void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
@@ -416,9 +439,14 @@ void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
                             "a number of elements >= 0"))
     cfg.spec.bucket_bytes = *n * 4;
 
-  cfg.offload_optimizer_device =
-      read_offload(zero, "offload_optimizer", "cpu_offload", offload_optimizer_keys(), file, cfg);
-  cfg.offload_param_device = read_offload(zero, "offload_param", "cpu_offload_param", offload_param_keys(), file, cfg);
+  auto& off = cfg.spec.offload;
+  cfg.offload_optimizer_device = read_offload(zero, "offload_optimizer", "cpu_offload", offload_optimizer_keys(), file,
+                                              cfg, off.optimizer_nvme_path, off.optimizer_buffer_count);
+  cfg.offload_param_device = read_offload(zero, "offload_param", "cpu_offload_param", offload_param_keys(), file, cfg,
+                                          off.param_nvme_path, off.param_buffer_count);
+  if (auto p = zero.boolean("cpu_offload_use_pin_memory")) off.pin_memory = off.pin_memory || *p;
+  if (auto n = zero.integer("sub_group_size", 1, std::numeric_limits<std::int64_t>::max(), "a number of elements >= 1"))
+    off.sub_group_size = *n;
   if (cfg.offload_param_device != "none" && stage != 3)
     cd::fail(file, fmt::format("{} offloads parameters to '{}', which needs stage 3 (zero_optimization.stage is {}); "
                                "use stage 3 or set the device to \"none\"",
@@ -530,6 +558,17 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
       fail_value(source, "gradient_allreduce_op", op, "\"mean\" (accel averages gradients; \"sum\" is not supported)");
   }
   cfg.spec.reduce_dtype = comm_dtype(top, source);
+  if (top.has("aio")) {
+    Block aio(top.value("aio"), source, top.path("aio") + ".", aio_keys(), cfg);
+    auto& o = cfg.spec.offload.aio;
+    if (auto n = aio.integer("block_size", 4096, 1LL << 30, "a number of bytes from 4096 to 1 GiB"))
+      o.block_size = static_cast<std::size_t>(*n);
+    if (auto n = aio.integer("queue_depth", 1, 1024, "an integer from 1 to 1024")) o.queue_depth = static_cast<int>(*n);
+    for (const char* k : {"thread_count", "intra_op_parallelism"})
+      if (auto n = aio.integer(k, 1, 256, "an integer from 1 to 256")) o.thread_count = static_cast<int>(*n);
+    if (auto b = aio.boolean("single_submit")) o.single_submit = *b;
+    if (auto b = aio.boolean("overlap_events")) o.overlap_events = *b;
+  }
   if (top.has("activation_checkpointing")) {
     Block ac(top.value("activation_checkpointing"), source, top.path("activation_checkpointing") + ".",
              activation_checkpointing_keys(), cfg);
@@ -544,6 +583,7 @@ std::vector<KeyRow> deepspeed_json_keys() {
                                       {"zero_optimization", &zero_keys()},
                                       {"zero_optimization.offload_optimizer", &offload_optimizer_keys()},
                                       {"zero_optimization.offload_param", &offload_param_keys()},
+                                      {"aio", &aio_keys()},
                                       {"fp16", &fp16_keys()},
                                       {"bf16", &bf16_keys()},
                                       {"activation_checkpointing", &activation_checkpointing_keys()}})

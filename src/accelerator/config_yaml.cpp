@@ -45,7 +45,6 @@ constexpr const char* kMachine =
 constexpr const char* kFp8Recipe =
     "accel's fp8 has one recipe: Float8Linear layers with dynamic tensorwise scales from each tensor's "
     "current amax (e4m3 forward, e5m2 gradients)";
-constexpr const char* kNoOffload = "accel has no offload yet (issue 16)";
 
 const std::vector<YKey>& top_keys() {
   static const std::vector<YKey> keys = {
@@ -129,8 +128,8 @@ const std::vector<YKey>& deepspeed_keys() {
       {"zero_stage", nullptr},
       {"offload_optimizer_device", nullptr},
       {"offload_param_device", nullptr},
-      {"offload_optimizer_nvme_path", kNoOffload},
-      {"offload_param_nvme_path", kNoOffload},
+      {"offload_optimizer_nvme_path", nullptr},
+      {"offload_param_nvme_path", nullptr},
       {"gradient_accumulation_steps", nullptr},
       {"gradient_clipping", nullptr},
       {"zero3_save_16bit_model", nullptr},
@@ -541,6 +540,16 @@ void read_deepspeed(const Section& s, const std::string& base_dir, const TopLeve
     cfg.offload_optimizer_device = cd::offload_device(s.file(), s.path("offload_optimizer_device"), *t);
   if (auto t = s.text("offload_param_device", "none, cpu or nvme"))
     cfg.offload_param_device = cd::offload_device(s.file(), s.path("offload_param_device"), *t);
+  if (auto t = s.text("offload_optimizer_nvme_path", "a directory")) cfg.spec.offload.optimizer_nvme_path = *t;
+  if (auto t = s.text("offload_param_nvme_path", "a directory")) cfg.spec.offload.param_nvme_path = *t;
+  for (const auto& [dev, key] : {std::pair{&cfg.offload_optimizer_device, "offload_optimizer"},
+                                 std::pair{&cfg.offload_param_device, "offload_param"}}) {
+    const std::string& path = std::string(key) == "offload_param" ? cfg.spec.offload.param_nvme_path
+                                                                   : cfg.spec.offload.optimizer_nvme_path;
+    if (*dev == "nvme" && path.empty())
+      cd::fail(s.file(), fmt::format("{}_device is nvme but {}_nvme_path is not set; give the directory to offload into",
+                                     s.path(key), s.path(key)));
+  }
   if (cfg.offload_param_device != "none" && stage != 3)
     cd::fail(s.file(), fmt::format("{} is '{}', which needs zero_stage 3 (zero_stage is {}); use zero_stage 3 or "
                                    "offload_param_device none",

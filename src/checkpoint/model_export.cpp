@@ -380,7 +380,7 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
       };
       if (f.group >= 0) {
         auto [b, e] = engine.master_range(f);
-        fill(b, e, f.master);
+        fill(b, e, engine.master_data(f));
       } else if (fp.gathered()) {  // frozen, whole on this rank
         fill(0, fp.layout().padded(), fp.full());
         if (fp.options().sharded) {

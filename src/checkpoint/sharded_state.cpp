@@ -60,7 +60,7 @@ std::vector<Segment> segments_of(const zero::Engine& e, int world_rank) {
     }
     if (f.master.defined()) {
       std::tie(b, end) = e.master_range(f);
-      src = f.master;
+      src = e.master_data(f);
       writer = e.plan().masters_are_shards ? first_replica : world_rank == 0;
     } else if (fp.options().sharded) {
       std::tie(b, end) = layout.shard_range(fp.options().rank);

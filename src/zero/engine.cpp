@@ -206,6 +206,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // What the optimizer steps, per user param group: the user's parameters (passthrough), or master
   // copies (the flat buffer or this rank's shard of it) in the master dtype, aliases of the compute
   // buffer when the dtypes agree.
+  setup_offload(optimizer);
   group_params_.assign(optimizer ? optimizer->param_groups().size() : 0, {});
   if (plan_.passthrough) {
     for (std::size_t g = 0; g < group_params_.size(); ++g)

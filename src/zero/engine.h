@@ -31,6 +31,8 @@
 #include "sharding/flat_param.h"
 #include "sharding/unit.h"
 #include "zero/grad_reducer.h"
+#include "zero/optimizer_offload.h"
+#include "zero/param_offload.h"
 #include "zero/plan.h"
 #include "zero/spec.h"
 
@@ -59,6 +61,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
     at::Tensor master;        // what the optimizer steps: the shard (sharded) or the whole flat buffer
                               // (undefined in passthrough, and for flats the optimizer does not own)
     at::Tensor grad;          // reduced gradient feeding master.grad (undefined until a sync backward)
+    // Offload: the region of the optimizer's file holding this flat's master and state (master is
+    // then a meta tensor: a handle the optimizer's param groups and gradients hang on), the slot of
+    // the parameter file holding its shard; npos when not offloaded. staged_master: the master read
+    // into memory between stage_offloaded() and unstage_offloaded().
+    std::size_t opt_region = static_cast<std::size_t>(-1), param_slot = static_cast<std::size_t>(-1);
+    at::Tensor staged_master;
     // fp8 all-gather (spec.fp8_all_gather, sharded units): this rank's shard in e4m3, one scale per
     // parameter (agreed across the shard group after each step), the gathered bytes while in flight.
     at::Tensor fp8_shard, fp8_scales, fp8_full;
@@ -152,6 +160,22 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // state stay as they are, and the next backward starts a new accumulation window. Local.
   void skip_step();
 
+  // --- offload (spec.offload) ------------------------------------------------------------------
+  const OptimizerOffload* optimizer_offload() const { return opt_offload_.get(); }
+  const ParamOffload* param_offload() const { return param_offload_.get(); }
+  // The offloaded optimizer's step (between before_step and after_step): each param group's rule
+  // now (options as the user's scheduler left them).
+  void offloaded_step(const std::vector<OffloadRule>& group_rules);
+  // f's master values as a tensor in memory: f.master itself, or for an offloaded optimizer the
+  // staged copy or else a copy read from its file.
+  at::Tensor master_data(const Flat& f) const;
+  // Checkpoints: brings offloaded state into memory, as if nothing were offloaded (staged masters,
+  // which master_data returns; optimizer state in opt->state() keyed by the master handles as
+  // torch::optim keys it; parameter shards resident) — and back. write_back: what is in memory now
+  // (a loaded checkpoint) replaces what the files hold. Without offload both do nothing.
+  void stage_offloaded(torch::optim::Optimizer* opt);
+  void unstage_offloaded(torch::optim::Optimizer* opt, bool write_back);
+
   // --- checkpoints -------------------------------------------------------------------------------
   // The elements [begin, end) of f's flat buffer that f.master holds on this rank: its shard of the
   // shard group where the optimizer is sharded, else the whole padded buffer. (Passthrough engines
@@ -231,6 +255,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::pair<at::Tensor, const void*>> grad_hooks_;  // ours, to remove only ours
   std::vector<const void*> unit_hooks_;
   std::vector<std::vector<at::Tensor>> group_params_;
+  std::unique_ptr<OptimizerOffload> opt_offload_;
+  std::unique_ptr<ParamOffload> param_offload_;
+  std::vector<std::size_t> opt_region_flat_;  // region -> flats_ index
+  std::vector<std::size_t> param_slot_flat_;  // slot -> flats_ index
+  void setup_offload(const torch::optim::Optimizer* optimizer);
+  void fetch_params_ahead(std::size_t unit);
+  bool masters_written_ = false;  // set by offloaded_step, consumed by params_from_masters
   bool in_backward_ = false;
   std::size_t finalize_count_ = 0;
 };

@@ -54,7 +54,7 @@ void Engine::quantize_fp8_shards() {
     if (!fp8_gathered(f)) continue;
     const auto& layout = f.flat_param->layout();
     auto [b, e] = layout.shard_range(f.flat_param->options().rank);
-    const at::Tensor& src = f.master.defined() ? f.master : f.flat_param->shard();
+    const at::Tensor& src = f.master.defined() && f.opt_region == npos ? f.master : f.flat_param->shard();
     for (std::size_t i = 0; i < f.flat_param->params().size(); ++i) {
       const std::int64_t off = layout.offset(i), lo = std::min(std::max(off, b), e),
                          hi = std::max(lo, std::min(off + f.flat_param->params()[i].numel(), e));

@@ -25,6 +25,7 @@ void Engine::gather(std::size_t unit, bool async) {
     Flat& f = flats_[fi];
     sharding::FlatParam& fp = *f.flat_param;
     if (fp.gathered()) continue;
+    if (f.param_slot != npos) param_offload_->fetch(f.param_slot);
     {
       CategoryScope cat(Category::Gathered);
       fp.alloc_full();
@@ -38,7 +39,11 @@ void Engine::wait_gather(std::size_t unit) {
   auto works = std::move(units_[unit].inflight);
   units_[unit].inflight.clear();
   for (auto& w : works) w->wait();
-  for (auto fi : units_[unit].flats) dequantize_arrived(flats_[fi]);
+  for (auto fi : units_[unit].flats) {
+    dequantize_arrived(flats_[fi]);
+    // An offloaded shard has been gathered: until the next gather the file holds it.
+    if (flats_[fi].param_slot != npos && !flats_[fi].persistent) param_offload_->release(flats_[fi].param_slot);
+  }
 }
 
 void Engine::unshard() {
@@ -48,6 +53,7 @@ void Engine::unshard() {
     if (f.persistent || !f.flat_param->options().sharded) continue;
     const bool approx = fp8_gathered(f);  // what it holds gathered now is dequantized fp8: exact values instead
     f.persistent = true;
+    if (f.param_slot != npos) param_offload_->fetch(f.param_slot);  // stays resident from now on
     if (f.flat_param->gathered() && !approx) continue;
     CategoryScope cat(Category::Gathered);
     f.flat_param->alloc_full();
@@ -65,13 +71,19 @@ at::Tensor Engine::whole(const Flat& f, const at::Tensor& local) const {
 }
 
 at::Tensor Engine::whole_values(const Flat& f, Source source) const {
-  if (source == Source::Master && f.master.defined()) return whole(f, f.master);
+  if (source == Source::Master && f.master.defined()) return whole(f, master_data(f));
   // The gathered buffer only where it holds the exact values now: not while a (prefetch) gather into
   // it is in flight, and not when it holds fp8 bytes dequantized. (The same on every rank: gathering
   // is collective.) Otherwise the shard, gathered into a temporary.
   const bool exact =
       f.flat_param->gathered() && units_[static_cast<std::size_t>(f.unit)].inflight.empty() && !fp8_gathered(f);
   if (exact) return f.flat_param->full();
+  if (f.param_slot != npos && !param_offload_->resident(f.param_slot)) {
+    param_offload_->fetch(f.param_slot);
+    at::Tensor out = whole(f, f.flat_param->shard()).clone();
+    param_offload_->release(f.param_slot);
+    return out;
+  }
   return whole(f, f.flat_param->shard());
 }
 
@@ -100,10 +112,11 @@ void Engine::pre_forward(std::size_t unit) {
   if (!unit_sharded(unit)) return;
   gather(unit, /*async=*/false);
   if (spec_.forward_prefetch) {
-    // The unit after this one in the last forward's order.
+    // The unit after this one in the last forward's order (and, from disk, the shards of the one after that).
     for (std::size_t i = 0; i + 1 < fwd_order_.size(); ++i)
       if (fwd_order_[i] == unit) {
         prefetch(fwd_order_[i + 1]);
+        if (i + 2 < fwd_order_.size() && unit_sharded(fwd_order_[i + 2])) fetch_params_ahead(fwd_order_[i + 2]);
         break;
       }
   }
@@ -139,6 +152,7 @@ void Engine::pre_backward(std::size_t unit, std::int64_t call_end) {
     for (std::size_t i = 1; i < order.size(); ++i)
       if (order[i] == unit) {
         prefetch(order[i - 1]);
+        if (i >= 2 && unit_sharded(order[i - 2])) fetch_params_ahead(order[i - 2]);
         break;
       }
   }

@@ -112,11 +112,17 @@ void Engine::params_from_masters() {
   if (plan_.passthrough) return;
   c10::NoGradGuard ng;
   std::vector<comm::WorkPtr> works;
+  const bool written = masters_written_;  // the offloaded step wrote its chunks' values already
+  masters_written_ = false;
   for (auto& f : flats_) {
-    if (f.group >= 0) {
-      // Master -> compute buffer where they are different tensors.
+    if (f.group >= 0 && !(written && f.opt_region != npos)) {
+      // Master -> compute buffer where they are different tensors (or -> the shard's file).
+      const at::Tensor master = master_data(f);
       const at::Tensor& dst = plan_.masters_are_shards ? f.flat_param->shard() : f.flat_param->full();
-      if (!f.master.is_alias_of(dst)) dst.copy_(f.master);
+      if (f.param_slot != npos)
+        param_offload_->store(f.param_slot, 0, master);
+      else if (!master.is_alias_of(dst))
+        dst.copy_(master);
     }
     // Replicated parameters (ZeRO-1/2) and the always-gathered root unit (ZeRO-3) are all-gathered
     // from the updated shards; sharded units are gathered again by their next forward.

@@ -1,6 +1,7 @@
 #include "zero/optimizers.h"
 
 #include "base/memory.h"
+#include "optim/fused_step.h"
 #include "zero/engine.h"
 
 #include <torch/optim/adagrad.h>
@@ -15,6 +16,8 @@ namespace {
 namespace optim = torch::optim;
 using Tensors = std::map<std::string, at::Tensor>;
 
+OffloadRule rule_of(const optim::OptimizerOptions& options);
+
 // The user's optimizer type, stepping master shards, bracketed by the engine.
 template <class Opt, class Options>
 class Sharded final : public Opt {
@@ -28,7 +31,17 @@ class Sharded final : public Opt {
     at::Tensor loss;
     {
       memory::CategoryScope cat(memory::Category::OptimizerState);
-      loss = Opt::step(std::move(closure));
+      if (engine_->optimizer_offload()) {
+        if (closure) {
+          at::AutoGradMode grad(true);
+          loss = closure();
+        }
+        std::vector<OffloadRule> rules;
+        for (const auto& g : this->param_groups()) rules.push_back(rule_of(g.has_options() ? g.options() : this->defaults()));
+        engine_->offloaded_step(rules);
+      } else if (closure || !accel::optim::fused_step(*this)) {
+        loss = Opt::step(std::move(closure));
+      }
     }
     engine_->after_step();
     return loss;
@@ -37,6 +50,31 @@ class Sharded final : public Opt {
  private:
   std::shared_ptr<Engine> engine_;
 };
+
+// The offload rule of an optimizer's options (the rows that have fused kernels).
+OffloadRule adam_rule(const optim::OptimizerOptions& options) {
+  OffloadRule r;
+  if (const auto* o = dynamic_cast<const optim::AdamWOptions*>(&options)) {
+    r.adam = {o->lr(), std::get<0>(o->betas()), std::get<1>(o->betas()), o->eps(), o->weight_decay(), o->amsgrad(), true};
+  } else {
+    const auto& a = static_cast<const optim::AdamOptions&>(options);
+    r.adam = {a.lr(), std::get<0>(a.betas()), std::get<1>(a.betas()), a.eps(), a.weight_decay(), a.amsgrad(), false};
+  }
+  return r;
+}
+OffloadRule sgd_rule(const optim::OptimizerOptions& options) {
+  const auto& o = static_cast<const optim::SGDOptions&>(options);
+  OffloadRule r;
+  r.kind = OffloadRule::Kind::Sgd;
+  r.sgd = {o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()};
+  return r;
+}
+void fill_adam_rule(const optim::OptimizerOptions& options, OffloadRule& rule) { rule = adam_rule(options); }
+void fill_sgd_rule(const optim::OptimizerOptions& options, OffloadRule& rule) { rule = sgd_rule(options); }
+OffloadRule rule_of(const optim::OptimizerOptions& options) {
+  if (dynamic_cast<const optim::SGDOptions*>(&options)) return sgd_rule(options);
+  return adam_rule(options);
+}
 
 // Param groups over the master tensors, index-for-index the user's, with cloned options.
 std::vector<optim::OptimizerParamGroup> master_groups(const optim::Optimizer& user, const Engine& e) {
@@ -128,14 +166,14 @@ std::unique_ptr<optim::OptimizerParamState> import_adagrad(const Tensors& t, std
 
 const OptimizerRow kRows[] = {
     {"Adam", is<optim::Adam>, make_sharded<optim::Adam, optim::AdamOptions>, export_adam<optim::AdamParamState>,
-     import_adam<optim::AdamParamState>},
+     import_adam<optim::AdamParamState>, fill_adam_rule},
     {"AdamW", is<optim::AdamW>, make_sharded<optim::AdamW, optim::AdamWOptions>, export_adam<optim::AdamWParamState>,
-     import_adam<optim::AdamWParamState>},
-    {"SGD", is<optim::SGD>, make_sharded<optim::SGD, optim::SGDOptions>, export_sgd, import_sgd},
+     import_adam<optim::AdamWParamState>, fill_adam_rule},
+    {"SGD", is<optim::SGD>, make_sharded<optim::SGD, optim::SGDOptions>, export_sgd, import_sgd, fill_sgd_rule},
     {"RMSprop", is<optim::RMSprop>, make_sharded<optim::RMSprop, optim::RMSpropOptions>, export_rmsprop,
-     import_rmsprop},
+     import_rmsprop, nullptr},
     {"Adagrad", is<optim::Adagrad>, make_sharded<optim::Adagrad, optim::AdagradOptions>, export_adagrad,
-     import_adagrad},
+     import_adagrad, nullptr},
 };
 
 }  // namespace

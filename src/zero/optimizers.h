@@ -16,12 +16,14 @@
 
 namespace torch::optim {
 class Optimizer;
+class OptimizerOptions;
 class OptimizerParamState;
 }  // namespace torch::optim
 
 namespace accel::zero {
 
 class Engine;
+struct OffloadRule;
 
 // A parameter's optimizer state: its defined tensors by name ("exp_avg", "momentum_buffer", ...),
 // each shaped like the parameter, and its step counter where the optimizer keeps one.
@@ -43,6 +45,9 @@ struct OptimizerRow {
   // A new param state of this type from named tensors (missing names stay undefined) and step.
   std::unique_ptr<torch::optim::OptimizerParamState> (*import_state)(const std::map<std::string, at::Tensor>& tensors,
                                                                      std::int64_t step);
+  // How a param group with these options steps when its state is offloaded (the fused CPU kernels);
+  // nullptr where there is no fused kernel for this type (the state cannot be offloaded).
+  void (*offload_rule)(const torch::optim::OptimizerOptions& options, OffloadRule& rule);
 };
 
 // Every row.

@@ -20,7 +20,7 @@ struct Groups {
 Groups groups_for(const ShardingSpec& spec, const std::shared_ptr<comm::Communicator>& world);
 
 struct Plan {
-  // A world of one rank with no dtype conversion: no hooks, no flat gradients, no masters of our own;
+  // A world of one rank with no dtype conversion and nothing offloaded to disk: no hooks, no flat gradients, no masters of our own;
   // the optimizer steps the user's parameters on autograd's gradients (the plain libtorch loop).
   bool passthrough = false;
   // The optimizer steps this rank's shard of each flat buffer (else the whole buffer). Holds at any
@@ -31,7 +31,8 @@ struct Plan {
   // parameters are all-gathered from the updated shards after each step.
   bool state_split = false;
   // Units' parameters live as shards and are gathered around each use (ZeRO-3, FULL_SHARD,
-  // HYBRID_SHARD over more than one rank). The root unit then stays gathered from step to step.
+  // HYBRID_SHARD over more than one rank, or over one when the shards live on disk). The root unit
+  // then stays gathered from step to step.
   bool params_sharded = false;
   // How gradients are reduced: all-reduce (replicated optimizer), reduce-scatter into the own slice of
   // the full buffer (ZeRO-1), or into a separate shard (ZeRO-2/3).

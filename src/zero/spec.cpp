@@ -53,6 +53,14 @@ std::string fsdp_names(const char* sep) {
 
 const char* to_string(Strategy s) { return info(s).name; }
 
+const char* to_string(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::Cpu: return "cpu";
+    case OffloadDevice::Nvme: return "nvme";
+    default: return "none";
+  }
+}
+
 ShardingSpec ShardingSpec::ddp() { return {}; }
 
 ShardingSpec ShardingSpec::zero(int stage) {
@@ -84,6 +92,19 @@ void ShardingSpec::validate() const {
   if (align_elements < 1)
     throw std::invalid_argument(fmt::format("ShardingSpec.align_elements must be >= 1, got {}", align_elements));
   wrap.validate();
+  if (offload.param != OffloadDevice::None && !shards_parameters())
+    throw std::invalid_argument(fmt::format(
+        "offload_param needs sharded parameters (ZeRO-3, FULL_SHARD or HYBRID_SHARD); the strategy is {}",
+        zero::to_string(strategy)));
+  if (offload.optimizer_on_disk() && offload.optimizer_nvme_path.empty())
+    throw std::invalid_argument("offload_optimizer.device is nvme but offload_optimizer.nvme_path is not set");
+  if (offload.param_on_disk() && offload.param_nvme_path.empty())
+    throw std::invalid_argument("offload_param.device is nvme but offload_param.nvme_path is not set");
+  if (offload.optimizer_buffer_count < 2 || offload.param_buffer_count < 2)
+    throw std::invalid_argument(fmt::format("offload buffer_count must be >= 2, got {} (optimizer), {} (param)",
+                                            offload.optimizer_buffer_count, offload.param_buffer_count));
+  if (offload.sub_group_size < 1)
+    throw std::invalid_argument(fmt::format("sub_group_size must be >= 1, got {}", offload.sub_group_size));
   for (auto dt : {param_dtype, reduce_dtype, master_dtype})
     if (dt && !c10::isFloatingType(*dt))
       throw std::invalid_argument(
@@ -99,6 +120,10 @@ std::string ShardingSpec::to_string() const {
   if (hybrid()) s += ", replicated across nodes";
   s += fmt::format(", bucket {} B, {} in flight", bucket_bytes, grad_buckets_in_flight);
   if (activation_checkpointing) s += ", activation checkpointing";
+  if (offload.optimizer != OffloadDevice::None)
+    s += fmt::format(", optimizer state offloaded to {}", zero::to_string(offload.optimizer));
+  if (offload.param != OffloadDevice::None)
+    s += fmt::format(", parameters offloaded to {}", zero::to_string(offload.param));
   return s;
 }
 

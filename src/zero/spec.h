@@ -13,6 +13,7 @@
 // the optimizer steps master_dtype shards. Unset dtypes follow the model's parameters.
 #pragma once
 
+#include "offload/async_file.h"
 #include "sharding/wrap_policy.h"
 
 #include <c10/core/ScalarType.h>
@@ -52,6 +53,25 @@ const char* to_string(Strategy s);  // info(s).name
 
 using sharding::WrapPolicy;
 
+// Where optimizer state and parameter shards live (DeepSpeed's offload_optimizer / offload_param,
+// FSDP's CPUOffload). Nvme: in files under the path, streamed through a few buffers (zero/
+// optimizer_offload.h, zero/param_offload.h). Cpu: in host memory, which on a CPU run is where they
+// already are (a no-op the Accelerator reports).
+enum class OffloadDevice { None, Cpu, Nvme };
+const char* to_string(OffloadDevice d);  // "none", "cpu", "nvme"
+struct OffloadSpec {
+  OffloadDevice optimizer = OffloadDevice::None;
+  OffloadDevice param = OffloadDevice::None;  // ZeRO-3 / FULL_SHARD / HYBRID_SHARD only
+  std::string optimizer_nvme_path, param_nvme_path;
+  int optimizer_buffer_count = 4;              // offload_optimizer.buffer_count
+  int param_buffer_count = 5;                  // offload_param.buffer_count
+  std::int64_t sub_group_size = 1'000'000'000;  // elements stepped per sub-group (zero_optimization.sub_group_size)
+  bool pin_memory = false;
+  offload::AioOptions aio;
+  bool optimizer_on_disk() const { return optimizer == OffloadDevice::Nvme; }
+  bool param_on_disk() const { return param == OffloadDevice::Nvme; }
+};
+
 struct ShardingSpec {
   Strategy strategy = Strategy::NoShard;
   // FULL_SHARD/ZeRO-3: free the gathered parameters after each unit's forward (gather again in
@@ -78,6 +98,7 @@ struct ShardingSpec {
   // parameter, agreed across the shard group after each step (one all-reduce of amaxes for all
   // units), and are dequantized into param_dtype on arrival. Half the gather bytes of bf16.
   bool fp8_all_gather = false;
+  OffloadSpec offload;
 
   // The switches a strategy is made of (its row of the table).
   bool shards_optimizer() const { return info(strategy).shards_optimizer; }

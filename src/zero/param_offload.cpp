@@ -1,0 +1,139 @@
+#include "zero/param_offload.h"
+
+#include "offload/async_file.h"
+#include "sharding/flat_param.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+namespace accel::zero {
+namespace {
+
+std::string offloaded_message(const sharding::FlatParam& f) {
+  return fmt::format("accel: the shard of {} is offloaded to disk (offload_param.device nvme) and not loaded now",
+                     f.name());
+}
+
+}  // namespace
+
+std::uint64_t ParamOffload::file_bytes(const std::vector<std::pair<std::int64_t, std::size_t>>& shards) {
+  std::uint64_t total = 0;
+  for (const auto& [n, esize] : shards) total += offload::align_up(static_cast<std::uint64_t>(n) * esize);
+  return total;
+}
+
+ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<sharding::FlatParam*> flats) : spec_(spec) {
+  std::uint64_t offset = 0, largest = 0;
+  for (auto* f : flats) {
+    Slot s;
+    s.flat = f;
+    s.offset = offset;
+    s.bytes = static_cast<std::uint64_t>(f->shard().numel()) * f->shard().element_size();
+    s.padded = offload::align_up(s.bytes);
+    offset += s.padded;
+    largest = std::max(largest, s.padded);
+    slots_.push_back(s);
+  }
+  bytes_ = offset;
+  offload::check_offload_dir(spec_.param_nvme_path, bytes_, "offload_param.nvme_path");
+  const std::string path =
+      fmt::format("{}/accel-param-rank{}-pid{}.swp", spec_.param_nvme_path, rank, static_cast<long>(getpid()));
+  file_ = std::make_unique<offload::AsyncFile>(path, /*create=*/true, spec_.aio);
+  try {
+    file_->reserve(bytes_);
+    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(spec_.param_buffer_count), slots_.size());
+    for (std::size_t i = 0; i < n; ++i) buffers_.emplace_back(largest);
+    buffer_owner_.assign(n, -1);
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      slots_[i].resident = true;
+      store(i, 0, slots_[i].flat->shard());
+      release(i);
+    }
+  } catch (...) {
+    file_.reset();
+    std::remove(path.c_str());
+    throw;
+  }
+}
+
+ParamOffload::~ParamOffload() {
+  if (!file_) return;
+  const std::string path = file_->path();
+  file_.reset();
+  std::remove(path.c_str());
+}
+
+const std::string& ParamOffload::path() const { return file_->path(); }
+std::uint64_t ParamOffload::bytes_read() const { return file_->bytes_read(); }
+std::uint64_t ParamOffload::bytes_written() const { return file_->bytes_written(); }
+bool ParamOffload::resident(std::size_t i) const { return slots_.at(i).resident; }
+
+int ParamOffload::take_buffer() {
+  for (std::size_t b = 0; b < buffer_owner_.size(); ++b)
+    if (buffer_owner_[b] < 0) return static_cast<int>(b);
+  // All in use by reads nobody waited for yet: land the one issued first.
+  std::size_t oldest = 0;
+  for (std::size_t b = 1; b < buffer_owner_.size(); ++b)
+    if (slots_[buffer_owner_[b]].ticket < slots_[buffer_owner_[oldest]].ticket) oldest = b;
+  land(static_cast<std::size_t>(buffer_owner_[oldest]));
+  return static_cast<int>(oldest);
+}
+
+void ParamOffload::fetch_async(std::size_t i) {
+  Slot& s = slots_.at(i);
+  if (s.resident || s.buffer >= 0) return;
+  const int b = take_buffer();
+  s.buffer = b;
+  buffer_owner_[b] = static_cast<int>(i);
+  s.ticket = file_->read_async(buffers_[b].data(), s.padded, s.offset);
+}
+
+void ParamOffload::land(std::size_t i) {
+  Slot& s = slots_[i];
+  file_->wait(s.ticket);
+  const at::Tensor& shard = s.flat->shard();
+  sharding::alloc_storage(shard, s.bytes);
+  std::memcpy(shard.data_ptr(), buffers_[s.buffer].data(), s.bytes);
+  buffer_owner_[s.buffer] = -1;
+  s.buffer = -1;
+  s.resident = true;
+}
+
+void ParamOffload::fetch(std::size_t i) {
+  Slot& s = slots_.at(i);
+  if (s.resident) return;
+  if (s.buffer < 0) fetch_async(i);
+  land(i);
+}
+
+void ParamOffload::release(std::size_t i) {
+  Slot& s = slots_.at(i);
+  if (!s.resident) return;
+  sharding::free_storage(s.flat->shard(), offloaded_message(*s.flat));
+  s.resident = false;
+}
+
+void ParamOffload::store(std::size_t i, std::int64_t begin, const at::Tensor& values) {
+  Slot& s = slots_.at(i);
+  if (s.buffer >= 0) land(i);
+  const at::Tensor& shard = s.flat->shard();
+  const at::Tensor v = values.reshape({-1}).to(shard.scalar_type()).contiguous();
+  const std::uint64_t esize = shard.element_size(), first = static_cast<std::uint64_t>(begin) * esize;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(v.numel()) * esize;
+  if (begin < 0 || begin + v.numel() > shard.numel() || first % offload::kAlignment != 0)
+    throw std::logic_error(fmt::format("ParamOffload::store: elements [{}, {}) of {} ({} elements)", begin,
+                                       begin + v.numel(), s.flat->name(), shard.numel()));
+  offload::AlignedBuffer tmp(offload::align_up(bytes));
+  std::memcpy(tmp.data(), v.data_ptr(), bytes);
+  file_->write(tmp.data(), offload::align_up(bytes), s.offset + first);
+  if (s.resident && shard.data_ptr() != v.data_ptr()) shard.narrow(0, begin, v.numel()).copy_(v);
+}
+
+}  // namespace accel::zero

@@ -1,0 +1,78 @@
+// accel::zero::ParamOffload — ZeRO-3 parameter shards in a file per rank under
+// offload_param.nvme_path (ZeRO-Infinity's parameter offload to NVMe).
+//
+// Each offloaded flat parameter's shard (compute dtype) has a 4 KiB-aligned region of the file. Its
+// storage in RAM exists only from fetch() until release(): the engine fetches a unit's shards before
+// its all-gather (ahead of time, in the order the previous forward and backward used) and releases
+// them once the gather has completed; the gathered parameters then live as long as the strategy keeps
+// them. After each step the updated values are store()d to the file. Reads land in buffer_count
+// aligned staging buffers (O_DIRECT) and are copied into the shard's own storage.
+#pragma once
+
+#include "zero/spec.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace accel::offload {
+class AsyncFile;
+class AlignedBuffer;
+}  // namespace accel::offload
+namespace accel::sharding {
+class FlatParam;
+}
+
+namespace accel::zero {
+
+class ParamOffload {
+ public:
+  // Checks the directory, creates and reserves this rank's file, writes each flat's shard there and
+  // frees its storage.
+  ParamOffload(const OffloadSpec& spec, int rank, std::vector<sharding::FlatParam*> flats);
+  ~ParamOffload();
+  ParamOffload(const ParamOffload&) = delete;
+  ParamOffload& operator=(const ParamOffload&) = delete;
+
+  // Bytes the file needs for these shard sizes (elements) at this element size.
+  static std::uint64_t file_bytes(const std::vector<std::pair<std::int64_t, std::size_t>>& shards);
+
+  // Starts reading flat i's shard (no-op when resident or already on its way).
+  void fetch_async(std::size_t i);
+  // Flat i's shard is resident when this returns (reads it now if nobody asked before).
+  void fetch(std::size_t i);
+  // Frees flat i's shard storage (the file holds its values). No-op when not resident.
+  void release(std::size_t i);
+  bool resident(std::size_t i) const;
+  // Writes `values` (converted to the flat's dtype) at element `begin` of flat i's shard in the file,
+  // and into the resident shard if it is resident. begin is a multiple of 4096 elements; values
+  // runs to the end of the shard or is a multiple of 4096 elements long.
+  void store(std::size_t i, std::int64_t begin, const at::Tensor& values);
+
+  const std::string& path() const;
+  std::uint64_t bytes() const { return bytes_; }
+  std::uint64_t bytes_read() const;
+  std::uint64_t bytes_written() const;
+
+ private:
+  struct Slot {
+    sharding::FlatParam* flat;
+    std::uint64_t offset = 0, bytes = 0, padded = 0;
+    bool resident = false;
+    int buffer = -1;  // staging buffer a read is landing in, -1: none
+    std::uint64_t ticket = 0;
+  };
+  int take_buffer();
+  void land(std::size_t i);
+  OffloadSpec spec_;
+  std::vector<Slot> slots_;
+  std::unique_ptr<offload::AsyncFile> file_;
+  std::vector<offload::AlignedBuffer> buffers_;
+  std::vector<int> buffer_owner_;  // slot whose read is landing in it, -1: free
+  std::uint64_t bytes_ = 0;
+};
+
+}  // namespace accel::zero
