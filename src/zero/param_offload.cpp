@@ -1,5 +1,6 @@
 #include "zero/param_offload.h"
 
+#include "base/memory.h"
 #include "offload/async_file.h"
 #include "sharding/flat_param.h"
 
@@ -99,7 +100,10 @@ void ParamOffload::land(std::size_t i) {
   Slot& s = slots_[i];
   file_->wait(s.ticket);
   const at::Tensor& shard = s.flat->shard();
-  sharding::alloc_storage(shard, s.bytes);
+  {
+    memory::CategoryScope cat(memory::Category::Parameters);
+    sharding::alloc_storage(shard, s.bytes);
+  }
   std::memcpy(shard.data_ptr(), buffers_[s.buffer].data(), s.bytes);
   buffer_owner_[s.buffer] = -1;
   s.buffer = -1;

@@ -1,0 +1,173 @@
+// Offload to disk (offload_optimizer / offload_param device nvme) against the same run in memory:
+// bitwise equal parameters and masters after steps with gradient accumulation, for AdamW and SGD
+// (two param groups each), fp32 and bf16 compute over fp32 masters, under ZeRO-1/2/3; the files
+// have the sizes the formula gives; the optimizer state leaves memory; checkpoint state round-trips
+// through staging.
+#include "base/memory.h"
+#include "offload/async_file.h"
+#include "support/harness.h"
+
+#include <gtest/gtest.h>
+#include <torch/optim/rmsprop.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace accel::test {
+namespace {
+
+using zero::OffloadDevice;
+using zero::ShardingSpec;
+
+std::string scratch_dir() {
+  const auto dir = std::filesystem::temp_directory_path() / "accel-offload-test";
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+struct Run {
+  std::vector<at::Tensor> compute, masters;  // per flat, whole
+  std::uint64_t file_bytes = 0, expected_file_bytes = 0, param_file_bytes = 0, expected_param_bytes = 0;
+  std::int64_t optimizer_state_bytes = 0;  // counting allocator, after the steps
+};
+
+// Three optimizer steps of the GPT, each of two micro-batches (the first under NoSync).
+Run train(ShardingSpec spec, OptKind opt_kind, c10::ScalarType compute) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  Model m = make_model(ModelKind::GPT, at::kFloat);
+  auto user_opt = make_optimizer(opt_kind, *m.module);
+  if (compute != at::kFloat) spec.param_dtype = compute;
+  auto s0 = memory::snapshot();
+  auto p = zero::prepare(m.module, *user_opt, spec, world);
+  Run out;
+  if (const auto* o = p.engine->optimizer_offload()) {
+    out.file_bytes = std::filesystem::file_size(o->path());
+    // The formula, independently: per optimized flat, (1 + state tensors) * its master range in fp32,
+    // each rounded up to 4 KiB (sub_group_size here is larger than any shard).
+    const std::uint64_t state = opt_kind == OptKind::AdamW ? 2 : 1;
+    for (const auto& f : p.engine->flats())
+      if (f.group >= 0) {
+        auto [b, e] = p.engine->master_range(f);
+        out.expected_file_bytes += (1 + state) * offload::align_up(static_cast<std::uint64_t>(e - b) * 4);
+      }
+  }
+  if (const auto* po = p.engine->param_offload()) {
+    out.param_file_bytes = std::filesystem::file_size(po->path());
+    for (const auto& f : p.engine->flats())
+      if (!f.persistent && f.flat_param->options().sharded)
+        out.expected_param_bytes += offload::align_up(static_cast<std::uint64_t>(f.flat_param->layout().shard_size()) *
+                                                      c10::elementSize(f.flat_param->options().dtype));
+  }
+  const int64_t rows = 4 * N;
+  for (int step = 0; step < 3; ++step) {
+    for (int micro = 0; micro < 2; ++micro) {
+      auto [x, y] = make_batch(ModelKind::GPT, at::kFloat, step, micro, rows);
+      at::Tensor loss = m.loss(x.narrow(0, r * 4, 4), y.narrow(0, r * 4, 4)) / 2;
+      if (micro == 0) {
+        zero::Engine::NoSync ns(*p.engine);
+        p.engine->backward(loss);
+      } else {
+        p.engine->backward(loss);
+      }
+    }
+    p.optimizer->step();
+    p.optimizer->zero_grad();
+  }
+  out.optimizer_state_bytes = memory::snapshot()[memory::Category::OptimizerState].current -
+                              s0[memory::Category::OptimizerState].current;
+  for (const auto& f : p.engine->flats()) {
+    out.compute.push_back(p.engine->whole_values(f, zero::Engine::Source::Compute).clone());
+    out.masters.push_back(p.engine->whole_values(f, zero::Engine::Source::Master).clone());
+  }
+  return out;
+}
+
+struct Case {
+  const char* name;
+  ShardingSpec spec;
+  bool optimizer, param;
+  c10::ScalarType compute;
+};
+
+std::vector<Case> cases() {
+  return {
+      {"ZeRO-1 optimizer", ShardingSpec::zero(1), true, false, at::kFloat},
+      {"ZeRO-2 optimizer", ShardingSpec::zero(2), true, false, at::kFloat},
+      {"ZeRO-3 optimizer", ShardingSpec::zero(3), true, false, at::kFloat},
+      {"ZeRO-3 param", ShardingSpec::zero(3), false, true, at::kFloat},
+      {"ZeRO-3 both", ShardingSpec::zero(3), true, true, at::kFloat},
+      {"FULL_SHARD both bf16", ShardingSpec::fsdp("FULL_SHARD"), true, true, at::kBFloat16},
+      {"ZeRO-2 optimizer bf16", ShardingSpec::zero(2), true, false, at::kBFloat16},
+  };
+}
+
+TEST(Offload, OnDiskEqualsInMemoryBitwise) {
+  ASSERT_TRUE(memory::counting_installed());
+  const std::string dir = scratch_dir();
+  for (OptKind opt : {OptKind::AdamW, OptKind::SGD})
+    for (const Case& c : cases()) {
+      SCOPED_TRACE(std::string(c.name) + " " + name(opt));
+      ShardingSpec on = c.spec;
+      if (c.optimizer) on.offload.optimizer = OffloadDevice::Nvme, on.offload.optimizer_nvme_path = dir;
+      if (c.param) on.offload.param = OffloadDevice::Nvme, on.offload.param_nvme_path = dir;
+      on.offload.sub_group_size = 5000;  // several sub-groups per flat: the pipeline runs
+      on.offload.optimizer_buffer_count = 3;
+      const Run want = train(c.spec, opt, c.compute);
+      const Run got = train(on, opt, c.compute);
+      ASSERT_EQ(want.compute.size(), got.compute.size());
+      for (std::size_t i = 0; i < want.compute.size(); ++i) {
+        EXPECT_TRUE(at::equal(want.compute[i], got.compute[i])) << "flat " << i << " compute";
+        EXPECT_TRUE(at::equal(want.masters[i], got.masters[i])) << "flat " << i << " master";
+      }
+      if (c.optimizer) {
+        EXPECT_EQ(got.file_bytes, got.expected_file_bytes);
+        EXPECT_GT(got.file_bytes, 0u);
+        // The optimizer state no longer in memory (only what bf16 masters... none: all of it on disk).
+        EXPECT_EQ(got.optimizer_state_bytes, 0) << "in memory: " << want.optimizer_state_bytes;
+        EXPECT_GT(want.optimizer_state_bytes, 0);
+      }
+      if (c.param) {
+        EXPECT_EQ(got.param_file_bytes, got.expected_param_bytes);
+        EXPECT_GT(got.param_file_bytes, 0u);
+      }
+    }
+  // The files are scratch: gone with the engines.
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find("accel-"), std::string::npos) << e.path();
+}
+
+TEST(Offload, BadNvmePathsAreNamedBeforeTraining) {
+  auto world = test::world();
+  Model m = make_model(ModelKind::MLP, at::kFloat);
+  auto user_opt = make_optimizer(OptKind::AdamW, *m.module);
+  ShardingSpec s = ShardingSpec::zero(2);
+  s.offload.optimizer = OffloadDevice::Nvme;
+  s.offload.optimizer_nvme_path = "/nonexistent/accel-offload";
+  try {
+    zero::prepare(m.module, *user_opt, s, world);
+    FAIL() << "no error for a missing nvme_path";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/accel-offload"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("offload_optimizer.nvme_path"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Offload, OptimizersWithoutFusedKernelsAreRefused) {
+  auto world = test::world();
+  Model m = make_model(ModelKind::MLP, at::kFloat);
+  torch::optim::RMSprop rms(m.module->parameters(), torch::optim::RMSpropOptions(0.01));
+  ShardingSpec s = ShardingSpec::zero(2);
+  s.offload.optimizer = OffloadDevice::Nvme;
+  s.offload.optimizer_nvme_path = scratch_dir();
+  try {
+    zero::prepare(m.module, rms, s, world);
+    FAIL() << "RMSprop accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("RMSprop"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace accel::test
