@@ -204,9 +204,26 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
   row("Checkpoints", cfg.state_dict_type == StateDictType::Full
                          ? "save_state writes full checkpoints (rank 0 writes every tensor whole)"
                          : "save_state writes sharded checkpoints (each rank its own slices)");
-  if (cfg.offload_optimizer_device != "none" || cfg.offload_param_device != "none")
-    row("Offload",
-        fmt::format("optimizer state: {}, parameters: {}", cfg.offload_optimizer_device, cfg.offload_param_device));
+  if (cfg.offload_optimizer_device != "none" || cfg.offload_param_device != "none") {
+    const auto& off = s.offload;
+    const std::string share = shard_over > 1 && s.shards_optimizer() ? fmt::format(" of its 1/{} shard", shard_over) : "";
+    auto where_to = [&](const std::string& dev, const std::string& path) {
+      if (dev == "nvme") return fmt::format("in a file per rank under {}", path);
+      return std::string("in host memory (on a CPU run that is where it already is: no change)");
+    };
+    if (cfg.offload_optimizer_device != "none")
+      row("Offload",
+          fmt::format("optimizer: fp32 master weights and optimizer state{} {}: per parameter 4 bytes of master + "
+                      "8 of Adam/AdamW moments (SGD with momentum: 4), stepped {} elements at a time through {} "
+                      "buffers with accel's fused CPU step",
+                      share, where_to(cfg.offload_optimizer_device, off.optimizer_nvme_path), off.sub_group_size,
+                      off.optimizer_buffer_count));
+    if (cfg.offload_param_device != "none")
+      row(cfg.offload_optimizer_device != "none" ? "" : "Offload",
+          fmt::format("parameters: each unit's shard (parameter dtype: 4 bytes per parameter in fp32, 2 in bf16/fp16) "
+                      "{}, read ahead of its all-gather and dropped after; gradients stay in memory",
+                      where_to(cfg.offload_param_device, off.param_nvme_path)));
+  }
   row("Device", cfg.use_cpu ? "CPU (use_cpu)" : "a GPU per rank where there are GPUs, else the CPU");
   if (cfg.ignored.empty()) {
     row("Ignored keys", "none");

@@ -156,8 +156,24 @@ ConfigAnswers ask_config_questions(std::istream& in, std::ostream& out, int cuda
     out << fmt::format("  note: on one machine {} shards like {} (it replicates across machines)\n",
                        zero::info(zero::Strategy::HybridShard).fsdp_name, zero::info(zero::Strategy::Zero3).fsdp_name);
   if (is_deepspeed(a.strategy)) {
-    a.offload_optimizer = q.yes_no("Keep the optimizer state in CPU memory (ZeRO-Offload)?", false);
-    if (a.strategy == "zero3") a.offload_params = q.yes_no("Keep the parameters in CPU memory too?", false);
+    const auto nvme_path = [&](const char* what) {
+      std::string path;
+      q.ask(fmt::format("Directory on a fast disk for the {} files (it must exist; accel checks its room)", what),
+            "/tmp", [&](const std::string& s, std::string& why) {
+              if (trim(s).empty()) return why = "give a directory", false;
+              return path = trim(s), true;
+            });
+      return path;
+    };
+    a.offload_optimizer = q.choice(
+        "Where does the optimizer state live: none (with the rank), cpu (host memory, ZeRO-Offload) or nvme (files "
+        "on disk, ZeRO-Infinity)?",
+        {"none", "cpu", "nvme"}, "none");
+    if (a.offload_optimizer == "nvme") a.offload_optimizer_nvme_path = nvme_path("optimizer state");
+    if (a.strategy == "zero3") {
+      a.offload_params = q.choice("And the parameters: none, cpu or nvme?", {"none", "cpu", "nvme"}, "none");
+      if (a.offload_params == "nvme") a.offload_param_nvme_path = nvme_path("parameter");
+    }
     a.gradient_clipping = q.number("Clip gradients to this global norm (0: no clipping)?", 1.0, 0);
   }
   if (is_fsdp(a.strategy)) {
@@ -191,8 +207,11 @@ std::string config_yaml(const ConfigAnswers& a) {
     y << "distributed_type: DEEPSPEED\n";
     y << "deepspeed_config:\n";
     y << "  zero_stage: " << a.strategy.substr(4) << "\n";
-    y << "  offload_optimizer_device: " << (a.offload_optimizer ? "cpu" : "none") << "\n";
-    y << "  offload_param_device: " << (a.offload_params ? "cpu" : "none") << "\n";
+    y << "  offload_optimizer_device: " << a.offload_optimizer << "\n";
+    if (!a.offload_optimizer_nvme_path.empty())
+      y << "  offload_optimizer_nvme_path: " << a.offload_optimizer_nvme_path << "\n";
+    y << "  offload_param_device: " << a.offload_params << "\n";
+    if (!a.offload_param_nvme_path.empty()) y << "  offload_param_nvme_path: " << a.offload_param_nvme_path << "\n";
     y << "  gradient_accumulation_steps: " << a.gradient_accumulation_steps << "\n";
     if (a.gradient_clipping > 0) y << "  gradient_clipping: " << a.gradient_clipping << "\n";
   } else if (is_fsdp(a.strategy)) {

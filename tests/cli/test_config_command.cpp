@@ -35,7 +35,7 @@ TEST(ConfigQuestions, EnterEverywhereGivesCpuDdpOnTwoProcesses) {
 
 TEST(ConfigQuestions, DeepSpeedZero3WithOffloadAndClipping) {
   // machines, processes, cpu, strategy, offload optimizer, offload params, clipping, accumulation, precision
-  const AcceleratorConfig c = ask_and_parse("1\n4\nyes\nzero3\nyes\nno\n0.5\n2\nno\n");
+  const AcceleratorConfig c = ask_and_parse("1\n4\nyes\nzero3\ncpu\nnone\n0.5\n2\nno\n");
   EXPECT_EQ(c.distributed_type, DistributedType::DeepSpeed);
   EXPECT_EQ(c.spec.strategy, zero::Strategy::Zero3);
   EXPECT_EQ(c.num_processes, 4);
@@ -44,6 +44,15 @@ TEST(ConfigQuestions, DeepSpeedZero3WithOffloadAndClipping) {
   ASSERT_TRUE(c.gradient_clipping.has_value());
   EXPECT_DOUBLE_EQ(*c.gradient_clipping, 0.5);
   EXPECT_EQ(c.gradient_accumulation_steps, 2);
+}
+
+TEST(ConfigQuestions, DeepSpeedZero3OffloadToNvmeAsksForTheDirectories) {
+  // ..., offload optimizer nvme + its directory, offload params nvme + its directory, ...
+  const AcceleratorConfig c = ask_and_parse("1\n2\nyes\nzero3\nnvme\n/tmp/opt\nnvme\n/tmp/par\n0\n1\nno\n");
+  EXPECT_EQ(c.offload_optimizer_device, "nvme");
+  EXPECT_EQ(c.offload_param_device, "nvme");
+  EXPECT_EQ(c.spec.offload.optimizer_nvme_path, "/tmp/opt");
+  EXPECT_EQ(c.spec.offload.param_nvme_path, "/tmp/par");
 }
 
 TEST(ConfigQuestions, FsdpHybridOverTwoMachinesWithLayerTypes) {
