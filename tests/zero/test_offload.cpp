@@ -26,14 +26,14 @@ std::string scratch_dir() {
   return dir.string();
 }
 
-struct Run {
+struct TrainedRun {
   std::vector<at::Tensor> compute, masters;  // per flat, whole
   std::uint64_t file_bytes = 0, expected_file_bytes = 0, param_file_bytes = 0, expected_param_bytes = 0;
   std::int64_t optimizer_state_bytes = 0;  // counting allocator, after the steps
 };
 
 // Three optimizer steps of the GPT, each of two micro-batches (the first under NoSync).
-Run train(ShardingSpec spec, OptKind opt_kind, c10::ScalarType compute) {
+TrainedRun train(ShardingSpec spec, OptKind opt_kind, c10::ScalarType compute) {
   auto world = test::world();
   const int N = world->size(), r = world->rank();
   Model m = make_model(ModelKind::GPT, at::kFloat);
@@ -41,7 +41,7 @@ Run train(ShardingSpec spec, OptKind opt_kind, c10::ScalarType compute) {
   if (compute != at::kFloat) spec.param_dtype = compute;
   auto s0 = memory::snapshot();
   auto p = zero::prepare(m.module, *user_opt, spec, world);
-  Run out;
+  TrainedRun out;
   if (const auto* o = p.engine->optimizer_offload()) {
     out.file_bytes = std::filesystem::file_size(o->path());
     // The formula, independently: per optimized flat, (1 + state tensors) * its master range in fp32,
@@ -114,8 +114,8 @@ TEST(Offload, OnDiskEqualsInMemoryBitwise) {
       if (c.param) on.offload.param = OffloadDevice::Nvme, on.offload.param_nvme_path = dir;
       on.offload.sub_group_size = 5000;  // several sub-groups per flat: the pipeline runs
       on.offload.optimizer_buffer_count = 3;
-      const Run want = train(c.spec, opt, c.compute);
-      const Run got = train(on, opt, c.compute);
+      const TrainedRun want = train(c.spec, opt, c.compute);
+      const TrainedRun got = train(on, opt, c.compute);
       ASSERT_EQ(want.compute.size(), got.compute.size());
       for (std::size_t i = 0; i < want.compute.size(); ++i) {
         EXPECT_TRUE(at::equal(want.compute[i], got.compute[i])) << "flat " << i << " compute";
