@@ -126,8 +126,11 @@ void Engine::params_from_masters() {
     }
     // Replicated parameters (ZeRO-1/2) and the always-gathered root unit (ZeRO-3) are all-gathered
     // from the updated shards; sharded units are gathered again by their next forward.
-    if (!plan_.state_split || f.group < 0) continue;
+    // (A persistent flat keeps its own shard buffer whenever parameters are sharded, on one rank too:
+    // parameters offloaded to disk shard a world of one.)
+    if (f.group < 0) continue;
     if (!f.flat_param->options().sharded) {
+      if (!plan_.state_split) continue;
       auto [b, e] = f.flat_param->layout().shard_range(f.flat_param->options().rank);
       works.push_back(gather_->all_gather_async(f.flat_param->full().narrow(0, b, e - b), f.flat_param->full()));
     } else if (f.persistent) {
