@@ -394,6 +394,65 @@ TEST(Accelerator, ActivationCheckpointingFromTheConfigReachesEveryUnit) {
   for (std::size_t i = 0; i < losses[0].size(); ++i) EXPECT_TRUE(at::equal(losses[0][i], losses[1][i])) << i;
 }
 
+// Offloaded state round-trips through checkpoints: a checkpoint saved with the optimizer state and
+// the parameters on disk (ZeRO-3, DeepSpeed YAML, nvme) loads without offload, and one saved without
+// loads with it; the step after either load is bitwise the step the saving run took next.
+TEST(Accelerator, CheckpointsRoundTripBetweenOffloadedAndNot) {
+  auto w = world();
+  const int N = w->size(), r = w->rank();
+  const std::string root = (fs::temp_directory_path() / ("accel_test_offload_ckpt_" + std::to_string(N))).string();
+  const std::string nvme = root + "/nvme";
+  if (r == 0) fs::create_directories(nvme);
+  w->barrier();
+  const std::string plain = "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n";
+  const std::string offloaded = plain + "  offload_optimizer_device: nvme\n  offload_optimizer_nvme_path: " + nvme +
+                                "\n  offload_param_device: nvme\n  offload_param_nvme_path: " + nvme + "\n";
+  auto float_mlp = [] {
+    at::manual_seed(99);
+    return std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});
+  };
+  // One optimizer step on this rank's rows of batch `k`.
+  auto step = [&](Accelerator& acc, MLPImpl& m, AcceleratedOptimizer& opt, int k) {
+    at::manual_seed(500 + k);
+    at::Tensor x = at::randn({4 * N, 6}).narrow(0, 4 * r, 4), y = at::randn({4 * N, 3}).narrow(0, 4 * r, 4);
+    acc.backward(at::mse_loss(m.forward(x), y));
+    opt.step();
+    opt.zero_grad();
+  };
+  auto weights = [](Accelerator& acc) {
+    std::map<std::string, at::Tensor> out;
+    for (auto& [n, t] : acc.get_state_dict()) out[n] = t.clone();
+    return out;
+  };
+  for (bool save_offloaded : {true, false}) {
+    SCOPED_TRACE(save_offloaded ? "saved offloaded, loaded in memory" : "saved in memory, loaded offloaded");
+    std::map<std::string, at::Tensor> want;
+    std::string dir;
+    {
+      Accelerator acc(quiet(write_config("ckpt_a.yaml", save_offloaded ? offloaded : plain)));
+      auto m = float_mlp();
+      torch::optim::AdamW adamw(m->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+      auto opt = acc.prepare(m, adamw);
+      step(acc, *m, *opt, 0);
+      step(acc, *m, *opt, 1);
+      dir = acc.save_state(root + (save_offloaded ? "/from_offloaded" : "/from_memory"));
+      step(acc, *m, *opt, 2);
+      want = weights(acc);
+      acc.end_training();
+    }
+    Accelerator acc(quiet(write_config("ckpt_b.yaml", save_offloaded ? plain : offloaded)));
+    auto m = float_mlp();
+    torch::optim::AdamW adamw(m->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+    auto opt = acc.prepare(m, adamw);
+    acc.load_state(dir);
+    step(acc, *m, *opt, 2);
+    const auto got = weights(acc);
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, t] : want) EXPECT_TRUE(at::equal(t, got.at(name))) << name;
+    acc.end_training();
+  }
+}
+
 // fsdp_state_dict_type decides what save_state() writes when its `full` argument is not given:
 // FULL_STATE_DICT has rank 0 write every tensor whole, SHARDED_STATE_DICT (and LOCAL_STATE_DICT, and
 // no key) each rank its own slices. Told apart by the ranks whose shard file holds data.
