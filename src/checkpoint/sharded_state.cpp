@@ -381,7 +381,8 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
         const std::string sname = k.substr(prefix.size(), k.size() - prefix.size() - suffix.size());
         if (sname.find('/') != std::string::npos) continue;  // a parameter whose name ends like this one
         at::Tensor& full = ns.tensors[sname];
-        if (!full.defined()) full = at::zeros({s.key.numel()}, s.key.options());
+        // (On the values' device: an offloaded optimizer's key is a meta tensor, its state staged on the CPU.)
+        if (!full.defined()) full = at::zeros({s.key.numel()}, s.key.options().device(s.values.device()));
         copies.push_back({full.narrow(0, s.key_offset, s.hi - s.lo), reader.range(k, e, s.lo, s.hi)});
       }
     }

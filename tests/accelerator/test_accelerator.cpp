@@ -432,7 +432,8 @@ TEST(Accelerator, CheckpointsRoundTripBetweenOffloadedAndNot) {
       Accelerator acc(quiet(write_config("ckpt_a.yaml", save_offloaded ? offloaded : plain)));
       auto m = float_mlp();
       torch::optim::AdamW adamw(m->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
-      auto opt = acc.prepare(m, adamw);
+      DataLoader<Rows> loader(make_rows(4 * N), {.batch_size = 4 * N, .split_batches = true});  // the batch size
+      auto opt = acc.prepare(m, adamw, loader);
       step(acc, *m, *opt, 0);
       step(acc, *m, *opt, 1);
       dir = acc.save_state(root + (save_offloaded ? "/from_offloaded" : "/from_memory"));
@@ -443,7 +444,8 @@ TEST(Accelerator, CheckpointsRoundTripBetweenOffloadedAndNot) {
     Accelerator acc(quiet(write_config("ckpt_b.yaml", save_offloaded ? plain : offloaded)));
     auto m = float_mlp();
     torch::optim::AdamW adamw(m->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
-    auto opt = acc.prepare(m, adamw);
+    DataLoader<Rows> loader(make_rows(4 * N), {.batch_size = 4 * N, .split_batches = true});
+    auto opt = acc.prepare(m, adamw, loader);
     acc.load_state(dir);
     step(acc, *m, *opt, 2);
     const auto got = weights(acc);
