@@ -169,6 +169,14 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu | cuda (default: cuda where usable and ACCEL_USE_CPU is unset)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--json", json, "print one JSON line (bytes, peak RSS) instead of the table row");
+  std::string offload_optimizer, offload_param;
+  std::int64_t sub_group_size = 100'000'000;
+  app.add_option("--offload-optimizer", offload_optimizer,
+                 "DIR: the optimizer's masters and state in files under DIR (offload_optimizer.device nvme)");
+  app.add_option("--offload-param", offload_param,
+                 "DIR: ZeRO-3 parameter shards in files under DIR (offload_param.device nvme)");
+  app.add_option("--sub-group-size", sub_group_size, "elements stepped per sub-group when the optimizer is offloaded")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   cfg.seq = seq;
 
@@ -236,7 +244,7 @@ int main(int argc, char** argv) {
     zero::EngineAndOptimizer prepared;
     torch::optim::Optimizer* opt = nullptr;
     std::vector<double> times, waits;
-    double moved = 0;
+    double moved = 0, disk_read = 0, disk_written = 0;
   };
   std::vector<Run> runs;
   std::int64_t psi = 0;
@@ -274,6 +282,11 @@ int main(int argc, char** argv) {
         spec->master_dtype = prec.master;
         spec->fp8_all_gather = prec.fp8 && spec->shards_parameters();
         spec->activation_checkpointing = checkpoint;
+        if (!offload_optimizer.empty())
+          spec->offload.optimizer = zero::OffloadDevice::Nvme, spec->offload.optimizer_nvme_path = offload_optimizer;
+        if (!offload_param.empty())
+          spec->offload.param = zero::OffloadDevice::Nvme, spec->offload.param_nvme_path = offload_param;
+        spec->offload.sub_group_size = sub_group_size;
         if (on_cuda) {
           run.model = std::make_shared<test::GPTImpl>(c);  // sharded construction is CPU-only
         } else {
@@ -315,6 +328,16 @@ int main(int argc, char** argv) {
           if (g && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
       std::vector<comm::Counters> c0;
       for (auto* g : groups) c0.push_back(g->counters());
+      // Disk traffic of offloaded state (this rank's files).
+      auto disk = [&](bool read) {
+        std::uint64_t b = 0;
+        if (const auto* e = run.prepared.engine.get()) {
+          if (const auto* o = e->optimizer_offload()) b += read ? o->bytes_read() : o->bytes_written();
+          if (const auto* o = e->param_offload()) b += read ? o->bytes_read() : o->bytes_written();
+        }
+        return b;
+      };
+      const std::uint64_t read0 = disk(true), written0 = disk(false);
       sync_device();
       auto t0 = Clock::now();
       at::Tensor logits = run.model->forward(x);
@@ -350,6 +373,8 @@ int main(int argc, char** argv) {
           waited += c1.wait_seconds - c0[g].wait_seconds;
         }
         run.times.push_back(max_over_ranks(*world, t));
+        run.disk_read = static_cast<double>(disk(true) - read0);
+        run.disk_written = static_cast<double>(disk(false) - written0);
         run.waits.push_back(mean_over_ranks(*world, waited));
       }
     }
@@ -379,6 +404,14 @@ int main(int argc, char** argv) {
   const double rss = max_over_ranks(*world, peak_rss_bytes()), rss0 = max_over_ranks(*world, rss_base),
                rss1 = max_over_ranks(*world, rss_built);
   const double cuda_peak = max_over_ranks(*world, cuda_peak_bytes());  // every rank takes part
+  // Offloaded state: bytes in this rank's files and moved in the last step (the largest over ranks).
+  double disk_bytes = 0;
+  if (const auto* e = run.prepared.engine.get()) {
+    if (const auto* o = e->optimizer_offload()) disk_bytes += static_cast<double>(o->bytes());
+    if (const auto* o = e->param_offload()) disk_bytes += static_cast<double>(o->bytes());
+  }
+  disk_bytes = max_over_ranks(*world, disk_bytes);
+  const double disk_read = max_over_ranks(*world, run.disk_read), disk_written = max_over_ranks(*world, run.disk_written);
   if (json) {
     double b_total = peak(snap.total.peak), b_param = peak(snap[Category::Parameters].peak),
            b_grad = peak(snap[Category::Gradients].peak), b_opt = peak(snap[Category::OptimizerState].peak),
@@ -392,10 +425,11 @@ int main(int argc, char** argv) {
           "{:.0f}, \"rss_built\": {:.0f}, \"counted_peak\": "
           "{:.0f}, "
           "\"parameters\": {:.0f}, \"gradients\": {:.0f}, \"optimizer\": {:.0f}, \"gathered\": {:.0f}, "
-          "\"activations\": {:.0f}, \"other\": {:.0f}, \"device\": \"{}\", \"cuda_peak\": {:.0f}}}\n",
+          "\"activations\": {:.0f}, \"other\": {:.0f}, \"device\": \"{}\", \"cuda_peak\": {:.0f}, \"disk_bytes\": {:.0f}, "
+          "\"disk_read\": {:.0f}, \"disk_written\": {:.0f}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
           batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad,
-          b_opt, b_gath, b_act, b_other, device_name, cuda_peak);
+          b_opt, b_gath, b_act, b_other, device_name, cuda_peak, disk_bytes, disk_read, disk_written);
     return 0;
   }
   // On CUDA: the device's peak (the category columns count host memory only).
@@ -409,5 +443,8 @@ int main(int argc, char** argv) {
         "| {:>6.2f} | {:>7.1f} | {:>7.1f} |\n",
         run.name + (checkpoint ? "+ckpt" : ""), run.prec.name, n, step_ms, p_total, p_param, p_grad, p_opt, p_gath,
         p_act, run.moved / 1048576.0, n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0, rss / 1048576.0, wait_ms);
+  if (r == 0 && disk_bytes > 0)
+    fmt::print("offloaded: {:.2f} GB in files per rank; last step read {:.2f} GB, wrote {:.2f} GB per rank\n",
+               disk_bytes / 1e9, disk_read / 1e9, disk_written / 1e9);
   return 0;
 }
