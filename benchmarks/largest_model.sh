@@ -26,10 +26,17 @@
 #   --resolution D         d_model step of the final bisection, a multiple of --heads [128]
 #   --min-d D              smallest d_model tried [--resolution]
 #   --log FILE             every run's JSON line and failure reason [largest_model.log]
+#   --offload DIR --d-model D   instead of the search: one run of ZeRO-3 + activation checkpointing with
+#                          the optimizer state and the parameter shards in files under DIR (offload
+#                          to nvme, issue 16) at d_model D, under the same cap; prints parameters, peak
+#                          RSS per rank, bytes in files, bytes read/written per step and the step time
+#   --sub-group-size N     elements stepped per optimizer sub-group with --offload [100000000]
 # Small-scale trial (minutes, ~2 GB):
 #   bash benchmarks/largest_model.sh --layers 2 --seq 32 --heads 4 --cap 2.5 --resolution 64
 # The full table (the machine alone, ~20 GB, about an hour):
 #   bash benchmarks/largest_model.sh
+# A 3B GPT offloaded to disk (~50 GB free under DIR, tens of minutes):
+#   bash benchmarks/largest_model.sh --offload /var/tmp/accel_offload --d-model 2560 --layers 38
 # STEP_BENCH and ACCEL_CLI override the binaries (default build/bin/step_bench, build/bin/accel).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -39,6 +46,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 STRATEGIES="DDP ZERO_1 ZERO_2 ZERO_3 ZERO_3+ckpt"
 RANKS=2 LAYERS=20 HEADS=16 SEQ=64 BATCH=1 VOCAB=4096 RES=128 MIN_D="" CAP_GB="" LOG=largest_model.log
+OFFLOAD="" FIXED_D="" SUB_GROUP=100000000
 while [ $# -gt 0 ]; do
   case "$1" in
     --strategies) STRATEGIES=$2; shift 2 ;;
@@ -52,6 +60,9 @@ while [ $# -gt 0 ]; do
     --resolution) RES=$2; shift 2 ;;
     --min-d) MIN_D=$2; shift 2 ;;
     --log) LOG=$2; shift 2 ;;
+    --offload) OFFLOAD=$2; shift 2 ;;
+    --d-model) FIXED_D=$2; shift 2 ;;
+    --sub-group-size) SUB_GROUP=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "largest_model.sh: unknown option '$1' (--help)" >&2; exit 2 ;;
   esac
@@ -84,6 +95,10 @@ echo "cap: $CAP_GB GB for $RANKS ranks ($([ -n "$CGROUP" ] && echo "cgroup v2 me
 run() {
   local d=$1 s=$2 extra=() name=$2
   if [ "$s" = "ZERO_3+ckpt" ]; then name=ZERO_3; extra=(--checkpoint); fi
+  if [ "$s" = "ZERO_3+ckpt+nvme" ]; then
+    name=ZERO_3
+    extra=(--checkpoint --offload-optimizer "$OFFLOAD" --offload-param "$OFFLOAD" --sub-group-size "$SUB_GROUP")
+  fi
   # Sizes predicted far past the cap are not tried (the watchdog would kill them anyway).
   local p
   p=$(predict "$d" "$s")
@@ -156,6 +171,33 @@ predicted_largest() {
   done
   echo $((lo > MIN_D ? lo : MIN_D))
 }
+
+# --offload: one fixed size, everything on disk.
+if [ -n "$OFFLOAD" ]; then
+  if [ -z "$FIXED_D" ]; then echo "largest_model.sh: --offload needs --d-model" >&2; exit 2; fi
+  if ((FIXED_D % HEADS != 0)); then echo "largest_model.sh: --heads $HEADS does not divide --d-model $FIXED_D" >&2; exit 2; fi
+  mkdir -p "$OFFLOAD"
+  echo "ZeRO-3 + checkpointing + offload to $OFFLOAD at d_model $FIXED_D (writing the state to disk first)..." >&2
+  t0=$(date +%s)
+  if ! line=$(run "$FIXED_D" "ZERO_3+ckpt+nvme"); then
+    echo "largest_model.sh: the offloaded run failed; see $LOG" >&2
+    exit 1
+  fi
+  t1=$(date +%s)
+  echo
+  echo "$RANKS ranks, GPT --d-model $FIXED_D --layers $LAYERS --heads $HEADS --seq $SEQ --batch $BATCH --vocab $VOCAB, fp32 AdamW, 2 optimizer steps, ZeRO-3 + activation checkpointing + offload_optimizer/offload_param nvme ($OFFLOAD, sub_group_size $SUB_GROUP); cap $CAP_GB GB; $((t1 - t0)) s in all"
+  echo
+  echo "| parameters | peak RSS / rank | counted peak | params | grads | optim | gathered | activations | in files / rank | read / step / rank | written / step / rank | step s |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "$line" | python3 -c '
+import json, sys
+j = json.loads(sys.stdin.read())
+gb = lambda k: "%.2f GB" % (j[k] / 1e9)
+print("| %.2fB | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |" % (
+    j["params"] / 1e9, gb("peak_rss"), gb("counted_peak"), gb("parameters"), gb("gradients"), gb("optimizer"),
+    gb("gathered"), gb("activations"), gb("disk_bytes"), gb("disk_read"), gb("disk_written"), j["step_ms"] / 1e3))'
+  exit 0
+fi
 
 declare -A BEST
 for s in $STRATEGIES; do
