@@ -15,7 +15,10 @@ namespace accel::offload::detail {
 
 struct RequestQueue::Ring {
   io_uring ring{};
-  ~Ring() { io_uring_queue_exit(&ring); }
+  bool ready = false;  // io_uring_queue_init succeeded
+  ~Ring() {
+    if (ready) io_uring_queue_exit(&ring);
+  }
 };
 
 namespace {
@@ -45,9 +48,9 @@ RequestQueue::RequestQueue(int fd, bool direct, const AioOptions& options, const
   auto ring = std::make_unique<Ring>();
   const int rc = io_uring_queue_init(static_cast<unsigned>(queue_depth_), &ring->ring, 0);
   if (rc == 0) {
+    ring->ready = true;
     uring_ = std::move(ring);
   } else {
-    ring.release();  // nothing to tear down: the ring was never set up
     log_uring_unavailable(-rc, path, queue_depth_);
   }
 }
