@@ -59,7 +59,7 @@ std::string dir_of(const std::string& path) {
 
 // strerror, plus what it means for offload where the system's words are terse.
 std::string reason(int err, const std::string& path) {
-  if (err == detail::kEndOfFile) return "the file ends before that offset (short read)";
+  if (err == detail::kEndOfFile) return "the file ends there (short read)";
   std::string r = std::strerror(err);
   if (err == ENOSPC) r += ": the disk is full (the file system holding " + dir_of(path) + " has no free space left)";
   if (err == EDQUOT) r += ": the disk quota for " + dir_of(path) + " is used up";
@@ -226,6 +226,9 @@ void AsyncFile::wait(Ticket ticket) {
   if (outcome.err != 0) {
     std::string msg = "accel offload: " + std::string(r.write ? "writing " : "reading ") + describe_bytes(r.bytes) +
                       " at offset " + std::to_string(r.offset) + " of " + path_;
+    if (outcome.err == detail::kEndOfFile)
+      throw std::runtime_error(msg + ": the file ends before offset " + std::to_string(outcome.at) +
+                               " (short read; the request runs to offset " + std::to_string(r.offset + r.bytes) + ")");
     if (outcome.at != r.offset) msg += " failed at offset " + std::to_string(outcome.at);
     throw std::runtime_error(msg + ": " + reason(outcome.err, path_));
   }
