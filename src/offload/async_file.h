@@ -81,7 +81,8 @@ class AsyncFile {
   void write(const void* buffer, std::size_t bytes, std::uint64_t offset) { wait(write_async(buffer, bytes, offset)); }
 
   // Reserves `bytes` on disk now (fallocate), so that a full disk is an error here, at setup, rather
-  // than in the middle of a step. Throws naming the file and the bytes.
+  // than in the middle of a step. The file's size becomes at least `bytes`. Where the file system has
+  // no fallocate, posix_fallocate writes the blocks instead. Throws naming the file and the bytes.
   void reserve(std::uint64_t bytes);
 
   // fdatasync after every request queued so far has completed (wait_all): the bytes are on the disk,
@@ -116,7 +117,8 @@ void check_offload_dir(const std::string& path, std::uint64_t bytes, const std::
 
 // The disk's sequential bandwidth under `dir`: writes then reads `bytes` through AsyncFile (O_DIRECT
 // where allowed) in block_size requests, queue_depth in flight; removes its file. GB/s = 1e9 bytes/s.
-// The write time includes the final fdatasync. Without O_DIRECT (direct false) the file's pages are
+// The file is reserved first (a disk without room fails there, as offload would). The write time
+// includes the final fdatasync. Without O_DIRECT (direct false) the file's pages are
 // dropped from the page cache (posix_fadvise) before reading, so both figures are the disk's.
 struct DiskBandwidth {
   double write_gbps = 0, read_gbps = 0;
