@@ -34,6 +34,31 @@ endif()
 find_package(nlohmann_json REQUIRED)
 find_package(ZLIB REQUIRED)  # crc32 of checkpoint slices
 
+# liburing: the kernel's asynchronous I/O (io_uring) for offload files (src/offload/; README, "Offload's
+# disk I/O: why liburing"). pkg-config first, then a plain search (liburing.pc is missing on some systems).
+find_package(PkgConfig QUIET)
+if(PKG_CONFIG_FOUND)
+  pkg_check_modules(LIBURING QUIET IMPORTED_TARGET liburing)
+endif()
+if(TARGET PkgConfig::LIBURING)
+  add_library(accel_uring INTERFACE)
+  target_link_libraries(accel_uring INTERFACE PkgConfig::LIBURING)
+  set(_accel_uring_where "${LIBURING_VERSION} (pkg-config)")
+else()
+  find_path(LIBURING_INCLUDE_DIR liburing.h)
+  find_library(LIBURING_LIBRARY NAMES uring)
+  if(NOT LIBURING_INCLUDE_DIR OR NOT LIBURING_LIBRARY)
+    message(FATAL_ERROR "accel: liburing not found (offload's asynchronous file I/O needs it). On Debian/Ubuntu: "
+                        "apt-get install liburing-dev (scripts/setup.sh installs it); elsewhere install liburing "
+                        "and pass -DCMAKE_PREFIX_PATH=<its prefix>.")
+  endif()
+  add_library(accel_uring INTERFACE)
+  target_include_directories(accel_uring INTERFACE ${LIBURING_INCLUDE_DIR})
+  target_link_libraries(accel_uring INTERFACE ${LIBURING_LIBRARY})
+  set(_accel_uring_where "${LIBURING_LIBRARY}")
+endif()
+message(STATUS "accel: liburing ${_accel_uring_where}")
+
 # NCCL backend: CUDA toolkit + NCCL (header and library), searched in the toolkit first.
 set(ACCEL_HAVE_NCCL OFF)
 if(ACCEL_WITH_NCCL)

@@ -29,6 +29,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 APT_PKGS=(build-essential cmake ninja-build ccache pkg-config git python3-venv
           libopenmpi-dev openmpi-bin libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
           libspdlog-dev libfmt-dev googletest libgtest-dev
+          liburing-dev
           iproute2)
 missing=()
 for p in "${APT_PKGS[@]}"; do

@@ -1,6 +1,11 @@
 // accel::offload — files for offloaded state, read and written asynchronously through the kernel's
-// asynchronous I/O, with O_DIRECT where the file system allows it (see README, "Offload", for why
-// this library). Offload files are scratch: the checkpoint is the durable state.
+// asynchronous I/O, with O_DIRECT where the file system allows it (see README, "Offload's disk I/O:
+// why liburing"). Offload files are scratch: the checkpoint is the durable state.
+//
+// Engine: io_uring (liburing), one ring and one completion thread per file, which keeps up to
+// queue_depth requests in flight while the caller computes. Where io_uring cannot be set up
+// (seccomp-filtered containers, kernel.io_uring_disabled, old kernels) a pool of queue_depth threads
+// doing pread/pwrite takes its place, said once in the log.
 //
 // Errors name the file, the offset and the byte count; a full disk says so ("no space left on
 // device") and never leaves a short write unnoticed.
@@ -40,10 +45,15 @@ class AlignedBuffer {
 // DeepSpeed's `aio` block, with its defaults.
 struct AioOptions {
   std::size_t block_size = 1 << 20;  // a request larger than this is split into requests of this size
+                                     // (rounded up to kAlignment under O_DIRECT; at most 1 GiB)
   int queue_depth = 8;               // requests in flight per file
-  int thread_count = 1;
-  bool single_submit = false;
-  bool overlap_events = true;
+  int thread_count = 1;              // accepted for the config; io_uring needs one completion thread
+                                     // per file, and the fallback pool has queue_depth threads
+  bool single_submit = false;        // io_uring: submit each request on its own instead of in batches
+  bool overlap_events = true;        // io_uring: refill the queue as each request completes (false:
+                                     // only once all in flight have completed)
+  // Not DeepSpeed's: false uses the thread pool even where io_uring works (tests, comparisons).
+  bool kernel_aio = true;
 };
 
 // One file opened for reading and writing. Not thread-safe: one thread queues and waits.
@@ -71,21 +81,33 @@ class AsyncFile {
   void write(const void* buffer, std::size_t bytes, std::uint64_t offset) { wait(write_async(buffer, bytes, offset)); }
 
   // Reserves `bytes` on disk now (fallocate), so that a full disk is an error here, at setup, rather
-  // than in the middle of a step. Throws naming the file and the bytes.
+  // than in the middle of a step. The file's size becomes at least `bytes`. Where the file system has
+  // no fallocate, posix_fallocate writes the blocks instead. Throws naming the file and the bytes.
   void reserve(std::uint64_t bytes);
+
+  // fdatasync after every request queued so far has completed (wait_all): the bytes are on the disk,
+  // not in the page cache (measure_disk times writes this way). Throws naming the file.
+  void sync();
 
   const std::string& path() const { return path_; }
   bool direct() const { return direct_; }
+  // "io_uring" or "thread pool" (the fallback).
+  const char* engine() const;
   std::uint64_t bytes_read() const { return bytes_read_; }
   std::uint64_t bytes_written() const { return bytes_written_; }
 
  private:
+  Ticket queue(bool write, void* buffer, std::size_t bytes, std::uint64_t offset);
+
   struct Impl;
   Impl* impl_ = nullptr;
   std::string path_;
   bool direct_ = false;
   std::uint64_t bytes_read_ = 0, bytes_written_ = 0;
 };
+
+// "48.0 GB (48000000000 bytes)"; "512 bytes" below 1 kB. Decimal units, as disks are sold.
+std::string describe_bytes(std::uint64_t bytes);
 
 // Checks a directory offload will write `bytes` into, before training starts: it exists, is a
 // directory, is writable (a probe file is created and removed) and has room for the bytes (statvfs).
@@ -95,8 +117,12 @@ void check_offload_dir(const std::string& path, std::uint64_t bytes, const std::
 
 // The disk's sequential bandwidth under `dir`: writes then reads `bytes` through AsyncFile (O_DIRECT
 // where allowed) in block_size requests, queue_depth in flight; removes its file. GB/s = 1e9 bytes/s.
+// The file is reserved first (a disk without room fails there, as offload would). The write time
+// includes the final fdatasync. Without O_DIRECT (direct false) the file's pages are
+// dropped from the page cache (posix_fadvise) before reading, so both figures are the disk's.
 struct DiskBandwidth {
   double write_gbps = 0, read_gbps = 0;
+  bool direct = false;  // O_DIRECT was used
 };
 DiskBandwidth measure_disk(const std::string& dir, std::uint64_t bytes, const AioOptions& options = {});
 
