@@ -133,7 +133,8 @@ TEST(Offload, OnDiskEqualsInMemoryBitwise) {
         EXPECT_GT(got.param_file_bytes, 0u);
       }
     }
-  // The files are scratch: gone with the engines.
+  // The files are scratch: gone with the engines (every rank's, once every rank is done).
+  test::world()->barrier();
   for (const auto& e : std::filesystem::directory_iterator(dir))
     EXPECT_EQ(e.path().filename().string().find("accel-"), std::string::npos) << e.path();
 }
