@@ -34,8 +34,8 @@ endif()
 find_package(nlohmann_json REQUIRED)
 find_package(ZLIB REQUIRED)  # crc32 of checkpoint slices
 
-# liburing: the kernel's asynchronous I/O (io_uring) for offload files (src/offload/; README, "Offload's
-# disk I/O: why liburing"). pkg-config first, then a plain search (liburing.pc is missing on some systems).
+# liburing: the kernel's asynchronous I/O (io_uring) for offload files (src/offload/; README, "Offload to disk",
+# "Disk I/O: why liburing"). pkg-config first, then a plain search (liburing.pc is missing on some systems).
 find_package(PkgConfig QUIET)
 if(PKG_CONFIG_FOUND)
   pkg_check_modules(LIBURING QUIET IMPORTED_TARGET liburing)
