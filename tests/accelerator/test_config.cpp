@@ -297,7 +297,12 @@ std::string decisions(const AcceleratorConfig& c) {
   std::string wrap = fmt::format("{}:{}:", static_cast<int>(s.wrap.kind), s.wrap.min_num_params);
   for (const auto& t : s.wrap.type_names) wrap += t + ",";
   const auto& l = c.loss_scaler;
-  return fmt::format(
+  const auto& o = s.offload;
+  const std::string offload =
+      fmt::format("{}|{}|{}/{}|{}|{}|{}/{}/{}/{}/{}", o.optimizer_nvme_path, o.param_nvme_path, o.optimizer_buffer_count,
+                  o.param_buffer_count, o.sub_group_size, o.pin_memory, o.aio.block_size, o.aio.queue_depth,
+                  o.aio.thread_count, o.aio.single_submit, o.aio.overlap_events);
+  return offload + " " + fmt::format(
       "type {} mp {} procs {} machines {} cpu {} accum {} batch {}/{}/{} clip {} | {} prefetch {}/{} align {} wrap {} "
       "dtypes {}/{}/{} fp8ag {} | offload {}/{} state {} fsdp_v {} save16 {} dsfile '{}' | scaler {} {} {} {} "
       "{} {} | fp8 {}",
@@ -350,6 +355,8 @@ const std::map<std::string, KeyCase>& yaml_cases() {
       {"deepspeed_config.zero_stage", {"3"}},
       {"deepspeed_config.offload_optimizer_device", {"cpu"}},
       {"deepspeed_config.offload_param_device", {"cpu", "  zero_stage: 3\n"}},
+      {"deepspeed_config.offload_optimizer_nvme_path", {"/nvme"}},
+      {"deepspeed_config.offload_param_nvme_path", {"/nvme"}},
       {"deepspeed_config.gradient_accumulation_steps", {"4"}},
       {"deepspeed_config.gradient_clipping", {"1.0"}},
       {"deepspeed_config.zero3_save_16bit_model", {"true"}},
@@ -433,6 +440,21 @@ const std::map<std::string, KeyCase>& json_cases() {
       {"zero_optimization.cpu_offload_param", {"true"}},
       {"zero_optimization.offload_optimizer.device", {R"("cpu")"}},
       {"zero_optimization.offload_param.device", {R"("cpu")"}},
+      {"zero_optimization.cpu_offload_use_pin_memory", {"true"}},
+      {"zero_optimization.sub_group_size", {"1000"}},
+      {"zero_optimization.offload_optimizer.nvme_path", {R"("/nvme")"}},
+      {"zero_optimization.offload_optimizer.buffer_count", {"3"}},
+      {"zero_optimization.offload_optimizer.pin_memory", {"true"}},
+      {"zero_optimization.offload_param.nvme_path", {R"("/nvme")"}},
+      {"zero_optimization.offload_param.buffer_count", {"3"}},
+      {"zero_optimization.offload_param.pin_memory", {"true"}},
+      {"aio", {R"({"block_size": 8192})"}},
+      {"aio.block_size", {"8192"}},
+      {"aio.queue_depth", {"4"}},
+      {"aio.thread_count", {"2"}},
+      {"aio.intra_op_parallelism", {"2"}},
+      {"aio.single_submit", {"true"}},
+      {"aio.overlap_events", {"false"}},
       {"zero_optimization.gather_16bit_weights_on_model_save", {"true"}},
       {"zero_optimization.stage3_gather_fp16_weights_on_model_save", {"true"}},
       {"fp16.enabled", {"false"}},
@@ -462,6 +484,7 @@ TEST(ConfigKeys, EveryDeepSpeedKeyIsActedOnOrIgnoredWithItsReason) {
       {"fp16", json::parse(R"({"fp16": {"enabled": true}})")},
       {"bf16", json::parse(R"({"bf16": {"enabled": true}})")},
       {"activation_checkpointing", json::parse(R"({"activation_checkpointing": {}})")},
+      {"aio", json::parse(R"({"aio": {}})")},
   };
   auto kind_value = [](const std::string& name) -> std::string {
     // Ignored keys: a value each accepts (booleans for flags, numbers for sizes, objects for blocks).

@@ -158,7 +158,19 @@ TEST(ConfigJson, Offload) {
                                       "offload_param": {"device": "nvme", "nvme_path": "/local"}}})");
   EXPECT_EQ(c.offload_optimizer_device, "cpu");
   EXPECT_EQ(c.offload_param_device, "nvme");
-  EXPECT_TRUE(ignored(c, "zero_optimization.offload_optimizer.pin_memory"));
+  EXPECT_TRUE(c.spec.offload.pin_memory);
+  EXPECT_EQ(c.spec.offload.param_nvme_path, "/local");
+  EXPECT_HAS(ds_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})"),
+             "zero_optimization.offload_param.device is \"nvme\" but zero_optimization.offload_param.nvme_path is not "
+             "set");
+  c = ds(R"({"zero_optimization": {"stage": 3, "sub_group_size": 1000, "offload_optimizer": {"device": "nvme",
+            "nvme_path": "/o", "buffer_count": 6}}, "aio": {"block_size": 65536, "queue_depth": 16}})");
+  EXPECT_EQ(c.spec.offload.optimizer_nvme_path, "/o");
+  EXPECT_EQ(c.spec.offload.optimizer_buffer_count, 6);
+  EXPECT_EQ(c.spec.offload.sub_group_size, 1000);
+  EXPECT_EQ(c.spec.offload.aio.block_size, 65536u);
+  EXPECT_EQ(c.spec.offload.aio.queue_depth, 16);
+  EXPECT_TRUE(ignored(c, "zero_optimization.offload_optimizer.nvme_path") == false);
   EXPECT_EQ(ds(R"({"zero_optimization": {"stage": 2, "offload_optimizer": null}})").offload_optimizer_device, "none");
   EXPECT_EQ(
       ds(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}})").offload_optimizer_device,

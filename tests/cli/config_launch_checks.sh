@@ -104,7 +104,7 @@ dry_run)  # the mpirun command for a hostfile: one app context per machine
   ;;
 config_flow)  # config (questions on stdin) -> default location -> explain -> launch picks it up
   export ACCEL_HOME=$WORK/home
-  printf '1\n2\nyes\nzero3\nno\nno\n1.0\n1\nno\n' | "$ACCEL" config > "$WORK/q.out" 2>&1 || { fail "accel config exited $?"; cat "$WORK/q.out"; }
+  printf '1\n2\nyes\nzero3\nnone\nnone\n1.0\n1\nno\n' | "$ACCEL" config > "$WORK/q.out" 2>&1 || { fail "accel config exited $?"; cat "$WORK/q.out"; }
   [ -f "$ACCEL_HOME/default_config.yaml" ] && pass "wrote \$ACCEL_HOME/default_config.yaml" || fail "no default config written"
   grep -q "DeepSpeed ZeRO stage 3" "$WORK/q.out" && pass "config explains what it wrote" || { fail "no explanation"; cat "$WORK/q.out"; }
   out=$("$ACCEL" config explain 2>&1) || fail "explain of the default config exited $?"

@@ -20,8 +20,10 @@ namespace {
 using zero::OffloadDevice;
 using zero::ShardingSpec;
 
+// One per world size: ctest may run the np1/np2/np3 tests at the same time.
 std::string scratch_dir() {
-  const auto dir = std::filesystem::temp_directory_path() / "accel-offload-test";
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("accel-offload-test-np" + std::to_string(test::world()->size()));
   std::filesystem::create_directories(dir);
   return dir.string();
 }
