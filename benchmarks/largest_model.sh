@@ -153,6 +153,7 @@ predict() {
   case "$2" in
     DDP) label="DDP" ;; ZERO_1) label="ZeRO-1" ;; ZERO_2) label="ZeRO-2" ;; ZERO_3) label="ZeRO-3" ;;
     ZERO_3+ckpt) label="ZeRO-3"; ckpt=1 ;;
+    *) return 0 ;;  # no prediction (offload)
   esac
   "$CLI" estimate-memory --d_model "$1" --layers "$LAYERS" --heads "$HEADS" --seq "$SEQ" --micro_batch "$BATCH" \
     --vocab "$VOCAB" --num_processes "$RANKS" --dtype fp32 --optimizer adamw |

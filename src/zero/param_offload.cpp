@@ -49,9 +49,8 @@ ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<shardi
   file_ = std::make_unique<offload::AsyncFile>(path, /*create=*/true, spec_.aio);
   try {
     file_->reserve(bytes_);
-    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(spec_.param_buffer_count), slots_.size());
-    for (std::size_t i = 0; i < n; ++i) buffers_.emplace_back(largest);
-    buffer_owner_.assign(n, -1);
+    // Buffers are made as reads need them, up to buffer_count (prefetching one unit ahead uses two).
+    largest_ = largest;
     for (std::size_t i = 0; i < slots_.size(); ++i) {
       slots_[i].resident = true;
       store(i, 0, slots_[i].flat->shard());
@@ -79,6 +78,11 @@ bool ParamOffload::resident(std::size_t i) const { return slots_.at(i).resident;
 int ParamOffload::take_buffer() {
   for (std::size_t b = 0; b < buffer_owner_.size(); ++b)
     if (buffer_owner_[b] < 0) return static_cast<int>(b);
+  if (buffers_.size() < static_cast<std::size_t>(spec_.param_buffer_count)) {
+    buffers_.emplace_back(largest_);
+    buffer_owner_.push_back(-1);
+    return static_cast<int>(buffers_.size() - 1);
+  }
   // All in use by reads nobody waited for yet: land the one issued first.
   std::size_t oldest = 0;
   for (std::size_t b = 1; b < buffer_owner_.size(); ++b)

@@ -72,7 +72,7 @@ class ParamOffload {
   std::unique_ptr<offload::AsyncFile> file_;
   std::vector<offload::AlignedBuffer> buffers_;
   std::vector<int> buffer_owner_;  // slot whose read is landing in it, -1: free
-  std::uint64_t bytes_ = 0;
+  std::uint64_t bytes_ = 0, largest_ = 0;
 };
 
 }  // namespace accel::zero
