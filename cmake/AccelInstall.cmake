@@ -31,6 +31,7 @@ set(ACCEL_INTERNAL_HEADERS
   comm/shm_backend.h           # the shared-memory transport and the hierarchy over nodes
   comm/hierarchical.h
   comm/shm_reduce.h
+  optim/fused_kernels.h        # the fused step's per-ISA kernels (optim/fused_step.h is the interface)
   zero/unit_report.h)          # prepare's warning about the root unit (the Accelerator logs it)
 set(_accel_header_excludes PATTERN "cli" EXCLUDE)  # the `accel` command's internals (accel_cli_core is not installed)
 foreach(h IN LISTS ACCEL_INTERNAL_HEADERS)
