@@ -3,7 +3,6 @@
 add_executable(optim_tests optim/test_fused_step.cpp)
 target_include_directories(optim_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(optim_tests PRIVATE accel GTest::gtest GTest::gtest_main)
-target_precompile_headers(optim_tests REUSE_FROM accel_tests)
 # Under each kernel family ATen can dispatch to (ATEN_CPU_CAPABILITY; ATen falls back to what the CPU
 # has): the fused step follows ATen's choice, with FMA or without, and must match it in each.
 accel_add_gtest(NAME optim_fused_step TARGET optim_tests TIMEOUT 300)

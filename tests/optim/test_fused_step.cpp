@@ -1,10 +1,10 @@
 // accel::optim::fused_step against torch::optim itself: the same optimizer type and options stepped by
 // its own step() on clones of the same random parameters and gradients, several steps with new
 // gradients each time, and every parameter, state tensor and step counter compared bit for bit
-// (torch::equal). Lengths that are not multiples of any vector width, 1 to 3 threads (so ATen splits
-// its loops at other places than the fused step), Adam/AdamW with weight decay and amsgrad, SGD with
-// every momentum option, param groups, parameters without gradients, and the cases it must refuse.
-// ctest runs this binary under each ATEN_CPU_CAPABILITY this machine has (tests/optim/optim.cmake).
+// (memcmp, stricter than torch::equal). Lengths that are not multiples of any vector width, 1 to 3 threads (so ATen
+// splits its loops at other places than the fused step), Adam/AdamW with weight decay and amsgrad, SGD with every
+// momentum option, param groups, parameters without gradients, and the cases it must refuse. ctest runs this binary
+// under each ATEN_CPU_CAPABILITY this machine has (tests/optim/optim.cmake).
 #include "optim/fused_step.h"
 
 #include <ATen/ATen.h>
@@ -15,6 +15,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -27,9 +28,8 @@ namespace {
 
 using torch::optim::Optimizer;
 
-// Distance in units in the last place between two floats (0 when equal, NaNs equal to NaNs).
+// Distance in units in the last place between two floats, for the failure messages (NaNs: large).
 std::int64_t ulps(float a, float b) {
-  if (std::isnan(a) && std::isnan(b)) return 0;
   auto ordered = [](float x) {
     std::int32_t i;
     std::memcpy(&i, &x, sizeof i);
@@ -39,23 +39,23 @@ std::int64_t ulps(float a, float b) {
   return d < 0 ? -d : d;
 }
 
-// "" when equal bit for bit, else how they differ (count, worst ulps, first index).
+// "" when the two float tensors hold the same bits (stricter than torch::equal: -0 is not +0, a NaN
+// equals the same NaN), else how they differ (count, worst ulps, first index).
 std::string difference(const at::Tensor& expected, const at::Tensor& actual) {
   if (!expected.defined() || !actual.defined())
     return expected.defined() == actual.defined() ? "" : "one of the two is undefined";
   if (expected.sizes() != actual.sizes() || expected.scalar_type() != actual.scalar_type()) return "shape or dtype";
-  if (torch::equal(expected, actual)) return "";
   const at::Tensor e = expected.contiguous(), a = actual.contiguous();
   const float* pe = e.data_ptr<float>();
   const float* pa = a.data_ptr<float>();
   std::int64_t count = 0, worst = 0, first = -1;
   for (std::int64_t i = 0; i < e.numel(); ++i) {
-    const std::int64_t d = ulps(pe[i], pa[i]);
-    if (d == 0) continue;
+    if (std::memcmp(pe + i, pa + i, sizeof(float)) == 0) continue;
     if (first < 0) first = i;
     ++count;
-    worst = std::max(worst, d);
+    worst = std::max(worst, ulps(pe[i], pa[i]));
   }
+  if (count == 0) return "";
   std::ostringstream out;
   out << count << " of " << e.numel() << " elements differ, by up to " << worst << " ulp; first at " << first << ": "
       << pe[first] << " expected, " << pa[first] << " got";
