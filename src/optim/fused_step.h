@@ -2,11 +2,14 @@
 // parameter, gradient and state, vectorized (at::vec) and split across threads (at::parallel_for).
 //
 // Each element goes through exactly the operations torch::optim applies to it, in the same order and
-// rounding, so a fused step equals torch::optim's step bit for bit on the same inputs (the tests check
-// this on random shards for every option combination; where that is impossible the function's comment
-// says which operation differs and by how much). Because every element is computed on its own, a step
-// over a slice of a tensor gives the same bits as the step over the whole: offloaded sub-groups,
-// shards and the unsharded reference all agree.
+// rounding, so a fused step equals torch::optim's step bit for bit on the same inputs, for every
+// option (tests/optim/test_fused_step.cpp checks each combination at 1-3 threads and under each
+// ATEN_CPU_CAPABILITY). That takes matching ATen on this machine, not just the formula: the kernels
+// use FMA exactly where ATen's do (they follow ATen's own CPU capability: none under DEFAULT), and
+// Adam's square root is the one ATen takes, MKL's vmsSqrt where libtorch has MKL (not always
+// correctly rounded, so the sqrt instruction would differ by an ulp on ~1 element in 6).
+// Because every element is computed on its own, a step over a slice of a tensor gives the same bits
+// as the step over the whole: offloaded sub-groups, shards and the unsharded reference all agree.
 //
 // Layering: below zero/ (which calls it for every CPU step) and offload/ (which calls the span
 // functions on buffers read from disk); depends on ATen only.
@@ -28,7 +31,8 @@ struct AdamHyper {
   bool decoupled_weight_decay = false;
 };
 
-// One step on n contiguous floats. step: this update's step number (1 for the first, as torch's state
+// One step on n contiguous floats, split across at::parallel_for's threads (run serially when called
+// inside a parallel region). step: this update's step number (1 for the first, as torch's state
 // counts after incrementing). max_exp_avg_sq may be null unless amsgrad. exp_avg and exp_avg_sq start
 // at zero on the first step (the caller zero-fills them, as torch creates them).
 void adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, float* max_exp_avg_sq,
@@ -40,16 +44,18 @@ struct SgdHyper {
   bool nesterov = false;
 };
 
-// One step on n contiguous floats. momentum_buffer: null when momentum == 0; first: this step
-// creates the buffer (torch: buf = d_p), otherwise buf = buf * momentum + (1 - dampening) * d_p.
-void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n, bool first,
-              const SgdHyper& h);
+// One step on n contiguous floats (threads as adam_step). momentum_buffer: null when momentum == 0;
+// first: this step fills the buffer (torch: buf = d_p.clone(); its old contents are not read),
+// otherwise buf = buf * momentum + (1 - dampening) * d_p.
+void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n, bool first, const SgdHyper& h);
 
 // Steps `opt` in place exactly as its own step() would — same state objects (created on the first
-// step as torch creates them), same step counters — when it is a torch::optim::Adam, AdamW or SGD whose
-// parameters with gradients are all contiguous CPU float32 (gradients too). Returns false, having
-// changed nothing, otherwise (another type, another dtype or device, sparse gradients): the caller
-// then calls the optimizer's own step.
+// step as torch creates them, keyed by the parameter's TensorImpl), same step counters, parameters
+// without a gradient skipped, each param group with its own options, version counters bumped — when
+// it is exactly a torch::optim::Adam, AdamW or SGD (not a subclass) whose parameters with gradients
+// are all contiguous CPU float32, as are their gradients and existing state. Returns false, having
+// changed nothing, otherwise (another type, another dtype or device, sparse or strided tensors, or
+// amsgrad switched on over state made without it): the caller then calls the optimizer's own step.
 bool fused_step(torch::optim::Optimizer& opt);
 
 }  // namespace accel::optim
