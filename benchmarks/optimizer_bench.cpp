@@ -6,12 +6,18 @@
 //      warm-up step that creates the state; prints the median ms per step of each, the ratio, and the
 //      fused step's bandwidth over the bytes it must move (AdamW/Adam: p, g, m, v read and p, m, v
 //      written = 28 bytes per parameter; SGD with momentum 20) against the axpy bandwidth.
-// Further sections (the offloaded step against the disk's bandwidth) go after section 2 in main().
+//   3. with --offload DIR: the step with its state on disk (zero::OptimizerOffload, AdamW: master and
+//      two moments, 12 bytes per parameter, in --sub-group-size chunks through 4 buffers) against the
+//      disk's own sequential bandwidth measured first under DIR (offload::measure_disk over the
+//      file's bytes): bound = bytes read / read GB/s + bytes written / write GB/s; prints the ratio.
+//   build/bin/optimizer_bench --offload /var/tmp --params 100000000
 // `--json` prints one JSON line with every figure instead of the text.
 //
 //   build/bin/optimizer_bench                                   # AdamW, 100M parameters, 2 threads
 //   build/bin/optimizer_bench --optimizer sgd --params 20000000 --threads 1 --reps 3
+#include "offload/async_file.h"
 #include "optim/fused_step.h"
+#include "zero/optimizer_offload.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -125,6 +131,46 @@ FusedVsTorch fused_vs_torch(const Options& o) {
   return {median(tf), median(tt)};
 }
 
+// Section 3: the offloaded AdamW step against the disk.
+struct OffloadResult {
+  double step_s = 0, bound_s = 0, read_gbps = 0, write_gbps = 0;
+  std::uint64_t bytes = 0, read = 0, written = 0;
+  bool direct = true;
+};
+OffloadResult offloaded_step(const std::string& dir, std::int64_t params, std::int64_t sub_group, int reps) {
+  accel::zero::OffloadSpec spec;
+  spec.optimizer = accel::zero::OffloadDevice::Nvme;
+  spec.optimizer_nvme_path = dir;
+  spec.sub_group_size = sub_group;
+  accel::zero::OffloadRule rule;
+  rule.adam = {1e-3, 0.9, 0.999, 1e-8, 0.01, false, true};
+  OffloadResult out;
+  out.bytes = accel::zero::OptimizerOffload::file_bytes(spec, {{params, rule}});
+  const accel::offload::DiskBandwidth disk = accel::offload::measure_disk(dir, out.bytes);
+  out.read_gbps = disk.read_gbps, out.write_gbps = disk.write_gbps, out.direct = disk.direct;
+  accel::zero::OptimizerOffload opt(spec, 0, {{params, rule}});
+  at::manual_seed(0);
+  opt.init(0, at::randn({params}));
+  at::Tensor grad = at::randn({params});
+  at::Tensor compute = at::empty({params});
+  auto updated = [&](std::size_t, std::int64_t begin, const at::Tensor& v) {
+    compute.narrow(0, begin, v.numel()).copy_(v);
+  };
+  opt.step({grad}, {rule}, updated);  // warm-up
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const std::uint64_t r0 = opt.bytes_read(), w0 = opt.bytes_written();
+    auto t0 = std::chrono::steady_clock::now();
+    opt.step({grad}, {rule}, updated);
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    out.read = opt.bytes_read() - r0, out.written = opt.bytes_written() - w0;
+  }
+  std::sort(t.begin(), t.end());
+  out.step_s = t[t.size() / 2];
+  out.bound_s = out.read / (out.read_gbps * 1e9) + out.written / (out.write_gbps * 1e9);
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,6 +182,11 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", o.optimizer, "adamw (default), adam (with weight decay) or sgd (momentum 0.9)")
       ->check(CLI::IsMember({"adamw", "adam", "sgd"}));
   app.add_flag("--json", o.json, "print one JSON line instead of the text");
+  std::string offload_dir;
+  std::int64_t sub_group = 10'000'000;
+  app.add_option("--offload", offload_dir, "DIR: also time the AdamW step with its state in a file under DIR");
+  app.add_option("--sub-group-size", sub_group, "elements per sub-group of the offloaded step")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(o.threads);
 
@@ -147,13 +198,19 @@ int main(int argc, char** argv) {
   const double bytes = bytes_per_param(o.optimizer) * static_cast<double>(o.params);
   const double fused_bps = bytes / r.fused_s;
 
+  // Section 3.
+  OffloadResult off;
+  if (!offload_dir.empty()) off = offloaded_step(offload_dir, o.params, sub_group, o.reps);
+
   if (o.json) {
     fmt::print(
         "{{\"optimizer\":\"{}\",\"params\":{},\"threads\":{},\"reps\":{},\"copy_gbps\":{:.3f},"
         "\"axpy_gbps\":{:.3f},\"fused_ms\":{:.3f},\"torch_ms\":{:.3f},\"speedup\":{:.3f},"
-        "\"fused_gbps\":{:.3f},\"fused_share_of_axpy\":{:.3f}}}\n",
+        "\"fused_gbps\":{:.3f},\"fused_share_of_axpy\":{:.3f},\"offload_step_ms\":{:.1f},\"offload_bound_ms\":{:.1f},"
+        "\"disk_read_gbps\":{:.3f},\"disk_write_gbps\":{:.3f}}}\n",
         o.optimizer, o.params, o.threads, o.reps, bw.copy_bps / 1e9, bw.axpy_bps / 1e9, r.fused_s * 1e3,
-        r.torch_s * 1e3, r.torch_s / r.fused_s, fused_bps / 1e9, fused_bps / bw.axpy_bps);
+        r.torch_s * 1e3, r.torch_s / r.fused_s, fused_bps / 1e9, fused_bps / bw.axpy_bps, off.step_s * 1e3,
+        off.bound_s * 1e3, off.read_gbps, off.write_gbps);
     return 0;
   }
   fmt::print("optimizer_bench: {} on {} fp32 parameters, {} threads, median of {} steps\n", o.optimizer, o.params,
@@ -164,5 +221,12 @@ int main(int argc, char** argv) {
   fmt::print("  fused step            {:8.1f} ms   {:.2f}x faster, {:.2f} GB/s ({:.0f} B/param, {:.0f}% of axpy)\n",
              r.fused_s * 1e3, r.torch_s / r.fused_s, fused_bps / 1e9, bytes_per_param(o.optimizer),
              100 * fused_bps / bw.axpy_bps);
+  if (!offload_dir.empty()) {
+    fmt::print("  disk under {}  {:.2f} GB/s read, {:.2f} GB/s write ({}, {:.2f} GB file)\n", offload_dir,
+               off.read_gbps, off.write_gbps, off.direct ? "O_DIRECT" : "buffered", off.bytes / 1e9);
+    fmt::print("  offloaded AdamW step  {:8.1f} ms   reads {:.2f} GB, writes {:.2f} GB; the disk's bound {:.1f} ms: "
+               "{:.2f}x the bound\n",
+               off.step_s * 1e3, off.read / 1e9, off.written / 1e9, off.bound_s * 1e3, off.step_s / off.bound_s);
+  }
   return 0;
 }
