@@ -66,7 +66,7 @@ OptimizerOffload::OptimizerOffload(const OffloadSpec& spec, int rank, std::vecto
       fmt::format("{}/accel-optimizer-rank{}-pid{}.swp", spec_.optimizer_nvme_path, rank, static_cast<long>(getpid()));
   file_ = std::make_unique<offload::AsyncFile>(path, /*create=*/true, spec_.aio);
   try {
-    file_->reserve(bytes_);
+    if (bytes_ > 0) file_->reserve(bytes_);
   } catch (...) {
     file_.reset();
     std::remove(path.c_str());

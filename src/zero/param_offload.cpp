@@ -48,7 +48,7 @@ ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<shardi
       fmt::format("{}/accel-param-rank{}-pid{}.swp", spec_.param_nvme_path, rank, static_cast<long>(getpid()));
   file_ = std::make_unique<offload::AsyncFile>(path, /*create=*/true, spec_.aio);
   try {
-    file_->reserve(bytes_);
+    if (bytes_ > 0) file_->reserve(bytes_);
     // Buffers are made as reads need them, up to buffer_count (prefetching one unit ahead uses two).
     largest_ = largest;
     for (std::size_t i = 0; i < slots_.size(); ++i) {
