@@ -140,11 +140,15 @@ std::string where(const AcceleratorConfig& cfg) {
 // What this build cannot do yet is refused here, with what to change; CPU offload on a CPU run (no
 // effect) is added to the ignored keys, with why. Offload to nvme goes into the spec.
 void check_supported(AcceleratorConfig& cfg, c10::Device device) {
-  for (const auto* dev : {&cfg.offload_optimizer_device, &cfg.offload_param_device})
-    if (*dev != "none" && device.is_cuda())
-      throw ConfigError(where(cfg) + ": offload (" + *dev +
-                        ") from a CUDA device is not implemented yet (issue 16); use 'none', or train on the CPU");
-  cfg.spec.offload.optimizer = cfg.offload_optimizer_device == "nvme" ? zero::OffloadDevice::Nvme : zero::OffloadDevice::None;
+  if (device.is_cuda() && (cfg.offload_optimizer_device == "nvme" || cfg.offload_param_device != "none"))
+    throw ConfigError(where(cfg) +
+                      ": from a CUDA device accel offloads the optimizer state to host memory "
+                      "(offload_optimizer device cpu); offload to nvme and offload of parameters are not implemented "
+                      "for CUDA yet (issue 16): use 'none' for them, or train on the CPU");
+  cfg.spec.offload.optimizer = cfg.offload_optimizer_device == "nvme" ? zero::OffloadDevice::Nvme
+                               : cfg.offload_optimizer_device == "cpu" && device.is_cuda()
+                                   ? zero::OffloadDevice::Cpu
+                                   : zero::OffloadDevice::None;
   cfg.spec.offload.param = cfg.offload_param_device == "nvme" ? zero::OffloadDevice::Nvme : zero::OffloadDevice::None;
   if (device.is_cpu() && (cfg.offload_optimizer_device == "cpu" || cfg.offload_param_device == "cpu"))
     cfg.ignored.push_back(

@@ -144,9 +144,13 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   }
   // The plan: the spec against this run's group sizes and the model's dtypes.
   bool convert = false;
+  // Offload to host memory (offload_optimizer.device cpu) of parameters on a device: the masters are
+  // host copies, a conversion too.
+  const bool host_masters = spec_.offload.optimizer == OffloadDevice::Cpu;
   for (auto& [key, members] : keys) {
     c10::ScalarType dt = owned[members[0]].param.scalar_type();
-    convert = convert || spec_.param_dtype.value_or(dt) != dt || spec_.master_dtype.value_or(dt) != dt;
+    convert = convert || spec_.param_dtype.value_or(dt) != dt || spec_.master_dtype.value_or(dt) != dt ||
+              (host_masters && !owned[members[0]].param.device().is_cpu());
   }
   plan_ = Plan::resolve(spec_, world_->size(), shard_->size(), convert);
   const bool sharded_params = plan_.params_sharded;
@@ -176,7 +180,9 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     // their rounded copy.
     at::Tensor original;
     const c10::ScalarType mdt = spec_.master_dtype.value_or(ps[0].scalar_type());
-    if (group >= 0 && !plan_.passthrough && mdt != o.dtype) {
+    // Host masters: in pinned host memory, stepped on the CPU (fused kernels), copied to the device.
+    const bool on_host = host_masters && !ps[0].device().is_cpu();
+    if (group >= 0 && !plan_.passthrough && (mdt != o.dtype || on_host)) {
       CategoryScope cat(Category::OptimizerState);
       c10::NoGradGuard ng;
       std::vector<std::int64_t> numels;
@@ -186,7 +192,11 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
       for (std::size_t i = 0; i < ps.size(); ++i)
         flat.narrow(0, layout.offset(i), ps[i].numel()).copy_(ps[i].reshape({-1}));
       auto [b, e] = layout.shard_range(o.rank);
-      original = plan_.masters_are_shards ? flat.narrow(0, b, e - b).clone() : flat;
+      const at::Tensor mine = plan_.masters_are_shards ? flat.narrow(0, b, e - b) : flat;
+      if (on_host)
+        original = at::empty(mine.sizes(), mine.options().device(at::kCPU).pinned_memory(true)).copy_(mine);
+      else
+        original = plan_.masters_are_shards ? mine.clone() : mine;
     }
     {
       CategoryScope cat(Category::Parameters);

@@ -23,6 +23,8 @@ using memory::CategoryScope;
 void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
   const OffloadSpec& os = spec_.offload;
   if (plan_.passthrough) return;
+  if (os.optimizer == OffloadDevice::Cpu && spec_.fp8_all_gather)
+    throw std::invalid_argument("offload_optimizer to cpu cannot be combined with fp8 all-gather yet");
   if (os.param_on_disk() && spec_.fp8_all_gather)
     throw std::invalid_argument("offload_param to nvme cannot be combined with fp8 all-gather (fp8 shards stay in memory)");
   c10::NoGradGuard ng;

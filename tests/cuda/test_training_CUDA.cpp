@@ -192,6 +192,33 @@ TEST(CudaTraining_CUDA, EveryStrategyTrainsLikePlainLibtorchOnTheDevice) {
   }
 }
 
+// offload_optimizer device cpu (ZeRO-Offload): the fp32 masters and AdamW's moments live in pinned host
+// memory and are stepped there by the fused CPU kernel; the device holds parameters and gradients
+// only. Training follows plain libtorch on the device (CPU and CUDA AdamW round differently).
+TEST(CudaTraining_CUDA, OffloadOptimizerToHostMemoryTrainsLikeTheDevice) {
+  SKIP_WITHOUT_CUDA();
+  const int steps = 5;
+  for (const char* stage : {"2", "3"}) {
+    SCOPED_TRACE(std::string("zero_stage ") + stage);
+    const std::string yaml = std::string("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: ") + stage +
+                             "\n  offload_optimizer_device: cpu\n";
+    bool checked = false;
+    Trained t = accelerated(write_config(std::string("offload_cpu_") + stage + ".yaml", yaml), steps,
+                            [&](Accelerator& acc) {
+                              for (const auto& group : acc.engine()->optimizer_params())
+                                for (const auto& m : group) {
+                                  EXPECT_TRUE(m.device().is_cpu()) << "a master on " << m.device();
+                                  EXPECT_TRUE(m.is_pinned());
+                                  checked = true;
+                                }
+                            });
+    EXPECT_TRUE(checked);
+    ASSERT_TRUE(t.device.is_cuda());
+    const auto ref = plain_reference(t.device, steps);
+    for (const auto& [name, want] : ref) EXPECT_LE(rel_err(t.params.at(name), want), 1e-5) << name;
+  }
+}
+
 TEST(CudaTraining_CUDA, Bf16AutocastOnTheDeviceFollowsFp32) {
   SKIP_WITHOUT_CUDA();
   const int steps = 12;
