@@ -127,9 +127,11 @@ void Engine::set_master_grad(Flat& f) {
   if (!f.master.defined() || !f.grad.defined()) return;
   CategoryScope cat(Category::Gradients);
   // Not an autograd view (zero_grad detaches grads in place, which views refuse). Host masters
-  // (offload to cpu) get theirs copied from the device.
-  const bool same = f.grad.scalar_type() == f.master.scalar_type() && f.grad.device() == f.master.device();
-  f.master.mutable_grad() = same ? sharding::storage_alias(f.grad) : f.grad.to(f.master.options());
+  // (offload to cpu) get theirs copied from the device; a master offloaded to disk is a meta handle
+  // whose gradient stays where the reduction left it.
+  const c10::Device where = f.master.is_meta() ? f.grad.device() : f.master.device();
+  const bool same = f.grad.scalar_type() == f.master.scalar_type() && f.grad.device() == where;
+  f.master.mutable_grad() = same ? sharding::storage_alias(f.grad) : f.grad.to(where, f.master.scalar_type());
   note_master_grad(f);
 }
 
@@ -288,7 +290,7 @@ void Engine::finalize_backward() {
         // during accumulation is noticed and discards the window, as it would in PyTorch.
         if (f.master.defined() && !f.grad.defined() && !f.master.grad().defined() &&
             f.master.scalar_type() == f.flat_param->grad_full().scalar_type() &&
-            f.master.device() == f.flat_param->grad_full().device()) {
+            (f.master.is_meta() || f.master.device() == f.flat_param->grad_full().device())) {
           const at::Tensor& gf = f.flat_param->grad_full();
           auto [b, e] = f.flat_param->layout().shard_range(f.flat_param->options().rank);
           f.master.mutable_grad() = sharding::storage_alias(plan_.masters_are_shards ? gf.narrow(0, b, e - b) : gf);
