@@ -224,9 +224,10 @@ int main(int argc, char** argv) {
   if (!offload_dir.empty()) {
     fmt::print("  disk under {}  {:.2f} GB/s read, {:.2f} GB/s write ({}, {:.2f} GB file)\n", offload_dir,
                off.read_gbps, off.write_gbps, off.direct ? "O_DIRECT" : "buffered", off.bytes / 1e9);
-    fmt::print("  offloaded AdamW step  {:8.1f} ms   reads {:.2f} GB, writes {:.2f} GB; the disk's bound {:.1f} ms: "
-               "{:.2f}x the bound\n",
-               off.step_s * 1e3, off.read / 1e9, off.written / 1e9, off.bound_s * 1e3, off.step_s / off.bound_s);
+    fmt::print(
+        "  offloaded AdamW step  {:8.1f} ms   reads {:.2f} GB, writes {:.2f} GB; the disk's bound {:.1f} ms: "
+        "{:.2f}x the bound\n",
+        off.step_s * 1e3, off.read / 1e9, off.written / 1e9, off.bound_s * 1e3, off.step_s / off.bound_s);
   }
   return 0;
 }

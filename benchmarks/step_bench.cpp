@@ -411,7 +411,8 @@ int main(int argc, char** argv) {
     if (const auto* o = e->param_offload()) disk_bytes += static_cast<double>(o->bytes());
   }
   disk_bytes = max_over_ranks(*world, disk_bytes);
-  const double disk_read = max_over_ranks(*world, run.disk_read), disk_written = max_over_ranks(*world, run.disk_written);
+  const double disk_read = max_over_ranks(*world, run.disk_read),
+               disk_written = max_over_ranks(*world, run.disk_written);
   if (json) {
     double b_total = peak(snap.total.peak), b_param = peak(snap[Category::Parameters].peak),
            b_grad = peak(snap[Category::Gradients].peak), b_opt = peak(snap[Category::OptimizerState].peak),
@@ -425,7 +426,8 @@ int main(int argc, char** argv) {
           "{:.0f}, \"rss_built\": {:.0f}, \"counted_peak\": "
           "{:.0f}, "
           "\"parameters\": {:.0f}, \"gradients\": {:.0f}, \"optimizer\": {:.0f}, \"gathered\": {:.0f}, "
-          "\"activations\": {:.0f}, \"other\": {:.0f}, \"device\": \"{}\", \"cuda_peak\": {:.0f}, \"disk_bytes\": {:.0f}, "
+          "\"activations\": {:.0f}, \"other\": {:.0f}, \"device\": \"{}\", \"cuda_peak\": {:.0f}, \"disk_bytes\": "
+          "{:.0f}, "
           "\"disk_read\": {:.0f}, \"disk_written\": {:.0f}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
           batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad,

@@ -145,10 +145,9 @@ void check_supported(AcceleratorConfig& cfg, c10::Device device) {
                       ": from a CUDA device accel offloads the optimizer state to host memory "
                       "(offload_optimizer device cpu); offload to nvme and offload of parameters are not implemented "
                       "for CUDA yet (issue 16): use 'none' for them, or train on the CPU");
-  cfg.spec.offload.optimizer = cfg.offload_optimizer_device == "nvme" ? zero::OffloadDevice::Nvme
-                               : cfg.offload_optimizer_device == "cpu" && device.is_cuda()
-                                   ? zero::OffloadDevice::Cpu
-                                   : zero::OffloadDevice::None;
+  cfg.spec.offload.optimizer = cfg.offload_optimizer_device == "nvme"                      ? zero::OffloadDevice::Nvme
+                               : cfg.offload_optimizer_device == "cpu" && device.is_cuda() ? zero::OffloadDevice::Cpu
+                                                                                           : zero::OffloadDevice::None;
   cfg.spec.offload.param = cfg.offload_param_device == "nvme" ? zero::OffloadDevice::Nvme : zero::OffloadDevice::None;
   if (device.is_cpu() && (cfg.offload_optimizer_device == "cpu" || cfg.offload_param_device == "cpu"))
     cfg.ignored.push_back(

@@ -178,9 +178,9 @@ const std::vector<Key>& offload_optimizer_keys() {
 
 const std::vector<Key>& offload_param_keys() {
   static const std::vector<Key> keys = {
-      {"device", "", Kind::String, nullptr},       {"nvme_path", "", Kind::String, nullptr},
-      {"buffer_count", "", Kind::Int, nullptr},    {"buffer_size", "", Kind::Int, kBufferSize},
-      {"max_in_cpu", "", Kind::Int, kOffloadCpu},  {"pin_memory", "", Kind::Bool, nullptr},
+      {"device", "", Kind::String, nullptr},      {"nvme_path", "", Kind::String, nullptr},
+      {"buffer_count", "", Kind::Int, nullptr},   {"buffer_size", "", Kind::Int, kBufferSize},
+      {"max_in_cpu", "", Kind::Int, kOffloadCpu}, {"pin_memory", "", Kind::Bool, nullptr},
   };
   return keys;
 }
@@ -188,9 +188,12 @@ const std::vector<Key>& offload_param_keys() {
 // DeepSpeed's asynchronous I/O block (offload to nvme).
 const std::vector<Key>& aio_keys() {
   static const std::vector<Key> keys = {
-      {"block_size", "", Kind::Int, nullptr},      {"queue_depth", "", Kind::Int, nullptr},
-      {"thread_count", "", Kind::Int, nullptr},    {"intra_op_parallelism", "", Kind::Int, nullptr},
-      {"single_submit", "", Kind::Bool, nullptr},  {"overlap_events", "", Kind::Bool, nullptr},
+      {"block_size", "", Kind::Int, nullptr},
+      {"queue_depth", "", Kind::Int, nullptr},
+      {"thread_count", "", Kind::Int, nullptr},
+      {"intra_op_parallelism", "", Kind::Int, nullptr},
+      {"single_submit", "", Kind::Bool, nullptr},
+      {"overlap_events", "", Kind::Bool, nullptr},
       {"use_gds", "", Kind::Bool, "GPUDirect Storage is not used by accel"},
   };
   return keys;

@@ -544,11 +544,12 @@ void read_deepspeed(const Section& s, const std::string& base_dir, const TopLeve
   if (auto t = s.text("offload_param_nvme_path", "a directory")) cfg.spec.offload.param_nvme_path = *t;
   for (const auto& [dev, key] : {std::pair{&cfg.offload_optimizer_device, "offload_optimizer"},
                                  std::pair{&cfg.offload_param_device, "offload_param"}}) {
-    const std::string& path = std::string(key) == "offload_param" ? cfg.spec.offload.param_nvme_path
-                                                                   : cfg.spec.offload.optimizer_nvme_path;
+    const std::string& path =
+        std::string(key) == "offload_param" ? cfg.spec.offload.param_nvme_path : cfg.spec.offload.optimizer_nvme_path;
     if (*dev == "nvme" && path.empty())
-      cd::fail(s.file(), fmt::format("{}_device is nvme but {}_nvme_path is not set; give the directory to offload into",
-                                     s.path(key), s.path(key)));
+      cd::fail(s.file(),
+               fmt::format("{}_device is nvme but {}_nvme_path is not set; give the directory to offload into",
+                           s.path(key), s.path(key)));
   }
   if (cfg.offload_param_device != "none" && stage != 3)
     cd::fail(s.file(), fmt::format("{} is '{}', which needs zero_stage 3 (zero_stage is {}); use zero_stage 3 or "

@@ -206,10 +206,13 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
                          : "save_state writes sharded checkpoints (each rank its own slices)");
   if (cfg.offload_optimizer_device != "none" || cfg.offload_param_device != "none") {
     const auto& off = s.offload;
-    const std::string share = shard_over > 1 && s.shards_optimizer() ? fmt::format(" of its 1/{} shard", shard_over) : "";
+    const std::string share =
+        shard_over > 1 && s.shards_optimizer() ? fmt::format(" of its 1/{} shard", shard_over) : "";
     auto where_to = [&](const std::string& dev, const std::string& path) {
       if (dev == "nvme") return fmt::format("in a file per rank under {}", path);
-      return std::string("in host memory (on a CPU run that is where it already is: no change)");
+      return std::string(
+          "in host memory (training on a GPU: pinned, stepped on the CPU; on a CPU run that is where it already is: "
+          "no change)");
     };
     if (cfg.offload_optimizer_device != "none")
       row("Offload",

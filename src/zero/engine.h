@@ -258,7 +258,6 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::unique_ptr<OptimizerOffload> opt_offload_;
   std::unique_ptr<ParamOffload> param_offload_;
   std::vector<std::size_t> opt_region_flat_;  // region -> flats_ index
-  std::vector<std::size_t> param_slot_flat_;  // slot -> flats_ index
   void setup_offload(const torch::optim::Optimizer* optimizer);
   void fetch_params_ahead(std::size_t unit);
   bool masters_written_ = false;  // set by offloaded_step, consumed by params_from_masters

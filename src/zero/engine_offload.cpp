@@ -26,7 +26,8 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
   if (os.optimizer == OffloadDevice::Cpu && spec_.fp8_all_gather)
     throw std::invalid_argument("offload_optimizer to cpu cannot be combined with fp8 all-gather yet");
   if (os.param_on_disk() && spec_.fp8_all_gather)
-    throw std::invalid_argument("offload_param to nvme cannot be combined with fp8 all-gather (fp8 shards stay in memory)");
+    throw std::invalid_argument(
+        "offload_param to nvme cannot be combined with fp8 all-gather (fp8 shards stay in memory)");
   c10::NoGradGuard ng;
   if (os.optimizer_on_disk() && optimizer) {
     const OptimizerRow* row = find_optimizer_row(*optimizer);
@@ -41,9 +42,9 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
       if (f.group < 0) continue;
       const c10::ScalarType mdt = f.master.defined() ? f.master.scalar_type() : f.flat_param->options().dtype;
       if (mdt != at::kFloat)
-        throw std::invalid_argument(fmt::format(
-            "offload_optimizer.device nvme needs fp32 master weights; {} has {} masters", f.flat_param->name(),
-            c10::toString(mdt)));
+        throw std::invalid_argument(
+            fmt::format("offload_optimizer.device nvme needs fp32 master weights; {} has {} masters",
+                        f.flat_param->name(), c10::toString(mdt)));
       const auto& g = optimizer->param_groups().at(static_cast<std::size_t>(f.group));
       OptimizerOffload::Region r;
       auto [b, e] = master_range(f);
@@ -78,7 +79,6 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
         f.master = f.flat_param->shard().clone();
       }
       f.param_slot = slots.size();
-      param_slot_flat_.push_back(fi);
       slots.push_back(f.flat_param.get());
     }
     param_offload_ = std::make_unique<ParamOffload>(os, world_->rank(), std::move(slots));

@@ -18,7 +18,8 @@ namespace {
 constexpr std::int64_t kChunkQuantum = 4096;  // elements: chunk boundaries stay 4 KiB-aligned at any dtype >= 1 byte
 
 std::int64_t chunk_elements(const OffloadSpec& spec) {
-  return std::max<std::int64_t>(kChunkQuantum, (spec.sub_group_size + kChunkQuantum - 1) / kChunkQuantum * kChunkQuantum);
+  return std::max<std::int64_t>(kChunkQuantum,
+                                (spec.sub_group_size + kChunkQuantum - 1) / kChunkQuantum * kChunkQuantum);
 }
 
 }  // namespace
@@ -141,8 +142,8 @@ void OptimizerOffload::step(const std::vector<at::Tensor>& grads, const std::vec
   for (std::size_t r = 0; r < regions_.size(); ++r) {
     if (!grads[r].defined()) continue;
     if (grads[r].scalar_type() != at::kFloat || !grads[r].is_contiguous() || grads[r].numel() != regions_[r].numel)
-      throw std::logic_error(fmt::format("OptimizerOffload::step: region {} needs a contiguous fp32 gradient of {} elements",
-                                         r, regions_[r].numel));
+      throw std::logic_error(fmt::format(
+          "OptimizerOffload::step: region {} needs a contiguous fp32 gradient of {} elements", r, regions_[r].numel));
     if (rules.at(r).kind != regions_[r].rule.kind || rules[r].state_count() != regions_[r].rule.state_count())
       throw std::invalid_argument(fmt::format(
           "offloaded optimizer: a param group's options changed what state it keeps ({} tensors, now {}): amsgrad "
@@ -171,8 +172,8 @@ void OptimizerOffload::step(const std::vector<at::Tensor>& grads, const std::vec
       float* master = static_cast<float*>(buffers_[b].data());
       const float* grad = grads[c.region].data_ptr<float>() + c.begin;
       if (rule.kind == OffloadRule::Kind::Adam) {
-        optim::adam_step(master, grad, master + slot, master + 2 * slot, rule.adam.amsgrad ? master + 3 * slot : nullptr,
-                         c.len, steps_[c.region] + 1, rule.adam);
+        optim::adam_step(master, grad, master + slot, master + 2 * slot,
+                         rule.adam.amsgrad ? master + 3 * slot : nullptr, c.len, steps_[c.region] + 1, rule.adam);
       } else {
         optim::sgd_step(master, grad, rule.sgd.momentum != 0 ? master + slot : nullptr, c.len, steps_[c.region] == 0,
                         rule.sgd);

@@ -87,8 +87,8 @@ class OptimizerOffload {
  private:
   struct Chunk {
     std::size_t region;
-    std::int64_t begin, len;  // elements of the region
-    std::uint64_t offset;     // of its record in the file
+    std::int64_t begin, len;   // elements of the region
+    std::uint64_t offset;      // of its record in the file
     std::uint64_t slot_bytes;  // each tensor's padded bytes
   };
   std::uint64_t record_bytes(const Chunk& c) const;

@@ -37,7 +37,8 @@ class Sharded final : public Opt {
           loss = closure();
         }
         std::vector<OffloadRule> rules;
-        for (const auto& g : this->param_groups()) rules.push_back(rule_of(g.has_options() ? g.options() : this->defaults()));
+        for (const auto& g : this->param_groups())
+          rules.push_back(rule_of(g.has_options() ? g.options() : this->defaults()));
         engine_->offloaded_step(rules);
       } else if (closure || !accel::optim::fused_step(*this)) {
         loss = Opt::step(std::move(closure));
@@ -55,7 +56,8 @@ class Sharded final : public Opt {
 OffloadRule adam_rule(const optim::OptimizerOptions& options) {
   OffloadRule r;
   if (const auto* o = dynamic_cast<const optim::AdamWOptions*>(&options)) {
-    r.adam = {o->lr(), std::get<0>(o->betas()), std::get<1>(o->betas()), o->eps(), o->weight_decay(), o->amsgrad(), true};
+    r.adam = {o->lr(), std::get<0>(o->betas()), std::get<1>(o->betas()), o->eps(), o->weight_decay(), o->amsgrad(),
+              true};
   } else {
     const auto& a = static_cast<const optim::AdamOptions&>(options);
     r.adam = {a.lr(), std::get<0>(a.betas()), std::get<1>(a.betas()), a.eps(), a.weight_decay(), a.amsgrad(), false};
@@ -170,10 +172,10 @@ const OptimizerRow kRows[] = {
     {"AdamW", is<optim::AdamW>, make_sharded<optim::AdamW, optim::AdamWOptions>, export_adam<optim::AdamWParamState>,
      import_adam<optim::AdamWParamState>, fill_adam_rule},
     {"SGD", is<optim::SGD>, make_sharded<optim::SGD, optim::SGDOptions>, export_sgd, import_sgd, fill_sgd_rule},
-    {"RMSprop", is<optim::RMSprop>, make_sharded<optim::RMSprop, optim::RMSpropOptions>, export_rmsprop,
-     import_rmsprop, nullptr},
-    {"Adagrad", is<optim::Adagrad>, make_sharded<optim::Adagrad, optim::AdagradOptions>, export_adagrad,
-     import_adagrad, nullptr},
+    {"RMSprop", is<optim::RMSprop>, make_sharded<optim::RMSprop, optim::RMSpropOptions>, export_rmsprop, import_rmsprop,
+     nullptr},
+    {"Adagrad", is<optim::Adagrad>, make_sharded<optim::Adagrad, optim::AdagradOptions>, export_adagrad, import_adagrad,
+     nullptr},
 };
 
 }  // namespace

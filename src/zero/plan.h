@@ -20,8 +20,8 @@ struct Groups {
 Groups groups_for(const ShardingSpec& spec, const std::shared_ptr<comm::Communicator>& world);
 
 struct Plan {
-  // A world of one rank with no dtype conversion and nothing offloaded to disk: no hooks, no flat gradients, no masters of our own;
-  // the optimizer steps the user's parameters on autograd's gradients (the plain libtorch loop).
+  // A world of one rank with no dtype conversion and nothing offloaded to disk: no hooks, no flat gradients, no masters
+  // of our own; the optimizer steps the user's parameters on autograd's gradients (the plain libtorch loop).
   bool passthrough = false;
   // The optimizer steps this rank's shard of each flat buffer (else the whole buffer). Holds at any
   // group size, so that masters and checkpoints have one shape per strategy.

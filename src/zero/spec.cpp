@@ -93,9 +93,9 @@ void ShardingSpec::validate() const {
     throw std::invalid_argument(fmt::format("ShardingSpec.align_elements must be >= 1, got {}", align_elements));
   wrap.validate();
   if (offload.param != OffloadDevice::None && !shards_parameters())
-    throw std::invalid_argument(fmt::format(
-        "offload_param needs sharded parameters (ZeRO-3, FULL_SHARD or HYBRID_SHARD); the strategy is {}",
-        zero::to_string(strategy)));
+    throw std::invalid_argument(
+        fmt::format("offload_param needs sharded parameters (ZeRO-3, FULL_SHARD or HYBRID_SHARD); the strategy is {}",
+                    zero::to_string(strategy)));
   if (offload.optimizer_on_disk() && offload.optimizer_nvme_path.empty())
     throw std::invalid_argument("offload_optimizer.device is nvme but offload_optimizer.nvme_path is not set");
   if (offload.param_on_disk() && offload.param_nvme_path.empty())

@@ -63,8 +63,8 @@ struct OffloadSpec {
   OffloadDevice optimizer = OffloadDevice::None;
   OffloadDevice param = OffloadDevice::None;  // ZeRO-3 / FULL_SHARD / HYBRID_SHARD only
   std::string optimizer_nvme_path, param_nvme_path;
-  int optimizer_buffer_count = 4;              // offload_optimizer.buffer_count
-  int param_buffer_count = 5;                  // offload_param.buffer_count
+  int optimizer_buffer_count = 4;               // offload_optimizer.buffer_count
+  int param_buffer_count = 5;                   // offload_param.buffer_count
   std::int64_t sub_group_size = 1'000'000'000;  // elements stepped per sub-group (zero_optimization.sub_group_size)
   bool pin_memory = false;
   offload::AioOptions aio;

@@ -299,21 +299,23 @@ std::string decisions(const AcceleratorConfig& c) {
   const auto& l = c.loss_scaler;
   const auto& o = s.offload;
   const std::string offload =
-      fmt::format("{}|{}|{}/{}|{}|{}|{}/{}/{}/{}/{}", o.optimizer_nvme_path, o.param_nvme_path, o.optimizer_buffer_count,
-                  o.param_buffer_count, o.sub_group_size, o.pin_memory, o.aio.block_size, o.aio.queue_depth,
-                  o.aio.thread_count, o.aio.single_submit, o.aio.overlap_events);
-  return offload + " " + fmt::format(
-      "type {} mp {} procs {} machines {} cpu {} accum {} batch {}/{}/{} clip {} | {} prefetch {}/{} align {} wrap {} "
-      "dtypes {}/{}/{} fp8ag {} | offload {}/{} state {} fsdp_v {} save16 {} dsfile '{}' | scaler {} {} {} {} "
-      "{} {} | fp8 {}",
-      to_string(c.distributed_type), to_string(c.mixed_precision), c.num_processes, c.num_machines, c.use_cpu,
-      c.gradient_accumulation_steps, opt(c.batch.train_batch_size), opt(c.batch.micro_batch_per_gpu),
-      opt(c.batch.gradient_accumulation_steps), opt(c.gradient_clipping), s.to_string(), s.forward_prefetch,
-      s.backward_prefetch, s.align_elements, wrap, dt(s.param_dtype), dt(s.reduce_dtype), dt(s.master_dtype),
-      s.fp8_all_gather, c.offload_optimizer_device, c.offload_param_device, to_string(c.state_dict_type),
-      c.fsdp_version, c.zero3_save_16bit_model, c.deepspeed_config_file, l.loss_scale, l.initial_scale_power,
-      l.loss_scale_window, l.hysteresis, l.consecutive_hysteresis, l.min_loss_scale,
-      c.fp8.enable_fsdp_float8_all_gather);
+      fmt::format("{}|{}|{}/{}|{}|{}|{}/{}/{}/{}/{}", o.optimizer_nvme_path, o.param_nvme_path,
+                  o.optimizer_buffer_count, o.param_buffer_count, o.sub_group_size, o.pin_memory, o.aio.block_size,
+                  o.aio.queue_depth, o.aio.thread_count, o.aio.single_submit, o.aio.overlap_events);
+  return offload + " " +
+         fmt::format(
+             "type {} mp {} procs {} machines {} cpu {} accum {} batch {}/{}/{} clip {} | {} prefetch {}/{} align {} "
+             "wrap {} "
+             "dtypes {}/{}/{} fp8ag {} | offload {}/{} state {} fsdp_v {} save16 {} dsfile '{}' | scaler {} {} {} {} "
+             "{} {} | fp8 {}",
+             to_string(c.distributed_type), to_string(c.mixed_precision), c.num_processes, c.num_machines, c.use_cpu,
+             c.gradient_accumulation_steps, opt(c.batch.train_batch_size), opt(c.batch.micro_batch_per_gpu),
+             opt(c.batch.gradient_accumulation_steps), opt(c.gradient_clipping), s.to_string(), s.forward_prefetch,
+             s.backward_prefetch, s.align_elements, wrap, dt(s.param_dtype), dt(s.reduce_dtype), dt(s.master_dtype),
+             s.fp8_all_gather, c.offload_optimizer_device, c.offload_param_device, to_string(c.state_dict_type),
+             c.fsdp_version, c.zero3_save_16bit_model, c.deepspeed_config_file, l.loss_scale, l.initial_scale_power,
+             l.loss_scale_window, l.hysteresis, l.consecutive_hysteresis, l.min_loss_scale,
+             c.fp8.enable_fsdp_float8_all_gather);
 }
 
 // What setting one key to a non-default value must do, when it is not simply "changes the config".

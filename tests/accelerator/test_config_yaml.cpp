@@ -476,9 +476,10 @@ TEST(ConfigDeepSpeedYaml, OffloadDevices) {
   c = dsy("  offload_optimizer_device: nvme\n  offload_optimizer_nvme_path: /nvme\n");
   EXPECT_EQ(c.offload_optimizer_device, "nvme");
   EXPECT_EQ(c.spec.offload.optimizer_nvme_path, "/nvme");
-  EXPECT_HAS(dsy_error("  offload_optimizer_device: nvme\n"),
-             "deepspeed_config.offload_optimizer_device is nvme but deepspeed_config.offload_optimizer_nvme_path is not "
-             "set");
+  EXPECT_HAS(
+      dsy_error("  offload_optimizer_device: nvme\n"),
+      "deepspeed_config.offload_optimizer_device is nvme but deepspeed_config.offload_optimizer_nvme_path is not "
+      "set");
   EXPECT_EQ(dsy("  offload_optimizer_device: none\n").offload_optimizer_device, "none");
   EXPECT_HAS(dsy_error("  offload_optimizer_device: disk\n"),
              "t.yaml: deepspeed_config.offload_optimizer_device is 'disk'; allowed values: none, cpu, nvme");

@@ -203,15 +203,15 @@ TEST(CudaTraining_CUDA, OffloadOptimizerToHostMemoryTrainsLikeTheDevice) {
     const std::string yaml = std::string("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: ") + stage +
                              "\n  offload_optimizer_device: cpu\n";
     bool checked = false;
-    Trained t = accelerated(write_config(std::string("offload_cpu_") + stage + ".yaml", yaml), steps,
-                            [&](Accelerator& acc) {
-                              for (const auto& group : acc.engine()->optimizer_params())
-                                for (const auto& m : group) {
-                                  EXPECT_TRUE(m.device().is_cpu()) << "a master on " << m.device();
-                                  EXPECT_TRUE(m.is_pinned());
-                                  checked = true;
-                                }
-                            });
+    Trained t =
+        accelerated(write_config(std::string("offload_cpu_") + stage + ".yaml", yaml), steps, [&](Accelerator& acc) {
+          for (const auto& group : acc.engine()->optimizer_params())
+            for (const auto& m : group) {
+              EXPECT_TRUE(m.device().is_cpu()) << "a master on " << m.device();
+              EXPECT_TRUE(m.is_pinned());
+              checked = true;
+            }
+        });
     EXPECT_TRUE(checked);
     ASSERT_TRUE(t.device.is_cuda());
     const auto ref = plain_reference(t.device, steps);

@@ -77,8 +77,8 @@ TrainedRun train(ShardingSpec spec, OptKind opt_kind, c10::ScalarType compute) {
     p.optimizer->step();
     p.optimizer->zero_grad();
   }
-  out.optimizer_state_bytes = memory::snapshot()[memory::Category::OptimizerState].current -
-                              s0[memory::Category::OptimizerState].current;
+  out.optimizer_state_bytes =
+      memory::snapshot()[memory::Category::OptimizerState].current - s0[memory::Category::OptimizerState].current;
   for (const auto& f : p.engine->flats()) {
     out.compute.push_back(p.engine->whole_values(f, zero::Engine::Source::Compute).clone());
     out.masters.push_back(p.engine->whole_values(f, zero::Engine::Source::Master).clone());
