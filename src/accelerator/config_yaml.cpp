@@ -542,15 +542,17 @@ void read_deepspeed(const Section& s, const std::string& base_dir, const TopLeve
     cfg.offload_param_device = cd::offload_device(s.file(), s.path("offload_param_device"), *t);
   if (auto t = s.text("offload_optimizer_nvme_path", "a directory")) cfg.spec.offload.optimizer_nvme_path = *t;
   if (auto t = s.text("offload_param_nvme_path", "a directory")) cfg.spec.offload.param_nvme_path = *t;
-  for (const auto& [dev, key] : {std::pair{&cfg.offload_optimizer_device, "offload_optimizer"},
-                                 std::pair{&cfg.offload_param_device, "offload_param"}}) {
-    const std::string& path =
-        std::string(key) == "offload_param" ? cfg.spec.offload.param_nvme_path : cfg.spec.offload.optimizer_nvme_path;
-    if (*dev == "nvme" && path.empty())
+  struct OffloadKeys {
+    const char* key;
+    const std::string *device, *path;
+  };
+  for (const OffloadKeys& o :
+       {OffloadKeys{"offload_optimizer", &cfg.offload_optimizer_device, &cfg.spec.offload.optimizer_nvme_path},
+        OffloadKeys{"offload_param", &cfg.offload_param_device, &cfg.spec.offload.param_nvme_path}})
+    if (*o.device == "nvme" && o.path->empty())
       cd::fail(s.file(),
                fmt::format("{}_device is nvme but {}_nvme_path is not set; give the directory to offload into",
-                           s.path(key), s.path(key)));
-  }
+                           s.path(o.key), s.path(o.key)));
   if (cfg.offload_param_device != "none" && stage != 3)
     cd::fail(s.file(), fmt::format("{} is '{}', which needs zero_stage 3 (zero_stage is {}); use zero_stage 3 or "
                                    "offload_param_device none",

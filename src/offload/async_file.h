@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace accel::offload {
@@ -108,6 +109,24 @@ class AsyncFile {
 
 // "48.0 GB (48000000000 bytes)"; "512 bytes" below 1 kB. Decimal units, as disks are sold.
 std::string describe_bytes(std::uint64_t bytes);
+
+// An offload file that exists only as long as this object: check_offload_dir on `dir` (naming
+// `what`), then `dir`/`name` created and `bytes` reserved; closed (in-flight requests waited for) and
+// removed on destruction, or when the constructor throws.
+class ScratchFile {
+ public:
+  ScratchFile(const std::string& dir, const std::string& name, std::uint64_t bytes, const AioOptions& options,
+              const std::string& what);
+  ~ScratchFile();
+  ScratchFile(const ScratchFile&) = delete;
+  ScratchFile& operator=(const ScratchFile&) = delete;
+  AsyncFile& file() { return *file_; }
+  const AsyncFile& file() const { return *file_; }
+
+ private:
+  std::string path_;
+  std::unique_ptr<AsyncFile> file_;
+};
 
 // Checks a directory offload will write `bytes` into, before training starts: it exists, is a
 // directory, is writable (a probe file is created and removed) and has room for the bytes (statvfs).

@@ -1,5 +1,6 @@
 // accel::offload: the checks run on an offload directory before training starts
-// (check_offload_dir) and the disk's sequential bandwidth there (measure_disk).
+// (check_offload_dir), the scratch files made there (ScratchFile) and the disk's sequential
+// bandwidth there (measure_disk).
 #include "offload/async_file.h"
 
 #include <fcntl.h>
@@ -10,11 +11,31 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
 
 namespace accel::offload {
+
+ScratchFile::ScratchFile(const std::string& dir, const std::string& name, std::uint64_t bytes,
+                         const AioOptions& options, const std::string& what)
+    : path_(dir + "/" + name) {
+  check_offload_dir(dir, bytes, what);
+  file_ = std::make_unique<AsyncFile>(path_, /*create=*/true, options);
+  try {
+    if (bytes > 0) file_->reserve(bytes);
+  } catch (...) {
+    file_.reset();
+    std::remove(path_.c_str());
+    throw;
+  }
+}
+
+ScratchFile::~ScratchFile() {
+  file_.reset();  // waits for what is in flight
+  std::remove(path_.c_str());
+}
 
 void check_offload_dir(const std::string& path, std::uint64_t bytes, const std::string& what) {
   const std::string needs = "offload needs " + describe_bytes(bytes) + " there";

@@ -260,7 +260,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::size_t> opt_region_flat_;  // region -> flats_ index
   void setup_offload(const torch::optim::Optimizer* optimizer);
   void fetch_params_ahead(std::size_t unit);
-  bool masters_written_ = false;  // set by offloaded_step, consumed by params_from_masters
+  // params_from_masters' work; offloaded_done: the offloaded step already wrote its flats' values.
+  void write_params(bool offloaded_done);
   bool in_backward_ = false;
   std::size_t finalize_count_ = 0;
 };

@@ -101,7 +101,6 @@ void Engine::offloaded_step(const std::vector<OffloadRule>& group_rules) {
     const at::Tensor& dst = plan_.masters_are_shards ? f.flat_param->shard() : f.flat_param->full();
     dst.narrow(0, begin, values.numel()).copy_(values);
   });
-  masters_written_ = true;
 }
 
 at::Tensor Engine::master_data(const Flat& f) const {

@@ -104,18 +104,18 @@ std::pair<std::int64_t, std::int64_t> Engine::master_range(const Flat& f) const 
 
 void Engine::after_step() {
   if (plan_.passthrough) return;
-  params_from_masters();
+  write_params(/*offloaded_done=*/true);
   close_step();
 }
 
-void Engine::params_from_masters() {
+void Engine::params_from_masters() { write_params(/*offloaded_done=*/false); }
+
+void Engine::write_params(bool offloaded_done) {
   if (plan_.passthrough) return;
   c10::NoGradGuard ng;
   std::vector<comm::WorkPtr> works;
-  const bool written = masters_written_;  // the offloaded step wrote its chunks' values already
-  masters_written_ = false;
   for (auto& f : flats_) {
-    if (f.group >= 0 && !(written && f.opt_region != npos)) {
+    if (f.group >= 0 && !(offloaded_done && f.opt_region != npos)) {
       // Master -> compute buffer where they are different tensors (or -> the shard's file).
       const at::Tensor master = master_data(f);
       const at::Tensor& dst = plan_.masters_are_shards ? f.flat_param->shard() : f.flat_param->full();

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -62,27 +61,15 @@ OptimizerOffload::OptimizerOffload(const OffloadSpec& spec, int rank, std::vecto
     }
   bytes_ = offset;
   steps_.assign(regions_.size(), 0);
-  offload::check_offload_dir(spec_.optimizer_nvme_path, bytes_, "offload_optimizer.nvme_path");
-  const std::string path =
-      fmt::format("{}/accel-optimizer-rank{}-pid{}.swp", spec_.optimizer_nvme_path, rank, static_cast<long>(getpid()));
-  file_ = std::make_unique<offload::AsyncFile>(path, /*create=*/true, spec_.aio);
-  try {
-    if (bytes_ > 0) file_->reserve(bytes_);
-  } catch (...) {
-    file_.reset();
-    std::remove(path.c_str());
-    throw;
-  }
+  scratch_ = std::make_unique<offload::ScratchFile>(
+      spec_.optimizer_nvme_path, fmt::format("accel-optimizer-rank{}-pid{}.swp", rank, static_cast<long>(getpid())),
+      bytes_, spec_.aio, "offload_optimizer.nvme_path");
+  file_ = &scratch_->file();
   const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(spec_.optimizer_buffer_count), chunks_.size());
   for (std::size_t i = 0; i < n; ++i) buffers_.emplace_back(largest);
 }
 
-OptimizerOffload::~OptimizerOffload() {
-  if (!file_) return;
-  const std::string path = file_->path();
-  file_.reset();  // waits for what is in flight
-  std::remove(path.c_str());
-}
+OptimizerOffload::~OptimizerOffload() = default;
 
 std::uint64_t OptimizerOffload::record_bytes(const Chunk& c) const {
   return static_cast<std::uint64_t>(1 + regions_[c.region].rule.state_count()) * c.slot_bytes;

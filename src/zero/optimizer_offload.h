@@ -27,6 +27,7 @@
 namespace accel::offload {
 class AsyncFile;
 class AlignedBuffer;
+class ScratchFile;
 }  // namespace accel::offload
 
 namespace accel::zero {
@@ -97,8 +98,10 @@ class OptimizerOffload {
   std::vector<Chunk> chunks_;
   std::vector<std::vector<std::size_t>> region_chunks_;
   std::vector<std::int64_t> steps_;
-  std::unique_ptr<offload::AsyncFile> file_;
   std::vector<offload::AlignedBuffer> buffers_;
+  // After the buffers: destroyed first, it waits for transfers into or out of them.
+  std::unique_ptr<offload::ScratchFile> scratch_;
+  offload::AsyncFile* file_ = nullptr;  // scratch_'s
   std::uint64_t bytes_ = 0;
 };
 

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -23,12 +22,6 @@ std::string offloaded_message(const sharding::FlatParam& f) {
 }
 
 }  // namespace
-
-std::uint64_t ParamOffload::file_bytes(const std::vector<std::pair<std::int64_t, std::size_t>>& shards) {
-  std::uint64_t total = 0;
-  for (const auto& [n, esize] : shards) total += offload::align_up(static_cast<std::uint64_t>(n) * esize);
-  return total;
-}
 
 ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<sharding::FlatParam*> flats) : spec_(spec) {
   std::uint64_t offset = 0, largest = 0;
@@ -43,32 +36,20 @@ ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<shardi
     slots_.push_back(s);
   }
   bytes_ = offset;
-  offload::check_offload_dir(spec_.param_nvme_path, bytes_, "offload_param.nvme_path");
-  const std::string path =
-      fmt::format("{}/accel-param-rank{}-pid{}.swp", spec_.param_nvme_path, rank, static_cast<long>(getpid()));
-  file_ = std::make_unique<offload::AsyncFile>(path, /*create=*/true, spec_.aio);
-  try {
-    if (bytes_ > 0) file_->reserve(bytes_);
-    // Buffers are made as reads need them, up to buffer_count (prefetching one unit ahead uses two).
-    largest_ = largest;
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      slots_[i].resident = true;
-      store(i, 0, slots_[i].flat->shard());
-      release(i);
-    }
-  } catch (...) {
-    file_.reset();
-    std::remove(path.c_str());
-    throw;
+  scratch_ = std::make_unique<offload::ScratchFile>(
+      spec_.param_nvme_path, fmt::format("accel-param-rank{}-pid{}.swp", rank, static_cast<long>(getpid())), bytes_,
+      spec_.aio, "offload_param.nvme_path");
+  file_ = &scratch_->file();
+  // Buffers are made as reads need them, up to buffer_count (prefetching one unit ahead uses two).
+  largest_ = largest;
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    slots_[i].resident = true;
+    store(i, 0, slots_[i].flat->shard());
+    release(i);
   }
 }
 
-ParamOffload::~ParamOffload() {
-  if (!file_) return;
-  const std::string path = file_->path();
-  file_.reset();
-  std::remove(path.c_str());
-}
+ParamOffload::~ParamOffload() = default;
 
 const std::string& ParamOffload::path() const { return file_->path(); }
 std::uint64_t ParamOffload::bytes_read() const { return file_->bytes_read(); }

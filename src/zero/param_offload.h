@@ -21,6 +21,7 @@
 namespace accel::offload {
 class AsyncFile;
 class AlignedBuffer;
+class ScratchFile;
 }  // namespace accel::offload
 namespace accel::sharding {
 class FlatParam;
@@ -36,9 +37,6 @@ class ParamOffload {
   ~ParamOffload();
   ParamOffload(const ParamOffload&) = delete;
   ParamOffload& operator=(const ParamOffload&) = delete;
-
-  // Bytes the file needs for these shard sizes (elements) at this element size.
-  static std::uint64_t file_bytes(const std::vector<std::pair<std::int64_t, std::size_t>>& shards);
 
   // Starts reading flat i's shard (no-op when resident or already on its way).
   void fetch_async(std::size_t i);
@@ -69,9 +67,11 @@ class ParamOffload {
   void land(std::size_t i);
   OffloadSpec spec_;
   std::vector<Slot> slots_;
-  std::unique_ptr<offload::AsyncFile> file_;
   std::vector<offload::AlignedBuffer> buffers_;
   std::vector<int> buffer_owner_;  // slot whose read is landing in it, -1: free
+  // After the buffers: destroyed first, it waits for reads still landing in them.
+  std::unique_ptr<offload::ScratchFile> scratch_;
+  offload::AsyncFile* file_ = nullptr;  // scratch_'s
   std::uint64_t bytes_ = 0, largest_ = 0;
 };
 

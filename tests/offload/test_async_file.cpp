@@ -131,7 +131,9 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
   return std::string(info.param.kernel_aio ? "IoUring" : "ThreadPool") + (info.param.direct ? "Direct" : "Buffered");
 }
 
-class AsyncFileTest : public ::testing::TestWithParam<Variant> {
+// A fixture (over gtest's Test or TestWithParam) with a fresh directory per test, removed after.
+template <class Base>
+class WithTempDir : public Base {
  protected:
   void SetUp() override {
     dir_ = make_temp_dir("accel_aio");
@@ -146,6 +148,11 @@ class AsyncFileTest : public ::testing::TestWithParam<Variant> {
     TearDown();
     std::exit(good ? 0 : 1);
   }
+  std::string dir_;
+};
+
+class AsyncFileTest : public WithTempDir<::testing::TestWithParam<Variant>> {
+ protected:
   off::AioOptions options(std::size_t block = 64 << 10, int depth = 4) const {
     off::AioOptions o;
     o.block_size = block;
@@ -153,7 +160,6 @@ class AsyncFileTest : public ::testing::TestWithParam<Variant> {
     o.kernel_aio = GetParam().kernel_aio;
     return o;
   }
-  std::string dir_;
 };
 
 // Many requests of sizes spanning several blocks in flight at once, written then read back in another
@@ -361,22 +367,7 @@ INSTANTIATE_TEST_SUITE_P(Engines, AsyncFileTest,
                                            Variant{false, false}),
                          variant_name);
 
-class OffloadFiles : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = make_temp_dir("accel_aio");
-    ASSERT_FALSE(dir_.empty());
-  }
-  void TearDown() override {
-    remove_dir_contents(dir_);
-    ::rmdir(dir_.c_str());
-  }
-  [[noreturn]] void exit_removing_dir(bool good) {
-    TearDown();
-    std::exit(good ? 0 : 1);
-  }
-  std::string dir_;
-};
+class OffloadFiles : public WithTempDir<::testing::Test> {};
 
 // Under O_DIRECT a misaligned buffer, offset or byte count is refused before anything is queued,
 // naming which; without O_DIRECT the same calls work.
