@@ -29,7 +29,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 APT_PKGS=(build-essential cmake ninja-build ccache pkg-config git python3-venv
           libopenmpi-dev openmpi-bin libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
           libspdlog-dev libfmt-dev googletest libgtest-dev
-          liburing-dev
+          liburing-dev libprotobuf-dev protobuf-compiler
           iproute2)
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -55,9 +55,21 @@ fi
 
 # --- 2. python venv with the pinned torch wheel ----------------------------------------------
 # Kept outside the checkout so fresh clones (and CI) reuse it. '.complete' is written last, so an
-# interrupted install is redone, never trusted.
+# interrupted install is redone, never trusted. Besides torch: the readers the tests check accel's
+# files with (safetensors, tensorboard), transformers for the Llama interop tests, matplotlib for
+# `accel bench`'s plots. A venv made before a package joined the list gets the missing ones added.
+PY_PKGS=(safetensors tensorboard numpy "matplotlib==3.11.2" "transformers==5.24.0")
+PY_MODULES=(safetensors tensorboard numpy matplotlib transformers)
 if [ -f "$VENV/.complete" ] && "$VENV/bin/python" -c "import torch,sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
   say "venv: reusing $VENV (torch $TORCH_VERSION)"
+  absent=()
+  for i in "${!PY_MODULES[@]}"; do
+    "$VENV/bin/python" -c "import ${PY_MODULES[$i]}" 2>/dev/null || absent+=("${PY_PKGS[$i]}")
+  done
+  if [ ${#absent[@]} -gt 0 ]; then
+    say "venv: adding ${absent[*]}"
+    "$VENV/bin/pip" install --progress-bar on "torch==$TORCH_VERSION" "${absent[@]}"
+  fi
 else
   say "venv: creating $VENV with torch==$TORCH_VERSION (a few GB; progress below)"
   PY=${ACCEL_PYTHON:-python3}
@@ -68,7 +80,7 @@ else
     /usr/bin/python3 -m venv "$VENV"
   fi
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install --progress-bar on "torch==$TORCH_VERSION" safetensors tensorboard numpy
+  "$VENV/bin/pip" install --progress-bar on "torch==$TORCH_VERSION" "${PY_PKGS[@]}"
   touch "$VENV/.complete"
 fi
 
