@@ -45,6 +45,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -338,6 +339,16 @@ class Accelerator {
     check_prepared(module_ptr(model));
     return save_model_files(dir, max_shard_size);
   }
+  // Accelerate's save(obj, f) for small objects (metrics, a tokenizer's vocabulary, an EMA copy):
+  // written by the main process only, atomically (path.tmp, fsync, rename: a reader never sees half a
+  // file, and a failed save leaves the old one). Not collective: the other ranks return at once, so
+  // call wait_for_everyone() before another rank reads the file (Accelerate's rule too). Tensors go
+  // as safetensors, copied to the CPU from any device: a map under its names, one tensor under the
+  // name "tensor"; text as its bytes. The parent directory must exist. Throws std::runtime_error
+  // naming the path on the main process when writing fails.
+  void save(const std::map<std::string, at::Tensor>& tensors, const std::string& path) const;
+  void save(const at::Tensor& tensor, const std::string& path) const;
+  void save(std::string_view text, const std::string& path) const;
   // Collective. Loads safetensors weights (a file, or a directory as save_model writes it) into the
   // prepared model: each rank reads only the byte ranges of its own shards. Names and shapes must
   // match; errors name the tensor and the file, and change nothing.

@@ -39,8 +39,8 @@ const std::vector<Variable>& table() {
       {"ACCEL_MPIRUN", "mpirun", "the mpirun `accel launch` runs"},
       {"ACCEL_SRUN", "srun", "the srun `accel launch` runs inside a Slurm allocation"},
       {"ACCEL_LOG_LEVEL", "warning",
-       "what the library logs (stderr, the rank in each line): trace, debug, info, warning, error, "
-       "critical or off"},
+       "what the library and get_logger's loggers log (stderr, the rank in each line): trace, debug, "
+       "info, warning, error, critical or off"},
       {"ACCEL_CHECKPOINT_PAUSE_MS", "0",
        "save_state pauses this long between writing and publishing a checkpoint (for crash tests)"},
       {"ACCEL_LAUNCH_STATUS_DIR", "",

@@ -21,7 +21,14 @@ inline void info(std::string_view message) { write(Level::Info, message); }
 inline void warning(std::string_view message) { write(Level::Warning, message); }
 inline void error(std::string_view message) { write(Level::Error, message); }
 
-// The rank put in every line from now on (the communicator sets it once it knows).
+// Named loggers (accel::get_logger, accelerator/logging.h): the same sink and line shape, with the
+// name where the library's lines say "accel". Each starts at ACCEL_LOG_LEVEL; set_level changes
+// one. Created on first use; the name "accel" is the library's own logger.
+void write(std::string_view name, Level level, std::string_view message);
+bool enabled(std::string_view name, Level level);
+void set_level(std::string_view name, Level level);
+
+// The rank put in every line (of every logger) from now on (the communicator sets it once it knows).
 void set_rank(int rank, int world_size);
 
 // "warning" -> Level::Warning (also "warn", any case); throws std::invalid_argument naming the
