@@ -15,7 +15,6 @@ set(ACCEL_INTERNAL_HEADERS
   accelerator/config_detail.h  # the config parsers' shared helpers
   accelerator/precision.h      # how mixed_precision becomes the engine's dtypes (Accelerator::prepare)
   base/check.h                 # ACCEL_CHECK, for the library's own invariants
-  base/log.h                   # the library's logger (Accelerate's get_logger will be the public face)
   base/env.h                   # the ACCEL_* table, read inside the library and by `accel env`
   base/files.h                 # POSIX file helpers of the launcher and checkpoints
   checkpoint/checkpoint_dir.h  # save_state's directories (Accelerator::save_state is the interface)
