@@ -171,6 +171,7 @@ std::string LlamaConfig::to_json() const {
   j["head_dim"] = head_size();
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_parameters"] = {{"rope_theta", rope_theta}, {"rope_type", "default"}};
+  j["rope_theta"] = rope_theta;  // where Transformers 4 reads it (5 accepts both)
   j["max_position_embeddings"] = max_position_embeddings;
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["initializer_range"] = initializer_range;
@@ -180,6 +181,7 @@ std::string LlamaConfig::to_json() const {
                       : eos_token_id.size() == 1 ? json(eos_token_id[0])
                                                  : json(eos_token_id);
   j["dtype"] = dtype;
+  j["torch_dtype"] = dtype;  // Transformers 4's name
   j["use_cache"] = true;
   return j.dump(2) + "\n";
 }

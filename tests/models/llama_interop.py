@@ -10,6 +10,11 @@
       ACCEL_FILE's `tokens`, and compares with ACCEL_FILE's `logits` (what accel computed):
       exit 1 unless max |diff| <= 1e-4 and the load reported no missing or unexpected weights.
 
+  open DIR
+      AutoModelForCausalLM.from_pretrained(DIR): exit 1 unless the load reported no missing or
+      unexpected weights; prints the greedy continuation of an arithmetic sequence (the sequences
+      examples/llama_finetune.cpp trains on).
+
 One interpreter run per invocation: importing transformers takes seconds.
 """
 import json
@@ -66,7 +71,20 @@ def check(pairs):
     return ok
 
 
+def open_dir(d):
+    model, info = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    prompt = torch.tensor([[5, 8, 11, 14, 17, 20, 23]]) % model.config.vocab_size
+    out = model.generate(prompt, max_new_tokens=5, do_sample=False)
+    print(f"{d}: {type(model).__name__} opened, {sum(p.numel() for p in model.parameters())} parameters, "
+          f"loading info {bad or 'clean'}; greedy continuation of {prompt[0].tolist()}: "
+          f"{out[0, prompt.shape[1]:].tolist()}")
+    return not bad
+
+
 def main(argv):
+    if argv[:1] == ["open"] and len(argv) == 2:
+        return 0 if open_dir(argv[1]) else 1
     if argv[:1] == ["make"] and len(argv) == 2:
         make(argv[1])
         return 0

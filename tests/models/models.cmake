@@ -9,3 +9,14 @@ target_link_libraries(models_tests PRIVATE accel_test_support nlohmann_json::nlo
 target_compile_definitions(models_tests PRIVATE ACCEL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" ACCEL_PYTHON="${ACCEL_PYTHON}"
                                                 ACCEL_BINARY_DIR="${CMAKE_BINARY_DIR}")
 accel_add_mpi_test(NAME models_llama TARGET models_tests NP 1 2 SKIPPABLE)
+
+# examples/llama_finetune under ZeRO-3 at 2 ranks, saved, then opened by Transformers (the README's flow).
+if(ACCEL_BUILD_EXAMPLES)
+  add_test(NAME examples_llama_finetune_zero3_np2
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/expect.sh pass "loss 4\\.[0-9]+ -> " "saved [0-9]+ safetensors file"
+                   "opened, [0-9]+ parameters, loading info clean" --
+                   ${CMAKE_CURRENT_SOURCE_DIR}/models/finetune_then_open.sh $<TARGET_FILE:accel_cli> 2
+                   ${PROJECT_SOURCE_DIR}/configs/deepspeed/zero3.yaml $<TARGET_FILE:llama_finetune> ${ACCEL_PYTHON}
+                   ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/llama_runs/finetune_zero3)
+  set_tests_properties(examples_llama_finetune_zero3_np2 PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600)
+endif()

@@ -271,6 +271,11 @@ TEST_F(LlamaInterop, TransformersSavedModelGivesTransformersLogits) {
       EXPECT_GT(loaded.files.size(), 1u);
       const double diff = max_abs_diff(model->forward(tokens), expected);
       EXPECT_LE(diff, 1e-4);
+      // The KV-cache path through the prepared (possibly sharded) layers: a prompt, then token by token.
+      KVCache cache = model->make_cache();
+      std::vector<at::Tensor> steps{model->forward(tokens.narrow(1, 0, 6), &cache)};
+      for (std::int64_t t = 6; t < tokens.size(1); ++t) steps.push_back(model->forward(tokens.narrow(1, t, 1), &cache));
+      EXPECT_LE(max_abs_diff(at::cat(steps, 1), expected), 1e-4);
       if (world()->rank() == 0)
         std::printf("%s, %s, %d rank(s): max |logits - Transformers'| = %.3e\n", name,
                     cfg.empty() ? "no config" : cfg.c_str(), world()->size(), diff);
