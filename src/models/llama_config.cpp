@@ -1,12 +1,11 @@
 // LlamaConfig from and to Transformers' config.json (models/llama_config.h).
 #include "models/llama_config.h"
 
+#include "base/files.h"
+
 #include <nlohmann/json.hpp>
 
-#include <sys/stat.h>
-
-#include <fstream>
-#include <sstream>
+#include <algorithm>
 
 namespace accel::models {
 namespace {
@@ -55,11 +54,6 @@ std::optional<std::int64_t> get_token(const json& j, const char* key, const std:
   if (!v->is_number_integer())
     fail(source, std::string("key '") + key + "' must be an integer or null, got " + v->dump());
   return v->get<std::int64_t>();
-}
-
-bool is_dir(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 }  // namespace
@@ -146,12 +140,17 @@ LlamaConfig LlamaConfig::from_json(const std::string& text, const std::string& s
 }
 
 LlamaConfig LlamaConfig::from_file(const std::string& path_or_dir) {
-  const std::string path = is_dir(path_or_dir) ? path_or_dir + "/config.json" : path_or_dir;
-  std::ifstream in(path);
-  if (!in) throw LlamaConfigError("Llama config " + path + ": cannot be opened");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_json(ss.str(), path);
+  const std::string path = files::is_dir(path_or_dir) ? path_or_dir + "/config.json" : path_or_dir;
+  if (!files::is_file(path))
+    throw LlamaConfigError("Llama config " + path +
+                           ": cannot be opened (give a config.json, or a directory holding one)");
+  std::string text;
+  try {
+    text = files::read_file(path);
+  } catch (const std::exception& e) {
+    throw LlamaConfigError("Llama config " + path + ": cannot be read: " + e.what());
+  }
+  return from_json(text, path);
 }
 
 std::string LlamaConfig::to_json() const {
