@@ -3,7 +3,6 @@
 #include "models/llama.h"
 
 #include <c10/util/Exception.h>
-#include <torch/nn/init.h>
 
 #include <cmath>
 #include <limits>
@@ -12,11 +11,13 @@
 namespace accel::models {
 namespace {
 
-torch::nn::Linear linear(std::int64_t in, std::int64_t out, double std) {
-  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(false));
-  c10::NoGradGuard no_grad;
-  l->weight.normal_(0.0, std);
-  return l;
+// A parameter of `shape` drawn from normal(0, std) (fp32, CPU generator) and cast to `options`;
+// on the meta device: empty.
+at::Tensor normal_parameter(at::IntArrayRef shape, double std, const at::TensorOptions& options) {
+  if (options.device().is_meta()) return at::empty(shape, options);
+  at::Tensor w = at::empty(shape, at::kFloat);
+  w.normal_(0.0, std);
+  return w.to(options);
 }
 
 // Transformers' rotate_half: (x1, x2) -> (-x2, x1) over the last dimension's halves.
@@ -34,8 +35,24 @@ at::Tensor repeat_kv(const at::Tensor& x, std::int64_t n) {
 
 }  // namespace
 
-LlamaRMSNorm::LlamaRMSNorm(std::int64_t hidden_size, double eps) : eps(eps) {
-  weight = register_parameter("weight", at::ones({hidden_size}));
+LlamaLinearImpl::LlamaLinearImpl(std::int64_t in, std::int64_t out, double init_std, const at::TensorOptions& options) {
+  weight = register_parameter("weight", normal_parameter({out, in}, init_std, options));
+}
+
+LlamaEmbeddingImpl::LlamaEmbeddingImpl(std::int64_t num, std::int64_t dim, double init_std,
+                                       std::optional<std::int64_t> padding, const at::TensorOptions& options) {
+  at::Tensor w = normal_parameter({num, dim}, init_std, options);
+  if (padding && *padding >= 0 && *padding < num) {
+    padding_idx = *padding;
+    if (!options.device().is_meta()) w[padding_idx].zero_();
+  }
+  weight = register_parameter("weight", w);
+}
+
+at::Tensor LlamaEmbeddingImpl::forward(const at::Tensor& tokens) { return at::embedding(weight, tokens, padding_idx); }
+
+LlamaRMSNorm::LlamaRMSNorm(std::int64_t hidden_size, double eps, const at::TensorOptions& options) : eps(eps) {
+  weight = register_parameter("weight", at::ones({hidden_size}, options));
 }
 
 at::Tensor LlamaRMSNorm::forward(const at::Tensor& x) {
@@ -45,13 +62,13 @@ at::Tensor LlamaRMSNorm::forward(const at::Tensor& x) {
   return weight * h.to(x.scalar_type());
 }
 
-LlamaAttention::LlamaAttention(const LlamaConfig& c)
+LlamaAttention::LlamaAttention(const LlamaConfig& c, const at::TensorOptions& options)
     : heads(c.num_attention_heads), kv_heads(c.kv_heads()), head_dim(c.head_size()) {
   scaling = std::pow(static_cast<double>(head_dim), -0.5);
-  q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim, c.initializer_range));
-  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, c.initializer_range));
-  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, c.initializer_range));
-  o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.initializer_range));
+  q_proj = register_module("q_proj", LlamaLinear(c.hidden_size, heads * head_dim, c.initializer_range, options));
+  k_proj = register_module("k_proj", LlamaLinear(c.hidden_size, kv_heads * head_dim, c.initializer_range, options));
+  v_proj = register_module("v_proj", LlamaLinear(c.hidden_size, kv_heads * head_dim, c.initializer_range, options));
+  o_proj = register_module("o_proj", LlamaLinear(heads * head_dim, c.hidden_size, c.initializer_range, options));
 }
 
 at::Tensor LlamaAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -89,20 +106,23 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const at::Tensor& cos, c
   return o_proj(out.reshape({B, T, heads * head_dim}));
 }
 
-LlamaMLP::LlamaMLP(const LlamaConfig& c) {
-  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.initializer_range));
-  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.initializer_range));
-  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.initializer_range));
+LlamaMLP::LlamaMLP(const LlamaConfig& c, const at::TensorOptions& options) {
+  gate_proj =
+      register_module("gate_proj", LlamaLinear(c.hidden_size, c.intermediate_size, c.initializer_range, options));
+  up_proj = register_module("up_proj", LlamaLinear(c.hidden_size, c.intermediate_size, c.initializer_range, options));
+  down_proj =
+      register_module("down_proj", LlamaLinear(c.intermediate_size, c.hidden_size, c.initializer_range, options));
 }
 
 at::Tensor LlamaMLP::forward(const at::Tensor& x) { return down_proj(at::silu(gate_proj(x)) * up_proj(x)); }
 
-LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c) {
-  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c));
-  mlp = register_module("mlp", std::make_shared<LlamaMLP>(c));
-  input_layernorm = register_module("input_layernorm", std::make_shared<LlamaRMSNorm>(c.hidden_size, c.rms_norm_eps));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm", std::make_shared<LlamaRMSNorm>(c.hidden_size, c.rms_norm_eps));
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, const at::TensorOptions& options) {
+  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c, options));
+  mlp = register_module("mlp", std::make_shared<LlamaMLP>(c, options));
+  input_layernorm =
+      register_module("input_layernorm", std::make_shared<LlamaRMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+  post_attention_layernorm = register_module("post_attention_layernorm",
+                                             std::make_shared<LlamaRMSNorm>(c.hidden_size, c.rms_norm_eps, options));
 }
 
 at::Tensor LlamaDecoderLayer::forward(at::Tensor x, at::Tensor cos, at::Tensor sin, LayerKVCache* cache) {
@@ -110,22 +130,16 @@ at::Tensor LlamaDecoderLayer::forward(at::Tensor x, at::Tensor cos, at::Tensor s
   return x + mlp->forward(post_attention_layernorm->forward(x));
 }
 
-LlamaModel::LlamaModel(const LlamaConfig& c) : config(c) {
-  auto opts = torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size);
-  if (c.pad_token_id && *c.pad_token_id >= 0 && *c.pad_token_id < c.vocab_size) opts.padding_idx(*c.pad_token_id);
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(opts));
-  {
-    c10::NoGradGuard no_grad;
-    embed_tokens->weight.normal_(0.0, c.initializer_range);
-    if (opts.padding_idx()) embed_tokens->weight[*opts.padding_idx()].zero_();
-  }
+LlamaModel::LlamaModel(const LlamaConfig& c, const at::TensorOptions& options) : config(c) {
+  embed_tokens = register_module(
+      "embed_tokens", LlamaEmbedding(c.vocab_size, c.hidden_size, c.initializer_range, c.pad_token_id, options));
   layers = register_module("layers", torch::nn::ModuleList());
   for (std::int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    auto layer = std::make_shared<LlamaDecoderLayer>(c);
+    auto layer = std::make_shared<LlamaDecoderLayer>(c, options);
     layers->push_back(layer);             // registered as layers.<i>
     units.push_back(accel::unit(layer));  // sharded now under sharded_init
   }
-  norm = register_module("norm", std::make_shared<LlamaRMSNorm>(c.hidden_size, c.rms_norm_eps));
+  norm = register_module("norm", std::make_shared<LlamaRMSNorm>(c.hidden_size, c.rms_norm_eps, options));
 }
 
 std::pair<at::Tensor, at::Tensor> LlamaModel::rotary(std::int64_t start, std::int64_t T, const at::Device& device,
@@ -154,11 +168,12 @@ at::Tensor LlamaModel::forward(const at::Tensor& tokens, KVCache* cache) {
   return norm->forward(x);
 }
 
-LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& c) : config(c) {
+LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& c, const at::TensorOptions& options) : config(c) {
   config.validate();
-  model = register_module("model", std::make_shared<LlamaModel>(config));
+  model = register_module("model", std::make_shared<LlamaModel>(config, options));
   if (!config.tie_word_embeddings)
-    lm_head = register_module("lm_head", linear(config.hidden_size, config.vocab_size, config.initializer_range));
+    lm_head = register_module("lm_head",
+                              LlamaLinear(config.hidden_size, config.vocab_size, config.initializer_range, options));
 }
 
 at::Tensor LlamaForCausalLM::head(const at::Tensor& hidden) {

@@ -35,11 +35,11 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace accel::models {
@@ -62,10 +62,36 @@ struct KVCache {
   }
 };
 
+// Construction options: the parameters' device and dtype (TensorOptions; default CPU, fp32). On the
+// meta device nothing is allocated and nothing initialized: names, shapes and units are all there
+// for a loader to put real tensors in place (empty construction, as Accelerate's init_empty_weights).
+// On a real device the weights are drawn in fp32 from the CPU generator, then cast and moved, so one
+// seed gives the same model on every device and dtype.
+
+// y = x W^T, W [out, in] (nn.Linear without bias), built with the given options.
+class LlamaLinearImpl : public torch::nn::Module {
+ public:
+  LlamaLinearImpl(std::int64_t in, std::int64_t out, double init_std, const at::TensorOptions& options = {});
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight); }
+  at::Tensor weight;
+};
+TORCH_MODULE(LlamaLinear);
+
+// nn.Embedding (padding_idx: its row starts at zero and gets no gradient), built with the given options.
+class LlamaEmbeddingImpl : public torch::nn::Module {
+ public:
+  LlamaEmbeddingImpl(std::int64_t num, std::int64_t dim, double init_std, std::optional<std::int64_t> padding_idx,
+                     const at::TensorOptions& options = {});
+  at::Tensor forward(const at::Tensor& tokens);
+  at::Tensor weight;
+  std::int64_t padding_idx = -1;
+};
+TORCH_MODULE(LlamaEmbedding);
+
 // Transformers' LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in fp32, cast back, times weight.
 class LlamaRMSNorm : public torch::nn::Module {
  public:
-  LlamaRMSNorm(std::int64_t hidden_size, double eps);
+  LlamaRMSNorm(std::int64_t hidden_size, double eps, const at::TensorOptions& options = {});
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
   double eps;
@@ -74,26 +100,26 @@ class LlamaRMSNorm : public torch::nn::Module {
 // q/k/v/o projections (no bias), rotary embedding, grouped-query attention.
 class LlamaAttention : public torch::nn::Module {
  public:
-  explicit LlamaAttention(const LlamaConfig& c);
+  explicit LlamaAttention(const LlamaConfig& c, const at::TensorOptions& options = {});
   // x [B, T, hidden]; cos/sin [T, head_dim] (the positions of x's tokens); cache: see KVCache.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerKVCache* cache);
   std::int64_t heads, kv_heads, head_dim;
   double scaling;
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  LlamaLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 };
 
 // down_proj(silu(gate_proj(x)) * up_proj(x)), no biases.
 class LlamaMLP : public torch::nn::Module {
  public:
-  explicit LlamaMLP(const LlamaConfig& c);
+  explicit LlamaMLP(const LlamaConfig& c, const at::TensorOptions& options = {});
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  LlamaLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 
 // Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)). The sharding unit.
 class LlamaDecoderLayer : public torch::nn::Module {
  public:
-  explicit LlamaDecoderLayer(const LlamaConfig& c);
+  explicit LlamaDecoderLayer(const LlamaConfig& c, const at::TensorOptions& options = {});
   at::Tensor forward(at::Tensor x, at::Tensor cos, at::Tensor sin, LayerKVCache* cache = nullptr);
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
@@ -103,7 +129,7 @@ class LlamaDecoderLayer : public torch::nn::Module {
 // Transformers' LlamaModel: embeddings, layers, final norm (registered as `model`).
 class LlamaModel : public torch::nn::Module {
  public:
-  explicit LlamaModel(const LlamaConfig& c);
+  explicit LlamaModel(const LlamaConfig& c, const at::TensorOptions& options = {});
   // tokens [B, T] (int64) -> final hidden states [B, T, hidden].
   at::Tensor forward(const at::Tensor& tokens, KVCache* cache = nullptr);
   // cos, sin [T, head_dim] for positions start .. start + T - 1 (Transformers' LlamaRotaryEmbedding,
@@ -111,7 +137,7 @@ class LlamaModel : public torch::nn::Module {
   std::pair<at::Tensor, at::Tensor> rotary(std::int64_t start, std::int64_t T, const at::Device& device,
                                            at::ScalarType dtype) const;
   LlamaConfig config;
-  torch::nn::Embedding embed_tokens{nullptr};
+  LlamaEmbedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};  // children "0", "1", ... (LlamaDecoderLayer)
   std::shared_ptr<LlamaRMSNorm> norm;
   std::vector<accel::Unit<LlamaDecoderLayer>> units;  // call sites of layers[i]
@@ -119,8 +145,9 @@ class LlamaModel : public torch::nn::Module {
 
 class LlamaForCausalLM : public torch::nn::Module {
  public:
-  // Validates the config (LlamaConfigError) and builds the model with fresh weights.
-  explicit LlamaForCausalLM(const LlamaConfig& c);
+  // Validates the config (LlamaConfigError) and builds the model with fresh weights (see the
+  // construction options above: a meta device builds it empty).
+  explicit LlamaForCausalLM(const LlamaConfig& c, const at::TensorOptions& options = {});
   // tokens [B, T] (int64) -> logits [B, T, vocab_size] in the parameters' dtype.
   // With a cache: see KVCache (positions continue from cache->position, which advances by T).
   at::Tensor forward(const at::Tensor& tokens, KVCache* cache = nullptr);
@@ -130,7 +157,7 @@ class LlamaForCausalLM : public torch::nn::Module {
   at::Tensor head(const at::Tensor& hidden);
   LlamaConfig config;
   std::shared_ptr<LlamaModel> model;
-  torch::nn::Linear lm_head{nullptr};  // null when config.tie_word_embeddings
+  LlamaLinear lm_head{nullptr};  // null when config.tie_word_embeddings
 };
 
 // Mean next-token cross entropy over logits [B, T, V] and targets [B, T] (fp32 math).

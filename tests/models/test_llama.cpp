@@ -214,6 +214,31 @@ TEST(Llama, ParameterNamesAreTransformers) {
   EXPECT_TRUE(untied.named_buffers().is_empty());
 }
 
+TEST(Llama, ConstructionOptions) {
+  // Meta: nothing allocated, the same names and shapes.
+  at::manual_seed(4);
+  LlamaForCausalLM fp32(small_config(false));
+  at::manual_seed(4);
+  LlamaForCausalLM bf16(small_config(false), at::TensorOptions().dtype(at::kBFloat16));
+  LlamaForCausalLM meta(small_config(false), at::TensorOptions().device(at::kMeta));
+  auto ref = fp32.named_parameters();
+  for (const auto& kv : meta.named_parameters()) {
+    EXPECT_TRUE(kv.value().is_meta()) << kv.key();
+    EXPECT_EQ(kv.value().sizes(), ref[kv.key()].sizes()) << kv.key();
+  }
+  EXPECT_EQ(meta.named_parameters().size(), ref.size());
+  // bf16: the fp32 draws, rounded.
+  for (const auto& kv : bf16.named_parameters()) {
+    EXPECT_EQ(kv.value().scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(kv.value().equal(ref[kv.key()].to(at::kBFloat16))) << kv.key();
+  }
+  c10::NoGradGuard no_grad;
+  at::Tensor tokens = at::randint(0, 61, {2, 7}, at::kLong);
+  at::Tensor a = fp32.forward(tokens), b = bf16.forward(tokens);
+  EXPECT_EQ(b.scalar_type(), at::kBFloat16);
+  EXPECT_LE(max_abs_diff(a, b.to(at::kFloat)), 0.05 * a.abs().max().item<double>());
+}
+
 TEST(Llama, KVCacheGivesTheFullForwardsLogits) {
   at::manual_seed(3);
   for (bool tied : {false, true}) {
