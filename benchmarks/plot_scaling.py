@@ -93,7 +93,7 @@ def main(jsonl, out_dir):
         ax.plot(x, [r["model_states_formula_bytes"] / mib for r in rs], "--", color=colors[k], alpha=0.7,
                 label=f"{label(k, groups)} formula")
     ax.set_ylabel("MiB per rank")
-    ax.set_title("model states per rank (params + grads + optimizer)", fontsize=10)
+    ax.set_title("model states per rank: peak params + grads + optimizer (measured), ZeRO formula (dashed)", fontsize=9)
     rank_axis(ax, records)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7, ncol=2)

@@ -18,6 +18,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -49,6 +50,18 @@ bool is_executable(const std::string& p) {
   return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
 }
 
+volatile pid_t g_child = 0;
+volatile sig_atomic_t g_interrupted = 0;
+
+// As in `accel launch`: a Ctrl-C from the terminal reaches the whole foreground process group (the
+// running `accel launch` included, which stops its ranks), so it is not passed on again; a signal sent
+// to this process alone (kill, a scheduler) is passed on to the running launch. Either way the sweep
+// stops after that run, keeping its finished records.
+void on_signal(int sig, siginfo_t* info, void*) {
+  g_interrupted = sig;
+  if (g_child > 0 && info && info->si_code <= 0) kill(g_child, sig);
+}
+
 // Runs argv with stdout captured and stderr appended to `log`; returns the exit code (128 + signal).
 int run_captured(const std::vector<std::string>& argv, const std::string& log, std::string& out) {
   int pipefd[2];
@@ -56,6 +69,7 @@ int run_captured(const std::vector<std::string>& argv, const std::string& log, s
   const pid_t child = fork();
   if (child < 0) throw BenchError(std::string("fork failed: ") + std::strerror(errno));
   if (child == 0) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) dup2(fd, STDERR_FILENO);
     dup2(pipefd[1], STDOUT_FILENO);
@@ -68,6 +82,7 @@ int run_captured(const std::vector<std::string>& argv, const std::string& log, s
     std::fprintf(stderr, "accel bench: cannot run %s: %s\n", a[0], std::strerror(errno));
     _exit(127);
   }
+  g_child = child;
   close(pipefd[1]);
   char buf[4096];
   for (;;) {
@@ -82,6 +97,7 @@ int run_captured(const std::vector<std::string>& argv, const std::string& log, s
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
+  g_child = 0;
   // The log keeps stdout too, after the launcher's and the ranks' stderr.
   std::ofstream(log, std::ios::app) << out;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -107,16 +123,18 @@ std::string plot(const BenchArgs& a, const std::string& jsonl, const std::string
   if (script.empty() || access(script.c_str(), R_OK) != 0)
     return fmt::format("the plot script '{}' is missing; pass --plot_script benchmarks/plot_scaling.py", script);
   if (!is_executable(python))
-    return fmt::format("Python '{}' is not an executable; pass --python PATH to a Python with matplotlib "
-                       "(scripts/setup.sh installs it in its venv)",
-                       python);
+    return fmt::format(
+        "Python '{}' is not an executable; pass --python PATH to a Python with matplotlib "
+        "(scripts/setup.sh installs it in its venv)",
+        python);
   const std::string log = out_dir + "/logs/plot.log";
   std::string out;
   const int rc = run_captured({python, script, jsonl, out_dir}, log, out);
   if (rc != 0)
-    return fmt::format("plotting failed ({} {} exited with {}; is matplotlib installed in that Python? pass "
-                       "--python or --no_plots):\n{}",
-                       python, script, rc, tail_lines(log, 8));
+    return fmt::format(
+        "plotting failed ({} {} exited with {}; is matplotlib installed in that Python? pass "
+        "--python or --no_plots):\n{}",
+        python, script, rc, tail_lines(log, 8));
   fmt::print(stderr, "{}", out);
   return "";
 }
@@ -130,9 +148,10 @@ int run_bench(const BenchArgs& a) {
     try {
       req.hosts = read_hostfile(a.hostfile);
     } catch (const HostfileError& e) {
-      throw BenchError(fmt::format("{}; pass --hostfile a file of lines like 'node1 slots=4', or leave --hostfile "
-                                   "out to run on this machine",
-                                   e.what()));
+      throw BenchError(
+          fmt::format("{}; pass --hostfile a file of lines like 'node1 slots=4', or leave --hostfile "
+                      "out to run on this machine",
+                      e.what()));
     }
     req.hostfile = files::absolute_path(a.hostfile);
   }
@@ -145,12 +164,13 @@ int run_bench(const BenchArgs& a) {
   const std::string bin_dir = self.substr(0, self.rfind('/'));
   req.step_bench = a.step_bench.empty() ? bin_dir + "/step_bench" : files::absolute_path(a.step_bench);
   if (!is_executable(req.step_bench))
-    throw BenchError(fmt::format("step_bench not found at {}; build it (cmake --build build --target step_bench) "
-                                 "or pass --step_bench PATH",
-                                 req.step_bench));
+    throw BenchError(
+        fmt::format("step_bench not found at {}; build it (cmake --build build --target step_bench) "
+                    "or pass --step_bench PATH",
+                    req.step_bench));
   const std::vector<std::pair<const char*, const std::optional<int>*>> pass = {
-      {"--steps", &a.steps}, {"--warmup", &a.warmup}, {"--batch", &a.batch}, {"--layers", &a.layers},
-      {"--d-model", &a.d_model}, {"--heads", &a.heads}, {"--seq", &a.seq}, {"--vocab", &a.vocab}};
+      {"--steps", &a.steps},     {"--warmup", &a.warmup}, {"--batch", &a.batch}, {"--layers", &a.layers},
+      {"--d-model", &a.d_model}, {"--heads", &a.heads},   {"--seq", &a.seq},     {"--vocab", &a.vocab}};
   for (const auto& [flag, v] : pass)
     if (*v) req.step_args.insert(req.step_args.end(), {flag, std::to_string(**v)});
   if (!a.device.empty()) req.step_args.insert(req.step_args.end(), {"--device", a.device});
@@ -160,11 +180,18 @@ int run_bench(const BenchArgs& a) {
   files::make_dirs(a.out + "/logs");
   const std::string jsonl = a.out + "/scaling.jsonl";
   std::ofstream(jsonl, std::ios::trunc);  // a fresh report: the records below are this sweep's
-  fmt::print(stderr, "accel bench: {} run(s): {} x {} x ranks {}; records in {}\n", runs.size(),
-             a.strategies, a.precision, a.num_processes, jsonl);
+  fmt::print(stderr, "accel bench: {} run(s): {} x {} x ranks {}; records in {}\n", runs.size(), a.strategies,
+             a.precision, a.num_processes, jsonl);
+
+  struct sigaction sa {};
+  sa.sa_sigaction = on_signal;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
 
   std::map<std::string, StepResult> baselines;  // strategy + precision -> the run at the fewest ranks
   int done = 0;
+  std::vector<std::string> records;
   std::string failure;
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const BenchRun& run = runs[i];
@@ -179,6 +206,12 @@ int run_bench(const BenchArgs& a) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::optional<StepResult> r;
     std::string why;
+    if (g_interrupted) {
+      fmt::print(stderr, "interrupted ({:.1f} s)\n", secs);
+      failure = fmt::format("interrupted by {} during run {}/{} ({}); run again to measure the rest",
+                            strsignal(g_interrupted), i + 1, runs.size(), run.label());
+      break;
+    }
     if (rc == 0) {
       try {
         r = parse_step_output(out);
@@ -206,6 +239,7 @@ int run_bench(const BenchArgs& a) {
       if (!f) throw BenchError(fmt::format("cannot write {}; pass --out a writable directory", jsonl));
     }
     ++done;
+    records.push_back(record);
     const double sps = r->get("batch") * r->get("ranks") / (r->get("step_ms") / 1e3);
     const double base_sps =
         baselines[key].get("batch") * baselines[key].get("ranks") / (baselines[key].get("step_ms") / 1e3);
@@ -217,13 +251,14 @@ int run_bench(const BenchArgs& a) {
                eff, moved, secs);
   }
 
+  if (done > 0) fmt::print("{}", summary_table(records));
   std::string plot_error;
   if (done > 0 && !a.no_plots) plot_error = plot(a, jsonl, a.out);
   if (!failure.empty()) {
     fmt::print(stderr, "accel bench: error: {}\naccel bench: the {} finished run(s) are kept in {}{}\n", failure, done,
                jsonl, done > 0 && !a.no_plots && plot_error.empty() ? " (plotted)" : "");
     if (!plot_error.empty()) fmt::print(stderr, "accel bench: also: {}\n", plot_error);
-    return 1;
+    return g_interrupted ? 128 + g_interrupted : 1;
   }
   if (!plot_error.empty()) {
     fmt::print(stderr, "accel bench: error: {}\n", plot_error);

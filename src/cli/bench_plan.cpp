@@ -58,9 +58,10 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 
 std::vector<int> parse_rank_list(const std::string& text) {
   const auto bad = [&](const std::string& why) {
-    return BenchError(fmt::format("--num_processes '{}': {}; give a comma-separated list of rank counts, e.g. "
-                                  "--num_processes 1,2,4",
-                                  text, why));
+    return BenchError(
+        fmt::format("--num_processes '{}': {}; give a comma-separated list of rank counts, e.g. "
+                    "--num_processes 1,2,4",
+                    text, why));
   };
   std::vector<int> out;
   for (const auto& item : split_commas(text)) {
@@ -115,9 +116,10 @@ std::vector<std::string> parse_precision_list(const std::string& text) {
     for (auto& c : p) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (p == "no") p = "fp32";
     if (p != "fp32" && p != "bf16" && p != "fp16" && p != "fp8")
-      throw BenchError(fmt::format("--precision: unknown precision '{}'; use fp32, bf16, fp16 or fp8 (a "
-                                   "comma-separated list runs each)",
-                                   item));
+      throw BenchError(
+          fmt::format("--precision: unknown precision '{}'; use fp32, bf16, fp16 or fp8 (a "
+                      "comma-separated list runs each)",
+                      item));
     if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
   }
   if (out.empty()) throw BenchError("--precision is empty; e.g. --precision fp32");
@@ -138,20 +140,23 @@ std::vector<BenchRun> plan_bench(const BenchRequest& req) {
   for (int n : req.ranks) {
     std::optional<int> machines = req.num_machines;
     if (machines && n % *machines != 0)
-      throw BenchError(fmt::format("--num_processes {} does not split evenly over --num_machines {}; list rank "
-                                   "counts that are multiples of {}",
-                                   n, *machines, *machines));
+      throw BenchError(
+          fmt::format("--num_processes {} does not split evenly over --num_machines {}; list rank "
+                      "counts that are multiples of {}",
+                      n, *machines, *machines));
     if (!machines && !req.hosts.empty()) {
       const int slots = req.hosts.front().slots;
       const int m = (n + slots - 1) / slots;
       if (m > static_cast<int>(req.hosts.size()))
-        throw BenchError(fmt::format("--num_processes {} needs {} machines of {} slots, but hostfile {} lists {}; "
-                                     "add hosts or drop {} from --num_processes",
-                                     n, m, slots, req.hostfile, req.hosts.size(), n));
+        throw BenchError(
+            fmt::format("--num_processes {} needs {} machines of {} slots, but hostfile {} lists {}; "
+                        "add hosts or drop {} from --num_processes",
+                        n, m, slots, req.hostfile, req.hosts.size(), n));
       if (n % m != 0)
-        throw BenchError(fmt::format("--num_processes {} does not split evenly over the {} machines it needs "
-                                     "(hostfile {}, {} slots each); use a multiple of {}",
-                                     n, m, req.hostfile, slots, m));
+        throw BenchError(
+            fmt::format("--num_processes {} does not split evenly over the {} machines it needs "
+                        "(hostfile {}, {} slots each); use a multiple of {}",
+                        n, m, req.hostfile, slots, m));
       machines = m;
     }
     for (const auto& s : req.strategies)
@@ -173,7 +178,8 @@ std::vector<std::string> launch_argv(const BenchRequest& req, const BenchRun& ru
 double StepResult::get(const std::string& key) const {
   auto it = num.find(key);
   if (it == num.end())
-    throw BenchError(fmt::format("step_bench's JSON has no '{}' (is step_bench older than this accel? rebuild it)", key));
+    throw BenchError(
+        fmt::format("step_bench's JSON has no '{}' (is step_bench older than this accel? rebuild it)", key));
   return it->second;
 }
 
@@ -256,10 +262,14 @@ std::string bench_record(const BenchRun& run, const StepResult& r, const StepRes
   j["tokens_per_s"] = sps * seq;
   j["efficiency"] = eff;
   j["efficiency_base_ranks"] = static_cast<int>(base_ranks);
-  j["peak_bytes"] = {{"total", r.get("counted_peak")},  {"parameters", r.get("parameters")},
-                     {"gradients", r.get("gradients")}, {"optimizer", r.get("optimizer")},
-                     {"gathered", r.get("gathered")},   {"activations", r.get("activations")},
-                     {"other", r.get("other")},         {"rss", r.get("peak_rss")},
+  j["peak_bytes"] = {{"total", r.get("counted_peak")},
+                     {"parameters", r.get("parameters")},
+                     {"gradients", r.get("gradients")},
+                     {"optimizer", r.get("optimizer")},
+                     {"gathered", r.get("gathered")},
+                     {"activations", r.get("activations")},
+                     {"other", r.get("other")},
+                     {"rss", r.get("peak_rss")},
                      {"cuda", r.num.count("cuda_peak") ? r.get("cuda_peak") : 0.0}};
   const double states = r.get("parameters") + r.get("gradients") + r.get("optimizer");
   j["model_states_bytes"] = states;
@@ -274,6 +284,24 @@ std::string bench_record(const BenchRun& run, const StepResult& r, const StepRes
     j["moved_ratio"] = nullptr;
   }
   return j.dump();
+}
+
+std::string summary_table(const std::vector<std::string>& records) {
+  std::string out =
+      "| strategy | precision | ranks | nodes | step ms | samples/s | efficiency | model states MiB (formula) | "
+      "moved MiB (x formula) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  const double mib = 1048576.0;
+  for (const auto& line : records) {
+    const auto j = nlohmann::json::parse(line);
+    std::string moved = fmt::format("{:.2f}", j["moved_bytes"].get<double>() / mib);
+    if (j["moved_ratio"].is_number()) moved += fmt::format(" ({:.3f})", j["moved_ratio"].get<double>());
+    out += fmt::format("| {} | {} | {} | {} | {:.1f} | {:.2f} | {:.2f} | {:.1f} ({:.1f}) | {} |\n",
+                       j["strategy"].get<std::string>(), j["precision"].get<std::string>(), j["ranks"].get<int>(),
+                       j["nodes"].get<int>(), j["step_ms"].get<double>(), j["samples_per_s"].get<double>(),
+                       j["efficiency"].get<double>(), j["model_states_bytes"].get<double>() / mib,
+                       j["model_states_formula_bytes"].get<double>() / mib, moved);
+  }
+  return out;
 }
 
 }  // namespace accel::cli

@@ -101,4 +101,8 @@ double memory_formula_bytes(const std::string& strategy, const std::string& prec
 // (1.0 = perfect weak scaling; each rank trains its own micro-batch of `batch` sequences).
 std::string bench_record(const BenchRun& run, const StepResult& r, const StepResult& baseline);
 
+// The records as a Markdown table (what `accel bench` prints at the end): strategy, precision, ranks,
+// nodes, step ms, samples/s, efficiency, model states MiB (formula), moved MiB (x formula).
+std::string summary_table(const std::vector<std::string>& records);
+
 }  // namespace accel::cli

@@ -104,7 +104,8 @@ TEST(BenchPlan, TrafficFormulaIsTheEngineTestsOne) {
   const double psi = 1000;
   for (const char* s : {"DDP", "NO_SHARD", "ZERO_1", "ZERO_2", "SHARD_GRAD_OP"})
     EXPECT_DOUBLE_EQ(traffic_formula_bytes(s, "fp32", psi, 4), 2 * psi * 0.75 * 4) << s;
-  for (const char* s : {"ZERO_3", "FULL_SHARD"}) EXPECT_DOUBLE_EQ(traffic_formula_bytes(s, "fp32", psi, 2), 3 * psi * 0.5 * 4);
+  for (const char* s : {"ZERO_3", "FULL_SHARD"})
+    EXPECT_DOUBLE_EQ(traffic_formula_bytes(s, "fp32", psi, 2), 3 * psi * 0.5 * 4);
   EXPECT_DOUBLE_EQ(traffic_formula_bytes("ZERO_3", "fp32", psi, 1), 0.0);
   EXPECT_FALSE(traffic_formula("HYBRID_SHARD", "fp32", psi, 4));
   // Low precision: fp32 reductions, gathers in the parameters' dtype (fp8 where parameters are sharded).
@@ -165,6 +166,10 @@ TEST(BenchPlan, RecordDerivesThroughputEfficiencyAndFormulas) {
   EXPECT_DOUBLE_EQ(j["moved_formula_bytes"].get<double>(), 2 * 1000 * 0.5 * 4);
   EXPECT_DOUBLE_EQ(j["moved_ratio"].get<double>(), 4100.0 / 4000.0);
   EXPECT_DOUBLE_EQ(j["peak_bytes"]["activations"].get<double>(), 9000.0);
+  const std::string table = summary_table({j.dump()});
+  EXPECT_NE(table.find("| ZERO_2 | fp32 | 2 | 1 | 20.0 | 400.00 | 0.80 | 0.0 (0.0) | 0.00 (1.025) |"),
+            std::string::npos)
+      << table;
 }
 
 }  // namespace
