@@ -41,7 +41,7 @@ namespace {
 struct BenchArgs {
   std::string num_processes = "1,2,4", strategies = "DDP,ZERO_2,ZERO_3", precision = "fp32";
   std::string out = "accel_bench", hostfile, launcher, launcher_args, bind, step_bench, python, plot_script, device;
-  std::optional<int> num_machines, steps, warmup, batch, layers, d_model, heads, seq, vocab;
+  std::optional<int> num_machines, ranks_per_machine, steps, warmup, batch, layers, d_model, heads, seq, vocab;
   bool no_plots = false;
 };
 
@@ -156,6 +156,7 @@ int run_bench(const BenchArgs& a) {
     req.hostfile = files::absolute_path(a.hostfile);
   }
   req.num_machines = a.num_machines;
+  req.ranks_per_machine = a.ranks_per_machine;
   if (!a.launcher.empty()) req.launch_args.insert(req.launch_args.end(), {"--launcher", a.launcher});
   if (!a.launcher_args.empty()) req.launch_args.insert(req.launch_args.end(), {"--launcher_args", a.launcher_args});
   if (!a.bind.empty()) req.launch_args.insert(req.launch_args.end(), {"--bind", a.bind});
@@ -292,6 +293,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--hostfile", a->hostfile, "Hosts for accel launch ('host slots=N' lines); runs fill them in order");
   cmd->add_option("--num_machines", a->num_machines, "Machines for every run (default: as many as the hostfile needs)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--ranks_per_machine", a->ranks_per_machine,
+                  "Fill machines with this many ranks each (default: the hostfile's slots); e.g. under Slurm")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--launcher", a->launcher, "accel launch --launcher: auto, mpirun or srun");
   cmd->add_option("--launcher_args", a->launcher_args, "accel launch --launcher_args, as one string");

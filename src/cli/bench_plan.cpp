@@ -144,19 +144,20 @@ std::vector<BenchRun> plan_bench(const BenchRequest& req) {
           fmt::format("--num_processes {} does not split evenly over --num_machines {}; list rank "
                       "counts that are multiples of {}",
                       n, *machines, *machines));
-    if (!machines && !req.hosts.empty()) {
-      const int slots = req.hosts.front().slots;
+    if (!machines && (!req.hosts.empty() || req.ranks_per_machine)) {
+      const int slots = req.ranks_per_machine ? *req.ranks_per_machine : req.hosts.front().slots;
+      const std::string per = req.ranks_per_machine ? fmt::format("--ranks_per_machine {}", slots)
+                                                    : fmt::format("hostfile {}, {} slots each", req.hostfile, slots);
       const int m = (n + slots - 1) / slots;
-      if (m > static_cast<int>(req.hosts.size()))
+      if (!req.hosts.empty() && m > static_cast<int>(req.hosts.size()))
         throw BenchError(
-            fmt::format("--num_processes {} needs {} machines of {} slots, but hostfile {} lists {}; "
+            fmt::format("--num_processes {} needs {} machines ({}), but hostfile {} lists {}; "
                         "add hosts or drop {} from --num_processes",
-                        n, m, slots, req.hostfile, req.hosts.size(), n));
+                        n, m, per, req.hostfile, req.hosts.size(), n));
       if (n % m != 0)
-        throw BenchError(
-            fmt::format("--num_processes {} does not split evenly over the {} machines it needs "
-                        "(hostfile {}, {} slots each); use a multiple of {}",
-                        n, m, req.hostfile, slots, m));
+        throw BenchError(fmt::format(
+            "--num_processes {} does not split evenly over the {} machines it needs ({}); use a multiple of {}", n, m,
+            per, m));
       machines = m;
     }
     for (const auto& s : req.strategies)

@@ -6,11 +6,12 @@
 // Runs go in order of world size, then strategy, then precision, so the 1-rank runs that the
 // efficiencies are measured against come first and a sweep cut short still has its baselines.
 //
-// Machines: with a hostfile and no --num_machines, each run fills the hostfile's machines in order,
-// `slots` ranks on each (the first host's slots): ceil(ranks / slots) machines, which must divide the
-// ranks evenly as `accel launch` requires (e.g. 2 hosts of 2 slots: 1 and 2 ranks on one machine,
-// 4 ranks on two). With --num_machines M every run uses M machines. Without a hostfile, `accel
-// launch` decides (one machine, or Slurm's allocation).
+// Machines: with --ranks_per_machine K, or a hostfile (K = its first host's slots), and no
+// --num_machines, each run fills machines in order, K ranks on each: ceil(ranks / K) machines, which
+// must divide the ranks evenly as `accel launch` requires (e.g. 2 hosts of 2 slots: 1 and 2 ranks on
+// one machine, 4 ranks on two). In a Slurm allocation (no hostfile) --ranks_per_machine does the same
+// over the allocation's nodes. With --num_machines M every run uses M machines. Otherwise `accel
+// launch` decides (one machine, or the config's count).
 //
 // Formulas (the ones the engine's own tests hold the engine to; per rank, per optimizer step):
 // - bytes moved (tests/zero/test_engine.cpp, TrafficMatchesZeroFormulas; nccl-tests' bus bytes):
@@ -58,6 +59,7 @@ struct BenchRequest {
   std::vector<HostSlots> hosts;          // the hostfile's; empty: none
   std::string hostfile;                  // its path
   std::optional<int> num_machines;       // --num_machines
+  std::optional<int> ranks_per_machine;  // --ranks_per_machine
   std::vector<std::string> launch_args;  // further `accel launch` flags (--launcher srun, ...), as they are
   std::string step_bench;                // the step_bench binary
   std::vector<std::string> step_args;    // step_bench's model flags and --steps, passed as they are

@@ -72,11 +72,20 @@ TEST(BenchPlan, HostfileRunsFillMachinesInOrder) {
   EXPECT_EQ(runs[2].label(), "DDP fp32, 4 ranks on 2 machines");
   req.ranks = {8};
   EXPECT_EQ(message_of<BenchError>([&] { plan_bench(req); }),
-            "--num_processes 8 needs 4 machines of 2 slots, but hostfile /hf lists 2; add hosts or drop 8 from "
-            "--num_processes");
+            "--num_processes 8 needs 4 machines (hostfile /hf, 2 slots each), but hostfile /hf lists 2; add hosts "
+            "or drop 8 from --num_processes");
   req.ranks = {3};
   EXPECT_NE(message_of<BenchError>([&] { plan_bench(req); }).find("does not split evenly over the 2 machines"),
             std::string::npos);
+  // Without a hostfile (Slurm), --ranks_per_machine fills nodes the same way.
+  req.hosts.clear();
+  req.hostfile.clear();
+  req.ranks = {2, 4, 8};
+  req.ranks_per_machine = 4;
+  runs = plan_bench(req);
+  EXPECT_EQ(*runs[0].machines, 1);
+  EXPECT_EQ(*runs[1].machines, 1);
+  EXPECT_EQ(*runs[2].machines, 2);
   req.ranks = {1, 4};
   req.num_machines = 2;
   EXPECT_NE(message_of<BenchError>([&] { plan_bench(req); }).find("--num_processes 1 does not split evenly"),
