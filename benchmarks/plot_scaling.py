@@ -76,6 +76,7 @@ def main(jsonl, out_dir):
     a1.set_title("throughput")
     a2.set_ylabel("per-rank samples/s / 1-rank samples/s")
     a2.set_title("scaling efficiency (weak scaling)")
+    a1.set_ylim(bottom=0)
     a2.set_ylim(bottom=0)
     for a in (a1, a2):
         rank_axis(a, records)
