@@ -103,10 +103,18 @@ int run_captured(const std::vector<std::string>& argv, const std::string& log, s
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// The last n lines of a log, without Open MPI's notices (the blocks between lines of dashes that
+// mpirun prints when a rank fails), which would push the rank's own message out of view.
 std::string tail_lines(const std::string& path, std::size_t n) {
   std::ifstream in(path);
   std::deque<std::string> last;
+  bool in_notice = false;
   for (std::string line; std::getline(in, line);) {
+    if (line.size() >= 20 && line.find_first_not_of('-') == std::string::npos) {
+      in_notice = !in_notice;
+      continue;
+    }
+    if (in_notice) continue;
     last.push_back(line);
     if (last.size() > n) last.pop_front();
   }
@@ -225,7 +233,8 @@ int run_bench(const BenchArgs& a) {
     if (!r) {
       fmt::print(stderr, "FAILED ({:.1f} s)\n", secs);
       failure = fmt::format(
-          "run {}/{} ({}) failed: {}. The last lines of its log ({}):\n{}Fix what the log names, or leave this "
+          "run {}/{} ({}) failed: {}. The last lines of its log ({}; Open MPI's notices left out):\n{}Fix what the log "
+          "names, or leave this "
           "run out (--strategies, --num_processes, --precision).",
           i + 1, runs.size(), run.label(), why, log, tail_lines(log, 12));
       break;
