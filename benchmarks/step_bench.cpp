@@ -11,7 +11,8 @@
 // The table's activations column is memory::Category::Activations (what the forward keeps for
 // backward); `--json` prints, instead of the table row, one JSON line with the same figures in bytes
 // plus the per-rank peak RSS (getrusage ru_maxrss, the largest over ranks) and the RSS before the
-// model was built (the runtime's fixed cost); benchmarks/largest_model.sh reads it.
+// model was built (the runtime's fixed cost); benchmarks/largest_model.sh reads it. It also has "moved"
+// (the moved column in bytes), "nodes" and "ranks_per_node" (the topology); `accel bench` reads them.
 // "wait ms" (JSON "wait_ms", with "wait_share" of the step): per step, the time a rank spent blocked
 // in Work::wait on the step's collectives (comm::Counters::wait_seconds over every group the step
 // talks over), the mean over ranks, median over steps: the communication the step did not hide.
@@ -413,6 +414,9 @@ int main(int argc, char** argv) {
   disk_bytes = max_over_ranks(*world, disk_bytes);
   const double disk_read = max_over_ranks(*world, run.disk_read),
                disk_written = max_over_ranks(*world, run.disk_written);
+  // Bus bytes of the last measured step, the largest over ranks (accel bench holds it against the
+  // ZeRO formula).
+  const double moved = max_over_ranks(*world, run.moved);
   if (json) {
     double b_total = peak(snap.total.peak), b_param = peak(snap[Category::Parameters].peak),
            b_grad = peak(snap[Category::Gradients].peak), b_opt = peak(snap[Category::OptimizerState].peak),
@@ -422,16 +426,18 @@ int main(int argc, char** argv) {
       fmt::print(
           "{{\"strategy\": \"{}\", \"precision\": \"{}\", \"ranks\": {}, \"checkpoint\": {}, \"params\": {}, "
           "\"vocab\": {}, \"d_model\": {}, \"heads\": {}, \"layers\": {}, \"seq\": {}, \"batch\": {}, "
-          "\"step_ms\": {:.1f}, \"wait_ms\": {:.1f}, \"wait_share\": {:.3f}, \"peak_rss\": {:.0f}, \"rss_base\": "
+          "\"step_ms\": {:.3f}, \"wait_ms\": {:.3f}, \"wait_share\": {:.3f}, \"peak_rss\": {:.0f}, \"rss_base\": "
           "{:.0f}, \"rss_built\": {:.0f}, \"counted_peak\": "
           "{:.0f}, "
           "\"parameters\": {:.0f}, \"gradients\": {:.0f}, \"optimizer\": {:.0f}, \"gathered\": {:.0f}, "
           "\"activations\": {:.0f}, \"other\": {:.0f}, \"device\": \"{}\", \"cuda_peak\": {:.0f}, \"disk_bytes\": "
           "{:.0f}, "
-          "\"disk_read\": {:.0f}, \"disk_written\": {:.0f}}}\n",
+          "\"disk_read\": {:.0f}, \"disk_written\": {:.0f}, \"moved\": {:.0f}, \"nodes\": {}, \"ranks_per_node\": "
+          "{}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
           batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad,
-          b_opt, b_gath, b_act, b_other, device_name, cuda_peak, disk_bytes, disk_read, disk_written);
+          b_opt, b_gath, b_act, b_other, device_name, cuda_peak, disk_bytes, disk_read, disk_written, moved,
+          world->topology().num_nodes, world->topology().local_world_size);
     return 0;
   }
   // On CUDA: the device's peak (the category columns count host memory only).

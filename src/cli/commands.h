@@ -21,4 +21,8 @@ void add_test_command(CLI::App& app, int& exit_code);
 // `accel estimate-memory --params P ...`: per-rank memory of DDP and ZeRO-1/2/3 from the ZeRO formulas.
 void add_estimate_memory_command(CLI::App& app, int& exit_code);
 
+// `accel bench --num_processes 1,2,4 --strategies DDP,ZERO_3 --out DIR`: the scaling report (step_bench
+// through accel launch per run; JSONL + PNG plots).
+void add_bench_command(CLI::App& app, int& exit_code);
+
 }  // namespace accel::cli
