@@ -1,0 +1,82 @@
+// Peak resident memory of a dispatched model with units on disk, measured from /proc/self/status
+// (VmHWM). Two ctest steps in two processes, so that nothing the checkpoint's writer allocated is
+// still resident when the reader measures: DispatchRss.WriteCheckpoint (a fixture) writes the
+// weights, an input and the full model's output into $ACCEL_DISPATCH_RSS_DIR;
+// DispatchRss.PeakStaysUnderTheBudgetPlusOneUnit loads it with max_memory well under the model's size
+// and checks the output (bitwise) and the peak.
+#include "base/files.h"
+#include "dispatch/dispatch.h"
+#include "dispatch/stack_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+namespace accel::test {
+namespace {
+
+constexpr int64_t kD = 1024, kLayers = 8;
+
+std::string rss_dir() {
+  const char* d = std::getenv("ACCEL_DISPATCH_RSS_DIR");
+  return d ? d : "";
+}
+
+// A field of /proc/self/status in bytes ("VmHWM", "VmRSS").
+int64_t status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  return -1;
+}
+
+TEST(DispatchRss, WriteCheckpoint) {
+  if (rss_dir().empty()) GTEST_SKIP() << "ACCEL_DISPATCH_RSS_DIR not set (ctest sets it)";
+  files::make_dirs(rss_dir());
+  at::manual_seed(17);
+  auto model = std::make_shared<StackImpl>(kD, kLayers);
+  at::Tensor x = at::randn({4, kD});
+  c10::NoGradGuard ng;
+  at::Tensor y = model->forward(x);
+  write_sharded_checkpoint(rss_dir() + "/ckpt", named_weights(*model), 2);
+  checkpoint::write_safetensors(rss_dir() + "/io.safetensors", {{"x", x}, {"y", y}});
+}
+
+TEST(DispatchRss, PeakStaysUnderTheBudgetPlusOneUnit) {
+  if (rss_dir().empty()) GTEST_SKIP() << "ACCEL_DISPATCH_RSS_DIR not set (ctest sets it)";
+  auto io = checkpoint::SafetensorsFile::open(rss_dir() + "/io.safetensors");
+  at::Tensor x = io.read("x"), y_full = io.read("y");
+  const int64_t base = status_bytes("VmHWM");
+  ASSERT_GT(base, 0);
+
+  auto model = make_empty<StackImpl>(kD, kLayers);
+  std::printf("built: RSS %.1f MiB above the start\n", (status_bytes("VmRSS") - base) / 1048576.0);
+  const ModelPlan plan = plan_model(*model);
+  const int64_t unit = plan.largest_group_bytes;
+  DispatchOptions o;
+  const int64_t budget = plan.rest_bytes + 3 * unit;  // 2 units in memory + room for the one paged in
+  o.max_memory = {{"cpu", budget}};
+  o.offload_folder = rss_dir() + "/offload";
+  DispatchResult r = load_checkpoint_and_dispatch(model, rss_dir() + "/ckpt", o);
+  ASSERT_EQ(r.disk_units, kLayers - 2);
+  std::printf("loaded: RSS %.1f MiB above the start\n", (status_bytes("VmRSS") - base) / 1048576.0);
+  c10::NoGradGuard ng;
+  at::Tensor y = model->forward(x);
+  std::printf("one forward: RSS %.1f MiB above the start\n", (status_bytes("VmRSS") - base) / 1048576.0);
+  y = model->forward(x);
+  EXPECT_TRUE(at::equal(y, y_full));
+  const int64_t peak = status_bytes("VmHWM") - base, now = status_bytes("VmRSS") - base;
+  const int64_t slack = 4 << 20;  // the allocator's and the test's own, activations
+  std::printf("model %.1f MiB, max_memory cpu %.1f MiB, one unit %.1f MiB: peak RSS above the start %.1f MiB, "
+              "after the forwards %.1f MiB\n",
+              plan.total_bytes / 1048576.0, budget / 1048576.0, unit / 1048576.0, peak / 1048576.0, now / 1048576.0);
+  EXPECT_LE(peak, budget + unit + slack);
+  EXPECT_LE(now, budget + slack);  // the disk units' pages were dropped after they ran
+  // The bound means something: the whole model does not fit under it.
+  EXPECT_GT(plan.total_bytes, budget + unit + slack);
+}
+
+}  // namespace
+}  // namespace accel::test
