@@ -1,0 +1,193 @@
+// The Llama layers (models/llama.h), written op for op after Transformers' modeling_llama.py
+// (eager attention), so that fp32 logits agree to rounding.
+#include "models/llama.h"
+
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace accel::models {
+namespace {
+
+// A parameter of `shape` drawn from normal(0, std) (fp32, CPU generator) and cast to `options`;
+// on the meta device: empty.
+at::Tensor normal_parameter(at::IntArrayRef shape, double std, const at::TensorOptions& options) {
+  if (options.device().is_meta()) return at::empty(shape, options);
+  at::Tensor w = at::empty(shape, at::kFloat);
+  w.normal_(0.0, std);
+  return w.to(options);
+}
+
+// Transformers' rotate_half: (x1, x2) -> (-x2, x1) over the last dimension's halves.
+at::Tensor rotate_half(const at::Tensor& x) {
+  const std::int64_t h = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, h, x.size(-1) - h), x.narrow(-1, 0, h)}, -1);
+}
+
+// [B, kv, S, d] -> [B, kv * n, S, d], each kv head repeated n times in place (repeat_kv).
+at::Tensor repeat_kv(const at::Tensor& x, std::int64_t n) {
+  if (n == 1) return x;
+  const auto B = x.size(0), kv = x.size(1), S = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand({B, kv, n, S, d}).reshape({B, kv * n, S, d});
+}
+
+}  // namespace
+
+LlamaLinearImpl::LlamaLinearImpl(std::int64_t in, std::int64_t out, double init_std, const at::TensorOptions& options) {
+  weight = register_parameter("weight", normal_parameter({out, in}, init_std, options));
+}
+
+LlamaEmbeddingImpl::LlamaEmbeddingImpl(std::int64_t num, std::int64_t dim, double init_std,
+                                       std::optional<std::int64_t> padding, const at::TensorOptions& options) {
+  at::Tensor w = normal_parameter({num, dim}, init_std, options);
+  if (padding && *padding >= 0 && *padding < num) {
+    padding_idx = *padding;
+    if (!options.device().is_meta()) w[padding_idx].zero_();
+  }
+  weight = register_parameter("weight", w);
+}
+
+at::Tensor LlamaEmbeddingImpl::forward(const at::Tensor& tokens) { return at::embedding(weight, tokens, padding_idx); }
+
+LlamaRMSNorm::LlamaRMSNorm(std::int64_t hidden_size, double eps, const at::TensorOptions& options) : eps(eps) {
+  weight = register_parameter("weight", at::ones({hidden_size}, options));
+}
+
+at::Tensor LlamaRMSNorm::forward(const at::Tensor& x) {
+  at::Tensor h = x.to(at::kFloat);
+  at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * at::rsqrt(variance + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+LlamaAttention::LlamaAttention(const LlamaConfig& c, const at::TensorOptions& options)
+    : heads(c.num_attention_heads), kv_heads(c.kv_heads()), head_dim(c.head_size()) {
+  scaling = std::pow(static_cast<double>(head_dim), -0.5);
+  q_proj = register_module("q_proj", LlamaLinear(c.hidden_size, heads * head_dim, c.initializer_range, options));
+  k_proj = register_module("k_proj", LlamaLinear(c.hidden_size, kv_heads * head_dim, c.initializer_range, options));
+  v_proj = register_module("v_proj", LlamaLinear(c.hidden_size, kv_heads * head_dim, c.initializer_range, options));
+  o_proj = register_module("o_proj", LlamaLinear(heads * head_dim, c.hidden_size, c.initializer_range, options));
+}
+
+at::Tensor LlamaAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                   LayerKVCache* cache) {
+  const std::int64_t B = x.size(0), T = x.size(1);
+  at::Tensor q = q_proj(x).view({B, T, heads, head_dim}).transpose(1, 2);  // [B, H, T, d]
+  at::Tensor k = k_proj(x).view({B, T, kv_heads, head_dim}).transpose(1, 2);
+  at::Tensor v = v_proj(x).view({B, T, kv_heads, head_dim}).transpose(1, 2);
+  q = q * cos + rotate_half(q) * sin;  // cos/sin [T, d] broadcast over B and heads
+  k = k * cos + rotate_half(k) * sin;
+  if (cache) {
+    if (cache->key.defined()) {
+      TORCH_CHECK(cache->key.size(0) == B, "LlamaAttention: the KV cache holds batch ", cache->key.size(0),
+                  ", the input has ", B);
+      k = at::cat({cache->key, k}, 2);
+      v = at::cat({cache->value, v}, 2);
+    }
+    cache->key = k;
+    cache->value = v;
+  }
+  const std::int64_t S = k.size(2), past = S - T;
+  const std::int64_t groups = heads / kv_heads;
+  at::Tensor scores = at::matmul(q, repeat_kv(k, groups).transpose(2, 3)) * scaling;  // [B, H, T, S]
+  if (T > 1) {
+    // Query i (position past + i) sees keys 0 .. past + i.
+    at::Tensor mask = at::ones({T, S}, x.options().dtype(at::kBool)).triu(past + 1);
+    double lowest = scores.scalar_type() == at::kHalf       ? -65504.0
+                    : scores.scalar_type() == at::kBFloat16 ? -3.3895313892515355e38
+                                                            : static_cast<double>(std::numeric_limits<float>::lowest());
+    if (scores.scalar_type() == at::kDouble) lowest = std::numeric_limits<double>::lowest();
+    scores = scores.masked_fill(mask, lowest);
+  }
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  at::Tensor out = at::matmul(probs, repeat_kv(v, groups)).transpose(1, 2).contiguous();  // [B, T, H, d]
+  return o_proj(out.reshape({B, T, heads * head_dim}));
+}
+
+LlamaMLP::LlamaMLP(const LlamaConfig& c, const at::TensorOptions& options) {
+  gate_proj =
+      register_module("gate_proj", LlamaLinear(c.hidden_size, c.intermediate_size, c.initializer_range, options));
+  up_proj = register_module("up_proj", LlamaLinear(c.hidden_size, c.intermediate_size, c.initializer_range, options));
+  down_proj =
+      register_module("down_proj", LlamaLinear(c.intermediate_size, c.hidden_size, c.initializer_range, options));
+}
+
+at::Tensor LlamaMLP::forward(const at::Tensor& x) { return down_proj(at::silu(gate_proj(x)) * up_proj(x)); }
+
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, const at::TensorOptions& options) {
+  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c, options));
+  mlp = register_module("mlp", std::make_shared<LlamaMLP>(c, options));
+  input_layernorm =
+      register_module("input_layernorm", std::make_shared<LlamaRMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+  post_attention_layernorm = register_module("post_attention_layernorm",
+                                             std::make_shared<LlamaRMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+}
+
+at::Tensor LlamaDecoderLayer::forward(at::Tensor x, at::Tensor cos, at::Tensor sin, LayerKVCache* cache) {
+  x = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache);
+  return x + mlp->forward(post_attention_layernorm->forward(x));
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& c, const at::TensorOptions& options) : config(c) {
+  embed_tokens = register_module(
+      "embed_tokens", LlamaEmbedding(c.vocab_size, c.hidden_size, c.initializer_range, c.pad_token_id, options));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (std::int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    auto layer = std::make_shared<LlamaDecoderLayer>(c, options);
+    layers->push_back(layer);             // registered as layers.<i>
+    units.push_back(accel::unit(layer));  // sharded now under sharded_init
+  }
+  norm = register_module("norm", std::make_shared<LlamaRMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+}
+
+std::pair<at::Tensor, at::Tensor> LlamaModel::rotary(std::int64_t start, std::int64_t T, const at::Device& device,
+                                                     at::ScalarType dtype) const {
+  const std::int64_t dim = config.head_size();
+  auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  // inv_freq = 1 / theta^(arange(0, dim, 2) / dim), as LlamaRotaryEmbedding computes it.
+  at::Tensor inv_freq = at::pow(config.rope_theta, at::arange(0, dim, 2, f32) / static_cast<double>(dim)).reciprocal();
+  at::Tensor positions = at::arange(start, start + T, f32.dtype(at::kLong)).to(at::kFloat);
+  at::Tensor freqs = positions.unsqueeze(-1) * inv_freq;  // [T, dim / 2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+at::Tensor LlamaModel::forward(const at::Tensor& tokens, KVCache* cache) {
+  TORCH_CHECK(tokens.dim() == 2, "LlamaModel: tokens must be [batch, seq], got ", tokens.sizes());
+  const std::int64_t T = tokens.size(1);
+  const std::int64_t start = cache ? cache->position : 0;
+  if (cache)
+    TORCH_CHECK(static_cast<std::int64_t>(cache->layers.size()) == config.num_hidden_layers,
+                "LlamaModel: the KV cache has ", cache->layers.size(), " layers, the model ", config.num_hidden_layers);
+  at::Tensor x = embed_tokens(tokens);
+  auto [cos, sin] = rotary(start, T, x.device(), x.scalar_type());
+  for (std::size_t i = 0; i < units.size(); ++i) x = units[i](x, cos, sin, cache ? &cache->layers[i] : nullptr);
+  if (cache) cache->position += T;
+  return norm->forward(x);
+}
+
+LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& c, const at::TensorOptions& options) : config(c) {
+  config.validate();
+  model = register_module("model", std::make_shared<LlamaModel>(config, options));
+  if (!config.tie_word_embeddings)
+    lm_head = register_module("lm_head",
+                              LlamaLinear(config.hidden_size, config.vocab_size, config.initializer_range, options));
+}
+
+at::Tensor LlamaForCausalLM::head(const at::Tensor& hidden) {
+  if (lm_head) return lm_head(hidden);
+  return at::linear(hidden, model->embed_tokens->weight);
+}
+
+at::Tensor LlamaForCausalLM::forward(const at::Tensor& tokens, KVCache* cache) {
+  return head(model->forward(tokens, cache));
+}
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  at::Tensor l = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
+  return at::cross_entropy_loss(l, targets.reshape({-1}));
+}
+
+}  // namespace accel::models

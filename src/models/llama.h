@@ -1,0 +1,166 @@
+// accel::models::LlamaForCausalLM — the Llama architecture (Transformers' LlamaForCausalLM) in
+// libtorch C++: RMSNorm, rotary position embeddings (rotate_half convention, rope_theta), SwiGLU
+// MLP, grouped-query attention (num_key_value_heads <= num_attention_heads), tied or untied head.
+//
+// Parameter names are LlamaForCausalLM's state-dict names, so save_model / load_model exchange
+// weights with Transformers directly (see models/pretrained.h):
+//   model.embed_tokens.weight
+//   model.layers.<i>.self_attn.{q,k,v,o}_proj.weight
+//   model.layers.<i>.mlp.{gate,up,down}_proj.weight
+//   model.layers.<i>.{input,post_attention}_layernorm.weight
+//   model.norm.weight
+//   lm_head.weight                      (absent when tie_word_embeddings: the head is embed_tokens)
+// No buffers: the rotary frequencies are computed in forward (Transformers' inv_freq is a
+// non-persistent buffer, not in its state dict either).
+//
+// Each decoder layer is a sharding unit (accel::unit): under ZeRO-3 / FULL_SHARD one layer's
+// parameters are gathered at a time; embed_tokens, norm and lm_head form the root unit (a tied head
+// shares embed_tokens.weight inside the root unit, as examples/models/gpt.h does).
+//
+// The math is Transformers' eager attention path: scores q k^T * head_dim^-0.5, causal mask,
+// softmax in fp32 then cast back to the query's dtype; RMSNorm in fp32. Construction draws weights
+// from libtorch's generator (normal(0, initializer_range) for Linear and Embedding weights, ones
+// for the norms), deterministically given the seed, and marks each layer as a unit right after it
+// is built (so Accelerator::sharded_init shards layers as they are made).
+//
+// Generation: forward(tokens, &cache) runs the new tokens at positions cache.position ..
+// cache.position + T - 1 against the cached keys/values of the earlier ones, appends theirs to the
+// cache and advances cache.position by T. The cache is for inference (under at::NoGradGuard); a
+// checkpointed unit (activation checkpointing) must not be given one while grad mode is on.
+#pragma once
+
+#include "models/llama_config.h"
+#include "sharding/unit.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace accel::models {
+
+// One layer's cached keys and values, after the rotary embedding, before the GQA repeat:
+// [B, num_key_value_heads, S, head_dim] each (undefined until the layer first runs).
+struct LayerKVCache {
+  at::Tensor key, value;
+};
+
+// Every layer's cache and the position of the next token. One per sequence batch being generated.
+struct KVCache {
+  KVCache() = default;
+  explicit KVCache(std::int64_t num_layers) : layers(static_cast<std::size_t>(num_layers)) {}
+  std::vector<LayerKVCache> layers;
+  std::int64_t position = 0;  // tokens already cached
+  void reset() {
+    for (auto& l : layers) l = LayerKVCache{};
+    position = 0;
+  }
+};
+
+// Construction options: the parameters' device and dtype (TensorOptions; default CPU, fp32). On the
+// meta device nothing is allocated and nothing initialized: names, shapes and units are all there
+// for a loader to put real tensors in place (empty construction, as Accelerate's init_empty_weights).
+// On a real device the weights are drawn in fp32 from the CPU generator, then cast and moved, so one
+// seed gives the same model on every device and dtype.
+
+// y = x W^T, W [out, in] (nn.Linear without bias), built with the given options.
+class LlamaLinearImpl : public torch::nn::Module {
+ public:
+  LlamaLinearImpl(std::int64_t in, std::int64_t out, double init_std, const at::TensorOptions& options = {});
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight); }
+  at::Tensor weight;
+};
+TORCH_MODULE(LlamaLinear);
+
+// nn.Embedding (padding_idx: its row starts at zero and gets no gradient), built with the given options.
+class LlamaEmbeddingImpl : public torch::nn::Module {
+ public:
+  LlamaEmbeddingImpl(std::int64_t num, std::int64_t dim, double init_std, std::optional<std::int64_t> padding_idx,
+                     const at::TensorOptions& options = {});
+  at::Tensor forward(const at::Tensor& tokens);
+  at::Tensor weight;
+  std::int64_t padding_idx = -1;
+};
+TORCH_MODULE(LlamaEmbedding);
+
+// Transformers' LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in fp32, cast back, times weight.
+class LlamaRMSNorm : public torch::nn::Module {
+ public:
+  LlamaRMSNorm(std::int64_t hidden_size, double eps, const at::TensorOptions& options = {});
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight;
+  double eps;
+};
+
+// q/k/v/o projections (no bias), rotary embedding, grouped-query attention.
+class LlamaAttention : public torch::nn::Module {
+ public:
+  explicit LlamaAttention(const LlamaConfig& c, const at::TensorOptions& options = {});
+  // x [B, T, hidden]; cos/sin [T, head_dim] (the positions of x's tokens); cache: see KVCache.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerKVCache* cache);
+  std::int64_t heads, kv_heads, head_dim;
+  double scaling;
+  LlamaLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+};
+
+// down_proj(silu(gate_proj(x)) * up_proj(x)), no biases.
+class LlamaMLP : public torch::nn::Module {
+ public:
+  explicit LlamaMLP(const LlamaConfig& c, const at::TensorOptions& options = {});
+  at::Tensor forward(const at::Tensor& x);
+  LlamaLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+
+// Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)). The sharding unit.
+class LlamaDecoderLayer : public torch::nn::Module {
+ public:
+  explicit LlamaDecoderLayer(const LlamaConfig& c, const at::TensorOptions& options = {});
+  at::Tensor forward(at::Tensor x, at::Tensor cos, at::Tensor sin, LayerKVCache* cache = nullptr);
+  std::shared_ptr<LlamaAttention> self_attn;
+  std::shared_ptr<LlamaMLP> mlp;
+  std::shared_ptr<LlamaRMSNorm> input_layernorm, post_attention_layernorm;
+};
+
+// Transformers' LlamaModel: embeddings, layers, final norm (registered as `model`).
+class LlamaModel : public torch::nn::Module {
+ public:
+  explicit LlamaModel(const LlamaConfig& c, const at::TensorOptions& options = {});
+  // tokens [B, T] (int64) -> final hidden states [B, T, hidden].
+  at::Tensor forward(const at::Tensor& tokens, KVCache* cache = nullptr);
+  // cos, sin [T, head_dim] for positions start .. start + T - 1 (Transformers' LlamaRotaryEmbedding,
+  // fp32, then cast to dtype).
+  std::pair<at::Tensor, at::Tensor> rotary(std::int64_t start, std::int64_t T, const at::Device& device,
+                                           at::ScalarType dtype) const;
+  LlamaConfig config;
+  LlamaEmbedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};  // children "0", "1", ... (LlamaDecoderLayer)
+  std::shared_ptr<LlamaRMSNorm> norm;
+  std::vector<accel::Unit<LlamaDecoderLayer>> units;  // call sites of layers[i]
+};
+
+class LlamaForCausalLM : public torch::nn::Module {
+ public:
+  // Validates the config (LlamaConfigError) and builds the model with fresh weights (see the
+  // construction options above: a meta device builds it empty).
+  explicit LlamaForCausalLM(const LlamaConfig& c, const at::TensorOptions& options = {});
+  // tokens [B, T] (int64) -> logits [B, T, vocab_size] in the parameters' dtype.
+  // With a cache: see KVCache (positions continue from cache->position, which advances by T).
+  at::Tensor forward(const at::Tensor& tokens, KVCache* cache = nullptr);
+  // A cache sized for this model.
+  KVCache make_cache() const { return KVCache(config.num_hidden_layers); }
+  // The head: hidden [.., hidden] -> logits [.., vocab] (lm_head, or embed_tokens when tied).
+  at::Tensor head(const at::Tensor& hidden);
+  LlamaConfig config;
+  std::shared_ptr<LlamaModel> model;
+  LlamaLinear lm_head{nullptr};  // null when config.tie_word_embeddings
+};
+
+// Mean next-token cross entropy over logits [B, T, V] and targets [B, T] (fp32 math).
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets);
+
+}  // namespace accel::models

@@ -1,0 +1,388 @@
+// The Llama model (src/models/) against Hugging Face Transformers, on every rank of an mpirun:
+//  - config.json parsing: required keys, Transformers' defaults, refused variants (named errors);
+//  - the KV-cache path gives the full forward's logits, token by token;
+//  - directories Transformers' save_pretrained wrote (random models, sharded files, tied and untied
+//    heads) load here under plain/DDP and ZeRO-3 and give Transformers' logits (<= 1e-4);
+//  - a model trained here a few steps under ZeRO-3 and saved with save_pretrained opens in
+//    AutoModelForCausalLM.from_pretrained and gives accel's logits (<= 1e-4).
+// The Python side is tests/models/llama_interop.py (two interpreter runs per binary run).
+#include "models/llama.h"
+#include "models/pretrained.h"
+
+#include "accelerator/accelerator.h"
+#include "base/files.h"
+#include "checkpoint/safetensors.h"
+#include "support/python.h"
+#include "test_world.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/data/datasets/base.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#ifndef ACCEL_PYTHON
+#define ACCEL_PYTHON ""
+#endif
+
+namespace accel::models {
+namespace {
+
+using test::world;
+
+const std::string kScript = std::string(ACCEL_SOURCE_DIR) + "/tests/models/llama_interop.py";
+
+bool have_python() { return test::python_available(ACCEL_PYTHON); }
+
+// A directory for this world size's run, the same path on every rank (fresh on rank 0).
+std::string run_dir(const std::string& name) {
+  const std::string d = std::string(ACCEL_BINARY_DIR) + "/llama_runs/np" + std::to_string(world()->size()) + "/" + name;
+  if (world()->rank() == 0) {
+    files::remove_tree(d);
+    files::make_dirs(d);
+  }
+  world()->barrier();
+  return d;
+}
+
+// Rank 0 runs the script; every rank gets its exit status (and rank 0 prints the output).
+int python_on_rank0(const std::string& args) {
+  at::Tensor status = at::zeros({1}, at::kInt);
+  if (world()->rank() == 0) {
+    auto [rc, out] = test::run_python(ACCEL_PYTHON, kScript, args);
+    std::printf("%s", out.c_str());
+    status.fill_(rc);
+  }
+  world()->broadcast(status, {.root = 0});
+  return status.item<int>();
+}
+
+AcceleratorOptions options(const std::string& config) {
+  AcceleratorOptions o;
+  if (!config.empty()) o.config_file = std::string(ACCEL_SOURCE_DIR) + "/configs/" + config;
+  o.report_ignored_keys = false;
+  return o;
+}
+
+// Windows of rule_tokens as next-token examples: data = tokens [0, T), target = tokens [1, T + 1).
+at::Tensor rule_tokens(std::int64_t batch, std::int64_t seq, std::int64_t vocab, std::uint64_t seed);
+class TokenWindows : public torch::data::datasets::Dataset<TokenWindows> {
+ public:
+  TokenWindows(std::int64_t n, std::int64_t seq, std::int64_t vocab) : tokens_(rule_tokens(n, seq + 1, vocab, 21)) {}
+  torch::data::Example<> get(size_t i) override {
+    at::Tensor row = tokens_[static_cast<std::int64_t>(i)];
+    return {row.narrow(0, 0, row.size(0) - 1), row.narrow(0, 1, row.size(0) - 1)};
+  }
+  torch::optional<size_t> size() const override { return static_cast<size_t>(tokens_.size(0)); }
+
+ private:
+  at::Tensor tokens_;
+};
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+LlamaConfig small_config(bool tied) {
+  LlamaConfig c;
+  c.vocab_size = 61;
+  c.hidden_size = 32;
+  c.intermediate_size = 56;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = tied;
+  c.bos_token_id = 1;
+  c.eos_token_id = {2};
+  return c;
+}
+
+// --- config.json ----------------------------------------------------------------------------------
+
+const char* kConfig = R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+  "vocab_size": 97, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 3,
+  "num_attention_heads": 6, "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-05,
+  "rope_parameters": {"rope_theta": 5000.0, "rope_type": "default"}, "tie_word_embeddings": false,
+  "bos_token_id": 1, "eos_token_id": [2, 5], "pad_token_id": null, "dtype": "bfloat16"})";
+
+std::string without(const std::string& key) {
+  auto j = nlohmann::json::parse(kConfig);
+  j.erase(key);
+  return j.dump();
+}
+
+// kConfig with `key` set to the JSON `value`.
+std::string with(const std::string& key, const std::string& value) {
+  auto j = nlohmann::json::parse(kConfig);
+  j[key] = nlohmann::json::parse(value);
+  return j.dump();
+}
+
+// The error's message, or "" when `f` did not throw LlamaConfigError.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const LlamaConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(LlamaConfig, ParsesTransformersKeys) {
+  auto c = LlamaConfig::from_json(kConfig, "cfg.json");
+  EXPECT_EQ(c.vocab_size, 97);
+  EXPECT_EQ(c.kv_heads(), 2);
+  EXPECT_EQ(c.head_size(), 8);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 5000.0);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.eos_token_id, (std::vector<std::int64_t>{2, 5}));
+  EXPECT_EQ(c.dtype, "bfloat16");
+  // Transformers 4's spelling: rope_theta at the top, torch_dtype; kv heads default to the heads.
+  auto old = LlamaConfig::from_json(
+      R"({"vocab_size": 10, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "max_position_embeddings": 8, "rms_norm_eps": 1e-6, "rope_theta": 500000.0,
+          "rope_scaling": null, "torch_dtype": "float16", "head_dim": 6})");
+  EXPECT_DOUBLE_EQ(old.rope_theta, 500000.0);
+  EXPECT_EQ(old.kv_heads(), 2);
+  EXPECT_EQ(old.head_size(), 6);
+  EXPECT_EQ(old.dtype, "float16");
+  EXPECT_FALSE(old.tie_word_embeddings);
+  // to_json reads back the same.
+  auto back = LlamaConfig::from_json(c.to_json());
+  EXPECT_NO_THROW(check_same_architecture(c, back, "round trip"));
+  EXPECT_EQ(back.eos_token_id, c.eos_token_id);
+  EXPECT_EQ(back.bos_token_id, c.bos_token_id);
+}
+
+TEST(LlamaConfig, BadInputIsANamedError) {
+  for (const char* key : {"hidden_size", "vocab_size", "num_hidden_layers", "rms_norm_eps"}) {
+    auto msg = error_of([&] { LlamaConfig::from_json(without(key), "cfg.json"); });
+    EXPECT_NE(msg.find("cfg.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::string("missing required key '") + key + "'"), std::string::npos) << msg;
+  }
+  auto rs = error_of(
+      [&] { LlamaConfig::from_json(with("rope_scaling", R"({"rope_type": "llama3", "factor": 8.0})"), "cfg.json"); });
+  EXPECT_NE(rs.find("rope_scaling"), std::string::npos) << rs;
+  EXPECT_NE(rs.find("not supported"), std::string::npos) << rs;
+  auto ry = error_of([&] {
+    LlamaConfig::from_json(with("rope_parameters", R"({"rope_theta": 1e4, "rope_type": "yarn"})"), "cfg.json");
+  });
+  EXPECT_NE(ry.find("rope_type \"yarn\" is not supported"), std::string::npos) << ry;
+  EXPECT_NE(error_of([&] { LlamaConfig::from_json(with("hidden_act", R"("gelu")")); }).find("hidden_act"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { LlamaConfig::from_json(with("attention_bias", "true")); }).find("attention_bias"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { LlamaConfig::from_json(with("model_type", R"("mistral")")); }).find("model_type"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { LlamaConfig::from_json(with("hidden_size", R"("48")")); }).find("must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              LlamaConfig::from_json(with("num_key_value_heads", "4"));
+            }).find("not a multiple of num_key_value_heads 4"),
+            std::string::npos);
+  auto missing = error_of([] { LlamaConfig::from_file("/nonexistent/llama"); });
+  EXPECT_NE(missing.find("/nonexistent/llama: cannot be opened"), std::string::npos) << missing;
+}
+
+// --- the model ------------------------------------------------------------------------------------
+
+TEST(Llama, ParameterNamesAreTransformers) {
+  at::manual_seed(0);
+  LlamaForCausalLM untied(small_config(false)), tied(small_config(true));
+  auto names = [](torch::nn::Module& m) {
+    std::vector<std::string> out;
+    for (const auto& kv : m.named_parameters()) out.push_back(kv.key());
+    return out;
+  };
+  auto u = names(untied);
+  ASSERT_EQ(u.size(), 1 + 2 * 9 + 1 + 1u);
+  EXPECT_EQ(u.front(), "model.embed_tokens.weight");
+  EXPECT_EQ(u[1], "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(u[5], "model.layers.0.mlp.gate_proj.weight");
+  EXPECT_EQ(u[8], "model.layers.0.input_layernorm.weight");
+  EXPECT_EQ(u[9], "model.layers.0.post_attention_layernorm.weight");
+  EXPECT_EQ(u[u.size() - 2], "model.norm.weight");
+  EXPECT_EQ(u.back(), "lm_head.weight");
+  EXPECT_EQ(untied.model->layers[0]->named_parameters()["self_attn.k_proj.weight"].sizes(), at::IntArrayRef({16, 32}));
+  EXPECT_EQ(names(tied).size(), u.size() - 1);  // no lm_head: the head is embed_tokens
+  EXPECT_TRUE(untied.named_buffers().is_empty());
+}
+
+TEST(Llama, ConstructionOptions) {
+  // Meta: nothing allocated, the same names and shapes.
+  at::manual_seed(4);
+  LlamaForCausalLM fp32(small_config(false));
+  at::manual_seed(4);
+  LlamaForCausalLM bf16(small_config(false), at::TensorOptions().dtype(at::kBFloat16));
+  LlamaForCausalLM meta(small_config(false), at::TensorOptions().device(at::kMeta));
+  auto ref = fp32.named_parameters();
+  for (const auto& kv : meta.named_parameters()) {
+    EXPECT_TRUE(kv.value().is_meta()) << kv.key();
+    EXPECT_EQ(kv.value().sizes(), ref[kv.key()].sizes()) << kv.key();
+  }
+  EXPECT_EQ(meta.named_parameters().size(), ref.size());
+  // bf16: the fp32 draws, rounded.
+  for (const auto& kv : bf16.named_parameters()) {
+    EXPECT_EQ(kv.value().scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(kv.value().equal(ref[kv.key()].to(at::kBFloat16))) << kv.key();
+  }
+  c10::NoGradGuard no_grad;
+  at::Tensor tokens = at::randint(0, 61, {2, 7}, at::kLong);
+  at::Tensor a = fp32.forward(tokens), b = bf16.forward(tokens);
+  EXPECT_EQ(b.scalar_type(), at::kBFloat16);
+  EXPECT_LE(max_abs_diff(a, b.to(at::kFloat)), 0.05 * a.abs().max().item<double>());
+}
+
+TEST(Llama, KVCacheGivesTheFullForwardsLogits) {
+  at::manual_seed(3);
+  for (bool tied : {false, true}) {
+    LlamaForCausalLM m(small_config(tied));
+    c10::NoGradGuard no_grad;
+    at::Tensor tokens = at::randint(0, 61, {3, 9}, at::kLong);
+    at::Tensor full = m.forward(tokens);
+    ASSERT_EQ(full.sizes(), at::IntArrayRef({3, 9, 61}));
+    KVCache cache = m.make_cache();
+    std::vector<at::Tensor> parts{m.forward(tokens.narrow(1, 0, 4), &cache)};  // a prompt, then one at a time
+    EXPECT_EQ(cache.position, 4);
+    for (int t = 4; t < 9; ++t) parts.push_back(m.forward(tokens.narrow(1, t, 1), &cache));
+    EXPECT_EQ(cache.position, 9);
+    EXPECT_EQ(cache.layers[1].key.sizes(), at::IntArrayRef({3, 2, 9, 8}));
+    EXPECT_LE(max_abs_diff(at::cat(parts, 1), full), 1e-5) << "tied " << tied;
+    // A causal model: a prefix's logits do not depend on what follows it.
+    EXPECT_LE(max_abs_diff(m.forward(tokens.narrow(1, 0, 5)), full.narrow(1, 0, 5)), 1e-5);
+  }
+}
+
+// --- Transformers -> accel ------------------------------------------------------------------------
+
+class LlamaInterop : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!have_python()) return;
+    made_ = run_dir("transformers_saved");
+    made_ok_ = python_on_rank0("make '" + made_ + "'") == 0;
+  }
+  static inline std::string made_;
+  static inline bool made_ok_ = false;
+};
+
+TEST_F(LlamaInterop, TransformersSavedModelGivesTransformersLogits) {
+  if (!have_python()) GTEST_SKIP() << "ACCEL_PYTHON not configured";
+  ASSERT_TRUE(made_ok_) << "llama_interop.py make failed (its output is above)";
+  for (const char* name : {"untied", "tied"}) {
+    const std::string dir = made_ + "/" + name;
+    auto ref = checkpoint::SafetensorsFile::open(made_ + "/" + name + ".reference.safetensors");
+    const at::Tensor tokens = ref.read("tokens"), expected = ref.read("logits");
+    ASSERT_TRUE(files::exists(dir + "/model.safetensors.index.json")) << "not sharded";
+    // "": no config file (a single process, or DDP across the ranks); ZeRO-3 shards every layer;
+    // full_shard.yaml wraps BlockImpl (the GPT's), so there the whole model is one sharded root unit.
+    for (const std::string cfg : {"", "ddp.yaml", "deepspeed/zero3.yaml", "fsdp/full_shard.yaml"}) {
+      SCOPED_TRACE(std::string(name) + " under " + (cfg.empty() ? "no config" : cfg));
+      Accelerator acc(options(cfg));
+      at::manual_seed(99);  // weights unlike the file's, until loaded
+      auto model = std::make_shared<LlamaForCausalLM>(LlamaConfig::from_file(dir));
+      torch::optim::SGD sgd(model->parameters(), 0.1);
+      DataLoader<TokenWindows> loader(TokenWindows(8, 6, 97), {.batch_size = 2});  // ZeRO-3 wants a batch size
+      acc.prepare(model, sgd, loader);
+      c10::NoGradGuard no_grad;
+      EXPECT_GT(max_abs_diff(model->forward(tokens), expected), 1e-2);  // fresh weights are not the file's
+      auto loaded = load_pretrained(*acc.engine(), *model, dir);
+      EXPECT_GT(loaded.files.size(), 1u);
+      const double diff = max_abs_diff(model->forward(tokens), expected);
+      EXPECT_LE(diff, 1e-4);
+      // The KV-cache path through the prepared (possibly sharded) layers: a prompt, then token by token.
+      KVCache cache = model->make_cache();
+      std::vector<at::Tensor> steps{model->forward(tokens.narrow(1, 0, 6), &cache)};
+      for (std::int64_t t = 6; t < tokens.size(1); ++t) steps.push_back(model->forward(tokens.narrow(1, t, 1), &cache));
+      EXPECT_LE(max_abs_diff(at::cat(steps, 1), expected), 1e-4);
+      if (world()->rank() == 0)
+        std::printf("%s, %s, %d rank(s): max |logits - Transformers'| = %.3e\n", name,
+                    cfg.empty() ? "no config" : cfg.c_str(), world()->size(), diff);
+      acc.end_training();
+    }
+  }
+}
+
+TEST_F(LlamaInterop, ConfigThatDoesNotMatchTheModelIsRefused) {
+  if (!have_python()) GTEST_SKIP() << "ACCEL_PYTHON not configured";
+  ASSERT_TRUE(made_ok_);
+  Accelerator acc(options(""));
+  auto c = LlamaConfig::from_file(made_ + "/untied");
+  c.tie_word_embeddings = true;
+  auto model = std::make_shared<LlamaForCausalLM>(c);
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  acc.prepare(model, sgd);
+  auto msg = error_of([&] { load_pretrained(*acc.engine(), *model, made_ + "/untied"); });
+  EXPECT_NE(msg.find("tie_word_embeddings is 0, the model has 1"), std::string::npos) << msg;
+  acc.end_training();
+}
+
+// --- accel -> Transformers ------------------------------------------------------------------------
+
+// Tokens that follow a rule (t[i+1] = (t[i] * 3 + 1) mod vocab from a random start), so training has
+// something to learn.
+at::Tensor rule_tokens(std::int64_t batch, std::int64_t seq, std::int64_t vocab, std::uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Tensor t = at::empty({batch, seq}, at::kLong);
+  at::Tensor start = at::randint(0, vocab, {batch}, gen, at::kLong);
+  auto a = t.accessor<std::int64_t, 2>();
+  for (std::int64_t b = 0; b < batch; ++b) {
+    a[b][0] = start[b].item<std::int64_t>();
+    for (std::int64_t i = 1; i < seq; ++i) a[b][i] = (a[b][i - 1] * 3 + 1) % vocab;
+  }
+  return t;
+}
+
+TEST_F(LlamaInterop, TrainedUnderZero3OpensInTransformersWithTheSameLogits) {
+  if (!have_python()) GTEST_SKIP() << "ACCEL_PYTHON not configured";
+  const std::string out = run_dir("trained");
+  std::string check_args;
+  for (bool tied : {false, true}) {
+    const std::string name = tied ? "tied" : "untied";
+    Accelerator acc(options("deepspeed/zero3.yaml"));
+    at::manual_seed(5);
+    std::shared_ptr<LlamaForCausalLM> model;
+    {
+      auto scope = acc.sharded_init();  // each layer sharded as it is built
+      model = std::make_shared<LlamaForCausalLM>(small_config(tied));
+    }
+    torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
+    DataLoader<TokenWindows> loader(TokenWindows(16, 16, 61), {.batch_size = 4, .split_batches = true});
+    auto opt = acc.prepare(model, adamw, loader);
+    EXPECT_EQ(acc.engine()->units().size(), 3u);  // two layers and the root
+    std::vector<double> losses;
+    for (int epoch = 0; epoch < 2; ++epoch)
+      for (const Batch& b : loader) {  // 4 steps an epoch
+        at::Tensor loss = causal_lm_loss(model->forward(b.data), b.target);
+        acc.backward(loss);
+        opt->step();
+        opt->zero_grad();
+        losses.push_back(acc.reduce(loss.detach(), "mean").item<double>());
+      }
+    EXPECT_LT(losses.back(), losses.front()) << name;
+    const std::string dir = out + "/" + name;
+    auto saved = save_pretrained(*acc.engine(), *model, dir, /*max_shard_size=*/20'000);
+    EXPECT_GT(saved.files.size(), 1u);  // sharded, with an index
+    at::Tensor tokens = rule_tokens(2, 12, 61, 12);
+    tokens[1][5] = 0;  // and one that breaks the rule
+    at::Tensor logits;
+    {
+      c10::NoGradGuard no_grad;
+      logits = model->forward(tokens);
+    }
+    const std::string logits_file = out + "/" + name + ".accel.safetensors";
+    if (acc.is_main_process()) checkpoint::write_safetensors(logits_file, {{"tokens", tokens}, {"logits", logits}});
+    check_args += " '" + dir + "' '" + logits_file + "'";
+    acc.end_training();
+  }
+  EXPECT_EQ(python_on_rank0("check" + check_args), 0) << "llama_interop.py check failed (its output is above)";
+}
+
+}  // namespace
+}  // namespace accel::models
