@@ -117,6 +117,17 @@ void check_device_available(const std::string& place) {
                      count == 1 ? "" : "s"));
 }
 
+// Points parameter/buffer t at `value` in place (same TensorImpl: the module's members and
+// named_parameters() see it). Tensor::set_data refuses a meta tensor (a model built on the meta
+// device); for those the metadata is swapped directly, which is what set_data does after its check
+// (a parameter of a fresh model has no gradient accumulator to reset).
+void point_at(const at::Tensor& t, const at::Tensor& value) {
+  if (t.is_meta())
+    t.unsafeGetTensorImpl()->shallow_copy_from(value.getIntrusivePtr());
+  else
+    t.set_data(value);
+}
+
 // The outermost units inside m (m itself if it is one).
 void outermost_units(torch::nn::Module& m, std::vector<std::shared_ptr<sharding::UnitSlot>>& out) {
   if (auto slot = sharding::find_unit(&m)) {
@@ -313,7 +324,7 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
       auto keep = r.file;
       at::Tensor view = at::from_blob(
           r.file->data() + r.offset, t.t.sizes(), [keep](void*) {}, at::TensorOptions().dtype(t.target));
-      t.t.set_data(view);
+      point_at(t.t, view);
       result.bytes_by_place["disk"] += static_cast<std::int64_t>(r.bytes);
       ++result.tensors_loaded;
       continue;
@@ -326,7 +337,7 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
       value = t.t;  // a buffer the checkpoint does not hold: its own values, moved
     }
     value = value.to(device, t.target);
-    if (!value.is_same(t.t)) t.t.set_data(value);
+    if (!value.is_same(t.t)) point_at(t.t, value);
     result.bytes_by_place[place] += value.numel() * static_cast<std::int64_t>(value.element_size());
   }
 

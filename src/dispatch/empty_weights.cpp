@@ -68,7 +68,7 @@ void EmptyWeights::release_params(torch::nn::Module& m) {
 void EmptyWeights::release(torch::nn::Module& model) { release_params(model); }
 
 bool is_empty_weight(const at::Tensor& p) {
-  return p.defined() && p.numel() > 0 && !sharding::storage_allocated(p);
+  return p.defined() && p.numel() > 0 && (p.is_meta() || !sharding::storage_allocated(p));
 }
 
 }  // namespace accel

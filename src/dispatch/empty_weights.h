@@ -26,6 +26,8 @@
 //   - Buffers are kept (as Accelerate's default include_buffers=False): a buffer that the
 //     constructor computes (rotary tables) stays valid; one the checkpoint holds is overwritten.
 //   - The scope is per thread; under sharded construction (ShardedInit) it is refused.
+// A model whose constructor takes TensorOptions can instead be built on the meta device
+// (models/llama.h does: nothing is allocated at all); load_checkpoint_and_dispatch fills either.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -76,7 +78,7 @@ std::shared_ptr<M> make_empty(Args&&... args) {
   return m;
 }
 
-// Whether p holds no values (freed by this scope, or by sharding, and not loaded since).
+// Whether p holds no values (freed by this scope or by sharding, or a meta tensor, and not loaded since).
 bool is_empty_weight(const at::Tensor& p);
 
 }  // namespace accel

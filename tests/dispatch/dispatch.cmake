@@ -1,6 +1,6 @@
 # Big-model inference (src/dispatch/): init_empty_weights, infer_auto_device_map,
 # load_checkpoint_and_dispatch. Included from tests/CMakeLists.txt: CMAKE_CURRENT_SOURCE_DIR is tests/.
-accel_test_binary(dispatch_tests dispatch/test_dispatch.cpp dispatch/test_dispatch_rss.cpp)
+accel_test_binary(dispatch_tests dispatch/test_dispatch.cpp dispatch/test_dispatch_rss.cpp dispatch/test_generate.cpp)
 target_link_libraries(dispatch_tests PRIVATE nlohmann_json::nlohmann_json)
 accel_add_mpi_test(NAME dispatch TARGET dispatch_tests NP 1 FILTER -*CUDA*:DispatchRss*)
 # Units on a GPU, the cpu and disk around a main device; skipped without a device.
@@ -15,3 +15,11 @@ accel_add_gtest(NAME dispatch_rss_peak TARGET dispatch_tests FILTER DispatchRss.
                 ENV ${_accel_rss_env})
 set_tests_properties(dispatch_rss_write PROPERTIES FIXTURES_SETUP dispatch_rss)
 set_tests_properties(dispatch_rss_peak PROPERTIES FIXTURES_REQUIRED dispatch_rss)
+
+# examples/generate: fully loaded and paged from disk give the same tokens.
+if(ACCEL_BUILD_EXAMPLES)
+  add_test(NAME dispatch_generate_example
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/dispatch/generate_matches.sh $<TARGET_FILE:generate>
+                   ${CMAKE_BINARY_DIR}/dispatch_generate)
+  set_tests_properties(dispatch_generate_example PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 300)
+endif()
