@@ -42,21 +42,44 @@ std::string shape_str(at::IntArrayRef s) { return c10::str(s); }
   throw std::invalid_argument("load_checkpoint_and_dispatch: " + what);
 }
 
+// Points parameter/buffer t at `value` in place (same TensorImpl: the module's members and
+// named_parameters() see it). Tensor::set_data refuses a meta tensor (a model built on the meta
+// device); for those the metadata is swapped directly, which is what set_data does after its check
+// (a parameter of a fresh model has no gradient accumulator to reset).
+void point_at(const at::Tensor& t, const at::Tensor& value) {
+  if (t.is_meta())
+    t.unsafeGetTensorImpl()->shallow_copy_from(value.getIntrusivePtr());
+  else
+    t.set_data(value);
+}
+
 // A range of a mapped file that a disk unit's parameter points at.
 struct MappedRange {
   std::shared_ptr<dispatch::MappedFile> file;
   std::uint64_t offset = 0, bytes = 0;
+  at::Tensor param;   // the parameter
+  at::Tensor mapped;  // a tensor over the range (what the parameter points at between forwards)
 };
 
 // The hooks of a unit placed off the main device or on disk.
 class DispatchHooks : public sharding::UnitHooks {
  public:
-  DispatchHooks(std::optional<c10::Device> exec, c10::Device main, std::vector<MappedRange> disk, bool drop_cache)
-      : exec_(exec), main_(main), disk_(std::move(disk)), drop_cache_(drop_cache) {
+  DispatchHooks(std::optional<c10::Device> exec, c10::Device main, std::vector<MappedRange> disk, bool drop_cache,
+                bool copy)
+      : exec_(exec), main_(main), disk_(std::move(disk)), drop_cache_(drop_cache), copy_(copy) {
     for (const auto& r : disk_) bytes_ += static_cast<std::int64_t>(r.bytes);
   }
   void pre_forward() override {
     for (const auto& r : disk_) r.file->will_need(r.offset, r.bytes);
+    if (copy_)
+      for (const auto& r : disk_) {
+        // Into memory the allocator aligns, as a parameter loaded in memory is: BLAS kernels choose
+        // their path (and so their rounding) by alignment, so this keeps results bitwise the same.
+        at::Tensor buf = at::empty_like(r.mapped, at::MemoryFormat::Contiguous);
+        buf.copy_(r.mapped);
+        r.file->dont_need(r.offset, r.bytes);
+        point_at(r.param, buf);
+      }
     if (!disk_.empty()) {
       g_page_ins.fetch_add(1, std::memory_order_relaxed);
       g_bytes_paged.fetch_add(bytes_, std::memory_order_relaxed);
@@ -74,6 +97,7 @@ class DispatchHooks : public sharding::UnitHooks {
  private:
   void release() {
     for (const auto& r : disk_) {
+      if (copy_) point_at(r.param, r.mapped);  // the copy is freed
       r.file->dont_need(r.offset, r.bytes);
       if (drop_cache_) r.file->drop_cache(r.offset, r.bytes);
     }
@@ -81,7 +105,7 @@ class DispatchHooks : public sharding::UnitHooks {
   std::optional<c10::Device> exec_;  // set when the unit runs on another device than the main one
   c10::Device main_;
   std::vector<MappedRange> disk_;
-  bool drop_cache_;
+  bool drop_cache_, copy_;
   std::int64_t bytes_ = 0;
 };
 
@@ -115,17 +139,6 @@ void check_device_available(const std::string& place) {
   if (index >= count)
     fail(fmt::format("the device map names {}, but this process sees {} CUDA device{}", place, count,
                      count == 1 ? "" : "s"));
-}
-
-// Points parameter/buffer t at `value` in place (same TensorImpl: the module's members and
-// named_parameters() see it). Tensor::set_data refuses a meta tensor (a model built on the meta
-// device); for those the metadata is swapped directly, which is what set_data does after its check
-// (a parameter of a fresh model has no gradient accumulator to reset).
-void point_at(const at::Tensor& t, const at::Tensor& value) {
-  if (t.is_meta())
-    t.unsafeGetTensorImpl()->shallow_copy_from(value.getIntrusivePtr());
-  else
-    t.set_data(value);
 }
 
 // The outermost units inside m (m itself if it is one).
@@ -320,11 +333,12 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
     const std::string place = t.group >= 0 ? (on_disk ? std::string("cpu") : group_place[t.group]) : rest_place;
     const c10::Device device(place);
     if (on_disk && t.parameter) {
-      const MappedRange& r = disk_range.at(t.t.unsafeGetTensorImpl());
+      MappedRange& r = disk_range.at(t.t.unsafeGetTensorImpl());
       auto keep = r.file;
-      at::Tensor view = at::from_blob(
+      r.mapped = at::from_blob(
           r.file->data() + r.offset, t.t.sizes(), [keep](void*) {}, at::TensorOptions().dtype(t.target));
-      point_at(t.t, view);
+      r.param = t.t;
+      point_at(t.t, r.mapped);
       result.bytes_by_place["disk"] += static_cast<std::int64_t>(r.bytes);
       ++result.tensors_loaded;
       continue;
@@ -366,7 +380,8 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
             plan.groups[g].name));
       // Each unit of a group pages the whole group's ranges (a group is usually one unit).
       slot->hooks = std::make_shared<DispatchHooks>(exec == main_device ? std::nullopt : std::optional<c10::Device>(exec),
-                                                    main_device, ranges, options.drop_page_cache);
+                                                    main_device, ranges, options.drop_page_cache,
+                                                    options.copy_disk_weights);
     }
   }
   // Disk pages touched while loading (none: from_blob reads nothing) are dropped as a unit would.

@@ -20,8 +20,10 @@
 // safetensors file: the checkpoint's own file when the tensor is stored there in the right dtype
 // (and aligned), else a copy converted into offload_folder/offload.safetensors. The unit's hooks
 // (sharding/unit.h) ask the kernel to read its ranges ahead just before its forward (MADV_WILLNEED)
-// and drop its pages right after (MADV_DONTNEED; with drop_page_cache, the page cache's copy too):
-// what the parameters point at never changes, so a forward is always correct, and the memory the
+// and drop its pages right after (MADV_DONTNEED; with drop_page_cache, the page cache's copy too).
+// Between forwards the parameters point into the mapping (always readable: a page that was dropped
+// is read again from the file); for its forward a unit's parameters point at a copy in aligned memory
+// (copy_disk_weights), each tensor's mapped pages dropped as soon as it is copied. The memory the
 // process holds for disk weights is the unit that runs. Writes into a disk parameter are not kept.
 //
 // Devices: a group on another device than the main one gets its tensor arguments moved to its
@@ -65,6 +67,10 @@ struct DispatchOptions {
   std::vector<std::string> no_split;         // module class names placed whole (units always are)
   std::optional<c10::ScalarType> dtype;      // floating-point weights converted to it (else: the model's)
   bool drop_page_cache = false;              // after a disk unit runs, drop its pages from the page cache too
+  // A disk unit's forward runs on a copy of its weights in allocator-aligned memory (made from the
+  // mapping just before, freed just after): results bitwise equal to the model loaded in memory.
+  // false: straight from the mapping (no copy; BLAS may round differently on the unaligned data).
+  bool copy_disk_weights = true;
 };
 
 struct DispatchResult {
