@@ -208,6 +208,7 @@ int main(int argc, char** argv) {
     auto t1 = std::chrono::steady_clock::now();
     at::Tensor step = model->forward(at::tensor(ids, at::kLong).view({1, -1}).to(main), &cache);
     const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    const PagingStats paged_before_decode = paging_stats();
     t1 = std::chrono::steady_clock::now();
     for (std::int64_t i = 0; i < new_tokens; ++i) {
       at::Tensor last = step.select(1, step.size(1) - 1).select(0, 0).to(at::kCPU, at::kFloat);
@@ -225,6 +226,10 @@ int main(int argc, char** argv) {
                 ids.size(), prefill_s, static_cast<long long>(new_tokens - 1), decode_s,
                 new_tokens > 1 ? (new_tokens - 1) / decode_s : 0.0, status_bytes("VmHWM") / 1048576.0,
                 rss_start / 1048576.0, paging_stats().bytes_paged / 1048576.0);
+    if (r.disk_units > 0 && decode_s > 0)
+      std::printf("decode paged %.1f MiB of disk layers: %.1f MiB/s\n",
+                  (paging_stats().bytes_paged - paged_before_decode.bytes_paged) / 1048576.0,
+                  (paging_stats().bytes_paged - paged_before_decode.bytes_paged) / 1048576.0 / decode_s);
     if (!save_logits.empty()) checkpoint::write_safetensors(save_logits, {{"logits", at::stack(logits)}});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "generate: %s\n", e.what());

@@ -159,6 +159,14 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
   c10::NoGradGuard no_grad;
   DispatchResult result;
 
+  // A prepared model's units carry the engine's hooks (and its parameters are flat views); a
+  // dispatched one carries ours.
+  for (const auto& m : model.named_modules())
+    if (auto slot = sharding::find_unit(m.value().get()); slot && slot->hooks)
+      fail(fmt::format("unit '{}' already has hooks: the model was prepared by an Accelerator or dispatched before "
+                       "(build a fresh model to dispatch)",
+                       m.key()));
+
   // --- the model's tensors and groups -------------------------------------------------------------
   const ModelPlan plan = plan_model(model, options.no_split, options.dtype);
   result.largest_group_bytes = plan.largest_group_bytes;
@@ -373,11 +381,6 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
     std::vector<std::shared_ptr<sharding::UnitSlot>> slots;
     outermost_units(*plan.groups[g].module, slots);
     for (auto& slot : slots) {
-      if (slot->hooks)
-        throw std::logic_error(fmt::format(
-            "load_checkpoint_and_dispatch: unit '{}' already has hooks (the model was prepared by an Accelerator or "
-            "dispatched before)",
-            plan.groups[g].name));
       // Each unit of a group pages the whole group's ranges (a group is usually one unit).
       slot->hooks = std::make_shared<DispatchHooks>(exec == main_device ? std::nullopt : std::optional<c10::Device>(exec),
                                                     main_device, ranges, options.drop_page_cache,

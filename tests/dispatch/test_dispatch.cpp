@@ -205,6 +205,9 @@ TEST(Dispatch, DiskUnitsGiveTheFullModelsOutputsBitwise) {
   EXPECT_EQ(r.bytes_by_place.at("cpu"), root + 2 * u);
   EXPECT_EQ(r.tensors_loaded, 4 + 4 * layers);
   EXPECT_TRUE(is_dispatched(*model));
+  // Dispatching it again is refused up front (its units carry hooks now).
+  EXPECT_NE(error_of([&] { load_checkpoint_and_dispatch(model, dir, o); }).find("unit 'l2' already has hooks"),
+            std::string::npos);
 
   c10::NoGradGuard ng;
   for (int pass = 0; pass < 2; ++pass) {  // the pages dropped after a pass come back in the next
