@@ -127,6 +127,9 @@ TEST(EmptyWeights, ParametersHoldNoMemory) {
   EXPECT_LE(after.peak - before.current, root + u + 64 * 1024) << "peak while building";
   // ... and the built model holds none of its parameters.
   EXPECT_LE(after.current - before.current, 64 * 1024);
+  std::printf("model %.2f MiB: built under init_empty_weights with at most %.2f MiB allocated, %lld bytes held after\n",
+              (root + layers * u) / 1048576.0, (after.peak - before.current) / 1048576.0,
+              static_cast<long long>(after.current - before.current));
   for (const auto& p : model->named_parameters()) {
     EXPECT_TRUE(is_empty_weight(p.value())) << p.key();
     EXPECT_EQ(p.value().sizes(), (p.key().ends_with("bias") ? std::vector<int64_t>{d} : std::vector<int64_t>{d, d}));
