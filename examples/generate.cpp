@@ -23,8 +23,8 @@
 
 #include "base/files.h"
 
-#include <CLI/CLI.hpp>
 #include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -94,8 +94,8 @@ void make_random_checkpoint(const std::string& dir, models::LlamaConfig c, c10::
     const std::string name = shards.size() == 1 ? std::string("model.safetensors") : std::string(numbered);
     checkpoint::SafetensorsWriter w(dir + "/" + name, shards[s], {{"format", "pt"}});
     for (const auto& spec : shards[s]) {
-      at::Tensor t = spec.name.ends_with("norm.weight") ? at::ones(spec.shape)
-                                                        : at::randn(spec.shape).mul_(c.initializer_range);
+      at::Tensor t =
+          spec.name.ends_with("norm.weight") ? at::ones(spec.shape) : at::randn(spec.shape).mul_(c.initializer_range);
       w.write(spec.name, t.to(dtype));
       index["weight_map"][spec.name] = name;
     }
@@ -107,8 +107,8 @@ void make_random_checkpoint(const std::string& dir, models::LlamaConfig c, c10::
   }
   const std::string config = c.to_json();
   files::write_file_atomic(dir + "/config.json", config.data(), config.size());
-  std::printf("wrote %s: %.4g parameters, %.1f MiB in %zu file%s (%s)\n", dir.c_str(), static_cast<double>(params), total / 1048576.0,
-              shards.size(), shards.size() == 1 ? "" : "s", c.dtype.c_str());
+  std::printf("wrote %s: %.4g parameters, %.1f MiB in %zu file%s (%s)\n", dir.c_str(), static_cast<double>(params),
+              total / 1048576.0, shards.size(), shards.size() == 1 ? "" : "s", c.dtype.c_str());
 }
 
 }  // namespace
@@ -124,7 +124,8 @@ int main(int argc, char** argv) {
   app.add_option("--device_map", device_map,
                  "auto | balanced | sequential | a place for everything (cpu, cuda:0) | name=place,name=place");
   app.add_option("--max_memory", max_memory, "place=size,... e.g. cpu=2GB,cuda:0=10GiB (default: what is available)");
-  app.add_option("--offload_folder", offload_folder, "where disk-offloaded weights go when the checkpoint cannot be mapped");
+  app.add_option("--offload_folder", offload_folder,
+                 "where disk-offloaded weights go when the checkpoint cannot be mapped");
   app.add_option("--prompt", prompt, "token ids, comma-separated (default: --prompt_tokens random ids)");
   app.add_option("--prompt_tokens", prompt_tokens, "random prompt length")->check(CLI::PositiveNumber);
   app.add_option("--max_new_tokens", new_tokens, "tokens to generate")->check(CLI::PositiveNumber);
@@ -221,11 +222,12 @@ int main(int argc, char** argv) {
     std::string text;
     for (auto t : out) text += (text.empty() ? "" : ",") + std::to_string(t);
     std::printf("tokens: %s\n", text.c_str());
-    std::printf("prefill %zu tokens in %.3f s; decode %lld tokens in %.3f s: %.2f tokens/s; peak RSS %.1f MiB "
-                "(%.1f MiB at the start); paged from disk %.1f MiB\n",
-                ids.size(), prefill_s, static_cast<long long>(new_tokens - 1), decode_s,
-                new_tokens > 1 ? (new_tokens - 1) / decode_s : 0.0, status_bytes("VmHWM") / 1048576.0,
-                rss_start / 1048576.0, paging_stats().bytes_paged / 1048576.0);
+    std::printf(
+        "prefill %zu tokens in %.3f s; decode %lld tokens in %.3f s: %.2f tokens/s; peak RSS %.1f MiB "
+        "(%.1f MiB at the start); paged from disk %.1f MiB\n",
+        ids.size(), prefill_s, static_cast<long long>(new_tokens - 1), decode_s,
+        new_tokens > 1 ? (new_tokens - 1) / decode_s : 0.0, status_bytes("VmHWM") / 1048576.0, rss_start / 1048576.0,
+        paging_stats().bytes_paged / 1048576.0);
     if (r.disk_units > 0 && decode_s > 0)
       std::printf("decode paged %.1f MiB of disk layers: %.1f MiB/s\n",
                   (paging_stats().bytes_paged - paged_before_decode.bytes_paged) / 1048576.0,

@@ -17,7 +17,9 @@
 namespace accel {
 namespace {
 
-std::string join(const std::string& prefix, const std::string& key) { return prefix.empty() ? key : prefix + "." + key; }
+std::string join(const std::string& prefix, const std::string& key) {
+  return prefix.empty() ? key : prefix + "." + key;
+}
 
 std::string trim(std::string s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
@@ -116,7 +118,8 @@ std::vector<std::pair<std::string, std::int64_t>> memory_places(const MaxMemory&
 }
 
 // The set of places of the tensors under m (empty: it holds none).
-std::set<std::string> places_under(torch::nn::Module& m, const std::map<const torch::nn::Module*, std::string>& group_place,
+std::set<std::string> places_under(torch::nn::Module& m,
+                                   const std::map<const torch::nn::Module*, std::string>& group_place,
                                    const std::string& main,
                                    std::map<const torch::nn::Module*, std::set<std::string>>& memo) {
   if (auto it = memo.find(&m); it != memo.end()) return it->second;
@@ -156,8 +159,8 @@ std::int64_t parse_size(const std::string& text) {
   std::string unit = trim(t.substr(i));
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   static const std::map<std::string, double> units = {
-      {"", 1},         {"B", 1},           {"KB", 1e3},        {"MB", 1e6},        {"GB", 1e9},
-      {"TB", 1e12},    {"KIB", 1024.0},    {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
+      {"", 1},      {"B", 1},        {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
   auto u = units.find(unit);
   double value = 0;
   try {
@@ -165,10 +168,12 @@ std::int64_t parse_size(const std::string& text) {
     value = std::stod(number, &used);
     if (used != number.size()) throw std::invalid_argument(number);
   } catch (const std::exception&) {
-    throw std::invalid_argument(fmt::format("size '{}': expected a number and a unit such as 2GB, 1.5GiB, 300MB", text));
+    throw std::invalid_argument(
+        fmt::format("size '{}': expected a number and a unit such as 2GB, 1.5GiB, 300MB", text));
   }
   if (u == units.end() || value < 0)
-    throw std::invalid_argument(fmt::format("size '{}': unknown unit '{}' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)", text, unit));
+    throw std::invalid_argument(
+        fmt::format("size '{}': unknown unit '{}' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)", text, unit));
   return static_cast<std::int64_t>(std::llround(value * u->second));
 }
 
@@ -176,7 +181,8 @@ std::string canonical_place(const std::string& text) {
   const std::string t = trim(text);
   if (t == "cpu" || t == "disk") return t;
   auto all_digits = [](const std::string& s) {
-    return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    return !s.empty() &&
+           std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
   };
   if (t == "cuda") return "cuda:0";
   if (t.starts_with("cuda:") && all_digits(t.substr(5))) return fmt::format("cuda:{}", std::stoi(t.substr(5)));
@@ -228,8 +234,9 @@ DeviceMap infer_auto_device_map(torch::nn::Module& model, const MaxMemory& max_m
   places[main].second -= plan.rest_bytes;
   const std::size_t gpus = places.size() - 1;
   if (strategy != "sequential" && gpus >= 2) {
-    const std::int64_t share = (plan.total_bytes + static_cast<std::int64_t>(gpus) - 1) / static_cast<std::int64_t>(gpus) +
-                               plan.largest_group_bytes;
+    const std::int64_t share =
+        (plan.total_bytes + static_cast<std::int64_t>(gpus) - 1) / static_cast<std::int64_t>(gpus) +
+        plan.largest_group_bytes;
     for (std::size_t i = 0; i + 1 < gpus; ++i) places[i].second = std::min(places[i].second, share);
   }
   std::map<const torch::nn::Module*, std::string> group_place;

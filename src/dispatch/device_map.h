@@ -48,9 +48,9 @@ std::string canonical_place(const std::string& text);
 
 // How the model is cut for placement (see the top of this file).
 struct PlacementGroup {
-  std::string name;                  // module name
+  std::string name;  // module name
   torch::nn::Module* module = nullptr;
-  std::int64_t bytes = 0;            // parameters and buffers, each tensor once
+  std::int64_t bytes = 0;  // parameters and buffers, each tensor once
 };
 struct ModelPlan {
   std::vector<PlacementGroup> groups;  // in model order

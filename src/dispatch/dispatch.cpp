@@ -1,8 +1,8 @@
 // load_checkpoint_and_dispatch (dispatch.h): resolve the map, check everything, load, install hooks.
 #include "dispatch/dispatch.h"
 
-#include "checkpoint/model_export.h"
 #include "base/files.h"
+#include "checkpoint/model_export.h"
 #include "checkpoint/safetensors.h"
 #include "dispatch/mapped_file.h"
 #include "sharding/unit.h"
@@ -114,10 +114,10 @@ struct ModelTensor {
   at::Tensor t;
   std::vector<std::string> names;
   bool parameter = false;
-  int group = -1;           // index into the plan's groups, -1: the model's own code
-  std::string place;        // "cpu", "cuda:N", "disk"
+  int group = -1;     // index into the plan's groups, -1: the model's own code
+  std::string place;  // "cpu", "cuda:N", "disk"
   const SafetensorsFile* file = nullptr;
-  std::string source;       // its name in the checkpoint (empty: not there)
+  std::string source;  // its name in the checkpoint (empty: not there)
   c10::ScalarType target = c10::kFloat;
 };
 
@@ -163,9 +163,10 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
   // dispatched one carries ours.
   for (const auto& m : model.named_modules())
     if (auto slot = sharding::find_unit(m.value().get()); slot && slot->hooks)
-      fail(fmt::format("unit '{}' already has hooks: the model was prepared by an Accelerator or dispatched before "
-                       "(build a fresh model to dispatch)",
-                       m.key()));
+      fail(
+          fmt::format("unit '{}' already has hooks: the model was prepared by an Accelerator or dispatched before "
+                      "(build a fresh model to dispatch)",
+                      m.key()));
 
   // --- the model's tensors and groups -------------------------------------------------------------
   const ModelPlan plan = plan_model(model, options.no_split, options.dtype);
@@ -203,7 +204,8 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
     for (const auto& m : model.named_modules()) known.insert(m.key());
     for (const auto& t : tensors) known.insert(t.names.begin(), t.names.end());
     for (const auto& [key, place] : std::get<DeviceMap>(options.device_map)) {
-      if (!known.count(key)) fail(fmt::format("the device map names '{}', which is not a module or tensor of the model", key));
+      if (!known.count(key))
+        fail(fmt::format("the device map names '{}', which is not a module or tensor of the model", key));
       try {
         map[key] = canonical_place(place);
       } catch (const std::invalid_argument& e) {
@@ -227,14 +229,16 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
                          plan.groups[t.group].name, gp, t.place, t.names[0]));
     } else {
       if (t.place == "disk")
-        fail(fmt::format("the device map puts '{}' on disk, but only accel units can be paged from disk "
-                         "('{}' is outside every unit)",
-                         t.names[0], t.names[0]));
+        fail(
+            fmt::format("the device map puts '{}' on disk, but only accel units can be paged from disk "
+                        "('{}' is outside every unit)",
+                        t.names[0], t.names[0]));
       if (rest_place.empty()) rest_place = t.place, rest_name = t.names[0];
       if (rest_place != t.place)
-        fail(fmt::format("the device map puts '{}' on {} and '{}' on {}: everything outside the units runs in the "
-                         "model's own code, on one device",
-                         rest_name, rest_place, t.names[0], t.place));
+        fail(
+            fmt::format("the device map puts '{}' on {} and '{}' on {}: everything outside the units runs in the "
+                        "model's own code, on one device",
+                        rest_name, rest_place, t.names[0], t.place));
     }
   }
   if (rest_place.empty()) {  // everything is in groups: the first memory place of a group, else the cpu
@@ -250,9 +254,8 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
   for (std::size_t g = 0; g < plan.groups.size(); ++g)
     if (group_place[g] == "disk") disk_groups.push_back(plan.groups[g].name);
   if (!disk_groups.empty() && options.offload_folder.empty())
-    fail(fmt::format("the device map puts {} unit{} on disk ({}{}) but no offload_folder was given",
-                     disk_groups.size(), disk_groups.size() == 1 ? "" : "s", disk_groups.front(),
-                     disk_groups.size() > 1 ? ", ..." : ""));
+    fail(fmt::format("the device map puts {} unit{} on disk ({}{}) but no offload_folder was given", disk_groups.size(),
+                     disk_groups.size() == 1 ? "" : "s", disk_groups.front(), disk_groups.size() > 1 ? ", ..." : ""));
 
   // --- the checkpoint, checked against the model ---------------------------------------------------
   const checkpoint::ModelFiles files = checkpoint::resolve_model_files(checkpoint);
@@ -265,7 +268,8 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
     for (const auto& [name, path] : files.where) {
       const SafetensorsFile& f = open.at(path);
       if (!f.contains(name))
-        fail(fmt::format("the index of '{}' puts tensor '{}' in '{}', which has no such tensor", checkpoint, name, path));
+        fail(fmt::format("the index of '{}' puts tensor '{}' in '{}', which has no such tensor", checkpoint, name,
+                         path));
       src[name] = &f;
     }
   }
@@ -282,7 +286,8 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
     if (!t.file) {
       if (t.parameter) fail(fmt::format("the checkpoint '{}' has no tensor '{}'", checkpoint, t.names[0]));
       if (is_empty_weight(t.t))
-        fail(fmt::format("buffer '{}' holds no values and the checkpoint '{}' has none for it", t.names[0], checkpoint));
+        fail(
+            fmt::format("buffer '{}' holds no values and the checkpoint '{}' has none for it", t.names[0], checkpoint));
       continue;
     }
     for (const auto& n : t.names) used.insert(n);
@@ -382,9 +387,9 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
     outermost_units(*plan.groups[g].module, slots);
     for (auto& slot : slots) {
       // Each unit of a group pages the whole group's ranges (a group is usually one unit).
-      slot->hooks = std::make_shared<DispatchHooks>(exec == main_device ? std::nullopt : std::optional<c10::Device>(exec),
-                                                    main_device, ranges, options.drop_page_cache,
-                                                    options.copy_disk_weights);
+      slot->hooks =
+          std::make_shared<DispatchHooks>(exec == main_device ? std::nullopt : std::optional<c10::Device>(exec),
+                                          main_device, ranges, options.drop_page_cache, options.copy_disk_weights);
     }
   }
   // Disk pages touched while loading (none: from_blob reads nothing) are dropped as a unit would.

@@ -62,11 +62,11 @@ namespace accel {
 struct DispatchOptions {
   // "auto" | "balanced" | "sequential" (infer_auto_device_map), or an explicit map.
   std::variant<std::string, DeviceMap> device_map = std::string("auto");
-  MaxMemory max_memory;                      // empty: the cpu with the memory the system has available
-  std::string offload_folder;                // required when anything goes to disk
-  std::vector<std::string> no_split;         // module class names placed whole (units always are)
-  std::optional<c10::ScalarType> dtype;      // floating-point weights converted to it (else: the model's)
-  bool drop_page_cache = false;              // after a disk unit runs, drop its pages from the page cache too
+  MaxMemory max_memory;                  // empty: the cpu with the memory the system has available
+  std::string offload_folder;            // required when anything goes to disk
+  std::vector<std::string> no_split;     // module class names placed whole (units always are)
+  std::optional<c10::ScalarType> dtype;  // floating-point weights converted to it (else: the model's)
+  bool drop_page_cache = false;          // after a disk unit runs, drop its pages from the page cache too
   // A disk unit's forward runs on a copy of its weights in allocator-aligned memory (made from the
   // mapping just before, freed just after): results bitwise equal to the model loaded in memory.
   // false: straight from the mapping (no copy; BLAS may round differently on the unaligned data).
@@ -77,7 +77,7 @@ struct DispatchResult {
   DeviceMap device_map;
   std::string main_device;
   std::int64_t tensors_loaded = 0;
-  std::int64_t unexpected_tensors = 0;       // in the checkpoint, not in the model (ignored)
+  std::int64_t unexpected_tensors = 0;  // in the checkpoint, not in the model (ignored)
   std::map<std::string, std::int64_t> bytes_by_place;
   std::int64_t disk_units = 0;
   std::int64_t disk_bytes_mapped_from_checkpoint = 0;
@@ -94,8 +94,8 @@ std::optional<DeviceMap> dispatched_device_map(const torch::nn::Module& model);
 
 // The counters of disk paging since the start of the process (for tests and benchmarks).
 struct PagingStats {
-  std::int64_t page_ins = 0;       // disk units that ran
-  std::int64_t bytes_paged = 0;    // their parameter bytes
+  std::int64_t page_ins = 0;     // disk units that ran
+  std::int64_t bytes_paged = 0;  // their parameter bytes
 };
 PagingStats paging_stats();
 

@@ -3,13 +3,13 @@
 
 #include <fmt/format.h>
 
-#include <cerrno>
-#include <cstring>
 #include <fcntl.h>
-#include <stdexcept>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
 
 namespace accel::dispatch {
 namespace {
@@ -25,7 +25,8 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (f->fd_ < 0) throw std::runtime_error(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
   struct stat st {};
-  if (::fstat(f->fd_, &st) != 0) throw std::runtime_error(fmt::format("cannot stat '{}': {}", path, std::strerror(errno)));
+  if (::fstat(f->fd_, &st) != 0)
+    throw std::runtime_error(fmt::format("cannot stat '{}': {}", path, std::strerror(errno)));
   f->size_ = static_cast<std::uint64_t>(st.st_size);
   if (f->size_ == 0) return f;
   void* p = ::mmap(nullptr, f->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, f->fd_, 0);

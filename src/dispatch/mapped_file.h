@@ -23,9 +23,9 @@ class MappedFile {
   char* data() const { return data_; }
 
   // Page-aligned (outward) advice over bytes [offset, offset + n) of the file.
-  void will_need(std::uint64_t offset, std::uint64_t n) const;  // start reading ahead
-  void dont_need(std::uint64_t offset, std::uint64_t n) const;  // drop this process's pages
-  void drop_cache(std::uint64_t offset, std::uint64_t n) const; // and the page cache's clean copy
+  void will_need(std::uint64_t offset, std::uint64_t n) const;   // start reading ahead
+  void dont_need(std::uint64_t offset, std::uint64_t n) const;   // drop this process's pages
+  void drop_cache(std::uint64_t offset, std::uint64_t n) const;  // and the page cache's clean copy
 
  private:
   MappedFile() = default;

@@ -7,14 +7,14 @@
 #include "sharding/unit.h"
 
 #include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
+#include <nlohmann/json.hpp>
 
+#include <unistd.h>
 #include <cstdlib>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 namespace accel::test {
@@ -44,7 +44,8 @@ struct StackImpl : torch::nn::Module {
     in = register_module("in", torch::nn::Linear(d, d));
     for (int64_t i = 0; i < layers; ++i) {
       if (pairs) {
-        if (i % 2 == 0) pair.push_back(register_module("p" + std::to_string(i / 2), std::make_shared<StackPairImpl>(d)));
+        if (i % 2 == 0)
+          pair.push_back(register_module("p" + std::to_string(i / 2), std::make_shared<StackPairImpl>(d)));
       } else {
         blocks.push_back(accel::unit(register_module("l" + std::to_string(i), std::make_shared<StackBlockImpl>(d))));
       }
@@ -63,7 +64,7 @@ struct StackImpl : torch::nn::Module {
 };
 
 inline std::vector<std::pair<std::string, at::Tensor>> named_weights(torch::nn::Module& m,
-                                                                   c10::ScalarType dtype = at::kFloat) {
+                                                                     c10::ScalarType dtype = at::kFloat) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& p : m.named_parameters()) out.emplace_back(p.key(), p.value().detach().to(dtype));
   return out;
@@ -76,7 +77,8 @@ inline void write_sharded_checkpoint(const std::string& dir, const std::vector<s
   nlohmann::json index;
   index["metadata"]["total_size"] = 0;
   for (int s = 0; s < shards; ++s) {
-    const std::string file = "model-0000" + std::to_string(s + 1) + "-of-0000" + std::to_string(shards) + ".safetensors";
+    const std::string file =
+        "model-0000" + std::to_string(s + 1) + "-of-0000" + std::to_string(shards) + ".safetensors";
     std::vector<std::pair<std::string, at::Tensor>> part;
     for (std::size_t i = s; i < ws.size(); i += shards) {
       part.push_back(ws[i]);
@@ -89,7 +91,8 @@ inline void write_sharded_checkpoint(const std::string& dir, const std::vector<s
 
 inline std::string fresh_dir(const std::string& name) {
   const char* tmp = std::getenv("TMPDIR");
-  const std::string d = std::string(tmp && *tmp ? tmp : "/tmp") + "/accel_dispatch_" + name + "_" + std::to_string(::getpid());
+  const std::string d =
+      std::string(tmp && *tmp ? tmp : "/tmp") + "/accel_dispatch_" + name + "_" + std::to_string(::getpid());
   files::remove_tree(d);
   files::make_dirs(d);
   return d;

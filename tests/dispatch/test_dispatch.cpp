@@ -2,15 +2,14 @@
 // computed by hand, load_checkpoint_and_dispatch against the fully loaded model (bitwise), its errors,
 // and Accelerator::prepare's refusal. One process.
 #include "accelerator/accelerator.h"
-#include "base/memory.h"
 #include "base/files.h"
+#include "base/memory.h"
 #include "dispatch/dispatch.h"
 #include "dispatch/stack_model.h"
 #include "models/gpt.h"
 
 #include <gtest/gtest.h>
 #include <torch/optim/sgd.h>
-
 
 namespace accel::test {
 namespace {
@@ -70,11 +69,14 @@ TEST(DeviceMap, HandComputedSmallModel) {
   EXPECT_EQ(infer_auto_device_map(*model, {{"cpu", root}}),
             (DeviceMap{{"in", "cpu"}, {"l0", "disk"}, {"l1", "disk"}, {"l2", "disk"}, {"l3", "disk"}, {"out", "cpu"}}));
   // GPUs first, in order, then the cpu; the model's own part on the first device (the main one).
-  EXPECT_EQ(infer_auto_device_map(*model, {{"cuda:1", u}, {"cuda:0", root + 2 * u}, {"cpu", u}}, {}, "sequential"),
-            (DeviceMap{{"in", "cuda:0"}, {"l0", "cuda:0"}, {"l1", "cuda:0"}, {"l2", "cuda:1"}, {"l3", "cpu"},
-                       {"out", "cuda:0"}}));
+  EXPECT_EQ(
+      infer_auto_device_map(*model, {{"cuda:1", u}, {"cuda:0", root + 2 * u}, {"cpu", u}}, {}, "sequential"),
+      (DeviceMap{
+          {"in", "cuda:0"}, {"l0", "cuda:0"}, {"l1", "cuda:0"}, {"l2", "cuda:1"}, {"l3", "cpu"}, {"out", "cuda:0"}}));
   // The model's own part fits nowhere: refused, saying why.
-  EXPECT_NE(error_of([&] { infer_auto_device_map(*model, {{"cpu", root - 1}}); }).find("outside its units"),
+  EXPECT_NE(error_of([&] {
+              infer_auto_device_map(*model, {{"cpu", root - 1}});
+            }).find("outside its units"),
             std::string::npos);
   EXPECT_THROW(infer_auto_device_map(*model, {{"cpu", root}}, {}, "greedy"), std::invalid_argument);
   // A dtype halves every size: two units now fit where one did.
@@ -200,8 +202,14 @@ TEST(Dispatch, DiskUnitsGiveTheFullModelsOutputsBitwise) {
   o.max_memory = {{"cpu", root + 3 * u}};  // two units in memory, one unit's room kept for paging
   o.offload_folder = dir + "/offload";
   DispatchResult r = load_checkpoint_and_dispatch(model, dir, o);
-  EXPECT_EQ(r.device_map, (DeviceMap{{"in", "cpu"}, {"l0", "cpu"}, {"l1", "cpu"}, {"l2", "disk"}, {"l3", "disk"},
-                                     {"l4", "disk"}, {"l5", "disk"}, {"out", "cpu"}}));
+  EXPECT_EQ(r.device_map, (DeviceMap{{"in", "cpu"},
+                                     {"l0", "cpu"},
+                                     {"l1", "cpu"},
+                                     {"l2", "disk"},
+                                     {"l3", "disk"},
+                                     {"l4", "disk"},
+                                     {"l5", "disk"},
+                                     {"out", "cpu"}}));
   EXPECT_EQ(r.disk_units, 4);
   EXPECT_EQ(r.disk_bytes_mapped_from_checkpoint, 4 * u);  // the checkpoint's own bytes, no copy
   EXPECT_EQ(r.disk_bytes_written_to_offload, 0);
@@ -406,8 +414,8 @@ TEST(DispatchCUDA, UnitsAcrossCudaCpuAndDisk) {
     c10::NoGradGuard ng;
     at::Tensor y = model->forward(ref.x.to(main));
     EXPECT_EQ(y.device(), main);
-    EXPECT_TRUE(at::allclose(y.cpu(), ref.y, 1e-5, 1e-5)) << to_string(map) << ": max abs diff "
-                                                          << (y.cpu() - ref.y).abs().max().item<float>();
+    EXPECT_TRUE(at::allclose(y.cpu(), ref.y, 1e-5, 1e-5))
+        << to_string(map) << ": max abs diff " << (y.cpu() - ref.y).abs().max().item<float>();
   }
   files::remove_tree(dir);
 }

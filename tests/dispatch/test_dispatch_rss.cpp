@@ -83,9 +83,10 @@ TEST(DispatchRss, PeakStaysUnderTheBudgetPlusOneUnit) {
   EXPECT_TRUE(at::equal(y, y_full));
   const int64_t peak = status_bytes("VmHWM") - base, now = status_bytes("VmRSS") - base;
   const int64_t slack = 4 << 20;  // the allocator's and the test's own, activations
-  std::printf("model %.1f MiB, max_memory cpu %.1f MiB, one unit %.1f MiB: peak RSS above the start %.1f MiB, "
-              "after the forwards %.1f MiB\n",
-              plan.total_bytes / 1048576.0, budget / 1048576.0, unit / 1048576.0, peak / 1048576.0, now / 1048576.0);
+  std::printf(
+      "model %.1f MiB, max_memory cpu %.1f MiB, one unit %.1f MiB: peak RSS above the start %.1f MiB, "
+      "after the forwards %.1f MiB\n",
+      plan.total_bytes / 1048576.0, budget / 1048576.0, unit / 1048576.0, peak / 1048576.0, now / 1048576.0);
   EXPECT_LE(peak, budget + unit + slack);
   EXPECT_LE(now, budget + slack);  // the disk units' pages were dropped after they ran
   // The bound means something: the whole model does not fit under it.
