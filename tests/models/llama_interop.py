@@ -2,8 +2,8 @@
 
   make OUT_DIR
       Random LlamaForCausalLM models made here from a LlamaConfig (no download), saved with
-      save_pretrained and a small max_shard_size (so sharded, with an index) into OUT_DIR/untied and
-      OUT_DIR/tied, plus OUT_DIR/<name>.reference.safetensors: tokens [B, T] and Transformers' logits
+      save_pretrained and a small max_shard_size (so sharded, with an index) into OUT_DIR/<variant>
+      (VARIANTS: untied, tied, an explicit head_dim, saved in bf16), plus OUT_DIR/<name>.reference.safetensors: tokens [B, T] and Transformers' logits
       (eager attention, fp32) on them.
   check DIR ACCEL_FILE [DIR ACCEL_FILE ...]
       Opens each DIR with AutoModelForCausalLM.from_pretrained (eager attention, fp32), runs it on
@@ -28,27 +28,41 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 TOL = 1e-4
 
 
+# name: (LlamaConfig changes, dtype saved)
+VARIANTS = {
+    "untied": ({}, torch.float32),
+    "tied": ({"tie_word_embeddings": True}, torch.float32),
+    "head_dim": ({"head_dim": 12}, torch.float32),  # head_dim != hidden_size / heads (q_proj 72 x 48)
+    "bf16": ({}, torch.bfloat16),  # saved in bf16: accel converts on load
+}
+
+
 def make(out):
     torch.manual_seed(1234)
-    for name, tied in (("untied", False), ("tied", True)):
-        cfg = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
-                          num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
-                          rms_norm_eps=1e-5, rope_theta=5000.0, tie_word_embeddings=tied,
-                          attn_implementation="eager")
+    for name, (changes, dtype) in VARIANTS.items():
+        kw = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
+                  num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=5000.0,
+                  tie_word_embeddings=False, attn_implementation="eager")
+        kw.update(changes)
+        cfg = LlamaConfig(**kw)
         model = LlamaForCausalLM(cfg).eval()
         with torch.no_grad():  # the norms start at ones: make them matter
             for n, p in model.named_parameters():
                 if n.endswith("norm.weight"):
                     p.uniform_(0.5, 1.5)
+        model = model.to(dtype)
         d = os.path.join(out, name)
         model.save_pretrained(d, max_shard_size="40KB")
         tokens = torch.randint(0, cfg.vocab_size, (2, 11), generator=torch.Generator().manual_seed(7))
+        # Transformers' logits for the directory: opened as a user would, in fp32 (model.float() would
+        # keep the rotary inv_freq buffer that .to(bf16) rounded).
+        ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
         with torch.no_grad():
-            logits = model(tokens).logits
+            logits = ref(tokens).logits
         save_file({"tokens": tokens.contiguous(), "logits": logits.float().contiguous()},
                   os.path.join(out, name + ".reference.safetensors"))
         files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
-        print(f"made {d}: {len(files)} safetensors files, tied={tied}")
+        print(f"made {d}: {len(files)} safetensors files, {changes or 'untied'}, saved in {dtype}")
 
 
 def check(pairs):

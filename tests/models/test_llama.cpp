@@ -63,7 +63,7 @@ int python_on_rank0(const std::string& args) {
 
 AcceleratorOptions options(const std::string& config) {
   AcceleratorOptions o;
-  if (!config.empty()) o.config_file = std::string(ACCEL_SOURCE_DIR) + "/configs/" + config;
+  if (!config.empty()) o.config_file = config[0] == '/' ? config : std::string(ACCEL_SOURCE_DIR) + "/configs/" + config;
   o.report_ignored_keys = false;
   return o;
 }
@@ -264,32 +264,49 @@ TEST(Llama, KVCacheGivesTheFullForwardsLogits) {
 class LlamaInterop : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // configs/fsdp/full_shard.yaml wrapping Llama's layers instead of the GPT's BlockImpl.
+    const std::string dir = run_dir("configs");
+    llama_full_shard_ = dir + "/full_shard_llama.yaml";
+    if (world()->rank() == 0) {
+      std::string yaml = files::read_file(std::string(ACCEL_SOURCE_DIR) + "/configs/fsdp/full_shard.yaml");
+      const std::string from = "fsdp_transformer_layer_cls_to_wrap: BlockImpl";
+      ASSERT_NE(yaml.find(from), std::string::npos);
+      yaml.replace(yaml.find(from), from.size(), "fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer");
+      files::write_file_atomic(llama_full_shard_, yaml.data(), yaml.size());
+    }
+    world()->barrier();
     if (!have_python()) return;
     made_ = run_dir("transformers_saved");
     made_ok_ = python_on_rank0("make '" + made_ + "'") == 0;
   }
-  static inline std::string made_;
+  static inline std::string made_, llama_full_shard_;
   static inline bool made_ok_ = false;
 };
 
 TEST_F(LlamaInterop, TransformersSavedModelGivesTransformersLogits) {
   if (!have_python()) GTEST_SKIP() << "ACCEL_PYTHON not configured";
   ASSERT_TRUE(made_ok_) << "llama_interop.py make failed (its output is above)";
-  for (const char* name : {"untied", "tied"}) {
+  for (const char* name : {"untied", "tied", "head_dim", "bf16"}) {
     const std::string dir = made_ + "/" + name;
     auto ref = checkpoint::SafetensorsFile::open(made_ + "/" + name + ".reference.safetensors");
     const at::Tensor tokens = ref.read("tokens"), expected = ref.read("logits");
     ASSERT_TRUE(files::exists(dir + "/model.safetensors.index.json")) << "not sharded";
     // "": no config file (a single process, or DDP across the ranks); ZeRO-3 shards every layer;
-    // full_shard.yaml wraps BlockImpl (the GPT's), so there the whole model is one sharded root unit.
-    for (const std::string cfg : {"", "ddp.yaml", "deepspeed/zero3.yaml", "fsdp/full_shard.yaml"}) {
+    // full_shard.yaml wraps BlockImpl (the GPT's), so there the whole model is one sharded root unit;
+    // full_shard_llama.yaml wraps LlamaDecoderLayer: a unit per layer again.
+    for (const std::string cfg : {std::string(), std::string("ddp.yaml"), std::string("deepspeed/zero3.yaml"),
+                                  std::string("fsdp/full_shard.yaml"), llama_full_shard_}) {
       SCOPED_TRACE(std::string(name) + " under " + (cfg.empty() ? "no config" : cfg));
       Accelerator acc(options(cfg));
       at::manual_seed(99);  // weights unlike the file's, until loaded
-      auto model = std::make_shared<LlamaForCausalLM>(LlamaConfig::from_file(dir));
+      const auto config = LlamaConfig::from_file(dir);
+      EXPECT_EQ(config.dtype, std::string(name) == "bf16" ? "bfloat16" : "float32");
+      auto model = std::make_shared<LlamaForCausalLM>(config);  // fp32 (a bf16 file is converted on load)
       torch::optim::SGD sgd(model->parameters(), 0.1);
       DataLoader<TokenWindows> loader(TokenWindows(8, 6, 97), {.batch_size = 2});  // ZeRO-3 wants a batch size
       acc.prepare(model, sgd, loader);
+      const bool per_layer = cfg == llama_full_shard_ || cfg == "deepspeed/zero3.yaml";
+      if (per_layer) EXPECT_EQ(acc.engine()->units().size(), 4u);  // three layers and the root
       c10::NoGradGuard no_grad;
       EXPECT_GT(max_abs_diff(model->forward(tokens), expected), 1e-2);  // fresh weights are not the file's
       auto loaded = load_pretrained(*acc.engine(), *model, dir);
@@ -302,8 +319,9 @@ TEST_F(LlamaInterop, TransformersSavedModelGivesTransformersLogits) {
       for (std::int64_t t = 6; t < tokens.size(1); ++t) steps.push_back(model->forward(tokens.narrow(1, t, 1), &cache));
       EXPECT_LE(max_abs_diff(at::cat(steps, 1), expected), 1e-4);
       if (world()->rank() == 0)
-        std::printf("%s, %s, %d rank(s): max |logits - Transformers'| = %.3e\n", name,
-                    cfg.empty() ? "no config" : cfg.c_str(), world()->size(), diff);
+        std::printf("%s, %s, %d rank(s), %zu units: max |logits - Transformers'| = %.3e\n", name,
+                    cfg.empty() ? "no config" : cfg.substr(cfg.rfind('/') + 1).c_str(), world()->size(),
+                    acc.engine()->units().size(), diff);
       acc.end_training();
     }
   }
