@@ -16,10 +16,11 @@
 //
 // --drop_page_cache: after a disk layer runs its pages are also dropped from the page cache, so every
 // token reads the offloaded layers from the disk again (the disk's read bandwidth is then the bound,
-// not the page cache's copy).
+// not the page cache's copy). --measure_disk_mb N times the disk first and prints that bound.
 #include "checkpoint/safetensors.h"
 #include "dispatch/dispatch.h"
 #include "models/llama.h"
+#include "offload/async_file.h"
 
 #include "base/files.h"
 
@@ -120,6 +121,7 @@ int main(int argc, char** argv) {
   std::int64_t prompt_tokens = 16, new_tokens = 32;
   std::uint64_t seed = 0;
   bool drop_page_cache = false;
+  std::int64_t measure_disk_mb = 0;
   app.add_option("--model", model_dir, "checkpoint directory (config.json + safetensors)");
   app.add_option("--device_map", device_map,
                  "auto | balanced | sequential | a place for everything (cpu, cuda:0) | name=place,name=place");
@@ -133,6 +135,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "prompt / random checkpoint seed");
   app.add_option("--save_logits", save_logits, "write every step's last-position logits to this safetensors file");
   app.add_flag("--drop_page_cache", drop_page_cache, "drop disk layers from the page cache after they run");
+  app.add_option("--measure_disk_mb", measure_disk_mb,
+                 "time reading this many MiB in --offload_folder first: the disk's bound on tokens/s");
   app.add_option("--make_random_checkpoint", make_dir, "write a random checkpoint into this directory and exit");
   app.add_option("--config", config_file, "with --make_random_checkpoint: a config.json (else --preset)");
   app.add_option("--preset", preset_name, "with --make_random_checkpoint: tiny | 1b");
@@ -228,6 +232,13 @@ int main(int argc, char** argv) {
         ids.size(), prefill_s, static_cast<long long>(new_tokens - 1), decode_s,
         new_tokens > 1 ? (new_tokens - 1) / decode_s : 0.0, status_bytes("VmHWM") / 1048576.0, rss_start / 1048576.0,
         paging_stats().bytes_paged / 1048576.0);
+    if (measure_disk_mb > 0 && !offload_folder.empty() && r.bytes_by_place.count("disk")) {
+      files::make_dirs(offload_folder);
+      const auto bw = offload::measure_disk(offload_folder, static_cast<std::uint64_t>(measure_disk_mb) << 20);
+      const double per_token = r.bytes_by_place.at("disk") / 1e9;  // GB read per token from disk
+      std::printf("disk read %.2f GB/s (%s): %.3f GB of layers per token bounds decoding at %.2f tokens/s\n",
+                  bw.read_gbps, bw.direct ? "O_DIRECT" : "page cache dropped", per_token, bw.read_gbps / per_token);
+    }
     if (r.disk_units > 0 && decode_s > 0)
       std::printf("decode paged %.1f MiB of disk layers: %.1f MiB/s\n",
                   (paging_stats().bytes_paged - paged_before_decode.bytes_paged) / 1048576.0,
