@@ -237,7 +237,10 @@ DeviceMap infer_auto_device_map(torch::nn::Module& model, const MaxMemory& max_m
     const std::int64_t share =
         (plan.total_bytes + static_cast<std::int64_t>(gpus) - 1) / static_cast<std::int64_t>(gpus) +
         plan.largest_group_bytes;
-    for (std::size_t i = 0; i + 1 < gpus; ++i) places[i].second = std::min(places[i].second, share);
+    // (The share caps what a GPU holds in all: the main one holds the model's own part too.)
+    for (std::size_t i = 0; i + 1 < gpus; ++i)
+      places[i].second =
+          std::min(places[i].second, std::max<std::int64_t>(0, share - (i == main ? plan.rest_bytes : 0)));
   }
   std::map<const torch::nn::Module*, std::string> group_place;
   auto fill = [&](const std::vector<std::pair<std::string, std::int64_t>>& budgets) {

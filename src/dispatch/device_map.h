@@ -12,8 +12,8 @@
 // The groups then fill the places in model order (Accelerate's "sequential"). When a group spills to
 // disk, the cpu keeps room for the largest group (a disk group is paged into cpu memory while it
 // runs), so the weights in memory stay within max_memory["cpu"] at any time. "balanced" (and "auto",
-// as in Accelerate) first caps each of several GPUs at an even share of the model plus the largest
-// group, so the layers spread over all of them instead of filling the first.
+// as in Accelerate) first caps each of several GPUs but the last at an even share of the model plus
+// the largest group, so the layers spread over all of them instead of filling the first.
 //
 // The result names modules (and parameters) with the device they go to, the smallest cover: a module
 // whose parts all go to one place is one entry ("" for the whole model), as Accelerate's clean_result.

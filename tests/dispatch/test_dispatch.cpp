@@ -73,6 +73,18 @@ TEST(DeviceMap, HandComputedSmallModel) {
       infer_auto_device_map(*model, {{"cuda:1", u}, {"cuda:0", root + 2 * u}, {"cpu", u}}, {}, "sequential"),
       (DeviceMap{
           {"in", "cuda:0"}, {"l0", "cuda:0"}, {"l1", "cuda:0"}, {"l2", "cuda:1"}, {"l3", "cpu"}, {"out", "cuda:0"}}));
+  // Two GPUs, "balanced": the first holds at most ceil(5u / 2) + u = 3.5u in all (the root's u
+  // included), so two units; "sequential" fills the first.
+  const MaxMemory two_gpus{{"cuda:0", 100 * u}, {"cuda:1", 100 * u}, {"cpu", 100 * u}};
+  EXPECT_EQ(infer_auto_device_map(*model, two_gpus, {}, "balanced"), (DeviceMap{{"in", "cuda:0"},
+                                                                                {"l0", "cuda:0"},
+                                                                                {"l1", "cuda:0"},
+                                                                                {"l2", "cuda:1"},
+                                                                                {"l3", "cuda:1"},
+                                                                                {"out", "cuda:0"}}));
+  EXPECT_EQ(infer_auto_device_map(*model, two_gpus, {}, "auto"),
+            infer_auto_device_map(*model, two_gpus, {}, "balanced"));
+  EXPECT_EQ(infer_auto_device_map(*model, two_gpus, {}, "sequential"), (DeviceMap{{"", "cuda:0"}}));
   // The model's own part fits nowhere: refused, saying why.
   EXPECT_NE(error_of([&] {
               infer_auto_device_map(*model, {{"cpu", root - 1}});
@@ -112,6 +124,42 @@ TEST(DeviceMap, NeverSplitsANoSplitModule) {
   EXPECT_EQ(plan.groups[0].name, "p0");
   EXPECT_EQ(plan.groups[0].bytes, 2 * u);
   EXPECT_EQ(plan.rest_bytes, root);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// UnitHooks::input_device: the Unit moves tensor arguments to the device its hooks name (checked on
+// the meta device, which every build has).
+
+struct ProbeImpl : torch::nn::Module {
+  at::Tensor forward(at::Tensor x, std::vector<at::Tensor> xs, int k) {
+    seen = {x.device(), xs.at(0).device()};
+    return x.narrow(0, 0, k);
+  }
+  std::vector<at::Device> seen;
+};
+struct MovingHooks : sharding::UnitHooks {
+  explicit MovingHooks(std::optional<at::Device> d) : device(d) {}
+  void pre_forward() override { ++pre; }
+  void post_forward(std::vector<at::Tensor>&) override { ++post; }
+  void post_forward_untracked() override { ++post; }
+  std::optional<c10::Device> input_device() const override { return device; }
+  std::optional<at::Device> device;
+  int pre = 0, post = 0;
+};
+
+TEST(DispatchUnit, MovesTensorArgumentsToTheHooksDevice) {
+  auto probe = accel::unit(std::make_shared<ProbeImpl>());
+  auto hooks = std::make_shared<MovingHooks>(at::Device(at::kMeta));
+  sharding::find_unit(probe.ptr().get())->hooks = hooks;
+  at::Tensor y = probe(at::ones({3}), std::vector<at::Tensor>{at::zeros({1})}, 2);
+  EXPECT_EQ(probe->seen, (std::vector<at::Device>{at::kMeta, at::kMeta}));
+  EXPECT_TRUE(y.is_meta());
+  EXPECT_EQ(y.size(0), 2);
+  EXPECT_EQ(hooks->pre, 1);
+  EXPECT_EQ(hooks->post, 1);
+  hooks->device.reset();  // no device: arguments as they are
+  probe(at::ones({3}), std::vector<at::Tensor>{at::zeros({1})}, 1);
+  EXPECT_EQ(probe->seen, (std::vector<at::Device>{at::kCPU, at::kCPU}));
 }
 
 // ---------------------------------------------------------------------------------------------------
