@@ -38,7 +38,9 @@
 // lacks, a shape that differs (both shapes), a non-floating dtype that differs. Checkpoint tensors
 // the model lacks are ignored (Accelerate's strict=False) and counted.
 //
-// A dispatched model is for inference: Accelerator::prepare refuses it (is_dispatched).
+// The checkpoint's files (and offload_folder's) must stay as they are while the model lives: disk
+// parameters are read from them at every forward. A dispatched model is for inference:
+// Accelerator::prepare refuses it (is_dispatched).
 #pragma once
 
 #include "dispatch/device_map.h"

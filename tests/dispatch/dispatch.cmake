@@ -10,11 +10,13 @@ accel_add_mpi_test(NAME dispatch SUFFIX _CUDA TARGET dispatch_tests NP 1 FILTER 
 set(ACCEL_TEST_ENV ${_accel_cpu_env})
 # Peak RSS with units on disk: the checkpoint is written by one process and measured in another.
 set(_accel_rss_env ACCEL_DISPATCH_RSS_DIR=${CMAKE_BINARY_DIR}/dispatch_rss)
-accel_add_gtest(NAME dispatch_rss_write TARGET dispatch_tests FILTER DispatchRss.WriteCheckpoint ENV ${_accel_rss_env})
+accel_add_gtest(NAME dispatch_rss_write TARGET dispatch_tests FILTER DispatchRss.Write* ENV ${_accel_rss_env})
 accel_add_gtest(NAME dispatch_rss_peak TARGET dispatch_tests FILTER DispatchRss.PeakStaysUnderTheBudgetPlusOneUnit
                 ENV ${_accel_rss_env})
+accel_add_gtest(NAME dispatch_rss_llama_generation TARGET dispatch_tests
+                FILTER DispatchRss.LlamaGenerationPeakStaysUnderTheBudgetPlusOneLayer ENV ${_accel_rss_env})
 set_tests_properties(dispatch_rss_write PROPERTIES FIXTURES_SETUP dispatch_rss)
-set_tests_properties(dispatch_rss_peak PROPERTIES FIXTURES_REQUIRED dispatch_rss)
+set_tests_properties(dispatch_rss_peak dispatch_rss_llama_generation PROPERTIES FIXTURES_REQUIRED dispatch_rss)
 
 # examples/generate: fully loaded and paged from disk give the same tokens.
 if(ACCEL_BUILD_EXAMPLES)
