@@ -30,6 +30,7 @@ set(ACCEL_INTERNAL_HEADERS
   comm/shm_backend.h           # the shared-memory transport and the hierarchy over nodes
   comm/hierarchical.h
   comm/shm_reduce.h
+  dispatch/mapped_file.h       # dispatch's mmap helper (dispatch/dispatch.h is the interface)
   offload/request_queue.h      # AsyncFile's queue (offload/async_file.h is the interface)
   optim/fused_kernels.h        # the fused step's per-ISA kernels (optim/fused_step.h is the interface)
   zero/unit_report.h)          # prepare's warning about the root unit (the Accelerator logs it)

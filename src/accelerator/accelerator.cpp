@@ -5,6 +5,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/model_export.h"
 #include "checkpoint/sharded_state.h"
+#include "dispatch/dispatch.h"
 #include "zero/sharded_optimizer.h"
 #include "zero/unit_report.h"
 
@@ -192,6 +193,14 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
     throw std::logic_error(
         "Accelerator::prepare: this Accelerator already prepared a model (one model per "
         "Accelerator)");
+  // As Accelerate refuses a model loaded with a device_map: its units carry dispatch hooks, and its
+  // weights may be memory-mapped from disk or spread over devices.
+  if (is_dispatched(*model))
+    throw std::invalid_argument(fmt::format(
+        "Accelerator::prepare: this model was dispatched by load_checkpoint_and_dispatch (device map {}); a "
+        "dispatched model is for inference only and cannot be trained. Build the model normally (or under "
+        "Accelerator::sharded_init), load the checkpoint with Accelerator::load_model after prepare, and train that",
+        to_string(*dispatched_device_map(*model), model.get())));
   if (cfg_.distributed_type == DistributedType::DeepSpeed) {
     BatchConfig b =
         resolve_batch(cfg_.batch, num_processes(), micro_batch, cfg_.gradient_accumulation_steps, where(cfg_));

@@ -30,7 +30,13 @@ std::shared_ptr<UnitSlot> register_unit(torch::nn::Module* module) {
   }
   // Inside a sharded-construction scope the unit is sharded now, as soon as it is built (collective).
   if (auto* init = ShardedInit::active()) init->shard_unit(*module);
+  if (auto* observer = unit_built_observer()) observer->unit_built(*module);
   return slot;
+}
+
+UnitBuiltObserver*& unit_built_observer() {
+  thread_local UnitBuiltObserver* observer = nullptr;
+  return observer;
 }
 
 std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module) {

@@ -16,6 +16,9 @@
 // gather them first. Parameter names and the module tree do not change: the module is registered where
 // the model registers it; the Unit is only the call site.
 //
+// Dispatch (src/dispatch/) uses the same slots for inference: hooks that page a unit's weights in
+// from disk around its forward, and move its tensor arguments to the unit's device (input_device).
+//
 // Outputs: a Tensor or a std::vector<at::Tensor> is tracked for backward. Any other return type is
 // passed through and the unit then stays gathered until its gradients are reduced.
 //
@@ -31,10 +34,12 @@
 #include "sharding/activation_checkpoint.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/GradMode.h>
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -57,7 +62,22 @@ class UnitHooks {
   virtual void post_forward(std::vector<at::Tensor>& outputs) = 0;
   // The unit returned something the engine cannot hook: it must not free the parameters now.
   virtual void post_forward_untracked() = 0;
+  // Where the unit's at::Tensor (and std::vector<at::Tensor>) arguments must be before it runs, for
+  // units placed on another device than the model's own code (dispatch, src/dispatch/); other
+  // arguments are passed as they are. nullopt (the engine): arguments untouched.
+  virtual std::optional<c10::Device> input_device() const { return std::nullopt; }
 };
+
+// Told about each unit the moment it is marked (right after it was built), on the marking thread.
+// A construction scope that acts per unit sets it for its lifetime (dispatch's init_empty_weights
+// frees the unit's parameters) and restores the previous one after.
+class UnitBuiltObserver {
+ public:
+  virtual ~UnitBuiltObserver() = default;
+  virtual void unit_built(torch::nn::Module& module) = 0;
+};
+// This thread's observer (null: none).
+UnitBuiltObserver*& unit_built_observer();
 
 // Shared by every copy of one Unit handle; the registry maps the module to it.
 struct UnitSlot {
@@ -102,6 +122,18 @@ decltype(auto) pick(Tuple& captured, const std::vector<at::Tensor>& tensors) {
   else
     return (std::get<I>(captured));
 }
+// An argument on its way to a unit on another device: tensors (and vectors of them) are moved there.
+template <class A>
+decltype(auto) on_device(A&& a, c10::Device device) {
+  if constexpr (is_tensor_v<A>)
+    return at::Tensor(a.defined() ? a.to(device) : a);
+  else if constexpr (std::is_same_v<std::decay_t<A>, std::vector<at::Tensor>>) {
+    std::vector<at::Tensor> out;
+    for (const auto& t : a) out.push_back(t.defined() ? t.to(device) : t);
+    return out;
+  } else
+    return std::forward<A>(a);
+}
 template <class M, class Tuple, std::size_t... I>
 decltype(auto) call_recorded(M& m, Tuple& captured, const std::vector<at::Tensor>& tensors, std::index_sequence<I...>) {
   return m.forward(pick<I>(captured, tensors)...);
@@ -139,7 +171,17 @@ class Unit {
     auto* hooks = slot_->hooks.get();
     if (!hooks) return run(std::forward<Args>(args)...);
     hooks->pre_forward();
-    auto out = run(std::forward<Args>(args)...);
+    auto out = [&] {
+      // (A forward that takes a tensor by non-const reference gets its arguments unmoved.)
+      if constexpr (requires {
+                      std::declval<M&>().forward(
+                          sharding::detail::on_device(std::declval<Args>(), std::declval<c10::Device>())...);
+                    }) {
+        if (auto device = hooks->input_device())
+          return run(sharding::detail::on_device(std::forward<Args>(args), *device)...);
+      }
+      return run(std::forward<Args>(args)...);
+    }();
     using Out = decltype(out);
     if constexpr (std::is_same_v<Out, at::Tensor>) {
       std::vector<at::Tensor> outs{out};
