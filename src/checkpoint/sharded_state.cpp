@@ -251,7 +251,7 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
   json scalars = json::object();
   try {
     c10::NoGradGuard ng;
-    Writer w{dir, rank_file("shard", rank, ".bin")};
+    Writer w{dir, rank_file("shard", rank, ".bin"), {}, json::array()};
     if (full) {
       write_full(w, engine, opt, rank, scalars);
     } else {

@@ -317,7 +317,7 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
     const auto& e = t.file->entry(t.source);
     const std::uint64_t offset = t.file->header().data_start + e.begin;
     if (t.file->dtype(t.source) == t.target && offset % c10::elementSize(t.target) == 0) {
-      disk_range[t.t.unsafeGetTensorImpl()] = MappedRange{map_file(t.file->path()), offset, e.end - e.begin};
+      disk_range[t.t.unsafeGetTensorImpl()] = MappedRange{map_file(t.file->path()), offset, e.end - e.begin, {}, {}};
       result.disk_bytes_mapped_from_checkpoint += static_cast<std::int64_t>(e.end - e.begin);
     } else {
       to_write.push_back(&t);
@@ -335,7 +335,7 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
     for (const auto* t : to_write) {
       const auto& e = written.entry(t->names[0]);
       disk_range[t->t.unsafeGetTensorImpl()] =
-          MappedRange{map_file(path), written.header().data_start + e.begin, e.end - e.begin};
+          MappedRange{map_file(path), written.header().data_start + e.begin, e.end - e.begin, {}, {}};
       result.disk_bytes_written_to_offload += static_cast<std::int64_t>(e.end - e.begin);
     }
   }
