@@ -1,0 +1,77 @@
+// What the built-in trackers share: their directory, their options, the config file (builtin.h).
+#include "tracking/builtin.h"
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <system_error>
+
+namespace accel::tracking {
+
+void make_logging_dir(const std::string& dir, const std::string& tracker) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir))
+    throw std::runtime_error("tracker '" + tracker + "': cannot create the logging directory " + dir + " (" +
+                             (ec ? ec.message() : std::string("a file is in the way")) +
+                             "); choose a writable AcceleratorOptions::project_dir (project_dir in the config file)");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw std::runtime_error("tracker '" + tracker + "': the logging directory " + dir +
+                             " is not writable; choose a writable AcceleratorOptions::project_dir (project_dir in "
+                             "the config file)");
+}
+
+void check_kwargs(const TrackerContext& ctx, const std::string& tracker, const std::vector<std::string>& allowed) {
+  for (const auto& [k, v] : ctx.kwargs) {
+    bool ok = false;
+    for (const auto& a : allowed) ok = ok || a == k;
+    if (ok) continue;
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+    throw std::invalid_argument("init_kwargs for tracker '" + tracker + "': unknown option '" + k + "'" +
+                                (list.empty() ? std::string(" (it takes none)") : "; its options: " + list));
+  }
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) throw std::runtime_error("cannot write " + tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + ec.message());
+}
+
+std::string config_json(const Values& config) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : config) {
+    switch (v.kind()) {
+      case Value::Kind::Text: j[k] = v.text(); break;
+      case Value::Kind::Bool: j[k] = v.number() != 0; break;
+      case Value::Kind::Number:
+        if (std::isfinite(v.number()))
+          j[k] = v.number();
+        else
+          j[k] = nullptr;
+        break;
+    }
+  }
+  return j.dump(2) + "\n";
+}
+
+double wall_time() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace accel::tracking
