@@ -1,26 +1,30 @@
 // What the built-in trackers share: their directory, their options, the config file (builtin.h).
 #include "tracking/builtin.h"
 
+#include "base/files.h"
+
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <stdexcept>
-#include <system_error>
 
 namespace accel::tracking {
 
+// (POSIX calls through base/files.h: std::filesystem is unsafe in processes linked with libtorch.)
 void make_logging_dir(const std::string& dir, const std::string& tracker) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec || !std::filesystem::is_directory(dir))
+  try {
+    files::make_dirs(dir);
+  } catch (const std::exception& e) {
     throw std::runtime_error("tracker '" + tracker + "': cannot create the logging directory " + dir + " (" +
-                             (ec ? ec.message() : std::string("a file is in the way")) +
-                             "); choose a writable AcceleratorOptions::project_dir (project_dir in the config file)");
+                             e.what() + "); choose a writable AcceleratorOptions::project_dir (project_dir in the config file)");
+  }
+  if (!files::is_dir(dir))
+    throw std::runtime_error("tracker '" + tracker + "': cannot create the logging directory " + dir +
+                             " (a file is in the way); choose a writable AcceleratorOptions::project_dir (project_dir "
+                             "in the config file)");
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     throw std::runtime_error("tracker '" + tracker + "': the logging directory " + dir +
                              " is not writable; choose a writable AcceleratorOptions::project_dir (project_dir in "
@@ -40,16 +44,7 @@ void check_kwargs(const TrackerContext& ctx, const std::string& tracker, const s
 }
 
 void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) throw std::runtime_error("cannot write " + tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + ec.message());
+  files::write_file_atomic(path, text.data(), text.size());
 }
 
 std::string config_json(const Values& config) {
