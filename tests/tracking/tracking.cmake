@@ -10,3 +10,12 @@ if(ACCEL_BUILD_EXAMPLES AND ACCEL_PYTHON)
     set_tests_properties(tracking_gpt_lm_files_${mode}_np2 PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600)
   endforeach()
 endif()
+# tensorboard.proto's messages against the tensorboard package's own descriptors (field numbers,
+# types, labels, oneofs, packing).
+if(ACCEL_PYTHON)
+  add_test(NAME tracking_proto_fields
+           COMMAND sh -c "\"$1\" --descriptor_set_out=\"$4/tensorboard_proto.pb\" -I \"$2\" \"$2/tensorboard.proto\" && \"$3\" \"$5\" \"$4/tensorboard_proto.pb\""
+                   sh ${Protobuf_PROTOC_EXECUTABLE} ${PROJECT_SOURCE_DIR}/src/tracking ${ACCEL_PYTHON} ${CMAKE_BINARY_DIR}
+                   ${CMAKE_CURRENT_SOURCE_DIR}/tracking/proto_fields.py)
+  set_tests_properties(tracking_proto_fields PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION "equal to the tensorboard package's")
+endif()
