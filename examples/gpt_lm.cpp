@@ -58,7 +58,8 @@ int main(int argc, char** argv) {
   app.add_option("--heads", heads, "attention heads (must divide --d_model)")->check(CLI::PositiveNumber);
   app.add_option("--seq", seq, "sequence length (characters per window)")->check(CLI::PositiveNumber);
   app.add_option("--comm_stats", comm_stats, "write every rank's communication counters here (main process)");
-  app.add_option("--log_with", log_with, "trackers, e.g. tensorboard,jsonl,csv or all (files under PROJECT_DIR/gpt_lm)");
+  app.add_option("--log_with", log_with,
+                 "trackers, e.g. tensorboard,jsonl,csv or all (files under PROJECT_DIR/gpt_lm)");
   app.add_option("--histogram_every", histogram_every, "with --log_with: weight histograms every N steps (0: none)")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);

@@ -294,15 +294,12 @@ double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
   const bool measure_only =
       cfg_.distributed_type == DistributedType::DeepSpeed && cfg_.gradient_clipping && *cfg_.gradient_clipping > 0;
   // fp16: check for overflow and unscale first (inf on overflow; the step will then be skipped).
-  double norm;
-  if (scaling_)
-    norm = scaling_->unscale(measure_only ? std::nullopt : std::optional<double>(max_norm), norm_type);
   // DeepSpeed clips inside the step to its configured gradient_clipping (Accelerate then only
   // reports the norm): measure without clipping here, so gradients are not clipped twice.
-  else if (measure_only)
-    norm = engine_->clip_grad_norm(std::numeric_limits<double>::infinity(), norm_type);
-  else
-    norm = engine_->clip_grad_norm(max_norm, norm_type);
+  const double norm = scaling_
+                          ? scaling_->unscale(measure_only ? std::nullopt : std::optional<double>(max_norm), norm_type)
+                      : measure_only ? engine_->clip_grad_norm(std::numeric_limits<double>::infinity(), norm_type)
+                                     : engine_->clip_grad_norm(max_norm, norm_type);
   state_->last_grad_norm = norm;  // step_metrics' grad_norm
   return norm;
 }

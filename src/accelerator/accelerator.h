@@ -442,8 +442,8 @@ class Accelerator {
   bool ended_ = false;
   // Trackers and step metrics (accelerator_tracking.cpp).
   void finish_trackers();
-  void check_log_with();  // at construction: names known, project_dir where needed
-  std::vector<tracking::LogWith> log_with_;  // options' or the config's
+  void check_log_with();                                      // at construction: names known, project_dir where needed
+  std::vector<tracking::LogWith> log_with_;                   // options' or the config's
   std::vector<std::shared_ptr<tracking::Tracker>> trackers_;  // those this process runs
   std::string logging_dir_;
   std::int64_t micro_batch_ = 0;  // samples per process per micro-step (the prepared loader's), 0: unknown

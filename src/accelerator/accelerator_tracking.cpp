@@ -117,8 +117,9 @@ void Accelerator::init_trackers(const std::string& project_name, const tracking:
   if (!error.empty()) throw std::runtime_error("Accelerator::init_trackers: " + error);
   if (failed.item<int>() > 0) {
     trackers_.clear();
-    throw std::runtime_error("Accelerator::init_trackers: a tracker failed to start on another process (its error "
-                             "is in that process's output)");
+    throw std::runtime_error(
+        "Accelerator::init_trackers: a tracker failed to start on another process (its error "
+        "is in that process's output)");
   }
 }
 
@@ -141,10 +142,10 @@ tracking::Tracker& Accelerator::get_tracker(const std::string& name) {
     if (t->name() == name) return *t;
     names.push_back(t->name());
   }
-  throw std::invalid_argument(fmt::format(
-      "Accelerator::get_tracker: no tracker '{}' on this process (running here: {}){}", name,
-      names.empty() ? std::string("none") : joined(names),
-      is_main_process() ? "" : "; the built-in trackers run on the main process only"));
+  throw std::invalid_argument(
+      fmt::format("Accelerator::get_tracker: no tracker '{}' on this process (running here: {}){}", name,
+                  names.empty() ? std::string("none") : joined(names),
+                  is_main_process() ? "" : "; the built-in trackers run on the main process only"));
 }
 
 void Accelerator::finish_trackers() {
@@ -237,9 +238,8 @@ tracking::Values Accelerator::step_metrics(const StepMetricsOptions& o) {
     for (int r = 0; r < num_processes(); ++r) {
       m.emplace_back(fmt::format("memory/rank{}/total_peak_mib", r), v[r * K] / MiB);
       for (int c = 0; c < memory::kNumCategories; ++c)
-        m.emplace_back(
-            fmt::format("memory/rank{}/{}_peak_mib", r, memory::to_string(static_cast<memory::Category>(c))),
-            v[r * K + c + 1] / MiB);
+        m.emplace_back(fmt::format("memory/rank{}/{}_peak_mib", r, memory::to_string(static_cast<memory::Category>(c))),
+                       v[r * K + c + 1] / MiB);
     }
   }
   if (new_mark) metrics_mark_.counters = read_counters();

@@ -553,8 +553,8 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   read_zero(top.has("zero_optimization") ? top.value("zero_optimization") : json(), source, cfg);
 
   // DeepSpeed's monitors that accel has a tracker for: enabled: true adds it to log_with.
-  for (const auto& [block, tracker] : {std::pair<const char*, const char*>{"tensorboard", "tensorboard"},
-                                       {"csv_monitor", "csv"}}) {
+  for (const auto& [block, tracker] :
+       {std::pair<const char*, const char*>{"tensorboard", "tensorboard"}, {"csv_monitor", "csv"}}) {
     if (!top.has(block)) continue;
     const Block m(top.value(block), source, top.path(block) + ".", monitor_keys(), cfg);
     if (m.boolean("enabled").value_or(false))
@@ -612,7 +612,9 @@ std::vector<KeyRow> deepspeed_json_keys() {
                                       {"aio", &aio_keys()},
                                       {"fp16", &fp16_keys()},
                                       {"bf16", &bf16_keys()},
-                                      {"activation_checkpointing", &activation_checkpointing_keys()}})
+                                      {"activation_checkpointing", &activation_checkpointing_keys()},
+                                      {"tensorboard", &monitor_keys()},
+                                      {"csv_monitor", &monitor_keys()}})
     for (const auto& k : *keys) rows.push_back({section, k.name, k.ignored});
   return rows;
 }

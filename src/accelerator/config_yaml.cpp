@@ -313,8 +313,7 @@ void read_trackers(const Section& top, AcceleratorConfig& cfg) {
     const YAML::Node& n = top.node("log_with");
     if (n.IsSequence()) {
       for (const auto& item : n) {
-        if (!item.IsScalar())
-          cd::fail_value(top.file(), top.path("log_with"), show(n), "a list of tracker names");
+        if (!item.IsScalar()) cd::fail_value(top.file(), top.path("log_with"), show(n), "a list of tracker names");
         cfg.log_with.push_back(cd::trim(item.Scalar()));
       }
     } else {

@@ -3,8 +3,8 @@
 
 #include "base/files.h"
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -18,8 +18,8 @@ void make_logging_dir(const std::string& dir, const std::string& tracker) {
   try {
     files::make_dirs(dir);
   } catch (const std::exception& e) {
-    throw std::runtime_error("tracker '" + tracker + "': cannot create the logging directory " + dir + " (" +
-                             e.what() + "); choose a writable AcceleratorOptions::project_dir (project_dir in the config file)");
+    throw std::runtime_error("tracker '" + tracker + "': cannot create the logging directory " + dir + " (" + e.what() +
+                             "); choose a writable AcceleratorOptions::project_dir (project_dir in the config file)");
   }
   if (!files::is_dir(dir))
     throw std::runtime_error("tracker '" + tracker + "': cannot create the logging directory " + dir +

@@ -84,9 +84,12 @@ void set_text(tb::Summary::Value* v, const std::string& tag, const std::string& 
 std::string markdown_cell(const std::string& s) {
   std::string out;
   for (char c : s) {
-    if (c == '|') out += "\\|";
-    else if (c == '\n') out += "<br>";
-    else out += c;
+    if (c == '|')
+      out += "\\|";
+    else if (c == '\n')
+      out += "<br>";
+    else
+      out += c;
   }
   return out;
 }

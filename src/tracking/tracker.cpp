@@ -13,9 +13,7 @@
 
 namespace accel::tracking {
 
-double Value::number() const {
-  return kind_ == Kind::Text ? std::numeric_limits<double>::quiet_NaN() : number_;
-}
+double Value::number() const { return kind_ == Kind::Text ? std::numeric_limits<double>::quiet_NaN() : number_; }
 
 std::string Value::to_string() const {
   switch (kind_) {
@@ -105,8 +103,8 @@ const TrackerInfo& tracker_info(const std::string& name) {
   std::string known;
   for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
   const std::string near = closest_name(name, names);
-  throw std::invalid_argument("unknown tracker '" + name + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)") +
-                              "; known trackers: " + known +
+  throw std::invalid_argument("unknown tracker '" + name + "'" +
+                              (near.empty() ? "" : " (did you mean '" + near + "'?)") + "; known trackers: " + known +
                               ", or \"all\" (register your own with accel::tracking::register_tracker)");
 }
 

@@ -28,9 +28,9 @@ class Value {
   enum class Kind { Number, Bool, Text };
   template <class T, std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T, bool>, int> = 0>
   Value(T v) : kind_(Kind::Number), number_(static_cast<double>(v)) {}  // NOLINT(implicit)
-  Value(bool b) : kind_(Kind::Bool), number_(b ? 1 : 0) {}             // NOLINT(implicit)
-  Value(std::string s) : kind_(Kind::Text), text_(std::move(s)) {}     // NOLINT(implicit)
-  Value(const char* s) : kind_(Kind::Text), text_(s) {}                // NOLINT(implicit)
+  Value(bool b) : kind_(Kind::Bool), number_(b ? 1 : 0) {}              // NOLINT(implicit)
+  Value(std::string s) : kind_(Kind::Text), text_(std::move(s)) {}      // NOLINT(implicit)
+  Value(const char* s) : kind_(Kind::Text), text_(s) {}                 // NOLINT(implicit)
 
   Kind kind() const { return kind_; }
   bool is_text() const { return kind_ == Kind::Text; }
@@ -53,7 +53,7 @@ using Values = std::vector<std::pair<std::string, Value>>;
 // What a tracker is built with (Accelerate: run_name, logging_dir, **init_kwargs).
 struct TrackerContext {
   std::string project_name;
-  std::string logging_dir;  // <project_dir>/<project_name>; "" when no project_dir was given
+  std::string logging_dir;                    // <project_dir>/<project_name>; "" when no project_dir was given
   std::map<std::string, std::string> kwargs;  // init_kwargs[<tracker name>]
   int process_index = 0;                      // for trackers that run on every process
 };

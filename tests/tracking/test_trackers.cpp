@@ -102,7 +102,8 @@ TEST(TrackerValue, ReadsBackAsWritten) {
   const double third = 1.0 / 3;
   EXPECT_EQ(std::stod(Value(third).to_string()), third);
   EXPECT_TRUE(std::isnan(Value("x").number()));
-  EXPECT_EQ(tracking::split_names("tensorboard, jsonl,,csv"), (std::vector<std::string>{"tensorboard", "jsonl", "csv"}));
+  EXPECT_EQ(tracking::split_names("tensorboard, jsonl,,csv"),
+            (std::vector<std::string>{"tensorboard", "jsonl", "csv"}));
 }
 
 TEST(TrackerRegistry, UnknownNamesSayWhatIsKnown) {
@@ -159,7 +160,8 @@ TEST(AcceleratorTrackers, CustomTrackerReceivesEveryCallInOrder) {
                                             std::string kw;
                                             for (const auto& [k, v] : ctx.kwargs) kw += k + "=" + v;
                                             registered.push_back("built " + ctx.project_name + " '" + ctx.logging_dir +
-                                                                 "' " + kw + " rank" + std::to_string(ctx.process_index));
+                                                                 "' " + kw + " rank" +
+                                                                 std::to_string(ctx.process_index));
                                             return std::make_unique<Recorder>(&registered, true);
                                           },
                                           false});
@@ -179,8 +181,8 @@ TEST(AcceleratorTrackers, CustomTrackerReceivesEveryCallInOrder) {
   }
   EXPECT_EQ(acc.get_tracker("everywhere").name(), "everywhere");
   acc.end_training();
-  const std::vector<std::string> calls = {"start",        "config lr=0.1 opt=adamw", "log 3 loss=1.5",
-                                          "log 0 loss=1.25 note=x", "hist 5 w n=3 sum=6", "finish"};
+  const std::vector<std::string> calls = {
+      "start", "config lr=0.1 opt=adamw", "log 3 loss=1.5", "log 0 loss=1.25 note=x", "hist 5 w n=3 sum=6", "finish"};
   std::vector<std::string> want_registered = {"built run '' k=v rank" + std::to_string(r)};
   if (r == 0) want_registered.insert(want_registered.end(), calls.begin(), calls.end());
   EXPECT_EQ(registered, want_registered);
@@ -251,9 +253,13 @@ TEST(AcceleratorTrackers, BadInputSaysWhatToChange) {
     o.project_dir = dir + "/ok";
   }
   Accelerator acc(o);
-  EXPECT_HAS(message_of<std::runtime_error>([&] { acc.init_trackers("run", {}, {{"jsonl", {{"flename", "x"}}}}); }),
+  EXPECT_HAS(message_of<std::runtime_error>([&] {
+               acc.init_trackers("run", {}, {{"jsonl", {{"flename", "x"}}}});
+             }),
              "init_kwargs for tracker 'jsonl': unknown option 'flename'; its options: filename");
-  EXPECT_HAS(message_of<std::invalid_argument>([&] { acc.init_trackers("run", {}, {{"csv", {}}}); }),
+  EXPECT_HAS(message_of<std::invalid_argument>([&] {
+               acc.init_trackers("run", {}, {{"csv", {}}});
+             }),
              "init_kwargs names 'csv', which is not among the trackers of log_with");
   EXPECT_HAS(message_of<std::invalid_argument>([&] { acc.init_trackers("a/b"); }), "cannot name a run");
   acc.end_training();
@@ -279,8 +285,9 @@ TEST(TrackerConfig, DeepSpeedMonitorsAndYamlKeys) {
   c = parse_accelerate_yaml("distributed_type: NO\nlog_with: [tensorboard, csv]\nproject_dir: /tmp/x\n", "c.yaml");
   EXPECT_EQ(c.log_with, (std::vector<std::string>{"tensorboard", "csv"}));
   EXPECT_EQ(c.project_dir, "/tmp/x");
-  EXPECT_HAS(message_of<ConfigError>([] { parse_accelerate_yaml("distributed_type: NO\nlog_with: {a: 1}\n", "c.yaml"); }),
-             "log_with");
+  EXPECT_HAS(
+      message_of<ConfigError>([] { parse_accelerate_yaml("distributed_type: NO\nlog_with: {a: 1}\n", "c.yaml"); }),
+      "log_with");
 }
 
 }  // namespace
