@@ -33,6 +33,8 @@ if(TARGET yaml-cpp AND NOT TARGET yaml-cpp::yaml-cpp)
 endif()
 find_package(nlohmann_json REQUIRED)
 find_package(ZLIB REQUIRED)  # crc32 of checkpoint slices
+# TensorBoard event files (src/tracking/tensorboard.cpp): protoc and libprotobuf-lite, the packaged ones.
+find_package(Protobuf REQUIRED)
 
 # liburing: the kernel's asynchronous I/O (io_uring) for offload files (src/offload/; README, "Offload to disk",
 # "Disk I/O: why liburing"). pkg-config first, then a plain search (liburing.pc is missing on some systems).

@@ -33,6 +33,8 @@ set(ACCEL_INTERNAL_HEADERS
   dispatch/mapped_file.h       # dispatch's mmap helper (dispatch/dispatch.h is the interface)
   offload/request_queue.h      # AsyncFile's queue (offload/async_file.h is the interface)
   optim/fused_kernels.h        # the fused step's per-ISA kernels (optim/fused_step.h is the interface)
+  tracking/builtin.h           # the built-in trackers' factories (tracking/tracker.h is the interface)
+  tracking/crc32c.h            # the event files' record checksums
   zero/unit_report.h)          # prepare's warning about the root unit (the Accelerator logs it)
 set(_accel_header_excludes PATTERN "cli" EXCLUDE)  # the `accel` command's internals (accel_cli_core is not installed)
 foreach(h IN LISTS ACCEL_INTERNAL_HEADERS)

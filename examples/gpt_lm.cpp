@@ -8,12 +8,17 @@
 // sharded can be built.
 // --comm_stats FILE: after training, the main process writes each rank's communication counters
 // there (common/comm_stats.h), with the model's sizes; the multi-node test checks them.
+// Trackers (README, "Trackers"): --log_with tensorboard,jsonl,csv --project_dir DIR writes the step
+// metrics (Accelerator::step_metrics: loss, lr, grad norm, step time, samples/s, tokens/s, bytes per
+// step per group, peak memory per rank) to DIR/gpt_lm/ every step; --histogram_every N adds histograms
+// of the weights every N steps.
 #include "common/comm_stats.h"
 #include "common/datasets.h"
 #include "common/example_args.h"
 #include "models/gpt.h"
 
 #include "accelerator/accelerator.h"
+#include "base/memory.h"
 #include "base/progress.h"
 
 #include <torch/optim/adamw.h>
@@ -24,18 +29,39 @@
 using namespace accel;
 using namespace accel::examples;
 
+namespace {
+// The progress bar's text: loss, learning rate, tokens per second (once a step time is known).
+std::string progress_text(const tracking::Values& metrics) {
+  auto get = [&](const char* name) {
+    for (const auto& [k, v] : metrics)
+      if (k == name) return v.number();
+    return -1.0;
+  };
+  char post[96];
+  const double tok = get("tokens_per_s");
+  std::snprintf(post, sizeof post, "loss %.4f lr %.2g%s", get("loss"), get("lr"),
+                tok > 0 ? (" " + std::to_string(static_cast<long long>(tok)) + " tok/s").c_str() : "");
+  return post;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"GPT language model on a generated corpus"};
   ExampleArgs args;
   args.steps = 40;
   add_common_options(app, args);
   std::int64_t layers = 2, d_model = 32, seq = 32, heads = 4;
-  std::string comm_stats;
+  std::string comm_stats, log_with;
+  std::int64_t histogram_every = 0;
   app.add_option("--layers", layers, "transformer blocks");
   app.add_option("--d_model", d_model, "model width")->check(CLI::PositiveNumber);
   app.add_option("--heads", heads, "attention heads (must divide --d_model)")->check(CLI::PositiveNumber);
   app.add_option("--seq", seq, "sequence length (characters per window)")->check(CLI::PositiveNumber);
   app.add_option("--comm_stats", comm_stats, "write every rank's communication counters here (main process)");
+  app.add_option("--log_with", log_with,
+                 "trackers, e.g. tensorboard,jsonl,csv or all (files under PROJECT_DIR/gpt_lm)");
+  app.add_option("--histogram_every", histogram_every, "with --log_with: weight histograms every N steps (0: none)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   if (d_model % heads != 0) {
     std::fprintf(stderr, "gpt_lm: error: --heads %lld does not divide --d_model %lld\n", static_cast<long long>(heads),
@@ -43,7 +69,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    Accelerator acc(accelerator_options(args));
+    AcceleratorOptions options = accelerator_options(args);
+    for (const auto& name : tracking::split_names(log_with)) options.log_with.emplace_back(name);
+    // Peak memory by category per rank (step_metrics) needs the counting allocator from the start.
+    if (!log_with.empty()) memory::install_counting_allocator();
+    Accelerator acc(options);
+    const bool trackers_on = !acc.config().log_with.empty() || !options.log_with.empty();
     CharCorpus corpus(40000, seq, args.seed);
     at::manual_seed(static_cast<std::int64_t>(args.seed));
     // mixed_precision fp8: the blocks' linear layers are Float8Linear (fp8 matmuls); the rest runs in bf16.
@@ -69,6 +100,17 @@ int main(int argc, char** argv) {
               " units");
 
     maybe_resume(acc, args);
+    if (trackers_on)
+      acc.init_trackers("gpt_lm", {{"layers", layers},
+                                   {"d_model", d_model},
+                                   {"heads", heads},
+                                   {"seq", seq},
+                                   {"steps", args.steps},
+                                   {"batch", args.batch},
+                                   {"seed", static_cast<std::int64_t>(args.seed)},
+                                   {"processes", acc.num_processes()},
+                                   {"strategy", to_string(acc.config().spec.strategy)},
+                                   {"mixed_precision", to_string(acc.mixed_precision())}});
 
     LossLog log(acc, args.log_file);
     ProgressBar bar(args.steps - acc.step(), "train", acc.is_local_main_process());
@@ -91,9 +133,16 @@ int main(int argc, char** argv) {
         if (!acc.sync_gradients()) continue;
         skipped += acc.optimizer_step_was_skipped() ? 1 : 0;
         log.write(++step, window_loss);
-        char post[32];
-        std::snprintf(post, sizeof post, "loss %.4f", window_loss);
-        bar.update(1, post);
+        Accelerator::StepMetricsOptions mo;
+        mo.loss = window_loss;
+        mo.tokens_per_sample = seq;
+        mo.per_rank_memory = trackers_on;  // a small all-gather per step: only when it is written
+        const tracking::Values metrics = acc.step_metrics(mo);
+        if (trackers_on) acc.log(metrics, step);
+        if (trackers_on && histogram_every > 0 && step % histogram_every == 0)
+          for (const auto& [name, weight] : acc.get_state_dict())  // collective; main process only gets them
+            acc.log_histogram("weights/" + name, weight, step);
+        bar.update(1, progress_text(metrics));
         window_loss = 0;
         maybe_checkpoint(acc, args);
         if (step == args.steps) break;

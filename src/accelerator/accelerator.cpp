@@ -63,10 +63,11 @@ void AcceleratedOptimizer::step() {
     if (scaling_->finish_step(clip)) {  // an overflow on some rank: every rank skips
       engine_->skip_step();
       state_->step_was_skipped = true;
+      ++state_->skipped_steps;
       return;
     }
   } else if (clip) {
-    engine_->clip_grad_norm(*clip);
+    state_->last_grad_norm = engine_->clip_grad_norm(*clip);
   }
   inner_->step();
   ++state_->optimizer_steps;
@@ -169,6 +170,7 @@ Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
   check_supported(cfg_, device_);
   apply_precision_policy(cfg_);
   state_->accumulation_steps = cfg_.gradient_accumulation_steps;
+  check_log_with();  // trackers: accelerator_tracking.cpp
   if (opts.report_ignored_keys && is_main_process() && !cfg_.ignored.empty()) {
     // One line: the keys only (their reasons: cfg_.ignored, or `accel config explain`).
     std::string keys;
@@ -231,6 +233,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
   zero::EngineAndOptimizer p = zero::prepare(model, optimizer, cfg_.spec, world_);
   model_ = std::move(model);
   engine_ = p.engine;
+  micro_batch_ = micro_batch.value_or(0);  // step_metrics' samples per step
   // A sharded strategy that keeps most of the model whole on every rank says so, once.
   if (auto report = zero::unit_report(*engine_); report && is_main_process()) log::warning(*report);
   std::optional<double> clip;
@@ -300,11 +303,14 @@ double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
   const bool measure_only =
       cfg_.distributed_type == DistributedType::DeepSpeed && cfg_.gradient_clipping && *cfg_.gradient_clipping > 0;
   // fp16: check for overflow and unscale first (inf on overflow; the step will then be skipped).
-  if (scaling_) return scaling_->unscale(measure_only ? std::nullopt : std::optional<double>(max_norm), norm_type);
   // DeepSpeed clips inside the step to its configured gradient_clipping (Accelerate then only
   // reports the norm): measure without clipping here, so gradients are not clipped twice.
-  if (measure_only) return engine_->clip_grad_norm(std::numeric_limits<double>::infinity(), norm_type);
-  return engine_->clip_grad_norm(max_norm, norm_type);
+  const double norm = scaling_
+                          ? scaling_->unscale(measure_only ? std::nullopt : std::optional<double>(max_norm), norm_type)
+                      : measure_only ? engine_->clip_grad_norm(std::numeric_limits<double>::infinity(), norm_type)
+                                     : engine_->clip_grad_norm(max_norm, norm_type);
+  state_->last_grad_norm = norm;  // step_metrics' grad_norm
+  return norm;
 }
 
 void Accelerator::clip_grad_value_(double clip_value) {
@@ -559,6 +565,7 @@ void Accelerator::register_for_checkpointing(const std::string& name, std::funct
 
 void Accelerator::end_training() {
   if (ended_) return;
+  finish_trackers();  // the trackers' files complete before the ranks part
   wait_for_everyone();
   ended_ = true;
 }

@@ -21,7 +21,8 @@
 //
 // Collectives: prepare, backward (on sync steps), the optimizer's step, clip_grad_norm_, gather*,
 // reduce, pad_across_processes, wait_for_everyone, main_process_first, check_trigger,
-// get_state_dict and end_training must be called by every rank in the same order.
+// get_state_dict, init_trackers, step_metrics (with per_rank_memory) and end_training must be called by
+// every rank in the same order.
 #pragma once
 
 #include "accelerator/config.h"
@@ -29,6 +30,7 @@
 #include "comm/communicator.h"
 #include "mixed_precision/autocast.h"
 #include "sharding/sharded_init.h"
+#include "tracking/tracker.h"
 #include "zero/engine.h"
 
 #include <ATen/core/Tensor.h>
@@ -40,6 +42,7 @@
 
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -62,8 +65,13 @@ struct AcceleratorOptions {
   bool report_ignored_keys = true;
   // Checkpoints (Accelerate's ProjectConfiguration): save_state()/load_state() without a directory
   // use <project_dir>/checkpoints/checkpoint_<i>, keeping at most total_limit of them (0: all).
+  // (Also project_dir in the config file; this one wins.)
   std::string project_dir;
   int total_limit = 0;
+  // --- trackers (Accelerate's log_with): names ("tensorboard", "jsonl", "csv", "all", or one given
+  // to tracking::register_tracker) and/or tracker objects. Empty: the config file's log_with. Those
+  // that write files go to <project_dir>/<project_name> (init_trackers), so they need project_dir.
+  std::vector<tracking::LogWith> log_with;
 };
 
 // What the training loop and the Accelerator share about the current micro-step.
@@ -72,6 +80,10 @@ struct GradientState {
   std::int64_t micro_step = 0;  // micro-steps since the last sync (Accelerator::step() counts optimizer steps)
   bool sync_gradients = true;   // this micro-step reduces and steps
   bool step_was_skipped = false;
+  std::int64_t skipped_steps = 0;  // optimizer steps skipped on an fp16 overflow, in all
+  // The gradient norm of the last clip (Accelerator::clip_grad_norm_ or the config's clipping in the
+  // step); NaN until one (fp16 clipping inside the step does not report it).
+  double last_grad_norm = std::numeric_limits<double>::quiet_NaN();
   std::int64_t optimizer_steps = 0;                   // steps the optimizer took (saved in checkpoints)
   std::vector<std::shared_ptr<LoaderState>> loaders;  // prepared loaders
   bool end_of_dataloader() const;
@@ -301,8 +313,48 @@ class Accelerator {
   // Full weights (parameters, then buffers, by name), gathered unit by unit; on the main process
   // only (other ranks get an empty list). Collective.
   std::vector<std::pair<std::string, at::Tensor>> get_state_dict();
-  // Waits for every rank; afterwards the Accelerator does no more collectives.
+  // Finishes the trackers (their files complete and closed), then waits for every rank; afterwards the
+  // Accelerator does no more collectives.
   void end_training();
+
+  // --- trackers and metrics (src/tracking/) --------------------------------------------------------
+  // Collective. Builds the log_with trackers for a run named `project_name` (files go to
+  // <project_dir>/<project_name>), starts them and stores `config` (the run's hyperparameters) in
+  // each. Trackers that are main_process_only (the built-in ones) exist on the main process only.
+  // init_kwargs: per tracker name, its options (e.g. {"jsonl", {{"filename", "train.jsonl"}}}); an
+  // unknown option is an error. A tracker that cannot start (an unwritable directory) throws on every
+  // rank. Calling it again replaces the trackers (the old ones are finished first).
+  void init_trackers(const std::string& project_name, const tracking::Values& config = {},
+                     const std::map<std::string, std::map<std::string, std::string>>& init_kwargs = {});
+  // One record to every tracker this process runs (the main process, for the built-in ones);
+  // `step` defaults to step() (optimizer steps). Not collective.
+  void log(const tracking::Values& values, std::optional<std::int64_t> step = std::nullopt);
+  // A histogram of a tensor's elements (e.g. a weight, a gradient) to the trackers that draw them
+  // (tensorboard). Not collective: give a tensor this process holds whole.
+  void log_histogram(const std::string& tag, const at::Tensor& values, std::optional<std::int64_t> step = std::nullopt);
+  // The tracker of that name (or of that object's name()); throws naming the active ones.
+  tracking::Tracker& get_tracker(const std::string& name);
+  // <project_dir>/<project_name> once init_trackers ran ("" before, or without project_dir).
+  const std::string& logging_dir() const { return logging_dir_; }
+
+  // What Accelerator::step_metrics reports, and what it needs told.
+  struct StepMetricsOptions {
+    std::optional<double> loss;          // the user's loss (e.g. averaged over the accumulation window)
+    std::int64_t tokens_per_sample = 0;  // > 0: tokens_per_s too (samples_per_s * this)
+    // Samples per optimizer step over all ranks; default: the prepared loader's batch per process x
+    // processes x gradient_accumulation_steps.
+    std::optional<std::int64_t> samples_per_step;
+    // Every rank's peak memory by category (base/memory.h: needs the counting allocator installed).
+    // Collective (one small all-gather) when on with more than one process.
+    bool per_rank_memory = true;
+  };
+  // The metrics accel knows, as one record for log() (names as in the README, "Trackers"):
+  // optimizer_step, loss, lr (lr/group<i> for further groups), grad_norm (when clipped), loss_scale and
+  // skipped_steps (fp16), and, over the optimizer steps since the previous call: step_time_s,
+  // samples_per_s, tokens_per_s, comm/<group>/{sent,received}_bytes_per_step (this rank's
+  // communicators: world, shard, replicate, gather, each once), memory/rank<r>/<category>_peak_mib.
+  tracking::Values step_metrics(const StepMetricsOptions& options);
+  tracking::Values step_metrics() { return step_metrics(StepMetricsOptions{}); }
 
   // --- sharded construction (DeepSpeed's zero.Init) --------------------------------------------------
   // Keep the returned scope alive while building the model: each module marked with accel::unit is
@@ -399,6 +451,19 @@ class Accelerator {
   std::optional<zero::Engine::NoSync> no_sync_;
   bool trigger_ = false;
   bool ended_ = false;
+  // Trackers and step metrics (accelerator_tracking.cpp).
+  void finish_trackers();
+  void check_log_with();                                      // at construction: names known, project_dir where needed
+  std::vector<tracking::LogWith> log_with_;                   // options' or the config's
+  std::vector<std::shared_ptr<tracking::Tracker>> trackers_;  // those this process runs
+  std::string logging_dir_;
+  std::int64_t micro_batch_ = 0;  // samples per process per micro-step (the prepared loader's), 0: unknown
+  struct MetricsMark {
+    bool set = false;
+    std::int64_t step = 0;
+    double time = 0;
+    std::vector<std::pair<std::string, comm::Counters>> counters;
+  } metrics_mark_;
 };
 
 }  // namespace accel

@@ -93,6 +93,10 @@ struct AcceleratorConfig {
   LossScalerConfig loss_scaler;
   Fp8Config fp8;
   std::vector<std::string> ignored;  // "KEY: reason", in file order, each key once
+  // Trackers (accel extensions of the YAML: log_with, project_dir; DeepSpeed JSON: the tensorboard
+  // and csv_monitor blocks with enabled: true). AcceleratorOptions' own values win.
+  std::vector<std::string> log_with;
+  std::string project_dir;
 };
 
 // A file of either dialect, told apart by content: a JSON object without `distributed_type` is a

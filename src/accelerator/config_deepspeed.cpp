@@ -41,7 +41,8 @@ struct Key {
 };
 
 constexpr const char* kOptimizer = "accel uses the optimizer/scheduler passed to prepare()";
-constexpr const char* kMonitor = "DeepSpeed's own logging/monitoring; accel has no trackers yet (issue 18)";
+constexpr const char* kMonitor =
+    "DeepSpeed's own logging/monitoring; accel's trackers are log_with (tensorboard, jsonl, csv: README, Trackers)";
 constexpr const char* kNoCounterpart = "a DeepSpeed feature with no accel counterpart";
 constexpr const char* kAverage = "accel averages gradients once, in the reduction";
 constexpr const char* kFetcher =
@@ -75,9 +76,10 @@ const std::vector<Key>& top_keys() {
       {"memory_breakdown", "", Kind::Any, kMonitor},
       {"dump_state", "", Kind::Any, kMonitor},
       {"flops_profiler", "", Kind::Any, kMonitor},
-      {"tensorboard", "", Kind::Any, kMonitor},
-      {"wandb", "", Kind::Any, kMonitor},
-      {"csv_monitor", "", Kind::Any, kMonitor},
+      {"tensorboard", "", Kind::Object, nullptr},  // enabled: true = log_with tensorboard
+      {"wandb", "", Kind::Any,
+       "accel has no W&B tracker; log_with tensorboard, then `wandb sync --sync-tensorboard` (README, Trackers)"},
+      {"csv_monitor", "", Kind::Object, nullptr},  // enabled: true = log_with csv
       {"comet", "", Kind::Any, kMonitor},
       {"comms_logger", "", Kind::Any, kMonitor},
       {"prescale_gradients", "", Kind::Any, kAverage},
@@ -242,6 +244,16 @@ const std::vector<Key>& activation_checkpointing_keys() {
       {"synchronize_checkpoint_boundary", "", Kind::Bool,
        "a device synchronize at each checkpoint boundary, for profiling; accel's checkpoints do not synchronize"},
       {"profile", "", Kind::Bool, "DeepSpeed's per-checkpoint forward/backward timers; accel has none"},
+  };
+  return keys;
+}
+
+// DeepSpeed's tensorboard and csv_monitor blocks.
+const std::vector<Key>& monitor_keys() {
+  static const std::vector<Key> keys = {
+      {"enabled", "", Kind::Bool, nullptr},
+      {"output_path", "", Kind::String, "accel's trackers write to <project_dir>/<project_name> (init_trackers)"},
+      {"job_name", "", Kind::String, "accel's trackers write to <project_dir>/<project_name> (init_trackers)"},
   };
   return keys;
 }
@@ -540,6 +552,17 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
 
   read_zero(top.has("zero_optimization") ? top.value("zero_optimization") : json(), source, cfg);
 
+  // DeepSpeed's monitors that accel has a tracker for: enabled: true adds it to log_with.
+  for (const auto& [block, tracker] :
+       {std::pair<const char*, const char*>{"tensorboard", "tensorboard"}, {"csv_monitor", "csv"}}) {
+    if (!top.has(block)) continue;
+    const Block m(top.value(block), source, top.path(block) + ".", monitor_keys(), cfg);
+    if (m.boolean("enabled").value_or(false))
+      cfg.log_with.emplace_back(tracker);
+    else
+      note_ignored(cfg, block, "enabled is not true: no tracker");
+  }
+
   bool fp16 = false, bf16 = false, fp16_auto = false, bf16_auto = false;
   if (top.has("fp16")) read_fp16(top.value("fp16"), source, cfg, fp16, fp16_auto);
   if (top.has("bf16")) read_bf16(top.value("bf16"), source, top.path("bf16"), cfg, bf16, bf16_auto);
@@ -589,7 +612,9 @@ std::vector<KeyRow> deepspeed_json_keys() {
                                       {"aio", &aio_keys()},
                                       {"fp16", &fp16_keys()},
                                       {"bf16", &bf16_keys()},
-                                      {"activation_checkpointing", &activation_checkpointing_keys()}})
+                                      {"activation_checkpointing", &activation_checkpointing_keys()},
+                                      {"tensorboard", &monitor_keys()},
+                                      {"csv_monitor", &monitor_keys()}})
     for (const auto& k : *keys) rows.push_back({section, k.name, k.ignored});
   return rows;
 }

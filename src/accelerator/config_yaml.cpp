@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cctype>
 #include <limits>
 #include <map>
@@ -58,6 +59,8 @@ const std::vector<YKey>& top_keys() {
       {"main_process_ip", kMachine},
       {"main_process_port", kMachine},
       {"gradient_accumulation_steps", nullptr},  // accel extension
+      {"log_with", nullptr},                     // accel extension: trackers (a list or "a,b")
+      {"project_dir", nullptr},                  // accel extension: where trackers (and checkpoints) go
       {"fsdp_config", nullptr},
       {"deepspeed_config", nullptr},
       {"fp8_config", nullptr},
@@ -303,6 +306,32 @@ DistributedType read_distributed_type(const Section& top) {
   return DistributedType::No;
 }
 
+// log_with: a list of tracker names or one string ("tensorboard,jsonl"); project_dir: a path.
+// (The names are checked by the Accelerator, which knows the registered trackers.)
+void read_trackers(const Section& top, AcceleratorConfig& cfg) {
+  if (top.has("log_with")) {
+    const YAML::Node& n = top.node("log_with");
+    if (n.IsSequence()) {
+      for (const auto& item : n) {
+        if (!item.IsScalar()) cd::fail_value(top.file(), top.path("log_with"), show(n), "a list of tracker names");
+        cfg.log_with.push_back(cd::trim(item.Scalar()));
+      }
+    } else {
+      const std::string list = *top.text("log_with", "a tracker name, a list of them, or \"all\"");
+      std::string cur;
+      for (char c : list + ",") {
+        if (c == ',') {
+          if (!cd::trim(cur).empty()) cfg.log_with.push_back(cd::trim(cur));
+          cur.clear();
+        } else {
+          cur += c;
+        }
+      }
+    }
+  }
+  if (auto dir = top.text("project_dir", "a directory path")) cfg.project_dir = *dir;
+}
+
 void read_machine(const Section& top, AcceleratorConfig& cfg) {
   if (auto env = top.choice("compute_environment", {"LOCAL_MACHINE", "AMAZON_SAGEMAKER"});
       env && *env != "LOCAL_MACHINE")
@@ -523,6 +552,8 @@ void merge_deepspeed_json(const Section& s, const std::string& base_dir, const T
   cfg.offload_param_device = j.offload_param_device;
   cfg.zero3_save_16bit_model = j.zero3_save_16bit_model;
   cfg.loss_scaler = j.loss_scaler;
+  for (const auto& t : j.log_with)  // the JSON's enabled monitors join the YAML's log_with
+    if (std::find(cfg.log_with.begin(), cfg.log_with.end(), t) == cfg.log_with.end()) cfg.log_with.push_back(t);
   for (const auto& entry : j.ignored) {
     const auto colon = entry.find(':');
     cd::note_ignored(cfg, entry.substr(0, colon), entry.substr(colon + 2));
@@ -628,6 +659,7 @@ AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::stri
     cfg.gradient_accumulation_steps = *tl.accumulation;
     if (cfg.distributed_type == DistributedType::DeepSpeed) cfg.batch.gradient_accumulation_steps = *tl.accumulation;
   }
+  read_trackers(top, cfg);
   if (top.has("parallelism_config") &&
       !(top.node("parallelism_config").IsMap() && top.node("parallelism_config").size() == 0))
     cd::fail(source,

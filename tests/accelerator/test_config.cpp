@@ -302,7 +302,9 @@ std::string decisions(const AcceleratorConfig& c) {
       fmt::format("{}|{}|{}/{}|{}|{}|{}/{}/{}/{}/{}", o.optimizer_nvme_path, o.param_nvme_path,
                   o.optimizer_buffer_count, o.param_buffer_count, o.sub_group_size, o.pin_memory, o.aio.block_size,
                   o.aio.queue_depth, o.aio.thread_count, o.aio.single_submit, o.aio.overlap_events);
-  return offload + " " +
+  std::string trackers = "log_with";  // (trackers: log_with and project_dir)
+  for (const auto& n : c.log_with) trackers += " " + n;
+  return offload + " " + trackers + " project_dir '" + c.project_dir + "' " +
          fmt::format(
              "type {} mp {} procs {} machines {} cpu {} accum {} batch {}/{}/{} clip {} | {} prefetch {}/{} align {} "
              "wrap {} "
@@ -338,6 +340,8 @@ const std::map<std::string, KeyCase>& yaml_cases() {
       {"main_process_ip", {"10.0.0.1"}},
       {"main_process_port", {"29501"}},
       {"gradient_accumulation_steps", {"4"}},
+      {"log_with", {"[tensorboard, jsonl]"}},
+      {"project_dir", {"/tmp/runs"}},
       {"fsdp_config", {"{fsdp_version: 2}", "", "fsdp_config is set but distributed_type is"}},
       {"deepspeed_config", {"{zero_stage: 1}", "", "deepspeed_config is set but distributed_type is"}},
       {"fp8_config", {"{margin: 1}", "", "fp8_config is set but mixed_precision is"}},
@@ -469,6 +473,10 @@ const std::map<std::string, KeyCase>& json_cases() {
       {"bf16.enabled", {"false"}},
       {"bf16.bf16_master_weights_and_grads", {"true"}},
       {"activation_checkpointing", {R"({"number_checkpoints": 4})"}},
+      {"tensorboard", {R"({"enabled": true})"}},
+      {"tensorboard.enabled", {"true"}},
+      {"csv_monitor", {R"({"enabled": true})"}},
+      {"csv_monitor.enabled", {"true"}},
   };
   return cases;
 }
@@ -487,6 +495,8 @@ TEST(ConfigKeys, EveryDeepSpeedKeyIsActedOnOrIgnoredWithItsReason) {
       {"bf16", json::parse(R"({"bf16": {"enabled": true}})")},
       {"activation_checkpointing", json::parse(R"({"activation_checkpointing": {}})")},
       {"aio", json::parse(R"({"aio": {}})")},
+      {"tensorboard", json::parse(R"({"tensorboard": {}})")},
+      {"csv_monitor", json::parse(R"({"csv_monitor": {}})")},
   };
   auto kind_value = [](const std::string& name) -> std::string {
     // Ignored keys: a value each accepts (booleans for flags, numbers for sizes, objects for blocks).
