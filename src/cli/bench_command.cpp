@@ -26,6 +26,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <algorithm>
 #include <vector>
 
 #ifndef ACCEL_BENCH_PYTHON
@@ -104,21 +105,34 @@ int run_captured(const std::vector<std::string>& argv, const std::string& log, s
 }
 
 // The last n lines of a log, without Open MPI's notices (the blocks between lines of dashes that
-// mpirun prints when a rank fails), which would push the rank's own message out of view.
+// mpirun prints when a rank fails), which would push the rank's own message out of view. When no rank
+// said anything (only the launcher's own lines are left), the last notice is the explanation (mpirun
+// refusing root, a bad host, too few slots): it is kept then.
 std::string tail_lines(const std::string& path, std::size_t n) {
   std::ifstream in(path);
   std::deque<std::string> last;
+  std::vector<std::string> notice, last_notice;
   bool in_notice = false;
   for (std::string line; std::getline(in, line);) {
     if (line.size() >= 20 && line.find_first_not_of('-') == std::string::npos) {
       in_notice = !in_notice;
+      if (in_notice) notice.clear();
+      else last_notice = notice;
       continue;
     }
-    if (in_notice) continue;
+    if (in_notice) {
+      notice.push_back(line);
+      continue;
+    }
     last.push_back(line);
     if (last.size() > n) last.pop_front();
   }
+  const bool only_launcher = std::all_of(last.begin(), last.end(), [](const std::string& l) {
+    return l.empty() || l.rfind("accel launch:", 0) == 0;
+  });
   std::string out;
+  if (only_launcher)
+    for (std::size_t i = 0; i < last_notice.size() && i < n; ++i) out += "    " + last_notice[i] + "\n";
   for (const auto& l : last) out += "    " + l + "\n";
   return out;
 }
@@ -233,7 +247,7 @@ int run_bench(const BenchArgs& a) {
     if (!r) {
       fmt::print(stderr, "FAILED ({:.1f} s)\n", secs);
       failure = fmt::format(
-          "run {}/{} ({}) failed: {}. The last lines of its log ({}; Open MPI's notices left out):\n{}Fix what the log "
+          "run {}/{} ({}) failed: {}. The last lines of its log ({}; Open MPI's notices left out where a rank said why):\n{}Fix what the log "
           "names, or leave this "
           "run out (--strategies, --num_processes, --precision).",
           i + 1, runs.size(), run.label(), why, log, tail_lines(log, 12));
