@@ -2,6 +2,7 @@
 #include "accelerator/config_text.h"
 
 #include "accelerator/config.h"
+#include "base/edit_distance.h"
 
 #include <fmt/format.h>
 
@@ -105,20 +106,6 @@ std::optional<bool> parse_bool(const std::string& text, bool digits) {
 }
 
 }  // namespace config_detail
-
-namespace {
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-}  // namespace
 
 std::string closest_key(const std::string& key, const std::vector<std::string>& candidates) {
   const std::string k = config_detail::lower(key);
