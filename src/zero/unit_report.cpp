@@ -1,11 +1,13 @@
 #include "zero/unit_report.h"
 
+#include "sharding/unit.h"
 #include "zero/engine.h"
 
 #include <fmt/format.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <set>
 #include <unordered_set>
 #include <vector>
 
@@ -73,6 +75,23 @@ std::optional<std::string> unit_report(const Engine& engine) {
   if (root_size.bytes == 0 || 2 * root_size.bytes < total.bytes) return std::nullopt;
 
   const std::size_t units = engine.units().size() - 1;
+  // Modules the model marks with accel::unit that the wrap policy did not take (their parameters
+  // are in the root): the fix is the policy, not more marking.
+  std::set<std::string> excluded_types;
+  std::size_t excluded = 0;
+  for (const auto& m : engine.units()[0].module->modules(/*include_self=*/false))
+    if (sharding::find_unit(m.get()) && unmarked(*m, root).numel > 0) {
+      ++excluded;
+      const std::string type = m->name();  // "ns::Type": the policy matches the last part too
+      excluded_types.insert(type.substr(type.rfind(':') == std::string::npos ? 0 : type.rfind(':') + 1));
+    }
+  std::string none = " (the model marks none)";
+  if (units == 0 && excluded > 0) {
+    std::string types;
+    for (const auto& t : excluded_types) types += (types.empty() ? "" : ", ") + t;
+    none = fmt::format(" (the model marks {} module{}, of type {}, but the wrap policy took none of them)", excluded,
+                       excluded == 1 ? "" : "s", types);
+  }
   std::string msg = fmt::format(
       "accel: {} shards parameters, but {:.0f}% of this model's parameters ({} parameters, {}) are in no "
       "accel::unit{}. They form the root unit, which stays gathered whole on every rank from step to step: "
@@ -81,12 +100,22 @@ std::optional<std::string> unit_report(const Engine& engine) {
       info(engine.spec().strategy).label,
       100.0 * static_cast<double>(root_size.bytes) / static_cast<double>(total.bytes), root_size.numel,
       human_bytes(root_size.bytes),
-      units == 0 ? " (the model marks none)" : fmt::format(" (beside {} unit{})", units, units == 1 ? "" : "s"));
+      units == 0 ? none : fmt::format(" (beside {} unit{})", units, units == 1 ? "" : "s"));
 
   std::vector<Candidate> found;
   candidates(*engine.units()[0].module, "", root, root_size.bytes, found);
   std::stable_sort(found.begin(), found.end(),
                    [](const Candidate& a, const Candidate& b) { return a.size.bytes > b.size.bytes; });
+  if (excluded > 0) {
+    std::string types;
+    for (const auto& t : excluded_types) types += (types.empty() ? "" : ",") + t;
+    msg += fmt::format(
+        " Add their type to the wrap policy (fsdp_transformer_layer_cls_to_wrap: {} in an FSDP config; "
+        "a comma-separated list), or leave the class names out: TRANSFORMER_BASED_WRAP without them takes "
+        "every marked module.",
+        types);
+    return msg;
+  }
   if (found.empty()) {
     msg += " They are registered on the model itself; move them into submodules and mark those.";
   } else {

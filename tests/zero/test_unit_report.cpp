@@ -60,6 +60,23 @@ TEST(EngineUnitReport, ModelWithNoUnitIsNamedWithItsLargestSubmodules) {
   }
 }
 
+TEST(EngineUnitReport, MarkedModulesTheWrapPolicyLeftOutAreNamedWithThePolicy) {
+  if (world()->size() == 1) GTEST_SKIP() << "parameters are sharded only over more than one rank";
+  // The blocks are marked, but the policy wraps another type (a Llama under a config written for the
+  // GPT's BlockImpl): the advice is the policy, not marking.
+  ShardingSpec spec = ShardingSpec::fsdp("FULL_SHARD");
+  spec.wrap.kind = zero::WrapPolicy::Kind::TypeName;
+  spec.wrap.type_names = {"BlockImpl"};
+  auto r = report_for(std::make_shared<StackImpl>(5, true), spec);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(contains(*r,
+                       "are in no accel::unit (the model marks 5 modules, of type LinearImpl, but the wrap policy "
+                       "took none of them)"))
+      << *r;
+  EXPECT_TRUE(contains(*r, "fsdp_transformer_layer_cls_to_wrap: LinearImpl")) << *r;
+  EXPECT_FALSE(contains(*r, "accel::unit(register_module(")) << *r;
+}
+
 TEST(EngineUnitReport, UnmarkedPartBesideUnitsIsNamedWhenItIsMostOfTheModel) {
   if (world()->size() == 1) GTEST_SKIP() << "parameters are sharded only over more than one rank";
   // Two marked Linear layers (fc0, fc1: 6x10+10, 10x3+3 = 103) and, unmarked, "big" (40x40+40 = 1640).
