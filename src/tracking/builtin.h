@@ -22,10 +22,10 @@ std::string closest_name(const std::string& name, const std::vector<std::string>
 void make_logging_dir(const std::string& dir, const std::string& tracker);
 // Throws std::invalid_argument when `kwargs` holds a key outside `allowed` (naming the tracker).
 void check_kwargs(const TrackerContext& ctx, const std::string& tracker, const std::vector<std::string>& allowed);
-// Writes `text` to `path` atomically (a temporary beside it, then rename).
-void write_file_atomically(const std::string& path, const std::string& text);
 // The configuration as one JSON object (config.json beside the metrics).
 std::string config_json(const Values& config);
+// Writes config_json(config) to <dir>/config.json atomically (store_init_configuration).
+void write_config_json(const std::string& dir, const Values& config);
 // Seconds since the epoch (the wall_time of records).
 double wall_time();
 

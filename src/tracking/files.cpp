@@ -43,8 +43,9 @@ void check_kwargs(const TrackerContext& ctx, const std::string& tracker, const s
   }
 }
 
-void write_file_atomically(const std::string& path, const std::string& text) {
-  files::write_file_atomic(path, text.data(), text.size());
+void write_config_json(const std::string& dir, const Values& config) {
+  const std::string text = config_json(config);
+  files::write_file_atomic(dir + "/config.json", text.data(), text.size());
 }
 
 std::string config_json(const Values& config) {

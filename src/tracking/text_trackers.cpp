@@ -13,6 +13,8 @@
 // init_kwargs: "filename" (instead of metrics.jsonl / metrics.csv).
 #include "tracking/builtin.h"
 
+#include "base/files.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -83,7 +85,7 @@ class JsonlTracker : public Tracker {
     file_.open(ctx_.logging_dir + "/" + filename_, "jsonl");
   }
   void store_init_configuration(const Values& config) override {
-    if (file_.is_open()) write_file_atomically(ctx_.logging_dir + "/config.json", config_json(config));
+    if (file_.is_open()) write_config_json(ctx_.logging_dir, config);
   }
   void log(const Values& values, std::int64_t step) override {
     if (!file_.is_open()) return;
@@ -134,7 +136,7 @@ class CsvTracker : public Tracker {
     file_.open(ctx_.logging_dir + "/" + filename_, "csv");
   }
   void store_init_configuration(const Values& config) override {
-    if (file_.is_open()) write_file_atomically(ctx_.logging_dir + "/config.json", config_json(config));
+    if (file_.is_open()) write_config_json(ctx_.logging_dir, config);
   }
   void log(const Values& values, std::int64_t step) override {
     if (!file_.is_open()) return;
@@ -176,7 +178,7 @@ class CsvTracker : public Tracker {
   void rewrite() {
     std::string text = header();
     for (const auto& [ncells, row] : rows_) text += row + std::string(columns_.size() - ncells, ',') + "\n";
-    write_file_atomically(file_.path(), text);
+    files::write_file_atomic(file_.path(), text.data(), text.size());
     file_.reopen_append();
   }
 
