@@ -362,6 +362,7 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
       }
       ++result.tensors;
     }
+    engine.wait_host_copies();  // host masters: no copy to the device still reads them
     ProgressBar bar(static_cast<std::int64_t>(flats.size()), "load_model",
                     options.progress && engine.world().rank() == 0);
     for (std::size_t fi = 0; fi < flats.size() && !engine.plan().passthrough; ++fi) {

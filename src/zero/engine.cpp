@@ -261,6 +261,13 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   CategoryScope cat(Category::Gradients);  // all-reduce buckets allocate their gradient buffers here
   reducer_ = std::make_unique<GradReducer>(std::move(order), plan_.reduce_mode, rdt, shard_, replicate_,
                                            spec_.bucket_bytes, spec_.grad_buckets_in_flight);
+  // Offload to host memory: a reduced gradient starts its way to the host as soon as its bucket
+  // finishes, while backward goes on (unless a pending gradient is still to be added to it).
+  if (host_copies_)
+    reducer_->set_on_reduced([this](std::size_t i, const at::Tensor& g) {
+      Flat& f = flats_[reduce_order_[i]];
+      if (host_master(f) && !f.grad.defined()) grad_to_host(f, g);
+    });
 }
 
 void Engine::install_hooks() {

@@ -31,6 +31,7 @@
 #include "sharding/flat_param.h"
 #include "sharding/unit.h"
 #include "zero/grad_reducer.h"
+#include "zero/host_copies.h"
 #include "zero/optimizer_offload.h"
 #include "zero/param_offload.h"
 #include "zero/plan.h"
@@ -67,6 +68,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
     // into memory between stage_offloaded() and unstage_offloaded().
     std::size_t opt_region = static_cast<std::size_t>(-1), param_slot = static_cast<std::size_t>(-1);
     at::Tensor staged_master;
+    // Offload to host memory (a master in pinned host memory, parameters on a device): the pinned
+    // buffer master.grad is, and the device gradient a copy into it was queued from (with that
+    // tensor's version then; null when none is queued).
+    at::Tensor host_grad;
+    const void* host_grad_src = nullptr;
+    std::int64_t host_grad_src_version = 0;
     // fp8 all-gather (spec.fp8_all_gather, sharded units): this rank's shard in e4m3, one scale per
     // parameter (agreed across the shard group after each step), the gathered bytes while in flight.
     at::Tensor fp8_shard, fp8_scales, fp8_full;
@@ -175,6 +182,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // (a loaded checkpoint) replaces what the files hold. Without offload both do nothing.
   void stage_offloaded(torch::optim::Optimizer* opt);
   void unstage_offloaded(torch::optim::Optimizer* opt, bool write_back);
+  // Offload to host memory on a device: blocks until the side stream's copies are done (the host may
+  // then write masters that an updated-parameter copy was still reading). Anyone writing masters
+  // outside the optimizer's step (loading a checkpoint) calls it first; no-op otherwise.
+  void wait_host_copies() const;
 
   // --- checkpoints -------------------------------------------------------------------------------
   // The elements [begin, end) of f's flat buffer that f.master holds on this rank: its shard of the
@@ -213,7 +224,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void build(torch::nn::Module& model, const torch::optim::Optimizer* optimizer);
   void begin_backward();
   void open_window(Flat& f);
-  void set_master_grad(Flat& f);
+  // defer_sync: a device-to-host copy may stay queued (the caller synchronizes host_copies_ before
+  // anything reads master.grad).
+  void set_master_grad(Flat& f, bool defer_sync = false);
   void note_master_grad(Flat& f);
   void settle_pending();
   void drop_discarded_grads();
@@ -258,6 +271,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::unique_ptr<OptimizerOffload> opt_offload_;
   std::unique_ptr<ParamOffload> param_offload_;
   std::vector<std::size_t> opt_region_flat_;  // region -> flats_ index
+  std::unique_ptr<HostCopies> host_copies_;   // offload to host memory of a device's masters
+  bool host_master(const Flat& f) const;
+  void grad_to_host(Flat& f, const at::Tensor& g);  // queues f.host_grad := g
   void setup_offload(const torch::optim::Optimizer* optimizer);
   void fetch_params_ahead(std::size_t unit);
   // params_from_masters' work; offloaded_done: the offloaded step already wrote its flats' values.

@@ -123,9 +123,20 @@ void Engine::zero_untouched(Flat& f) {
     }
 }
 
-void Engine::set_master_grad(Flat& f) {
+void Engine::set_master_grad(Flat& f, bool defer_sync) {
   if (!f.master.defined() || !f.grad.defined()) return;
   CategoryScope cat(Category::Gradients);
+  if (host_master(f)) {
+    // Offload to host memory: the pinned buffer, filled on the side stream (already queued when the
+    // reduced gradient is the very tensor the reducer handed over, unchanged since).
+    if (f.host_grad_src != f.grad.unsafeGetTensorImpl() || f.host_grad_src_version != f.grad._version())
+      grad_to_host(f, f.grad);
+    f.host_grad_src = nullptr;
+    f.master.mutable_grad() = f.host_grad;
+    if (!defer_sync) host_copies_->synchronize();
+    note_master_grad(f);
+    return;
+  }
   // Not an autograd view (zero_grad detaches grads in place, which views refuse). Host masters
   // (offload to cpu) get theirs copied from the device; a master offloaded to disk is a meta handle
   // whose gradient stays where the reduction left it.
@@ -278,8 +289,10 @@ void Engine::finalize_backward() {
           f.flat_param->free_grad();
         f.grad_live = false;
       }
-      set_master_grad(f);
+      set_master_grad(f, /*defer_sync=*/true);
     }
+    // The host reads the offloaded masters' gradients from here on (clipping, unscaling, the step).
+    wait_host_copies();
   } else {
     // Accumulating: keep the parameters' .grad on their flat views so the next backward adds in place.
     for (auto& f : flats_)

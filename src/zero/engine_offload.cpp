@@ -1,6 +1,7 @@
-// The engine's side of offload to disk (spec.offload, nvme): which flats' optimizer state and
+// The engine's side of offload (spec.offload). To disk (nvme): which flats' optimizer state and
 // parameter shards go to files, the offloaded step, parameter shards fetched ahead of their
-// gathers, and staging for checkpoints.
+// gathers, and staging for checkpoints. To host memory from a device (cpu): the side stream that
+// copies reduced gradients to the pinned masters' host buffers and updated masters back.
 #include "zero/engine.h"
 
 #include "base/memory.h"
@@ -29,6 +30,12 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
     throw std::invalid_argument(
         "offload_param to nvme cannot be combined with fp8 all-gather (fp8 shards stay in memory)");
   c10::NoGradGuard ng;
+  if (os.optimizer == OffloadDevice::Cpu)
+    for (const auto& f : flats_)
+      if (f.master.defined() && f.master.device().is_cpu() && !f.flat_param->shard().device().is_cpu()) {
+        host_copies_ = std::make_unique<HostCopies>(f.flat_param->shard().device());
+        break;
+      }
   if (os.optimizer_on_disk() && optimizer) {
     const OptimizerRow* row = find_optimizer_row(*optimizer);
     if (!row || !row->offload_rule)
@@ -161,6 +168,25 @@ void Engine::unstage_offloaded(torch::optim::Optimizer* opt, bool write_back) {
       param_offload_->release(f.param_slot);
     }
   }
+}
+
+bool Engine::host_master(const Flat& f) const {
+  return host_copies_ && f.master.defined() && f.master.device().is_cpu() &&
+         f.flat_param->shard().device() == host_copies_->device();
+}
+
+void Engine::grad_to_host(Flat& f, const at::Tensor& g) {
+  if (!f.host_grad.defined()) {
+    CategoryScope cat(Category::Gradients);
+    f.host_grad = at::empty(f.master.sizes(), f.master.options().pinned_memory(true));
+  }
+  host_copies_->to_host(f.host_grad, g);
+  f.host_grad_src = g.unsafeGetTensorImpl();
+  f.host_grad_src_version = g._version();
+}
+
+void Engine::wait_host_copies() const {
+  if (host_copies_) host_copies_->synchronize();
 }
 
 void Engine::fetch_params_ahead(std::size_t unit) {

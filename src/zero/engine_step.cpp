@@ -95,6 +95,7 @@ void Engine::close_step() {
 void Engine::before_step() {
   memory::set_forward_active(false);
   if (in_backward_) throw std::logic_error("accel: optimizer step during backward");
+  wait_host_copies();  // (the last step's copies to the device read the masters the step writes)
 }
 
 std::pair<std::int64_t, std::int64_t> Engine::master_range(const Flat& f) const {
@@ -121,6 +122,8 @@ void Engine::write_params(bool offloaded_done) {
       const at::Tensor& dst = plan_.masters_are_shards ? f.flat_param->shard() : f.flat_param->full();
       if (f.param_slot != npos)
         param_offload_->store(f.param_slot, 0, master);
+      else if (host_master(f))
+        host_copies_->to_device(dst, master);  // the compute stream waits for it on the device
       else if (!master.is_alias_of(dst))
         dst.copy_(master);
     }

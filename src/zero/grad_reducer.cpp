@@ -122,6 +122,7 @@ bool wider(const at::Tensor& a, const at::Tensor& b) {
 void GradReducer::finish(Bucket& b) {
   if (!b.work) {  // a group of one rank
     for (auto m : b.members) results_[m] = flats_[m]->grad_full();
+    notify(b);
     return;
   }
   b.work->wait();
@@ -163,6 +164,12 @@ void GradReducer::finish(Bucket& b) {
   }
   b.staging_in = at::Tensor();
   b.staging_out = at::Tensor();
+  notify(b);
+}
+
+void GradReducer::notify(const Bucket& b) {
+  if (!on_reduced_ || replicate_) return;  // with a replicate group the result is final in flush()
+  for (auto m : b.members) on_reduced_(m, results_[m]);
 }
 
 void GradReducer::reset() {
@@ -200,6 +207,8 @@ std::vector<at::Tensor> GradReducer::flush() {
     std::vector<comm::WorkPtr> works;
     for (auto& t : out) works.push_back(replicate_->all_reduce_async(t, {comm::ReduceOp::Avg}));
     for (auto& w : works) w->wait();
+    if (on_reduced_)
+      for (std::size_t i = 0; i < out.size(); ++i) on_reduced_(i, out[i]);
   }
   reset();
   return out;

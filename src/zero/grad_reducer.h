@@ -54,6 +54,12 @@ class GradReducer {
   // Forgets a backward that did not finish (it threw): waits for what was launched, drops it all.
   void abandon();
 
+  // Called with (flat index, reduced gradient) as soon as a flat's result is final, in launch order,
+  // before flush() returns it: inside backward for the buckets that back-pressure finishes early
+  // (after the replicate-group averaging under HYBRID_SHARD, inside flush()). The engine starts the
+  // device-to-host copy of a gradient whose master lives in host memory there.
+  void set_on_reduced(std::function<void(std::size_t, const at::Tensor&)> f) { on_reduced_ = std::move(f); }
+
   std::size_t num_buckets() const { return buckets_.size(); }
   // Flat i's bucket has been launched in this backward (its gradients are no longer to be added to).
   bool launched(std::size_t i) const { return buckets_[bucket_of_[i]].launched; }
@@ -72,6 +78,7 @@ class GradReducer {
   void launch(Bucket& b);
   void reset();  // ready for the next backward
   void finish(Bucket& b);
+  void notify(const Bucket& b);  // on_reduced_ for its members
 
   std::vector<sharding::FlatParam*> flats_;
   Mode mode_;
@@ -83,6 +90,7 @@ class GradReducer {
   std::vector<char> marked_;
   std::vector<at::Tensor> results_;
   std::size_t next_launch_ = 0, next_finish_ = 0;
+  std::function<void(std::size_t, const at::Tensor&)> on_reduced_;
 };
 
 }  // namespace accel::zero

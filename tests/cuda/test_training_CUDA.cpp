@@ -7,7 +7,9 @@
 //   * fp16 with the dynamic loss scaler: an overflow skips the step and leaves the weights alone;
 //   * fp8: Float8Linear through at::_scaled_mm (cuBLASLt) against the exact emulation and against a
 //     bf16 Linear;
-//   * more ranks on a node than GPUs is refused when the Accelerator starts.
+//   * more ranks on a node than GPUs is refused when the Accelerator starts;
+//   * offload_optimizer device cpu: the masters in pinned host memory train like the device, and the
+//     side stream's copies queue behind the compute stream without blocking the host.
 // Every test skips without a CUDA device (and where ranks outnumber devices, except the last one).
 #include "accelerator/accelerator.h"
 #include "accelerator/rows.h"
@@ -15,8 +17,12 @@
 #include "mixed_precision/float8_linear.h"
 #include "support/models.h"
 #include "test_world.h"
+#include "zero/host_copies.h"
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/optim/adamw.h>
 
 #include <gtest/gtest.h>
@@ -198,7 +204,7 @@ TEST(CudaTraining_CUDA, EveryStrategyTrainsLikePlainLibtorchOnTheDevice) {
 TEST(CudaTraining_CUDA, OffloadOptimizerToHostMemoryTrainsLikeTheDevice) {
   SKIP_WITHOUT_CUDA();
   const int steps = 5;
-  for (const char* stage : {"2", "3"}) {
+  for (const char* stage : {"1", "2", "3"}) {
     SCOPED_TRACE(std::string("zero_stage ") + stage);
     const std::string yaml = std::string("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: ") + stage +
                              "\n  offload_optimizer_device: cpu\n";
@@ -217,6 +223,46 @@ TEST(CudaTraining_CUDA, OffloadOptimizerToHostMemoryTrainsLikeTheDevice) {
     const auto ref = plain_reference(t.device, steps);
     for (const auto& [name, want] : ref) EXPECT_LE(rel_err(t.params.at(name), want), 1e-5) << name;
   }
+}
+
+// The side stream of offload to host memory (zero/host_copies.h): a copy queues behind what the
+// current stream has queued (it sees the values written there) and returns before that work is done;
+// the current stream's next kernels see what to_device wrote.
+TEST(HostCopies_CUDA, CopiesQueueBehindTheComputeStreamWithoutBlockingTheHost) {
+  SKIP_WITHOUT_CUDA();
+  const c10::Device dev = my_device();
+  c10::DeviceGuard on_device(dev);
+  c10::impl::VirtualGuardImpl impl(c10::kCUDA);
+  const int64_t n = 1 << 22;
+  const at::Tensor w = at::randn({4096, 4096}, at::TensorOptions().device(dev)) * (1.0 / 64);
+  auto busy = [&] {  // ~0.3 s of matmuls on the current stream (the product itself is not used)
+    at::Tensor acc = w;
+    for (int i = 0; i < 100; ++i) acc = at::mm(acc, w);
+  };
+  at::Tensor src = at::zeros({n}, at::TensorOptions().device(dev));
+  const at::Tensor host = at::empty({n}, at::TensorOptions().pinned_memory(true));
+  impl.synchronizeDevice(dev.index());
+  zero::HostCopies copies(dev);
+
+  busy();
+  src.fill_(7);  // queued behind the matmuls: the copy must wait for it
+  copies.to_host(host, src);
+  c10::Event queued(c10::kCUDA);
+  queued.record(impl.getStream(dev));
+  EXPECT_FALSE(queued.query()) << "to_host returned only after the compute stream's work was done";
+  copies.synchronize();
+  EXPECT_TRUE(at::equal(host, at::full({n}, 7.0f))) << "to_host copied before the compute stream wrote src";
+
+  const at::Tensor back = at::zeros({n}, at::TensorOptions().device(dev));
+  host.copy_(at::arange(n, at::kFloat));
+  busy();
+  copies.to_device(back, host);
+  c10::Event queued2(c10::kCUDA);
+  queued2.record(impl.getStream(dev));
+  EXPECT_FALSE(queued2.query()) << "to_device blocked the host";
+  const at::Tensor seen = back.clone();  // on the compute stream, which waits for the copy
+  EXPECT_TRUE(at::equal(seen.cpu(), at::arange(n, at::kFloat))) << "the compute stream did not wait for to_device";
+  copies.synchronize();
 }
 
 TEST(CudaTraining_CUDA, Bf16AutocastOnTheDeviceFollowsFp32) {

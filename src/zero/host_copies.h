@@ -1,0 +1,43 @@
+// accel::zero::HostCopies — the side stream that moves data between a device and pinned host memory
+// for optimizer offload to host memory (offload_optimizer.device cpu, ZeRO-Offload): reduced
+// gradient shards device -> host as each bucket finishes, updated master shards host -> device after
+// the CPU step, both off the compute stream.
+//
+// Contract (all calls from the host thread that drives the engine):
+//   * to_host(dst, src): queued on the side stream after everything queued so far on the device's
+//     current stream (src is ready there). The host must not read dst before synchronize().
+//   * to_device(dst, src): queued on the side stream after the current stream's work (nothing there
+//     still reads dst); the current stream then waits for it (a device-side wait: the host does not
+//     block), so every kernel queued afterwards sees the new values. The host must not write src
+//     before synchronize().
+//   * Device tensors used on the side stream are recorded on it, so the caching allocator does not
+//     hand their memory out again while a copy is in flight.
+// Written against c10's device-generic stream and event interfaces, so it compiles (and is never
+// constructed) in a CPU-only build.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+namespace accel::zero {
+
+class HostCopies {
+ public:
+  explicit HostCopies(c10::Device device);
+  void to_host(const at::Tensor& dst, const at::Tensor& src);
+  void to_device(const at::Tensor& dst, const at::Tensor& src);
+  // Blocks until every copy queued so far has finished (a no-op when none is pending).
+  void synchronize();
+  const c10::Device& device() const { return device_; }
+
+ private:
+  void after_current();  // the side stream waits for the current stream's queued work
+  void queue(const at::Tensor& dst, const at::Tensor& src, const at::Tensor& on_device);
+
+  c10::Device device_;
+  c10::Stream side_;
+  bool pending_ = false;
+};
+
+}  // namespace accel::zero
