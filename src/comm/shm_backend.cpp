@@ -45,15 +45,18 @@ struct alignas(128) RankCtl {
   // The signature of a collective, posted with its first chunk (by collective parity: a rank writes
   // the next-but-one only once every peer is done with this one's first chunk, so with it).
   long long sig[2][kNumSig];
-  // Single copy (cross-memory attach): this rank's pid, and where its input of the current large
-  // all_gather / broadcast lies in its own address space (published by in_step).
+  // Single copy (cross-memory attach): this rank's pid, and where its tensor of the current large
+  // broadcast lies in its own address space (published by in_step).
   std::int64_t pid;
   std::uint64_t src_addr;
 };
 
 constexpr int kBuffers = 2;
-// all_gather inputs and broadcasts from this size on are read straight from the peer's memory
-// (process_vm_readv: one copy instead of two through the segment) where the kernel allows it.
+// Broadcasts from this size on are read straight from the root's memory (process_vm_readv: one copy
+// instead of two through the segment) where the kernel allows it. Not all_gathers: once waiters poll
+// hot after each chunk (detail::note_progress), the chunked path ran faster at every size from 1 MiB
+// (2 ranks, busbw GB/s, chunked / single copy: 4 MiB 17.3-18.9 / 5.5-9.6, 16 MiB 10.1-10.5 / 5.4-5.6,
+// 256 MiB 5.9-6.0 / 4.0-4.1) and alike at 4 ranks on 2 cores.
 constexpr std::int64_t kSingleCopyBytes = 1 << 20;
 constexpr std::int64_t kDirectBytes = 64 << 10;  // all_reduce up to this size: one round (ShmOp::direct)
 
@@ -96,7 +99,7 @@ struct ShmOp {
   // for all_gather (of the input) and broadcast.
   std::int64_t esize = 1, count = 0, unit = 1, nchunks = 0;
   bool in_place = false;     // all_gather: the input is the output's own slice
-  bool single_copy = false;  // all_gather/broadcast read from the peers' memory (kSingleCopyBytes)
+  bool single_copy = false;  // broadcast read from the root's memory (kSingleCopyBytes)
   bool direct = false;       // all_reduce in one round: every rank reduces whole chunks (see plan)
   std::vector<std::pair<Phase, std::int64_t>> steps;
   std::size_t pos = 0;
@@ -145,6 +148,7 @@ class ShmGroup {
       work->finish(err);
       moved = true;
     }
+    if (moved) detail::note_progress();
     return moved;
   }
 
@@ -188,8 +192,7 @@ class ShmGroup {
       case Collective::Barrier: op.count = 0; break;
     }
     if (r.check_only) op.count = 0;
-    if (single_copy_ && (r.kind == Collective::AllGather || r.kind == Collective::Broadcast) &&
-        op.count >= kSingleCopyBytes) {
+    if (single_copy_ && r.kind == Collective::Broadcast && op.count >= kSingleCopyBytes) {
       // One pseudo-chunk: post the address (In), read the peers' memory (Out), then wait until
       // every peer is done reading mine (Reduce) before the caller gets its tensor back.
       op.single_copy = true;
@@ -235,22 +238,15 @@ class ShmGroup {
     return true;
   }
 
-  // A large all_gather or broadcast, one copy: each reader pulls the peers' bytes itself.
-  bool single_copy_step(ShmOp& op, Phase ph, std::uint64_t g, const char* in, char* out) {
+  // A large broadcast, one copy: each rank pulls the root's bytes itself.
+  bool single_copy_step(ShmOp& op, Phase ph, std::uint64_t g, char* out) {
     const Request& r = op.req;
-    const int n = size_, me = rank_;
-    RankCtl& ctl = seg_->ctl(me);
-    const bool gather = r.kind == Collective::AllGather;
-    const std::int64_t k = op.count;
+    RankCtl& ctl = seg_->ctl(rank_);
     if (ph == Phase::In) {
-      ctl.src_addr = reinterpret_cast<std::uint64_t>(gather ? in : out);
-      if (gather && !op.in_place) copy_bytes(out + me * k, in, k);
+      ctl.src_addr = reinterpret_cast<std::uint64_t>(out);
       ctl.in_step.store(g, std::memory_order_release);
     } else if (ph == Phase::Out) {  // (after the signatures were compared)
-      for (int j = 0; j < n; ++j) {
-        if (j == me || (!gather && j != r.root) || (!gather && me == r.root)) continue;
-        read_peer(j, gather ? out + j * k : out, k);
-      }
+      if (rank_ != r.root) read_peer(r.root, out, op.count);
       ctl.out_step.store(g, std::memory_order_release);
     } else {
       if (!all_at_least(&RankCtl::out_step, g)) return false;  // nobody reads my tensor any more
@@ -322,7 +318,7 @@ class ShmGroup {
     const char* in = r.input.defined() ? static_cast<const char*>(r.input.data_ptr()) : nullptr;
     char* out = r.output.defined() ? static_cast<char*>(r.output.data_ptr()) : nullptr;
     const void* srcs[64];
-    if (op.single_copy) return single_copy_step(op, ph, g, in, out);
+    if (op.single_copy) return single_copy_step(op, ph, g, out);
     switch (r.kind) {
       case Collective::AllReduce: {
         auto lo = [&](int j) { return c * j / n; };

@@ -14,6 +14,9 @@ namespace detail {
 static std::atomic<std::int64_t> g_spin_us{10};
 void set_spin_before_yield(std::chrono::microseconds d) { g_spin_us = d.count(); }
 std::chrono::microseconds spin_before_yield() { return std::chrono::microseconds(g_spin_us.load()); }
+static std::atomic<std::uint64_t> g_progress{0};
+void note_progress() { g_progress.fetch_add(1, std::memory_order_relaxed); }
+std::uint64_t progress_count() { return g_progress.load(std::memory_order_relaxed); }
 }  // namespace detail
 
 static std::string seconds(Duration d) {
@@ -105,12 +108,20 @@ void Work::wait(Duration timeout) {
   if (polled) {
     // The poll may move the collective itself (shared memory), so poll hot at first; then yield the
     // core to peers (ranks may outnumber cores), then sleep, woken early when another thread finishes.
-    const auto spin_until = start + detail::spin_before_yield();
-    const auto yield_until = spin_until + std::chrono::milliseconds(1);
+    // Each step the transport makes (here or on the progress thread) starts the windows again.
+    auto spin_until = start + detail::spin_before_yield();
+    auto yield_until = spin_until + std::chrono::milliseconds(1);
     auto nap = std::chrono::microseconds(10);
+    std::uint64_t seen = detail::progress_count();
     while (!(done = poll_once())) {
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) break;
+      if (const std::uint64_t p = detail::progress_count(); p != seen) {
+        seen = p;
+        spin_until = now + detail::spin_before_yield();
+        yield_until = spin_until + std::chrono::milliseconds(1);
+        nap = std::chrono::microseconds(10);
+      }
       if (now < spin_until) continue;
       if (now < yield_until) {
         sched_yield();

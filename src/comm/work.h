@@ -81,6 +81,11 @@ namespace detail {
 // outnumber the cores (a peer may need this very core to make progress).
 void set_spin_before_yield(std::chrono::microseconds d);
 std::chrono::microseconds spin_before_yield();
+// Bumped by a transport each time it moves a collective along (a chunk copied or reduced). A waiter
+// that sees it change polls hot again: a long collective advances chunk by chunk, and the spin and
+// yield windows count from its latest step, not from the start of the wait.
+void note_progress();
+std::uint64_t progress_count();
 }  // namespace detail
 
 }  // namespace accel::comm
