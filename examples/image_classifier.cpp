@@ -1,6 +1,6 @@
 // Example 3: a small CNN on generated 16x16 images of four shapes; its two conv blocks are sharding
 // units. Accuracy on a held-out split through gather_for_metrics.
-//   mpirun -np 2 build/bin/image_classifier --config_file configs/deepspeed/zero3.yaml
+//   build/bin/accel launch -n 2 build/bin/image_classifier --config_file configs/deepspeed/zero3.yaml
 #include "common/datasets.h"
 #include "common/evaluate.h"
 #include "common/example_args.h"

@@ -1,7 +1,7 @@
 // Example 1: a linear classifier (10 features, 5 classes) with AdamW, a cosine LR schedule with
 // warmup, gradient clipping, and accuracy on a held-out split counted through gather_for_metrics
 // (every eval sample exactly once, whatever the world size). Progress bar on the main process only.
-//   mpirun -np 2 build/bin/linear_classifier --config_file configs/ddp.yaml
+//   build/bin/accel launch -n 2 build/bin/linear_classifier --config_file configs/ddp.yaml
 #include "common/datasets.h"
 #include "common/evaluate.h"
 #include "common/example_args.h"

@@ -104,7 +104,7 @@ say "build done in $(( $(date +%s) - start )) s"
 if [ "$RUN_MAIN" = 1 ]; then
   say "main job: accel env, then what the FULL_SHARD config does and the GPT example under it on 2 ranks"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  mpirun --oversubscribe -np 2 "$BUILD/bin/accel" env
+  "$BUILD/bin/accel" launch -n 2 "$BUILD/bin/accel" env
   "$BUILD/bin/accel" config explain "$ROOT/configs/fsdp/full_shard.yaml"
   "$BUILD/bin/accel" launch --config_file "$ROOT/configs/fsdp/full_shard.yaml" "$BUILD/bin/gpt_lm" --steps 40
 fi

@@ -4,9 +4,9 @@
 if(ACCEL_BUILD_EXAMPLES)
   foreach(scenario bitwise reshard kill corrupt)
     add_test(NAME checkpoint_resume_${scenario}
-             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/resume_checks.sh ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:gpt_lm>
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/resume_checks.sh ${ACCEL_LAUNCH} $<TARGET_FILE:gpt_lm>
                      ${PROJECT_SOURCE_DIR} ${ACCEL_PYTHON} ${CMAKE_BINARY_DIR}/checkpoint_runs ${scenario})
-    set_tests_properties(checkpoint_resume_${scenario} PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600)
+    set_tests_properties(checkpoint_resume_${scenario} PROPERTIES ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 600)
   endforeach()
 endif()
 

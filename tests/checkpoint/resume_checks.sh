@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Checkpoint scenarios with the GPT example, run as a user would (mpirun, several launches):
-#   resume_checks.sh MPIEXEC GPT_LM SOURCE_DIR PYTHON OUT_DIR SCENARIO
+# Checkpoint scenarios with the GPT example, run as a user would (`accel launch`, several launches):
+#   resume_checks.sh ACCEL_CLI GPT_LM SOURCE_DIR PYTHON OUT_DIR SCENARIO
 # bitwise   10 steps in one go vs 5 + save + resume: steps 6-10 bitwise equal (FULL_SHARD and ZeRO-1 at 2)
 # reshard   ZeRO-3 at 4 -> ZeRO-1 at 2 -> DDP at 1 -> ZeRO-1 at 2 -> ZeRO-3 at 4, 4 steps each, against
 #           20 uninterrupted steps (rtol 2e-4); and pure resharding (load, save, no step) reproduces
@@ -11,7 +11,7 @@
 # corrupt   truncated, bit-flipped or index-less checkpoints: a message naming the file, exit non-zero,
 #           and the checkpoint files untouched
 set -uo pipefail
-MPI=$1 GPT=$2 SRC=$3 PY=$4 OUT=$5 SCENARIO=$6
+ACCEL=$1 GPT=$2 SRC=$3 PY=$4 OUT=$5 SCENARIO=$6
 CFG=$SRC/configs
 W=$OUT/$SCENARIO
 rm -rf "$W" && mkdir -p "$W"
@@ -21,7 +21,7 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 pass() { echo "ok:   $*"; }
 run() {  # run NP CONFIG ARGS...: the GPT example at NP ranks under CONFIG, 16-sample global batch, seed 3
   local np=$1 cfg=$2; shift 2
-  "$MPI" --oversubscribe -np "$np" "$GPT" --config_file "$CFG/$cfg.yaml" --seed 3 "$@" > "$W/last.out" 2>&1
+  "$ACCEL" launch -n "$np" "$GPT" --config_file "$CFG/$cfg.yaml" --seed 3 "$@" > "$W/last.out" 2>&1
   local rc=$?
   [ $rc -eq 0 ] || { echo "  (gpt_lm at $np ranks under $cfg exited $rc:)"; tail -5 "$W/last.out" | sed 's/^/    /'; }
   return $rc
@@ -82,7 +82,7 @@ kill)
   run 2 fsdp/full_shard --steps 3 --project_dir p --checkpointing_steps 3 --log_file a.log || fail "first run"
   [ -f p/checkpoints/checkpoint_0/index.json ] && pass "checkpoint_0 saved" || fail "no checkpoint_0"
   # The second run pauses 60 s between writing checkpoint_1 and publishing it; it is killed there.
-  ACCEL_CHECKPOINT_PAUSE_MS=60000 setsid "$MPI" --oversubscribe -np 2 "$GPT" --config_file "$CFG/fsdp/full_shard.yaml" --seed 3 \
+  ACCEL_CHECKPOINT_PAUSE_MS=60000 setsid "$ACCEL" launch -n 2 "$GPT" --config_file "$CFG/fsdp/full_shard.yaml" --seed 3 \
     --steps 10 --project_dir p --checkpointing_steps 3 --resume_from_checkpoint latest > b.out 2>&1 &
   pid=$!
   for _ in $(seq 150); do [ -f p/checkpoints/checkpoint_1.partial/index.json ] && break; sleep 0.2; done

@@ -11,7 +11,7 @@ set(ACCEL_CONFORMANCE_ALL_PASS "loader_coverage +PASS" "rng_sync +PASS" "trainin
 # accel_conformance_test(NAME pass|fail REGEX... -- COMMAND...)
 function(accel_conformance_test name mode)
   add_test(NAME ${name} COMMAND ${ACCEL_CONFORMANCE_EXPECT} ${mode} ${ARGN})
-  set_tests_properties(${name} PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 180)
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 180)
 endfunction()
 
 # The worker on every rank (as `accel launch` starts it), one shipped config per strategy family.
@@ -21,12 +21,12 @@ foreach(case "ddp;ddp;2" "zero3;deepspeed/zero3;3" "full_shard;fsdp/full_shard;2
   list(GET case 2 np)
   accel_conformance_test(cli_test_worker_${tname}_np${np} pass ${ACCEL_CONFORMANCE_ALL_PASS}
     "6 check\\(s\\) on ${np} process\\(es\\): 6 passed, 0 failed"
-    -- ${ACCEL_MPIRUN} -np ${np} ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/${cfg}.yaml)
+    -- ${ACCEL_CLI} launch -n ${np} ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/${cfg}.yaml)
 endforeach()
 # HYBRID_SHARD over 2 simulated nodes of 2 ranks.
 accel_conformance_test(cli_test_worker_hybrid_shard_np4 pass ${ACCEL_CONFORMANCE_ALL_PASS}
   "HYBRID_SHARD" "6 check\\(s\\) on 4 process\\(es\\): 6 passed, 0 failed"
-  -- ${ACCEL_MPIRUN} -np 4 ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/fsdp/hybrid_shard.yaml)
+  -- ${ACCEL_CLI} launch -n 4 ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/fsdp/hybrid_shard.yaml)
 set_property(TEST cli_test_worker_hybrid_shard_np4 APPEND PROPERTY ENVIRONMENT ACCEL_RANKS_PER_NODE=2)
 # Mixed precision: the training checks run in the compute dtype, within that precision's tolerance.
 foreach(case "bf16;deepspeed/zero3" "fp16;fsdp/full_shard")
@@ -34,7 +34,7 @@ foreach(case "bf16;deepspeed/zero3" "fp16;fsdp/full_shard")
   list(GET case 1 cfg)
   accel_conformance_test(cli_test_worker_${mp}_np2 pass ${ACCEL_CONFORMANCE_ALL_PASS} "mixed_precision ${mp}"
     "${mp} compute" "6 check\\(s\\) on 2 process\\(es\\): 6 passed, 0 failed"
-    -- ${ACCEL_MPIRUN} -np 2 ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/${cfg}.yaml)
+    -- ${ACCEL_CLI} launch -n 2 ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/${cfg}.yaml)
   set_property(TEST cli_test_worker_${mp}_np2 APPEND PROPERTY ENVIRONMENT ACCEL_MIXED_PRECISION=${mp})
 endforeach()
 # No launcher, no config: one process with the defaults.
@@ -46,12 +46,12 @@ accel_conformance_test(cli_test_worker_defaults_np1 pass ${ACCEL_CONFORMANCE_ALL
 # and the other checks still run and pass.
 accel_conformance_test(cli_test_inject_training_np2 fail "training_parity +FAIL .*failed on rank\\(s\\) 0"
   "loader_coverage +PASS" "gradient_accumulation +PASS" "5 passed, 1 failed: FAILED"
-  -- ${ACCEL_MPIRUN} -np 2 ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/deepspeed/zero3.yaml
+  -- ${ACCEL_CLI} launch -n 2 ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/deepspeed/zero3.yaml
      --inject_failure training_parity)
 foreach(check loader_coverage rng_sync collectives trigger gradient_accumulation)
   accel_conformance_test(cli_test_inject_${check}_np2 fail "${check} +FAIL .*failed on rank\\(s\\) (0,)?1"
     "1 check\\(s\\) on 2 process\\(es\\): 0 passed, 1 failed: FAILED"
-    -- ${ACCEL_MPIRUN} -np 2 ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/fsdp/full_shard.yaml
+    -- ${ACCEL_CLI} launch -n 2 ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/fsdp/full_shard.yaml
        --check ${check} --inject_failure ${check})
 endforeach()
 
@@ -65,7 +65,7 @@ accel_conformance_test(cli_test_config_unknown_key fail "accel test: error: .*un
 accel_conformance_test(cli_test_config_missing fail "accel test: error: .*no_such_config\\.yaml" "!running"
   -- ${ACCEL_CLI} test --config_file ${ACCEL_CONFORMANCE_DIR}/no_such_config.yaml)
 accel_conformance_test(cli_test_worker_config_does_not_parse_np2 fail "accel test: error: .*broken\\.yaml"
-  -- ${ACCEL_MPIRUN} -np 2 ${ACCEL_CLI} test --worker --config_file ${ACCEL_CONFORMANCE_DIR}/broken.yaml)
+  -- ${ACCEL_CLI} launch -n 2 ${ACCEL_CLI} test --worker --config_file ${ACCEL_CONFORMANCE_DIR}/broken.yaml)
 accel_conformance_test(cli_test_unknown_flag fail "--no_such_flag" -- ${ACCEL_CLI} test --no_such_flag)
 accel_conformance_test(cli_test_unknown_check fail "--check.*not in|no_such_check" -- ${ACCEL_CLI} test --check no_such_check)
 

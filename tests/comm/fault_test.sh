@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Usage: fault_test.sh MPIRUN PROBE MODE NP — runs the fault probe (tests/comm/fault_probe.cpp) under
-# mpirun and asserts what the ranks that are left do and say, and that the job ends within a bound
-# (the probe's timeout plus start-up slack), never hangs:
+# Usage: fault_test.sh ACCEL_CLI PROBE MODE NP — runs the fault probe (tests/comm/fault_probe.cpp) under
+# `accel launch` (mpirun underneath; MPIRUN OPTIONS go through --launcher_args) and asserts what the
+# ranks that are left do and say, and that the job ends within a bound (the probe's timeout plus
+# start-up slack), never hangs:
 #   timeout  rank 1 never joins: rank 0 raises TimeoutError naming the collective and itself; the job
 #            ends non-zero.
 #   exit     rank 1 exits with code 7 before the collective. Twice:
@@ -10,10 +11,12 @@
 #            - with mpirun told to leave the others running (orte_abort_on_non_zero_status 0, as a
 #              launcher that does not kill the job would): the survivors end it themselves. Their
 #              all_reduce raises TimeoutError after its 3 s, naming the collective, the rank and a
-#              dead peer; the broken communicator aborts the job (MPI_Abort, exit status 1).
+#              dead peer; the broken communicator aborts the job (MPI_Abort). accel launch exits
+#              with the first failing rank's status, rank 1's 7, and names it (mpirun alone would
+#              exit with MPI_Abort's 1).
 #   In every run no rank's collective completes without rank 1.
 set -u
-mpirun=$1 probe=$2 mode=$3 np=$4
+accel=$1 probe=$2 mode=$3 np=$4
 limit=40
 fail=0
 check() { "$@" || { echo "FAIL: $desc"; fail=1; }; }
@@ -23,9 +26,10 @@ lacks() { ! has "$1"; }
 run() {  # run LABEL [MPIRUN OPTIONS...]: sets out, rc, elapsed
   local label=$1
   shift
-  local start
+  local start extra=()
+  [ $# -gt 0 ] && extra=(--launcher_args "$*")
   start=$(date +%s)
-  out=$(timeout 120 "$mpirun" --oversubscribe "$@" -np "$np" "$probe" "$mode" 2>&1)
+  out=$(timeout 120 "$accel" launch -n "$np" "${extra[@]}" "$probe" "$mode" 2>&1)
   rc=$?
   elapsed=$(( $(date +%s) - start ))
   echo "---- $label"
@@ -51,7 +55,8 @@ case $mode in
     check has "Exit code: +7"
 
     run "rank 1 exits 7, the others left running" --mca orte_abort_on_non_zero_status 0
-    desc="exit status $rc, not 1 (MPI_Abort of the broken communicator)"; check [ "$rc" -eq 1 ]
+    desc="exit status $rc, not rank 1's 7 (the first failure, as accel launch reports it)"; check [ "$rc" -eq 7 ]
+    desc="accel launch does not name rank 1 as the first to fail"; check has "accel launch: rank 1 .* failed first: it exited with code 7"
     # Each survivor that reports (MPI_Abort of the first may end the other before it prints) names
     # the collective, itself and the cause; at least one reports.
     reports=$(grep -E "^rank [0-9]+ caught TimeoutError" <<< "$out" || true)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One shipped config, one example binary: trains at 2 ranks under mpirun and at world 1 with no
+# One shipped config, one example binary: trains at 2 ranks under `accel launch` and at world 1 with no
 # launcher, and checks that both loss trajectories follow the reference (the DDP config at 2 ranks,
 # written by the fixture test) within a relative tolerance.
-#   follow_reference.sh MPIEXEC BINARY CONFIG REFERENCE_LOG OUT_DIR [RTOL]
+#   follow_reference.sh ACCEL_CLI BINARY CONFIG REFERENCE_LOG OUT_DIR [RTOL]
 # REFERENCE_LOG "world1": CONFIG is the reference's own config, whose 2-rank run IS the reference;
 # its 2-rank run is compared with its single-process run (world 1, no launcher) instead.
 set -euo pipefail
-MPIEXEC=$1 BIN=$2 CONFIG=$3 REF=$4 OUT=$5 RTOL=${6:-2e-4}
+ACCEL=$1 BIN=$2 CONFIG=$3 REF=$4 OUT=$5 RTOL=${6:-2e-4}
 ARGS=(--steps 20 --seed 3)
 name=$(basename "$CONFIG"); name=${name%.*}
 mkdir -p "$OUT"
@@ -24,7 +24,7 @@ compare() {  # compare LOG LABEL REFERENCE
   ' "$3" "$1"
 }
 
-"$MPIEXEC" --oversubscribe -np 2 "$BIN" --config_file "$CONFIG" --log_file "$OUT/$name.np2.log" "${ARGS[@]}"
+"$ACCEL" launch -n 2 "$BIN" --config_file "$CONFIG" --log_file "$OUT/$name.np2.log" "${ARGS[@]}"
 ACCEL_CONFIG_FILE="$CONFIG" "$BIN" --log_file "$OUT/$name.np1.log" "${ARGS[@]}"
 status=0
 if [ "$REF" = world1 ]; then

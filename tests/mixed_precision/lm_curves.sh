@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPT example's loss curve under mixed precision against a reference precision's curve, per
-# strategy, as users run it (mpirun, the shipped configs, ACCEL_MIXED_PRECISION selects the precision):
+# strategy, as users run it (`accel launch`, the shipped configs, ACCEL_MIXED_PRECISION selects the precision):
 #
-#   lm_curves.sh MPIEXEC GPT_LM SOURCE_DIR OUT_DIR [options] [-- extra gpt_lm arguments]
+#   lm_curves.sh ACCEL_CLI GPT_LM SOURCE_DIR OUT_DIR [options] [-- extra gpt_lm arguments]
 #     --strategies "ddp zero3"   strategies to run: a name below, or NAME=CONFIG_FILE
 #                                  ddp   = configs/ddp.yaml
 #                                  zero1 = configs/deepspeed/zero1.json   zero3 = configs/deepspeed/zero3.json
@@ -31,7 +31,7 @@
 #   bf16 3e-3  [measured 9.65e-4 under DDP and ZeRO-3 alike (step 42); AVX2: 6.7e-4]. Tight enough to
 #              tell fp32 masters from bf16 ones: the same run with DeepSpeed's
 #              bf16.bf16_master_weights_and_grads true (configs/deepspeed/zero3.json with that key,
-#              ACCEL_MIXED_PRECISION=bf16, `mpirun -np 2 gpt_lm --config_file ... --steps 50`, against
+#              ACCEL_MIXED_PRECISION=bf16, `accel launch -n 2 gpt_lm --config_file ... --steps 50`, against
 #              the fp32 curve) is 7.5e-3 off under ZeRO-3 and 8.1e-3 under stage 0 (AVX2: 8.3e-3),
 #              2.5x over this tolerance. bf16 keeps 8 significant bits (unit
 #              roundoff 2^-9 = 2e-3) and the trajectories drift apart as they train: other seeds drift
@@ -44,7 +44,7 @@
 # (The fp32 loss falls 3.22 -> 2.52 over the 50 steps at seed 0.)
 set -uo pipefail
 if [ $# -lt 4 ]; then sed -n '2,26p' "$0"; exit 2; fi
-MPI=$1 GPT=$2 SRC=$3 OUT=$4
+ACCEL=$1 GPT=$2 SRC=$3 OUT=$4
 shift 4
 STRATEGIES="ddp zero3" PRECISIONS="bf16 fp16" REFERENCE=fp32 STEPS=50 NP=2 MIN_DIFF=1e-6 MIN_DROP=0.1
 declare -A TOL=([bf16]=3e-3 [fp16]=3e-4)
@@ -89,7 +89,7 @@ mkdir -p "$OUT" || exit 2
 run() {
   local log=$OUT/$1.$3.log out=$OUT/$1.$3.out
   rm -f "$log"
-  ACCEL_MIXED_PRECISION=$(env_value "$3") "$MPI" --oversubscribe -np "$NP" "$GPT" --config_file "$2" \
+  ACCEL_MIXED_PRECISION=$(env_value "$3") "$ACCEL" launch -n "$NP" "$GPT" --config_file "$2" \
     --steps "$STEPS" --log_file "$log" "${EXTRA[@]}" > "$out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then

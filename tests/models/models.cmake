@@ -18,7 +18,7 @@ if(ACCEL_BUILD_EXAMPLES)
                    ${CMAKE_CURRENT_SOURCE_DIR}/models/finetune_then_open.sh $<TARGET_FILE:accel_cli> 2
                    ${PROJECT_SOURCE_DIR}/configs/deepspeed/zero3.yaml $<TARGET_FILE:llama_finetune> ${ACCEL_PYTHON}
                    ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/llama_runs/finetune_zero3)
-  set_tests_properties(examples_llama_finetune_zero3_np2 PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600)
+  set_tests_properties(examples_llama_finetune_zero3_np2 PROPERTIES ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 600)
 endif()
 
 # examples/llama_finetune under every shipped config follows its DDP loss trajectory (fp32), at 2
@@ -27,10 +27,10 @@ if(ACCEL_BUILD_EXAMPLES)
   set(_llama_out ${CMAKE_BINARY_DIR}/llama_runs/follow)
   file(MAKE_DIRECTORY ${_llama_out})
   add_test(NAME examples_reference_llama_ddp_np2
-           COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np 2 $<TARGET_FILE:llama_finetune> --config_file
+           COMMAND ${ACCEL_LAUNCH} launch -n 2 $<TARGET_FILE:llama_finetune> --config_file
                    ${PROJECT_SOURCE_DIR}/configs/ddp.yaml --steps 20 --seed 3 --log_file ${_llama_out}/reference_llama_ddp.log)
   set_tests_properties(examples_reference_llama_ddp_np2 PROPERTIES FIXTURES_SETUP llama_reference
-                       ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600)
+                       ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 600)
   foreach(cfg fsdp/full_shard fsdp/shard_grad_op fsdp/no_shard fsdp/hybrid_shard
               deepspeed/zero1 deepspeed/zero2 deepspeed/zero3 deepspeed/zero3_offload ddp)
     string(REPLACE "/" "_" tname ${cfg})
@@ -39,9 +39,9 @@ if(ACCEL_BUILD_EXAMPLES)
       set(reference world1)
     endif()
     add_test(NAME examples_llama_follows_ddp_${tname}
-             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/examples/follow_reference.sh ${MPIEXEC_EXECUTABLE}
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/examples/follow_reference.sh ${ACCEL_LAUNCH}
                      $<TARGET_FILE:llama_finetune> ${PROJECT_SOURCE_DIR}/configs/${cfg}.yaml ${reference} ${_llama_out})
     set_tests_properties(examples_llama_follows_ddp_${tname} PROPERTIES FIXTURES_REQUIRED llama_reference
-                         ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600)
+                         ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 600)
   endforeach()
 endif()

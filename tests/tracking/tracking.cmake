@@ -5,9 +5,9 @@ accel_add_mpi_test(NAME tracking TARGET tracking_tests NP 1 2)
 if(ACCEL_BUILD_EXAMPLES AND ACCEL_PYTHON)
   foreach(mode yaml flag)
     add_test(NAME tracking_gpt_lm_files_${mode}_np2
-             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tracking/gpt_lm_trackers.sh ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:gpt_lm>
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tracking/gpt_lm_trackers.sh ${ACCEL_LAUNCH} $<TARGET_FILE:gpt_lm>
                      ${PROJECT_SOURCE_DIR} ${ACCEL_PYTHON} ${CMAKE_BINARY_DIR}/tracking_runs ${mode})
-    set_tests_properties(tracking_gpt_lm_files_${mode}_np2 PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600)
+    set_tests_properties(tracking_gpt_lm_files_${mode}_np2 PROPERTIES ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 600)
   endforeach()
 endif()
 # tensorboard.proto's messages against the tensorboard package's own descriptors (field numbers,
