@@ -12,6 +12,7 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -315,12 +316,25 @@ void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int6
 
 bool fused_step(torch::optim::Optimizer& opt) {
   // The exact types only: a subclass may override step() with other arithmetic.
-  const std::type_info& type = typeid(opt);
+  return fused_step_as(opt, typeid(opt));
+}
+
+namespace {
+std::atomic<std::uint64_t> g_fused_steps{0};
+bool counted(bool stepped) {
+  if (stepped) g_fused_steps.fetch_add(1, std::memory_order_relaxed);
+  return stepped;
+}
+}  // namespace
+
+std::uint64_t fused_steps() { return g_fused_steps.load(std::memory_order_relaxed); }
+
+bool fused_step_as(torch::optim::Optimizer& opt, const std::type_info& type) {
   if (type == typeid(torch::optim::AdamW))
-    return adam_like<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, true);
+    return counted(adam_like<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, true));
   if (type == typeid(torch::optim::Adam))
-    return adam_like<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, false);
-  if (type == typeid(torch::optim::SGD)) return sgd(static_cast<torch::optim::SGD&>(opt));
+    return counted(adam_like<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, false));
+  if (type == typeid(torch::optim::SGD)) return counted(sgd(dynamic_cast<torch::optim::SGD&>(opt)));
   return false;
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <typeinfo>
 
 namespace torch::optim {
 class Optimizer;
@@ -57,5 +58,11 @@ void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int6
 // changed nothing, otherwise (another type, another dtype or device, sparse or strided tensors, or
 // amsgrad switched on over state made without it): the caller then calls the optimizer's own step.
 bool fused_step(torch::optim::Optimizer& opt);
+// The same for a subclass of `type` (one of those three) whose step arithmetic is the base's own:
+// zero/'s sharded optimizers derive from the user's optimizer type only to bracket its step.
+bool fused_step_as(torch::optim::Optimizer& opt, const std::type_info& type);
+// Steps taken through the fused kernels in this process (fused_step / fused_step_as returning true):
+// what tests and benchmarks check to know the fast path ran.
+std::uint64_t fused_steps();
 
 }  // namespace accel::optim

@@ -40,7 +40,7 @@ class Sharded final : public Opt {
         for (const auto& g : this->param_groups())
           rules.push_back(rule_of(g.has_options() ? g.options() : this->defaults()));
         engine_->offloaded_step(rules);
-      } else if (closure || !accel::optim::fused_step(*this)) {
+      } else if (closure || !accel::optim::fused_step_as(*this, typeid(Opt))) {  // (Opt's own arithmetic)
         loss = Opt::step(std::move(closure));
       }
     }

@@ -2,10 +2,13 @@
 // per-rank bytes by category against the ZeRO formulas; and the edges: frozen and unused parameters,
 // a parameter shared across units, unsupported optimizers, clipping, wrap policies.
 #include "base/memory.h"
+#include "optim/fused_step.h"
 #include "support/harness.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/lbfgs.h>
 
 #include <algorithm>
@@ -757,6 +760,35 @@ TEST(EngineEdges, BadSpecsAreNamed) {
   ShardingSpec s;
   s.bucket_bytes = -1;
   EXPECT_THROW(s.validate(), std::invalid_argument);
+}
+
+// The sharded optimizer (a subclass of the user's type) steps fp32 masters through the fused CPU
+// kernels, which give torch::optim's bits (tests/optim): AdamW, Adam and SGD; other types (Adagrad)
+// take their own step. Under every strategy that has masters.
+TEST(EngineStep, ShardedOptimizersStepThroughTheFusedKernels) {
+  auto world = test::world();
+  for (int stage : {1, 2, 3}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      SCOPED_TRACE(::testing::Message() << "zero stage " << stage << ", optimizer " << kind);
+      at::manual_seed(11);
+      auto mdl = torch::nn::Linear(8, 4);  // fp32
+      std::unique_ptr<torch::optim::Optimizer> user_opt;
+      if (kind == 0) user_opt = std::make_unique<torch::optim::AdamW>(mdl->parameters(), torch::optim::AdamWOptions(1e-2));
+      if (kind == 1) user_opt = std::make_unique<torch::optim::Adam>(mdl->parameters(), torch::optim::AdamOptions(1e-2));
+      if (kind == 2)
+        user_opt = std::make_unique<torch::optim::SGD>(mdl->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      if (kind == 3)
+        user_opt = std::make_unique<torch::optim::Adagrad>(mdl->parameters(), torch::optim::AdagradOptions(0.1));
+      auto p = zero::prepare(mdl.ptr(), *user_opt, ShardingSpec::zero(stage), world);
+      const std::uint64_t before = optim::fused_steps();
+      for (int step = 0; step < 2; ++step) {
+        p.engine->backward(mdl->forward(at::randn({4, 8})).square().sum());
+        p.optimizer->step();
+        p.optimizer->zero_grad();
+      }
+      EXPECT_EQ(optim::fused_steps() - before, kind < 3 ? 2u : 0u);
+    }
+  }
 }
 
 }  // namespace
