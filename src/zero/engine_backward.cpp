@@ -203,7 +203,9 @@ void Engine::abort_backward() {
     f.ready = false;
     f.grad_live = false;
     f.flat_param->detach_grads();
+    f.host_grad_src = nullptr;  // a copy queued from a gradient this backward threw away
   }
+  wait_host_copies();
 }
 
 void Engine::settle_pending() {
