@@ -89,7 +89,7 @@ void GradReducer::launch(Bucket& b) {
     sharding::FlatParam* f = flats_[b.members[0]];
     auto [begin, end] = f->layout().shard_range(f->options().rank);
     b.staging_out = mode_ == Mode::ReduceScatterInPlace ? f->grad_full().narrow(0, begin, end - begin)
-                                                        : at::empty({end - begin}, f->grad_full().options());
+                                                        : output(b, end - begin, f->grad_full().options());
     b.work = shard_->reduce_scatter_async(f->grad_full(), b.staging_out, {comm::ReduceOp::Avg});
   } else {
     // Rank-major staging: [flat0 chunk r, flat1 chunk r, ...] for r = 0..n-1.
@@ -107,9 +107,20 @@ void GradReducer::launch(Bucket& b) {
     // ZeRO-2/3: the staging copy is all the reduction needs; the full gradients can go now.
     if (mode_ == Mode::ReduceScatter)
       for (auto m : b.members) flats_[m]->free_grad();
-    b.staging_out = at::empty({per_rank}, b.staging_in.options());
+    b.staging_out = output(b, per_rank, b.staging_in.options());
     b.work = shard_->reduce_scatter_async(b.staging_in, b.staging_out, {comm::ReduceOp::Avg});
   }
+}
+
+at::Tensor GradReducer::output(Bucket& b, std::int64_t numel, const at::TensorOptions& options) {
+  // Reused only when this is its one reference and nothing views its storage: a gradient still
+  // pending (a second sync backward adds to it) or held by the user keeps its values.
+  const at::Tensor& k = b.kept_out;
+  if (k.defined() && k.numel() == numel && k.dtype() == options.dtype() && k.device() == options.device() &&
+      k.use_count() == 1 && k.storage().use_count() == 1)
+    return k;
+  b.kept_out = at::empty({numel}, options);
+  return b.kept_out;
 }
 
 namespace {

@@ -73,12 +73,18 @@ class GradReducer {
     bool launched = false;
     at::Tensor buffer;  // all-reduce fusion: the members' contiguous gradient buffer
     at::Tensor staging_in, staging_out;
+    // The last backward's reduce-scatter output, kept to be written again by the next one when
+    // nothing refers to it any more (the step consumed it and zero_grad dropped it): a fresh buffer
+    // every step cost page faults and zeroing of its pages, 20% of a 0.59B ZeRO-2 step's CPU time.
+    // It is the sharded gradient ZeRO's formulas count as resident (4Ψ/N).
+    at::Tensor kept_out;
     comm::WorkPtr work;
   };
   void launch(Bucket& b);
   void reset();  // ready for the next backward
   void finish(Bucket& b);
   void notify(const Bucket& b);  // on_reduced_ for its members
+  at::Tensor output(Bucket& b, std::int64_t numel, const at::TensorOptions& options);  // kept_out or new
 
   std::vector<sharding::FlatParam*> flats_;
   Mode mode_;
