@@ -18,9 +18,10 @@ const std::vector<Variable>& table() {
       {"ACCEL_COMM_SHM_CHUNK_KB", "256",
        "the shared-memory transport's chunk per rank and buffer, in KiB (pipelining grain; rank 0's value is used)"},
       {"ACCEL_CPU_MALLOC_CACHE", "1",
-       "1: once a model is prepared with sharded CPU parameters or gradients, glibc keeps freed memory "
-       "in the heap (no mmap under 32 MiB, no trimming), so the gather/free cycle of each unit reuses "
-       "memory instead of page-faulting fresh pages every step; 0: leave malloc as it is"},
+       "1: once a model is prepared with sharded CPU parameters or gradients, freed CPU memory is kept for "
+       "reuse (glibc's heap under 32 MiB, untrimmed; accel's allocator caches larger blocks by size, never "
+       "beyond the most the process has had in use), so the gather/free cycle of each unit reuses warm "
+       "pages instead of page-faulting fresh ones every step; 0: leave allocation as it is"},
       {"ACCEL_RANKS_PER_NODE", "",
        "simulate nodes of this many ranks on one machine (node_rank = rank / k); must divide the "
        "world size"},

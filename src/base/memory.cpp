@@ -10,6 +10,7 @@
 #include <malloc.h>
 #endif
 #include <new>
+#include <vector>
 
 namespace accel::memory {
 namespace {
@@ -33,40 +34,123 @@ std::array<Counter, kNumCategories> g_by_cat;
 thread_local Category t_category = Category::Other;
 thread_local bool t_forward = false;
 
-// Every counted allocation is laid out as [Header | data]: the header, in the first kHeader bytes
-// (which keeps the inner allocator's 64-byte alignment), holds the inner allocation and what to credit
-// back. The DataPtr's context is the data pointer itself, as raw_allocate() (used by oneDNN) requires.
+// Every allocation through accel's CPU allocator is laid out as [Header | data]: the header, in the
+// first kHeader bytes (which keeps the inner allocator's 64-byte alignment), holds the inner allocation
+// and what to credit back. The DataPtr's context is the data pointer itself, as raw_allocate() (used by
+// oneDNN) requires.
 struct Header {
   c10::DataPtr inner;
   std::int64_t bytes;
   Category category;
+  bool counted;  // charged to the counters (counting was on when it was handed out)
 };
 constexpr std::size_t kHeader = 64;
 static_assert(sizeof(Header) <= kHeader);
 
-void release(void* data) {
-  if (!data) return;
-  auto* h = reinterpret_cast<Header*>(static_cast<char*>(data) - kHeader);
-  g_total.sub(h->bytes);
-  g_by_cat[static_cast<int>(h->category)].sub(h->bytes);
+std::atomic<bool> g_counting{false};
+std::atomic<bool> g_caching{false};
+
+// The large-block cache (keep_freed_cpu_memory): blocks of at least kCacheMin bytes, which glibc would
+// hand back to the kernel on free (they are mmapped), are kept and handed out again to a request of the
+// same size, so a buffer freed and allocated again every step (a unit's gathered parameters, its full
+// gradient) reuses warm pages instead of page-faulting fresh ones. The cache never makes the process
+// hold more than the most it has had in use at once: `in_use + cached <= high_water`, blocks evicted
+// oldest first when an allocation would break that.
+constexpr std::int64_t kCacheMin = std::int64_t{32} << 20;
+
+struct BlockCache {
+  std::mutex mu;
+  std::vector<Header*> blocks;         // oldest first
+  std::atomic<std::int64_t> cached{0}; // bytes held in `blocks`
+  std::atomic<std::int64_t> in_use{0}; // bytes handed out and not yet freed (every size)
+  std::atomic<std::int64_t> high_water{0};
+};
+// Never destroyed: tensors freed during static destruction still come back here.
+BlockCache& cache() {
+  static auto* c = new BlockCache;
+  return *c;
+}
+
+void destroy(Header* h) {
   c10::DataPtr inner = std::move(h->inner);
   h->~Header();
   // `inner` frees the block on leaving scope.
 }
 
-class CountingAllocator final : public c10::Allocator {
+// Takes blocks out of the cache, oldest first, until in_use + cached <= high_water (or it is empty);
+// the caller frees them outside the lock.
+void evict_over_high_water(BlockCache& c, std::vector<Header*>& out) {
+  std::size_t k = 0;
+  while (k < c.blocks.size() && c.in_use.load() + c.cached.load() > c.high_water.load()) {
+    c.cached.fetch_sub(c.blocks[k]->bytes);
+    out.push_back(c.blocks[k++]);
+  }
+  c.blocks.erase(c.blocks.begin(), c.blocks.begin() + static_cast<std::ptrdiff_t>(k));
+}
+
+void charge(Header* h) {
+  h->counted = g_counting.load();
+  if (!h->counted) return;
+  g_total.add(h->bytes);
+  g_by_cat[static_cast<int>(h->category)].add(h->bytes);
+}
+
+void release(void* data) {
+  if (!data) return;
+  auto* h = reinterpret_cast<Header*>(static_cast<char*>(data) - kHeader);
+  if (h->counted) {
+    g_total.sub(h->bytes);
+    g_by_cat[static_cast<int>(h->category)].sub(h->bytes);
+  }
+  BlockCache& c = cache();
+  c.in_use.fetch_sub(h->bytes);
+  if (g_caching.load() && h->bytes >= kCacheMin) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.blocks.push_back(h);
+    c.cached.fetch_add(h->bytes);
+    return;
+  }
+  destroy(h);
+}
+
+class CpuAllocator final : public c10::Allocator {
  public:
-  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
+  explicit CpuAllocator(c10::Allocator* inner) : inner_(inner) {}
   c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr d = inner_->allocate(n + kHeader);
-    char* base = static_cast<char*>(d.get());
-    c10::Device dev = d.device();
-    const Category c = t_forward && t_category == Category::Other ? Category::Activations : t_category;
-    auto* h = new (base) Header{std::move(d), static_cast<std::int64_t>(n), c};
-    g_total.add(h->bytes);
-    g_by_cat[static_cast<int>(h->category)].add(h->bytes);
-    void* data = base + kHeader;
-    return c10::DataPtr(data, data, &release, dev);
+    const auto bytes = static_cast<std::int64_t>(n);
+    const Category cat = t_forward && t_category == Category::Other ? Category::Activations : t_category;
+    BlockCache& c = cache();
+    const std::int64_t now = c.in_use.fetch_add(bytes) + bytes;
+    std::int64_t hw = c.high_water.load();
+    while (now > hw && !c.high_water.compare_exchange_weak(hw, now)) {
+    }
+    Header* h = nullptr;
+    if (c.cached.load() > 0) {
+      std::vector<Header*> evicted;
+      {
+        std::lock_guard<std::mutex> lock(c.mu);
+        if (bytes >= kCacheMin)
+          for (auto it = c.blocks.begin(); it != c.blocks.end(); ++it)
+            if ((*it)->bytes == bytes) {
+              h = *it;
+              c.blocks.erase(it);
+              c.cached.fetch_sub(bytes);
+              break;
+            }
+        evict_over_high_water(c, evicted);
+      }
+      for (Header* e : evicted) destroy(e);
+    }
+    if (h) {
+      h->category = cat;
+    } else {
+      c10::DataPtr d = inner_->allocate(n + kHeader);
+      void* base = d.get();
+      h = new (base) Header{std::move(d), bytes, cat, false};
+    }
+    charge(h);
+    void* data = reinterpret_cast<char*>(h) + kHeader;
+    return c10::DataPtr(data, data, &release, h->inner.device());
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { inner_->copy_data(dest, src, count); }
@@ -75,7 +159,15 @@ class CountingAllocator final : public c10::Allocator {
   c10::Allocator* inner_;
 };
 
-std::atomic<bool> g_installed{false};
+// Puts accel's allocator in front of libtorch's default CPU allocator (once; tensors allocated before
+// keep their own deleter).
+void install_cpu_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static CpuAllocator allocator(c10::GetDefaultCPUAllocator());
+    c10::SetCPUAllocator(&allocator, /*priority=*/100);
+  });
+}
 
 std::string human(std::int64_t b) {
   return b >= (1 << 20) ? fmt::format("{:.2f} MiB", b / 1048576.0) : fmt::format("{} B", b);
@@ -96,24 +188,39 @@ const char* to_string(Category c) {
 }
 
 void install_counting_allocator() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    static CountingAllocator counting(c10::GetDefaultCPUAllocator());
-    c10::SetCPUAllocator(&counting, /*priority=*/100);
-    g_installed = true;
-  });
+  install_cpu_allocator();
+  g_counting = true;
 }
 
 bool keep_freed_cpu_memory() {
+  install_cpu_allocator();
+  g_caching = true;
 #if defined(__GLIBC__)
-  static const bool ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  static const bool ok = mallopt(M_MMAP_THRESHOLD, kCacheMin) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
   return ok;
 #else
   return false;
 #endif
 }
 
-bool counting_installed() { return g_installed.load(); }
+void empty_cpu_cache() {
+  BlockCache& c = cache();
+  std::vector<Header*> blocks;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    blocks.swap(c.blocks);
+    c.cached.store(0);
+  }
+  for (Header* h : blocks) destroy(h);
+}
+
+CpuCacheStats cpu_cache_stats() {
+  BlockCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return {c.in_use.load(), c.cached.load(), c.high_water.load()};
+}
+
+bool counting_installed() { return g_counting.load(); }
 
 Snapshot snapshot() {
   Snapshot s;

@@ -1,8 +1,8 @@
 // accel::memory — a counting CPU allocator: current and peak bytes per process (= per rank), and
 // bytes by category (parameters, gradients, optimizer state, gathered buffers, activations, other).
 //
-// install_counting_allocator() puts it in front of libtorch's default CPU allocator (once; tensors
-// allocated before that are not counted). A CategoryScope on the allocating thread says what the
+// install_counting_allocator() puts accel's CPU allocator in front of libtorch's default one (once;
+// tensors allocated before that are not counted) and turns counting on. A CategoryScope on the allocating thread says what the
 // allocations inside it are for; the category travels with the allocation, so a free is credited
 // back to the category that allocated it, whichever thread frees it. Thread-safe (atomics).
 #pragma once
@@ -39,11 +39,24 @@ Snapshot snapshot();
 // Sets every peak to the current value (total and per category).
 void reset_peaks();
 
-// Asks glibc to keep freed memory in the heap: blocks up to 32 MiB come from the heap rather than
-// fresh mmaps, and the heap is not trimmed. Buffers freed and re-allocated every step (a unit's
-// gathered parameters) then reuse warm pages. Process-wide, idempotent; returns false where it has
-// no effect (not glibc).
+// Keeps freed CPU memory for reuse: glibc serves blocks under 32 MiB from the heap rather than fresh
+// mmaps and does not trim it, and accel's CPU allocator (installed in front of libtorch's, as the
+// counting one is) keeps freed blocks of 32 MiB and more and hands them out again to a request of the
+// same size. Buffers freed and allocated again every step (a unit's gathered parameters, its full
+// gradient) then reuse warm pages instead of page-faulting fresh ones. The cache never holds more than
+// lets the process stay within the most it has had in use at once (in use + cached <= high-water
+// mark; oldest blocks are freed first), so a peak never grows because of it. Process-wide, idempotent;
+// the counters (snapshot) count blocks in use, not cached ones. Returns false where glibc's part has
+// no effect (not glibc, or mallopt refused).
 bool keep_freed_cpu_memory();
+// accel's CPU allocator now: bytes handed out and not freed, bytes the cache holds for reuse (0 until
+// keep_freed_cpu_memory), and the most ever handed out at once (all 0 until it is installed).
+struct CpuCacheStats {
+  std::int64_t in_use = 0, cached = 0, high_water = 0;
+};
+CpuCacheStats cpu_cache_stats();
+// Frees every block the cache holds (torch.cuda.empty_cache for the CPU); the cache stays on.
+void empty_cpu_cache();
 
 // While on, allocations on this thread that no CategoryScope claims (Other) are charged to
 // Activations. The engine turns it on at the first unit of a forward and off when backward or the
