@@ -14,6 +14,12 @@
 #       runs alternately (accel, torch, accel, torch, ...) R times [3]; the table shows each side's
 #       median and their ratio (below 1: accel is faster). Whole processes on a shared machine are
 #       noisy: the spread (min-max of the R runs) is shown too.
+#   bash benchmarks/run_step_bench.sh --large [--repeats R] [step_bench args]
+#       issue 17's 0.59B GPT (--d-model 1560 --layers 20 --batch 1 --steps 3 --warmup 1, unless given) at
+#       2 ranks: DDP, ZERO_2 and ZERO_3 run in turn R times [3] (DDP, ZERO_2, ZERO_3, DDP, ...; one
+#       model alone fills ~10 GB per rank, so their steps cannot be interleaved in one run); the table
+#       shows each strategy's median step (min-max), its ratio to DDP's median, the median wait on
+#       collectives and its share of the step, and peak RSS per rank (the last run). About 7 minutes at R=3; run it alone.
 # Extra arguments go to step_bench (and torch_anchor.py: --steps, --warmup, --batch, --layers,
 # --d-model, --heads, --seq, --vocab), e.g. --steps 10. Every run starts through `accel launch`, so
 # each rank is bound to its share of the cores with as many intra-op threads (README "Launch").
@@ -60,6 +66,39 @@ if [ "${1:-}" = "--vs-torch" ]; then
       printf "| %d | %s | %s | %s (%s) | %s (%s) | %.2f |\n" "$n" "$label" "$theirs" "$am" "$ar" "$tm" "$tr_" \
         "$(awk -v a="$am" -v b="$tm" 'BEGIN {print a / b}')"
     done
+  done
+  exit 0
+fi
+if [ "${1:-}" = "--large" ]; then
+  shift
+  repeats=3
+  if [ "${1:-}" = "--repeats" ]; then repeats=$2; shift 2; fi
+  args=("$@")
+  for kv in "--d-model 1560" "--layers 20" "--batch 1" "--steps 3" "--warmup 1"; do
+    case " $* " in *" ${kv% *}"*) ;; *) args+=($kv) ;; esac
+  done
+  field() { grep -o "\"$1\": [0-9.e+-]*" | tail -1 | awk '{print $2}'; }
+  declare -A steps waits rss
+  for ((i = 0; i < repeats; i++)); do
+    for s in DDP ZERO_2 ZERO_3; do
+      line=$(run 2 "$s" --json "${args[@]}")
+      steps[$s]="${steps[$s]:-} $(echo "$line" | field step_ms)"
+      waits[$s]="${waits[$s]:-} $(echo "$line" | field wait_ms)"
+      rss[$s]=$(echo "$line" | field peak_rss)
+    done
+  done
+  median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+  range() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {printf "%.0f-%.0f", v[1], v[NR]}'; }
+  echo "step_bench ${args[*]}, 2 ranks, median of $repeats runs in turn (ms per step, the slowest rank)"
+  echo
+  echo "| strategy | step ms (min-max) | × DDP | wait ms | wait share | peak RSS MiB |"
+  echo "|---|---:|---:|---:|---:|---:|"
+  ddp=$(echo ${steps[DDP]} | median)
+  for s in DDP ZERO_2 ZERO_3; do
+    m=$(echo ${steps[$s]} | median) w=$(echo ${waits[$s]} | median)
+    printf "| %s | %.0f (%s) | %.2f | %.0f | %.0f%% | %.0f |\n" "$s" "$m" "$(echo ${steps[$s]} | range)" \
+      "$(awk -v a="$m" -v b="$ddp" 'BEGIN {print a / b}')" "$w" "$(awk -v a="$w" -v b="$m" 'BEGIN {print 100 * a / b}')" \
+      "$(awk -v b="${rss[$s]}" 'BEGIN {print b / 1048576}')"
   done
   exit 0
 fi
