@@ -19,7 +19,8 @@
 #       2 ranks: DDP, ZERO_2 and ZERO_3 run in turn R times [3] (DDP, ZERO_2, ZERO_3, DDP, ...; one
 #       model alone fills ~10 GB per rank, so their steps cannot be interleaved in one run); the table
 #       shows each strategy's median step (min-max), its ratio to DDP's median, the median wait on
-#       collectives and its share of the step, and peak RSS per rank (the last run). About 7 minutes at R=3; run it alone.
+#       collectives and its share of the step, and peak RSS per rank (the last run). About 4 minutes
+#       at R=3; run it alone.
 # Extra arguments go to step_bench (and torch_anchor.py: --steps, --warmup, --batch, --layers,
 # --d-model, --heads, --seq, --vocab), e.g. --steps 10. Every run starts through `accel launch`, so
 # each rank is bound to its share of the cores with as many intra-op threads (README "Launch").

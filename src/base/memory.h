@@ -1,10 +1,12 @@
-// accel::memory — a counting CPU allocator: current and peak bytes per process (= per rank), and
-// bytes by category (parameters, gradients, optimizer state, gathered buffers, activations, other).
+// accel::memory — accel's CPU allocator: it counts current and peak bytes per process (= per rank)
+// and by category (parameters, gradients, optimizer state, gathered buffers, activations, other), and
+// can cache large freed blocks for reuse (keep_freed_cpu_memory).
 //
 // install_counting_allocator() puts accel's CPU allocator in front of libtorch's default one (once;
-// tensors allocated before that are not counted) and turns counting on. A CategoryScope on the allocating thread says what the
-// allocations inside it are for; the category travels with the allocation, so a free is credited
-// back to the category that allocated it, whichever thread frees it. Thread-safe (atomics).
+// tensors allocated before that are not counted) and turns counting on. A CategoryScope on the
+// allocating thread says what the allocations inside it are for; the category travels with the
+// allocation, so a free is credited back to the category that allocated it, whichever thread frees
+// it. Thread-safe (atomics; the cache under a mutex).
 #pragma once
 
 #include <array>
@@ -43,9 +45,9 @@ void reset_peaks();
 // mmaps and does not trim it, and accel's CPU allocator (installed in front of libtorch's, as the
 // counting one is) keeps freed blocks of 32 MiB and more and hands them out again to a request of the
 // same size. Buffers freed and allocated again every step (a unit's gathered parameters, its full
-// gradient) then reuse warm pages instead of page-faulting fresh ones. The cache never holds more than
-// lets the process stay within the most it has had in use at once (in use + cached <= high-water
-// mark; oldest blocks are freed first), so a peak never grows because of it. Process-wide, idempotent;
+// gradient) then reuse warm pages instead of page-faulting fresh ones. The cache only holds what keeps
+// the process within the most it has had in use at once (in use + cached <= high-water mark; the
+// oldest blocks are freed first when an allocation would pass it), so no peak grows because of it. Process-wide, idempotent;
 // the counters (snapshot) count blocks in use, not cached ones. Returns false where glibc's part has
 // no effect (not glibc, or mallopt refused).
 bool keep_freed_cpu_memory();

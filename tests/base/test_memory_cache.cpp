@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace accel::memory {
 namespace {
 
