@@ -55,8 +55,11 @@ void for_each_vector(Streams<N> s, std::int64_t n, const Op& op) {
 }
 
 template <bool L2, bool Amsgrad>
-void moments(const float* p, const float* g, float* m, float* v, float* vmax, std::int64_t n, const AdamCoeffs& c) {
+std::int64_t moments(const float* p, const float* g, float* m, float* v, float* vmax, std::int64_t n,
+                     const AdamCoeffs& c) {
   const Vec wd(c.weight_decay), b1(c.beta1), omb1(c.one_minus_beta1), b2(c.beta2), omb2(c.one_minus_beta2);
+  const Vec zero(0.0f);
+  Vec zeros(0.0f);  // per lane: how many roots to take are of a zero (1.0f per one: exact below 2^24)
   Streams<5> s{{const_cast<float*>(p), const_cast<float*>(g), m, v, vmax}, {false, false, true, true, true}};
   if (!L2) s.ptr[0] = nullptr;
   for_each_vector(s, n, [&](float* const* x, std::int64_t i) {
@@ -68,8 +71,18 @@ void moments(const float* p, const float* g, float* m, float* v, float* vmax, st
     vv = at::vec::fmadd(omb2 * gv, gv, vv);
     mv.store(x[2] + i);
     vv.store(x[3] + i);
-    if constexpr (Amsgrad) at::vec::maximum(vv, Vec::loadu(x[4] + i)).store(x[4] + i);
+    if constexpr (Amsgrad) {
+      vv = at::vec::maximum(vv, Vec::loadu(x[4] + i));
+      vv.store(x[4] + i);
+    }
+    zeros = zeros + vv.eq(zero);
   });
+  alignas(64) float lanes[kLanes];
+  zeros.store(lanes);
+  std::int64_t count = 0;
+  for (float z : lanes) count += static_cast<std::int64_t>(z);
+  // The padded lanes of the last partial vector (zeros in, so zeros out) are not elements.
+  return n % kLanes == 0 ? count : count - (kLanes - n % kLanes);
 }
 
 template <bool Decoupled>
@@ -118,12 +131,11 @@ void sgd_wd(float* p, const float* g, float* buf, std::int64_t n, const SgdCoeff
 
 }  // namespace
 
-void adam_moments(const float* p, const float* g, float* m, float* v, float* vmax, std::int64_t n,
-                  const AdamCoeffs& c) {
+std::int64_t adam_moments(const float* p, const float* g, float* m, float* v, float* vmax, std::int64_t n,
+                          const AdamCoeffs& c) {
   if (c.l2)
-    c.amsgrad ? moments<true, true>(p, g, m, v, vmax, n, c) : moments<true, false>(p, g, m, v, nullptr, n, c);
-  else
-    c.amsgrad ? moments<false, true>(p, g, m, v, vmax, n, c) : moments<false, false>(p, g, m, v, nullptr, n, c);
+    return c.amsgrad ? moments<true, true>(p, g, m, v, vmax, n, c) : moments<true, false>(p, g, m, v, nullptr, n, c);
+  return c.amsgrad ? moments<false, true>(p, g, m, v, vmax, n, c) : moments<false, false>(p, g, m, v, nullptr, n, c);
 }
 
 void adam_params(float* p, const float* m, const float* s, std::int64_t n, const AdamCoeffs& c) {
@@ -133,6 +145,24 @@ void adam_params(float* p, const float* m, const float* s, std::int64_t n, const
 void sqrt(const float* in, float* out, std::int64_t n) {
   Streams<2> s{{const_cast<float*>(in), out}, {false, true}};
   for_each_vector(s, n, [&](float* const* x, std::int64_t i) { Vec::loadu(x[0] + i).sqrt().store(x[1] + i); });
+}
+
+void ones_for_zeros(const float* in, float* out, std::int64_t n) {
+  const Vec zero(0.0f), one(1.0f);
+  Streams<2> s{{const_cast<float*>(in), out}, {false, true}};
+  for_each_vector(s, n, [&](float* const* x, std::int64_t i) {
+    const Vec v = Vec::loadu(x[0] + i);
+    Vec::blendv(v, one, v == zero).store(x[1] + i);
+  });
+}
+
+void zeros_for_zeros(const float* in, float* out, std::int64_t n) {
+  const Vec zero(0.0f);
+  Streams<2> s{{const_cast<float*>(in), out}, {false, true}};
+  for_each_vector(s, n, [&](float* const* x, std::int64_t i) {
+    const Vec v = Vec::loadu(x[0] + i);
+    Vec::blendv(Vec::loadu(x[1] + i), v, v == zero).store(x[1] + i);
+  });
 }
 
 void sgd(float* p, const float* g, float* buf, std::int64_t n, const SgdCoeffs& c) {

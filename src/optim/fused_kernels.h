@@ -46,16 +46,25 @@ struct SgdCoeffs {
 };
 
 // The kernels of one instruction set; each works on [0, n) of its pointers, on the calling thread.
-// adam_moments: m, v (and vmax under amsgrad) in place; p is read only for Adam's L2 decay.
+// adam_moments: m, v (and vmax under amsgrad) in place; p is read only for Adam's L2 decay. Returns
+//               how many of the n elements whose square root the step takes next (vmax under
+//               amsgrad, else v) compare equal to zero, counted as it writes them (fused_step.cpp
+//               takes those roots itself: MKL's vmsSqrt handles a zero on a slow path).
 // adam_params:  p in place from m and s = the square root of the second moment (or of its max).
 // sqrt:         out = sqrt(in), correctly rounded (ATen's sqrt where it is built without MKL).
-#define ACCEL_OPTIM_DECLARE_KERNELS(ISA)                                                             \
-  namespace ISA {                                                                                    \
-  void adam_moments(const float* p, const float* g, float* m, float* v, float* vmax, std::int64_t n, \
-                    const AdamCoeffs& c);                                                            \
-  void adam_params(float* p, const float* m, const float* s, std::int64_t n, const AdamCoeffs& c);   \
-  void sqrt(const float* in, float* out, std::int64_t n);                                            \
-  void sgd(float* p, const float* g, float* buf, std::int64_t n, const SgdCoeffs& c);                \
+// ones_for_zeros:  out = in, with 1 for every zero (fused_step.cpp: MKL's square root of a block
+//                  holding zeros, which it would take on its slow path);
+// zeros_for_zeros: out = in wherever in is a zero (+0 or -0), else out unchanged (the roots of those
+//                  zeros).
+#define ACCEL_OPTIM_DECLARE_KERNELS(ISA)                                                                     \
+  namespace ISA {                                                                                            \
+  std::int64_t adam_moments(const float* p, const float* g, float* m, float* v, float* vmax, std::int64_t n, \
+                            const AdamCoeffs& c);                                                            \
+  void adam_params(float* p, const float* m, const float* s, std::int64_t n, const AdamCoeffs& c);           \
+  void sqrt(const float* in, float* out, std::int64_t n);                                                    \
+  void ones_for_zeros(const float* in, float* out, std::int64_t n);                                          \
+  void zeros_for_zeros(const float* in, float* out, std::int64_t n);                                         \
+  void sgd(float* p, const float* g, float* buf, std::int64_t n, const SgdCoeffs& c);                        \
   }
 
 // src/CMakeLists.txt builds the AVX2 and AVX-512 variants on x86-64 (CMAKE_SYSTEM_PROCESSOR).

@@ -246,6 +246,89 @@ INSTANTIATE_TEST_SUITE_P(Options, FusedSgd, ::testing::ValuesIn(sgd_cases()), []
          (c.nesterov ? "_nesterov" : "") + (c.weight_decay != 0 ? "_wd" : "");
 });
 
+// Gradients that are exactly zero where an embedding's are (rows no batch used), so the second
+// moments hold +0 in whole blocks and scattered among other values: the fused step takes those roots
+// itself (MKL's vmsSqrt is slow on zeros) and must still give torch's bits. Also gradients whose
+// square underflows (v = +0 while m is not), -0 gradients, and, under amsgrad, a state holding -0
+// (written into both optimizers' state).
+void adam_zero_moments_case(bool adamw, bool amsgrad, int threads) {
+  torch::manual_seed(21 + threads);
+  const std::int64_t rows = 300, width = 384;
+  auto pr = make_params({rows * width, 1000003, 45});
+  {
+    // Where the gradients square to 0, parameters small enough that the update m / (root + eps)
+    // shows in their bits: a wrong root of those zeros changes them.
+    at::NoGradGuard no_grad;
+    pr[1].slice(0, 1, 1000003, 7).fill_(1e-20f);
+    pr[0].narrow(0, 0, 10 * width).fill_(1e-20f);
+  }
+  auto pf = clones(pr);
+  std::unique_ptr<Optimizer> ref, fused;
+  if (adamw) {
+    auto o = torch::optim::AdamWOptions(2e-3).weight_decay(0.1).amsgrad(amsgrad);
+    ref = std::make_unique<torch::optim::AdamW>(pr, o);
+    fused = std::make_unique<torch::optim::AdamW>(pf, o);
+  } else {
+    auto o = torch::optim::AdamOptions(2e-3).amsgrad(amsgrad);  // (L2 decay: no gradient is zero)
+    ref = std::make_unique<torch::optim::Adam>(pr, o);
+    fused = std::make_unique<torch::optim::Adam>(pf, o);
+  }
+  const std::string what =
+      std::string(adamw ? "AdamW" : "Adam") + (amsgrad ? " amsgrad" : "") + ", " + std::to_string(threads) + " threads";
+  for (int s = 0; s < 4; ++s) {
+    std::vector<at::Tensor> grads;
+    // The "embedding": rows 10-99 never used, 100-199 only at step 0, the rest at random; within a
+    // used row every third element -0 at odd steps. Rows 0-9 get gradients that square to 0 (whole
+    // blocks of zero second moments under moving parameters).
+    at::Tensor used = at::rand({rows}) < 0.5;
+    used.narrow(0, 0, 100).fill_(false);
+    used.narrow(0, 100, 100).fill_(s == 0);
+    at::Tensor g0 = at::randn({rows, width}) * used.unsqueeze(1).to(at::kFloat);
+    if (s % 2 == 1) g0.view({-1}).slice(0, 0, rows * width, 3).mul_(-0.0);
+    g0.narrow(0, 0, 10).fill_(1e-30f);
+    grads.push_back(g0.reshape({-1}));
+    // Zeros scattered: every fifth element never gets a gradient, every seventh one that squares to 0.
+    at::Tensor g1 = at::randn({1000003});
+    g1.slice(0, 0, 1000003, 5).zero_();
+    g1.slice(0, 1, 1000003, 7).fill_(1e-30f);
+    grads.push_back(g1);
+    grads.push_back(at::zeros({45}));
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      pr[i].mutable_grad() = grads[i].clone();
+      pf[i].mutable_grad() = grads[i].clone();
+    }
+    ref->step();
+    ASSERT_TRUE(accel::optim::fused_step(*fused)) << what;
+    expect_same(*ref, *fused, what + ", step " + std::to_string(s + 1));
+    if (::testing::Test::HasFailure()) return;
+    if (amsgrad && s == 0)  // -0 in both states, where the next steps' gradients are zero
+      for (auto* o : {ref.get(), fused.get()}) {
+        auto& st = o->state().at((o == ref.get() ? pr : pf)[0].unsafeGetTensorImpl());
+        at::Tensor vmax = adamw ? static_cast<torch::optim::AdamWParamState&>(*st).max_exp_avg_sq()
+                                : static_cast<torch::optim::AdamParamState&>(*st).max_exp_avg_sq();
+        vmax.narrow(0, 0, 50 * width).fill_(-0.0);
+      }
+  }
+  // The blocks this is about were there: whole runs of +0 and zeros among other values.
+  auto& st = fused->state().at(pf[0].unsafeGetTensorImpl());
+  at::Tensor v = adamw ? static_cast<torch::optim::AdamWParamState&>(*st).exp_avg_sq()
+                       : static_cast<torch::optim::AdamParamState&>(*st).exp_avg_sq();
+  EXPECT_EQ(v.narrow(0, 0, 100 * width).count_nonzero().item<std::int64_t>(), 0) << what;
+  EXPECT_GT(v.narrow(0, 200 * width, 100 * width).count_nonzero().item<std::int64_t>(), 0) << what;
+  auto& st1 = fused->state().at(pf[1].unsafeGetTensorImpl());
+  at::Tensor v1 = adamw ? static_cast<torch::optim::AdamWParamState&>(*st1).exp_avg_sq()
+                        : static_cast<torch::optim::AdamParamState&>(*st1).exp_avg_sq();
+  const std::int64_t zeros1 = v1.numel() - v1.count_nonzero().item<std::int64_t>();
+  EXPECT_GT(zeros1, 1000003 / 5) << what;  // the fifths and the underflowing sevenths
+  EXPECT_LT(zeros1, 1000003 / 2) << what;
+}
+
+TEST(FusedStep, ZeroSecondMomentsEqualTorch) {
+  for (bool adamw : {false, true})
+    for (bool amsgrad : {false, true})
+      for_thread_counts([&](int threads) { adam_zero_moments_case(adamw, amsgrad, threads); });
+}
+
 // Groups with their own options; some parameters without a gradient at some steps (no state until
 // their first gradient, skipped at the steps without one, as torch skips them).
 TEST(FusedStep, ParamGroupsAndMissingGradients) {
