@@ -11,6 +11,14 @@
 # Usage:
 #   bash scripts/gpu_check.sh                 build, then run everything (needs what setup.sh needs)
 #   bash scripts/gpu_check.sh --no-build      use the binaries in $ACCEL_BIN (default build/bin)
+#   bash scripts/gpu_check.sh --bundle DIR    a machine that cannot build (no network, no Open MPI):
+#                                             the programs and libraries scripts/gpu_bundle.sh packed
+#                                             into DIR on a machine that can, with this machine's own
+#                                             torch (python3's, the pinned version) and CUDA libraries;
+#                                             Open MPI is copied into / where nothing is (root only)
+#   bash scripts/gpu_check.sh --bundle DIR --setup-only
+#                                             only that, GPU or not; prints the LD_LIBRARY_PATH to export
+#                                             for running the bundle's programs by hand
 # Environment: ACCEL_BIN (binaries), PYTHON (the Python with torch, default: the setup venv's, else
 # python3), GPU_CHECK_OUT (a folder for the full logs; default a temporary one). Every step runs even
 # when an earlier one failed; the summary at the end lists each with PASS, FAIL or SKIP, and the exit
@@ -18,12 +26,18 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=1
-for a in "$@"; do
-  case "$a" in
+BUNDLE=""
+SETUP_ONLY=0
+while [ $# -gt 0 ]; do
+  case "$1" in
     --no-build) BUILD=0 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
-    *) echo "gpu_check.sh: unknown argument '$a' (allowed: --no-build, --help)" >&2; exit 2 ;;
+    --bundle) BUNDLE=${2:-}; BUILD=0; shift ;;
+    --bundle=*) BUNDLE=${1#--bundle=}; BUILD=0 ;;
+    --setup-only) SETUP_ONLY=1 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --bundle DIR [--setup-only], --help)" >&2; exit 2 ;;
   esac
+  shift
 done
 BIN=${ACCEL_BIN:-$ROOT/build/bin}
 OUTDIR=${GPU_CHECK_OUT:-$(mktemp -d /tmp/accel_gpu_check.XXXXXX)}
@@ -48,13 +62,46 @@ step() {
   SUMMARY+=("$(printf '%-28s %-4s %4ss  %s' "$name" "$verdict" "$(( $(date +%s) - t0 ))" "$OUTDIR/$name.log")")
 }
 
-if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "gpu_check.sh: no NVIDIA GPU visible (nvidia-smi -L failed); nothing to check here" >&2
-  exit 2
+if [ "$SETUP_ONLY" = 1 ] && [ -z "$BUNDLE" ]; then echo "gpu_check.sh: --setup-only goes with --bundle DIR" >&2; exit 2; fi
+if [ "$SETUP_ONLY" = 0 ]; then
+  if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu_check.sh: no NVIDIA GPU visible (nvidia-smi -L failed); nothing to check here" >&2
+    exit 2
+  fi
+  nvidia-smi -L
 fi
-nvidia-smi -L
 if [ "$BUILD" = 1 ]; then
   step build bash "$ROOT/scripts/setup.sh" --no-run
+fi
+if [ -n "$BUNDLE" ]; then
+  # The bundle's programs, with this machine's torch and CUDA libraries (torch's wheel ships NCCL and
+  # the CUDA runtime under site-packages/nvidia) and Open MPI's runtime added to / where it is absent.
+  BUNDLE=$(cd "$BUNDLE" 2>/dev/null && pwd) || { echo "gpu_check.sh: no bundle at '$BUNDLE'" >&2; exit 2; }
+  [ -x "$BUNDLE/bin/step_bench" ] || { echo "gpu_check.sh: $BUNDLE is not a bundle (bash scripts/gpu_bundle.sh makes one)" >&2; exit 2; }
+  sed -n '1,4p' "$BUNDLE/MANIFEST"
+  BIN=$BUNDLE/bin
+  [ "$(id -u)" = 0 ] || { echo "gpu_check.sh: --bundle copies Open MPI into / and needs root" >&2; exit 2; }
+  cp -an "$BUNDLE/root/." / && { ldconfig 2>/dev/null || true; }
+  TORCH_LIBS=$("$PY" - <<'PYEOF'
+import glob, os, torch
+site = os.path.dirname(os.path.dirname(torch.__file__))
+dirs = [os.path.join(os.path.dirname(torch.__file__), "lib")] + sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib")))
+print(":".join(dirs))
+PYEOF
+  ) || { echo "gpu_check.sh: $PY cannot import torch" >&2; exit 2; }
+  export LD_LIBRARY_PATH="$BUNDLE/lib:$TORCH_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "torch here: $("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda)'); LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  missing=$(for p in "$BIN"/*; do ldd "$p"; done 2>&1 | grep 'not found' | sort -u)
+  if [ -n "$missing" ]; then
+    echo "gpu_check.sh: libraries the bundle's programs need are missing here:" >&2
+    echo "$missing" >&2
+    exit 1
+  fi
+  if [ "$SETUP_ONLY" = 1 ]; then
+    echo "gpu_check.sh: bundle ready; run its programs ($BIN) with"
+    echo "export LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    exit 0
+  fi
 fi
 NDEV=$(nvidia-smi -L | grep -c '^GPU')
 step accel_env "$BIN/accel" env
