@@ -93,17 +93,23 @@ def first_env(*names):
 
 
 def rendezvous():
-    """rank, world, local rank, local world from torchrun, accel launch (accel-rank) or Open MPI."""
+    """rank, world, local rank, local world from torchrun, accel launch (accel-rank) or Open MPI, and
+    the init_method for init_process_group (None: env://, MASTER_ADDR and MASTER_PORT)."""
     rank = int(first_env("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") or 0)
     world = int(first_env("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE") or 1)
     local_rank = int(first_env("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK") or rank)
     local_world = int(first_env("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE") or world)
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
+    status_dir = os.environ.get("ACCEL_LAUNCH_STATUS_DIR")
+    if "MASTER_PORT" not in os.environ and "MASTER_ADDR" not in os.environ and status_dir and local_world == world:
+        # One machine under accel launch: the ranks meet in a file of the launch's own folder, so no
+        # port is picked that another program may hold (a clash failed a run now and then).
+        return rank, world, local_rank, local_world, "file://" + os.path.join(status_dir, "torch_anchor_store")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         job = first_env("ACCEL_LAUNCH_STATUS_DIR", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_hnp_uri") or "anchor"
         os.environ["MASTER_PORT"] = str(20000 + zlib.crc32(job.encode()) % 30000)
-    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
-    return rank, world, local_rank, local_world
+    return rank, world, local_rank, local_world, None
 
 
 def main():
@@ -123,7 +129,7 @@ def main():
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table row")
     a = ap.parse_args()
 
-    rank, world, local_rank, local_world = rendezvous()
+    rank, world, local_rank, local_world, init_method = rendezvous()
     if a.strategy == "plain" and world != 1:
         sys.exit("torch_anchor: --strategy plain runs on 1 rank")
     use_cuda = a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
@@ -137,8 +143,8 @@ def main():
 
     distributed = a.strategy != "plain"
     if distributed:
-        dist.init_process_group(a.backend or ("nccl" if use_cuda else "gloo"), rank=rank, world_size=world,
-                                device_id=device if use_cuda else None)
+        dist.init_process_group(a.backend or ("nccl" if use_cuda else "gloo"), init_method=init_method, rank=rank,
+                                world_size=world, device_id=device if use_cuda else None)
 
     torch.manual_seed(0)
     model = GPT(a.vocab, a.d, a.heads, a.layers, a.seq).to(device)
