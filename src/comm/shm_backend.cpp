@@ -455,6 +455,7 @@ class ShmEngine {
     Clock::time_point stop_deadline{};
     std::vector<std::shared_ptr<ShmGroup>> groups;
     int empty_polls = 0;
+    unsigned turns = 0;
     Clock::time_point idle_since = Clock::now();
     for (;;) {
       {
@@ -484,7 +485,7 @@ class ShmEngine {
         empty_polls = 0;
         idle_since = Clock::now();
       } else if (Clock::now() - idle_since < detail::spin_before_yield()) {
-        // hot
+        detail::spin_turn(turns);  // hot
       } else if (++empty_polls > kYieldPolls) {
         std::unique_lock<std::mutex> lk(mu_);
         const std::uint64_t gen = generation_;

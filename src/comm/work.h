@@ -86,6 +86,10 @@ std::chrono::microseconds spin_before_yield();
 // yield windows count from its latest step, not from the start of the wait.
 void note_progress();
 std::uint64_t progress_count();
+// One turn of a hot poll: every 64th turn gives the core up (sched_yield), which returns at
+// once when nothing else wants it and otherwise lets a peer that shares this core (an unbound rank
+// the scheduler put here) take its turn now rather than after the spin window.
+void spin_turn(unsigned& turns);
 }  // namespace detail
 
 }  // namespace accel::comm
