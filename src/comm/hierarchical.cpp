@@ -166,7 +166,7 @@ std::unique_ptr<Backend> make_cpu_transport(MpiBackend& group, const Topology& t
     // (The machine's CPUs, not this rank's affinity: a launcher may bind each rank to its own core.)
     const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     const int here = topo.simulated ? topo.world_size : topo.local_world_size;
-    detail::set_spin_before_yield(std::chrono::microseconds(here <= cores ? 50 : 5));
+    detail::set_spin_before_yield(std::chrono::microseconds(here <= cores ? 50 : 5), here <= cores);
   }
   if (n == 1) return nullptr;
   // Every rank's node and wish, so that all ranks decide alike.

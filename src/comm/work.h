@@ -78,17 +78,18 @@ using WorkPtr = std::shared_ptr<Work>;
 namespace detail {
 // How long a waiter polls a polled Work hot before yielding its core to others (then it sleeps).
 // Set once by the CPU transport: long when the node's ranks have a core each, short when they
-// outnumber the cores (a peer may need this very core to make progress).
-void set_spin_before_yield(std::chrono::microseconds d);
+// outnumber the cores (a peer may need this very core to make progress). yield_in_spin: the long
+// window gives the core up now and then (spin_turn), for ranks the scheduler put on one core anyway.
+void set_spin_before_yield(std::chrono::microseconds d, bool yield_in_spin = false);
 std::chrono::microseconds spin_before_yield();
 // Bumped by a transport each time it moves a collective along (a chunk copied or reduced). A waiter
 // that sees it change polls hot again: a long collective advances chunk by chunk, and the spin and
 // yield windows count from its latest step, not from the start of the wait.
 void note_progress();
 std::uint64_t progress_count();
-// One turn of a hot poll: every 64th turn gives the core up (sched_yield), which returns at
-// once when nothing else wants it and otherwise lets a peer that shares this core (an unbound rank
-// the scheduler put here) take its turn now rather than after the spin window.
+// One turn of a hot poll: with yield_in_spin, every 64th turn gives the core up (sched_yield), which
+// returns at once when nothing else wants it and otherwise lets a peer that shares this core (an
+// unbound rank the scheduler put here) take its turn now rather than after the 50 µs window.
 void spin_turn(unsigned& turns);
 }  // namespace detail
 
