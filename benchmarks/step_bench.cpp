@@ -2,7 +2,9 @@
 // time (slowest rank), peak bytes per rank by category (counting allocator), and bytes moved per
 // rank per step (bus bytes, as nccl-tests counts them: all_reduce 2(n-1)/n, reduce_scatter and
 // all_gather (n-1)/n of the full size). `--strategy plain` is the same loop in plain libtorch (no
-// accel), the 1-rank baseline. Weak scaling: each rank trains its own micro-batch.
+// accel), the 1-rank baseline. Weak scaling: each rank trains its own micro-batch. The engine picks the
+// float32 CPU matmuls (ACCEL_CPU_GEMM, src/kernels/cpu_gemm.h): plain alone keeps libtorch's, and in a
+// list with other strategies it computes with whatever their engines installed.
 // `--strategy plain,DDP` (a list) interleaves the strategies' steps in one run: time ratios measured
 // under the same conditions, which single runs on a noisy machine cannot give.
 // Models are built through sharded construction (sharding::ShardedInit, as Accelerator::sharded_init
@@ -36,6 +38,7 @@
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3 --checkpoint --d-model 1024 --json
 #include "base/memory.h"
 #include "comm/communicator.h"
+#include "kernels/cpu_gemm.h"
 #include "mixed_precision/loss_scaler.h"
 #include "sharding/sharded_init.h"
 #include "support/models.h"
@@ -395,6 +398,11 @@ int main(int argc, char** argv) {
             label(run), median(run.times) * 1e3, median(run.times) / base, label(runs[0]), median(run.waits) * 1e3);
     return 0;
   }
+  // Which float32 CPU matmuls the engine chose (src/kernels/cpu_gemm.h), and how many went to oneDNN.
+  const std::string gemm = cpu_gemm::name(cpu_gemm::installed());
+  const auto onednn_products = static_cast<unsigned long long>(cpu_gemm::onednn_calls());
+  if (show_loss && r == 0)
+    fmt::print(stderr, "cpu gemm {}, {} products through oneDNN on rank 0\n", cpu_gemm::describe(cpu_gemm::installed()), onednn_products);
   Run& run = runs[0];
   auto snap = memory::snapshot();
   using memory::Category;
@@ -433,11 +441,11 @@ int main(int argc, char** argv) {
           "\"activations\": {:.0f}, \"other\": {:.0f}, \"device\": \"{}\", \"cuda_peak\": {:.0f}, \"disk_bytes\": "
           "{:.0f}, "
           "\"disk_read\": {:.0f}, \"disk_written\": {:.0f}, \"moved\": {:.0f}, \"nodes\": {}, \"ranks_per_node\": "
-          "{}}}\n",
+          "{}, \"cpu_gemm\": \"{}\", \"onednn_products\": {}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
           batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad,
           b_opt, b_gath, b_act, b_other, device_name, cuda_peak, disk_bytes, disk_read, disk_written, moved,
-          world->topology().num_nodes, world->topology().local_world_size);
+          world->topology().num_nodes, world->topology().local_world_size, gemm, onednn_products);
     return 0;
   }
   // On CUDA: the device's peak (the category columns count host memory only).

@@ -22,6 +22,10 @@ const std::vector<Variable>& table() {
        "reuse (glibc's heap under 32 MiB, untrimmed; accel's allocator caches larger blocks by size, never "
        "beyond the most the process has had in use), so the gather/free cycle of each unit reuses warm "
        "pages instead of page-faulting fresh ones every step; 0: leave allocation as it is"},
+      {"ACCEL_CPU_GEMM", "auto",
+       "float32 CPU matrix products (mm, addmm: linear layers forward and backward) once an engine is built: "
+       "onednn sends those of >= 2^20 multiply-adds to oneDNN's matmul, libtorch leaves them to libtorch's BLAS "
+       "(MKL), auto picks onednn on CPUs with AVX-512 that are not Intel's (where MKL runs its AVX2 kernels)"},
       {"ACCEL_RANKS_PER_NODE", "",
        "simulate nodes of this many ranks on one machine (node_rank = rank / k); must divide the "
        "world size"},

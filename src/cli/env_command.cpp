@@ -9,6 +9,7 @@
 #include "comm/communicator.h"
 #include "comm/mpi_backend.h"
 #include "comm/nccl_backend.h"
+#include "kernels/cpu_gemm.h"
 
 #include <ATen/Context.h>
 #include <ATen/Functions.h>
@@ -46,6 +47,13 @@ int run_env() {
   fmt::print("MPI               {}\n", comm::mpi_library_version());
   fmt::print("NCCL backend      {}: {}\n", comm::nccl_compiled() ? "compiled" : "not compiled", comm::nccl_version());
   fmt::print("CUDA devices      {}{}\n", devices, devices == 0 ? " (CUDA tensors unusable; CPU/MPI only)" : "");
+  std::string gemm;
+  try {
+    gemm = cpu_gemm::describe(cpu_gemm::from_env()) + ", once an engine is built";
+  } catch (const std::invalid_argument& e) {
+    gemm = e.what();
+  }
+  fmt::print("CPU fp32 matmuls  {}\n", gemm);
   fmt::print("world             {} rank(s) on {} node(s){}\n", t.world_size, t.num_nodes,
              t.simulated ? " (simulated by ACCEL_RANKS_PER_NODE)" : "");
   const char* base = static_cast<const char*>(all.data_ptr());

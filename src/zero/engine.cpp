@@ -7,6 +7,7 @@
 
 #include "base/env.h"
 #include "base/memory.h"
+#include "kernels/cpu_gemm.h"
 #include "sharding/sharded_init.h"
 
 #include <ATen/ATen.h>
@@ -63,6 +64,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const torch::optim::Opt
                std::shared_ptr<comm::Communicator> world)
     : spec_(std::move(spec)), world_(std::move(world)), model_(std::move(model)) {
   spec_.validate();
+  cpu_gemm::install_from_env();  // float32 CPU matmuls through oneDNN where that is faster (ACCEL_CPU_GEMM)
   Groups groups = groups_for(spec_, world_);
   shard_ = std::move(groups.shard);
   replicate_ = std::move(groups.replicate);

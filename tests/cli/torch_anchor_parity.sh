@@ -28,4 +28,26 @@ for case in "1 plain plain" "2 DDP DDP" "2 FULL_SHARD FSDP2" "2 SHARD_GRAD_OP FS
     echo "FAIL: n=$n $ours and PyTorch's $theirs differ"; failures=$((failures+1))
   fi
 done
+# A size whose products (M*N*K >= 2^20) take accel's oneDNN path, forced on so that any x86 libtorch with
+# oneDNN runs it: DDP's losses still equal PyTorch's (libtorch's BLAS) step by step.
+big=(--layers 2 --d-model 128 --heads 4 --vocab 512 --seq 32 --batch 4 --steps 4 --warmup 0 --show-loss)
+a=$(ACCEL_CPU_GEMM=onednn "$ACCEL" launch -n 2 "$BENCH" --strategy DDP "${big[@]}" 2>&1) || { echo "FAIL: step_bench DDP (onednn) exited $?"; echo "$a"; exit 1; }
+b=$("$ACCEL" launch -n 2 "$PY" "$SRC/benchmarks/torch_anchor.py" --device cpu --strategy DDP "${big[@]}" 2>&1) \
+  || { echo "FAIL: torch_anchor DDP exited $?"; echo "$b"; exit 1; }
+gemm=$(grep -o "^cpu gemm .*" <<<"$a")
+echo "$gemm"
+if grep -q "^cpu gemm onednn" <<<"$gemm"; then
+  products=$(sed -E 's/.*, ([0-9]+) products through oneDNN.*/\1/' <<<"$gemm")
+  [ "$products" -gt 0 ] || { echo "FAIL: no product went through oneDNN"; failures=$((failures+1)); }
+  la=$(losses <<<"$a") lb=$(losses <<<"$b")
+  echo "n=2 step_bench DDP (onednn): $(echo $la) | torch_anchor DDP: $(echo $lb)"
+  if [ "$(wc -l <<<"$la")" -eq 4 ] && [ "$(wc -l <<<"$lb")" -eq 4 ] &&
+     paste <(echo "$la") <(echo "$lb") | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4 * ($1 < 0 ? -$1 : $1)) bad = 1 } END { exit bad }'; then
+    echo "ok:   n=2 DDP with oneDNN products equals PyTorch's DDP step by step"
+  else
+    echo "FAIL: n=2 DDP with oneDNN products and PyTorch's DDP differ"; failures=$((failures+1))
+  fi
+else
+  echo "(oneDNN's matmul is not in this libtorch: that case is skipped)"
+fi
 [ $failures -eq 0 ]

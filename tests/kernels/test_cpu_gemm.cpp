@@ -1,0 +1,187 @@
+// accel::cpu_gemm: with Path::onednn, float32 CPU mm/addmm of the sizes a model's linear layers have go
+// to oneDNN (its call counter moves) and equal a float64 product to float32 accuracy; everything else
+// (small, other dtypes, odd strides, other addmm forms, shape errors) still goes to libtorch's own
+// kernel, bit for bit; Path::libtorch gives every product back to libtorch. Also autograd through
+// nn::Linear on both paths, ACCEL_CPU_GEMM's parsing, and auto's rule against /proc/cpuinfo.
+#include "kernels/cpu_gemm.h"
+
+#include <ATen/ATen.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using accel::cpu_gemm::Path;
+namespace cg = accel::cpu_gemm;
+
+// Largest |x - ref| over largest |ref|: float32 products of these sizes land near 1e-7-1e-6; a bf16 or
+// tf32 down-conversion would show as ~1e-3.
+double rel_err(const at::Tensor& x, const at::Tensor& ref) {
+  return ((x.to(at::kDouble) - ref).abs().max() / ref.abs().max()).item<double>();
+}
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) == 0;
+}
+
+class CpuGemm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cg::onednn_available()) GTEST_SKIP() << "oneDNN's matmul is not in this libtorch";
+    at::manual_seed(7);
+  }
+  void TearDown() override { cg::install(Path::libtorch); }
+};
+
+TEST_F(CpuGemm, LinearShapesGoToOneDnnAndMatchFloat64) {
+  ASSERT_EQ(cg::install(Path::onednn), Path::onednn);
+  ASSERT_EQ(cg::installed(), Path::onednn);
+  const int64_t M = 256, K = 384, N = 1536;
+  at::Tensor x = at::randn({M, K}), w = at::randn({N, K}), g = at::randn({M, N}), bias = at::randn({N});
+  struct Case {
+    const char* what;
+    at::Tensor a, b;
+  };
+  // The three products of a linear layer: forward x W^T, input gradient g W, weight gradient g^T x.
+  for (const Case& c : {Case{"x @ W^T", x, w.t()}, Case{"g @ W", g, w}, Case{"g^T @ x", g.t(), x}}) {
+    const auto before = cg::onednn_calls();
+    at::Tensor y = at::mm(c.a, c.b);
+    EXPECT_EQ(cg::onednn_calls(), before + 1) << c.what;
+    const at::Tensor ref = at::mm(c.a.to(at::kDouble), c.b.to(at::kDouble));
+    EXPECT_LT(rel_err(y, ref), 1e-5) << c.what;
+    EXPECT_TRUE(y.is_contiguous()) << c.what;
+    EXPECT_EQ(y.sizes(), ref.sizes()) << c.what;
+  }
+  const auto before = cg::onednn_calls();
+  at::Tensor y = at::addmm(bias, x, w.t());
+  EXPECT_EQ(cg::onednn_calls(), before + 1);
+  const at::Tensor ref = at::addmm(bias.to(at::kDouble), x.to(at::kDouble), w.t().to(at::kDouble));
+  EXPECT_LT(rel_err(y, ref), 1e-5);
+}
+
+TEST_F(CpuGemm, EverythingElseStaysOnLibtorchBitForBit) {
+  cg::install(Path::onednn);
+  at::Tensor big_a = at::randn({256, 384}), big_b = at::randn({384, 512}), bias = at::randn({512});
+  at::Tensor wide = at::randn({256, 768});
+  struct Case {
+    const char* what;
+    std::function<at::Tensor()> ours, libtorch;
+  };
+  const Case cases[] = {
+      {"small", [] { return at::mm(at::ones({64, 64}), at::ones({64, 64})); },
+       [] { return at::cpu::mm(at::ones({64, 64}), at::ones({64, 64})); }},
+      {"double", [&] { return at::mm(big_a.to(at::kDouble), big_b.to(at::kDouble)); },
+       [&] { return at::cpu::mm(big_a.to(at::kDouble), big_b.to(at::kDouble)); }},
+      {"every other column", [&] { return at::mm(wide.slice(1, 0, 768, 2), big_b); },
+       [&] { return at::cpu::mm(wide.slice(1, 0, 768, 2), big_b); }},
+      {"beta 0.5", [&] { return at::addmm(bias, big_a, big_b, 0.5); },
+       [&] { return at::cpu::addmm(bias, big_a, big_b, 0.5); }},
+      {"alpha 2", [&] { return at::addmm(bias, big_a, big_b, 1, 2); },
+       [&] { return at::cpu::addmm(bias, big_a, big_b, 1, 2); }},
+      {"full matrix added", [&] { return at::addmm(at::ones({256, 512}), big_a, big_b); },
+       [&] { return at::cpu::addmm(at::ones({256, 512}), big_a, big_b); }},
+  };
+  for (const Case& c : cases) {
+    const auto before = cg::onednn_calls();
+    at::Tensor y = c.ours();
+    EXPECT_EQ(cg::onednn_calls(), before) << c.what;
+    EXPECT_TRUE(same_bits(y, c.libtorch())) << c.what;
+  }
+  // Shape errors are libtorch's own.
+  EXPECT_THROW(at::mm(at::randn({256, 384}), at::randn({385, 512})), c10::Error);
+  EXPECT_THROW(at::addmm(at::randn({7}), big_a, big_b), c10::Error);
+}
+
+TEST_F(CpuGemm, LibtorchPathGivesEveryProductBack) {
+  at::Tensor a = at::randn({256, 384}), b = at::randn({384, 1536});
+  cg::install(Path::onednn);
+  const at::Tensor via_onednn = at::mm(a, b);
+  ASSERT_EQ(cg::install(Path::libtorch), Path::libtorch);
+  EXPECT_EQ(cg::installed(), Path::libtorch);
+  const auto before = cg::onednn_calls();
+  const at::Tensor y = at::mm(a, b);
+  EXPECT_EQ(cg::onednn_calls(), before);
+  EXPECT_TRUE(same_bits(y, at::cpu::mm(a, b)));
+  // The two paths sum in other orders (so their bits differ somewhere), both to float32 accuracy.
+  EXPECT_FALSE(same_bits(y, via_onednn));
+  EXPECT_LT(rel_err(via_onednn, y.to(at::kDouble)), 1e-5);
+  // Installing twice, or onednn again after libtorch, is harmless.
+  cg::install(Path::onednn);
+  cg::install(Path::onednn);
+  EXPECT_TRUE(same_bits(at::mm(a, b), via_onednn));
+}
+
+TEST_F(CpuGemm, LinearForwardAndBackwardAgreeAcrossPaths) {
+  torch::nn::Linear lin(torch::nn::LinearOptions(384, 1536));
+  at::Tensor x = at::randn({4, 64, 384});
+  auto run = [&] {
+    lin->zero_grad();
+    at::Tensor xi = x.clone().requires_grad_(true);
+    at::Tensor y = lin->forward(xi);
+    (y * y).sum().backward();
+    return std::vector<at::Tensor>{y.detach(), xi.grad(), lin->weight.grad().clone(), lin->bias.grad().clone()};
+  };
+  cg::install(Path::libtorch);
+  const auto ref = run();
+  cg::install(Path::onednn);
+  const auto before = cg::onednn_calls();
+  const auto got = run();
+  // forward (addmm), input gradient and weight gradient (mm each)
+  EXPECT_EQ(cg::onednn_calls(), before + 3);
+  const char* names[] = {"output", "input grad", "weight grad", "bias grad"};
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_LT(rel_err(got[i], ref[i].to(at::kDouble)), 1e-5) << names[i];
+}
+
+TEST(CpuGemmEnv, ParsesAndRefuses) {
+  auto with = [](const char* v) {
+    setenv("ACCEL_CPU_GEMM", v, 1);
+    Path p = cg::from_env();
+    unsetenv("ACCEL_CPU_GEMM");
+    return p;
+  };
+  EXPECT_EQ(with("libtorch"), Path::libtorch);
+  EXPECT_EQ(with("onednn"), Path::onednn);
+  setenv("ACCEL_CPU_GEMM", "mkl", 1);
+  try {
+    cg::from_env();
+    ADD_FAILURE() << "ACCEL_CPU_GEMM=mkl accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("ACCEL_CPU_GEMM=mkl"), std::string::npos) << e.what();
+  }
+  unsetenv("ACCEL_CPU_GEMM");
+}
+
+// auto's rule, read independently from /proc/cpuinfo: oneDNN on a CPU with AVX-512F whose vendor is not Intel.
+TEST(CpuGemmEnv, AutoFollowsTheCpu) {
+  std::ifstream in("/proc/cpuinfo");
+  if (!in) GTEST_SKIP() << "no /proc/cpuinfo";
+  std::string line, vendor;
+  bool avx512f = false;
+  while (std::getline(in, line)) {
+    if (vendor.empty() && line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
+    if (line.rfind("flags", 0) == 0) {
+      std::istringstream fl(line.substr(line.find(':') + 1));
+      for (std::string f; fl >> f;) avx512f = avx512f || f == "avx512f";
+      break;
+    }
+  }
+  const bool expect = cg::onednn_available() && avx512f && vendor != "GenuineIntel";
+  EXPECT_EQ(cg::onednn_beneficial(), expect) << "vendor " << vendor << ", avx512f " << avx512f;
+  unsetenv("ACCEL_CPU_GEMM");
+  EXPECT_EQ(cg::from_env(), expect ? Path::onednn : Path::libtorch);
+  const std::string said = cg::describe(cg::from_env());
+  EXPECT_EQ(said.rfind(expect ? "onednn (ACCEL_CPU_GEMM=auto; " : "libtorch (ACCEL_CPU_GEMM=auto; ", 0), 0u) << said;
+}
+
+}  // namespace
