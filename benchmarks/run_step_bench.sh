@@ -31,6 +31,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${STEP_BENCH:-$ROOT/build/bin/step_bench}
 CLI=${ACCEL_CLI:-$(dirname "$BIN")/accel}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# What accel's engine does with float32 CPU matmuls here (ACCEL_CPU_GEMM; `accel env` says why).
+gemm_line() { "$CLI" env 2>/dev/null | sed -n 's/^CPU fp32 matmuls  */accel'"'"'s float32 CPU matmuls (not plain'"'"'s): /p'; }
 run() { "$CLI" launch -n "$1" "$BIN" --strategy "$2" "${@:3}" 2> >(grep -v '^accel launch: ' >&2); }
 
 if [ "${1:-}" = "--vs-torch" ]; then
@@ -48,6 +50,7 @@ if [ "${1:-}" = "--vs-torch" ]; then
   stats() { tr ' ' '\n' | sort -g | awk '{v[NR] = $1} END {printf "%.1f %.1f-%.1f", v[int((NR + 1) / 2)], v[1], v[NR]}'; }
   device=$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")' 2>/dev/null || echo cpu)
   echo "accel vs PyTorch ($device; $("$PY" -c 'import torch; print("torch", torch.__version__)'), the same GPT step; median of $repeats alternating runs each, ms per step (min-max)"
+  gemm_line
   echo
   echo "| ranks | accel | PyTorch | accel ms | PyTorch ms | ratio |"
   echo "|---:|---|---|---:|---:|---:|"
@@ -91,6 +94,7 @@ if [ "${1:-}" = "--large" ]; then
   median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
   range() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {printf "%.0f-%.0f", v[1], v[NR]}'; }
   echo "step_bench ${args[*]}, 2 ranks, median of $repeats runs in turn (ms per step, the slowest rank)"
+  gemm_line
   echo
   echo "| strategy | step ms (min-max) | × DDP | wait ms | wait share | peak RSS MiB |"
   echo "|---|---:|---:|---:|---:|---:|"

@@ -70,6 +70,21 @@ TEST_F(CpuGemm, LinearShapesGoToOneDnnAndMatchFloat64) {
   EXPECT_LT(rel_err(y, ref), 1e-5);
 }
 
+// Resumed or recomputed work (checkpoints, activation checkpointing) must see the same bits: the
+// same product of copies at other addresses (another alignment within a larger buffer) agrees.
+TEST_F(CpuGemm, SameProductSameBitsWhereverItLies) {
+  cg::install(Path::onednn);
+  at::Tensor a = at::randn({256, 384}), b = at::randn({384, 1536});
+  const at::Tensor y = at::mm(a, b);
+  for (int64_t shift : {1, 3, 16}) {
+    at::Tensor a2 = at::empty({256 * 384 + shift}).narrow(0, shift, 256 * 384).view({256, 384}).copy_(a);
+    at::Tensor b2 = at::empty({384 * 1536 + shift}).narrow(0, shift, 384 * 1536).view({384, 1536}).copy_(b);
+    const auto before = cg::onednn_calls();
+    EXPECT_TRUE(same_bits(at::mm(a2, b2), y)) << "shifted by " << shift << " floats";
+    EXPECT_EQ(cg::onednn_calls(), before + 1);
+  }
+}
+
 TEST_F(CpuGemm, EverythingElseStaysOnLibtorchBitForBit) {
   cg::install(Path::onednn);
   at::Tensor big_a = at::randn({256, 384}), big_b = at::randn({384, 512}), bias = at::randn({512});
