@@ -101,7 +101,7 @@ bool onednn_beneficial() { return onednn_available() && cpu_has_avx512f() && !cp
 Path from_env() {
   const std::string v = env::get("ACCEL_CPU_GEMM");
   if (v == "auto") return onednn_beneficial() ? Path::onednn : Path::libtorch;
-  if (v == "onednn") return Path::onednn;
+  if (v == "onednn") return onednn_available() ? Path::onednn : Path::libtorch;
   if (v == "libtorch") return Path::libtorch;
   throw std::invalid_argument("ACCEL_CPU_GEMM=" + v + ": expected auto, onednn or libtorch");
 }

@@ -33,13 +33,15 @@ bool onednn_available();
 // itself uses AVX-512).
 bool onednn_beneficial();
 
-// ACCEL_CPU_GEMM: "auto" (default: onednn_beneficial()), "onednn" (where available) or "libtorch".
-// Throws std::invalid_argument naming the variable for any other value.
+// ACCEL_CPU_GEMM: "auto" (default: onednn_beneficial()), "onednn" (Path::onednn where available, else
+// libtorch) or "libtorch". Throws std::invalid_argument naming the variable for any other value.
 Path from_env();
 
 // Routes the process's float32 CPU mm/addmm (Path::onednn) or gives them back to libtorch
-// (Path::libtorch). Idempotent and thread-safe; onednn where !onednn_available() stays libtorch.
-// Returns the path now in force.
+// (Path::libtorch). Idempotent (a second onednn registers nothing); calls may come from several
+// threads, but a change of path must not race with matmuls running on other threads (the engine
+// installs at construction). onednn where !onednn_available() stays libtorch. Returns the path now in
+// force.
 Path install(Path p);
 // install(from_env()).
 Path install_from_env();
