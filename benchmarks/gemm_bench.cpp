@@ -1,9 +1,9 @@
 // gemm_bench — the float32 products of step_bench's GPT through libtorch's CPU kernel (MKL's sgemm)
 // and through accel's oneDNN path (src/kernels/cpu_gemm.h), at --threads: for each linear layer of a
 // block (qkv, proj, fc1, fc2) and the tied head, the forward (x W^T), input-gradient (g W) and
-// weight-gradient (g^T x) products on --tokens rows, each timed alternately on both paths (median of
-// --reps, after a warm-up), with GFLOP/s, the ratio, and the sum over one step's products (the layers'
-// products times --layers, plus the head's).
+// weight-gradient (g^T x) products on --tokens rows, timed on both paths (median of --reps, after a
+// warm-up), with GFLOP/s, the ratio, and the sum over one step's products (the layers'
+// products times --layers, plus the head's). Each product alternates between the paths, --reps times.
 //   build/bin/gemm_bench                      # step_bench's default GPT: 256 tokens, d 384, vocab 4096
 //   build/bin/gemm_bench --threads 2 --tokens 512
 #include "kernels/cpu_gemm.h"
@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -29,17 +30,20 @@ double median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-// Median seconds of a @ b on path p.
-double time_on(cg::Path p, const at::Tensor& a, const at::Tensor& b, int reps) {
-  cg::install(p);
-  at::Tensor y = at::mm(a, b);  // warm-up (oneDNN: creates the primitive)
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = Clock::now();
-    y = at::mm(a, b);
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return median(t);
+// Median seconds of a @ b on libtorch's path and on oneDNN's, alternating product by product (a
+// path switch is an atomic store once the kernels are registered).
+std::pair<double, double> time_both(const at::Tensor& a, const at::Tensor& b, int reps) {
+  std::vector<double> t[2];
+  const cg::Path paths[2] = {cg::Path::libtorch, cg::Path::onednn};
+  for (cg::Path p : paths) cg::install(p), at::mm(a, b);  // warm-up (oneDNN: creates the primitive)
+  for (int i = 0; i < reps; ++i)
+    for (int k = 0; k < 2; ++k) {
+      cg::install(paths[k]);
+      const auto t0 = Clock::now();
+      at::Tensor y = at::mm(a, b);
+      t[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+  return {median(t[0]), median(t[1])};
 }
 
 }  // namespace
@@ -83,7 +87,7 @@ int main(int argc, char** argv) {
     };
     for (const Product& p : {Product{"x W^T", x, w.t()}, Product{"g W", g, w}, Product{"g^T x", g.t(), x}}) {
       const double flop = 2.0 * p.a.size(0) * p.a.size(1) * p.b.size(1);
-      const double lib = time_on(cg::Path::libtorch, p.a, p.b, reps), dnn = time_on(cg::Path::onednn, p.a, p.b, reps);
+      const auto [lib, dnn] = time_both(p.a, p.b, reps);
       step_lib += lib * static_cast<double>(l.times);
       step_dnn += dnn * static_cast<double>(l.times);
       fmt::print("| {} | {} x {} | {} | {:.1f} | {:.1f} | {:.2f} |\n", l.name, l.in, l.out, p.what, flop / lib / 1e9,

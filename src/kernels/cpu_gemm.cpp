@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -21,7 +20,8 @@ namespace accel::cpu_gemm {
 namespace {
 
 // mkldnn::_linear_pointwise(Tensor X, Tensor W, Tensor? B, str attr, Scalar?[] scalars, str? algorithm)
-// computes X @ W^T + B with oneDNN's matmul, on strided (dense) tensors as they lie.
+// computes X @ W^T + B with oneDNN (its matmul or inner-product primitives): W as it lies (strided),
+// X made contiguous first.
 using LinearPointwise = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                                    std::string_view, c10::List<std::optional<c10::Scalar>>,
                                    std::optional<std::string_view>);
@@ -41,48 +41,76 @@ const c10::TypedOperatorHandle<LinearPointwise>* linear_op() {
   return op ? &*op : nullptr;
 }
 
+// The path the registered kernels take. They are registered once, at the first install(onednn), and
+// never removed (changing a dispatcher slot races with calls reading it); Path::libtorch afterwards
+// makes them call libtorch's own kernels.
+std::atomic<Path> g_path{Path::libtorch};
 std::atomic<std::uint64_t> g_calls{0};
-
-// Row- or column-major with a leading dimension oneDNN takes (no broadcast or doubly strided views).
-bool plain_2d(const at::Tensor& t) {
-  const auto r = t.size(0), c = t.size(1), s0 = t.stride(0), s1 = t.stride(1);
-  return (s1 == 1 && s0 >= std::max<std::int64_t>(c, 1)) || (s0 == 1 && s1 >= std::max<std::int64_t>(r, 1));
-}
 
 bool plain_f32(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat && t.layout() == at::kStrided && t.device().is_cpu() && !t.is_neg() &&
-         !t.is_conj();
+         !t.is_conj() && !t.has_names();
 }
 
 // a @ b goes to oneDNN (anything else, including every shape error, to libtorch's kernel).
 bool eligible(const at::Tensor& a, const at::Tensor& b) {
   if (a.dim() != 2 || b.dim() != 2 || !plain_f32(a) || !plain_f32(b)) return false;
-  const auto M = a.size(0), K = a.size(1), N = b.size(1);
-  if (b.size(0) != K || M == 0 || N == 0 || K == 0 || M * N * K < kMinWork) return false;
-  return plain_2d(a) && plain_2d(b);
+  const std::int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  // Skinny products (a dimension under 16) are no faster there, or slower.
+  if (b.size(0) != K || std::min({M, N, K}) < 16) return false;
+  // b becomes oneDNN's weight as it lies: only dense row- or column-major (a padded leading
+  // dimension or a strided vector sends oneDNN to its reference kernel, ~1000x slower). a is copied
+  // when not contiguous: row- or column-major with any leading dimension (a transposed gradient, a
+  // slice of a wider activation).
+  if (!b.is_contiguous() && !b.t().is_contiguous()) return false;
+  const std::int64_t s0 = a.stride(0), s1 = a.stride(1);
+  if (!(s1 == 1 && s0 >= K) && !(s0 == 1 && s1 >= M)) return false;
+  std::int64_t mk = 0, work = 0;
+  const bool huge = __builtin_mul_overflow(M, K, &mk) || __builtin_mul_overflow(mk, N, &work);
+  if (!huge && work < kMinWork) return false;
+  // libtorch's own switches for oneDNN: off when the user turned oneDNN off, and strict float32 only
+  // (NONE is the default, IEEE; TF32/BF16 would let oneDNN round the operands down).
+  const auto& ctx = at::globalContext();
+  const auto prec = ctx.float32Precision(at::Float32Backend::MKLDNN, at::Float32Op::MATMUL);
+  return ctx.userEnabledMkldnn() && (prec == at::Float32Precision::NONE || prec == at::Float32Precision::IEEE);
 }
+
+bool onednn_on() { return g_path.load(std::memory_order_relaxed) == Path::onednn; }
 
 at::Tensor onednn_product(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias) {
   g_calls.fetch_add(1, std::memory_order_relaxed);
-  return linear_op()->call(a, b.t(), bias, "none", c10::List<std::optional<c10::Scalar>>(), std::nullopt);
+  return linear_op()->redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), a, b.t(), bias, "none",
+                                 c10::List<std::optional<c10::Scalar>>(), std::nullopt);
 }
 
 at::Tensor mm_kernel(const at::Tensor& a, const at::Tensor& b) {
-  if (!eligible(a, b)) return at::cpu::mm(a, b);
+  if (!onednn_on() || !eligible(a, b)) return at::cpu::mm(a, b);
   return onednn_product(a, b, std::nullopt);
 }
 
 at::Tensor addmm_kernel(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
                         const at::Scalar& alpha) {
   // nn::Linear's form: a bias vector added to every row, beta = alpha = 1.
-  if (eligible(a, b) && self.dim() == 1 && self.size(0) == b.size(1) && plain_f32(self) && self.is_contiguous() &&
-      beta.equal(1) && alpha.equal(1))
+  if (onednn_on() && eligible(a, b) && self.dim() == 1 && self.size(0) == b.size(1) && plain_f32(self) &&
+      self.is_contiguous() && beta.equal(1) && alpha.equal(1))
     return onednn_product(a, b, self);
   return at::cpu::addmm(self, a, b, beta, alpha);
 }
 
-std::mutex g_mu;
-std::unique_ptr<torch::Library> g_lib;  // held while Path::onednn is in force; guarded by g_mu
+std::once_flag g_registered;
+
+void register_kernels() {
+  // Registering over libtorch's own CPU kernels makes the dispatcher warn once per operator; that
+  // replacement is the point here, so the warnings are swallowed. The library is never destroyed (not
+  // even at exit, when other threads may still run matmuls).
+  struct Quiet : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  } quiet;
+  c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+  auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__, __LINE__);
+  lib->impl("mm", TORCH_FN(mm_kernel));
+  lib->impl("addmm", TORCH_FN(addmm_kernel));
+}
 
 #if defined(__x86_64__)
 bool cpu_has_avx512f() { return __builtin_cpu_supports("avx512f"); }
@@ -107,33 +135,18 @@ Path from_env() {
 }
 
 Path install(Path p) {
-  std::lock_guard<std::mutex> lk(g_mu);
   if (p == Path::onednn && onednn_available()) {
-    if (!g_lib) {
-      // Registering over libtorch's own CPU kernels makes the dispatcher warn once per operator;
-      // that replacement is the point here, so the warnings are swallowed.
-      struct Quiet : c10::WarningHandler {
-        void process(const c10::Warning&) override {}
-      } quiet;
-      c10::WarningUtils::WarningHandlerGuard guard(&quiet);
-      auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__,
-                                                  __LINE__);
-      lib->impl("mm", TORCH_FN(mm_kernel));
-      lib->impl("addmm", TORCH_FN(addmm_kernel));
-      g_lib = std::move(lib);
-    }
+    std::call_once(g_registered, register_kernels);
+    g_path.store(Path::onednn);
   } else {
-    g_lib.reset();  // deregistering brings libtorch's kernels back
+    g_path.store(Path::libtorch);
   }
-  return g_lib ? Path::onednn : Path::libtorch;
+  return installed();
 }
 
 Path install_from_env() { return install(from_env()); }
 
-Path installed() {
-  std::lock_guard<std::mutex> lk(g_mu);
-  return g_lib ? Path::onednn : Path::libtorch;
-}
+Path installed() { return g_path.load(); }
 
 const char* name(Path p) { return p == Path::onednn ? "onednn" : "libtorch"; }
 

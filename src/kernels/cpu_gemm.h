@@ -5,8 +5,9 @@
 // rate. oneDNN, which libtorch carries too, uses AVX-512 there (benchmarks/gemm_bench: 2.2x on the
 // GPT's shapes on a Zen 5 core). install(Path::onednn) registers accel's own CPU kernels for aten::mm
 // and aten::addmm with the dispatcher; they send float32 products of at least kMinWork multiply-adds
-// to oneDNN's matmul (mkldnn::_linear_pointwise, strict float32: no bf16/tf32 down-conversion) and
-// everything else to libtorch's own kernel. Autograd sits above the CPU key, so forward and backward
+// (no dimension under 16, the right operand dense) to oneDNN (mkldnn::_linear_pointwise), only while
+// libtorch's oneDNN float32 precision is strict (the default: no bf16/tf32 down-conversion) and
+// oneDNN is enabled, and everything else to libtorch's own kernel. Autograd sits above the CPU key, so forward and backward
 // of nn::Linear, matmul and the tied head all take it. Results differ from sgemm's by rounding only
 // (another summation order), and are deterministic for a given shape, layout and thread count.
 //
@@ -37,11 +38,11 @@ bool onednn_beneficial();
 // libtorch) or "libtorch". Throws std::invalid_argument naming the variable for any other value.
 Path from_env();
 
-// Routes the process's float32 CPU mm/addmm (Path::onednn) or gives them back to libtorch
-// (Path::libtorch). Idempotent (a second onednn registers nothing); calls may come from several
-// threads, but a change of path must not race with matmuls running on other threads (the engine
-// installs at construction). onednn where !onednn_available() stays libtorch. Returns the path now in
-// force.
+// Routes the process's float32 CPU mm/addmm to oneDNN (Path::onednn) or to libtorch's own kernels
+// (Path::libtorch). The first onednn registers accel's kernels with the dispatcher, once and for good;
+// after that a path is an atomic switch those kernels read, so install may be called from any thread
+// at any time. Until the first onednn nothing is registered at all. onednn where
+// !onednn_available() stays libtorch. Returns the path now in force.
 Path install(Path p);
 // install(from_env()).
 Path install_from_env();
