@@ -98,6 +98,7 @@ at::Tensor addmm_kernel(const at::Tensor& self, const at::Tensor& a, const at::T
 }
 
 std::once_flag g_registered;
+torch::Library* g_lib = nullptr;  // set once, never freed (a global keeps it reachable for leak checkers)
 
 void register_kernels() {
   // Registering over libtorch's own CPU kernels makes the dispatcher warn once per operator; that
@@ -107,9 +108,9 @@ void register_kernels() {
     void process(const c10::Warning&) override {}
   } quiet;
   c10::WarningUtils::WarningHandlerGuard guard(&quiet);
-  auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__, __LINE__);
-  lib->impl("mm", TORCH_FN(mm_kernel));
-  lib->impl("addmm", TORCH_FN(addmm_kernel));
+  g_lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__, __LINE__);
+  g_lib->impl("mm", TORCH_FN(mm_kernel));
+  g_lib->impl("addmm", TORCH_FN(addmm_kernel));
 }
 
 #if defined(__x86_64__)
