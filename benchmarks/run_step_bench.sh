@@ -5,8 +5,8 @@
 #   bash benchmarks/run_step_bench.sh --precision-table [step_bench args]
 #       DDP and ZERO_3 at 2 ranks in each of fp32, bf16, fp16 and fp8, then per strategy the same-run
 #       ratios of the four precisions (their steps interleaved in one run). A smaller model than the
-#       default (--layers 4 --d-model 192, unless given): this CPU has no bf16/fp16/fp8 matmul
-#       hardware, and the default model's bf16 step takes ~16 s here.
+#       default (--layers 4 --d-model 192, unless given): a CPU without bf16/fp16/fp8 matmul hardware
+#       (the AVX2 VM of the README's first table) took ~16 s for the default model's bf16 step.
 #   bash benchmarks/run_step_bench.sh --vs-torch [--repeats R] [step_bench args]
 #       accel against PyTorch on the same GPT step (benchmarks/torch_anchor.py): accel DDP / PyTorch
 #       DDP, FULL_SHARD / FSDP2 (fully_shard per block), SHARD_GRAD_OP / FSDP2 without
