@@ -4,6 +4,7 @@
 // kernel, bit for bit; Path::libtorch gives every product back to libtorch. Also autograd through
 // nn::Linear on both paths, ACCEL_CPU_GEMM's parsing, and auto's rule against /proc/cpuinfo.
 #include "kernels/cpu_gemm.h"
+#include "support/compare.h"
 
 #include <ATen/ATen.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
@@ -24,11 +25,9 @@ namespace {
 using accel::cpu_gemm::Path;
 namespace cg = accel::cpu_gemm;
 
-// Largest |x - ref| over largest |ref|: float32 products of these sizes land near 1e-7-1e-6; a bf16 or
-// tf32 down-conversion would show as ~1e-3.
-double rel_err(const at::Tensor& x, const at::Tensor& ref) {
-  return ((x.to(at::kDouble) - ref).abs().max() / ref.abs().max()).item<double>();
-}
+// rel_err (support/compare.h): float32 products of these sizes land near 1e-7-1e-6; a bf16 or tf32
+// down-conversion would show as ~1e-3.
+using accel::test::rel_err;
 
 bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&

@@ -2,6 +2,7 @@
 // with two param groups, and the flattening of reference tensors into an engine FlatParam's layout.
 #pragma once
 
+#include "compare.h"
 #include "models.h"
 #include "test_world.h"
 #include "zero/engine.h"
@@ -86,11 +87,6 @@ inline at::Tensor flatten_like(const sharding::FlatParam& f, const std::map<std:
 inline at::Tensor own_slice(const sharding::FlatParam& f, const at::Tensor& flat) {
   auto [b, e] = f.layout().shard_range(f.options().rank);
   return flat.narrow(0, b, e - b);
-}
-
-inline double rel_err(const at::Tensor& a, const at::Tensor& b) {
-  double scale = std::max(b.abs().max().item<double>(), 1e-300);
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / scale;
 }
 
 inline std::map<std::string, at::Tensor> params_by_name(torch::nn::Module& m) {
