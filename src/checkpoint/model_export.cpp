@@ -363,6 +363,7 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
       ++result.tensors;
     }
     engine.wait_host_copies();  // host masters: no copy to the device still reads them
+    engine.before_param_writes();
     ProgressBar bar(static_cast<std::int64_t>(flats.size()), "load_model",
                     options.progress && engine.world().rank() == 0);
     for (std::size_t fi = 0; fi < flats.size() && !engine.plan().passthrough; ++fi) {
@@ -382,7 +383,7 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
       if (f.group >= 0) {
         auto [b, e] = engine.master_range(f);
         fill(b, e, engine.master_data(f));
-      } else if (fp.gathered()) {  // frozen, whole on this rank
+      } else if (fp.gathered() && !fp.node_shared()) {  // frozen, whole on this rank
         fill(0, fp.layout().padded(), fp.full());
         if (fp.options().sharded) {
           auto [b, e] = fp.layout().shard_range(fp.options().rank);

@@ -427,6 +427,7 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
 
   c10::NoGradGuard ng;
   engine.wait_host_copies();  // host masters: no copy to the device still reads them
+  engine.before_param_writes();
   for (auto& c : copies) c.dst.copy_(c.src);
   if (opt) {
     const zero::OptimizerRow* row = optimizer_row(opt);

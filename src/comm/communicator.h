@@ -73,6 +73,16 @@ class Communicator {
   std::shared_ptr<Communicator> node_local();
   std::shared_ptr<Communicator> cross_node();
 
+  // --- memory every rank of the group maps ------------------------------------------------------
+  // Collective over this group: a zero-filled CPU tensor of `numel` elements whose memory every rank of
+  // the group maps (one POSIX shared-memory object: a rank's write is the others' read), or an undefined
+  // tensor on every rank when the group does not share one node's memory (one rank, ranks on several
+  // nodes, real or simulated, ACCEL_COMM_SHM=0) or the memory cannot be had (/dev/shm full: the pages are
+  // reserved up front, so a full /dev/shm gives undefined here instead of SIGBUS later). The memory goes
+  // back when the last rank frees its tensor. Nothing orders one rank's writes against another's reads:
+  // the caller does (barrier()).
+  at::Tensor node_shared_empty(std::int64_t numel, c10::ScalarType dtype);
+
   // --- counting ----------------------------------------------------------------------------------
   Counters counters() const;
   void reset_counters();

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
@@ -91,13 +92,27 @@ FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vect
   c10::NoGradGuard no_grad;
   at::TensorOptions to = at::TensorOptions().dtype(opts.dtype);
   if (!params_.empty()) to = to.device(params_[0].device());
-  full_ = at::zeros({layout_.padded()}, to);
+  auto [begin, end] = layout_.shard_range(opts.rank);
+  if (opts.sharded && opts.node_shared && to.device().is_cpu()) {
+    full_ = opts.node_shared(layout_.padded(), opts.dtype);
+    ACCEL_CHECK(!full_.defined() || (full_.numel() == layout_.padded() && full_.scalar_type() == opts.dtype &&
+                                     full_.is_cpu() && full_.is_contiguous()),
+                "FlatParam {}: Options::node_shared returned a tensor of the wrong shape, dtype or device", name_);
+  }
+  node_shared_ = full_.defined();
+  if (!node_shared_) full_ = at::zeros({layout_.padded()}, to);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     if (!p.is_leaf())
       throw std::invalid_argument(fmt::format("FlatParam: parameter {} is not a leaf tensor", names_[i]));
     requires_grad_ = requires_grad_ || p.requires_grad();
-    at::Tensor view = full_.narrow(0, layout_.offset(i), p.numel()).view(p.sizes());
+    const std::int64_t off = layout_.offset(i), n = p.numel();
+    if (node_shared_) {  // only this rank's shard: the peers write theirs
+      const std::int64_t lo = std::max(off, begin), hi = std::min(off + n, end);
+      if (lo < hi) full_.narrow(0, lo, hi - lo).copy_(p.reshape({-1}).narrow(0, lo - off, hi - lo));
+      continue;
+    }
+    at::Tensor view = full_.narrow(0, off, n).view(p.sizes());
     view.copy_(p);
   }
   // Re-point the parameters last: a parameter listed twice would otherwise read its own new view.
@@ -106,8 +121,7 @@ FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vect
     at::Tensor view = storage_alias(full_).narrow(0, layout_.offset(i), p.numel()).view(p.sizes());
     p.set_data(view);
   }
-  auto [begin, end] = layout_.shard_range(opts.rank);
-  if (opts.sharded) {
+  if (opts.sharded && !node_shared_) {
     shard_ = full_.narrow(0, begin, end - begin).clone();
     free_full();
   } else {
@@ -124,12 +138,13 @@ void FlatParam::alloc_full() {
 
 void FlatParam::free_full() {
   ACCEL_CHECK(opts_.sharded, "FlatParam {}: free_full on an unsharded parameter", name_);
+  if (node_shared_) return;  // the group's one copy: it stays
   if (storage_allocated(full_)) free_storage(full_, freed_parameter_message(name_, names_));
 }
 
 void FlatParam::shard_to_full() {
   auto [begin, end] = layout_.shard_range(opts_.rank);
-  if (opts_.sharded) full_.narrow(0, begin, end - begin).copy_(shard_);
+  if (opts_.sharded && !node_shared_) full_.narrow(0, begin, end - begin).copy_(shard_);
 }
 
 bool FlatParam::grad_allocated() const {

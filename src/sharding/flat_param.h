@@ -21,6 +21,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,6 +38,13 @@ class FlatParam {
     // true: this rank keeps only its shard at rest (own buffer); full() is allocated while gathered.
     // false: full() is always allocated and shard() is a view into it.
     bool sharded = false;
+    // Sharded only: where full() lives instead, for good. Called once with (padded(), dtype); a tensor
+    // that every rank of the shard group maps (Communicator::node_shared_empty), or undefined for the
+    // usual private buffers. The ranks' shards side by side in it ARE the full buffer: shard() is this
+    // rank's view of it, gathered() is always true, free_full() keeps it, and each rank writes only its
+    // own shard (the constructor too). Ordering one rank's writes against the others' reads is the
+    // caller's (a barrier after the step's writes, and before them).
+    std::function<at::Tensor(std::int64_t numel, c10::ScalarType dtype)> node_shared;
   };
 
   // params: leaf tensors of one dtype family and device, each at most once. Their values are copied
@@ -55,6 +63,8 @@ class FlatParam {
   const at::Tensor& full() const { return full_; }    // padded() elements; storage freed when !gathered()
   const at::Tensor& shard() const { return shard_; }  // shard_size() elements, always allocated
   bool gathered() const;
+  // full() lives in memory the shard group shares (Options::node_shared): nothing to gather or free.
+  bool node_shared() const { return node_shared_; }
   // Gives full() storage again (contents undefined until filled, e.g. by an all-gather). No-op if gathered.
   void alloc_full();
   // Returns full()'s storage to the allocator (sharded only). The parameter views stay valid objects;
@@ -93,6 +103,7 @@ class FlatParam {
   Options opts_;
   ShardLayout layout_;
   bool requires_grad_ = false;
+  bool node_shared_ = false;
   at::Tensor full_, shard_, grad_full_;
   std::vector<at::Tensor> grad_views_;
 };

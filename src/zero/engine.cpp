@@ -156,6 +156,19 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   }
   plan_ = Plan::resolve(spec_, world_->size(), shard_->size(), convert);
   const bool sharded_params = plan_.params_sharded;
+  // Sharded CPU parameters whose shard group shares one node's memory: each flat's full buffer is one
+  // shared-memory object every rank of the group maps, the ranks' shards side by side in it, so the
+  // node holds the parameters once and gathering moves nothing. Not for shards on disk (offload_param
+  // nvme frees and reloads the shard) nor for fp8 all-gathers (they gather fp8 bytes on purpose). The
+  // same answer on every rank: the flag is agreed below, and node_shared_empty answers alike.
+  bool want_node_shared = sharded_params && env::get_int("ACCEL_NODE_SHARED_PARAMS") != 0 &&
+                          !spec_.offload.param_on_disk() && !spec_.fp8_all_gather && !owned.empty() &&
+                          owned[0].param.is_cpu();
+  if (sharded_params && shard_->size() > 1) {  // only if every rank of the group asks (each reads its own env)
+    at::Tensor w = at::full({1}, want_node_shared ? 1 : 0, at::kInt);
+    shard_->all_reduce(w, {comm::ReduceOp::Min});
+    want_node_shared = w.item<int>() != 0;
+  }
   for (auto& [key, members] : keys) {
     auto [unit, group, requires_grad, dtype, device] = key;
     std::vector<at::Tensor> ps;
@@ -173,6 +186,8 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     o.dtype = spec_.param_dtype.value_or(ps[0].scalar_type());
     o.align = spec_.align_elements;
     o.sharded = sharded_params;
+    if (want_node_shared && device == "cpu")
+      o.node_shared = [this](std::int64_t numel, c10::ScalarType dt) { return shard_->node_shared_empty(numel, dt); };
     std::string fname =
         fmt::format("{}[group {}{}, {}{}]", units_[unit].name.empty() ? "<root>" : units_[unit].name, group,
                     requires_grad ? "" : ", frozen", c10::toString(static_cast<c10::ScalarType>(dtype)),
@@ -208,6 +223,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     f.unit = static_cast<int>(unit);
     f.group = group;
     f.persistent = sharded_params && unit == 0;
+    node_shared_ = node_shared_ || f.flat_param->node_shared();
     f.fired.assign(f.flat_param->params().size(), 0);
     f.touched.assign(f.flat_param->params().size(), 0);
     for (const auto& p : f.flat_param->params()) f.need += p.requires_grad() ? 1 : 0;
@@ -238,9 +254,11 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // and on one communicator that would reorder them against the backward all-gathers.
   gather_ = sharded_params ? shard_->split(0, shard_->rank()) : shard_;
 
+  // Node-shared flats: every rank has written its shard; from here on each reads all of them.
+  sync_node_shared();
   // Root flats under ZeRO-3 stay gathered from step to step.
   for (auto& f : flats_)
-    if (f.persistent) {
+    if (f.persistent && !f.flat_param->node_shared()) {
       CategoryScope cat(Category::Gathered);
       f.flat_param->alloc_full();
       gather_->all_gather(f.flat_param->shard(), f.flat_param->full());

@@ -87,6 +87,13 @@ at::Tensor Engine::whole_values(const Flat& f, Source source) const {
   return whole(f, f.flat_param->shard());
 }
 
+std::int64_t Engine::node_shared_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& f : flats_)
+    if (f.flat_param->node_shared()) n += static_cast<std::int64_t>(f.flat_param->full().nbytes());
+  return n;
+}
+
 void Engine::reshard_flat(Flat& f) {
   if (f.persistent || !f.flat_param->options().sharded) return;
   f.flat_param->free_full();

@@ -96,7 +96,14 @@ void Engine::before_step() {
   memory::set_forward_active(false);
   if (in_backward_) throw std::logic_error("accel: optimizer step during backward");
   wait_host_copies();  // (the last step's copies to the device read the masters the step writes)
+  sync_node_shared();  // no peer still reads the node-shared parameters this step writes
 }
+
+void Engine::sync_node_shared() {
+  if (node_shared_) gather_->barrier();
+}
+
+void Engine::before_param_writes() { sync_node_shared(); }
 
 std::pair<std::int64_t, std::int64_t> Engine::master_range(const Flat& f) const {
   if (plan_.masters_are_shards) return f.flat_param->layout().shard_range(f.flat_param->options().rank);
@@ -136,11 +143,12 @@ void Engine::write_params(bool offloaded_done) {
       if (!plan_.state_split) continue;
       auto [b, e] = f.flat_param->layout().shard_range(f.flat_param->options().rank);
       works.push_back(gather_->all_gather_async(f.flat_param->full().narrow(0, b, e - b), f.flat_param->full()));
-    } else if (f.persistent) {
+    } else if (f.persistent && !f.flat_param->node_shared()) {
       works.push_back(gather_->all_gather_async(f.flat_param->shard(), f.flat_param->full()));
     }
   }
   for (auto& w : works) w->wait();
+  sync_node_shared();  // every rank's shard is written before any rank reads the parameters again
   // Sharded units gathered as fp8: their bytes follow the new masters.
   quantize_fp8_shards();
 }

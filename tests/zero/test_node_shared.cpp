@@ -1,0 +1,155 @@
+// Node-shared parameters (ACCEL_NODE_SHARED_PARAMS=1): the ranks of a shard group on one node keep
+// each flat parameter in one shared-memory buffer, their shards side by side. The buffer itself
+// (Communicator::node_shared_empty), then training against the same training with private shards:
+// the same bits, no all-gather traffic, and full parameters readable between steps.
+#include "support/harness.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace accel::test {
+namespace {
+
+// ACCEL_NODE_SHARED_PARAMS for the scope (every rank sets it alike; the engine reads it when built).
+class NodeSharedEnv {
+ public:
+  explicit NodeSharedEnv(bool on) {
+    const char* v = std::getenv(kVar);
+    had_ = v != nullptr;
+    if (had_) old_ = v;
+    setenv(kVar, on ? "1" : "0", 1);
+  }
+  ~NodeSharedEnv() {
+    if (had_)
+      setenv(kVar, old_.c_str(), 1);
+    else
+      unsetenv(kVar);
+  }
+
+ private:
+  static constexpr const char* kVar = "ACCEL_NODE_SHARED_PARAMS";
+  bool had_ = false;
+  std::string old_;
+};
+
+bool shares_memory(comm::Communicator& c) {
+  return c.size() > 1 && std::string(c.backend_name(at::Tensor())) == "shm";
+}
+
+TEST(NodeSharedMemory, OneBufferThatEveryRankWritesAndReads) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  at::Tensor t = world->node_shared_empty(1000, at::kFloat);
+  if (!shares_memory(*world)) {
+    EXPECT_FALSE(t.defined()) << "a group that shares no memory (one rank, several nodes) gets none";
+    return;
+  }
+  ASSERT_TRUE(t.defined());
+  EXPECT_EQ(t.numel(), 1000);
+  EXPECT_EQ(t.scalar_type(), at::kFloat);
+  EXPECT_TRUE(t.is_cpu());
+  EXPECT_EQ(t.abs().sum().item<double>(), 0.0) << "zero-filled";
+  world->barrier();  // everyone has checked the zeros before anyone writes
+  t.narrow(0, r * 10, 10).fill_(static_cast<double>(r + 1));
+  world->barrier();
+  for (int j = 0; j < N; ++j)
+    EXPECT_EQ(t.narrow(0, j * 10, 10).sum().item<double>(), 10.0 * (j + 1)) << "rank " << j << "'s write";
+  EXPECT_EQ(t.narrow(0, N * 10, 1000 - N * 10).abs().sum().item<double>(), 0.0);
+  at::Tensor u = world->node_shared_empty(3, at::kDouble);  // another object, not the same memory
+  ASSERT_TRUE(u.defined());
+  EXPECT_EQ(u.scalar_type(), at::kDouble);
+  EXPECT_NE(u.data_ptr(), t.data_ptr());
+  at::Tensor empty = world->node_shared_empty(0, at::kFloat);
+  ASSERT_TRUE(empty.defined());
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_THROW(world->node_shared_empty(-1, at::kFloat), comm::InvalidArgument);
+  world->barrier();  // nobody unmaps t while a peer still reads it
+}
+
+struct Training {
+  Model model;
+  std::unique_ptr<torch::optim::Optimizer> user_opt;
+  zero::EngineAndOptimizer prepared;
+};
+
+Training make_run(const zero::ShardingSpec& spec, bool node_shared) {
+  NodeSharedEnv env(node_shared);
+  Training run;
+  run.model = make_model(ModelKind::GPT, at::kFloat);
+  run.user_opt = make_optimizer(OptKind::AdamW, *run.model.module);
+  run.prepared = zero::prepare(run.model.module, *run.user_opt, spec, test::world());
+  return run;
+}
+
+class NodeSharedEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NodeSharedEngine, TrainsToTheSameBitsWithoutGathering) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  const std::string strategy = GetParam();
+  const zero::ShardingSpec spec = strategy == "ZeRO3" ? zero::ShardingSpec::zero(3) : zero::ShardingSpec::fsdp(strategy);
+  Training priv = make_run(spec, false), shared = make_run(spec, true);
+  zero::Engine& pe = *priv.prepared.engine;
+  zero::Engine& se = *shared.prepared.engine;
+  EXPECT_FALSE(pe.node_shared());
+  const bool expect_shared = shares_memory(*se.shard_group()) && se.plan().params_sharded;
+  ASSERT_EQ(se.node_shared(), expect_shared);
+  std::int64_t padded_bytes = 0;
+  for (const auto& f : se.flats()) {
+    const sharding::FlatParam& fp = *f.flat_param;
+    ASSERT_EQ(fp.node_shared(), expect_shared) << fp.name();
+    padded_bytes += fp.layout().padded() * static_cast<std::int64_t>(fp.full().element_size());
+    if (!expect_shared) continue;
+    // The shard is this rank's slice of the one buffer, not a copy.
+    auto [b, e] = fp.layout().shard_range(fp.options().rank);
+    EXPECT_EQ(fp.shard().data_ptr(), fp.full().narrow(0, b, e - b).data_ptr()) << fp.name();
+    EXPECT_TRUE(fp.gathered()) << fp.name();
+  }
+  EXPECT_EQ(se.node_shared_bytes(), expect_shared ? padded_bytes : 0);
+
+  const int64_t G = 12, local = G / N;
+  se.gather_group()->reset_counters();
+  for (int step = 0; step < 4; ++step) {
+    auto [x, y] = make_batch(ModelKind::GPT, at::kFloat, step, 0);
+    at::Tensor xl = x.narrow(0, r * local, local), yl = y.narrow(0, r * local, local);
+    at::Tensor lp = priv.model.loss(xl, yl), ls = shared.model.loss(xl, yl);
+    EXPECT_TRUE(at::equal(lp.detach(), ls.detach())) << "step " << step << ": " << lp.item<double>() << " against "
+                                                     << ls.item<double>();
+    pe.backward(lp);
+    se.backward(ls);
+    priv.prepared.optimizer->step();
+    shared.prepared.optimizer->step();
+    priv.prepared.optimizer->zero_grad();
+    shared.prepared.optimizer->zero_grad();
+  }
+  const comm::Counters c = se.gather_group()->counters();
+  if (expect_shared) EXPECT_EQ(c[comm::Collective::AllGather].bytes_received, 0u) << "nothing gathered";
+  for (std::size_t i = 0; i < pe.flats().size(); ++i) {
+    const auto& a = *pe.flats()[i].flat_param;
+    const auto& b = *se.flats()[i].flat_param;
+    ASSERT_EQ(a.name(), b.name());
+    EXPECT_TRUE(at::equal(a.shard(), b.shard())) << "shard of " << a.name() << " on rank " << r;
+    // Between steps the node-shared parameters are whole on every rank: the private engine's gather.
+    at::Tensor whole = pe.whole_values(pe.flats()[i], zero::Engine::Source::Compute);
+    if (expect_shared) EXPECT_TRUE(at::equal(b.full(), whole)) << a.name();
+  }
+  if (expect_shared) {  // and readable through the module's own parameters
+    auto pp = params_by_name(*shared.model.module);
+    for (const auto& f : se.flats())
+      for (std::size_t k = 0; k < f.flat_param->params().size(); ++k) {
+        const auto& name = f.flat_param->names()[k];
+        EXPECT_TRUE(at::equal(pp.at(name).reshape({-1}),
+                              f.flat_param->full().narrow(0, f.flat_param->layout().offset(k), pp.at(name).numel())))
+            << name;
+      }
+  }
+  world->barrier();  // the shared buffers outlive every peer's last read
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, NodeSharedEngine, ::testing::Values("ZeRO3", "FULL_SHARD", "SHARD_GRAD_OP"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace accel::test
