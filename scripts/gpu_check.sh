@@ -81,7 +81,8 @@ if [ -n "$BUNDLE" ]; then
   sed -n '1,4p' "$BUNDLE/MANIFEST"
   BIN=$BUNDLE/bin
   [ "$(id -u)" = 0 ] || { echo "gpu_check.sh: --bundle copies Open MPI into / and needs root" >&2; exit 2; }
-  cp -an "$BUNDLE/root/." / && { ldconfig 2>/dev/null || true; }
+  # (newer coreutils warn that -n is non-portable and offer --update=none; older ones lack that)
+  { cp -a --update=none "$BUNDLE/root/." / 2>/dev/null || cp -an "$BUNDLE/root/." /; } && { ldconfig 2>/dev/null || true; }
   TORCH_LIBS=$("$PY" - <<'PYEOF'
 import glob, os, torch
 site = os.path.dirname(os.path.dirname(torch.__file__))
