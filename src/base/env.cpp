@@ -23,7 +23,7 @@ const std::vector<Variable>& table() {
        "beyond the most the process has had in use), so the gather/free cycle of each unit reuses warm "
        "pages instead of page-faulting fresh ones every step; 0: leave allocation as it is"},
       {"ACCEL_NODE_SHARED_PARAMS", "0",
-       "1: sharded CPU parameters (ZeRO-3, FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD) whose shard group sits on one "
+       "1: sharded CPU parameters (ZeRO-3, FULL_SHARD, HYBRID_SHARD) whose shard group sits on one "
        "node live in shared memory that every rank of the group maps, the ranks' shards side by side: together "
        "they are the full parameters, so the node holds them once, gathering them moves no bytes, and they stay "
        "readable between steps (barriers order the step's writes against the peers' reads; each rank's RSS "

@@ -345,7 +345,9 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
     throw std::runtime_error(
         !error.empty() ? error : fmt::format("load_model({}): another rank rejected the checkpoint", path_or_dir));
 
-  // Phase 2: each rank reads what it keeps.
+  // Phase 2: each rank reads what it keeps (node-shared parameters: once no peer reads them; a
+  // collective, so outside the try, whose failures end in any_failed on every rank).
+  engine.before_param_writes();
   try {
     c10::NoGradGuard no_grad;
     const auto& flats = engine.flats();
@@ -363,7 +365,6 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
       ++result.tensors;
     }
     engine.wait_host_copies();  // host masters: no copy to the device still reads them
-    engine.before_param_writes();
     ProgressBar bar(static_cast<std::int64_t>(flats.size()), "load_model",
                     options.progress && engine.world().rank() == 0);
     for (std::size_t fi = 0; fi < flats.size() && !engine.plan().passthrough; ++fi) {

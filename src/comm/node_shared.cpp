@@ -1,6 +1,7 @@
 // Communicator::node_shared_empty: one POSIX shared-memory object per call, created by the group's
-// rank 0, named to the others over the group's MPI control channel, mapped by all, unlinked at once
-// (the mappings keep it alive; nothing is left in /dev/shm, even when a rank dies).
+// rank 0, named to the others over the group's MPI control channel, mapped by all, unlinked as soon as
+// every rank has it mapped (the mappings keep it alive). Only a job killed in between leaves it in
+// /dev/shm, under /accel-ns-<pid of rank 0>-<n>.
 #include "comm/communicator.h"
 
 #include "base/log.h"

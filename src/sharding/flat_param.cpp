@@ -129,6 +129,14 @@ FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vect
   }
 }
 
+void FlatParam::make_private() {
+  if (!node_shared_) return;
+  at::Tensor copy = full_.clone();
+  c10::StorageImpl* mine = copy.storage().unsafeGetStorageImpl();
+  full_.storage().unsafeGetStorageImpl()->set_data_ptr_noswap(mine->set_data_ptr(c10::DataPtr(nullptr, mine->device())));
+  node_shared_ = false;
+}
+
 bool FlatParam::gathered() const { return storage_allocated(full_) || layout_.padded() == 0; }
 
 void FlatParam::alloc_full() {

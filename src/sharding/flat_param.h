@@ -65,6 +65,10 @@ class FlatParam {
   bool gathered() const;
   // full() lives in memory the shard group shares (Options::node_shared): nothing to gather or free.
   bool node_shared() const { return node_shared_; }
+  // Node-shared only (else a no-op): full() becomes this rank's own copy of the buffer's values now,
+  // and the parameters, shard() and every other view follow (they share its storage); the mapping
+  // goes once nothing views it. Not collective: the caller orders it after the peers' writes.
+  void make_private();
   // Gives full() storage again (contents undefined until filled, e.g. by an all-gather). No-op if gathered.
   void alloc_full();
   // Returns full()'s storage to the allocator (sharded only). The parameter views stay valid objects;

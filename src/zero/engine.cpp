@@ -6,6 +6,7 @@
 #include "zero/engine.h"
 
 #include "base/env.h"
+#include "base/log.h"
 #include "base/memory.h"
 #include "kernels/cpu_gemm.h"
 #include "sharding/sharded_init.h"
@@ -161,9 +162,14 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // node holds the parameters once and gathering moves nothing. Not for shards on disk (offload_param
   // nvme frees and reloads the shard) nor for fp8 all-gathers (they gather fp8 bytes on purpose). The
   // same answer on every rank: the flag is agreed below, and node_shared_empty answers alike.
-  bool want_node_shared = sharded_params && env::get_int("ACCEL_NODE_SHARED_PARAMS") != 0 &&
-                          !spec_.offload.param_on_disk() && !spec_.fp8_all_gather && !owned.empty() &&
-                          owned[0].param.is_cpu();
+  bool want_node_shared = false;
+  try {
+    want_node_shared = sharded_params && env::get_int("ACCEL_NODE_SHARED_PARAMS") != 0 &&
+                       !spec_.offload.param_on_disk() && !spec_.fp8_all_gather && !owned.empty() &&
+                       owned[0].param.is_cpu();
+  } catch (const std::exception& e) {  // a bad value on one rank must not leave the others in the all-reduce
+    log::warning(fmt::format("{}; parameters stay private to each rank", e.what()));
+  }
   if (sharded_params && shard_->size() > 1) {  // only if every rank of the group asks (each reads its own env)
     at::Tensor w = at::full({1}, want_node_shared ? 1 : 0, at::kInt);
     shard_->all_reduce(w, {comm::ReduceOp::Min});

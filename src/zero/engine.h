@@ -287,7 +287,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // params_from_masters' work; offloaded_done: the offloaded step already wrote its flats' values.
   void write_params(bool offloaded_done);
   void sync_node_shared();    // a barrier of the gather group, when any flat is node-shared
-  bool node_shared_ = false;  // some flat's full buffer is node-shared (then all sharded ones are)
+  bool node_shared_ = false;  // some flat's full buffer is node-shared (the same flats on every rank)
   bool in_backward_ = false;
   std::size_t finalize_count_ = 0;
 };

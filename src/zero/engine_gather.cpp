@@ -48,6 +48,19 @@ void Engine::wait_gather(std::size_t unit) {
 
 void Engine::unshard() {
   for (std::size_t u = 0; u < units_.size(); ++u) wait_gather(u);
+  // Node-shared parameters become each rank's own copy: the model may be trained or changed on after
+  // this (or after the engine is gone) without the ranks writing into one buffer. From here on their
+  // flats are persistent, all-gathered in place after each step, as private ones are below.
+  if (node_shared_) {
+    sync_node_shared();  // every peer's last writes are in
+    CategoryScope cat(Category::Gathered);
+    for (auto& f : flats_) {
+      if (!f.flat_param->node_shared()) continue;
+      f.flat_param->make_private();
+      f.persistent = true;
+    }
+    node_shared_ = false;
+  }
   std::vector<comm::WorkPtr> works;
   for (auto& f : flats_) {
     if (f.persistent || !f.flat_param->options().sharded) continue;

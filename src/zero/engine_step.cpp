@@ -116,7 +116,10 @@ void Engine::after_step() {
   close_step();
 }
 
-void Engine::params_from_masters() { write_params(/*offloaded_done=*/false); }
+void Engine::params_from_masters() {
+  sync_node_shared();  // (node-shared parameters: no peer still reads what this writes)
+  write_params(/*offloaded_done=*/false);
+}
 
 void Engine::write_params(bool offloaded_done) {
   if (plan_.passthrough) return;

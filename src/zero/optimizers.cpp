@@ -35,13 +35,23 @@ class Sharded final : public Opt {
         if (closure) {
           at::AutoGradMode grad(true);
           loss = closure();
+          engine_->before_param_writes();  // the closure's forward read the node-shared parameters
         }
         std::vector<OffloadRule> rules;
         for (const auto& g : this->param_groups())
           rules.push_back(rule_of(g.has_options() ? g.options() : this->defaults()));
         engine_->offloaded_step(rules);
       } else if (closure || !accel::optim::fused_step_as(*this, typeid(Opt))) {  // (Opt's own arithmetic)
-        loss = Opt::step(std::move(closure));
+        // torch's optimizers call the closure before they write: with node-shared parameters no rank
+        // may write its shard while a peer's closure still runs forward over it.
+        optim::Optimizer::LossClosure after = closure;
+        if (closure)
+          after = [this, closure] {
+            at::Tensor l = closure();
+            engine_->before_param_writes();
+            return l;
+          };
+        loss = Opt::step(std::move(after));
       }
     }
     engine_->after_step();

@@ -89,7 +89,12 @@ TEST_P(NodeSharedEngine, TrainsToTheSameBitsWithoutGathering) {
   auto world = test::world();
   const int N = world->size(), r = world->rank();
   const std::string strategy = GetParam();
-  const zero::ShardingSpec spec = strategy == "ZeRO3" ? zero::ShardingSpec::zero(3) : zero::ShardingSpec::fsdp(strategy);
+  zero::ShardingSpec spec = strategy == "FULL_SHARD" ? zero::ShardingSpec::fsdp("FULL_SHARD") : zero::ShardingSpec::zero(3);
+  if (strategy == "ZeRO3_bf16") {  // bf16 parameters, fp32 masters: the step copies each master into the shared shard
+    spec.param_dtype = at::kBFloat16;
+    spec.master_dtype = at::kFloat;
+  }
+  if (strategy == "ZeRO3_kept") spec.reshard_after_forward = false;
   Training priv = make_run(spec, false), shared = make_run(spec, true);
   zero::Engine& pe = *priv.prepared.engine;
   zero::Engine& se = *shared.prepared.engine;
@@ -110,8 +115,7 @@ TEST_P(NodeSharedEngine, TrainsToTheSameBitsWithoutGathering) {
   EXPECT_EQ(se.node_shared_bytes(), expect_shared ? padded_bytes : 0);
 
   const int64_t G = 12, local = G / N;
-  se.gather_group()->reset_counters();
-  for (int step = 0; step < 4; ++step) {
+  auto train = [&](int step) {
     auto [x, y] = make_batch(ModelKind::GPT, at::kFloat, step, 0);
     at::Tensor xl = x.narrow(0, r * local, local), yl = y.narrow(0, r * local, local);
     at::Tensor lp = priv.model.loss(xl, yl), ls = shared.model.loss(xl, yl);
@@ -123,9 +127,16 @@ TEST_P(NodeSharedEngine, TrainsToTheSameBitsWithoutGathering) {
     shared.prepared.optimizer->step();
     priv.prepared.optimizer->zero_grad();
     shared.prepared.optimizer->zero_grad();
-  }
+  };
+  se.gather_group()->reset_counters();
+  const int steps = 4;
+  for (int step = 0; step < steps; ++step) train(step);
   const comm::Counters c = se.gather_group()->counters();
-  if (expect_shared) EXPECT_EQ(c[comm::Collective::AllGather].bytes_received, 0u) << "nothing gathered";
+  if (expect_shared) {
+    EXPECT_EQ(c[comm::Collective::AllGather].bytes_received, 0u) << "nothing gathered";
+    // What orders the writes: a barrier as the step begins and one after its writes, nothing else.
+    EXPECT_EQ(c[comm::Collective::Barrier].calls, 2u * steps);
+  }
   for (std::size_t i = 0; i < pe.flats().size(); ++i) {
     const auto& a = *pe.flats()[i].flat_param;
     const auto& b = *se.flats()[i].flat_param;
@@ -145,10 +156,22 @@ TEST_P(NodeSharedEngine, TrainsToTheSameBitsWithoutGathering) {
             << name;
       }
   }
-  world->barrier();  // the shared buffers outlive every peer's last read
+  // unshard(): each rank's own copy from then on; training goes on alike, and a write stays local.
+  pe.unshard();
+  se.unshard();
+  EXPECT_FALSE(se.node_shared());
+  for (const auto& f : se.flats()) EXPECT_FALSE(f.flat_param->node_shared()) << f.flat_param->name();
+  train(steps);
+  world->barrier();
+  const sharding::FlatParam& first = *se.flats().back().flat_param;
+  const at::Tensor before = first.full().clone();
+  world->barrier();
+  if (r == 0) first.full().add_(1.0);
+  world->barrier();
+  if (r != 0) EXPECT_TRUE(at::equal(first.full(), before)) << "rank 0's write reached rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, NodeSharedEngine, ::testing::Values("ZeRO3", "FULL_SHARD", "SHARD_GRAD_OP"),
+INSTANTIATE_TEST_SUITE_P(Strategies, NodeSharedEngine, ::testing::Values("ZeRO3", "ZeRO3_kept", "ZeRO3_bf16", "FULL_SHARD"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
