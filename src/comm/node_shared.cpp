@@ -82,7 +82,8 @@ at::Tensor Communicator::node_shared_empty(std::int64_t numel, c10::ScalarType d
   if (rank_ == 0) shm_unlink(hello.name);
   if (std::find(oks.begin(), oks.end(), 0) != oks.end()) {
     if (base != MAP_FAILED) munmap(base, bytes);
-    log::warning(fmt::format("node-shared memory unavailable (a rank could not map {}); keeping private copies", hello.name));
+    log::warning(
+        fmt::format("node-shared memory unavailable (a rank could not map {}); keeping private copies", hello.name));
     return {};
   }
   return at::from_blob(

@@ -133,7 +133,8 @@ void FlatParam::make_private() {
   if (!node_shared_) return;
   at::Tensor copy = full_.clone();
   c10::StorageImpl* mine = copy.storage().unsafeGetStorageImpl();
-  full_.storage().unsafeGetStorageImpl()->set_data_ptr_noswap(mine->set_data_ptr(c10::DataPtr(nullptr, mine->device())));
+  full_.storage().unsafeGetStorageImpl()->set_data_ptr_noswap(
+      mine->set_data_ptr(c10::DataPtr(nullptr, mine->device())));
   node_shared_ = false;
 }
 

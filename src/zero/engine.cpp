@@ -170,7 +170,9 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   } catch (const std::exception& e) {  // a bad value on one rank must not leave the others in the all-reduce
     log::warning(fmt::format("{}; parameters stay private to each rank", e.what()));
   }
-  if (sharded_params && shard_->size() > 1) {  // only if every rank of the group asks (each reads its own env)
+  // Only if every rank of the group asks (each reads its own env); CPU models only (the same device on
+  // every rank), so a CUDA engine issues no extra collective.
+  if (sharded_params && shard_->size() > 1 && !owned.empty() && owned[0].param.is_cpu()) {
     at::Tensor w = at::full({1}, want_node_shared ? 1 : 0, at::kInt);
     shard_->all_reduce(w, {comm::ReduceOp::Min});
     want_node_shared = w.item<int>() != 0;

@@ -34,9 +34,7 @@ class NodeSharedEnv {
   std::string old_;
 };
 
-bool shares_memory(comm::Communicator& c) {
-  return c.size() > 1 && std::string(c.backend_name(at::Tensor())) == "shm";
-}
+bool shares_memory(comm::Communicator& c) { return c.size() > 1 && std::string(c.backend_name(at::Tensor())) == "shm"; }
 
 TEST(NodeSharedMemory, OneBufferThatEveryRankWritesAndReads) {
   auto world = test::world();
@@ -89,7 +87,8 @@ TEST_P(NodeSharedEngine, TrainsToTheSameBitsWithoutGathering) {
   auto world = test::world();
   const int N = world->size(), r = world->rank();
   const std::string strategy = GetParam();
-  zero::ShardingSpec spec = strategy == "FULL_SHARD" ? zero::ShardingSpec::fsdp("FULL_SHARD") : zero::ShardingSpec::zero(3);
+  zero::ShardingSpec spec =
+      strategy == "FULL_SHARD" ? zero::ShardingSpec::fsdp("FULL_SHARD") : zero::ShardingSpec::zero(3);
   if (strategy == "ZeRO3_bf16") {  // bf16 parameters, fp32 masters: the step copies each master into the shared shard
     spec.param_dtype = at::kBFloat16;
     spec.master_dtype = at::kFloat;
@@ -119,8 +118,8 @@ TEST_P(NodeSharedEngine, TrainsToTheSameBitsWithoutGathering) {
     auto [x, y] = make_batch(ModelKind::GPT, at::kFloat, step, 0);
     at::Tensor xl = x.narrow(0, r * local, local), yl = y.narrow(0, r * local, local);
     at::Tensor lp = priv.model.loss(xl, yl), ls = shared.model.loss(xl, yl);
-    EXPECT_TRUE(at::equal(lp.detach(), ls.detach())) << "step " << step << ": " << lp.item<double>() << " against "
-                                                     << ls.item<double>();
+    EXPECT_TRUE(at::equal(lp.detach(), ls.detach()))
+        << "step " << step << ": " << lp.item<double>() << " against " << ls.item<double>();
     pe.backward(lp);
     se.backward(ls);
     priv.prepared.optimizer->step();
@@ -171,7 +170,8 @@ TEST_P(NodeSharedEngine, TrainsToTheSameBitsWithoutGathering) {
   if (r != 0) EXPECT_TRUE(at::equal(first.full(), before)) << "rank 0's write reached rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, NodeSharedEngine, ::testing::Values("ZeRO3", "ZeRO3_kept", "ZeRO3_bf16", "FULL_SHARD"),
+INSTANTIATE_TEST_SUITE_P(Strategies, NodeSharedEngine,
+                         ::testing::Values("ZeRO3", "ZeRO3_kept", "ZeRO3_bf16", "FULL_SHARD"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
