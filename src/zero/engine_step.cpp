@@ -141,7 +141,13 @@ void Engine::write_params(bool offloaded_done) {
     // from the updated shards; sharded units are gathered again by their next forward.
     // (A persistent flat keeps its own shard buffer whenever parameters are sharded, on one rank too:
     // parameters offloaded to disk shard a world of one.)
-    if (f.group < 0) continue;
+    if (f.group < 0) {
+      // A frozen flat the root unit keeps gathered: a loaded checkpoint (params_from_masters) wrote its
+      // shard only. (The step never writes it.)
+      if (!offloaded_done && f.persistent && f.flat_param->options().sharded && !f.flat_param->node_shared())
+        works.push_back(gather_->all_gather_async(f.flat_param->shard(), f.flat_param->full()));
+      continue;
+    }
     if (!f.flat_param->options().sharded) {
       if (!plan_.state_split) continue;
       auto [b, e] = f.flat_param->layout().shard_range(f.flat_param->options().rank);

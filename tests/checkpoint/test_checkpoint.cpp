@@ -180,6 +180,46 @@ TEST(Checkpoint, EveryOptimizersStateRoundTripsUnderEveryStrategy) {
   }
 }
 
+// A frozen parameter in the root unit, which ZeRO-3 and FULL_SHARD keep gathered from step to step:
+// load_state gives it the checkpoint's values where the forward reads them, not only in its shard.
+TEST(Checkpoint, FrozenRootParametersTakeTheCheckpointsValues) {
+  const std::string dir = scratch("frozen_root");
+  const at::Tensor x = at::sin(at::arange(18, at::kDouble) * 0.7).view({3, 6});
+  for (const auto& [sname, yaml] : strategies()) {
+    SCOPED_TRACE(sname);
+    auto run = [&](bool perturb) {
+      auto acc = std::make_unique<Accelerator>(with_config(write_config(dir, sname, yaml)));
+      auto net = make_net();
+      c10::NoGradGuard ng;
+      if (perturb) net->in->weight.fill_(0.25);  // not the checkpoint's values
+      net->in->weight.set_requires_grad(false);
+      return std::make_pair(std::move(acc), net);
+    };
+    std::string ckpt;
+    std::map<std::string, at::Tensor> want;
+    at::Tensor out_want;
+    {
+      auto [acc, net] = run(false);
+      torch::optim::Adam inner(net->parameters(), torch::optim::AdamOptions(0.01));
+      auto opt = acc->prepare(net, inner);
+      train(*acc, *net, *opt, 0, 2);
+      ckpt = acc->save_state(dir + "/" + sname);
+      want = weights(*acc);
+      c10::NoGradGuard ng;
+      out_want = net->forward(x);
+    }
+    auto [acc, net] = run(true);
+    torch::optim::Adam inner(net->parameters(), torch::optim::AdamOptions(0.01));
+    auto opt = acc->prepare(net, inner);
+    acc->load_state(ckpt);
+    const auto got = weights(*acc);
+    if (acc->is_main_process()) expect_same(want, got);
+    c10::NoGradGuard ng;
+    const at::Tensor out = net->forward(x);
+    EXPECT_TRUE(at::equal(out, out_want)) << "max |d| " << (out - out_want).abs().max().item<double>();
+  }
+}
+
 TEST(Checkpoint, AFailedLoadChangesNothing) {
   const std::string dir = scratch("failed_load");
   Accelerator acc(with_config(write_config(dir, "zero3", strategies()[2].second)));
