@@ -162,17 +162,16 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // node holds the parameters once and gathering moves nothing. Not for shards on disk (offload_param
   // nvme frees and reloads the shard) nor for fp8 all-gathers (they gather fp8 bytes on purpose). The
   // same answer on every rank: the flag is agreed below, and node_shared_empty answers alike.
+  const bool cpu_model = !owned.empty() && owned[0].param.is_cpu();  // (the same device on every rank)
   bool want_node_shared = false;
   try {
-    want_node_shared = sharded_params && env::get_int("ACCEL_NODE_SHARED_PARAMS") != 0 &&
-                       !spec_.offload.param_on_disk() && !spec_.fp8_all_gather && !owned.empty() &&
-                       owned[0].param.is_cpu();
+    want_node_shared = sharded_params && cpu_model && env::get_int("ACCEL_NODE_SHARED_PARAMS") != 0 &&
+                       !spec_.offload.param_on_disk() && !spec_.fp8_all_gather;
   } catch (const std::exception& e) {  // a bad value on one rank must not leave the others in the all-reduce
     log::warning(fmt::format("{}; parameters stay private to each rank", e.what()));
   }
-  // Only if every rank of the group asks (each reads its own env); CPU models only (the same device on
-  // every rank), so a CUDA engine issues no extra collective.
-  if (sharded_params && shard_->size() > 1 && !owned.empty() && owned[0].param.is_cpu()) {
+  // Only if every rank of the group asks (each reads its own env); a CUDA engine issues no extra collective.
+  if (sharded_params && cpu_model && shard_->size() > 1) {
     at::Tensor w = at::full({1}, want_node_shared ? 1 : 0, at::kInt);
     shard_->all_reduce(w, {comm::ReduceOp::Min});
     want_node_shared = w.item<int>() != 0;
@@ -231,7 +230,6 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     f.unit = static_cast<int>(unit);
     f.group = group;
     f.persistent = sharded_params && unit == 0;
-    node_shared_ = node_shared_ || f.flat_param->node_shared();
     f.fired.assign(f.flat_param->params().size(), 0);
     f.touched.assign(f.flat_param->params().size(), 0);
     for (const auto& p : f.flat_param->params()) f.need += p.requires_grad() ? 1 : 0;

@@ -200,7 +200,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // checkpoint): with node-shared parameters, no peer may still be reading them. No-op otherwise.
   void before_param_writes();
   // Whether sharded parameters live in memory their shard group shares (FlatParam::node_shared).
-  bool node_shared() const { return node_shared_; }
+  bool node_shared() const;
   // The node-shared full buffers' bytes: the node holds them once, and each rank maps (and its RSS
   // counts) all of them. accel's allocator counts none of them (memory::snapshot).
   std::int64_t node_shared_bytes() const;
@@ -286,8 +286,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void fetch_params_ahead(std::size_t unit);
   // params_from_masters' work; offloaded_done: the offloaded step already wrote its flats' values.
   void write_params(bool offloaded_done);
-  void sync_node_shared();    // a barrier of the gather group, when any flat is node-shared
-  bool node_shared_ = false;  // some flat's full buffer is node-shared (the same flats on every rank)
+  void sync_node_shared();  // a barrier of the gather group, when any flat is node-shared
   bool in_backward_ = false;
   std::size_t finalize_count_ = 0;
 };

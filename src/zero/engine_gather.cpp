@@ -51,7 +51,7 @@ void Engine::unshard() {
   // Node-shared parameters become each rank's own copy: the model may be trained or changed on after
   // this (or after the engine is gone) without the ranks writing into one buffer. From here on their
   // flats are persistent, all-gathered in place after each step, as private ones are below.
-  if (node_shared_) {
+  if (node_shared()) {
     sync_node_shared();  // every peer's last writes are in
     CategoryScope cat(Category::Gathered);
     for (auto& f : flats_) {
@@ -59,7 +59,6 @@ void Engine::unshard() {
       f.flat_param->make_private();
       f.persistent = true;
     }
-    node_shared_ = false;
   }
   std::vector<comm::WorkPtr> works;
   for (auto& f : flats_) {
@@ -98,6 +97,12 @@ at::Tensor Engine::whole_values(const Flat& f, Source source) const {
     return out;
   }
   return whole(f, f.flat_param->shard());
+}
+
+bool Engine::node_shared() const {
+  for (const auto& f : flats_)
+    if (f.flat_param->node_shared()) return true;
+  return false;
 }
 
 std::int64_t Engine::node_shared_bytes() const {

@@ -100,7 +100,7 @@ void Engine::before_step() {
 }
 
 void Engine::sync_node_shared() {
-  if (node_shared_) gather_->barrier();
+  if (node_shared()) gather_->barrier();
 }
 
 void Engine::before_param_writes() { sync_node_shared(); }
@@ -141,15 +141,11 @@ void Engine::write_params(bool offloaded_done) {
     // from the updated shards; sharded units are gathered again by their next forward.
     // (A persistent flat keeps its own shard buffer whenever parameters are sharded, on one rank too:
     // parameters offloaded to disk shard a world of one.)
-    if (f.group < 0) {
-      // A frozen flat the root unit keeps gathered: a loaded checkpoint (params_from_masters) wrote its
-      // shard only. (The step never writes it.)
-      if (!offloaded_done && f.persistent && f.flat_param->options().sharded && !f.flat_param->node_shared())
-        works.push_back(gather_->all_gather_async(f.flat_param->shard(), f.flat_param->full()));
-      continue;
-    }
+    // Frozen flats: the step never writes them, a loaded checkpoint (params_from_masters) only into the
+    // shard of a sharded one, which the root unit's keeps gathered.
+    if (f.group < 0 && offloaded_done) continue;
     if (!f.flat_param->options().sharded) {
-      if (!plan_.state_split) continue;
+      if (f.group < 0 || !plan_.state_split) continue;
       auto [b, e] = f.flat_param->layout().shard_range(f.flat_param->options().rank);
       works.push_back(gather_->all_gather_async(f.flat_param->full().narrow(0, b, e - b), f.flat_param->full()));
     } else if (f.persistent && !f.flat_param->node_shared()) {

@@ -5,6 +5,7 @@
 // nn::Linear on both paths, ACCEL_CPU_GEMM's parsing, and auto's rule against /proc/cpuinfo.
 #include "kernels/cpu_gemm.h"
 #include "support/compare.h"
+#include "support/scoped_env.h"
 
 #include <ATen/ATen.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
@@ -28,6 +29,7 @@ namespace cg = accel::cpu_gemm;
 // rel_err (support/compare.h): float32 products of these sizes land near 1e-7-1e-6; a bf16 or tf32
 // down-conversion would show as ~1e-3.
 using accel::test::rel_err;
+using accel::test::ScopedEnv;
 
 bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
@@ -197,21 +199,18 @@ TEST_F(CpuGemm, LinearForwardAndBackwardAgreeAcrossPaths) {
 
 TEST(CpuGemmEnv, ParsesAndRefuses) {
   auto with = [](const char* v) {
-    setenv("ACCEL_CPU_GEMM", v, 1);
-    Path p = cg::from_env();
-    unsetenv("ACCEL_CPU_GEMM");
-    return p;
+    ScopedEnv env("ACCEL_CPU_GEMM", v);
+    return cg::from_env();
   };
   EXPECT_EQ(with("libtorch"), Path::libtorch);
   EXPECT_EQ(with("onednn"), cg::onednn_available() ? Path::onednn : Path::libtorch);
-  setenv("ACCEL_CPU_GEMM", "mkl", 1);
+  ScopedEnv env("ACCEL_CPU_GEMM", "mkl");
   try {
     cg::from_env();
     ADD_FAILURE() << "ACCEL_CPU_GEMM=mkl accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("ACCEL_CPU_GEMM=mkl"), std::string::npos) << e.what();
   }
-  unsetenv("ACCEL_CPU_GEMM");
 }
 
 // auto's rule, read independently from /proc/cpuinfo: oneDNN on a CPU with AVX-512F whose vendor is not Intel.
@@ -230,7 +229,7 @@ TEST(CpuGemmEnv, AutoFollowsTheCpu) {
   }
   const bool expect = cg::onednn_available() && avx512f && vendor != "GenuineIntel";
   EXPECT_EQ(cg::onednn_beneficial(), expect) << "vendor " << vendor << ", avx512f " << avx512f;
-  unsetenv("ACCEL_CPU_GEMM");
+  ScopedEnv env("ACCEL_CPU_GEMM", std::nullopt);
   EXPECT_EQ(cg::from_env(), expect ? Path::onednn : Path::libtorch);
   const std::string said = cg::describe(cg::from_env());
   EXPECT_EQ(said.rfind(expect ? "onednn (ACCEL_CPU_GEMM=auto; " : "libtorch (ACCEL_CPU_GEMM=auto; ", 0), 0u) << said;

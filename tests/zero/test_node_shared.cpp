@@ -3,36 +3,14 @@
 // (Communicator::node_shared_empty), then training against the same training with private shards:
 // the same bits, no all-gather traffic, and full parameters readable between steps.
 #include "support/harness.h"
+#include "support/scoped_env.h"
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <string>
 
 namespace accel::test {
 namespace {
-
-// ACCEL_NODE_SHARED_PARAMS for the scope (every rank sets it alike; the engine reads it when built).
-class NodeSharedEnv {
- public:
-  explicit NodeSharedEnv(bool on) {
-    const char* v = std::getenv(kVar);
-    had_ = v != nullptr;
-    if (had_) old_ = v;
-    setenv(kVar, on ? "1" : "0", 1);
-  }
-  ~NodeSharedEnv() {
-    if (had_)
-      setenv(kVar, old_.c_str(), 1);
-    else
-      unsetenv(kVar);
-  }
-
- private:
-  static constexpr const char* kVar = "ACCEL_NODE_SHARED_PARAMS";
-  bool had_ = false;
-  std::string old_;
-};
 
 bool shares_memory(comm::Communicator& c) { return c.size() > 1 && std::string(c.backend_name(at::Tensor())) == "shm"; }
 
@@ -73,7 +51,7 @@ struct Training {
 };
 
 Training make_run(const zero::ShardingSpec& spec, bool node_shared) {
-  NodeSharedEnv env(node_shared);
+  ScopedEnv env("ACCEL_NODE_SHARED_PARAMS", node_shared ? "1" : "0");  // the engine reads it when built
   Training run;
   run.model = make_model(ModelKind::GPT, at::kFloat);
   run.user_opt = make_optimizer(OptKind::AdamW, *run.model.module);
