@@ -23,9 +23,17 @@
 # --device auto (the default) picks CUDA when present, as step_bench does; each rank takes
 # cuda:LOCAL_RANK. Intra-op threads: OMP_NUM_THREADS when set (accel launch sets each rank's share),
 # else the machine's cores over the ranks on it, as step_bench does.
+# --precision bf16 is step_bench --precision bf16's twin: the model computes in bf16 and AdamW steps fp32
+# masters. plain keeps the masters by hand (bf16 gradients copied into fp32 ones, the step, the bf16
+# parameters copied back: DeepSpeed's bf16 recipe); FSDP2 and FSDP2_NO_RESHARD use
+# MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32). DDP has no such recipe (autocast over fp32
+# parameters is another computation) and refuses it. The loss is computed in fp32, as step_bench does.
+# --profile: after the timed steps, 3 more under torch.profiler; rank 0 prints the top ops by device
+# time (CPU time on the CPU) on stderr, and the share of the step the device was busy.
 # Output: one table row like step_bench's (strategy, precision, ranks, step ms, peak RSS MiB), or with
 # --json one line {"strategy", "ranks", "step_ms", "params", ...}.
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -112,6 +120,30 @@ def rendezvous():
     return rank, world, local_rank, local_world, None
 
 
+def profile(step, use_cuda, distributed, rank, step_ms, steps=3):
+    """steps more steps under torch.profiler; rank 0 prints the top ops by device (or CPU) time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
+    with torch_profile(activities=acts) as prof:
+        for _ in range(steps):
+            if distributed:
+                dist.barrier()
+            step()
+        if use_cuda:
+            torch.cuda.synchronize()
+    if rank != 0:
+        return
+    avgs = prof.key_averages()
+    key = "self_device_time_total" if use_cuda else "self_cpu_time_total"
+    print(avgs.table(sort_by=key, row_limit=30), file=sys.stderr)
+    busy_ms = sum(getattr(e, key, 0) for e in avgs) / 1e3 / steps
+    where = "device" if use_cuda else "CPU (all threads' ops, self time)"
+    print(f"profile: {busy_ms:.1f} ms of {where} time per step against a {step_ms:.1f} ms step "
+          f"({100 * busy_ms / step_ms:.0f}%)", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--strategy", default="DDP", choices=["plain", "DDP", "FSDP2", "FSDP2_NO_RESHARD"])
@@ -127,7 +159,12 @@ def main():
     ap.add_argument("--backend", default=None, help="gloo (CPU default) or nccl (CUDA default)")
     ap.add_argument("--show-loss", action="store_true", help="rank 0's loss of every step on stderr")
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table row")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--profile", action="store_true", help="3 more steps under torch.profiler (see above)")
     a = ap.parse_args()
+    bf16 = a.precision == "bf16"
+    if bf16 and a.strategy == "DDP":
+        sys.exit("torch_anchor: --precision bf16 runs with plain, FSDP2 or FSDP2_NO_RESHARD (DDP has no fp32 masters)")
 
     rank, world, local_rank, local_world, init_method = rendezvous()
     if a.strategy == "plain" and world != 1:
@@ -158,11 +195,36 @@ def main():
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh(device.type, (world,))
-        reshard = a.strategy == "FSDP2"
+        kw = {"mesh": mesh, "reshard_after_forward": a.strategy == "FSDP2"}
+        if bf16:
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for b in model.blocks:
-            fully_shard(b, mesh=mesh, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            fully_shard(b, **kw)
+        fully_shard(model, **kw)
+    masters = None
+    if bf16 and a.strategy == "plain":  # fp32 masters by hand; the model computes in bf16
+        masters = [p.detach().clone() for p in model.parameters()]
+        for m in masters:
+            m.grad = torch.zeros_like(m)
+        model.to(torch.bfloat16)
+    opt = torch.optim.AdamW(masters if masters is not None else model.parameters(), lr=1e-4)
+
+    def step():
+        logits = model(x)
+        loss = lm_loss(logits.float() if bf16 else logits, y)
+        loss.backward()
+        if masters is not None:
+            bf = [p for p in model.parameters()]
+            torch._foreach_copy_([m.grad for m in masters], [p.grad for p in bf])
+            opt.step()
+            torch._foreach_copy_([p.data for p in bf], masters)
+            model.zero_grad()
+        else:
+            opt.step()
+            opt.zero_grad()
+        return loss
 
     torch.manual_seed(100 + rank)
     x = torch.randint(a.vocab, (a.batch, a.seq)).to(device)
@@ -174,10 +236,7 @@ def main():
         if use_cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = lm_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        loss = step()
         if use_cuda:
             torch.cuda.synchronize()
         t = time.perf_counter() - t0
@@ -190,6 +249,8 @@ def main():
                 t = tt.item()
             times.append(t)
     step_ms = statistics.median_high(times) * 1e3  # step_bench's median: v[n / 2] of the sorted times
+    if a.profile:
+        profile(step, use_cuda, distributed, rank, step_ms)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
     if distributed:
         r = torch.tensor([rss], dtype=torch.float64, device=device)
@@ -198,12 +259,12 @@ def main():
     if rank == 0:
         name = "torch " + a.strategy
         if a.json:
-            print(json.dumps({"strategy": name, "precision": "fp32", "ranks": world, "device": device.type,
+            print(json.dumps({"strategy": name, "precision": a.precision, "ranks": world, "device": device.type,
                               "params": params, "vocab": a.vocab, "d_model": a.d, "heads": a.heads,
                               "layers": a.layers, "seq": a.seq, "batch": a.batch, "threads": torch.get_num_threads(),
                               "step_ms": round(step_ms, 1), "peak_rss": round(rss)}))
         else:
-            print(f"| {name:<22} | fp32      | {world} | {step_ms:>8.1f} | peak RSS {rss / 1048576:.1f} MiB |")
+            print(f"| {name:<22} | {a.precision:<9} | {world} | {step_ms:>8.1f} | peak RSS {rss / 1048576:.1f} MiB |")
     if distributed:
         # Leave without tearing gloo down: DDP's reducer and gloo's threads at interpreter exit end in
         # "terminate called without an active exception" (SIGABRT) here, after the work is done.

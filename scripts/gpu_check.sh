@@ -7,7 +7,9 @@
 #      bf16 Linear), at 1 rank, and at 2 ranks where mpirun runs (two GPUs: NCCL across them; one GPU:
 #      the Accelerator must refuse two ranks on one device);
 #   3. step_bench on the GPU (every strategy in fp32, then fp32/bf16/fp16/fp8 interleaved, then a wider
-#      GPT in bf16) and, where benchmarks/torch_anchor.py exists, PyTorch on the same GPU and model.
+#      GPT in bf16) and, where benchmarks/torch_anchor.py exists, PyTorch on the same GPU and model
+#      (fp32, and the wide GPT in bf16 with fp32 masters), then PyTorch's wide bf16 step under
+#      torch.profiler: its top kernels and the share of the step the GPU was busy.
 # Usage:
 #   bash scripts/gpu_check.sh                 build, then run everything (needs what setup.sh needs)
 #   bash scripts/gpu_check.sh --no-build      use the binaries in $ACCEL_BIN (default build/bin)
@@ -138,6 +140,16 @@ if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
       done
     done
   done
+  # bf16 on the wide GPT: accel's DDP at 1 rank (bf16 parameters, fp32 masters) against PyTorch's model in
+  # bf16 with fp32 masters kept by hand, and FULL_SHARD against FSDP2 with MixedPrecisionPolicy.
+  for i in 1 2 3; do
+    for pair in DDP:plain FULL_SHARD:FSDP2; do
+      step "vs_torch_bf16_${pair%%:*}_accel_$i" "$BIN/step_bench" --device cuda --strategy "${pair%%:*}" --precision bf16 --steps 10 --warmup 3 "${WIDE[@]}"
+      step "vs_torch_bf16_${pair%%:*}_torch_$i" "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy "${pair##*:}" --precision bf16 --steps 10 --warmup 3 "${WIDE[@]}"
+    done
+  done
+  # Where a bf16 step's device time goes (PyTorch's twin of the wide GPT; its top kernels on stderr).
+  step profile_torch_wide_bf16 "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy plain --precision bf16 --steps 5 --warmup 3 --profile "${WIDE[@]}"
 fi
 
 # The step time of a table row (| strategy | precision | ranks | step ms | ...), median over runs.
@@ -151,6 +163,13 @@ if ls "$OUTDIR"/vs_torch_* >/dev/null 2>&1; then
       [ -n "$a" ] && [ -n "$t" ] && printf '| %s | %s | %s | %s | %.2f |\n' "$model" "$s" "$a" "$t" "$(awk -v a="$a" -v t="$t" 'BEGIN {print a / t}')"
     done
   done
+  printf '\n== accel / PyTorch, wide GPT in bf16 with fp32 masters (1 rank, median of 3 alternating runs each)\n'
+  printf '| accel | PyTorch | accel ms | PyTorch ms | ratio |\n|---|---|---:|---:|---:|\n'
+  for pair in DDP:plain FULL_SHARD:FSDP2; do
+    a=$(median_ms "$OUTDIR"/vs_torch_bf16_${pair%%:*}_accel_*.log); t=$(median_ms "$OUTDIR"/vs_torch_bf16_${pair%%:*}_torch_*.log)
+    [ -n "$a" ] && [ -n "$t" ] && printf '| %s | %s | %s | %s | %.2f |\n' "${pair%%:*}" "${pair##*:}" "$a" "$t" "$(awk -v a="$a" -v t="$t" 'BEGIN {print a / t}')"
+  done
+  grep -h '^profile:' "$OUTDIR"/profile_torch_wide_bf16.log 2>/dev/null
 fi
 
 printf '\n== summary (logs in %s)\n' "$OUTDIR"
