@@ -138,7 +138,12 @@ def profile(step, use_cuda, distributed, rank, step_ms, steps=3):
     avgs = prof.key_averages()
     key = "self_device_time_total" if use_cuda else "self_cpu_time_total"
     print(avgs.table(sort_by=key, row_limit=30), file=sys.stderr)
-    busy_ms = sum(getattr(e, key, 0) for e in avgs) / 1e3 / steps
+    # The device's busy time is its kernels' and copies' own rows (an op's row repeats its kernels' time).
+    if use_cuda:
+        busy_us = sum(e.self_device_time_total for e in avgs if e.device_type == torch.autograd.DeviceType.CUDA)
+    else:
+        busy_us = sum(e.self_cpu_time_total for e in avgs)
+    busy_ms = busy_us / 1e3 / steps
     where = "device" if use_cuda else "CPU (all threads' ops, self time)"
     print(f"profile: {busy_ms:.1f} ms of {where} time per step against a {step_ms:.1f} ms step "
           f"({100 * busy_ms / step_ms:.0f}%)", file=sys.stderr)
