@@ -6,6 +6,9 @@
 // Communicator), `mpi` (Open MPI's blocking MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather
 // called directly) and `mpi_nb` (MPI_Iallreduce, ... then MPI_Wait). benchmarks/gloo_bench.py prints
 // torch.distributed gloo's rows in the same format; benchmarks/run_comm_bench.sh tabulates them all.
+// `accel_ns` (reduce_scatter only, not in the default list) is accel with its input in node-shared
+// memory (Communicator::node_shared_empty), which the shm transport's peers read in place: ZeRO-2/3's
+// gradient buffers on one node.
 // Then one overlap figure: the time of a compute loop alone, with a large async all_reduce in
 // flight, and the two in sequence.
 //
@@ -49,7 +52,7 @@ void mpi_check(int rc, const char* what) {
 // One call of `op` by implementation `impl` ("accel", "mpi", "mpi_nb") on the tensors.
 void call_once(Communicator& c, MPI_Comm mc, const std::string& impl, const std::string& op, at::Tensor& big,
                at::Tensor& small) {
-  if (impl == "accel") {
+  if (impl == "accel" || impl == "accel_ns") {
     if (op == "all_reduce")
       c.all_reduce(big);
     else if (op == "reduce_scatter")
@@ -86,6 +89,11 @@ Row measure(Communicator& c, MPI_Comm mc, const std::string& impl, const std::st
   if (op != "all_reduce") count = count / n * n;  // divisible into n shards
   const int64_t shard = count / n;
   at::Tensor big = at::ones({count}, dtype), small = at::ones({shard}, dtype);
+  if (impl == "accel_ns") {
+    big = c.node_shared_empty(count, dtype);
+    if (!big.defined()) return {0, 0, 0};  // (the same on every rank) no shared memory: no row
+    big.fill_(1);
+  }
   for (int i = 0; i < warmup; ++i) call_once(c, mc, impl, op, big, small);
   c.barrier();
   auto t0 = Clock::now();
@@ -122,7 +130,7 @@ int main(int argc, char** argv) {
   app.add_option("--ops", ops, "collectives to measure")
       ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather"}));
   app.add_option("--impls", impls, "implementations to measure, each size in turn")
-      ->check(CLI::IsMember({"accel", "mpi", "mpi_nb"}));
+      ->check(CLI::IsMember({"accel", "accel_ns", "mpi", "mpi_nb"}));
   CLI11_PARSE(app, argc, argv);
   const at::ScalarType dtype = dtype_name == "float32"    ? at::kFloat
                                : dtype_name == "bfloat16" ? at::kBFloat16
@@ -139,7 +147,8 @@ int main(int argc, char** argv) {
   if (mpi_rows) {
     MPI_Comm_dup(MPI_COMM_WORLD, &mc);
   } else {
-    impls.erase(std::remove_if(impls.begin(), impls.end(), [](const auto& i) { return i != "accel"; }), impls.end());
+    impls.erase(std::remove_if(impls.begin(), impls.end(), [](const auto& i) { return i.rfind("accel", 0) != 0; }),
+                impls.end());
     if (root)
       fmt::print("# (no Open MPI rows: {})\n", level != MPI_THREAD_MULTIPLE ? "no MPI_THREAD_MULTIPLE" : "dtype");
   }
@@ -155,11 +164,12 @@ int main(int argc, char** argv) {
     }
     for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
       for (const auto& impl : impls) {
+        if (impl == "accel_ns" && op != "reduce_scatter") continue;
         // iterations from a one-call probe, so each size takes about `budget` seconds
         Row probe = measure(*world, mc, impl, op, bytes, dtype, 1, 1);
         int iters = static_cast<int>(std::clamp(budget / (probe.us * 1e-6), 1.0, static_cast<double>(max_iters)));
         Row r = measure(*world, mc, impl, op, bytes, dtype, warmup, iters);
-        if (root)
+        if (root && r.us > 0)
           fmt::print("  {:<8} {:>12} {:>12} {:>6} {:>12.1f} {:>10.3f} {:>10.3f}\n", impl, bytes,
                      bytes / at::elementSize(dtype), iters, r.us, r.algbw, r.busbw);
       }

@@ -16,7 +16,9 @@
 // model was built (the runtime's fixed cost); benchmarks/largest_model.sh reads it. It also has "moved"
 // (the moved column in bytes), "nodes" and "ranks_per_node" (the topology); `accel bench` reads them.
 // "node_shared_bytes": parameters held in node-shared memory (ACCEL_NODE_SHARED_PARAMS=1): counted in
-// every rank's peak RSS, held once by the node.
+// every rank's peak RSS, held once by the node. "node_shared_grad_bytes": this rank's node-shared
+// gradient buffers (ACCEL_NODE_SHARED_GRADS=1, the default under ZeRO-2/3 and FSDP's sharded strategies on
+// one node's CPUs): the node holds ranks x this, and every rank's RSS counts what the group has touched.
 // "wait ms" (JSON "wait_ms", with "wait_share" of the step): per step, the time a rank spent blocked
 // in Work::wait on the step's collectives (comm::Counters::wait_seconds over every group the step
 // talks over), the mean over ranks, median over steps: the communication the step did not hide.
@@ -443,12 +445,14 @@ int main(int argc, char** argv) {
           "\"activations\": {:.0f}, \"other\": {:.0f}, \"device\": \"{}\", \"cuda_peak\": {:.0f}, \"disk_bytes\": "
           "{:.0f}, "
           "\"disk_read\": {:.0f}, \"disk_written\": {:.0f}, \"moved\": {:.0f}, \"nodes\": {}, \"ranks_per_node\": "
-          "{}, \"cpu_gemm\": \"{}\", \"onednn_products\": {}, \"node_shared_bytes\": {}}}\n",
+          "{}, \"cpu_gemm\": \"{}\", \"onednn_products\": {}, \"node_shared_bytes\": {}, "
+          "\"node_shared_grad_bytes\": {}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
           batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad,
           b_opt, b_gath, b_act, b_other, device_name, cuda_peak, disk_bytes, disk_read, disk_written, moved,
           world->topology().num_nodes, world->topology().local_world_size, gemm, onednn_products,
-          run.prepared.engine ? run.prepared.engine->node_shared_bytes() : 0);
+          run.prepared.engine ? run.prepared.engine->node_shared_bytes() : 0,
+          run.prepared.engine ? run.prepared.engine->node_shared_grad_bytes() : 0);
     return 0;
   }
   // On CUDA: the device's peak (the category columns count host memory only).

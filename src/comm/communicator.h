@@ -80,8 +80,11 @@ class Communicator {
   // nodes, real or simulated, ACCEL_COMM_SHM=0) or the memory cannot be had (/dev/shm full: the pages are
   // reserved up front, so a full /dev/shm gives undefined here instead of SIGBUS later). The memory goes
   // back when the last rank frees its tensor. Nothing orders one rank's writes against another's reads:
-  // the caller does (barrier()).
-  at::Tensor node_shared_empty(std::int64_t numel, c10::ScalarType dtype);
+  // the caller does (barrier()). `wanted` false on any rank: undefined on every rank, and no warning
+  // (every rank calls, each saying whether it wants the memory: a per-rank setting cannot split the group).
+  // A reduce_scatter whose input lies in such memory is read in place by the peers of an "shm" group
+  // (no copy through the transport's buffers), and returns only once they are done reading it.
+  at::Tensor node_shared_empty(std::int64_t numel, c10::ScalarType dtype, bool wanted = true);
 
   // --- counting ----------------------------------------------------------------------------------
   Counters counters() const;

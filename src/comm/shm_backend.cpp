@@ -4,6 +4,7 @@
 
 #include "base/env.h"
 #include "comm/mpi_backend.h"
+#include "comm/node_shared.h"
 #include "comm/shm_reduce.h"
 #include "comm/signature.h"
 
@@ -49,7 +50,13 @@ struct alignas(128) RankCtl {
   // broadcast lies in its own address space (published by in_step).
   std::int64_t pid;
   std::uint64_t src_addr;
+  // A reduce_scatter whose input lies in node-shared memory (node_shared.h): where, as (key, offset),
+  // so the peers read it in place; key 0 when it goes through this rank's buffers. By collective
+  // parity, like sig, and published with the first chunk.
+  std::uint64_t in_key[2], in_off[2];
 };
+
+std::atomic<std::uint64_t> g_read_in_place{0};
 
 constexpr int kBuffers = 2;
 // Broadcasts from this size on are read straight from the root's memory (process_vm_readv: one copy
@@ -101,6 +108,12 @@ struct ShmOp {
   bool in_place = false;     // all_gather: the input is the output's own slice
   bool single_copy = false;  // broadcast read from the root's memory (kSingleCopyBytes)
   bool direct = false;       // all_reduce in one round: every rank reduces whole chunks (see plan)
+  // reduce_scatter: this rank's input lies in node-shared memory (at in_key/in_off): it copies nothing in,
+  // and its last step waits until every peer is done reading it. peer_in: each peer's input in this
+  // process's mapping, or null where that peer copies through its buffers (set at the first read).
+  bool zero_copy = false;
+  std::uint64_t in_key = 0, in_off = 0;
+  std::vector<const char*> peer_in;
   std::vector<std::pair<Phase, std::int64_t>> steps;
   std::size_t pos = 0;
 };
@@ -178,6 +191,12 @@ class ShmGroup {
         op.esize = static_cast<std::int64_t>(r.input.element_size());
         op.count = r.output.numel();
         op.unit = std::max<std::int64_t>(1, chunk / (op.esize * size_));
+        if (!r.check_only) {
+          const SharedLocation at = find_node_shared(r.input.data_ptr(), r.input.nbytes());
+          op.zero_copy = at.key != 0;
+          op.in_key = at.key;
+          op.in_off = at.offset;
+        }
         break;
       case Collective::AllGather:
         op.count = static_cast<std::int64_t>(r.input.nbytes());
@@ -214,6 +233,14 @@ class ShmGroup {
       op.steps.emplace_back(second, t);  // (t = 0, not all_reduce: compares the signatures)
       if (!two_phase_reduce && t == 0 && op.nchunks > 1) op.steps.emplace_back(Phase::In, 1);
       if (two_phase_reduce && t + 1 < op.nchunks) op.steps.emplace_back(Phase::Reduce, t + 1);
+    }
+    if (op.zero_copy) {
+      // Nothing to copy in: chunk 0's In posts the signature, the first Reduce posts every chunk at
+      // once (see step), and a last step waits until the peers are done reading my input.
+      op.steps.clear();
+      op.steps.emplace_back(Phase::In, 0);
+      for (std::int64_t t = 0; t < op.nchunks; ++t) op.steps.emplace_back(Phase::Reduce, t);
+      op.steps.emplace_back(Phase::Out, op.nchunks - 1);
     }
   }
 
@@ -297,6 +324,23 @@ class ShmGroup {
     }
   }
 
+  // reduce_scatter, at its first read (every peer's first chunk is posted): where each peer's input
+  // lies in this process when that peer reads it in place from node-shared memory.
+  void find_peer_inputs(ShmOp& op) {
+    op.peer_in.assign(static_cast<std::size_t>(size_), nullptr);
+    const int slot = static_cast<int>(op.seq & 1);
+    for (int j = 0; j < size_; ++j) {
+      const RankCtl& peer = seg_->ctl(j);
+      if (j == rank_ || peer.in_key[slot] == 0) continue;
+      op.peer_in[j] = node_shared_address(peer.in_key[slot], peer.in_off[slot], op.req.input.nbytes());
+      if (!op.peer_in[j])
+        throw CommError(fmt::format(
+            "shm: rank {}'s reduce_scatter input lies in node-shared memory that rank {} does not map (create it "
+            "with node_shared_empty on a group holding both, and keep it alive on every rank while it is used)",
+            j, rank_));
+    }
+  }
+
   // One step of one chunk; false when a peer is not there yet.
   bool step(ShmOp& op, Phase ph, std::int64_t t) {
     const Request& r = op.req;
@@ -359,16 +403,39 @@ class ShmGroup {
       case Collective::ReduceScatter: {
         const std::int64_t k = op.count;
         if (ph == Phase::In) {
+          if (t == 0) {
+            ctl.in_key[op.seq & 1] = op.zero_copy ? op.in_key : 0;
+            ctl.in_off[op.seq & 1] = op.in_off;
+          }
           char* mine = seg_->buf(me, b);
-          for (int j = 0; j < n; ++j)
-            if (j != me) copy_bytes(mine + j * op.unit * es, in + (j * k + off) * es, c * es);
+          if (!op.zero_copy)
+            for (int j = 0; j < n; ++j)
+              if (j != me) copy_bytes(mine + j * op.unit * es, in + (j * k + off) * es, c * es);
           ctl.in_step.store(g, std::memory_order_release);
-        } else {
+        } else if (ph == Phase::Reduce) {
           if (!all_at_least(&RankCtl::in_step, g)) return false;
-          for (int j = 0; j < n; ++j)
-            srcs[j] = j == me ? in + (me * k + off) * es : seg_->buf(j, b) + me * op.unit * es;
+          if (t == 0) {
+            find_peer_inputs(op);
+            // Every rank's first chunk is posted and the signatures agree (checked above), so no rank
+            // will treat this collective as a mismatch: my whole input can be posted now, and the
+            // peers read it at their own pace instead of in lock-step with my progress.
+            if (op.zero_copy) ctl.in_step.store(op.g0 + static_cast<std::uint64_t>(op.nchunks), std::memory_order_release);
+          }
+          std::uint64_t in_place = 0;
+          for (int j = 0; j < n; ++j) {
+            if (j == me)
+              srcs[j] = in + (me * k + off) * es;
+            else if (op.peer_in[j])
+              srcs[j] = op.peer_in[j] + (me * k + off) * es;
+            else
+              srcs[j] = seg_->buf(j, b) + me * op.unit * es;
+            if (j != me && op.peer_in[j]) in_place += static_cast<std::uint64_t>(c * es);
+          }
           reduce_into(out + off * es, nullptr, srcs, n, c, r.input.scalar_type(), r.op, r.op == ReduceOp::Avg ? n : 0);
           ctl.out_step.store(g, std::memory_order_release);
+          if (in_place) g_read_in_place.fetch_add(in_place, std::memory_order_relaxed);
+        } else {  // (zero-copy input) every peer has reduced its last chunk: my input is mine again
+          if (!all_at_least(&RankCtl::out_step, g)) return false;
         }
         return true;
       }
@@ -539,6 +606,8 @@ class ShmBackend final : public Backend {
 std::atomic<int> g_segments{0};
 
 }  // namespace
+
+std::uint64_t shm_bytes_read_in_place() { return g_read_in_place.load(std::memory_order_relaxed); }
 
 std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
   const int rank = group.rank(), size = group.size();

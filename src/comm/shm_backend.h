@@ -7,7 +7,9 @@
 // MismatchError on every rank, no data moved), then runs chunk by chunk, double-buffered, so copying
 // chunk t+1 in overlaps the peers' work on chunk t. all_reduce: each rank copies in the parts of a
 // chunk the others reduce, reduces its 1/N slice from every rank's copy (shm_reduce.h), then everyone
-// copies the reduced slices out. Nothing ever blocks: a collective is a list of steps, each waiting
+// copies the reduced slices out. A reduce_scatter input in node-shared memory (node_shared_empty) is not
+// copied in: its peers read it where it lies, and the collective ends for its rank once they are done
+// (so the caller may write it again). Nothing ever blocks: a collective is a list of steps, each waiting
 // on peers' counters (acquire/release atomics in the segment); it is moved by whichever thread holds
 // the group's lock, the caller polling in Work::wait or the process's shm progress thread, so waits
 // inherit Work's deadline (TimeoutError, communicator broken) and a dead peer ends in a timeout.
@@ -24,5 +26,9 @@ class MpiBackend;
 // Collective over `group` (every rank must call it): the transport, or nullptr on every rank when
 // the segment cannot be set up (the caller keeps MPI). The ranks must share one machine.
 std::unique_ptr<Backend> make_shm_backend(MpiBackend& group);
+
+// Bytes this process's reduce_scatters read in place from peers' node-shared inputs (node_shared.h)
+// instead of through the peers' buffers, since the process started.
+std::uint64_t shm_bytes_read_in_place();
 
 }  // namespace accel::comm

@@ -171,15 +171,32 @@ void FlatParam::bind_grad(const at::Tensor& buffer) {
   zero_grad_padding();
 }
 
-void FlatParam::alloc_grad() {
+void FlatParam::alloc_grad(const at::Tensor& in) {
   if (grad_allocated()) return;
-  if (!grad_full_.defined()) {
-    grad_full_ = at::empty({layout_.padded()}, full_.options());
+  const std::size_t nbytes = layout_.padded() * full_.element_size();
+  if (in.defined())
+    ACCEL_CHECK(in.is_contiguous() && in.numel() >= layout_.padded() && in.scalar_type() == full_.scalar_type() &&
+                    in.device() == full_.device(),
+                "FlatParam {}: alloc_grad needs a contiguous {} buffer of >= {} elements on {}", name_,
+                c10::toString(full_.scalar_type()), layout_.padded(), full_.device().str());
+  const bool first = !grad_full_.defined();
+  if (first) {
+    grad_full_ = at::empty({in.defined() ? 0 : layout_.padded()}, full_.options());
+    if (in.defined()) grad_full_.unsafeGetTensorImpl()->set_sizes_contiguous({layout_.padded()});
+  }
+  if (in.defined()) {  // (before any view is made: views check their bounds against the storage)
+    c10::StorageImpl* s = grad_full_.storage().unsafeGetStorageImpl();
+    s->*throw_flag() = false;
+    auto* keep = new at::Tensor(in);
+    s->set_data_ptr_noswap(c10::DataPtr(
+        in.data_ptr(), keep, [](void* ctx) { delete static_cast<at::Tensor*>(ctx); }, s->device()));
+    s->set_nbytes(nbytes);
+  } else if (!storage_allocated(grad_full_)) {
+    alloc_storage(grad_full_, nbytes);
+  }
+  if (first)
     for (std::size_t i = 0; i < params_.size(); ++i)
       grad_views_.push_back(grad_full_.narrow(0, layout_.offset(i), params_[i].numel()).view(params_[i].sizes()));
-  } else {
-    alloc_storage(grad_full_, layout_.padded() * grad_full_.element_size());
-  }
   zero_grad_padding();
 }
 

@@ -84,8 +84,11 @@ class FlatParam {
   // needs no staging copy). Before any gradient exists; free_grad() must not be used afterwards.
   void bind_grad(const at::Tensor& buffer);
   // Allocates grad_full() (no-op if allocated). Only the padding is zeroed: each parameter's region
-  // is the caller's to fill (take_grad without accumulate, or zero_grad_of).
-  void alloc_grad();
+  // is the caller's to fill (take_grad without accumulate, or zero_grad_of). With `in` (a contiguous
+  // tensor of at least padded() elements in grad_full's dtype and device), grad_full's storage is
+  // in's memory until free_grad(): its data pointer holds a reference to `in`, so in's storage stays
+  // referenced exactly as long as this window (a gradient buffer handed out from a pool, e.g.).
+  void alloc_grad(const at::Tensor& in = at::Tensor());
   // Detaches the parameters' .grad and returns grad_full()'s storage.
   void free_grad();
   // Moves params[i].grad into its view of grad_full() (copy, or add when `accumulate`), and points

@@ -285,8 +285,14 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   rdt = spec_.reduce_dtype.value_or(rdt);
   if (plan_.passthrough) return;           // nothing to reduce
   CategoryScope cat(Category::Gradients);  // all-reduce buckets allocate their gradient buffers here
+  bool shared_grads = false;
+  try {
+    shared_grads = env::get_int("ACCEL_NODE_SHARED_GRADS") != 0;
+  } catch (const std::exception& e) {  // a bad value: this rank declines (the reducer's collective tells the others)
+    log::warning(fmt::format("{}; gradient buffers stay private to each rank", e.what()));
+  }
   reducer_ = std::make_unique<GradReducer>(std::move(order), plan_.reduce_mode, rdt, shard_, replicate_,
-                                           spec_.bucket_bytes, spec_.grad_buckets_in_flight);
+                                           spec_.bucket_bytes, spec_.grad_buckets_in_flight, shared_grads);
   // Offload to host memory: a reduced gradient starts its way to the host as soon as its bucket
   // finishes, while backward goes on (unless a pending gradient is still to be added to it).
   if (host_copies_)

@@ -204,6 +204,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // The node-shared full buffers' bytes: the node holds them once, and each rank maps (and its RSS
   // counts) all of them. accel's allocator counts none of them (memory::snapshot).
   std::int64_t node_shared_bytes() const;
+  // This rank's node-shared gradient buffers (GradReducer, ACCEL_NODE_SHARED_GRADS), in bytes; the node
+  // holds the shard group's size times this, and each rank maps all of it.
+  std::int64_t node_shared_grad_bytes() const;
 
   // Collective over the gather group when `local` is this rank's part: f's padded flat buffer whole.
   // `local` is f.master, a tensor shaped like it (an optimizer state), or f's compute shard; a local

@@ -110,7 +110,11 @@ void Engine::open_window(Flat& f) {
     f.grad = f.grad.clone();
     set_master_grad(f);
   }
-  if (!f.flat_param->grad_allocated()) f.flat_param->alloc_grad();
+  if (!f.flat_param->grad_allocated()) {
+    // A node-shared buffer where the reducer has one free (its peers then read this gradient in place).
+    const std::size_t ri = reducer_ ? reducer_index_[static_cast<std::size_t>(&f - flats_.data())] : npos;
+    f.flat_param->alloc_grad(ri != npos ? reducer_->grad_buffer(ri) : at::Tensor());
+  }
   std::fill(f.touched.begin(), f.touched.end(), 0);
   f.grad_live = true;
 }

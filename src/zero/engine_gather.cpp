@@ -112,6 +112,8 @@ std::int64_t Engine::node_shared_bytes() const {
   return n;
 }
 
+std::int64_t Engine::node_shared_grad_bytes() const { return reducer_ ? reducer_->node_shared_grad_bytes() : 0; }
+
 void Engine::reshard_flat(Flat& f) {
   if (f.persistent || !f.flat_param->options().sharded) return;
   f.flat_param->free_full();

@@ -3,13 +3,18 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace accel::zero {
+namespace {
+// Pieces of node-shared gradient memory start on 64-byte boundaries (16 elements of up to 4 bytes).
+std::int64_t round_up(std::int64_t numel) { return (numel + 15) / 16 * 16; }
+}  // namespace
 
 GradReducer::GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10::ScalarType reduce_dtype,
                          std::shared_ptr<comm::Communicator> shard, std::shared_ptr<comm::Communicator> replicate,
-                         std::int64_t bucket_bytes, int in_flight)
+                         std::int64_t bucket_bytes, int in_flight, bool node_shared_grads)
     : flats_(std::move(flats)),
       mode_(mode),
       in_flight_(static_cast<std::size_t>(in_flight)),
@@ -52,6 +57,64 @@ GradReducer::GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10
     }
   marked_.assign(flats_.size(), 0);
   results_.resize(flats_.size());
+
+  // Node-shared gradient buffers, sized for the largest reduce-scatter input: a flat reduced alone in
+  // the reduce dtype, or a bucket's staging copy. Every rank reaches the collective below or none
+  // does: the flats, mode and group are the same on every rank.
+  takes_buffer_.assign(flats_.size(), 0);
+  std::int64_t most = 0;
+  if (mode_ == Mode::ReduceScatter && shard_->size() > 1)
+    for (const auto& b : buckets_) {
+      sharding::FlatParam* f = flats_[b.members[0]];
+      if (!f->full().is_cpu()) continue;
+      if (b.members.size() == 1 && f->full().scalar_type() == dtype_) {
+        takes_buffer_[b.members[0]] = 1;
+        most = std::max(most, f->layout().padded());
+      } else {
+        std::int64_t per_rank = 0;
+        for (auto m : b.members) per_rank += flats_[m]->layout().shard_size();
+        most = std::max(most, per_rank * shard_->size());
+      }
+    }
+  if (most == 0) return;
+  const std::int64_t n = shard_->size();
+  const std::int64_t capacity = (static_cast<std::int64_t>(in_flight_) + 1) * round_up(most);
+  at::Tensor pool = shard_->node_shared_empty(n * capacity, dtype_, node_shared_grads);
+  if (!pool.defined()) {
+    takes_buffer_.assign(flats_.size(), 0);
+    return;
+  }
+  shared_ = pool.narrow(0, shard_->rank() * capacity, capacity);
+  shared_capacity_ = capacity;
+}
+
+at::Tensor GradReducer::grad_buffer(std::size_t i) {
+  if (!takes_buffer_.at(i)) return {};
+  return free_buffer(flats_[i]->layout().padded());
+}
+
+at::Tensor GradReducer::free_buffer(std::int64_t numel) {
+  if (!shared_.defined() || numel <= 0) return {};
+  // Pieces nothing else refers to any more are free again.
+  pieces_.erase(std::remove_if(pieces_.begin(), pieces_.end(),
+                               [](const Piece& p) { return p.memory.storage().use_count() == 1; }),
+                pieces_.end());
+  const std::int64_t need = round_up(numel);
+  std::int64_t at = 0;
+  std::size_t pos = 0;
+  for (; pos < pieces_.size() && pieces_[pos].offset - at < need; ++pos) at = pieces_[pos].offset + pieces_[pos].numel;
+  if (at + need > shared_capacity_) return {};
+  // A storage of its own over the piece (each keeps the object mapped): its use count says when it is free.
+  at::Tensor whole = shared_;
+  at::Tensor memory = at::from_blob(
+      static_cast<char*>(shared_.data_ptr()) + at * shared_.element_size(), {need}, [whole](void*) {},
+      shared_.options());
+  pieces_.insert(pieces_.begin() + static_cast<std::ptrdiff_t>(pos), Piece{at, need, memory});
+  return memory.narrow(0, 0, numel);  // a view: it counts as a reference to the piece's storage
+}
+
+std::int64_t GradReducer::node_shared_grad_bytes() const {
+  return shared_capacity_ * (shared_.defined() ? static_cast<std::int64_t>(shared_.element_size()) : 0);
 }
 
 void GradReducer::mark_ready(std::size_t i) {
@@ -95,7 +158,10 @@ void GradReducer::launch(Bucket& b) {
     // Rank-major staging: [flat0 chunk r, flat1 chunk r, ...] for r = 0..n-1.
     std::int64_t per_rank = 0;
     for (auto m : b.members) per_rank += flats_[m]->layout().shard_size();
-    b.staging_in = at::empty({per_rank * n}, flats_[b.members[0]]->grad_full().options().dtype(dtype_));
+    const bool shareable = mode_ == Mode::ReduceScatter && flats_[b.members[0]]->grad_full().is_cpu();
+    b.staging_in = shareable ? free_buffer(per_rank * n) : at::Tensor();
+    if (!b.staging_in.defined())
+      b.staging_in = at::empty({per_rank * n}, flats_[b.members[0]]->grad_full().options().dtype(dtype_));
     for (int r = 0; r < n; ++r) {
       std::int64_t at = r * per_rank;
       for (auto m : b.members) {

@@ -17,7 +17,13 @@
 // being filled, so launching a bucket first finishes (waits for) the oldest while more than
 // in_flight - 1 would stay launched. That bounds the full gradients and staging buffers alive during
 // backward to in_flight buckets (ReduceScatter frees each bucket's full gradients when it finishes or,
-// when staged, at launch). Waiting inside backward is safe only if every rank launches the same
+// when staged, at launch). Node-shared gradient buffers (ReduceScatter on one node's shared memory,
+// `node_shared_grads`): each rank has room for in_flight + 1 of the largest reduce-scatter inputs in one
+// shared-memory object of the group. A flat reduced alone (a direct bucket) takes its full gradient from
+// it (grad_buffer), a bucket of several its staging copy, so the reduce-scatter's peers read it where it
+// lies instead of through the transport's buffers. Each piece is taken first-fit and is free again once
+// nothing refers to it (its bucket finished); where none fits, the gradient or staging copy is
+// allocated privately. Waiting inside backward is safe only if every rank launches the same
 // buckets at the same point of its backward relative to the other collectives it issues there: the
 // engine guarantees that (under sharded parameters it marks flats ready only at each unit's end of
 // backward, never earlier). A group of one rank (and no replicate group) reduces nothing.
@@ -39,12 +45,19 @@ class GradReducer {
   // flats: the flat parameters whose gradients are reduced, in launch order. reduce_dtype: the wire
   // dtype. shard: the group the layouts split over; replicate: null or the cross-node group.
   // in_flight: buckets alive at once, counting the one being filled (>= 1).
+  // node_shared_grads: this rank asks for node-shared gradient buffers (collective: they exist only
+  // where every rank of the shard group asks and the group shares a node's memory; CPU, ReduceScatter).
   GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10::ScalarType reduce_dtype,
               std::shared_ptr<comm::Communicator> shard, std::shared_ptr<comm::Communicator> replicate,
-              std::int64_t bucket_bytes, int in_flight);
+              std::int64_t bucket_bytes, int in_flight, bool node_shared_grads = false);
 
   // Flat i (index into flats) has all its gradients in grad_full(): launch what is launchable.
   void mark_ready(std::size_t i);
+  // A free node-shared buffer for flat i's full gradient (FlatParam::alloc_grad(in)), or undefined:
+  // none exist, flat i is not reduced alone in the reduce dtype, or every buffer is in use.
+  at::Tensor grad_buffer(std::size_t i);
+  // Bytes of node-shared gradient buffers of this rank (0: none).
+  std::int64_t node_shared_grad_bytes() const;
   // Launches every bucket not launched yet (all flats must be marked ready first), waits for all,
   // finishes the replicate-group averaging and resets for the next backward. Returns, per flat, the
   // reduced gradient: grad_full() (AllReduce), its own-slice view (ReduceScatterInPlace) or a fresh
@@ -85,6 +98,7 @@ class GradReducer {
   void finish(Bucket& b);
   void notify(const Bucket& b);  // on_reduced_ for its members
   at::Tensor output(Bucket& b, std::int64_t numel, const at::TensorOptions& options);  // kept_out or new
+  at::Tensor free_buffer(std::int64_t numel);  // a view of free node-shared memory, or undefined
 
   std::vector<sharding::FlatParam*> flats_;
   Mode mode_;
@@ -97,6 +111,17 @@ class GradReducer {
   std::vector<at::Tensor> results_;
   std::size_t next_launch_ = 0, next_finish_ = 0;
   std::function<void(std::size_t, const at::Tensor&)> on_reduced_;
+  // Node-shared gradient buffers: this rank's part of the group's object (shared_capacity_ elements),
+  // the pieces handed out (each with a storage of its own: free once nothing else refers to it), by
+  // offset, and which flats may take one.
+  struct Piece {
+    std::int64_t offset, numel;
+    at::Tensor memory;
+  };
+  at::Tensor shared_;
+  std::int64_t shared_capacity_ = 0;
+  std::vector<Piece> pieces_;
+  std::vector<char> takes_buffer_;
 };
 
 }  // namespace accel::zero

@@ -2,11 +2,13 @@
 // nodes, MPI when told so) and its collectives against closed forms: every reduce op and dtype at
 // sizes spanning several chunks and not divisible by the world, in-place and aliasing forms, groups
 // from split() (in rank orders that interleave the nodes), many collectives in flight on several
-// groups at once, and the time callers spend waiting. ctest runs it at np 1-4, under simulated nodes
+// groups at once, the time callers spend waiting, and reduce_scatter inputs in node-shared memory read
+// in place by the peers. ctest runs it at np 1-4, under simulated nodes
 // (ACCEL_RANKS_PER_NODE=2), with a 3 KiB chunk (ACCEL_COMM_SHM_CHUNK_KB=3) and with ACCEL_COMM_SHM=0.
 #include "test_world.h"
 
 #include "comm/dtype.h"
+#include "comm/shm_backend.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -216,6 +218,54 @@ TEST(Shm, WaitTimeIsCounted) {
   EXPECT_TRUE(at::equal(t, at::full({8}, n, at::kFloat)));
   comm->reset_counters();
   EXPECT_EQ(comm->counters().wait_seconds, 0.0);
+}
+
+// reduce_scatter inputs in node-shared memory (ZeRO-2/3's gradient buffers): the peers read them in
+// place instead of through the transport's buffers. Every rank's input shared, and only rank 0's (the
+// others copy theirs in as usual): the same sums, bytes read in place exactly where a peer's input is
+// shared, and each input written again the moment the call returns (a peer still reading it would sum
+// the new values: the call must not return before the peers are done with it).
+TEST(Shm, ReduceScatterReadsNodeSharedInputsInPlace) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  const int64_t k = 70001;  // several chunks (and many under the 3 KiB chunk), not a chunk multiple
+  at::Tensor probe = comm->node_shared_empty(1, at::kFloat);
+  if (n == 1 || std::string(comm->backend_name(at::ones({1}))) != "shm") {
+    EXPECT_FALSE(probe.defined()) << "no node-shared memory without the shm transport";
+    return;
+  }
+  ASSERT_TRUE(probe.defined());
+  for (at::ScalarType d : {at::kFloat, at::kBFloat16, at::kDouble})
+    for (bool all_shared : {true, false})
+      for (bool in_place : {false, true}) {
+        const std::string tag = std::string(dtype_name(d)) + (all_shared ? ", every input shared" : ", rank 0's shared") +
+                                (in_place ? ", output in place" : "");
+        at::Tensor pool = comm->node_shared_empty(n * n * k, d);  // each rank's input side by side
+        ASSERT_TRUE(pool.defined()) << tag;
+        const bool mine = all_shared || r == 0;
+        at::Tensor in = mine ? pool.narrow(0, r * n * k, n * k) : at::empty({n * k}, d);
+        std::uint64_t expect_in_place = 0;  // what this rank reads from shared peers' inputs
+        for (int j = 0; j < n; ++j)
+          if (j != r && (all_shared || j == 0)) expect_in_place += static_cast<std::uint64_t>(k) * at::elementSize(d);
+        const std::uint64_t before = shm_bytes_read_in_place();
+        for (int it = 0; it < 4; ++it) {
+          in.copy_(pattern(n * k, 7 * r + it).to(d));
+          at::Tensor out = in_place ? in.narrow(0, r * k, k) : at::empty({k}, d);
+          const ReduceOp op = it % 2 ? ReduceOp::Max : ReduceOp::Sum;
+          comm->reduce_scatter(in, out, {op});
+          at::Tensor want = pattern(n * k, 7 * 0 + it).narrow(0, r * k, k);
+          for (int j = 1; j < n; ++j) {
+            at::Tensor pj = pattern(n * k, 7 * j + it).narrow(0, r * k, k);
+            want = op == ReduceOp::Sum ? want.add(pj) : at::maximum(want, pj);
+          }
+          const at::Tensor got = out.clone();
+          in.fill_(-100);  // at once: no peer may still be reading it
+          expect_equal(got, want.to(d), tag + ", call " + std::to_string(it));
+          if (::testing::Test::HasFailure()) return;
+        }
+        EXPECT_EQ(shm_bytes_read_in_place() - before, 4 * expect_in_place) << tag;
+        comm->barrier();  // nobody frees its pool while a peer may map it for the next call
+      }
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 // Node-shared parameters (ACCEL_NODE_SHARED_PARAMS=1): the ranks of a shard group on one node keep
 // each flat parameter in one shared-memory buffer, their shards side by side. The buffer itself
 // (Communicator::node_shared_empty), then training against the same training with private shards:
-// the same bits, no all-gather traffic, and full parameters readable between steps.
+// the same bits, no all-gather traffic, and full parameters readable between steps. Node-shared
+// gradient buffers (ACCEL_NODE_SHARED_GRADS, on by default): the same bits as private ones, with the
+// reduce-scatters' peers reading the gradients in place.
+#include "comm/shm_backend.h"
 #include "support/harness.h"
 #include "support/scoped_env.h"
 
@@ -50,8 +53,9 @@ struct Training {
   zero::EngineAndOptimizer prepared;
 };
 
-Training make_run(const zero::ShardingSpec& spec, bool node_shared) {
+Training make_run(const zero::ShardingSpec& spec, bool node_shared, bool shared_grads = true) {
   ScopedEnv env("ACCEL_NODE_SHARED_PARAMS", node_shared ? "1" : "0");  // the engine reads it when built
+  ScopedEnv grads("ACCEL_NODE_SHARED_GRADS", shared_grads ? "1" : "0");
   Training run;
   run.model = make_model(ModelKind::GPT, at::kFloat);
   run.user_opt = make_optimizer(OptKind::AdamW, *run.model.module);
@@ -150,6 +154,78 @@ TEST_P(NodeSharedEngine, TrainsToTheSameBitsWithoutGathering) {
 
 INSTANTIATE_TEST_SUITE_P(Strategies, NodeSharedEngine,
                          ::testing::Values("ZeRO3", "ZeRO3_kept", "ZeRO3_bf16", "FULL_SHARD"),
+                         [](const auto& info) { return info.param; });
+
+// Node-shared gradient buffers against private ones, side by side: identical losses and shards every
+// step, under gradient accumulation too; the reduce-scatters read the peers' gradients in place (their
+// input bytes from every peer, each step), and the private engine's read none.
+class NodeSharedGrads : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NodeSharedGrads, TrainToTheSameBitsAndAreReadInPlace) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  const std::string strategy = GetParam();
+  zero::ShardingSpec spec = strategy == "FULL_SHARD" ? zero::ShardingSpec::fsdp("FULL_SHARD")
+                            : strategy == "ZeRO2"    ? zero::ShardingSpec::zero(2)
+                                                     : zero::ShardingSpec::zero(3);
+  if (strategy == "ZeRO3_alone") spec.bucket_bytes = 1;  // every flat reduced alone, from its own buffer
+  if (strategy == "ZeRO3_bf16") {                       // bf16 gradients staged into fp32 reduce buffers
+    spec.param_dtype = at::kBFloat16;
+    spec.master_dtype = at::kFloat;
+  }
+  Training priv = make_run(spec, false, false), shared = make_run(spec, false, true);
+  zero::Engine& pe = *priv.prepared.engine;
+  zero::Engine& se = *shared.prepared.engine;
+  EXPECT_EQ(pe.node_shared_grad_bytes(), 0);
+  const bool expect_shared = shares_memory(*se.shard_group());
+  EXPECT_EQ(se.node_shared_grad_bytes() > 0, expect_shared);
+
+  const int64_t G = 12, local = G / N;
+  auto train = [&](int step, int micro_steps) {
+    for (int m = 0; m < micro_steps; ++m) {
+      auto [x, y] = make_batch(ModelKind::GPT, at::kFloat, step, m);
+      at::Tensor xl = x.narrow(0, r * local, local), yl = y.narrow(0, r * local, local);
+      const bool last = m + 1 == micro_steps;
+      pe.set_gradient_sync(last);
+      se.set_gradient_sync(last);
+      at::Tensor lp = priv.model.loss(xl, yl), ls = shared.model.loss(xl, yl);
+      EXPECT_TRUE(at::equal(lp.detach(), ls.detach()))
+          << "step " << step << "." << m << ": " << lp.item<double>() << " against " << ls.item<double>();
+      pe.backward(lp);
+      const std::uint64_t before = comm::shm_bytes_read_in_place();
+      se.backward(ls);
+      const std::uint64_t read = comm::shm_bytes_read_in_place() - before;
+      if (!last || !expect_shared) {
+        EXPECT_EQ(read, 0u) << "step " << step << "." << m << ": nothing reduced, nothing read";
+      } else {
+        // Every flat's reduce-scatter input is N shards; each rank reads its shard from the N - 1 peers.
+        std::uint64_t inputs = 0;
+        for (const auto& f : se.flats())
+          if (f.flat_param->requires_grad())
+            inputs += static_cast<std::uint64_t>(f.flat_param->layout().padded()) * 4;  // fp32 reduction
+        EXPECT_GT(read, 0u) << "step " << step;
+        EXPECT_LE(read, inputs / N * (N - 1)) << "step " << step;
+        // Without accumulation (whose windows hold more full gradients than there are buffers), every
+        // flat finds a free buffer: the root unit's, the one launched and the one being filled.
+        if (strategy == "ZeRO3_alone" && micro_steps == 1)
+          EXPECT_EQ(read, inputs / N * (N - 1)) << "step " << step << ": every flat's gradient from the pool";
+      }
+    }
+    priv.prepared.optimizer->step();
+    shared.prepared.optimizer->step();
+    priv.prepared.optimizer->zero_grad();
+    shared.prepared.optimizer->zero_grad();
+  };
+  for (int step = 0; step < 4; ++step) train(step, step == 2 ? 3 : 1);  // step 2 accumulates 3 micro-batches
+  for (std::size_t i = 0; i < pe.flats().size(); ++i) {
+    const auto& a = *pe.flats()[i].flat_param;
+    const auto& b = *se.flats()[i].flat_param;
+    EXPECT_TRUE(at::equal(a.shard(), b.shard())) << "shard of " << a.name() << " on rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, NodeSharedGrads,
+                         ::testing::Values("ZeRO2", "ZeRO3", "ZeRO3_alone", "ZeRO3_bf16", "FULL_SHARD"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
