@@ -16,8 +16,8 @@
 #       noisy: the spread (min-max of the R runs) is shown too.
 #   bash benchmarks/run_step_bench.sh --large [--repeats R] [step_bench args]
 #       issue 17's 0.59B GPT (--d-model 1560 --layers 20 --batch 1 --steps 3 --warmup 1, unless given) at
-#       2 ranks: DDP, ZERO_2, ZERO_3 and ZERO_3 with node-shared parameters (ACCEL_NODE_SHARED_PARAMS=1;
-#       the others run with 0) in turn R times [3] (one model alone fills ~10 GB per rank, so their
+#       2 ranks: DDP, ZERO_2, ZERO_3 (its parameters node-shared, the default on one node) and ZERO_3-private
+#       (ACCEL_NODE_SHARED_PARAMS=0: private shards, all-gathered) in turn R times [3] (one model alone fills ~10 GB per rank, so their
 #       steps cannot be interleaved in one run); the table shows each one's median step (min-max), its
 #       ratio to DDP's median, the median wait on collectives and its share of the step, and peak RSS
 #       per rank (the last run; with node-shared parameters it counts the shared buffers in each rank).
@@ -85,12 +85,12 @@ if [ "${1:-}" = "--large" ]; then
   field() { grep -o "\"$1\": [0-9.e+-]*" | tail -1 | awk '{print $2}'; }
   declare -A steps waits rss
   for ((i = 0; i < repeats; i++)); do
-    for s in DDP ZERO_2 ZERO_3 ZERO_3+node-shared; do
-      if [ "$s" = ZERO_3+node-shared ]; then
-        line=$(ACCEL_NODE_SHARED_PARAMS=1 run 2 ZERO_3 --json "${args[@]}")
-        shared=$(echo "$line" | field node_shared_bytes)
+    for s in DDP ZERO_2 ZERO_3 ZERO_3-private; do
+      if [ "$s" = ZERO_3-private ]; then
+        line=$(ACCEL_NODE_SHARED_PARAMS=0 run 2 ZERO_3 --json "${args[@]}")
       else
-        line=$(ACCEL_NODE_SHARED_PARAMS=0 run 2 "$s" --json "${args[@]}")
+        line=$(run 2 "$s" --json "${args[@]}")
+        [ "$s" = ZERO_3 ] && shared=$(echo "$line" | field node_shared_bytes)
       fi
       steps[$s]="${steps[$s]:-} $(echo "$line" | field step_ms)"
       waits[$s]="${waits[$s]:-} $(echo "$line" | field wait_ms)"
@@ -105,15 +105,16 @@ if [ "${1:-}" = "--large" ]; then
   echo "| strategy | step ms (min-max) | × DDP | wait ms | wait share | peak RSS MiB |"
   echo "|---|---:|---:|---:|---:|---:|"
   ddp=$(echo ${steps[DDP]} | median)
-  for s in DDP ZERO_2 ZERO_3 ZERO_3+node-shared; do
+  for s in DDP ZERO_2 ZERO_3 ZERO_3-private; do
     m=$(echo ${steps[$s]} | median) w=$(echo ${waits[$s]} | median)
     printf "| %s | %.0f (%s) | %.2f | %.0f | %.0f%% | %.0f |\n" "$s" "$m" "$(echo ${steps[$s]} | range)" \
       "$(awk -v a="$m" -v b="$ddp" 'BEGIN {print a / b}')" "$w" "$(awk -v a="$w" -v b="$m" 'BEGIN {print 100 * a / b}')" \
       "$(awk -v b="${rss[$s]}" 'BEGIN {print b / 1048576}')"
   done
   echo
-  echo "ZERO_3+node-shared: ACCEL_NODE_SHARED_PARAMS=1, the parameters in one shared buffer per flat that both ranks map;"
+  echo "ZERO_3: the parameters in one shared buffer per flat that both ranks map (ACCEL_NODE_SHARED_PARAMS, default 1);"
   echo "its peak RSS counts those $(awk -v b="${shared:-0}" 'BEGIN {printf "%.0f", b / 1048576}') MiB in each rank, the node holds them once."
+  echo "ZERO_3-private: ACCEL_NODE_SHARED_PARAMS=0, each rank's shard private, all-gathered around each unit's use."
   exit 0
 fi
 HEADER="| strategy      | precision | ranks | step ms | peak MiB | params | grads | optim | gathered | activations | moved MiB | ×Ψ(n-1)/n·4B | peak RSS MiB | wait ms |

@@ -22,7 +22,7 @@ const std::vector<Variable>& table() {
        "reuse (glibc's heap under 32 MiB, untrimmed; accel's allocator caches larger blocks by size, never "
        "beyond the most the process has had in use), so the gather/free cycle of each unit reuses warm "
        "pages instead of page-faulting fresh ones every step; 0: leave allocation as it is"},
-      {"ACCEL_NODE_SHARED_PARAMS", "0",
+      {"ACCEL_NODE_SHARED_PARAMS", "1",
        "1: sharded CPU parameters (ZeRO-3, FULL_SHARD, HYBRID_SHARD) whose shard group sits on one "
        "node live in shared memory that every rank of the group maps, the ranks' shards side by side: together "
        "they are the full parameters, so the node holds them once, gathering them moves no bytes, and they stay "

@@ -268,7 +268,8 @@ int run_bench(const BenchArgs& a) {
     const double base_sps =
         baselines[key].get("batch") * baselines[key].get("ranks") / (baselines[key].get("step_ms") / 1e3);
     const double eff = (sps / r->get("ranks")) / (base_sps / baselines[key].get("ranks"));
-    const auto f = traffic_formula(run.strategy, run.precision, r->get("params"), run.ranks);
+    const bool node_shared = r->num.count("node_shared_bytes") && r->get("node_shared_bytes") > 0;
+    const auto f = traffic_formula(run.strategy, run.precision, r->get("params"), run.ranks, node_shared);
     std::string moved = fmt::format("moved {:.2f} MiB", r->get("moved") / 1048576.0);
     if (f && *f > 0) moved += fmt::format(" = {:.3f} x formula", r->get("moved") / *f);
     fmt::print(stderr, "{:.1f} ms/step, {:.1f} samples/s, efficiency {:.2f}, {} ({:.1f} s)\n", r->get("step_ms"), sps,

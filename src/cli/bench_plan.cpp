@@ -207,7 +207,7 @@ StepResult parse_step_output(const std::string& out) {
 }
 
 std::optional<double> traffic_formula(const std::string& strategy, const std::string& precision, double params,
-                                      int ranks) {
+                                      int ranks, bool node_shared_params) {
   const auto& info = zero::info(strategy_of(strategy));
   if (info.hybrid) return std::nullopt;
   if (ranks <= 1) return 0.0;
@@ -216,12 +216,15 @@ std::optional<double> traffic_formula(const std::string& strategy, const std::st
   const double reduce_b = 4;
   const double gather_b = precision == "fp32" ? 4 : (precision == "fp8" && info.shards_parameters) ? 1 : 2;
   if (!info.shards_optimizer) return 2 * params * f * reduce_b;  // all-reduce
-  const int gathers = info.shards_parameters ? 2 : 1;
+  // Node-shared parameters (one node, ACCEL_NODE_SHARED_PARAMS): the shards together are the full
+  // parameters, so nothing is gathered, and the step writes each shard in place.
+  const int gathers = info.shards_parameters ? (node_shared_params ? 0 : 2) : 1;
   return (params * reduce_b + gathers * params * gather_b) * f;  // reduce-scatter + all-gather(s)
 }
 
-double traffic_formula_bytes(const std::string& strategy, const std::string& precision, double params, int ranks) {
-  return traffic_formula(strategy, precision, params, ranks).value_or(0.0);
+double traffic_formula_bytes(const std::string& strategy, const std::string& precision, double params, int ranks,
+                             bool node_shared_params) {
+  return traffic_formula(strategy, precision, params, ranks, node_shared_params).value_or(0.0);
 }
 
 double memory_formula_bytes(const std::string& strategy, const std::string& precision, double params, int ranks,
@@ -277,7 +280,9 @@ std::string bench_record(const BenchRun& run, const StepResult& r, const StepRes
   j["model_states_formula_bytes"] = memory_formula_bytes(run.strategy, run.precision, params, ranks, per_node);
   const double moved = r.get("moved");
   j["moved_bytes"] = moved;
-  if (auto f = traffic_formula(run.strategy, run.precision, params, ranks)) {
+  const bool node_shared = r.num.count("node_shared_bytes") && r.get("node_shared_bytes") > 0;
+  j["node_shared_params"] = node_shared;
+  if (auto f = traffic_formula(run.strategy, run.precision, params, ranks, node_shared)) {
     j["moved_formula_bytes"] = *f;
     j["moved_ratio"] = *f > 0 ? nlohmann::json(moved / *f) : nlohmann::json(nullptr);
   } else {

@@ -88,10 +88,13 @@ struct StepResult {
 // The last line of `out` that is a JSON object from step_bench; throws BenchError when there is none.
 StepResult parse_step_output(const std::string& out);
 
-double traffic_formula_bytes(const std::string& strategy, const std::string& precision, double params, int ranks);
+// node_shared_params: the run kept its sharded parameters in node-shared memory (step_bench's
+// "node_shared_bytes" > 0), so it gathers nothing: ZeRO-3 / FULL_SHARD move the reduce-scatter alone.
+double traffic_formula_bytes(const std::string& strategy, const std::string& precision, double params, int ranks,
+                             bool node_shared_params = false);
 // nullopt for HYBRID_SHARD (see above).
 std::optional<double> traffic_formula(const std::string& strategy, const std::string& precision, double params,
-                                      int ranks);
+                                      int ranks, bool node_shared_params = false);
 // Model states (parameters + gradients + optimizer state) per rank, AdamW. `ranks_per_machine`
 // matters only for HYBRID_SHARD.
 double memory_formula_bytes(const std::string& strategy, const std::string& precision, double params, int ranks,

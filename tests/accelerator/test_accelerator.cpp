@@ -6,6 +6,7 @@
 #include "checkpoint/model_export.h"
 #include "checkpoint/safetensors.h"
 #include "support/errors.h"
+#include "support/scoped_env.h"
 #include "support/models.h"
 #include "test_world.h"
 
@@ -500,6 +501,9 @@ TEST(Accelerator, FsdpStateDictTypeDecidesWhatSaveStateWrites) {
 // root unit's parameter stays readable; get_state_dict, save_model and further training (forward with
 // prefetch, backward, step) are unaffected by the failed reads.
 TEST(Accelerator, ShardedParametersAtRestNameGetStateDictAndSaveModel) {
+  // Private shards, all-gathered around each use: what this test counts (node-shared parameters,
+  // the default on one node, gather nothing).
+  test::ScopedEnv private_shards("ACCEL_NODE_SHARED_PARAMS", "0");
   auto w = world();
   const std::vector<std::pair<std::string, std::string>> configs = {
       {"rest_full_shard.yaml",

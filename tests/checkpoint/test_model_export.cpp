@@ -8,6 +8,7 @@
 
 #include "base/memory.h"
 #include "support/harness.h"
+#include "support/scoped_env.h"
 #include "support/python.h"
 
 #include <ATen/ATen.h>
@@ -280,6 +281,9 @@ TEST(SaveModel, ShardedFilesLoadInPython) {
 // bytes during save_model, above what was gathered before (ZeRO-3's root unit), stays within the
 // largest unit, which is a fraction of the model.
 TEST(SaveModel, GatheredMemoryStaysWithinOneUnit) {
+  // Private shards, all-gathered around each use: what this test counts (node-shared parameters,
+  // the default on one node, gather nothing).
+  accel::test::ScopedEnv private_shards("ACCEL_NODE_SHARED_PARAMS", "0");
   SharedDir dir;
   Prepped s = build(ModelKind::GPT, ShardingSpec::zero(3));
   train(s, ModelKind::GPT, 1);

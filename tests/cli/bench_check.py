@@ -13,7 +13,9 @@
   test_engine.cpp) within 1%: 2 Psi (N-1)/N * 4 B for DDP / ZeRO-1 / ZeRO-2, and for ZeRO-3, whose
   formula (3 Psi) the test asserts for models with every parameter in a unit, the same count with the
   GPT's root unit gathered once per step instead of twice: (3 Psi - root) (N-1)/N * 4 B. The record's
-  own formula column must be the 2/3 Psi figure;
+  own formula column must be the 2/3 Psi figure. A ZeRO-3 record of ranks on one node says its parameters
+  were node-shared (the default there) and moved only its reduce-scatter, 1 Psi (N-1)/N * 4 B (its formula
+  column too); one across nodes says they were not;
 - nodes per record (--nodes) when given;
 - the three PNGs exist, carry the PNG signature and an IHDR of a plausible size, and are not tiny.
 """
@@ -83,10 +85,13 @@ def main():
               f"{tag}: efficiency {r['efficiency']:.3f} against {b['ranks']} rank(s)")
         f = (n - 1) / n
         sharded_params = r["strategy"] in ("ZERO_3", "FULL_SHARD")
-        formula = (3 if sharded_params else 2) * psi * f * 4
+        node_shared = sharded_params and n > 1 and r["nodes"] == 1
+        check(r["node_shared_params"] == node_shared, f"{tag}: node-shared parameters {r['node_shared_params']}")
+        k = 1 if node_shared else 3 if sharded_params else 2
+        formula = k * psi * f * 4
         check(near(r["moved_formula_bytes"], formula, 1e-9) if n > 1 else r["moved_formula_bytes"] == 0,
-              f"{tag}: formula column {r['moved_formula_bytes']:.0f} = {3 if sharded_params else 2} Psi (N-1)/N 4 B")
-        want = (3 * psi - root if sharded_params else 2 * psi) * f * 4
+              f"{tag}: formula column {r['moved_formula_bytes']:.0f} = {k} Psi (N-1)/N 4 B")
+        want = (psi if node_shared else 3 * psi - root if sharded_params else 2 * psi) * f * 4
         if n == 1:
             check(r["moved_bytes"] == 0, f"{tag}: nothing moved on 1 rank")
         else:

@@ -116,6 +116,10 @@ TEST(BenchPlan, TrafficFormulaIsTheEngineTestsOne) {
   for (const char* s : {"ZERO_3", "FULL_SHARD"})
     EXPECT_DOUBLE_EQ(traffic_formula_bytes(s, "fp32", psi, 2), 3 * psi * 0.5 * 4);
   EXPECT_DOUBLE_EQ(traffic_formula_bytes("ZERO_3", "fp32", psi, 1), 0.0);
+  // Node-shared parameters gather nothing: the reduce-scatter alone.
+  EXPECT_DOUBLE_EQ(traffic_formula_bytes("ZERO_3", "fp32", psi, 2, true), psi * 0.5 * 4);
+  EXPECT_DOUBLE_EQ(traffic_formula_bytes("FULL_SHARD", "bf16", psi, 4, true), psi * 0.75 * 4);
+  EXPECT_DOUBLE_EQ(traffic_formula_bytes("ZERO_2", "fp32", psi, 2, true), 2 * psi * 0.5 * 4);  // (not sharded)
   EXPECT_FALSE(traffic_formula("HYBRID_SHARD", "fp32", psi, 4));
   // Low precision: fp32 reductions, gathers in the parameters' dtype (fp8 where parameters are sharded).
   EXPECT_DOUBLE_EQ(traffic_formula_bytes("DDP", "bf16", psi, 2), 2 * psi * 0.5 * 4);

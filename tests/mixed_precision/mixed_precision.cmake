@@ -14,6 +14,6 @@ if(ACCEL_PYTHON)
   target_compile_definitions(mixed_precision_tests PRIVATE ACCEL_PYTHON="${ACCEL_PYTHON}")
 endif()
 accel_add_mpi_test(NAME mixed_precision TARGET mixed_precision_tests NP 1 2 3)
-accel_add_mpi_test(NAME mixed_precision_node_shared TARGET mixed_precision_tests NP 2
+accel_add_mpi_test(NAME mixed_precision_private TARGET mixed_precision_tests NP 2
                    FILTER -EngineFp8AllGather.HalfTheBytesOfBf16AndEachParameterIsItsMasterThroughE4m3
-                   ENV ACCEL_NODE_SHARED_PARAMS=1)
+                   ENV ACCEL_NODE_SHARED_PARAMS=0)

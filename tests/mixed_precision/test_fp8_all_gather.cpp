@@ -4,6 +4,7 @@
 // tensorwise scale (448 / amax) and dequantized to bf16 — computed here independently from the
 // gathered masters with plain ATen casts.
 #include "support/models.h"
+#include "support/scoped_env.h"
 #include "test_world.h"
 #include "zero/sharded_optimizer.h"
 
@@ -58,6 +59,9 @@ at::Tensor fp8_round_trip(const at::Tensor& x) {
 }
 
 TEST(EngineFp8AllGather, HalfTheBytesOfBf16AndEachParameterIsItsMasterThroughE4m3) {
+  // Private shards, all-gathered around each use: what this test counts (node-shared parameters,
+  // the default on one node, gather nothing).
+  test::ScopedEnv private_shards("ACCEL_NODE_SHARED_PARAMS", "0");
   const int n = world()->size();
   std::uint64_t bytes[2] = {0, 0};
   for (bool fp8 : {false, true}) {

@@ -6,6 +6,7 @@
 #include "mixed_precision/autocast.h"
 #include "sharding/activation_checkpoint.h"
 #include "support/harness.h"
+#include "support/scoped_env.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
@@ -196,6 +197,9 @@ TEST(ActivationCheckpoint, SameResultUnderBf16) {
 // is gathered once after each step. Here: 3 units of 2 flats each, so 12 all-gathers per micro-step
 // with reshard_after_forward, 6 without, with or without checkpointing.
 TEST(ActivationCheckpoint, Zero3CollectivesAreTheSameAsWithout) {
+  // Private shards, all-gathered around each use: what this test counts (node-shared parameters,
+  // the default on one node, gather nothing).
+  test::ScopedEnv private_shards("ACCEL_NODE_SHARED_PARAMS", "0");
   auto world = test::world();
   const int N = world->size(), r = world->rank();
   for (bool reshard : {true, false}) {

@@ -4,6 +4,7 @@
 #include "base/memory.h"
 #include "optim/fused_step.h"
 #include "support/harness.h"
+#include "support/scoped_env.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -45,6 +46,9 @@ Delta diff(const comm::Counters& a, const comm::Counters& b, const comm::Counter
 }
 
 TEST(EngineCounts, CollectivesPerMicroStep) {
+  // Private shards, all-gathered around each use: what this test counts (node-shared parameters,
+  // the default on one node, gather nothing).
+  test::ScopedEnv private_shards("ACCEL_NODE_SHARED_PARAMS", "0");
   auto world = test::world();
   const int N = world->size(), r = world->rank();
   for (auto [name, spec] : all_specs())
@@ -112,6 +116,9 @@ TEST(EngineCounts, CollectivesPerMicroStep) {
 // Bytes moved per rank per step, nccl-tests' bus bytes: all_reduce 2(N-1)/N x size, reduce_scatter
 // and all_gather (N-1)/N x the full size.
 TEST(EngineCounts, TrafficMatchesZeroFormulas) {
+  // Private shards, all-gathered around each use: what this test counts (node-shared parameters,
+  // the default on one node, gather nothing).
+  test::ScopedEnv private_shards("ACCEL_NODE_SHARED_PARAMS", "0");
   auto world = test::world();
   const int N = world->size(), r = world->rank();
   const std::vector<int64_t> widths = {64, 64, 64, 64, 64};
@@ -155,6 +162,10 @@ TEST(EngineCounts, TrafficMatchesZeroFormulas) {
 // Per-rank bytes by category (counting allocator) against the ZeRO formulas, fp32 AdamW:
 // parameters 4Ψ (ZeRO-3: 4Ψ/N), gradients 4Ψ (ZeRO-2/3: 4Ψ/N), optimizer state 8Ψ (sharded: 8Ψ/N).
 TEST(EngineMemory, BytesByCategoryMatchZeroFormulas) {
+  // Private shards, all-gathered around each use: what this test counts (node-shared parameters,
+  // the default on one node, gather nothing).
+  test::ScopedEnv private_shards("ACCEL_NODE_SHARED_PARAMS", "0");
+  test::ScopedEnv private_grads("ACCEL_NODE_SHARED_GRADS", "0");  // the gradients through the counting allocator
   ASSERT_TRUE(memory::counting_installed());
   auto world = test::world();
   const int N = world->size(), r = world->rank();
