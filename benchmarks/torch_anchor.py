@@ -138,9 +138,11 @@ def profile(step, use_cuda, distributed, rank, step_ms, steps=3):
     avgs = prof.key_averages()
     key = "self_device_time_total" if use_cuda else "self_cpu_time_total"
     print(avgs.table(sort_by=key, row_limit=30), file=sys.stderr)
-    # The device's busy time is its kernels' and copies' own rows (an op's row repeats its kernels' time).
+    # The device's busy time is its kernels' and copies' own rows: an op's row repeats its kernels' time,
+    # and a record_function range (Optimizer.step#AdamW.step) shows on the device as an annotation.
     if use_cuda:
-        busy_us = sum(e.self_device_time_total for e in avgs if e.device_type == torch.autograd.DeviceType.CUDA)
+        busy_us = sum(e.self_device_time_total for e in avgs
+                      if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
     else:
         busy_us = sum(e.self_cpu_time_total for e in avgs)
     busy_ms = busy_us / 1e3 / steps
