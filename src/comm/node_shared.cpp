@@ -36,8 +36,10 @@ struct Mapping {
   char* base;
   std::size_t bytes;
 };
-std::mutex g_mu;
-std::vector<Mapping> g_mappings;  // guarded by g_mu
+// Never destroyed: a tensor freed during static destruction (an engine held by a static) still forgets
+// its mapping here.
+std::mutex& g_mu = *new std::mutex;
+std::vector<Mapping>& g_mappings = *new std::vector<Mapping>;  // guarded by g_mu
 
 void record(std::uint64_t key, void* base, std::size_t bytes) {
   std::lock_guard<std::mutex> lk(g_mu);
