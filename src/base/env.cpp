@@ -31,9 +31,9 @@ const std::vector<Variable>& table() {
        "parameters around each unit's use"},
       {"ACCEL_NODE_SHARED_GRADS", "1",
        "1: under ZeRO-2/3 and FSDP's sharded strategies on the CPU, a shard group on one node takes the full "
-       "gradients it reduce-scatters from a shared-memory pool of grad_buckets_in_flight + 1 buffers per rank, "
-       "which the peers read in place (no copy through the transport's buffers: the reduce-scatter does about "
-       "half the memory traffic); 0: private gradient buffers"},
+       "gradients it reduce-scatters from a shared-memory pool (room for grad_buckets_in_flight + 1 of them "
+       "per rank), which the peers read in place: no copy through the transport's buffers, and no lock-step "
+       "between the ranks; 0: private gradient buffers"},
       {"ACCEL_CPU_GEMM", "auto",
        "float32 CPU matrix products (mm, addmm: linear layers forward and backward) once an engine is built: "
        "onednn sends those of >= 2^20 multiply-adds to oneDNN's matmul, libtorch leaves them to libtorch's BLAS "

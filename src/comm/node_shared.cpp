@@ -17,10 +17,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include <fcntl.h>
@@ -48,8 +48,9 @@ void record(std::uint64_t key, void* base, std::size_t bytes) {
 
 void forget(void* base) {
   std::lock_guard<std::mutex> lk(g_mu);
-  g_mappings.erase(std::remove_if(g_mappings.begin(), g_mappings.end(), [&](const Mapping& m) { return m.base == base; }),
-                   g_mappings.end());
+  g_mappings.erase(
+      std::remove_if(g_mappings.begin(), g_mappings.end(), [&](const Mapping& m) { return m.base == base; }),
+      g_mappings.end());
 }
 }  // namespace
 

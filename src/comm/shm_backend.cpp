@@ -108,11 +108,12 @@ struct ShmOp {
   bool in_place = false;     // all_gather: the input is the output's own slice
   bool single_copy = false;  // broadcast read from the root's memory (kSingleCopyBytes)
   bool direct = false;       // all_reduce in one round: every rank reduces whole chunks (see plan)
-  // reduce_scatter: this rank's input lies in node-shared memory (at in_key/in_off): it copies nothing in,
-  // and its last step waits until every peer is done reading it. peer_in: each peer's input in this
-  // process's mapping, or null where that peer copies through its buffers (set at the first read).
-  bool zero_copy = false;
+  // reduce_scatter: this rank's input lies in node-shared memory (at in_key/in_off; key 0: it does not):
+  // it copies nothing in, and its last step waits until every peer is done reading it. peer_in: each
+  // peer's input in this process's mapping, or null where that peer copies through its buffers (set at
+  // the first read).
   std::uint64_t in_key = 0, in_off = 0;
+  bool zero_copy() const { return in_key != 0; }
   std::vector<const char*> peer_in;
   std::vector<std::pair<Phase, std::int64_t>> steps;
   std::size_t pos = 0;
@@ -193,7 +194,6 @@ class ShmGroup {
         op.unit = std::max<std::int64_t>(1, chunk / (op.esize * size_));
         if (!r.check_only) {
           const SharedLocation at = find_node_shared(r.input.data_ptr(), r.input.nbytes());
-          op.zero_copy = at.key != 0;
           op.in_key = at.key;
           op.in_off = at.offset;
         }
@@ -234,7 +234,7 @@ class ShmGroup {
       if (!two_phase_reduce && t == 0 && op.nchunks > 1) op.steps.emplace_back(Phase::In, 1);
       if (two_phase_reduce && t + 1 < op.nchunks) op.steps.emplace_back(Phase::Reduce, t + 1);
     }
-    if (op.zero_copy) {
+    if (op.zero_copy()) {
       // Nothing to copy in: chunk 0's In posts the signature, the first Reduce posts every chunk at
       // once (see step), and a last step waits until the peers are done reading my input.
       op.steps.clear();
@@ -404,11 +404,11 @@ class ShmGroup {
         const std::int64_t k = op.count;
         if (ph == Phase::In) {
           if (t == 0) {
-            ctl.in_key[op.seq & 1] = op.zero_copy ? op.in_key : 0;
+            ctl.in_key[op.seq & 1] = op.in_key;
             ctl.in_off[op.seq & 1] = op.in_off;
           }
           char* mine = seg_->buf(me, b);
-          if (!op.zero_copy)
+          if (!op.zero_copy())
             for (int j = 0; j < n; ++j)
               if (j != me) copy_bytes(mine + j * op.unit * es, in + (j * k + off) * es, c * es);
           ctl.in_step.store(g, std::memory_order_release);
@@ -419,7 +419,8 @@ class ShmGroup {
             // Every rank's first chunk is posted and the signatures agree (checked above), so no rank
             // will treat this collective as a mismatch: my whole input can be posted now, and the
             // peers read it at their own pace instead of in lock-step with my progress.
-            if (op.zero_copy) ctl.in_step.store(op.g0 + static_cast<std::uint64_t>(op.nchunks), std::memory_order_release);
+            if (op.zero_copy())
+              ctl.in_step.store(op.g0 + static_cast<std::uint64_t>(op.nchunks), std::memory_order_release);
           }
           std::uint64_t in_place = 0;
           for (int j = 0; j < n; ++j) {

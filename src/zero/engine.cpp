@@ -30,6 +30,17 @@ namespace {
 using memory::Category;
 using memory::CategoryScope;
 
+// This rank's 0/1 setting `var`; a bad value warns (", <otherwise>") and reads as 0, so that the rank
+// declines in the collective that agrees on it instead of leaving the others waiting there.
+bool asks_for(const char* var, const char* otherwise) {
+  try {
+    return env::get_int(var) != 0;
+  } catch (const std::exception& e) {
+    log::warning(fmt::format("{}; {}", e.what(), otherwise));
+    return false;
+  }
+}
+
 class UnitHooksImpl final : public sharding::UnitHooks {
  public:
   UnitHooksImpl(std::weak_ptr<Engine> e, std::size_t unit) : e_(std::move(e)), unit_(unit) {}
@@ -163,13 +174,8 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // nvme frees and reloads the shard) nor for fp8 all-gathers (they gather fp8 bytes on purpose). The
   // same answer on every rank: the flag is agreed below, and node_shared_empty answers alike.
   const bool cpu_model = !owned.empty() && owned[0].param.is_cpu();  // (the same device on every rank)
-  bool want_node_shared = false;
-  try {
-    want_node_shared = sharded_params && cpu_model && env::get_int("ACCEL_NODE_SHARED_PARAMS") != 0 &&
-                       !spec_.offload.param_on_disk() && !spec_.fp8_all_gather;
-  } catch (const std::exception& e) {  // a bad value on one rank must not leave the others in the all-reduce
-    log::warning(fmt::format("{}; parameters stay private to each rank", e.what()));
-  }
+  bool want_node_shared = sharded_params && cpu_model && !spec_.offload.param_on_disk() && !spec_.fp8_all_gather &&
+                          asks_for("ACCEL_NODE_SHARED_PARAMS", "parameters stay private to each rank");
   // Only if every rank of the group asks (each reads its own env); a CUDA engine issues no extra collective.
   if (sharded_params && cpu_model && shard_->size() > 1) {
     at::Tensor w = at::full({1}, want_node_shared ? 1 : 0, at::kInt);
@@ -285,14 +291,9 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   rdt = spec_.reduce_dtype.value_or(rdt);
   if (plan_.passthrough) return;           // nothing to reduce
   CategoryScope cat(Category::Gradients);  // all-reduce buckets allocate their gradient buffers here
-  bool shared_grads = false;
-  try {
-    shared_grads = env::get_int("ACCEL_NODE_SHARED_GRADS") != 0;
-  } catch (const std::exception& e) {  // a bad value: this rank declines (the reducer's collective tells the others)
-    log::warning(fmt::format("{}; gradient buffers stay private to each rank", e.what()));
-  }
-  reducer_ = std::make_unique<GradReducer>(std::move(order), plan_.reduce_mode, rdt, shard_, replicate_,
-                                           spec_.bucket_bytes, spec_.grad_buckets_in_flight, shared_grads);
+  reducer_ = std::make_unique<GradReducer>(
+      std::move(order), plan_.reduce_mode, rdt, shard_, replicate_, spec_.bucket_bytes, spec_.grad_buckets_in_flight,
+      asks_for("ACCEL_NODE_SHARED_GRADS", "gradient buffers stay private to each rank"));
   // Offload to host memory: a reduced gradient starts its way to the host as soon as its bucket
   // finishes, while backward goes on (unless a pending gradient is still to be added to it).
   if (host_copies_)

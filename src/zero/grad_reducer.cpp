@@ -85,7 +85,6 @@ GradReducer::GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10
     return;
   }
   shared_ = pool.narrow(0, shard_->rank() * capacity, capacity);
-  shared_capacity_ = capacity;
 }
 
 at::Tensor GradReducer::grad_buffer(std::size_t i) {
@@ -103,7 +102,7 @@ at::Tensor GradReducer::free_buffer(std::int64_t numel) {
   std::int64_t at = 0;
   std::size_t pos = 0;
   for (; pos < pieces_.size() && pieces_[pos].offset - at < need; ++pos) at = pieces_[pos].offset + pieces_[pos].numel;
-  if (at + need > shared_capacity_) return {};
+  if (at + need > shared_.numel()) return {};
   // A storage of its own over the piece (each keeps the object mapped): its use count says when it is free.
   at::Tensor whole = shared_;
   at::Tensor memory = at::from_blob(
@@ -114,7 +113,7 @@ at::Tensor GradReducer::free_buffer(std::int64_t numel) {
 }
 
 std::int64_t GradReducer::node_shared_grad_bytes() const {
-  return shared_capacity_ * (shared_.defined() ? static_cast<std::int64_t>(shared_.element_size()) : 0);
+  return shared_.defined() ? static_cast<std::int64_t>(shared_.nbytes()) : 0;
 }
 
 void GradReducer::mark_ready(std::size_t i) {

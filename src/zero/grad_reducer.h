@@ -98,7 +98,8 @@ class GradReducer {
   void finish(Bucket& b);
   void notify(const Bucket& b);  // on_reduced_ for its members
   at::Tensor output(Bucket& b, std::int64_t numel, const at::TensorOptions& options);  // kept_out or new
-  at::Tensor free_buffer(std::int64_t numel);  // a view of free node-shared memory, or undefined
+  // A view of free node-shared memory, or undefined.
+  at::Tensor free_buffer(std::int64_t numel);
 
   std::vector<sharding::FlatParam*> flats_;
   Mode mode_;
@@ -111,15 +112,13 @@ class GradReducer {
   std::vector<at::Tensor> results_;
   std::size_t next_launch_ = 0, next_finish_ = 0;
   std::function<void(std::size_t, const at::Tensor&)> on_reduced_;
-  // Node-shared gradient buffers: this rank's part of the group's object (shared_capacity_ elements),
-  // the pieces handed out (each with a storage of its own: free once nothing else refers to it), by
-  // offset, and which flats may take one.
+  // Node-shared gradient buffers: this rank's part of the group's object, the pieces handed out (each with a storage of
+  // its own: free once nothing else refers to it), by offset, and which flats may take one.
   struct Piece {
     std::int64_t offset, numel;
     at::Tensor memory;
   };
   at::Tensor shared_;
-  std::int64_t shared_capacity_ = 0;
   std::vector<Piece> pieces_;
   std::vector<char> takes_buffer_;
 };

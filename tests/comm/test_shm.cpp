@@ -238,7 +238,8 @@ TEST(Shm, ReduceScatterReadsNodeSharedInputsInPlace) {
   for (at::ScalarType d : {at::kFloat, at::kBFloat16, at::kDouble})
     for (bool all_shared : {true, false})
       for (bool in_place : {false, true}) {
-        const std::string tag = std::string(dtype_name(d)) + (all_shared ? ", every input shared" : ", rank 0's shared") +
+        const std::string tag = std::string(dtype_name(d)) +
+                                (all_shared ? ", every input shared" : ", rank 0's shared") +
                                 (in_place ? ", output in place" : "");
         at::Tensor pool = comm->node_shared_empty(n * n * k, d);  // each rank's input side by side
         ASSERT_TRUE(pool.defined()) << tag;

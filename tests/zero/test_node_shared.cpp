@@ -169,7 +169,7 @@ TEST_P(NodeSharedGrads, TrainToTheSameBitsAndAreReadInPlace) {
                             : strategy == "ZeRO2"    ? zero::ShardingSpec::zero(2)
                                                      : zero::ShardingSpec::zero(3);
   if (strategy == "ZeRO3_alone") spec.bucket_bytes = 1;  // every flat reduced alone, from its own buffer
-  if (strategy == "ZeRO3_bf16") {                       // bf16 gradients staged into fp32 reduce buffers
+  if (strategy == "ZeRO3_bf16") {                        // bf16 gradients staged into fp32 reduce buffers
     spec.param_dtype = at::kBFloat16;
     spec.master_dtype = at::kFloat;
   }
