@@ -4,7 +4,7 @@
 # Python whose torch is the pinned version (the device machines lent to some sessions are such). It
 # packs, from this machine's CUDA build (build/, as scripts/setup.sh makes it where the CUDA toolkit
 # with NCCL is installed):
-#   bin/   the programs gpu_check.sh runs (accel, accel-rank, accel_tests, cuda_tests, step_bench,
+#   bin/   the programs gpu_check.sh runs (accel, accel-rank, accel_tests, cuda_tests, step_bench, gpt_lm,
 #          comm_bench), stripped;
 #   lib/   libaccel.so and every library they load that is neither torch's, CUDA's, nor the C/C++
 #          runtime's (yaml-cpp, fmt, spdlog, liburing, protobuf-lite, Open MPI's and what those load);
@@ -20,7 +20,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${ACCEL_BUILD:-$ROOT/build}
 OUT=${1:-$ROOT/.gpu_bundle}
-PROGRAMS=(accel accel-rank accel_tests cuda_tests step_bench comm_bench)
+PROGRAMS=(accel accel-rank accel_tests cuda_tests step_bench comm_bench gpt_lm)
 MPI_PKGS=(openmpi-bin libopenmpi3 openmpi-common libpmix2 libmunge2 libhwloc15 libevent-core-2.1-7
           libevent-pthreads-2.1-7)
 # Plugins whose libraries are not packed (see above), and Open MPI's Java, Fortran and OpenSHMEM

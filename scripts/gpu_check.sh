@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh — everything a CPU-only machine cannot run, for a machine with a CUDA GPU:
 #   1. the build (scripts/setup.sh --no-run: the CUDA build of accel with the NCCL backend);
-#   2. the CUDA tests: the NCCL collectives (accel_tests *CUDA*: every dtype and op, the compute stream
-#      not waiting for a collective, fp8 all-gathers) and training on the device (cuda_tests: every
-#      strategy against plain libtorch, bf16 and fp16 autocast, fp8 through at::_scaled_mm against a
-#      bf16 Linear), at 1 rank, and at 2 ranks where mpirun runs (two GPUs: NCCL across them; one GPU:
-#      the Accelerator must refuse two ranks on one device);
+#   2. the CUDA tests at 1, 2 and 4 ranks (ranks beyond the GPUs share them): the collectives on CUDA
+#      tensors (accel_tests *CUDA*: every dtype and op over the transport ACCEL_CUDA_COMM picks, NCCL with
+#      a GPU per rank, staged through host memory where ranks share one, and the staged path against the
+#      CPU path's bits) and training on the device (cuda_tests: every strategy against plain libtorch,
+#      bf16 and fp16 autocast with overflow skipping on every rank, fp8 through at::_scaled_mm, ranks
+#      sharing a GPU refused under ACCEL_CUDA_COMM=nccl);
+#   2b. the sharding engine on the device (ACCEL_TEST_DEVICE=cuda): the parity suite (every strategy
+#      against the single-process reference, float64 and float32), the collective counts and traffic,
+#      the engine's edge cases and activation checkpointing, at 1, 2 and 4 ranks; and the GPT example
+#      under the shipped sharded configs at 2 ranks following ZeRO-1's loss, and a checkpoint saved by
+#      ZeRO-3 at 4 ranks resumed by FULL_SHARD at 2;
 #   3. step_bench on the GPU (every strategy in fp32, then fp32/bf16/fp16/fp8 interleaved, then a wider
 #      GPT in bf16) and, where benchmarks/torch_anchor.py exists, PyTorch on the same GPU and model
 #      (fp32, and the wide GPT in bf16 with fp32 masters), then PyTorch's wide bf16 step under
@@ -13,6 +19,7 @@
 # Usage:
 #   bash scripts/gpu_check.sh                 build, then run everything (needs what setup.sh needs)
 #   bash scripts/gpu_check.sh --no-build      use the binaries in $ACCEL_BIN (default build/bin)
+#   bash scripts/gpu_check.sh --no-bench ...  the tests only (steps 1-2b), not step 3
 #   bash scripts/gpu_check.sh --bundle DIR    a machine that cannot build (no network, no Open MPI):
 #                                             the programs and libraries scripts/gpu_bundle.sh packed
 #                                             into DIR on a machine that can, with this machine's own
@@ -30,14 +37,16 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=1
 BUNDLE=""
 SETUP_ONLY=0
+BENCH=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) BUILD=0 ;;
     --bundle) BUNDLE=${2:-}; BUILD=0; shift ;;
     --bundle=*) BUNDLE=${1#--bundle=}; BUILD=0 ;;
     --setup-only) SETUP_ONLY=1 ;;
+    --no-bench) BENCH=0 ;;
     -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
-    *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --bundle DIR [--setup-only], --help)" >&2; exit 2 ;;
+    *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --no-bench, --bundle DIR [--setup-only], --help)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -106,18 +115,53 @@ PYEOF
     exit 0
   fi
 fi
-NDEV=$(nvidia-smi -L | grep -c '^GPU')
 step accel_env "$BIN/accel" env
 
 # --- the CUDA tests ------------------------------------------------------------------------------
-step nccl_np1 "$BIN/accel_tests" --gtest_filter='*CUDA*'
+# Several ranks start as users start them (accel launch: mpirun, each rank on its share of the cores);
+# where they outnumber the GPUs they share them, and their CUDA collectives are staged through host memory.
+step cuda_comm_np1 "$BIN/accel_tests" --gtest_filter='*CUDA*:CudaCommChoice*'
 step cuda_training_np1 "$BIN/cuda_tests"
-# Two ranks start as users start them (accel launch: mpirun, each rank on its share of the cores).
+ENGINE_TESTS='*Parity.*:EngineCounts.*:EngineEdges.*:EngineLifecycle.*:EngineStep.*:ActivationCheckpoint.*'
+step engine_cuda_np1 env ACCEL_TEST_DEVICE=cuda "$BIN/accel_tests" --gtest_filter="$ENGINE_TESTS"
 if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
-  if [ "$NDEV" -ge 2 ]; then step nccl_np2 "$BIN/accel" launch -n 2 "$BIN/accel_tests" --gtest_filter='*CUDA*'; fi
-  step cuda_training_np2 "$BIN/accel" launch -n 2 "$BIN/cuda_tests"
+  for np in 2 4; do
+    step "cuda_comm_np$np" "$BIN/accel" launch -n "$np" "$BIN/accel_tests" --gtest_filter='*CUDA*:CudaCommChoice*'
+    step "cuda_training_np$np" "$BIN/accel" launch -n "$np" "$BIN/cuda_tests"
+    step "engine_cuda_np$np" env ACCEL_TEST_DEVICE=cuda "$BIN/accel" launch -n "$np" "$BIN/accel_tests" \
+      --gtest_filter="$ENGINE_TESTS"
+  done
+  # The GPT example on the device under the shipped sharded configs at 2 ranks (and at world 1, no
+  # launcher) follows the loss of ZeRO-1 at 2 ranks (whose own 2-rank run follows its world-1 run).
+  EX=$OUTDIR/examples
+  FOLLOW=(bash "$ROOT/tests/examples/follow_reference.sh" "$BIN/accel" "$BIN/gpt_lm")
+  step gpt_cuda_zero1_np2_vs_world1 "${FOLLOW[@]}" "$ROOT/configs/deepspeed/zero1.yaml" world1 "$EX"
+  for cfg in deepspeed/zero2 deepspeed/zero3 fsdp/full_shard fsdp/shard_grad_op fsdp/no_shard; do
+    step "gpt_cuda_${cfg#*/}_follows_zero1" "${FOLLOW[@]}" "$ROOT/configs/$cfg.yaml" "$EX/zero1.np2.log" "$EX"
+  done
+  # A checkpoint saved by ZeRO-3 at 4 ranks after 4 steps, resumed by FULL_SHARD at 2 ranks to step 8:
+  # steps 5-8 follow 8 uninterrupted ZeRO-3 steps at 4 ranks.
+  ckpt_reshard() {
+    local ck=$OUTDIR/ckpt gpt=("$BIN/gpt_lm" --seed 3)
+    rm -rf "$ck" && mkdir -p "$ck"
+    "$BIN/accel" launch -n 4 "${gpt[@]}" --config_file "$ROOT/configs/deepspeed/zero3.yaml" --steps 8 \
+      --log_file "$ck/full.log" &&
+      "$BIN/accel" launch -n 4 "${gpt[@]}" --config_file "$ROOT/configs/deepspeed/zero3.yaml" --steps 4 \
+        --save_state_to "$ck/step4" --log_file "$ck/first.log" &&
+      "$BIN/accel" launch -n 2 "${gpt[@]}" --config_file "$ROOT/configs/fsdp/full_shard.yaml" --steps 8 \
+        --resume_from_checkpoint "$ck/step4" --log_file "$ck/second.log" || return 1
+    awk 'NR == FNR { ref[$2] = $4; next } { n++; d = $4 - ref[$2]; if (d < 0) d = -d; r = d / ref[$2]; if (r > w) w = r }
+      END { printf "resumed steps: %d, worst relative difference to the uninterrupted run %.2e (tolerance 2e-4)\n", n, w
+            exit !(n == 4 && w <= 2e-4) }' "$ck/full.log" "$ck/second.log"
+  }
+  step ckpt_zero3_np4_to_full_shard_np2 ckpt_reshard
 else
   SUMMARY+=("$(printf '%-28s %-4s  (accel launch cannot start 2 ranks here)' np2_tests SKIP)")
+fi
+if [ "$BENCH" = 0 ]; then
+  printf '\n== summary (logs in %s)\n' "$OUTDIR"
+  printf '%s\n' "${SUMMARY[@]}"
+  exit $FAILED
 fi
 
 # --- step_bench on the GPU, and PyTorch beside it ---------------------------------------------------

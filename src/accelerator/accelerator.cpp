@@ -5,6 +5,8 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/model_export.h"
 #include "checkpoint/sharded_state.h"
+#include "comm/cuda_comm.h"
+#include "comm/nccl_backend.h"
 #include "dispatch/dispatch.h"
 #include "zero/sharded_optimizer.h"
 #include "zero/unit_report.h"
@@ -100,19 +102,31 @@ c10::Device pick_device(const AcceleratorConfig& cfg, const comm::Topology& topo
                     "DEEPSPEED, which run on either)",
                     cfg.source, cuda ? ", but use_cpu is true" : " and this machine has none"));
   if (!cuda || cfg.use_cpu || cfg.distributed_type == DistributedType::MultiCpu) return c10::Device(c10::kCPU);
-  // One GPU per rank: NCCL cannot put two ranks of a communicator on one device, and it would only
-  // fail at the first collective, deep in prepare(). A simulated topology (ACCEL_RANKS_PER_NODE) says
-  // nothing about machines: every rank is then taken to be on this one.
+  // More ranks on a node than GPUs: they share them (cuda:(local rank % devices)), and their collectives
+  // on CUDA tensors are staged through host memory (comm/cuda_comm.h), since NCCL cannot put two ranks
+  // on one device; refused where ACCEL_CUDA_COMM=nccl asks for NCCL anyway. A simulated topology
+  // (ACCEL_RANKS_PER_NODE) says nothing about machines: every rank is then taken to be on this one.
   const int n = at::detail::getCUDAHooks().deviceCount();
   const int ranks_here = topo.simulated ? topo.world_size : topo.local_world_size;
   const int index = topo.simulated ? topo.rank : topo.local_rank;
-  if (ranks_here > n)
-    throw ConfigError(fmt::format(
-        "{}: {} ranks on this node but {} CUDA device(s): each rank needs its own GPU (NCCL cannot put two ranks on "
-        "one device). Launch at most {} rank(s) per node (accel launch --num_processes), make more devices visible "
-        "(CUDA_VISIBLE_DEVICES), or train on the CPU (use_cpu: true, or ACCEL_USE_CPU=1)",
-        cfg.source.empty() ? std::string("the configuration") : cfg.source, ranks_here, n, n));
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+  if (ranks_here > n) {
+    const std::string where = cfg.source.empty() ? std::string("the configuration") : cfg.source;
+    try {
+      comm::choose_cuda_comm(comm::cuda_comm_requested(), comm::nccl_compiled(), ranks_here);
+    } catch (const comm::InvalidArgument& e) {
+      throw ConfigError(fmt::format(
+          "{}: {} ranks on this node but {} CUDA device(s): {}. Launch at most {} rank(s) per node (accel launch "
+          "--num_processes), make more devices visible (CUDA_VISIBLE_DEVICES), or train on the CPU (use_cpu: true, "
+          "or ACCEL_USE_CPU=1)",
+          where, ranks_here, n, e.what(), n));
+    }
+    if (index == 0)
+      log::warning(fmt::format(
+          "{} ranks on this node share {} CUDA device(s): collectives on CUDA tensors are staged through host "
+          "memory (ACCEL_CUDA_COMM; NCCL needs one GPU per rank), which is slower",
+          ranks_here, n));
+  }
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index % n));
 }
 
 // Offloaded state brought into memory for a checkpoint's duration (Engine::stage_offloaded). What a

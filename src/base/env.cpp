@@ -15,6 +15,10 @@ const std::vector<Variable>& table() {
       {"ACCEL_COMM_SHM", "1",
        "1: collectives on CPU tensors between the ranks of one node go through shared memory (groups spanning "
        "nodes: node-local shared memory plus MPI between nodes); 0: every CPU collective goes over MPI"},
+      {"ACCEL_CUDA_COMM", "auto",
+       "collectives on CUDA tensors: nccl (one GPU per rank), host (staged through pinned host memory over "
+       "the CPU transport: works where ranks share a GPU, at host-copy speed), auto (nccl, unless ranks of the "
+       "group share a GPU or the build has no NCCL: then host); set it alike on every rank"},
       {"ACCEL_COMM_SHM_CHUNK_KB", "256",
        "the shared-memory transport's chunk per rank and buffer, in KiB (pipelining grain; rank 0's value is used)"},
       {"ACCEL_CPU_MALLOC_CACHE", "1",

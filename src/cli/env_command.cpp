@@ -7,6 +7,7 @@
 #include "accel/version.h"
 #include "base/env.h"
 #include "comm/communicator.h"
+#include "comm/cuda_comm.h"
 #include "comm/mpi_backend.h"
 #include "comm/nccl_backend.h"
 #include "kernels/cpu_gemm.h"
@@ -47,6 +48,10 @@ int run_env() {
   fmt::print("MPI               {}\n", comm::mpi_library_version());
   fmt::print("NCCL backend      {}: {}\n", comm::nccl_compiled() ? "compiled" : "not compiled", comm::nccl_version());
   fmt::print("CUDA devices      {}{}\n", devices, devices == 0 ? " (CUDA tensors unusable; CPU/MPI only)" : "");
+  if (devices > 0)
+    fmt::print("CUDA collectives  {} (ACCEL_CUDA_COMM, for the {} rank(s) on rank 0's node)\n",
+               comm::describe_cuda_comm(t.simulated ? t.world_size : t.local_world_size, devices),
+               t.simulated ? t.world_size : t.local_world_size);
   std::string gemm;
   try {
     gemm = cpu_gemm::describe(cpu_gemm::from_env()) + ", once an engine is built";

@@ -10,6 +10,8 @@
 #include "accelerator/config.h"
 #include "base/env.h"
 #include "base/files.h"
+#include "comm/cuda_comm.h"
+#include "comm/nccl_backend.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -290,6 +292,9 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
       : plan.binding == "slurm" ? std::string("cores as Slurm binds them")
                                 : std::string("placement from --launcher_args");
   fmt::print(stderr, "accel launch: {}; {}\n", cores, threads);
+  if (const int gpus = comm::cuda_device_count(); gpus > 0 && !args.cpu)
+    fmt::print(stderr, "accel launch: {} GPU(s) per machine (as on this one); collectives on CUDA tensors: {}\n", gpus,
+               comm::describe_cuda_comm(plan.per_machine, gpus));
   if (args.dry_run) {
     fmt::print("{}\n", shell_join(plan.argv));
     return 0;

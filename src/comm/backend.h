@@ -35,6 +35,9 @@ struct Request {
   // Not started before every one of these has finished; fails with the first one's error, if any
   // failed (which happens alike on every rank: they are checks or steps of the same collective).
   std::vector<WorkPtr> after;
+  // Not started before this returns true either (polled by the transport's thread; must be cheap
+  // and take no lock the transport holds: a device event's query, for collectives staged from a GPU).
+  std::function<bool()> ready;
   // Runs after the data moved, before work is finished (copy a staging buffer out, divide for avg).
   std::function<void()> then;
 };
@@ -48,6 +51,10 @@ inline bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 // The first error among `after`, or null; `ready` false while one is still running.
 inline std::exception_ptr dependency_error(const Request& r, bool& ready) {
   ready = true;
+  if (r.ready && !r.ready()) {
+    ready = false;
+    return nullptr;
+  }
   for (const auto& w : r.after) {
     if (!w->finished()) {
       ready = false;

@@ -4,12 +4,18 @@
 #include "base/log.h"
 
 #include "comm/backend.h"
+#include "comm/cuda_comm.h"
 #include "comm/dtype.h"
 #include "comm/hierarchical.h"
 #include "comm/mpi_backend.h"
 #include "comm/nccl_backend.h"
+#include "comm/staged_backend.h"
 
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
 
 namespace accel::comm {
 namespace {
@@ -63,7 +69,7 @@ Communicator::Communicator(std::unique_ptr<MpiBackend> mpi, std::shared_ptr<cons
 }
 
 Communicator::~Communicator() {
-  nccl_.reset();  // before the MPI group it was bootstrapped from
+  cuda_.reset();  // before the MPI group it was bootstrapped from and the CPU transport it may stage over
   cpu_.reset();
 }
 
@@ -73,17 +79,58 @@ Backend& Communicator::backend_for(const at::Tensor& t) {
   if (!t.defined() || t.is_cpu()) return cpu_ ? *cpu_ : static_cast<Backend&>(*mpi_);
   if (t.is_cuda()) {
     int dev = t.get_device();
-    if (!nccl_) {
-      nccl_ = make_nccl_backend(*mpi_, dev);
-      nccl_device_ = dev;
-    } else if (dev != nccl_device_) {
-      throw InvalidArgument(
-          fmt::format("tensor on cuda:{} but this communicator's NCCL backend uses cuda:{} (one device per rank)", dev,
-                      nccl_device_));
+    if (!cuda_) {
+      cuda_ = make_cuda_backend(t);
+      cuda_device_ = dev;
+    } else if (dev != cuda_device_) {
+      throw InvalidArgument(fmt::format(
+          "tensor on cuda:{} but this communicator's CUDA collectives ({}) use cuda:{} (one device per rank)", dev,
+          cuda_->name(), cuda_device_));
     }
-    return *nccl_;
+    return *cuda_;
   }
-  throw InvalidArgument(fmt::format("no backend for device {} (CPU: mpi, CUDA: nccl)", t.device().str()));
+  throw InvalidArgument(fmt::format("no backend for device {} (CPU: shm/mpi, CUDA: nccl/host)", t.device().str()));
+}
+
+std::unique_ptr<Backend> Communicator::make_cuda_backend(const at::Tensor& t) {
+  // Every rank's GPU and wish, so that all ranks decide alike (a bad value on one rank fails them all).
+  struct Mine {
+    char uuid[16];
+    int wish;  // CudaComm, or -1: ACCEL_CUDA_COMM is bad here
+  } mine{};
+  const std::string uuid = cuda_device_uuid(t.get_device());
+  std::memcpy(mine.uuid, uuid.data(), std::min(uuid.size(), sizeof mine.uuid));
+  std::string bad;
+  try {
+    mine.wish = static_cast<int>(cuda_comm_requested());
+  } catch (const InvalidArgument& e) {
+    mine.wish = -1;
+    bad = e.what();
+  }
+  std::vector<Mine> all(size_);
+  mpi_->allgather_bytes(&mine, sizeof mine, all.data());
+  int sharing = 0;
+  for (int q = 0; q < size_; ++q) {
+    if (all[q].wish != all[0].wish)
+      throw InvalidArgument(
+          fmt::format("ACCEL_CUDA_COMM differs between ranks 0 and {}: set it alike on every rank", q));
+    const bool known = std::any_of(all[q].uuid, all[q].uuid + 16, [](char c) { return c != 0; });
+    for (int o = 0; o < size_ && known; ++o)
+      if (o != q && std::memcmp(all[q].uuid, all[o].uuid, 16) == 0) {
+        ++sharing;
+        break;
+      }
+  }
+  if (all[0].wish < 0) throw InvalidArgument(bad.empty() ? "ACCEL_CUDA_COMM is not one of auto, nccl, host" : bad);
+  const CudaCommChoice choice = choose_cuda_comm(static_cast<CudaComm>(all[0].wish), nccl_compiled(), sharing);
+  std::unique_ptr<Backend> b;
+  if (choice.comm == CudaComm::Nccl)
+    b = make_nccl_backend(*mpi_, t.get_device());
+  else
+    b = make_staged_backend(cpu_ ? *cpu_ : static_cast<Backend&>(*mpi_), t.device());
+  if (rank_ == 0)
+    log::info(fmt::format("collectives on CUDA tensors of a group of {}: {} ({})", size_, b->name(), choice.why));
+  return b;
 }
 
 const char* Communicator::backend_name(const at::Tensor& t) { return backend_for(t).name(); }

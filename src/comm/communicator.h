@@ -1,13 +1,14 @@
 // accel::comm::Communicator — the one interface for collectives over a group of ranks.
 //
 // CPU tensors go over shared memory between the ranks of one node (over MPI when the group spans
-// nodes, hierarchically; plain MPI with ACCEL_COMM_SHM=0), CUDA tensors over NCCL (bootstrapped over MPI on first use);
-// the backend is chosen per call from the tensor's device. Every collective exists as `x_async` returning a Work and as
-// a blocking `x` (= x_async(...)->wait()). Collectives must be issued in the same order on every rank of the group.
-// Tensors must be contiguous, and for out-of-place calls on one device with one dtype. Errors: InvalidArgument (this
-// rank's arguments), MismatchError (ranks disagree on sizes, dtype, op or root; raised on every rank; on CUDA it also
-// aborts the NCCL communicator), TimeoutError (then the communicator is broken and the process aborts the job
-// at exit rather than hang), CommError (anything else).
+// nodes, hierarchically; plain MPI with ACCEL_COMM_SHM=0), CUDA tensors over NCCL (bootstrapped over MPI on first use),
+// or, where ranks of the group share a GPU or the build has no NCCL, staged through pinned host memory over the
+// CPU transport (ACCEL_CUDA_COMM, cuda_comm.h); the backend is chosen per call from the tensor's device. Every
+// collective exists as `x_async` returning a Work and as a blocking `x` (= x_async(...)->wait()). Collectives must be
+// issued in the same order on every rank of the group. Tensors must be contiguous, and for out-of-place calls on one
+// device with one dtype. Errors: InvalidArgument (this rank's arguments), MismatchError (ranks disagree on sizes,
+// dtype, op or root; raised on every rank; on CUDA it also aborts the NCCL communicator), TimeoutError (then the
+// communicator is broken and the process aborts the job at exit rather than hang), CommError (anything else).
 //
 // Not thread-safe: one thread issues collectives on a communicator (Work::wait may be called from any).
 #pragma once
@@ -92,7 +93,8 @@ class Communicator {
 
   // True after a timeout: every later collective raises CommError.
   bool broken() const { return broken_->load(); }
-  // Name of the backend the tensor's device selects ("shm", "shm+mpi", "mpi", "nccl").
+  // Name of the backend the tensor's device selects ("shm", "shm+mpi", "mpi", "nccl", "host+shm", ...).
+  // For a CUDA tensor the first call is collective (it chooses the CUDA transport).
   const char* backend_name(const at::Tensor& t);
 
  private:
@@ -102,11 +104,13 @@ class Communicator {
   WorkPtr submit(Collective kind, const at::Tensor& input, const at::Tensor& output, ReduceOp op, int root,
                  Duration timeout, bool blocking = false);
   Backend& backend_for(const at::Tensor& t);
+  // Collective: NCCL or host staging for this group's CUDA tensors on cuda:device (cuda_comm.h).
+  std::unique_ptr<Backend> make_cuda_backend(const at::Tensor& t);
 
   std::unique_ptr<MpiBackend> mpi_;
-  std::unique_ptr<Backend> cpu_;  // shared memory (or hierarchical) for CPU tensors; null: MPI
-  std::unique_ptr<Backend> nccl_;
-  int nccl_device_ = -1;
+  std::unique_ptr<Backend> cpu_;   // shared memory (or hierarchical) for CPU tensors; null: MPI
+  std::unique_ptr<Backend> cuda_;  // NCCL, or staged through host memory over cpu_ (or mpi_)
+  int cuda_device_ = -1;
   int rank_ = 0, size_ = 1;
   std::shared_ptr<const Topology> topo_;
   std::shared_ptr<std::atomic<bool>> broken_;  // shared by the world and every group split from it

@@ -343,7 +343,6 @@ class NcclBackend final : public Backend {
       }
       MpiBackend::mark_broken();
     });
-
   }
 
  private:
@@ -428,6 +427,15 @@ int cuda_device_count() {
   } catch (...) {
     return 0;
   }
+}
+
+std::string cuda_device_uuid(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  return std::string(prop.uuid.bytes, sizeof prop.uuid.bytes);
 }
 
 std::unique_ptr<Backend> make_nccl_backend(MpiBackend& bootstrap, int device_index) {

@@ -25,6 +25,9 @@ bool nccl_compiled();
 std::string nccl_version();
 // Number of CUDA devices visible (0 without CUDA or without a driver). Never throws.
 int cuda_device_count();
+// The 16 bytes that name the physical GPU behind cuda:`device` (the same GPU seen by two processes with
+// different CUDA_VISIBLE_DEVICES has one uuid), or empty where unknown. Never throws.
+std::string cuda_device_uuid(int device);
 // Collective over the group `bootstrap` spans. Throws CommError when NCCL is not compiled in.
 std::unique_ptr<Backend> make_nccl_backend(MpiBackend& bootstrap, int device_index);
 

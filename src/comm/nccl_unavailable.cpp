@@ -12,6 +12,8 @@ std::string nccl_version() { return "not compiled (CUDA toolkit or NCCL not foun
 
 int cuda_device_count() { return 0; }
 
+std::string cuda_device_uuid(int /*device*/) { return {}; }
+
 std::unique_ptr<Backend> make_nccl_backend(MpiBackend& /*bootstrap*/, int /*device_index*/) {
   throw CommError(
       "accel was built without NCCL: CUDA tensors cannot be communicated; rebuild on a machine with the CUDA "

@@ -1,12 +1,15 @@
-// NCCL path of accel::comm::Communicator (CUDA tensors), checked against closed forms.
-// Run under mpirun with 1-4 ranks; main() (elsewhere) initializes MPI through accel::test::world().
-// Every test skips without a CUDA device; each rank uses cuda:(rank % device count). NCCL cannot put
-// two ranks of one communicator on one GPU, so tests also skip when a node has more ranks than GPUs.
-// Skip decisions depend only on values every rank agrees on, so no rank is left alone in a collective.
+// Collectives on CUDA tensors through accel::comm::Communicator, checked against closed forms, over
+// the transport ACCEL_CUDA_COMM picks (comm/cuda_comm.h): NCCL with one GPU per rank, staged through
+// host memory where ranks share a GPU (or ACCEL_CUDA_COMM=host). Run under mpirun with 1-4 ranks;
+// main() (elsewhere) initializes MPI through accel::test::world(). Every test skips without a CUDA
+// device, and where ACCEL_CUDA_COMM=nccl is asked for ranks that share a GPU; each rank uses
+// cuda:(local rank % device count). Skip decisions depend only on values every rank agrees on, so no
+// rank is left alone in a collective.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include "comm/communicator.h"
+#include "comm/cuda_comm.h"
 #include "comm/nccl_backend.h"
 #include "test_world.h"
 
@@ -30,30 +33,29 @@ using accel::comm::ReduceOp;
 struct Ctx {
   std::shared_ptr<Communicator> comm;
   int rank = 0, world = 1, device = 0;
-  std::string skip;  // non-empty: why the test cannot run here
+  accel::comm::CudaCommChoice choice{accel::comm::CudaComm::Nccl, ""};  // what the communicator picks
+  std::string skip;                                                     // non-empty: why the test cannot run here
 
   at::TensorOptions opts(at::ScalarType t) const {
     return at::TensorOptions().dtype(t).device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
   }
 };
 
-// Returns false (with ctx.skip set) when the NCCL path cannot run on this machine.
+// Returns false (with ctx.skip set) when collectives on CUDA tensors cannot run on this machine.
 bool setup(Ctx& ctx) {
   const int ndev = accel::comm::cuda_device_count();
-  if (!accel::comm::nccl_compiled()) {
-    ctx.skip = "built without NCCL";
-    return false;
-  }
   ctx.comm = accel::test::world();
   ctx.rank = ctx.comm->rank();
   ctx.world = ctx.comm->size();
-  ctx.device = ctx.rank % ndev;
   const auto& topo = ctx.comm->topology();
   // A simulated topology (ACCEL_RANKS_PER_NODE) says nothing about machines: assume one machine.
   const int ranks_here = topo.simulated ? topo.world_size : topo.local_world_size;
-  if (ranks_here > ndev) {
-    ctx.skip = std::to_string(ranks_here) + " ranks share " + std::to_string(ndev) +
-               " CUDA device(s); NCCL needs one GPU per rank";
+  ctx.device = (topo.simulated ? topo.rank : topo.local_rank) % ndev;
+  try {
+    ctx.choice = accel::comm::choose_cuda_comm(accel::comm::cuda_comm_requested(), accel::comm::nccl_compiled(),
+                                               ranks_here > ndev ? ranks_here : 0);
+  } catch (const accel::comm::InvalidArgument& e) {
+    ctx.skip = e.what();
     return false;
   }
   return true;
@@ -83,11 +85,15 @@ TEST(NcclComm_CUDA, VersionAndBackend) {
   if (accel::comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   if (!setup(ctx)) GTEST_SKIP() << ctx.skip;
-  EXPECT_TRUE(accel::comm::nccl_compiled());
-  EXPECT_EQ(accel::comm::nccl_version().rfind("2.", 0), 0u) << accel::comm::nccl_version();
+  if (accel::comm::nccl_compiled())
+    EXPECT_EQ(accel::comm::nccl_version().rfind("2.", 0), 0u) << accel::comm::nccl_version();
   const at::Tensor t = at::zeros({4}, ctx.opts(at::kFloat));
-  EXPECT_STREQ(ctx.comm->backend_name(t), "nccl");
-  EXPECT_STREQ(ctx.comm->backend_name(t.cpu()), "mpi");
+  const std::string name = ctx.comm->backend_name(t);
+  if (ctx.choice.comm == accel::comm::CudaComm::Nccl)
+    EXPECT_EQ(name, "nccl");
+  else  // staged over the group's CPU transport ("mpi" at one rank, "shm" on one node)
+    EXPECT_EQ(name, std::string("host+") + ctx.comm->backend_name(t.cpu())) << ctx.choice.why;
+  if (ctx.world == 1) EXPECT_STREQ(ctx.comm->backend_name(t.cpu()), "mpi");
 }
 
 TEST(NcclComm_CUDA, AllReduceSumEveryDtype) {

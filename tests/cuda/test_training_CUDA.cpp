@@ -1,21 +1,25 @@
 // Training on CUDA devices through the Accelerator and the engine, checked against plain libtorch on
 // the same device (the GPU half of what the CPU suites check; run by scripts/gpu_check.sh):
 //   * every strategy (DDP, ZeRO-2/3, FULL_SHARD, SHARD_GRAD_OP) trains an MLP like plain libtorch;
-//     at one rank the engine is a passthrough, at N ranks (one GPU each) the reductions go over NCCL;
+//     at one rank the engine is a passthrough, at N ranks the reductions go over NCCL (one GPU each) or
+//     are staged through host memory (ranks sharing a GPU: comm/cuda_comm.h);
 //   * bf16 autocast on the device: the configured dtype inside acc.autocast(), fp32 masters stepped on
 //     the device, training that follows fp32 within bf16's precision;
 //   * fp16 with the dynamic loss scaler: an overflow skips the step and leaves the weights alone;
 //   * fp8: Float8Linear through at::_scaled_mm (cuBLASLt) against the exact emulation and against a
 //     bf16 Linear;
-//   * more ranks on a node than GPUs is refused when the Accelerator starts;
+//   * more ranks on a node than GPUs share them, and are refused when the Accelerator starts under
+//     ACCEL_CUDA_COMM=nccl;
 //   * offload_optimizer device cpu: the masters in pinned host memory train like the device, and the
 //     side stream's copies queue behind the compute stream without blocking the host.
-// Every test skips without a CUDA device (and where ranks outnumber devices, except the last one).
+// Every test skips without a CUDA device (and where ranks outnumber devices under ACCEL_CUDA_COMM=nccl).
 #include "accelerator/accelerator.h"
 #include "accelerator/rows.h"
+#include "comm/cuda_comm.h"
 #include "comm/nccl_backend.h"
 #include "mixed_precision/float8_linear.h"
 #include "support/models.h"
+#include "support/scoped_env.h"
 #include "test_world.h"
 #include "zero/host_copies.h"
 
@@ -45,7 +49,11 @@ std::string cuda_skip_reason() {
   if (ndev == 0) return "no CUDA device";
   const auto& topo = world()->topology();
   const int here = topo.simulated ? topo.world_size : topo.local_world_size;
-  if (here > ndev) return std::to_string(here) + " ranks share " + std::to_string(ndev) + " CUDA device(s)";
+  try {
+    comm::choose_cuda_comm(comm::cuda_comm_requested(), comm::nccl_compiled(), here > ndev ? here : 0);
+  } catch (const comm::InvalidArgument& e) {
+    return e.what();
+  }
   return {};
 }
 #define SKIP_WITHOUT_CUDA()                     \
@@ -57,7 +65,8 @@ std::string cuda_skip_reason() {
 // This rank's device, as the Accelerator picks it.
 c10::Device my_device() {
   const auto& topo = world()->topology();
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(topo.simulated ? topo.rank : topo.local_rank));
+  const int index = topo.simulated ? topo.rank : topo.local_rank;
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index % comm::cuda_device_count()));
 }
 
 // A config file every rank reads (rank 0 writes it under a directory named after rank 0's pid).
@@ -389,19 +398,31 @@ TEST(CudaFloat8_CUDA, ScaledMmMatchesTheEmulationAndFollowsBf16Linear) {
   EXPECT_GT(rel, 1e-3) << "no fp8 rounding visible: is the fp8 path really taken?";
 }
 
-TEST(AcceleratorOnCuda_CUDA, MoreRanksThanDevicesIsRefusedAtStart) {
+TEST(AcceleratorOnCuda_CUDA, MoreRanksThanDevicesShareThemOrAreRefusedUnderNccl) {
   const int ndev = comm::cuda_device_count();
   if (ndev == 0) GTEST_SKIP() << "no CUDA device";
   const auto& topo = world()->topology();
   const int here = topo.simulated ? topo.world_size : topo.local_world_size;
   if (here <= ndev) GTEST_SKIP() << "every rank has its own GPU here (run with more ranks than devices)";
   const std::string cfg = write_config("gpu.yaml", "distributed_type: MULTI_GPU\n");
-  try {
-    Accelerator acc(quiet(cfg));
-    ADD_FAILURE() << "no error with " << here << " ranks on " << ndev << " device(s); device " << acc.device().str();
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("each rank needs its own GPU"), std::string::npos) << e.what();
+  {
+    ScopedEnv nccl("ACCEL_CUDA_COMM", "nccl");
+    try {
+      Accelerator acc(quiet(cfg));
+      ADD_FAILURE() << "no error with " << here << " ranks on " << ndev << " device(s) under ACCEL_CUDA_COMM=nccl";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("share a GPU, which NCCL refuses"), std::string::npos) << e.what();
+    }
   }
+  ScopedEnv any("ACCEL_CUDA_COMM", std::nullopt);
+  Accelerator acc(quiet(cfg));
+  EXPECT_EQ(acc.device(), my_device());
+  at::Tensor t = at::full({1000}, acc.process_index() + 1.0, at::TensorOptions().device(acc.device()));
+  auto group = world()->split(0, world()->rank());  // a group that chooses its CUDA transport now
+  EXPECT_EQ(std::string(group->backend_name(t)).rfind("host+", 0), 0u);
+  group->all_reduce(t);
+  const double n = acc.num_processes();
+  EXPECT_TRUE(at::equal(t.cpu(), at::full({1000}, n * (n + 1) / 2, at::kFloat)));
 }
 
 }  // namespace

@@ -11,10 +11,14 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 namespace accel::test {
@@ -29,6 +33,21 @@ struct Model {
   std::function<at::Tensor(const at::Tensor& x, const at::Tensor& y)> loss;
 };
 
+// Where the sharding suites put models and batches: the CPU, or ACCEL_TEST_DEVICE=cuda (each rank on
+// cuda:(local rank % devices), several ranks sharing a GPU where there are fewer; scripts/gpu_check.sh).
+inline c10::Device test_device() {
+  static const c10::Device d = [] {
+    const char* v = std::getenv("ACCEL_TEST_DEVICE");
+    if (v == nullptr || *v == '\0' || std::string(v) == "cpu") return c10::Device(c10::kCPU);
+    if (std::string(v) != "cuda")
+      throw std::invalid_argument(std::string("ACCEL_TEST_DEVICE='") + v + "': cpu or cuda");
+    const int n = static_cast<int>(c10::impl::getDeviceGuardImpl(c10::kCUDA)->deviceCount());
+    if (n == 0) throw std::runtime_error("ACCEL_TEST_DEVICE=cuda but no CUDA device is visible");
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world()->topology().local_rank % n));
+  }();
+  return d;
+}
+
 inline Model make_model(ModelKind kind, c10::ScalarType dtype, std::vector<int64_t> mlp_widths = {6, 10, 10, 3}) {
   at::manual_seed(1234);
   Model m;
@@ -41,7 +60,7 @@ inline Model make_model(ModelKind kind, c10::ScalarType dtype, std::vector<int64
     m.module = gpt;
     m.loss = [gpt](const at::Tensor& x, const at::Tensor& y) { return lm_loss(gpt->forward(x), y); };
   }
-  m.module->to(dtype);
+  m.module->to(test_device(), dtype);
   return m;
 }
 
@@ -49,9 +68,10 @@ inline Model make_model(ModelKind kind, c10::ScalarType dtype, std::vector<int64
 inline std::pair<at::Tensor, at::Tensor> make_batch(ModelKind kind, c10::ScalarType dtype, int step, int micro,
                                                     int64_t rows = 12, int64_t in = 6, int64_t out = 3) {
   at::manual_seed(100 + step * 10 + micro);
-  if (kind == ModelKind::MLP) return {at::randn({rows, in}).to(dtype), at::randn({rows, out}).to(dtype)};
+  const c10::Device d = test_device();
+  if (kind == ModelKind::MLP) return {at::randn({rows, in}).to(d, dtype), at::randn({rows, out}).to(d, dtype)};
   GPTConfig c;
-  return {at::randint(c.vocab, {rows, c.seq}), at::randint(c.vocab, {rows, c.seq})};
+  return {at::randint(c.vocab, {rows, c.seq}).to(d), at::randint(c.vocab, {rows, c.seq}).to(d)};
 }
 
 // AdamW / SGD(momentum, nesterov) with two groups: matrices decay, vectors (biases, norms) do not.

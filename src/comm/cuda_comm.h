@@ -1,0 +1,34 @@
+// accel::comm — which transport carries collectives on CUDA tensors (ACCEL_CUDA_COMM):
+//   nccl  NCCL, one GPU per rank (NCCL refuses two ranks of a communicator on one device);
+//   host  staged through pinned host memory over the group's CPU transport (staged_backend.h): works
+//         wherever the CPU path works, ranks sharing a GPU included, at host-copy speed;
+//   auto  (default) nccl, unless the build has no NCCL or ranks of the group share a GPU: then host.
+// The Communicator decides once per group, on its first CUDA collective, from every rank's device
+// (so all ranks decide alike); the launcher and the Accelerator predict the same from the topology.
+#pragma once
+
+#include <string>
+
+namespace accel::comm {
+
+enum class CudaComm { Auto, Nccl, Host };
+
+const char* to_string(CudaComm c);
+// ACCEL_CUDA_COMM; throws InvalidArgument naming the variable and the allowed values on a bad one.
+CudaComm cuda_comm_requested();
+
+struct CudaCommChoice {
+  CudaComm comm;    // Nccl or Host
+  std::string why;  // one clause: "NCCL, one GPU per rank", "2 ranks share a GPU", ...
+};
+// What `requested` resolves to for a group where `sharing` ranks use a GPU another rank of the group
+// uses too (0: one GPU each), given whether this build has NCCL. Throws InvalidArgument where nccl is
+// asked for and cannot serve the group.
+CudaCommChoice choose_cuda_comm(CudaComm requested, bool nccl_built, int sharing);
+
+// One line for `accel env` and `accel launch`: what `ranks` ranks on a node with `gpus` GPUs get under
+// ACCEL_CUDA_COMM in this build ("nccl (one GPU per rank)", "host (4 ranks share a GPU, ...)", or
+// "refused: ..."). Never throws.
+std::string describe_cuda_comm(int ranks, int gpus);
+
+}  // namespace accel::comm

@@ -1,0 +1,115 @@
+// Collectives on device tensors through pinned host memory and the group's CPU transport (see
+// staged_backend.h for the ordering).
+#include "comm/staged_backend.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <fmt/format.h>
+
+#include <string>
+
+namespace accel::comm {
+namespace {
+
+c10::Stream pool_stream(c10::Device device) {
+  c10::impl::VirtualGuardImpl impl(device.type());
+  return impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true);
+}
+
+at::Tensor pinned_like(const at::Tensor& t) {
+  return at::empty({t.numel()}, t.options().device(at::kCPU).pinned_memory(true));
+}
+
+class StagedBackend final : public Backend {
+ public:
+  StagedBackend(Backend& host, c10::Device device)
+      : host_(host),
+        device_(device),
+        to_host_(pool_stream(device)),
+        to_device_(pool_stream(device)),
+        name_(std::string("host+") + host.name()) {}
+
+  const char* name() const override { return name_.c_str(); }
+  int rank() const override { return host_.rank(); }
+  int size() const override { return host_.size(); }
+
+  void enqueue(Request r) override {
+    if (!r.work) throw CommError(fmt::format("{}: request without a Work (rank {})", name_, rank()));
+    if (r.kind == Collective::Barrier) {  // no tensors: the host transport's barrier
+      host_.enqueue(std::move(r));
+      return;
+    }
+    for (const at::Tensor* t : {&r.input, &r.output})
+      if (t->device() != device_)
+        throw InvalidArgument(fmt::format("{}: tensor on {} but this communicator stages {} (rank {})", name_,
+                                          t->device().str(), device_.str(), rank()));
+    const at::Tensor in = r.input.view({-1}), out = r.output.view({-1});
+    const bool broadcast = r.kind == Collective::Broadcast;
+    // Pinned copies: in place for all_reduce and broadcast, as the host transport allows.
+    const at::Tensor h_in = pinned_like(in);
+    const at::Tensor h_out = (r.kind == Collective::AllReduce || broadcast) ? h_in : pinned_like(out);
+
+    c10::impl::VirtualGuardImpl impl(device_.type());
+    // device -> host, after what the caller's stream has queued (a broadcast's receivers send nothing).
+    if (!broadcast || rank() == r.root) {
+      c10::Event queued(device_.type());
+      queued.record(impl.getStream(device_));
+      queued.block(to_host_);
+      c10::StreamGuard on_copy_stream(to_host_);
+      c10::NoGradGuard raw_bytes;  // (a parameter's buffer may require grad: no autograd here)
+      h_in.copy_(in, /*non_blocking=*/true);
+      if (in.numel() > 0) impl.recordDataPtrOnStream(r.input.storage().data_ptr(), to_host_);
+    }
+    auto staged = std::make_shared<c10::Event>(device_.type());
+    staged->record(to_host_);
+
+    // The host collective, in issue order, started once the staging copy has landed; its completion
+    // queues host -> device (a broadcast's root already holds the result).
+    auto done = std::make_shared<c10::Event>(device_.type());
+    const bool copy_back = !broadcast || rank() != r.root;
+    Request h;
+    h.kind = r.kind;
+    h.input = h_in;
+    h.output = h_out;
+    h.op = r.op;
+    h.root = r.root;
+    h.work =
+        std::make_shared<Work>(r.work->what() + " (staged through host memory)", rank(), size(), default_timeout());
+    h.ready = [staged] { return staged->query(); };
+    h.then = [out, h_out, done, copy_back, device = device_, stream = to_device_] {
+      c10::StreamGuard on_copy_stream(stream);
+      c10::NoGradGuard raw_bytes;
+      if (copy_back && out.numel() > 0) {
+        out.copy_(h_out, /*non_blocking=*/true);
+        c10::impl::VirtualGuardImpl(device.type()).recordDataPtrOnStream(out.storage().data_ptr(), stream);
+      }
+      done->record(stream);
+    };
+    WorkPtr inner = h.work;
+    host_.enqueue(std::move(h));
+    // Done once the host collective is (polling it moves it, as a CPU collective's waiter does) and the
+    // copy back has passed.
+    r.work->set_poll([inner, done] {
+      if (!inner->is_completed()) return false;
+      if (auto e = inner->exception()) std::rethrow_exception(e);
+      return done->query();
+    });
+  }
+
+ private:
+  Backend& host_;
+  c10::Device device_;
+  c10::Stream to_host_, to_device_;
+  std::string name_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_staged_backend(Backend& host, c10::Device device) {
+  return std::make_unique<StagedBackend>(host, device);
+}
+
+}  // namespace accel::comm

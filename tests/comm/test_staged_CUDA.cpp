@@ -1,0 +1,200 @@
+// Collectives on CUDA tensors staged through pinned host memory (comm/staged_backend.h), the path for
+// ranks that share a GPU or a build without NCCL: every collective, dtype and op gives the CPU path's
+// bits on the same inputs; CPU and CUDA collectives interleave in issue order; a mismatch raises on
+// every rank and leaves the group usable. And which transport ACCEL_CUDA_COMM picks (comm/cuda_comm.h),
+// which runs everywhere (no device needed). Run under mpirun with 1-4 ranks, any number per GPU.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "comm/communicator.h"
+#include "comm/cuda_comm.h"
+#include "comm/nccl_backend.h"
+#include "support/scoped_env.h"
+#include "test_world.h"
+
+#include <memory>
+#include <string>
+
+namespace accel::test {
+namespace {
+
+using comm::CudaComm;
+
+TEST(CudaCommChoice, AutoTakesNcclWithOneGpuPerRankAndHostOtherwise) {
+  EXPECT_EQ(comm::choose_cuda_comm(CudaComm::Auto, true, 0).comm, CudaComm::Nccl);
+  const auto shared = comm::choose_cuda_comm(CudaComm::Auto, true, 2);
+  EXPECT_EQ(shared.comm, CudaComm::Host);
+  EXPECT_NE(shared.why.find("2 ranks share a GPU"), std::string::npos) << shared.why;
+  const auto no_nccl = comm::choose_cuda_comm(CudaComm::Auto, false, 0);
+  EXPECT_EQ(no_nccl.comm, CudaComm::Host);
+  EXPECT_NE(no_nccl.why.find("no NCCL"), std::string::npos) << no_nccl.why;
+  EXPECT_EQ(comm::choose_cuda_comm(CudaComm::Host, true, 0).comm, CudaComm::Host);
+  EXPECT_EQ(comm::choose_cuda_comm(CudaComm::Nccl, true, 0).comm, CudaComm::Nccl);
+}
+
+TEST(CudaCommChoice, NcclWhereItCannotServeIsRefusedWithTheWayOut) {
+  try {
+    comm::choose_cuda_comm(CudaComm::Nccl, true, 4);
+    FAIL() << "nccl with 4 ranks on one GPU was accepted";
+  } catch (const comm::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("use auto or host"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(comm::choose_cuda_comm(CudaComm::Nccl, false, 0), comm::InvalidArgument);
+}
+
+TEST(CudaCommChoice, TheVariableIsReadAndABadValueNamed) {
+  {
+    ScopedEnv e("ACCEL_CUDA_COMM", std::nullopt);
+    EXPECT_EQ(comm::cuda_comm_requested(), CudaComm::Auto);
+  }
+  {
+    ScopedEnv e("ACCEL_CUDA_COMM", "host");
+    EXPECT_EQ(comm::cuda_comm_requested(), CudaComm::Host);
+  }
+  ScopedEnv e("ACCEL_CUDA_COMM", "gloo");
+  try {
+    comm::cuda_comm_requested();
+    FAIL() << "ACCEL_CUDA_COMM=gloo was accepted";
+  } catch (const comm::InvalidArgument& err) {
+    EXPECT_NE(std::string(err.what()).find("auto, nccl, host"), std::string::npos) << err.what();
+  }
+}
+
+// A group of every rank whose CUDA collectives are staged through host memory (ACCEL_CUDA_COMM=host
+// while it chooses), with this rank's device; skipped without a device.
+struct Staged {
+  std::shared_ptr<comm::Communicator> comm;
+  c10::Device device = c10::kCPU;
+};
+Staged staged_group() {
+  Staged s;
+  auto w = world();
+  s.comm = w->split(0, w->rank());
+  const int ndev = comm::cuda_device_count();
+  if (ndev == 0) return s;
+  s.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(w->topology().local_rank % ndev));
+  ScopedEnv host("ACCEL_CUDA_COMM", "host");
+  const std::string name = s.comm->backend_name(at::zeros({1}, at::TensorOptions().device(s.device)));  // (chooses)
+  EXPECT_EQ(name.rfind("host+", 0), 0u) << name;
+  return s;
+}
+#define SKIP_WITHOUT_DEVICE() \
+  if (comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+// Random values this rank contributes (integers where the dtype is integral), the same on CPU and GPU.
+at::Tensor values(at::ScalarType dt, int64_t n, int rank, int salt) {
+  at::manual_seed(1000 * salt + rank);
+  if (at::isIntegralType(dt, /*includeBool=*/false)) return at::randint(-50, 50, {n}).to(dt);
+  return at::randn({n}, at::kDouble).to(dt);
+}
+
+void expect_same_bits(const at::Tensor& gpu, const at::Tensor& cpu, const std::string& what) {
+  const at::Tensor g = gpu.cpu();
+  ASSERT_EQ(g.numel(), cpu.numel()) << what;
+  EXPECT_TRUE(at::equal(g.view(at::kByte), cpu.view(at::kByte)))
+      << what << ": the staged result differs from the CPU "
+      << "path's, max |diff| " << (g.to(at::kDouble) - cpu.to(at::kDouble)).abs().max().item<double>();
+}
+
+TEST(StagedComm_CUDA, EveryCollectiveGivesTheCpuPathsBits) {
+  SKIP_WITHOUT_DEVICE();
+  Staged s = staged_group();
+  const int N = s.comm->size(), r = s.comm->rank();
+  int salt = 0;
+  for (at::ScalarType dt : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong, at::kInt}) {
+    const bool floating = at::isFloatingType(dt);
+    for (comm::ReduceOp op : {comm::ReduceOp::Sum, comm::ReduceOp::Avg, comm::ReduceOp::Max, comm::ReduceOp::Min}) {
+      if (op == comm::ReduceOp::Avg && !floating) continue;
+      for (int64_t k : {int64_t{1}, int64_t{1031}, int64_t{300000}}) {  // 300000: several transport chunks
+        const std::string what = std::string(c10::toString(dt)) + " " + comm::to_string(op) + " k=" + std::to_string(k);
+        // all_reduce, in place and out of place
+        const at::Tensor x = values(dt, k, r, ++salt);
+        at::Tensor cpu = x.clone(), gpu = x.to(s.device);
+        s.comm->all_reduce(cpu, {.op = op});
+        s.comm->all_reduce(gpu, {.op = op});
+        expect_same_bits(gpu, cpu, "all_reduce " + what);
+        at::Tensor gout = at::empty_like(gpu);
+        s.comm->all_reduce(x.to(s.device), gout, {.op = op});
+        expect_same_bits(gout, cpu, "all_reduce out of place " + what);
+        // reduce_scatter, out of place and into the input's own slice
+        const at::Tensor y = values(dt, N * k, r, ++salt);
+        at::Tensor cpu_rs = at::empty({k}, y.options());
+        s.comm->reduce_scatter(y, cpu_rs, {.op = op});
+        at::Tensor gy = y.to(s.device), g_rs = at::empty({k}, gy.options());
+        s.comm->reduce_scatter(gy, g_rs, {.op = op});
+        expect_same_bits(g_rs, cpu_rs, "reduce_scatter " + what);
+        s.comm->reduce_scatter(gy, gy.narrow(0, r * k, k), {.op = op});
+        expect_same_bits(gy.narrow(0, r * k, k), cpu_rs, "reduce_scatter in place " + what);
+      }
+    }
+    // all_gather (out of place and from the output's own slice) and broadcast from every root
+    const int64_t k = 4099;
+    const at::Tensor x = values(dt, k, r, ++salt);
+    at::Tensor cpu_ag = at::empty({N * k}, x.options());
+    s.comm->all_gather(x, cpu_ag);
+    at::Tensor g_ag = at::empty({N * k}, x.options().device(s.device));
+    s.comm->all_gather(x.to(s.device), g_ag);
+    expect_same_bits(g_ag, cpu_ag, std::string("all_gather ") + c10::toString(dt));
+    at::Tensor g_ag2 = at::zeros({N * k}, x.options().device(s.device));
+    g_ag2.narrow(0, r * k, k).copy_(x);
+    s.comm->all_gather(g_ag2.narrow(0, r * k, k), g_ag2);
+    expect_same_bits(g_ag2, cpu_ag, std::string("all_gather in place ") + c10::toString(dt));
+    for (int root = 0; root < N; ++root) {
+      at::Tensor cpu_b = x.clone(), gpu_b = x.to(s.device);
+      s.comm->broadcast(cpu_b, {.root = root});
+      s.comm->broadcast(gpu_b, {.root = root});
+      expect_same_bits(gpu_b, cpu_b, "broadcast from " + std::to_string(root) + " " + c10::toString(dt));
+    }
+  }
+}
+
+TEST(StagedComm_CUDA, Fp8AllGatherMovesTheBytes) {
+  SKIP_WITHOUT_DEVICE();
+  Staged s = staged_group();
+  const int N = s.comm->size(), r = s.comm->rank();
+  const int64_t k = 777;
+  const at::Tensor x = (values(at::kFloat, k, r, 9) * 8).to(at::kFloat8_e4m3fn);
+  at::Tensor cpu = at::empty({N * k}, x.options());
+  s.comm->all_gather(x, cpu);
+  at::Tensor gpu = at::empty({N * k}, x.options().device(s.device));
+  s.comm->all_gather(x.to(s.device), gpu);
+  expect_same_bits(gpu, cpu, "fp8 all_gather");
+}
+
+// CPU and CUDA collectives issued alternately, the CUDA ones asynchronously and waited for last:
+// the host transport runs them in issue order on every rank (no deadlock, every result right).
+TEST(StagedComm_CUDA, CpuAndCudaCollectivesInterleaveInIssueOrder) {
+  SKIP_WITHOUT_DEVICE();
+  Staged s = staged_group();
+  const double n = s.comm->size();
+  const int r = s.comm->rank();
+  std::vector<at::Tensor> gpu, cpu;
+  std::vector<comm::WorkPtr> works;
+  for (int i = 0; i < 6; ++i) {
+    gpu.push_back(at::full({(i + 1) * 50000}, r + 1 + i, at::TensorOptions().device(s.device)));
+    works.push_back(s.comm->all_reduce_async(gpu.back()));
+    cpu.push_back(at::full({1000}, r + 1, at::kFloat));
+    s.comm->all_reduce(cpu.back());  // blocking, between the CUDA ones
+  }
+  for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_TRUE(at::equal(gpu[i].cpu(), at::full_like(gpu[i].cpu(), n * (n + 1) / 2 + n * i))) << i;
+    EXPECT_TRUE(at::equal(cpu[i], at::full({1000}, n * (n + 1) / 2, at::kFloat))) << i;
+  }
+}
+
+// Ranks that disagree on a size raise MismatchError on every rank; the group works afterwards.
+TEST(StagedComm_CUDA, AMismatchRaisesEverywhereAndTheGroupGoesOn) {
+  SKIP_WITHOUT_DEVICE();
+  Staged s = staged_group();
+  const int N = s.comm->size(), r = s.comm->rank();
+  if (N < 2) GTEST_SKIP() << "needs 2 ranks";
+  at::Tensor t = at::ones({r == 0 ? 100 : 101}, at::TensorOptions().device(s.device));
+  EXPECT_THROW(s.comm->all_reduce(t), comm::MismatchError);
+  at::Tensor u = at::ones({64}, at::TensorOptions().device(s.device));
+  s.comm->all_reduce(u);
+  EXPECT_TRUE(at::equal(u.cpu(), at::full({64}, static_cast<float>(N))));
+}
+
+}  // namespace
+}  // namespace accel::test
