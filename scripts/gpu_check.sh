@@ -12,9 +12,10 @@
 #      the engine's edge cases and activation checkpointing, at 1, 2 and 4 ranks; and the GPT example
 #      under the shipped sharded configs at 2 ranks following ZeRO-1's loss, and a checkpoint saved by
 #      ZeRO-3 at 4 ranks resumed by FULL_SHARD at 2;
-#   3. step_bench on the GPU (every strategy in fp32, then fp32/bf16/fp16/fp8 interleaved, then a wider
-#      GPT in bf16) and, where benchmarks/torch_anchor.py exists, PyTorch on the same GPU and model
-#      (fp32, and the wide GPT in bf16 with fp32 masters), then PyTorch's wide bf16 step under
+#   3. step_bench on the GPU (every strategy in fp32, then fp32/bf16/fp16/fp8 interleaved, 2 ranks
+#      sharing the GPU, then a wider GPT in bf16) and, where benchmarks/torch_anchor.py exists,
+#      PyTorch on the same GPU and model (fp32, and the wide GPT in bf16 with fp32 masters), then
+#      PyTorch's wide bf16 step under
 #      torch.profiler: its top kernels and the share of the step the GPU was busy.
 # Usage:
 #   bash scripts/gpu_check.sh                 build, then run everything (needs what setup.sh needs)
@@ -168,6 +169,8 @@ fi
 SB=("$BIN/step_bench" --device cuda --steps 10 --warmup 3)
 step step_bench_strategies "${SB[@]}" --strategy plain,DDP,ZERO_2,ZERO_3,FULL_SHARD
 step step_bench_precisions "${SB[@]}" --strategy DDP,ZERO_3 --precision fp32,bf16,fp16,fp8
+# Two ranks sharing the GPU (collectives staged through host memory): what that path costs per step.
+step step_bench_np2_shared_gpu "$BIN/accel" launch -n 2 "${SB[@]}" --strategy DDP,ZERO_2,ZERO_3,FULL_SHARD
 WIDE=(--d-model 1024 --heads 16 --layers 12 --seq 512 --vocab 32000 --batch 8)
 step step_bench_wide_bf16 "${SB[@]}" --strategy DDP,ZERO_3,FULL_SHARD --precision bf16,fp8 "${WIDE[@]}"
 step step_bench_wide_plain "${SB[@]}" --strategy plain "${WIDE[@]}"

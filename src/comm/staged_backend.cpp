@@ -53,11 +53,13 @@ class StagedBackend final : public Backend {
     const at::Tensor h_out = (r.kind == Collective::AllReduce || broadcast) ? h_in : pinned_like(out);
 
     c10::impl::VirtualGuardImpl impl(device_.type());
-    // device -> host, after what the caller's stream has queued (a broadcast's receivers send nothing).
+    // Everything the caller's stream has queued so far comes first: it may still write the input (the
+    // copy out waits for it) or the output (the copy back, too: a broadcast's receiver zeroing it).
+    auto queued = std::make_shared<c10::Event>(device_.type());
+    queued->record(impl.getStream(device_));
+    // device -> host (a broadcast's receivers send nothing)
     if (!broadcast || rank() == r.root) {
-      c10::Event queued(device_.type());
-      queued.record(impl.getStream(device_));
-      queued.block(to_host_);
+      queued->block(to_host_);
       c10::StreamGuard on_copy_stream(to_host_);
       c10::NoGradGuard raw_bytes;  // (a parameter's buffer may require grad: no autograd here)
       h_in.copy_(in, /*non_blocking=*/true);
@@ -79,7 +81,8 @@ class StagedBackend final : public Backend {
     h.work =
         std::make_shared<Work>(r.work->what() + " (staged through host memory)", rank(), size(), default_timeout());
     h.ready = [staged] { return staged->query(); };
-    h.then = [out, h_out, done, copy_back, device = device_, stream = to_device_] {
+    h.then = [out, h_out, queued, done, copy_back, device = device_, stream = to_device_] {
+      queued->block(stream);
       c10::StreamGuard on_copy_stream(stream);
       c10::NoGradGuard raw_bytes;
       if (copy_back && out.numel() > 0) {

@@ -7,7 +7,8 @@
 //   caller's current stream --(event)--> copy stream: device -> pinned host copy --(event "staged")
 //   host transport: the collective on the pinned copies, started once "staged" has passed, in issue
 //                   order with every other collective of the group (Request::ready)
-//   on completion:  pinned host -> device copy on a second copy stream --(event "done")
+//   on completion:  pinned host -> device copy on a second copy stream, after what the caller's stream
+//                   had queued at the call (it may still write the output) --(event "done")
 // The caller's stream does not wait: compute queued after the call overlaps the copies and the
 // host collective. Work::wait() returns once "done" has passed (the host thread waits on it), so what
 // the caller queues afterwards sees the result. Device tensors are recorded on the copy streams, so

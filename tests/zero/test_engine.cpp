@@ -282,7 +282,7 @@ void train_and_compare(const ShardingSpec& spec, const std::function<void(MLPImp
       [&] {
         at::manual_seed(11);
         auto m = std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});
-        m->to(at::kDouble);
+        m->to(test_device(), at::kDouble);
         tweak(*m);
         return m;
       },
@@ -314,7 +314,7 @@ TEST(EngineEdges, UnusedUnitDoesNotHangOrCorrupt) {
         [] {
           at::manual_seed(5);
           auto m = std::make_shared<WithUnused>();
-          m->to(at::kDouble);
+          m->to(test_device(), at::kDouble);
           return m;
         },
         [](WithUnused& m, const at::Tensor& x, const at::Tensor& y) { at::mse_loss(m.forward(x), y).backward(); },
@@ -346,7 +346,7 @@ TEST(EngineEdges, ParameterUnusedOnSomeRanks) {
         [] {
           at::manual_seed(9);
           auto m = std::make_shared<Branchy>();
-          m->to(at::kDouble);
+          m->to(test_device(), at::kDouble);
           return m;
         },
         [&](Branchy& m, const at::Tensor& x, const at::Tensor& y) {
@@ -370,7 +370,7 @@ void expect_shards_equal(const zero::Engine& e, torch::nn::Module& ref, double t
 std::shared_ptr<MLPImpl> seeded_mlp() {
   at::manual_seed(11);
   auto m = std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});
-  m->to(at::kDouble);
+  m->to(test_device(), at::kDouble);
   return m;
 }
 
@@ -478,6 +478,7 @@ TEST(EngineLifecycle, InPlaceZeroGradDiscardsConvertedMasterGradients) {
     for (int discard = 0; discard < 2; ++discard) {
       at::manual_seed(11);
       auto mdl = std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});
+      mdl->to(test_device());
       torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
       auto p = zero::prepare(mdl, user_opt, spec, world);
       for (int step = 0; step < 2; ++step) {
@@ -529,7 +530,7 @@ struct Stack : torch::nn::Module {
 std::shared_ptr<Stack> seeded_stack() {
   at::manual_seed(21);
   auto m = std::make_shared<Stack>();
-  m->to(at::kDouble);
+  m->to(test_device(), at::kDouble);
   return m;
 }
 
@@ -784,8 +785,10 @@ TEST(EngineStep, ShardedOptimizersStepThroughTheFusedKernels) {
       at::manual_seed(11);
       auto mdl = torch::nn::Linear(8, 4);  // fp32
       std::unique_ptr<torch::optim::Optimizer> user_opt;
-      if (kind == 0) user_opt = std::make_unique<torch::optim::AdamW>(mdl->parameters(), torch::optim::AdamWOptions(1e-2));
-      if (kind == 1) user_opt = std::make_unique<torch::optim::Adam>(mdl->parameters(), torch::optim::AdamOptions(1e-2));
+      if (kind == 0)
+        user_opt = std::make_unique<torch::optim::AdamW>(mdl->parameters(), torch::optim::AdamWOptions(1e-2));
+      if (kind == 1)
+        user_opt = std::make_unique<torch::optim::Adam>(mdl->parameters(), torch::optim::AdamOptions(1e-2));
       if (kind == 2)
         user_opt = std::make_unique<torch::optim::SGD>(mdl->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
       if (kind == 3)
