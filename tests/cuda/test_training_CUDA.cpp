@@ -153,8 +153,9 @@ std::map<std::string, at::Tensor> plain_reference(c10::Device dev, int steps, st
 }
 
 struct Trained {
-  std::map<std::string, at::Tensor> params;  // full, on the CPU (get_state_dict)
-  std::vector<double> losses;                // this rank's
+  std::map<std::string, at::Tensor> params;      // full, on the CPU, float32 (get_state_dict's, every rank)
+  std::map<std::string, at::ScalarType> dtypes;  // as get_state_dict gave them (on the main process only)
+  std::vector<double> losses;                    // this rank's
   c10::Device device = c10::kCPU;
 };
 
@@ -180,12 +181,11 @@ Trained accelerated(const std::string& config, int steps, const std::function<vo
     p->zero_grad();
   }
   if (check) check(acc);
-  // get_state_dict gives the full weights on the main process only: it checks their dtype and sends
-  // them to every rank (in the MLP's order), so that every rank compares and no rank returns early
-  // from a test the others go on with.
+  // get_state_dict gives the full weights on the main process only: it sends them to every rank (in the MLP's order),
+  // so that every rank compares and no rank returns early from a test the others go on with.
   std::map<std::string, at::Tensor> full;
   for (auto& [name, v] : acc.get_state_dict()) {
-    EXPECT_EQ(v.scalar_type(), at::kFloat) << name;
+    t.dtypes[name] = v.scalar_type();
     full[name] = v;
   }
   for (const auto& kv : make_mlp()->named_parameters()) {
@@ -218,6 +218,7 @@ TEST(CudaTraining_CUDA, EveryStrategyTrainsLikePlainLibtorchOnTheDevice) {
     // One rank: the same kernels in the same order. More: the reductions' summation order only.
     const double tol = world()->size() == 1 ? 1e-6 : 1e-5;
     for (const auto& [name, want] : ref) EXPECT_LE(rel_err(t.params.at(name), want), tol) << name;
+    for (const auto& [name, dtype] : t.dtypes) EXPECT_EQ(dtype, at::kFloat) << name;
   }
 }
 

@@ -561,7 +561,8 @@ TEST(EngineLifecycle, DataDependentUnusedParametersUnderZero3) {
     auto p = zero::prepare(mdl, user_opt, spec, world);
     for (int step = 0; step < 3; ++step) {
       at::manual_seed(300 + step);
-      at::Tensor x = at::randn({12, 5}, at::kDouble), y = at::randn({12, 5}, at::kDouble);
+      at::Tensor x = at::randn({12, 5}, at::kDouble).to(test_device()),
+                 y = at::randn({12, 5}, at::kDouble).to(test_device());
       stack_reference_backward(*ref, x, y, N);
       mdl->set_bonus(r == 0);
       p.engine->backward(at::mse_loss(mdl->forward(x.narrow(0, r * local, local)), y.narrow(0, r * local, local)));
@@ -588,7 +589,8 @@ TEST(EngineLifecycle, ThrowingBackwardWithDataDependentUnusedParameters) {
     torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
     auto p = zero::prepare(mdl, user_opt, spec, world);
     at::manual_seed(300);
-    at::Tensor x = at::randn({12, 5}, at::kDouble), y = at::randn({12, 5}, at::kDouble);
+    at::Tensor x = at::randn({12, 5}, at::kDouble).to(test_device()),
+               y = at::randn({12, 5}, at::kDouble).to(test_device());
     at::Tensor xl = x.narrow(0, r * local, local), yl = y.narrow(0, r * local, local);
     // The throwing backward: blocks 2 and 3 finish (rank 0 launches their reductions), then block 1's
     // output hook throws.
@@ -615,7 +617,7 @@ TEST(EngineLifecycle, ThrowingBackwardWithDataDependentUnusedParameters) {
 TEST(EngineLifecycle, UnshardDetachesTheModelFromTheEngine) {
   auto world = test::world();
   auto mdl = seeded_mlp(), ref = seeded_mlp();
-  at::Tensor x = at::randn({4, 6}, at::kDouble);
+  at::Tensor x = at::randn({4, 6}, at::kDouble).to(test_device());
   {
     torch::optim::SGD opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
     auto p = zero::prepare(mdl, opt, ShardingSpec::zero(3), world);
