@@ -29,6 +29,9 @@ set(ACCEL_INTERNAL_HEADERS
   comm/signature.h             # the cross-rank argument check's packing
   comm/shm_backend.h           # the shared-memory transport and the hierarchy over nodes
   comm/hierarchical.h
+  comm/staged_backend.h        # CUDA collectives staged through host memory
+  comm/cuda_comm.h
+  comm/node_shared.h
   comm/shm_reduce.h
   dispatch/mapped_file.h       # dispatch's mmap helper (dispatch/dispatch.h is the interface)
   offload/request_queue.h      # AsyncFile's queue (offload/async_file.h is the interface)

@@ -2,7 +2,8 @@
 // units (accel::unit), so FULL_SHARD / ZeRO-3 keeps one block's parameters gathered at a time.
 // The loop has no strategy in it: the config file chooses DDP, ZeRO-1/2/3 or FSDP.
 //   build/bin/accel launch -n 2 build/bin/gpt_lm --config_file configs/fsdp/full_shard.yaml
-//   build/bin/accel launch -n 2 build/bin/gpt_lm --config_file configs/deepspeed/zero3.json --d_model 1024 --layers 12 --heads 16
+//   build/bin/accel launch -n 2 build/bin/gpt_lm --config_file configs/deepspeed/zero3.json --d_model 1024 --layers 12
+//   --heads 16
 // The model is built through sharded construction (Accelerator::sharded_init, on the CPU): each block
 // is sharded as soon as it is built, so no rank ever holds the whole model and one that fits only
 // sharded can be built.
@@ -95,9 +96,8 @@ int main(int argc, char** argv) {
     DataLoader<CharCorpus> loader(
         corpus, {.batch_size = args.batch, .shuffle = true, .split_batches = true, .seed = args.seed});
     auto opt = acc.prepare(model, adamw, loader);
-    acc.print("gpt_lm: ", acc.num_processes(), " process(es), ", to_string(acc.config().spec.strategy), ", ",
-              corpus.vocab_size(), " tokens, ", loader.dataset_size(), " windows, ", acc.engine()->units().size(),
-              " units");
+    acc.print("gpt_lm: ", acc.num_processes(), " process(es), ", strategy_name(acc.config()), ", ", corpus.vocab_size(),
+              " tokens, ", loader.dataset_size(), " windows, ", acc.engine()->units().size(), " units");
 
     maybe_resume(acc, args);
     if (trackers_on)

@@ -136,8 +136,8 @@ int main(int argc, char** argv) {
     }
     std::int64_t params = 0;
     for (const auto& p : model->parameters()) params += p.numel();
-    acc.print("llama_finetune: ", acc.num_processes(), " process(es), ", to_string(acc.config().spec.strategy), ", ",
-              params, " parameters, ", cfg.num_hidden_layers, " layers, ", cfg.num_attention_heads, "/", cfg.kv_heads(),
+    acc.print("llama_finetune: ", acc.num_processes(), " process(es), ", strategy_name(acc.config()), ", ", params,
+              " parameters, ", cfg.num_hidden_layers, " layers, ", cfg.num_attention_heads, "/", cfg.kv_heads(),
               " heads (q/kv), ", cfg.tie_word_embeddings ? "tied" : "untied", " head, ", acc.engine()->units().size(),
               " units");
     maybe_resume(acc, args);

@@ -546,6 +546,7 @@ void Accelerator::load_state(const std::string& dir_in) {
   }
   for (const auto& [name, bytes] : t.objects)
     if (auto it = registered_.find(name); it != registered_.end()) it->second.load(bytes);
+  for (const auto& tracker : trackers_) tracker->resume(t.step);  // (init_trackers came first)
 }
 
 void Accelerator::check_prepared(const std::shared_ptr<torch::nn::Module>& model) const {

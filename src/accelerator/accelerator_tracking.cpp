@@ -100,6 +100,7 @@ void Accelerator::init_trackers(const std::string& project_name, const tracking:
         ctx.project_name = project_name;
         ctx.logging_dir = logging_dir_;
         ctx.process_index = process_index();
+        ctx.resume_after = step() > 0 ? step() : -1;  // after load_state: the earlier run's records up to it stay
         if (auto it = init_kwargs.find(w.name); it != init_kwargs.end()) ctx.kwargs = it->second;
         t = tracking::tracker_info(w.name).make(ctx);  // no I/O yet: option errors on every rank
       }

@@ -81,6 +81,18 @@ const char* to_string(DistributedType t) {
   return "?";
 }
 
+std::string strategy_name(const AcceleratorConfig& cfg) {
+  const zero::StrategyInfo& row = zero::info(cfg.spec.strategy);
+  switch (cfg.distributed_type) {
+    case DistributedType::Fsdp: return std::string("FSDP ") + (row.fsdp_name ? row.fsdp_name : row.short_label);
+    case DistributedType::DeepSpeed: return std::string("DeepSpeed ") + row.short_label;
+    case DistributedType::MultiCpu:
+    case DistributedType::MultiGpu: return "DDP";
+    case DistributedType::No: return "single process";
+  }
+  return row.name;
+}
+
 const char* to_string(MixedPrecision p) {
   switch (p) {
     case MixedPrecision::No: return "no";

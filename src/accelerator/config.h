@@ -99,6 +99,10 @@ struct AcceleratorConfig {
   std::string project_dir;
 };
 
+// The strategy as the config's own dialect names it, for logs and banners: "FSDP FULL_SHARD",
+// "DeepSpeed ZeRO-3", "DDP" (MULTI_CPU / MULTI_GPU), "single process" (NO).
+std::string strategy_name(const AcceleratorConfig& cfg);
+
 // A file of either dialect, told apart by content: a JSON object without `distributed_type` is a
 // DeepSpeed config; anything else is Accelerate YAML (JSON is valid YAML, and Accelerate accepts
 // .json configs). Relative paths inside (deepspeed_config_file) are tried against the working

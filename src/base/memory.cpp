@@ -60,9 +60,9 @@ constexpr std::int64_t kCacheMin = std::int64_t{32} << 20;
 
 struct BlockCache {
   std::mutex mu;
-  std::vector<Header*> blocks;         // oldest first
-  std::atomic<std::int64_t> cached{0}; // bytes held in `blocks`
-  std::atomic<std::int64_t> in_use{0}; // bytes handed out and not yet freed (every size)
+  std::vector<Header*> blocks;          // oldest first
+  std::atomic<std::int64_t> cached{0};  // bytes held in `blocks`
+  std::atomic<std::int64_t> in_use{0};  // bytes handed out and not yet freed (every size)
   std::atomic<std::int64_t> high_water{0};
 };
 // Never destroyed: tensors freed during static destruction still come back here.
@@ -202,6 +202,8 @@ bool keep_freed_cpu_memory() {
   return false;
 #endif
 }
+
+bool keeping_freed_cpu_memory() { return g_caching.load(); }
 
 void empty_cpu_cache() {
   BlockCache& c = cache();

@@ -47,10 +47,12 @@ void reset_peaks();
 // same size. Buffers freed and allocated again every step (a unit's gathered parameters, its full
 // gradient) then reuse warm pages instead of page-faulting fresh ones. The cache only holds what keeps
 // the process within the most it has had in use at once (in use + cached <= high-water mark; the
-// oldest blocks are freed first when an allocation would pass it), so no peak grows because of it. Process-wide, idempotent;
-// the counters (snapshot) count blocks in use, not cached ones. Returns false where glibc's part has
-// no effect (not glibc, or mallopt refused).
+// oldest blocks are freed first when an allocation would pass it), so no peak grows because of it. Process-wide,
+// idempotent; the counters (snapshot) count blocks in use, not cached ones. Returns false where glibc's part has no
+// effect (not glibc, or mallopt refused).
 bool keep_freed_cpu_memory();
+// True once keep_freed_cpu_memory() has been called in this process.
+bool keeping_freed_cpu_memory();
 // accel's CPU allocator now: bytes handed out and not freed, bytes the cache holds for reuse (0 until
 // keep_freed_cpu_memory), and the most ever handed out at once (all 0 until it is installed).
 struct CpuCacheStats {

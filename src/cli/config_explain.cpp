@@ -45,7 +45,7 @@ const char* dtype_name(const std::optional<c10::ScalarType>& t, const char* unse
   }
 }
 
-std::string strategy_name(const AcceleratorConfig& c) {
+std::string explained_strategy(const AcceleratorConfig& c) {
   const zero::StrategyInfo& row = zero::info(c.spec.strategy);
   switch (c.distributed_type) {
     case DistributedType::No: return fmt::format("NO (one process; several ranks make it {})", row.short_label);
@@ -85,7 +85,7 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
   auto row = [&](const std::string& k, const std::string& v) { o << fmt::format("{:<14}{}\n", k, v); };
 
   row("Config", cfg.source.empty() ? "(defaults)" : cfg.source);
-  row("Strategy", strategy_name(cfg));
+  row("Strategy", explained_strategy(cfg));
   if (n % m != 0) {
     row("Ranks",
         fmt::format("{} processes on {} machines: they do not spread evenly (accel launch refuses this)", n, m));

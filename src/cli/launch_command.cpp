@@ -251,6 +251,7 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
     throw LaunchError(
         fmt::format("accel-rank is missing next to this accel ({}); rebuild or reinstall accel", req.rank_wrapper));
   req.mpirun = env::get("ACCEL_MPIRUN");  // the table's defaults: mpirun, srun
+  req.as_root = ::geteuid() == 0;
   req.srun = env::get("ACCEL_SRUN");
 
   char tmpl[PATH_MAX];
@@ -292,6 +293,8 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
       : plan.binding == "slurm" ? std::string("cores as Slurm binds them")
                                 : std::string("placement from --launcher_args");
   fmt::print(stderr, "accel launch: {}; {}\n", cores, threads);
+  if (req.as_root && plan.launcher == "mpirun")
+    fmt::print(stderr, "accel launch: running as root: mpirun gets --allow-run-as-root\n");
   if (const int gpus = comm::cuda_device_count(); gpus > 0 && !args.cpu)
     fmt::print(stderr, "accel launch: {} GPU(s) per machine (as on this one); collectives on CUDA tensors: {}\n", gpus,
                comm::describe_cuda_comm(plan.per_machine, gpus));

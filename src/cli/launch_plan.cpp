@@ -146,6 +146,7 @@ LaunchPlan plan_launch(const LaunchRequest& r) {
     return p;
   }
   a = {r.mpirun, "--oversubscribe"};
+  if (r.as_root) a.push_back("--allow-run-as-root");  // (as torchrun and Accelerate run as root in containers)
   a.insert(a.end(), p.bind_args.begin(), p.bind_args.end());
   for (const auto& [k, v] : r.env) a.insert(a.end(), {"-x", k + "=" + v});
   a.insert(a.end(), r.launcher_args.begin(), r.launcher_args.end());

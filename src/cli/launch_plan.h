@@ -56,8 +56,9 @@ struct LaunchRequest {
   std::vector<std::pair<std::string, std::string>> env;  // exported to every rank
   std::vector<std::string> launcher_args;                // passed to mpirun/srun as they are
   std::vector<std::string> program;                      // PROGRAM ARGS...
-  int cores_per_machine = 1;                             // physical cores a machine gives its ranks
-  std::string bind = "auto";                             // auto | core | none
+  bool as_root = false;  // the launcher runs as root: mpirun gets --allow-run-as-root (Open MPI refuses root otherwise)
+  int cores_per_machine = 1;  // physical cores a machine gives its ranks
+  std::string bind = "auto";  // auto | core | none
 };
 
 struct LaunchPlan {

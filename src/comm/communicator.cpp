@@ -285,6 +285,12 @@ std::shared_ptr<Communicator> Communicator::cross_node() {
   return cross_node_;
 }
 
+void Communicator::abandon(const std::string& why) {
+  log::error(fmt::format("{}: this rank cannot follow its peers any more; the job ends when this process exits", why));
+  broken_->store(true);
+  MpiBackend::mark_broken();
+}
+
 Counters Communicator::counters() const {
   std::lock_guard<std::mutex> lk(counters_mu_);
   Counters c = counters_;

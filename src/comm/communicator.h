@@ -23,6 +23,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
 
 namespace accel::comm {
 
@@ -91,8 +92,13 @@ class Communicator {
   Counters counters() const;
   void reset_counters();
 
-  // True after a timeout: every later collective raises CommError.
+  // True after a timeout (or abandon()): every later collective raises CommError.
   bool broken() const { return broken_->load(); }
+  // This rank cannot follow its peers any more: it left a sequence of collectives they are inside (a
+  // failed optimizer step). Logs `why` (with the rank), breaks the communicator (later calls raise) and
+  // makes process exit abort the whole job at once (MPI_Abort) instead of waiting for the peers until
+  // their collectives time out: the job ends promptly, as when a rank dies.
+  void abandon(const std::string& why);
   // Name of the backend the tensor's device selects ("shm", "shm+mpi", "mpi", "nccl", "host+shm", ...).
   // For a CUDA tensor the first call is collective (it chooses the CUDA transport).
   const char* backend_name(const at::Tensor& t);

@@ -21,6 +21,8 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <random>
+#include <string>
 #include <vector>
 
 #include <fcntl.h>
@@ -53,6 +55,14 @@ void forget(void* base) {
       g_mappings.end());
 }
 }  // namespace
+
+std::string shm_object_name(const char* kind, int n) {
+  static const std::string token = [] {
+    std::random_device rd;  // (a fresh token per process: pids repeat across PID namespaces)
+    return fmt::format("{:08x}{:08x}", rd(), rd());
+  }();
+  return fmt::format("/accel-{}-{}-{}-{}", kind, static_cast<int>(getpid()), token, n);
+}
 
 SharedLocation find_node_shared(const void* p, std::size_t bytes) {
   const char* c = static_cast<const char*>(p);
@@ -87,7 +97,7 @@ at::Tensor Communicator::node_shared_empty(std::int64_t numel, c10::ScalarType d
     hello.declined = 1;
   } else if (rank_ == 0) {
     const int n = g_objects++;
-    std::snprintf(hello.name, sizeof hello.name, "/accel-ns-%d-%d", static_cast<int>(getpid()), n);
+    std::snprintf(hello.name, sizeof hello.name, "%s", shm_object_name("ns", n).c_str());
     hello.key = (static_cast<std::uint64_t>(getpid()) << 32) | static_cast<std::uint32_t>(n + 1);
     const int fd = shm_open(hello.name, O_CREAT | O_EXCL | O_RDWR, 0600);
     int err = fd < 0 ? errno : 0;

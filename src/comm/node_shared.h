@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace accel::comm {
 
@@ -19,5 +20,10 @@ SharedLocation find_node_shared(const void* p, std::size_t bytes);
 // This process's address of `bytes` bytes at `offset` in the object `key`, or nullptr when this
 // process does not map that object (or it is smaller).
 char* node_shared_address(std::uint64_t key, std::uint64_t offset, std::size_t bytes);
+
+// The POSIX shared-memory name of this process's n-th object of a kind ("seg": a transport's segment,
+// "ns": node_shared_empty): /accel-<kind>-<pid>-<token>-<n>, the token random per process, so that jobs
+// in different PID namespaces sharing one /dev/shm (containers) cannot pick the same name.
+std::string shm_object_name(const char* kind, int n);
 
 }  // namespace accel::comm

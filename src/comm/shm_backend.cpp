@@ -623,7 +623,7 @@ std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
     hello.chunk = chunk * 1024;
     hello.check = env::get_int("ACCEL_COMM_CHECK") != 0;
     hello.bytes = Segment::total_bytes(size, hello.chunk);
-    std::snprintf(hello.name, sizeof hello.name, "/accel-%d-%d", static_cast<int>(getpid()), g_segments++);
+    std::snprintf(hello.name, sizeof hello.name, "%s", shm_object_name("seg", g_segments++).c_str());
     int fd = shm_open(hello.name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd >= 0) {
       if (ftruncate(fd, static_cast<off_t>(hello.bytes)) == 0)

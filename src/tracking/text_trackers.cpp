@@ -10,6 +10,12 @@
 //          quoted as RFC 4180 says; numbers read back as the same double; nan/inf as pandas reads them.
 //   Both: config.json beside the file (store_init_configuration). "step" and "wall_time" are the
 //   record's own fields: a value of either name is refused.
+//   A new run starts the file empty. A resumed run (TrackerContext::resume_after, or resume() once
+//   load_state has restored the step) keeps the earlier run's records up to the resumed step and drops
+//   the rest, as TensorBoard purges orphaned steps, then appends: no record is lost or doubled. That
+//   happens when the first record is written (or at finish), so the order of init_trackers and
+//   load_state does not matter. The rows of a widened CSV header are read back from the file, not
+//   kept in memory.
 // init_kwargs: "filename" (instead of metrics.jsonl / metrics.csv).
 #include "tracking/builtin.h"
 
@@ -20,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <stdexcept>
 
 namespace accel::tracking {
@@ -38,37 +45,133 @@ void check_names(const Values& values, const std::string& tracker) {
   }
 }
 
-// A file appended one line at a time and flushed after each.
-class LineFile {
+// The records of a file's text: lines, where a CSV field in quotes may hold newlines. A last record
+// without its newline (a write cut short) is left out.
+std::vector<std::string> split_records(const std::string& text, bool csv) {
+  std::vector<std::string> out;
+  std::size_t begin = 0;
+  bool quoted = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (csv && text[i] == '"') quoted = !quoted;
+    if (text[i] == '\n' && !quoted) {
+      out.push_back(text.substr(begin, i - begin));
+      begin = i + 1;
+    }
+  }
+  return out;
+}
+
+// A record's step, or nothing where it has none (a CSV header, a line that is not a record).
+std::optional<std::int64_t> record_step(const std::string& record, bool csv) {
+  if (csv) {
+    const std::string first = record.substr(0, record.find(','));
+    if (first.empty() || first.find_first_not_of("-0123456789") != std::string::npos) return std::nullopt;
+    try {
+      return std::stoll(first);
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  const auto j = nlohmann::json::parse(record, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) return std::nullopt;
+  return j["step"].get<std::int64_t>();
+}
+
+// A CSV record's fields, unquoted.
+std::vector<std::string> csv_fields(const std::string& record) {
+  std::vector<std::string> out(1);
+  bool quoted = false;
+  for (std::size_t i = 0; i < record.size(); ++i) {
+    const char c = record[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < record.size() && record[i + 1] == '"') {
+        out.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        out.back() += c;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      out.emplace_back();
+    } else {
+      out.back() += c;
+    }
+  }
+  return out;
+}
+
+// A file of records appended one at a time and flushed after each. Opened for appending; before the
+// first record (or at close) it is settled: emptied for a new run, or cut to the records of steps up
+// to resume_after for a resumed one (a CSV keeps its header), rewritten atomically.
+class RecordFile {
  public:
-  void open(const std::string& path, const std::string& tracker) {
+  void open(const std::string& path, const std::string& tracker, bool csv, std::int64_t resume_after) {
     path_ = path;
-    f_ = std::fopen(path.c_str(), "w");
+    csv_ = csv;
+    resume_after_ = resume_after;
+    f_ = std::fopen(path.c_str(), "a");
     if (!f_)
       throw std::runtime_error("tracker '" + tracker + "': cannot write " + path +
                                "; choose a writable AcceleratorOptions::project_dir");
+    settled_ = false;
+  }
+  // The run continues after `step` (load_state after start): records past it are dropped, unless
+  // this run has written its first record already.
+  void resume(std::int64_t step) {
+    if (!settled_) resume_after_ = step;
+  }
+  // Settles the file if that has not happened yet; returns the records kept (empty once settled).
+  std::vector<std::string> settle() {
+    if (settled_ || !f_) return {};
+    settled_ = true;
+    std::vector<std::string> kept;
+    if (resume_after_ >= 0) {
+      const std::vector<std::string> all = split_records(files::read_file(path_), csv_);
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        const auto step = record_step(all[i], csv_);
+        if ((step && *step <= resume_after_) || (csv_ && i == 0 && !step)) kept.push_back(all[i]);
+      }
+    }
+    rewrite(kept);
+    return kept;
   }
   void append(const std::string& line) {
     if (!f_) return;
+    settle();
     if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
       throw std::runtime_error("cannot write " + path_);
   }
-  void reopen_append() {
-    close();
+  // Replaces the file's records (atomically: a reader never sees half a file) and appends after them.
+  void rewrite(const std::vector<std::string>& records) {
+    std::string text;
+    for (const auto& r : records) text += r + "\n";
+    files::write_file_atomic(path_, text.data(), text.size());
+    std::fclose(f_);
     f_ = std::fopen(path_.c_str(), "a");
     if (!f_) throw std::runtime_error("cannot reopen " + path_);
   }
   void close() {
+    if (f_) settle();
     if (f_) std::fclose(f_);
     f_ = nullptr;
   }
   bool is_open() const { return f_ != nullptr; }
   const std::string& path() const { return path_; }
-  ~LineFile() { close(); }
+  ~RecordFile() {
+    try {
+      close();
+    } catch (...) {  // (a destructor must not throw: finish() reports such errors)
+    }
+  }
 
  private:
   std::string path_;
   std::FILE* f_ = nullptr;
+  bool csv_ = false, settled_ = true;
+  std::int64_t resume_after_ = -1;
 };
 
 class JsonlTracker : public Tracker {
@@ -82,8 +185,9 @@ class JsonlTracker : public Tracker {
   bool requires_logging_directory() const override { return true; }
   void start() override {
     make_logging_dir(ctx_.logging_dir, "jsonl");
-    file_.open(ctx_.logging_dir + "/" + filename_, "jsonl");
+    file_.open(ctx_.logging_dir + "/" + filename_, "jsonl", /*csv=*/false, ctx_.resume_after);
   }
+  void resume(std::int64_t step) override { file_.resume(step); }
   void store_init_configuration(const Values& config) override {
     if (file_.is_open()) write_config_json(ctx_.logging_dir, config);
   }
@@ -110,7 +214,7 @@ class JsonlTracker : public Tracker {
  private:
   TrackerContext ctx_;
   std::string filename_;
-  LineFile file_;
+  RecordFile file_;
 };
 
 std::string csv_cell(const Value& v) {
@@ -133,14 +237,16 @@ class CsvTracker : public Tracker {
   bool requires_logging_directory() const override { return true; }
   void start() override {
     make_logging_dir(ctx_.logging_dir, "csv");
-    file_.open(ctx_.logging_dir + "/" + filename_, "csv");
+    file_.open(ctx_.logging_dir + "/" + filename_, "csv", /*csv=*/true, ctx_.resume_after);
   }
+  void resume(std::int64_t step) override { file_.resume(step); }
   void store_init_configuration(const Values& config) override {
     if (file_.is_open()) write_config_json(ctx_.logging_dir, config);
   }
   void log(const Values& values, std::int64_t step) override {
     if (!file_.is_open()) return;
     check_names(values, "csv");
+    settle();
     bool widened = false;
     for (const auto& [k, v] : values)
       if (std::find(columns_.begin(), columns_.end(), k) == columns_.end()) {
@@ -155,13 +261,14 @@ class CsvTracker : public Tracker {
       row += ',';
       row += c;
     }
-    rows_.push_back({cells.size(), row});
-    if (widened && rows_.size() > 1) {
+    if (widened && header_written_) {
       rewrite();
-    } else {
-      if (widened) file_.append(header());
-      file_.append(row + "\n");
+    } else if (widened) {
+      file_.append(header());
+      header_written_ = true;
+      written_columns_ = columns_.size();
     }
+    file_.append(row + "\n");
   }
   void finish() override { file_.close(); }
 
@@ -174,20 +281,35 @@ class CsvTracker : public Tracker {
     }
     return h + "\n";
   }
-  // The whole file again under the widened header: each earlier row padded with empty cells.
+  // The file settled (see RecordFile); a resumed run takes its columns from the kept header.
+  void settle() {
+    const std::vector<std::string> kept = file_.settle();
+    if (kept.empty() || header_written_) return;
+    const std::vector<std::string> names = csv_fields(kept.front());
+    for (std::size_t i = 2; i < names.size(); ++i) columns_.push_back(names[i]);  // after step, wall_time
+    written_columns_ = columns_.size();
+    header_written_ = true;
+  }
+  // The file again under the widened header: each row, read back from the file, padded with empty
+  // cells (every row on file has as many cells as the header it was written under).
   void rewrite() {
-    std::string text = header();
-    for (const auto& [ncells, row] : rows_) text += row + std::string(columns_.size() - ncells, ',') + "\n";
-    files::write_file_atomic(file_.path(), text.data(), text.size());
-    file_.reopen_append();
+    std::vector<std::string> records = split_records(files::read_file(file_.path()), /*csv=*/true);
+    const std::string pad(columns_.size() - written_columns_, ',');
+    std::string h = header();
+    h.pop_back();  // (its newline)
+    if (records.empty()) records.push_back(h);
+    records.front() = h;
+    for (std::size_t i = 1; i < records.size(); ++i) records[i] += pad;
+    file_.rewrite(records);
+    written_columns_ = columns_.size();
   }
 
   TrackerContext ctx_;
   std::string filename_;
-  LineFile file_;
+  RecordFile file_;
   std::vector<std::string> columns_;
-  // Every row written (cells it has, its text): what a widened header rewrites.
-  std::vector<std::pair<std::size_t, std::string>> rows_;
+  std::size_t written_columns_ = 0;  // the columns of the header on file
+  bool header_written_ = false;
 };
 
 }  // namespace

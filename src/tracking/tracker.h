@@ -56,6 +56,9 @@ struct TrackerContext {
   std::string logging_dir;                    // <project_dir>/<project_name>; "" when no project_dir was given
   std::map<std::string, std::string> kwargs;  // init_kwargs[<tracker name>]
   int process_index = 0;                      // for trackers that run on every process
+  // >= 0: the run resumes after this step (init_trackers after load_state): a tracker writing files
+  // keeps what an earlier run logged up to it and drops the rest; -1: a new run.
+  std::int64_t resume_after = -1;
 };
 
 class Tracker {
@@ -76,6 +79,9 @@ class Tracker {
   virtual void log_histogram(const std::string& tag, const std::vector<double>& values, std::int64_t step) {
     (void)tag, (void)values, (void)step;
   }
+  // The run continues after `step` (load_state after start()): as TrackerContext::resume_after says,
+  // for a tracker that has not logged in this run yet.
+  virtual void resume(std::int64_t step) { (void)step; }
   // Flushes and closes; nothing is written afterwards. Called once by Accelerator::end_training.
   virtual void finish() {}
 };

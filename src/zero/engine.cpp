@@ -21,11 +21,25 @@
 
 #include <functional>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <unordered_map>
 
 namespace accel::zero {
 namespace {
+
+// ACCEL_CPU_GEMM's path for the process's float32 CPU matmuls; where onednn is asked for and this
+// libtorch or CPU cannot give it, says so once (the matmuls stay on libtorch's kernels).
+void install_cpu_gemm() {
+  const cpu_gemm::Path want = cpu_gemm::from_env();
+  const cpu_gemm::Path got = cpu_gemm::install(want);
+  static std::once_flag said;
+  if (got != want)
+    std::call_once(said, [&] {
+      log::warning(
+          fmt::format("ACCEL_CPU_GEMM=onednn, but oneDNN's matmul is not available here: {}", cpu_gemm::describe(got)));
+    });
+}
 
 using memory::Category;
 using memory::CategoryScope;
@@ -76,12 +90,19 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const torch::optim::Opt
                std::shared_ptr<comm::Communicator> world)
     : spec_(std::move(spec)), world_(std::move(world)), model_(std::move(model)) {
   spec_.validate();
-  cpu_gemm::install_from_env();  // float32 CPU matmuls through oneDNN where that is faster (ACCEL_CPU_GEMM)
+  // Both process-wide settings below are for models on the CPU: an engine over a CUDA model leaves the
+  // process's CPU matmuls and CPU allocator as they are.
+  bool cpu_model = true;
+  for (const auto& p : model_->parameters()) {
+    cpu_model = p.device().is_cpu();
+    break;
+  }
+  if (cpu_model) install_cpu_gemm();  // float32 CPU matmuls through oneDNN where that is faster (ACCEL_CPU_GEMM)
   Groups groups = groups_for(spec_, world_);
   shard_ = std::move(groups.shard);
   replicate_ = std::move(groups.replicate);
   build(*model_, optimizer);
-  if (plan_.churns_memory && env::get_int("ACCEL_CPU_MALLOC_CACHE")) memory::keep_freed_cpu_memory();
+  if (cpu_model && plan_.churns_memory && env::get_int("ACCEL_CPU_MALLOC_CACHE")) memory::keep_freed_cpu_memory();
 }
 
 Engine::~Engine() { uninstall_hooks(); }
@@ -305,6 +326,26 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
 
 void Engine::install_hooks() {
   if (hooks_installed_) return;
+  // Activation checkpointing: the spec-wide switch takes the outermost units only; a unit checkpointed
+  // inside another checkpointed one is refused (its hooks would run again in the outer recompute).
+  auto inside = [&](std::size_t u, std::size_t v) {  // unit u lies in unit v's module (neither the root)
+    const std::string &a = units_[u].name, &b = units_[v].name;
+    return a.size() > b.size() && a.compare(0, b.size(), b) == 0 && a[b.size()] == '.';
+  };
+  std::vector<bool> outermost(units_.size(), true);
+  for (std::size_t u = 1; u < units_.size(); ++u)
+    for (std::size_t v = 1; v < units_.size(); ++v)
+      if (v != u && inside(u, v)) outermost[u] = false;
+  for (std::size_t u = 1; u < units_.size(); ++u)
+    for (std::size_t v = 1; v < units_.size(); ++v) {
+      const bool cu = slots_[u - 1]->checkpoint || (spec_.activation_checkpointing && outermost[u]);
+      const bool cv = slots_[v - 1]->checkpoint || (spec_.activation_checkpointing && outermost[v]);
+      if (cu && cv && v != u && inside(u, v))
+        throw std::invalid_argument(fmt::format(
+            "unit '{}' is checkpointed inside unit '{}', which is checkpointed too: nested checkpointed units are "
+            "not supported (the inner unit would run again in the outer recompute); checkpoint one of them",
+            units_[u].name, units_[v].name));
+    }
   hooks_installed_ = true;
   for (std::size_t fi = 0; fi < flats_.size() && !plan_.passthrough; ++fi) {
     const auto& ps = flats_[fi].flat_param->params();
@@ -317,7 +358,7 @@ void Engine::install_hooks() {
   }
   for (std::size_t u = 1; u < units_.size(); ++u) {
     slots_[u - 1]->hooks = std::make_shared<UnitHooksImpl>(weak_from_this(), u);
-    slots_[u - 1]->checkpoint_by_spec = spec_.activation_checkpointing;
+    slots_[u - 1]->checkpoint_by_spec = spec_.activation_checkpointing && outermost[u];
     unit_hooks_.push_back(slots_[u - 1]->hooks.get());
   }
 }

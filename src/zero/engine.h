@@ -163,6 +163,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // --- the sharded optimizer's step calls these ---------------------------------------------------
   void before_step();
   void after_step();
+  // The step threw on this rank after before_step (a closure, an I/O error): its peers are inside
+  // the step's collectives and cannot finish them, so the job is made to end promptly, naming this
+  // rank and the error (Communicator::abandon), rather than after their collectives time out.
+  void step_failed(const std::string& what);
   // Instead of a step (fp16 overflow): this step's gradients are dropped, parameters and optimizer
   // state stay as they are, and the next backward starts a new accumulation window. Local.
   void skip_step();

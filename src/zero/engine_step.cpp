@@ -99,6 +99,12 @@ void Engine::before_step() {
   sync_node_shared();  // no peer still reads the node-shared parameters this step writes
 }
 
+void Engine::step_failed(const std::string& what) {
+  // (In passthrough there are no collectives to leave; at one rank nobody waits.)
+  if (plan_.passthrough || world_->size() == 1) return;
+  world_->abandon(fmt::format("the optimizer step failed on rank {}: {}", world_->rank(), what));
+}
+
 void Engine::sync_node_shared() {
   if (node_shared()) gather_->barrier();
 }

@@ -28,6 +28,16 @@ class Sharded final : public Opt {
 
   at::Tensor step(optim::Optimizer::LossClosure closure = nullptr) override {
     engine_->before_step();
+    try {
+      return sharded_step(std::move(closure));
+    } catch (const std::exception& e) {
+      engine_->step_failed(e.what());  // (the peers are inside the step's collectives: the job ends)
+      throw;
+    }
+  }
+
+ private:
+  at::Tensor sharded_step(optim::Optimizer::LossClosure closure) {
     at::Tensor loss;
     {
       memory::CategoryScope cat(memory::Category::OptimizerState);
@@ -58,7 +68,6 @@ class Sharded final : public Opt {
     return loss;
   }
 
- private:
   std::shared_ptr<Engine> engine_;
 };
 

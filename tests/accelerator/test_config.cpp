@@ -101,6 +101,18 @@ TEST(ConfigHelpers, Names) {
              "argument: mixed_precision is 'half'; allowed values: no, fp16, bf16, fp8");
 }
 
+// Banners name the strategy as the config file does (a FULL_SHARD config is not "ZERO_3").
+TEST(ConfigHelpers, StrategyInTheConfigsOwnTerms) {
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"configs/fsdp/full_shard.yaml", "FSDP FULL_SHARD"},  {"configs/fsdp/shard_grad_op.yaml", "FSDP SHARD_GRAD_OP"},
+      {"configs/fsdp/no_shard.yaml", "FSDP NO_SHARD"},      {"configs/fsdp/hybrid_shard.yaml", "FSDP HYBRID_SHARD"},
+      {"configs/deepspeed/zero1.yaml", "DeepSpeed ZeRO-1"}, {"configs/deepspeed/zero3.yaml", "DeepSpeed ZeRO-3"},
+      {"configs/deepspeed/zero2.json", "DeepSpeed ZeRO-2"}, {"configs/ddp.yaml", "DDP"},
+  };
+  for (const auto& [file, name] : want) EXPECT_EQ(strategy_name(load_config_file(source_path(file))), name) << file;
+  EXPECT_EQ(strategy_name(AcceleratorConfig{}), "single process");
+}
+
 // ---------------------------------------------------------------------------------------------------
 // resolve_config: explicit argument > ACCEL_* environment > file > default
 

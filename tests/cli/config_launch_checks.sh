@@ -48,6 +48,18 @@ ranks)  # every rank sees its rank, local rank, node rank, the config and the fl
   n=$(ls "$WORK" | grep -c '^rank_')
   [ "$n" = 2 ] && pass "config's num_processes: 2 ranks" || fail "expected 2 ranks from the config, saw $n"
   grep -q ' 1$' "$WORK/rank_0" && pass "--zero_stage 1 reached the ranks" || fail "ACCEL_ZERO_STAGE: $(cat "$WORK/rank_0")"
+  # Without Open MPI's two root variables: as root the launcher passes mpirun's own flag, and says so.
+  rm -f "$WORK"/rank_*
+  out=$(env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM "$ACCEL" launch --num_processes 2 \
+        "$SELF" _probe env "$WORK" 2>&1) && pass "launch without OMPI_ALLOW_RUN_AS_ROOT (uid $(id -u))" \
+    || { fail "launch without OMPI_ALLOW_RUN_AS_ROOT exited non-zero"; echo "$out"; }
+  n=$(ls "$WORK" | grep -c '^rank_')
+  [ "$n" = 2 ] && pass "both ranks ran" || fail "expected 2 ranks, saw $n"
+  if [ "$(id -u)" = 0 ]; then
+    grep -q "running as root: mpirun gets --allow-run-as-root" <<<"$out" && pass "the summary says so" || fail "no root line"
+  else
+    grep -q "running as root" <<<"$out" && fail "a root line as uid $(id -u)" || pass "no root line as uid $(id -u)"
+  fi
   ;;
 first_failure)  # rank 2 exits 7 while the others sleep: exit code 7, rank 2 named, nobody left running
   start=$(date +%s)

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,20 @@ TEST(LaunchPlan, OneMachineUsesMpirunWithTheRankWrapper) {
   EXPECT_EQ(p.argv, (Words{"mpirun", "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1", "-x",
                            "ACCEL_CONFIG_FILE=/c/ddp.yaml", "-np", "3", "/opt/accel/bin/accel-rank", "--node_rank", "0",
                            "--num_nodes", "1", "--", "./train", "--steps", "3"}));
+}
+
+// As root (containers, CI) Open MPI refuses to start without its own flag, as a user would otherwise
+// learn from a 13-line refusal: the launcher passes it, and only then.
+TEST(LaunchPlan, AsRootMpirunIsAllowedToRunAsRoot) {
+  auto r = request();
+  r.num_processes = 2;
+  const Words plain = plan_launch(r).argv;
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), "--allow-run-as-root"), 0);
+  r.as_root = true;
+  const Words root = plan_launch(r).argv;
+  ASSERT_GE(root.size(), 3u);
+  EXPECT_EQ((Words{root[0], root[1], root[2]}), (Words{"mpirun", "--oversubscribe", "--allow-run-as-root"}));
+  EXPECT_EQ(root.size(), plain.size() + 1);
 }
 
 TEST(LaunchPlan, FlagBeatsConfigBeatsHostfileBeatsDefault) {

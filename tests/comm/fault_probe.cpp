@@ -5,7 +5,15 @@
 //                        under mpirun's default they are ended with the job; where the launcher
 //                        leaves them running, their all_reduce raises TimeoutError within its 3 s
 //                        timeout, naming the collective and the rank, and they exit 3.
+//   fault_probe step     rank 1's optimizer step throws (its closure, under ZeRO-3) while its peers
+//                        are inside the step's collectives; the program catches the error and returns,
+//                        as a user's main would. The job must end at once, naming rank 1 and the
+//                        error, not after the peers' collectives time out.
 #include "comm/communicator.h"
+#include "zero/sharded_optimizer.h"
+
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <ATen/ATen.h>
 
@@ -13,6 +21,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <stdexcept>
 #include <thread>
 
 using namespace accel::comm;
@@ -47,6 +57,24 @@ int main(int argc, char** argv) {
     if (r == 1) std::_Exit(7);
     return survivor(*world, r, std::chrono::milliseconds(3000));
   }
-  std::fprintf(stderr, "usage: fault_probe timeout|exit\n");
+  if (std::strcmp(mode, "step") == 0) {
+    auto model = std::make_shared<torch::nn::LinearImpl>(8, 8);
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    auto p = accel::zero::prepare(model, opt, accel::zero::ShardingSpec::zero(3), world);
+    try {
+      p.engine->backward(model->forward(at::ones({2, 8})).sum());
+      p.optimizer->step([&] {
+        if (r == 1) throw std::runtime_error("injected failure in rank 1's closure");
+        return at::Tensor();
+      });
+      std::printf("rank %d: the step returned\n", r);
+      return 0;
+    } catch (const std::exception& e) {
+      std::printf("rank %d caught: %s\n", r, e.what());
+      std::fflush(stdout);
+      return 4;
+    }
+  }
+  std::fprintf(stderr, "usage: fault_probe timeout|exit|step\n");
   return 2;
 }

@@ -14,6 +14,9 @@
 #              dead peer; the broken communicator aborts the job (MPI_Abort). accel launch exits
 #              with the first failing rank's status, rank 1's 7, and names it (mpirun alone would
 #              exit with MPI_Abort's 1).
+#   step     rank 1's optimizer step throws while its peers are inside the step's collectives, and
+#            its main returns: the job ends within the bound (not after the peers' 60 s timeout),
+#            non-zero, with rank 1 and the error named.
 #   In every run no rank's collective completes without rank 1.
 set -u
 accel=$1 probe=$2 mode=$3 np=$4
@@ -71,7 +74,17 @@ case $mode in
     desc="no rank aborted the job for its broken communicator"
     check has "accel: rank (0|2) aborting the MPI job: a collective did not complete"
     ;;
-  *) echo "fault_test.sh: unknown mode '$mode' (timeout or exit)"; exit 2 ;;
+  step)
+    limit=20
+    export ACCEL_COMM_TIMEOUT_S=60  # what the job must not wait for
+    run "rank 1's optimizer step throws"
+    desc="the job exited 0 although rank 1's step failed"; check [ "$rc" -ne 0 ]
+    desc="rank 1 does not report its error"; check has "rank 1 caught: injected failure in rank 1's closure"
+    desc="the log does not name the failed step, rank 1 and the error"
+    check has "the optimizer step failed on rank 1: injected failure in rank 1's closure"
+    desc="a peer finished the step without rank 1"; check lacks "rank [02]: the step returned"
+    ;;
+  *) echo "fault_test.sh: unknown mode '$mode' (timeout, exit or step)"; exit 2 ;;
 esac
 [ $fail -eq 0 ] && echo "fault_test: PASS"
 exit $fail

@@ -8,6 +8,7 @@
 #include "test_world.h"
 
 #include "comm/dtype.h"
+#include "comm/node_shared.h"
 #include "comm/shm_backend.h"
 
 #include <ATen/ATen.h>
@@ -17,6 +18,8 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+
+#include <unistd.h>
 
 using namespace accel::comm;
 using accel::test::world;
@@ -117,6 +120,28 @@ TEST(Shm, TransportInUse) {
   // node-local groups are one node; cross-node groups hold one rank per node
   EXPECT_EQ(comm->node_local()->backend_name(cpu), expected_transport(*comm->node_local(), 1, t.local_world_size));
   EXPECT_EQ(comm->cross_node()->backend_name(cpu), expected_transport(*comm->cross_node(), t.num_nodes, 1));
+}
+
+// Shared-memory objects are named by rank 0 with its pid, a counter and a token random per process:
+// pids repeat across PID namespaces that share one /dev/shm (containers), so the token is what keeps
+// two jobs apart. Every rank's token differs from every other's, and the names have the form users
+// see in /dev/shm.
+TEST(ShmNames, CarryAPidAndATokenRandomPerProcess) {
+  auto comm = world();
+  const std::string name = shm_object_name("seg", 7);
+  const std::string prefix = "/accel-seg-" + std::to_string(::getpid()) + "-";
+  ASSERT_EQ(name.rfind(prefix, 0), 0u) << name;
+  const std::string token = name.substr(prefix.size(), name.size() - prefix.size() - 2);
+  EXPECT_EQ(name.substr(name.size() - 2), "-7") << name;
+  ASSERT_EQ(token.size(), 16u) << name;
+  EXPECT_EQ(token.find_first_not_of("0123456789abcdef"), std::string::npos) << name;
+  EXPECT_EQ(shm_object_name("ns", 0), "/accel-ns-" + std::to_string(::getpid()) + "-" + token + "-0");
+  at::Tensor mine = at::from_blob(const_cast<char*>(token.data()), {16}, at::kByte).clone();
+  at::Tensor all = at::empty({16 * comm->size()}, at::kByte);
+  comm->all_gather(mine, all);
+  for (int a = 0; a < comm->size(); ++a)
+    for (int b = a + 1; b < comm->size(); ++b)
+      EXPECT_FALSE(at::equal(all.narrow(0, 16 * a, 16), all.narrow(0, 16 * b, 16))) << "ranks " << a << ", " << b;
 }
 
 TEST(Shm, EveryDtypeAcrossChunks) {

@@ -15,8 +15,10 @@
 // Every test skips without a CUDA device (and where ranks outnumber devices under ACCEL_CUDA_COMM=nccl).
 #include "accelerator/accelerator.h"
 #include "accelerator/rows.h"
+#include "base/memory.h"
 #include "comm/cuda_comm.h"
 #include "comm/nccl_backend.h"
+#include "kernels/cpu_gemm.h"
 #include "mixed_precision/float8_linear.h"
 #include "support/models.h"
 #include "support/scoped_env.h"
@@ -365,6 +367,21 @@ TEST(CudaTraining_CUDA, Fp16OverflowSkipsTheStepAndKeepsTheWeights) {
     EXPECT_FALSE(acc.optimizer_step_was_skipped());
     EXPECT_LT(last, first) << "fp16 training did not reduce the loss";
   }
+}
+
+// An engine over a CUDA model leaves the process's CPU settings alone: float32 CPU matmuls stay on
+// libtorch's kernels even under ACCEL_CPU_GEMM=onednn, and the CPU allocator's cache stays off (both
+// are process-wide, and for engines over CPU models).
+TEST(CudaTraining_CUDA, ACudaEngineLeavesTheCpuMatmulsAndAllocatorAlone) {
+  SKIP_WITHOUT_CUDA();
+  ScopedEnv gemm("ACCEL_CPU_GEMM", "onednn");
+  ASSERT_EQ(cpu_gemm::installed(), cpu_gemm::Path::libtorch) << "an earlier test installed oneDNN's matmuls";
+  ASSERT_FALSE(memory::keeping_freed_cpu_memory()) << "an earlier test turned the CPU allocator's cache on";
+  const std::string yaml = "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n";
+  Trained t = accelerated(write_config("zero3_cpu_settings.yaml", yaml), 2);
+  EXPECT_TRUE(t.device.is_cuda());
+  EXPECT_EQ(cpu_gemm::installed(), cpu_gemm::Path::libtorch) << "a CUDA engine routed the CPU matmuls to oneDNN";
+  EXPECT_FALSE(memory::keeping_freed_cpu_memory()) << "a CUDA engine turned the CPU allocator's cache on";
 }
 
 TEST(CudaFloat8_CUDA, ScaledMmMatchesTheEmulationAndFollowsBf16Linear) {

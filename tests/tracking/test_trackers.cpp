@@ -13,8 +13,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 namespace accel::test {
@@ -149,6 +151,88 @@ TEST(JsonlTracker, RecordFieldsAreReservedAndNonFiniteIsNull) {
   ASSERT_EQ(l.size(), 1u);
   EXPECT_EQ(l[0].substr(0, 9), "{\"step\":7");
   EXPECT_HAS(l[0], "\"loss\":null,\"ok\":true}");
+}
+
+// The steps and losses of a JSONL or CSV file, in file order (CSV through its first two named columns).
+std::vector<std::pair<long, double>> steps_and_losses(const std::string& path, bool csv) {
+  std::vector<std::pair<long, double>> out;
+  const auto lines = lines_of(path);
+  for (std::size_t i = csv ? 1 : 0; i < lines.size(); ++i) {
+    const std::string& l = lines[i];
+    if (csv) {  // step,wall_time,loss,...
+      const auto a = l.find(','), b = l.find(',', a + 1), c = l.find(',', b + 1);
+      out.emplace_back(std::stol(l.substr(0, a)), std::stod(l.substr(b + 1, c - b - 1)));
+    } else {  // {"step":N,"wall_time":T,"loss":X...}
+      const auto s = l.find("\"step\":") + 7, x = l.find("\"loss\":") + 7;
+      out.emplace_back(std::stol(l.substr(s)), std::stod(l.substr(x)));
+    }
+  }
+  return out;
+}
+
+// A resumed run keeps what the earlier run logged up to the resumed step and drops the rest (as
+// TensorBoard purges), whether it learns the step when it starts (init_trackers after load_state) or
+// afterwards (resume(): load_state after init_trackers); a new run starts the file empty; a record cut
+// short by a crash is dropped; a resumed CSV keeps its header and still widens.
+TEST(TextTrackers, AResumedRunKeepsTheStepsUpToItAndANewRunStartsEmpty) {
+  for (const std::string kind : {"jsonl", "csv"}) {
+    SCOPED_TRACE(kind);
+    const bool csv = kind == "csv";
+    const std::string dir = shared_dir("resume_" + kind) + "/rank" + std::to_string(world()->rank());
+    const std::string path = dir + "/metrics." + kind;
+    auto run = [&](std::int64_t resume_after, std::optional<std::int64_t> resume_call, int first, int last,
+                   double offset) {
+      auto t = tracking::tracker_info(kind).make({"run", dir, {}, 0, resume_after});
+      t->start();
+      if (resume_call) t->resume(*resume_call);
+      for (int s = first; s <= last; ++s) {
+        Values v{{"loss", offset + s}};
+        if (s == 3) v.emplace_back("note", "x,y");  // widens the CSV header mid-run
+        t->log(v, s);
+      }
+      t->finish();
+    };
+    using Rows = std::vector<std::pair<long, double>>;
+    run(-1, std::nullopt, 1, 8, 0);  // steps 1-8, losses 1-8
+    // Resumed after step 5, known at start: 6-8 of the first run go, 6-10 come from this one.
+    run(5, std::nullopt, 6, 10, 100);
+    EXPECT_EQ(steps_and_losses(path, csv),
+              (Rows{{1, 1}, {2, 2}, {3, 3}, {4, 4}, {5, 5}, {6, 106}, {7, 107}, {8, 108}, {9, 109}, {10, 110}}));
+    if (csv) EXPECT_EQ(lines_of(path).front(), "step,wall_time,loss,note");
+    // Resumed after step 4, learned after start (load_state after init_trackers); one more column.
+    {
+      auto t = tracking::tracker_info(kind).make({"run", dir, {}, 0});
+      t->start();
+      t->resume(4);
+      t->log({{"loss", 205}, {"extra", 1}}, 5);
+      t->finish();
+    }
+    EXPECT_EQ(steps_and_losses(path, csv), (Rows{{1, 1}, {2, 2}, {3, 3}, {4, 4}, {5, 205}}));
+    if (csv) {
+      const auto l = lines_of(path);
+      EXPECT_EQ(l.front(), "step,wall_time,loss,note,extra");
+      auto separators = [](const std::string& row) {  // commas outside quotes
+        int n = 0;
+        bool quoted = false;
+        for (char c : row) {
+          if (c == '"') quoted = !quoted;
+          n += c == ',' && !quoted;
+        }
+        return n;
+      };
+      for (std::size_t i = 1; i < l.size(); ++i)
+        EXPECT_EQ(separators(l[i]), 4) << "row " << i << " not padded: " << l[i];
+    }
+    // A record cut short (a crash mid-write) is dropped when a resumed run settles the file; one that
+    // resumes and logs nothing still settles it at finish.
+    { std::ofstream(path, std::ios::app) << (csv ? "6,123" : "{\"step\":6,\"wall"); }
+    run(5, std::nullopt, 1, 0, 0);
+    EXPECT_EQ(steps_and_losses(path, csv), (Rows{{1, 1}, {2, 2}, {3, 3}, {4, 4}, {5, 205}}));
+    // A new run into the same directory starts empty.
+    run(-1, std::nullopt, 1, 2, 300);
+    EXPECT_EQ(steps_and_losses(path, csv), (Rows{{1, 301}, {2, 302}}));
+    EXPECT_FALSE(files::exists(path + ".tmp"));
+  }
 }
 
 // Every call, in order, on the processes that run the tracker: a registered main-process-only one

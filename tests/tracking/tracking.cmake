@@ -3,7 +3,7 @@
 accel_test_binary(tracking_tests tracking/test_trackers.cpp)
 accel_add_mpi_test(NAME tracking TARGET tracking_tests NP 1 2)
 if(ACCEL_BUILD_EXAMPLES AND ACCEL_PYTHON)
-  foreach(mode yaml flag)
+  foreach(mode yaml flag resume)
     add_test(NAME tracking_gpt_lm_files_${mode}_np2
              COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tracking/gpt_lm_trackers.sh ${ACCEL_LAUNCH} $<TARGET_FILE:gpt_lm>
                      ${PROJECT_SOURCE_DIR} ${ACCEL_PYTHON} ${CMAKE_BINARY_DIR}/tracking_runs ${mode})
