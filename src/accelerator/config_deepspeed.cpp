@@ -51,6 +51,11 @@ constexpr const char* kGather = "accel all-gathers each unit's flat parameter in
 constexpr const char* kDetail = "a DeepSpeed implementation detail with no accel counterpart";
 constexpr const char* kZeroPP = "ZeRO++ is not implemented in accel";
 constexpr const char* kMics = "MiCS is not implemented in accel";
+constexpr const char* kPinned =
+    "accel always pins the host memory it offloads to from a GPU (a model on the CPU needs no pinning)";
+constexpr const char* kAioThreads =
+    "accel's io_uring path completes each file's requests on one thread, its fallback pool runs queue_depth "
+    "threads";
 constexpr const char* kPipelined = "accel always reads the next sub-group ahead and writes the last one behind";
 constexpr const char* kOffloadCpu = "applies to offload to cpu, which on a CPU run changes nothing";
 constexpr const char* kBufferSize = "accel sizes each staging buffer to the largest unit shard";
@@ -122,7 +127,7 @@ const std::vector<Key>& zero_keys() {
       {"offload_param", "", Kind::Object, nullptr},
       {"cpu_offload", "", Kind::Bool, nullptr},        // deprecated: offload_optimizer.device cpu
       {"cpu_offload_param", "", Kind::Bool, nullptr},  // deprecated: offload_param.device cpu
-      {"cpu_offload_use_pin_memory", "", Kind::Bool, nullptr},
+      {"cpu_offload_use_pin_memory", "", Kind::Bool, kPinned},
       {"gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save", Kind::Bool, nullptr},
       {"stage3_gather_fp16_weights_on_model_save", "", Kind::Bool, nullptr},  // deprecated name of the above
       {"contiguous_gradients", "", Kind::Bool, "accel's gradients always live in flat contiguous buffers"},
@@ -166,7 +171,7 @@ const std::vector<Key>& offload_optimizer_keys() {
       {"device", "", Kind::String, nullptr},
       {"nvme_path", "", Kind::String, nullptr},
       {"buffer_count", "", Kind::Int, nullptr},
-      {"pin_memory", "", Kind::Bool, nullptr},
+      {"pin_memory", "", Kind::Bool, kPinned},
       {"pipeline", "", Kind::Bool, kPipelined},
       {"pipeline_read", "", Kind::Bool, kPipelined},
       {"pipeline_write", "", Kind::Bool, kPipelined},
@@ -182,7 +187,7 @@ const std::vector<Key>& offload_param_keys() {
   static const std::vector<Key> keys = {
       {"device", "", Kind::String, nullptr},      {"nvme_path", "", Kind::String, nullptr},
       {"buffer_count", "", Kind::Int, nullptr},   {"buffer_size", "", Kind::Int, kBufferSize},
-      {"max_in_cpu", "", Kind::Int, kOffloadCpu}, {"pin_memory", "", Kind::Bool, nullptr},
+      {"max_in_cpu", "", Kind::Int, kOffloadCpu}, {"pin_memory", "", Kind::Bool, kPinned},
   };
   return keys;
 }
@@ -192,8 +197,8 @@ const std::vector<Key>& aio_keys() {
   static const std::vector<Key> keys = {
       {"block_size", "", Kind::Int, nullptr},
       {"queue_depth", "", Kind::Int, nullptr},
-      {"thread_count", "", Kind::Int, nullptr},
-      {"intra_op_parallelism", "", Kind::Int, nullptr},
+      {"thread_count", "", Kind::Int, kAioThreads},
+      {"intra_op_parallelism", "", Kind::Int, kAioThreads},
       {"single_submit", "", Kind::Bool, nullptr},
       {"overlap_events", "", Kind::Bool, nullptr},
       {"use_gds", "", Kind::Bool, "GPUDirect Storage is not used by accel"},
@@ -415,7 +420,7 @@ std::optional<std::int64_t> batch_value(const Block& top, const std::string& nam
 }
 
 // An offload block, or null; returns the device. The deprecated bool (cpu_offload) maps onto it.
-// nvme_path, buffer_count and pin_memory land in the given fields.
+// nvme_path and buffer_count land in the given fields.
 std::string read_offload(const Block& zero, const std::string& block, const std::string& deprecated,
                          const std::vector<Key>& keys, const std::string& file, AcceleratorConfig& cfg,
                          std::string& nvme_path, int& buffer_count) {
@@ -427,7 +432,6 @@ std::string read_offload(const Block& zero, const std::string& block, const std:
   Block b(zero.value(block), file, zero.path(block) + ".", keys, cfg);
   if (b.has("nvme_path")) nvme_path = b.value("nvme_path").get<std::string>();
   if (auto n = b.integer("buffer_count", 2, 1 << 20, "an integer >= 2")) buffer_count = static_cast<int>(*n);
-  if (auto p = b.boolean("pin_memory")) cfg.spec.offload.pin_memory = cfg.spec.offload.pin_memory || *p;
   if (!b.has("device")) return "none";
   const std::string device = cd::offload_device(file, b.path("device"), b.value("device").get<std::string>());
   if (device == "nvme" && nvme_path.empty())
@@ -459,7 +463,6 @@ void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
                                               cfg, off.optimizer_nvme_path, off.optimizer_buffer_count);
   cfg.offload_param_device = read_offload(zero, "offload_param", "cpu_offload_param", offload_param_keys(), file, cfg,
                                           off.param_nvme_path, off.param_buffer_count);
-  if (auto p = zero.boolean("cpu_offload_use_pin_memory")) off.pin_memory = off.pin_memory || *p;
   if (auto n = zero.integer("sub_group_size", 1, std::numeric_limits<std::int64_t>::max(), "a number of elements >= 1"))
     off.sub_group_size = *n;
   if (cfg.offload_param_device != "none" && stage != 3)
@@ -590,8 +593,6 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
     if (auto n = aio.integer("block_size", 4096, 1LL << 30, "a number of bytes from 4096 to 1 GiB"))
       o.block_size = static_cast<std::size_t>(*n);
     if (auto n = aio.integer("queue_depth", 1, 1024, "an integer from 1 to 1024")) o.queue_depth = static_cast<int>(*n);
-    for (const char* k : {"thread_count", "intra_op_parallelism"})
-      if (auto n = aio.integer(k, 1, 256, "an integer from 1 to 256")) o.thread_count = static_cast<int>(*n);
     if (auto b = aio.boolean("single_submit")) o.single_submit = *b;
     if (auto b = aio.boolean("overlap_events")) o.overlap_events = *b;
   }

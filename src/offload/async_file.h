@@ -48,8 +48,6 @@ struct AioOptions {
   std::size_t block_size = 1 << 20;  // a request larger than this is split into requests of this size
                                      // (rounded up to kAlignment under O_DIRECT; at most 1 GiB)
   int queue_depth = 8;               // requests in flight per file
-  int thread_count = 1;              // accepted for the config; io_uring needs one completion thread
-                                     // per file, and the fallback pool has queue_depth threads
   bool single_submit = false;        // io_uring: submit each request on its own instead of in batches
   bool overlap_events = true;        // io_uring: refill the queue as each request completes (false:
                                      // only once all in flight have completed)

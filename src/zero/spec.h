@@ -66,7 +66,6 @@ struct OffloadSpec {
   int optimizer_buffer_count = 4;               // offload_optimizer.buffer_count
   int param_buffer_count = 5;                   // offload_param.buffer_count
   std::int64_t sub_group_size = 1'000'000'000;  // elements stepped per sub-group (zero_optimization.sub_group_size)
-  bool pin_memory = false;
   offload::AioOptions aio;
   bool optimizer_on_disk() const { return optimizer == OffloadDevice::Nvme; }
   bool param_on_disk() const { return param == OffloadDevice::Nvme; }

@@ -311,9 +311,9 @@ std::string decisions(const AcceleratorConfig& c) {
   const auto& l = c.loss_scaler;
   const auto& o = s.offload;
   const std::string offload =
-      fmt::format("{}|{}|{}/{}|{}|{}|{}/{}/{}/{}/{}", o.optimizer_nvme_path, o.param_nvme_path,
-                  o.optimizer_buffer_count, o.param_buffer_count, o.sub_group_size, o.pin_memory, o.aio.block_size,
-                  o.aio.queue_depth, o.aio.thread_count, o.aio.single_submit, o.aio.overlap_events);
+      fmt::format("{}|{}|{}/{}|{}|{}/{}/{}/{}", o.optimizer_nvme_path, o.param_nvme_path, o.optimizer_buffer_count,
+                  o.param_buffer_count, o.sub_group_size, o.aio.block_size, o.aio.queue_depth, o.aio.single_submit,
+                  o.aio.overlap_events);
   std::string trackers = "log_with";  // (trackers: log_with and project_dir)
   for (const auto& n : c.log_with) trackers += " " + n;
   return offload + " " + trackers + " project_dir '" + c.project_dir + "' " +
