@@ -36,4 +36,4 @@ target_link_libraries(model_export_tests PRIVATE accel_test_support nlohmann_jso
 target_compile_definitions(model_export_tests PRIVATE ACCEL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" ACCEL_PYTHON="${ACCEL_PYTHON}")
 accel_add_mpi_test(NAME checkpoint_save_model TARGET model_export_tests NP 1 2 3 SKIPPABLE)
 accel_add_mpi_test(NAME checkpoint_save_model_private TARGET model_export_tests NP 2 SKIPPABLE
-                   FILTER -SaveModel.GatheredMemoryStaysWithinOneUnit ENV ACCEL_NODE_SHARED_PARAMS=0)
+                   FILTER -SaveModel.GatheredMemoryStaysWithinOneUnit ENV ${ACCEL_PRIVATE_SHARDS})

@@ -16,4 +16,4 @@ endif()
 accel_add_mpi_test(NAME mixed_precision TARGET mixed_precision_tests NP 1 2 3)
 accel_add_mpi_test(NAME mixed_precision_private TARGET mixed_precision_tests NP 2
                    FILTER -EngineFp8AllGather.HalfTheBytesOfBf16AndEachParameterIsItsMasterThroughE4m3
-                   ENV ACCEL_NODE_SHARED_PARAMS=0)
+                   ENV ${ACCEL_PRIVATE_SHARDS})
