@@ -10,7 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace accel::test {
 namespace {
@@ -227,6 +229,49 @@ TEST_P(NodeSharedGrads, TrainToTheSameBitsAndAreReadInPlace) {
 INSTANTIATE_TEST_SUITE_P(Strategies, NodeSharedGrads,
                          ::testing::Values("ZeRO2", "ZeRO3", "ZeRO3_alone", "ZeRO3_bf16", "FULL_SHARD"),
                          [](const auto& info) { return info.param; });
+
+// One rank late at every turn (a sleep before its forward, between its backward and its step, and
+// after the step) under node-shared parameters and gradients: the barriers order the writes against
+// the peers' reads, so the training has the private run's bits at every step.
+TEST(NodeSharedEngineDelays, ADelayedRankGetsThePrivateRunsBits) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  if (!shares_memory(*world)) GTEST_SKIP() << "needs ranks that share one node's memory";
+  for (const std::string strategy : {"ZeRO3", "FULL_SHARD"}) {
+    SCOPED_TRACE(strategy);
+    const zero::ShardingSpec spec =
+        strategy == "FULL_SHARD" ? zero::ShardingSpec::fsdp("FULL_SHARD") : zero::ShardingSpec::zero(3);
+    Training priv = make_run(spec, false, false), shared = make_run(spec, true, true);
+    ASSERT_TRUE(shared.prepared.engine->node_shared());
+    const bool late = r == N - 1;
+    auto nap = [&] {
+      if (late) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    };
+    const int64_t local = 12 / N;
+    for (int step = 0; step < 3; ++step) {
+      auto [x, y] = make_batch(ModelKind::GPT, at::kFloat, step, 0);
+      at::Tensor xl = x.narrow(0, r * local, local), yl = y.narrow(0, r * local, local);
+      at::Tensor lp = priv.model.loss(xl, yl);
+      priv.prepared.engine->backward(lp);
+      priv.prepared.optimizer->step();
+      priv.prepared.optimizer->zero_grad();
+      nap();
+      at::Tensor ls = shared.model.loss(xl, yl);
+      shared.prepared.engine->backward(ls);
+      nap();
+      shared.prepared.optimizer->step();
+      nap();
+      shared.prepared.optimizer->zero_grad();
+      EXPECT_TRUE(at::equal(lp.detach(), ls.detach())) << "step " << step;
+    }
+    const auto& pf = priv.prepared.engine->flats();
+    const auto& sf = shared.prepared.engine->flats();
+    ASSERT_EQ(pf.size(), sf.size());
+    for (std::size_t i = 0; i < pf.size(); ++i)
+      EXPECT_TRUE(at::equal(pf[i].flat_param->shard(), sf[i].flat_param->shard())) << pf[i].flat_param->name();
+    world->barrier();  // (the shared run's buffers stay mapped until every rank is done reading)
+  }
+}
 
 }  // namespace
 }  // namespace accel::test
