@@ -1,7 +1,9 @@
 // Parity, the spine: every strategy x world size x accumulation x optimizer trains to the same
 // parameters as a single-process libtorch reference on the same global batch, and each rank's
 // parameter and gradient shards equal the reference's slices.
+#include "kernels/cpu_gemm.h"
 #include "support/harness.h"
+#include "support/scoped_env.h"
 
 #include <gtest/gtest.h>
 
@@ -40,17 +42,18 @@ std::vector<StrategyCase> strategies() {
 }
 
 // Trains `steps` steps both ways; returns the worst relative errors (parameters, gradient shards).
-void run_parity(const StrategyCase& sc, ModelKind mk, OptKind ok, int accum, c10::ScalarType dtype, double tol) {
+void run_parity(const StrategyCase& sc, ModelKind mk, OptKind ok, int accum, c10::ScalarType dtype, double tol,
+                const std::vector<int64_t>& widths = {6, 10, 10, 3}, int64_t G = 12) {
   SCOPED_TRACE(::testing::Message() << sc.name << " " << name(mk) << " " << name(ok) << " accum " << accum << " "
                                     << c10::toString(dtype));
   auto world = test::world();
   const int N = world->size(), r = world->rank();
-  const int64_t G = 12, local = G / N;
+  const int64_t local = G / N;
   const int steps = 5;
 
-  Model ref = make_model(mk, dtype);
+  Model ref = make_model(mk, dtype, widths);
   auto ref_opt = make_optimizer(ok, *ref.module);
-  Model mdl = make_model(mk, dtype);
+  Model mdl = make_model(mk, dtype, widths);
   auto user_opt = make_optimizer(ok, *mdl.module);
   auto prepared = zero::prepare(mdl.module, *user_opt, sc.make(), world);
   auto& engine = *prepared.engine;
@@ -58,7 +61,7 @@ void run_parity(const StrategyCase& sc, ModelKind mk, OptKind ok, int accum, c10
 
   for (int step = 0; step < steps; ++step) {
     for (int m = 0; m < accum; ++m) {
-      auto [x, y] = make_batch(mk, dtype, step, m);
+      auto [x, y] = make_batch(mk, dtype, step, m, G, widths.front(), widths.back());
       (ref.loss(x, y) / accum).backward();
       at::Tensor xl = x.narrow(0, r * local, local), yl = y.narrow(0, r * local, local);
       if (m + 1 < accum) {
@@ -95,7 +98,7 @@ void run_parity(const StrategyCase& sc, ModelKind mk, OptKind ok, int accum, c10
   if (!engine.spec().shards_parameters())
     for (auto& [n, p] : params_by_name(*mdl.module)) EXPECT_LE(rel_err(p, ref_params.at(n)), tol) << n;
   // A forward after training (gathering every unit) gives the reference's loss.
-  auto [x, y] = make_batch(mk, dtype, 99, 0);
+  auto [x, y] = make_batch(mk, dtype, 99, 0, G, widths.front(), widths.back());
   at::Tensor xl = x.narrow(0, r * local, local), yl = y.narrow(0, r * local, local);
   EXPECT_LE(rel_err(mdl.loss(xl, yl).detach(), ref.loss(xl, yl).detach()), tol);
 }
@@ -112,6 +115,29 @@ TEST_P(Parity, Float64MatchesReference) {
 TEST_P(Parity, Float32MatchesReference) {
   const StrategyCase sc = strategies()[std::get<0>(GetParam())];
   run_parity(sc, std::get<1>(GetParam()), OptKind::AdamW, 2, at::kFloat, 1e-5);
+}
+
+// Products large enough for oneDNN's matmul (ACCEL_CPU_GEMM=onednn sends float32 products of >= 2^20
+// multiply-adds there once an engine is built, the reference's too: the switch is process-wide):
+// ZeRO-3 and FULL_SHARD still follow the single-process reference, and oneDNN really ran.
+TEST(OneDnnParity, LargeProductsThroughOneDnnFollowTheReference) {
+  if (!test_device().is_cpu()) GTEST_SKIP() << "a CPU matmul path";
+  if (!cpu_gemm::onednn_available()) GTEST_SKIP() << "this libtorch has no oneDNN matmul";
+  const cpu_gemm::Path before = cpu_gemm::installed();
+  {
+    ScopedEnv gemm("ACCEL_CPU_GEMM", "onednn");
+    const std::uint64_t calls = cpu_gemm::onednn_calls();
+    // 96 rows over 1-4 ranks (at least 24 each: oneDNN takes no dimension under 16) through 256 -> 512:
+    // 24 x 256 x 512 = 3.1M multiply-adds per rank. SGD: linear in the gradients, so the reduction order
+    // shows at rounding level (AdamW's normalization would magnify it in the near-zero gradients): the
+    // worst relative error measured at 2 and 4 ranks was 4.5e-7, hence 2e-6.
+    const std::vector<int64_t> widths{256, 512, 512, 16};
+    for (const auto& sc : strategies())
+      if (sc.name == "ZeRO3" || sc.name == "FULL_SHARD")
+        run_parity(sc, ModelKind::MLP, OptKind::SGD, 2, at::kFloat, 2e-6, widths, 96);
+    EXPECT_GT(cpu_gemm::onednn_calls(), calls) << "no product went through oneDNN";
+  }
+  cpu_gemm::install(before);  // (process-wide: the tests after this one keep the path they had)
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, Parity,
