@@ -31,6 +31,7 @@ struct Counter {
 
 Counter g_total;
 std::array<Counter, kNumCategories> g_by_cat;
+Counter g_node_shared;
 thread_local Category t_category = Category::Other;
 thread_local bool t_forward = false;
 
@@ -228,12 +229,29 @@ Snapshot snapshot() {
   Snapshot s;
   s.total = g_total.read();
   for (int i = 0; i < kNumCategories; ++i) s.by_category[i] = g_by_cat[i].read();
+  s.node_shared = g_node_shared.read();
   return s;
 }
 
 void reset_peaks() {
   g_total.reset_peak();
   for (auto& c : g_by_cat) c.reset_peak();
+  g_node_shared.reset_peak();
+}
+
+ExternalCharge::ExternalCharge(Category c, std::int64_t rank_bytes, std::int64_t node_bytes)
+    : c_(c), rank_bytes_(rank_bytes), node_bytes_(node_bytes), counted_(g_counting.load()) {
+  if (!counted_) return;
+  g_total.add(rank_bytes_);
+  g_by_cat[static_cast<int>(c_)].add(rank_bytes_);
+  g_node_shared.add(node_bytes_);
+}
+
+ExternalCharge::~ExternalCharge() {
+  if (!counted_) return;
+  g_total.sub(rank_bytes_);
+  g_by_cat[static_cast<int>(c_)].sub(rank_bytes_);
+  g_node_shared.sub(node_bytes_);
 }
 
 std::string Snapshot::to_string() const {
@@ -241,6 +259,9 @@ std::string Snapshot::to_string() const {
   for (int i = 0; i < kNumCategories; ++i)
     out += fmt::format(", {} {} (peak {})", memory::to_string(static_cast<Category>(i)), human(by_category[i].current),
                        human(by_category[i].peak));
+  if (node_shared.peak > 0)
+    out += fmt::format("; node-shared {} (peak {}), this rank's share counted above", human(node_shared.current),
+                       human(node_shared.peak));
   return out;
 }
 

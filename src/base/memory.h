@@ -30,8 +30,30 @@ struct Usage {
 struct Snapshot {
   Usage total;
   std::array<Usage, kNumCategories> by_category{};
+  // Shared memory this process maps with the other ranks of its node (ExternalCharge's node_bytes):
+  // what the node holds once, whichever rank counts it. Not part of `total`, which holds this rank's
+  // share of it.
+  Usage node_shared;
   const Usage& operator[](Category c) const { return by_category[static_cast<int>(c)]; }
   std::string to_string() const;  // "total 1.2 MiB (peak 3.4 MiB), parameters ..."
+};
+
+// Memory the counting allocator never sees because it was not allocated through it: shared memory the
+// ranks of a node map (node-shared parameters, the shared gradient pool). While a charge lives, this
+// rank's share of the object (`rank_bytes`: its shard, its part of the pool) counts in category `c` and
+// in the total as an allocation would, and the whole object (`node_bytes`) in Snapshot::node_shared.
+// Charged only when counting is on when it is made, as allocations are; credited back when destroyed.
+class ExternalCharge {
+ public:
+  ExternalCharge(Category c, std::int64_t rank_bytes, std::int64_t node_bytes);
+  ~ExternalCharge();
+  ExternalCharge(const ExternalCharge&) = delete;
+  ExternalCharge& operator=(const ExternalCharge&) = delete;
+
+ private:
+  Category c_;
+  std::int64_t rank_bytes_, node_bytes_;
+  bool counted_;
 };
 
 // Installs the counting allocator as libtorch's CPU allocator. Idempotent.

@@ -100,6 +100,9 @@ FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vect
                 "FlatParam {}: Options::node_shared returned a tensor of the wrong shape, dtype or device", name_);
   }
   node_shared_ = full_.defined();
+  if (node_shared_)
+    shared_charge_ = std::make_shared<memory::ExternalCharge>(
+        memory::Category::Parameters, (end - begin) * full_.element_size(), static_cast<std::int64_t>(full_.nbytes()));
   if (!node_shared_) full_ = at::zeros({layout_.padded()}, to);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
@@ -136,6 +139,7 @@ void FlatParam::make_private() {
   full_.storage().unsafeGetStorageImpl()->set_data_ptr_noswap(
       mine->set_data_ptr(c10::DataPtr(nullptr, mine->device())));
   node_shared_ = false;
+  shared_charge_.reset();  // (the private copy is counted as it was allocated)
 }
 
 bool FlatParam::gathered() const { return storage_allocated(full_) || layout_.padded() == 0; }

@@ -17,11 +17,13 @@
 // Not thread-safe; one thread drives forward and backward.
 #pragma once
 
+#include "base/memory.h"
 #include "sharding/shard_layout.h"
 
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -111,6 +113,8 @@ class FlatParam {
   ShardLayout layout_;
   bool requires_grad_ = false;
   bool node_shared_ = false;
+  // Node-shared: this rank's shard counted as its parameters, the whole buffer as the node's.
+  std::shared_ptr<memory::ExternalCharge> shared_charge_;
   at::Tensor full_, shard_, grad_full_;
   std::vector<at::Tensor> grad_views_;
 };

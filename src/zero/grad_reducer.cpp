@@ -85,6 +85,9 @@ GradReducer::GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10
     return;
   }
   shared_ = pool.narrow(0, shard_->rank() * capacity, capacity);
+  pool_charge_ =
+      std::make_shared<memory::ExternalCharge>(memory::Category::Gradients, static_cast<std::int64_t>(shared_.nbytes()),
+                                               static_cast<std::int64_t>(pool.nbytes()));
 }
 
 at::Tensor GradReducer::grad_buffer(std::size_t i) {

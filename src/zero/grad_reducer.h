@@ -29,6 +29,7 @@
 // backward, never earlier). A group of one rank (and no replicate group) reduces nothing.
 #pragma once
 
+#include "base/memory.h"
 #include "comm/communicator.h"
 #include "sharding/flat_param.h"
 
@@ -96,7 +97,7 @@ class GradReducer {
   void launch(Bucket& b);
   void reset();  // ready for the next backward
   void finish(Bucket& b);
-  void notify(const Bucket& b);  // on_reduced_ for its members
+  void notify(const Bucket& b);                                                        // on_reduced_ for its members
   at::Tensor output(Bucket& b, std::int64_t numel, const at::TensorOptions& options);  // kept_out or new
   // A view of free node-shared memory, or undefined.
   at::Tensor free_buffer(std::int64_t numel);
@@ -119,6 +120,8 @@ class GradReducer {
     at::Tensor memory;
   };
   at::Tensor shared_;
+  std::shared_ptr<memory::ExternalCharge>
+      pool_charge_;  // this rank's part counted as gradients, the pool as the node's
   std::vector<Piece> pieces_;
   std::vector<char> takes_buffer_;
 };

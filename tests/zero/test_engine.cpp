@@ -161,55 +161,78 @@ TEST(EngineCounts, TrafficMatchesZeroFormulas) {
 
 // Per-rank bytes by category (counting allocator) against the ZeRO formulas, fp32 AdamW:
 // parameters 4Ψ (ZeRO-3: 4Ψ/N), gradients 4Ψ (ZeRO-2/3: 4Ψ/N), optimizer state 8Ψ (sharded: 8Ψ/N).
+// Both with private shards and gradient buffers, all-gathered around each use (the path GPUs take),
+// and with node-shared ones (the default on one CPU node): there each rank counts its share of the
+// shared memory (its shard, its part of the gradient pool) and Snapshot::node_shared the whole, which
+// the node holds once.
 TEST(EngineMemory, BytesByCategoryMatchZeroFormulas) {
-  // Private shards, all-gathered around each use: what this test counts (node-shared parameters,
-  // the default on one node, gather nothing).
-  test::ScopedEnv private_shards("ACCEL_NODE_SHARED_PARAMS", "0");
-  test::ScopedEnv private_grads("ACCEL_NODE_SHARED_GRADS", "0");  // the gradients through the counting allocator
   ASSERT_TRUE(memory::counting_installed());
   auto world = test::world();
   const int N = world->size(), r = world->rank();
   using memory::Category;
-  for (auto [name, spec] : all_specs()) {
-    if (spec.hybrid()) continue;
-    SCOPED_TRACE(name);
-    at::manual_seed(7);
-    auto mlp = std::make_shared<MLPImpl>(std::vector<int64_t>{64, 64, 64, 64, 64}, /*root_param=*/false);
-    auto user_opt = make_optimizer(OptKind::AdamW, *mlp);
-    auto s0 = memory::snapshot();
-    auto p = zero::prepare(mlp, *user_opt, spec, world);
-    std::int64_t psi = 0, max_unit = 0;  // padded elements
-    for (const auto& u : p.engine->units()) {
-      std::int64_t n = 0;
-      for (auto fi : u.flats) n += p.engine->flats()[fi].flat_param->layout().padded();
-      max_unit = std::max(max_unit, n);
-      psi += n;
+  for (bool shared : {false, true}) {
+    test::ScopedEnv params("ACCEL_NODE_SHARED_PARAMS", shared ? "1" : "0");
+    test::ScopedEnv grads("ACCEL_NODE_SHARED_GRADS", shared ? "1" : "0");
+    for (auto [name, spec] : all_specs()) {
+      if (spec.hybrid()) continue;
+      SCOPED_TRACE(name + (shared ? " node-shared" : " private"));
+      at::manual_seed(7);
+      auto mlp = std::make_shared<MLPImpl>(std::vector<int64_t>{64, 64, 64, 64, 64}, /*root_param=*/false);
+      auto user_opt = make_optimizer(OptKind::AdamW, *mlp);
+      auto s0 = memory::snapshot();
+      auto p = zero::prepare(mlp, *user_opt, spec, world);
+      std::int64_t psi = 0, max_unit = 0;  // padded elements
+      for (const auto& u : p.engine->units()) {
+        std::int64_t n = 0;
+        for (auto fi : u.flats) n += p.engine->flats()[fi].flat_param->layout().padded();
+        max_unit = std::max(max_unit, n);
+        psi += n;
+      }
+      const std::int64_t e = 4, shard = psi / N;
+      const bool params_shared = p.engine->node_shared();
+      const std::int64_t pool = p.engine->node_shared_grad_bytes();  // this rank's part of the gradient pool
+      if (shared && N > 1) {
+        EXPECT_EQ(params_shared, spec.shards_parameters());
+        EXPECT_EQ(pool > 0, spec.shards_gradients());
+      } else {
+        EXPECT_FALSE(params_shared);
+        EXPECT_EQ(pool, 0);
+      }
+      auto s1 = memory::snapshot();
+      auto cur = [](const memory::Snapshot& a, const memory::Snapshot& b, Category c) {
+        return b[c].current - a[c].current;
+      };
+      EXPECT_EQ(cur(s0, s1, Category::Parameters), (spec.shards_parameters() ? shard : psi) * e);
+      // The node holds the shared parameters and the pool once: every rank's parts.
+      EXPECT_EQ(s1.node_shared.current - s0.node_shared.current,
+                (params_shared ? psi * e : 0) + static_cast<std::int64_t>(N) * pool);
+      at::manual_seed(3);
+      at::Tensor x = at::randn({4 * N, 64});
+      memory::reset_peaks();
+      auto s2 = memory::snapshot();
+      p.engine->backward(mlp->forward(x.narrow(0, r * 4, 4)).pow(2).mean());
+      auto s3 = memory::snapshot();
+      // (A world of one passes autograd's gradients straight to the optimizer: nothing of the engine's.)
+      EXPECT_EQ(cur(s0, s3, Category::Gradients),
+                p.engine->plan().passthrough ? 0 : (spec.shards_gradients() ? shard : psi) * e + pool);
+      if (spec.shards_parameters() && N > 1) {
+        const std::int64_t gathered = s3[Category::Gathered].peak - s2[Category::Gathered].current;
+        if (params_shared) {
+          EXPECT_EQ(gathered, 0) << "node-shared parameters are whole without a gather";
+        } else {
+          // Gathered parameters never exceed the current unit plus the prefetched one (no root here).
+          EXPECT_LE(gathered, 2 * max_unit * e);
+          EXPECT_GT(gathered, 0);
+        }
+        EXPECT_EQ(cur(s0, s3, Category::Gathered), 0);  // all freed after backward
+      }
+      p.optimizer->step();
+      auto s4 = memory::snapshot();
+      EXPECT_EQ(cur(s0, s4, Category::OptimizerState), 2 * (spec.shards_optimizer() ? shard : psi) * e);
+      EXPECT_EQ(cur(s0, s4, Category::Parameters), (spec.shards_parameters() ? shard : psi) * e);
     }
-    const std::int64_t e = 4, shard = psi / N;
-    auto s1 = memory::snapshot();
-    auto cur = [](const memory::Snapshot& a, const memory::Snapshot& b, Category c) {
-      return b[c].current - a[c].current;
-    };
-    EXPECT_EQ(cur(s0, s1, Category::Parameters), (spec.shards_parameters() ? shard : psi) * e);
-    at::manual_seed(3);
-    at::Tensor x = at::randn({4 * N, 64});
-    memory::reset_peaks();
-    auto s2 = memory::snapshot();
-    p.engine->backward(mlp->forward(x.narrow(0, r * 4, 4)).pow(2).mean());
-    auto s3 = memory::snapshot();
-    // (A world of one passes autograd's gradients straight to the optimizer: nothing of the engine's.)
-    EXPECT_EQ(cur(s0, s3, Category::Gradients),
-              p.engine->plan().passthrough ? 0 : (spec.shards_gradients() ? shard : psi) * e);
-    if (spec.shards_parameters() && N > 1) {
-      // Gathered parameters never exceed the current unit plus the prefetched one (no root here).
-      EXPECT_LE(s3[Category::Gathered].peak - s2[Category::Gathered].current, 2 * max_unit * e);
-      EXPECT_GT(s3[Category::Gathered].peak - s2[Category::Gathered].current, 0);
-      EXPECT_EQ(cur(s0, s3, Category::Gathered), 0);  // all freed after backward
-    }
-    p.optimizer->step();
-    auto s4 = memory::snapshot();
-    EXPECT_EQ(cur(s0, s4, Category::OptimizerState), 2 * (spec.shards_optimizer() ? shard : psi) * e);
-    EXPECT_EQ(cur(s0, s4, Category::Parameters), (spec.shards_parameters() ? shard : psi) * e);
+    // Gone with the engine: nothing of it is counted any more.
+    EXPECT_EQ(memory::snapshot().node_shared.current, 0);
   }
 }
 
