@@ -375,21 +375,31 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
     if (exec_place.empty()) continue;  // a group without tensors
     const c10::Device exec(exec_place);
     if (!on_disk && exec == main_device) continue;
-    std::vector<MappedRange> ranges;
-    if (on_disk) {
-      ++result.disk_units;
-      std::set<const void*> seen;
-      for (const auto& p : plan.groups[g].module->parameters())
-        if (seen.insert(p.unsafeGetTensorImpl()).second)
-          if (auto it = disk_range.find(p.unsafeGetTensorImpl()); it != disk_range.end()) ranges.push_back(it->second);
-    }
     std::vector<std::shared_ptr<sharding::UnitSlot>> slots;
     outermost_units(*plan.groups[g].module, slots);
-    for (auto& slot : slots) {
-      // Each unit of a group pages the whole group's ranges (a group is usually one unit).
-      slot->hooks =
-          std::make_shared<DispatchHooks>(exec == main_device ? std::nullopt : std::optional<c10::Device>(exec),
-                                          main_device, ranges, options.drop_page_cache, options.copy_disk_weights);
+    // On disk, each unit pages in its own parameters' ranges; a range of the group no unit holds (a
+    // parameter of the group module itself) is paged by every unit of the group.
+    auto ranges_of = [&](torch::nn::Module& m, std::set<const void*>& seen) {
+      std::vector<MappedRange> out;
+      for (const auto& p : m.parameters())
+        if (seen.insert(p.unsafeGetTensorImpl()).second)
+          if (auto it = disk_range.find(p.unsafeGetTensorImpl()); it != disk_range.end()) out.push_back(it->second);
+      return out;
+    };
+    std::vector<std::vector<MappedRange>> own(slots.size());
+    std::vector<MappedRange> shared;
+    if (on_disk) {
+      ++result.disk_units;
+      std::set<const void*> in_units;
+      for (std::size_t k = 0; k < slots.size(); ++k) own[k] = ranges_of(*slots[k]->module, in_units);
+      shared = ranges_of(*plan.groups[g].module, in_units);  // (what no unit took)
+    }
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+      std::vector<MappedRange> ranges = own[k];
+      ranges.insert(ranges.end(), shared.begin(), shared.end());
+      slots[k]->hooks = std::make_shared<DispatchHooks>(
+          exec == main_device ? std::nullopt : std::optional<c10::Device>(exec), main_device, std::move(ranges),
+          options.drop_page_cache, options.copy_disk_weights);
     }
   }
   // Disk pages touched while loading (none: from_blob reads nothing) are dropped as a unit would.

@@ -281,6 +281,37 @@ TEST(Dispatch, DiskUnitsGiveTheFullModelsOutputsBitwise) {
   files::remove_tree(dir);
 }
 
+// A group of two units on disk (no_split keeps each StackPair whole): each unit pages in its own
+// parameters, not the whole group's, so a forward pages in each disk byte once.
+TEST(Dispatch, EachUnitOfADiskGroupPagesItsOwnRanges) {
+  const int64_t d = 64, layers = 6, u = unit_bytes(d), root = 2 * linear_bytes(d);
+  at::manual_seed(11);
+  auto ref = std::make_shared<StackImpl>(d, layers, /*pairs=*/true);
+  const at::Tensor x = at::randn({3, 5, d});
+  at::Tensor want;
+  {
+    c10::NoGradGuard ng;
+    want = ref->forward(x);
+  }
+  const std::string dir = fresh_dir("pairs");
+  checkpoint::write_safetensors(dir + "/model.safetensors", named_weights(*ref));
+  std::shared_ptr<StackImpl> model = make_empty<StackImpl>(d, layers, true);
+  DispatchOptions o;
+  o.no_split = {"StackPair"};
+  o.max_memory = {{"cpu", root + 4 * u}};  // one pair in memory, a pair's room kept for paging
+  o.offload_folder = dir + "/offload";
+  DispatchResult r = load_checkpoint_and_dispatch(model, dir, o);
+  ASSERT_GE(r.disk_units, 1) << "no pair went to disk";
+  ASSERT_GT(r.disk_bytes_mapped_from_checkpoint, 0);
+  c10::NoGradGuard ng;
+  const auto before = paging_stats();
+  EXPECT_TRUE(at::equal(model->forward(x), want));
+  EXPECT_EQ(paging_stats().page_ins - before.page_ins, 2 * r.disk_units) << "one page-in per unit";
+  EXPECT_EQ(paging_stats().bytes_paged - before.bytes_paged, r.disk_bytes_mapped_from_checkpoint)
+      << "a unit paged in more than its own parameters";
+  files::remove_tree(dir);
+}
+
 TEST(Dispatch, ConvertsIntoTheOffloadFolderFromAShardedCheckpoint) {
   const int64_t d = 32, layers = 4, u = unit_bytes(d), root = 2 * linear_bytes(d);
   Reference ref = reference(d, layers, 11);
