@@ -23,6 +23,13 @@ std::int64_t chunk_elements(const OffloadSpec& spec) {
 
 }  // namespace
 
+void OptimizerOffload::mark_torn(const std::string& why) {
+  torn_ = why.empty() ? std::string("an error without a message") : why;
+  rewritten_.assign(regions_.size(), {});
+  for (std::size_t i = 0; i < regions_.size(); ++i)
+    rewritten_[i].assign(static_cast<std::size_t>(1 + regions_[i].rule.state_count()), region_chunks_[i].empty());
+}
+
 int OffloadRule::state_count() const {
   if (kind == Kind::Adam) return adam.amsgrad ? 3 : 2;
   return sgd.momentum != 0 ? 1 : 0;
@@ -94,7 +101,16 @@ void OptimizerOffload::init(std::size_t i, const at::Tensor& values) {
   steps_[i] = 0;
 }
 
+void OptimizerOffload::check_whole(const char* what) const {
+  if (torn_.empty()) return;
+  throw std::runtime_error(fmt::format(
+      "offloaded optimizer: cannot {}: the state in {} is partly updated by a step that failed partway ({}); load a "
+      "checkpoint (load_state) before training or saving again",
+      what, path(), torn_));
+}
+
 at::Tensor OptimizerOffload::read(std::size_t i, int slot) const {
+  check_whole("read the optimizer state");
   at::Tensor out = at::empty({regions_.at(i).numel}, at::kFloat);
   if (region_chunks_[i].empty()) return out;
   offload::AlignedBuffer tmp(chunks_[region_chunks_[i][0]].slot_bytes);
@@ -119,10 +135,17 @@ void OptimizerOffload::write(std::size_t i, int slot, const at::Tensor& values) 
     std::memcpy(tmp.data(), v.data_ptr<float>() + c.begin, c.len * 4);
     file_->write(tmp.data(), c.slot_bytes, c.offset + slot * c.slot_bytes);
   }
+  if (torn_.empty()) return;
+  rewritten_.at(i).at(static_cast<std::size_t>(slot)) = 1;
+  for (const auto& r : rewritten_)
+    for (char done : r)
+      if (!done) return;
+  torn_.clear();  // every region's master and state came from one consistent source again
 }
 
 void OptimizerOffload::step(const std::vector<at::Tensor>& grads, const std::vector<OffloadRule>& rules,
                             const Updated& updated) {
+  check_whole("step");
   std::vector<std::size_t> todo;
   for (std::size_t ci = 0; ci < chunks_.size(); ++ci)
     if (grads.at(chunks_[ci].region).defined()) todo.push_back(ci);
@@ -170,11 +193,19 @@ void OptimizerOffload::step(const std::vector<at::Tensor>& grads, const std::vec
       writing[b] = 1;
     }
     file_->wait_all();
+  } catch (const std::exception& e) {
+    try {
+      file_->wait_all();
+    } catch (...) {
+    }
+    mark_torn(e.what());
+    throw;
   } catch (...) {
     try {
       file_->wait_all();
     } catch (...) {
     }
+    mark_torn("an unknown error");
     throw;
   }
   for (std::size_t r = 0; r < regions_.size(); ++r)

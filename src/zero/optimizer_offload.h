@@ -11,6 +11,11 @@
 //
 // The file is scratch: it is removed when the object goes, and checkpoints read and write the state
 // through read()/write() (the durable copy is the checkpoint, as in DeepSpeed).
+//
+// A step that fails partway (an I/O error, a throwing callback) leaves some chunks stepped and others
+// not. Then step() and read() (so save_state) refuse, naming the file and the failure, until every
+// region's master and state have been written again (write(): load_state from a checkpoint); never a
+// mix of two steps passed on as one.
 #pragma once
 
 #include "optim/fused_step.h"
@@ -98,6 +103,11 @@ class OptimizerOffload {
   std::vector<Chunk> chunks_;
   std::vector<std::vector<std::size_t>> region_chunks_;
   std::vector<std::int64_t> steps_;
+  // Non-empty after a step failed partway: what failed. Cleared once every (region, slot) is rewritten.
+  std::string torn_;
+  std::vector<std::vector<char>> rewritten_;
+  void check_whole(const char* what) const;
+  void mark_torn(const std::string& why);
   std::vector<offload::AlignedBuffer> buffers_;
   // After the buffers: destroyed first, it waits for transfers into or out of them.
   std::unique_ptr<offload::ScratchFile> scratch_;

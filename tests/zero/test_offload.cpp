@@ -6,6 +6,7 @@
 #include "base/memory.h"
 #include "offload/async_file.h"
 #include "support/harness.h"
+#include "zero/optimizer_offload.h"
 
 #include <gtest/gtest.h>
 #include <torch/optim/rmsprop.h>
@@ -170,6 +171,61 @@ TEST(Offload, OptimizersWithoutFusedKernelsAreRefused) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("RMSprop"), std::string::npos) << e.what();
   }
+}
+
+// A step that fails partway (here the callback that receives the updated masters throws at the third
+// of four chunks) leaves the file half stepped: reading it (what save_state does) and stepping again
+// are refused, naming the file and the failure, until every region's master and state are written
+// back (what load_state does); then it reads back what was written and steps again.
+TEST(OffloadOptimizerFile, AStepThatFailsPartwayIsRefusedUntilTheStateIsLoadedAgain) {
+  zero::OffloadSpec spec;
+  spec.optimizer = OffloadDevice::Nvme;
+  spec.optimizer_nvme_path = scratch_dir();
+  spec.sub_group_size = 4096;  // two regions of 8192 elements: four chunks
+  spec.optimizer_buffer_count = 2;
+  zero::OffloadRule adam;
+  adam.adam.lr = 0.1;
+  zero::OptimizerOffload file(spec, test::world()->rank(), {{8192, adam}, {8192, adam}});
+  at::manual_seed(3);
+  std::vector<at::Tensor> masters{at::randn({8192}), at::randn({8192})};
+  for (std::size_t i = 0; i < 2; ++i) file.init(i, masters[i]);
+  const std::vector<at::Tensor> grads{at::randn({8192}), at::randn({8192})};
+  const std::vector<zero::OffloadRule> rules{adam, adam};
+  auto nothing = [](std::size_t, std::int64_t, const at::Tensor&) {};
+  file.step(grads, rules, nothing);
+  // What a checkpoint holds after that step (every slot of every region).
+  std::vector<std::vector<at::Tensor>> saved(2);
+  for (std::size_t i = 0; i < 2; ++i)
+    for (int slot = 0; slot <= adam.state_count(); ++slot) saved[i].push_back(file.read(i, slot));
+  int chunks = 0;
+  EXPECT_THROW(file.step(grads, rules,
+                         [&](std::size_t, std::int64_t, const at::Tensor&) {
+                           if (++chunks == 3) throw std::runtime_error("injected I/O failure");
+                         }),
+               std::runtime_error);
+  for (const std::string what : {"read", "step"}) {
+    try {
+      if (what == "read")
+        file.read(0, 0);
+      else
+        file.step(grads, rules, nothing);
+      ADD_FAILURE() << what << " of a half-stepped file was allowed";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(file.path()), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("injected I/O failure"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("load_state"), std::string::npos) << e.what();
+    }
+  }
+  // Loading writes every slot back; one slot short, the file is still refused.
+  for (std::size_t i = 0; i < 2; ++i)
+    for (int slot = 0; slot <= adam.state_count(); ++slot)
+      if (i != 1 || slot != adam.state_count()) file.write(i, slot, saved[i][slot]);
+  EXPECT_THROW(file.read(0, 0), std::runtime_error);
+  file.write(1, adam.state_count(), saved[1][adam.state_count()]);
+  for (std::size_t i = 0; i < 2; ++i)
+    for (int slot = 0; slot <= adam.state_count(); ++slot)
+      EXPECT_TRUE(at::equal(file.read(i, slot), saved[i][slot])) << "region " << i << " slot " << slot;
+  file.step(grads, rules, nothing);
 }
 
 }  // namespace
