@@ -2,8 +2,8 @@
 // units (accel::unit), so FULL_SHARD / ZeRO-3 keeps one block's parameters gathered at a time.
 // The loop has no strategy in it: the config file chooses DDP, ZeRO-1/2/3 or FSDP.
 //   build/bin/accel launch -n 2 build/bin/gpt_lm --config_file configs/fsdp/full_shard.yaml
-//   build/bin/accel launch -n 2 build/bin/gpt_lm --config_file configs/deepspeed/zero3.json --d_model 1024 --layers 12
-//   --heads 16
+//   build/bin/accel launch -n 2 build/bin/gpt_lm --config_file configs/deepspeed/zero3.json
+//       --d_model 1024 --layers 12 --heads 16                    (one command, on one line)
 // The model is built through sharded construction (Accelerator::sharded_init, on the CPU): each block
 // is sharded as soon as it is built, so no rank ever holds the whole model and one that fits only
 // sharded can be built.
