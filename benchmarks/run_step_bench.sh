@@ -16,12 +16,12 @@
 #       noisy: the spread (min-max of the R runs) is shown too.
 #   bash benchmarks/run_step_bench.sh --large [--repeats R] [step_bench args]
 #       issue 17's 0.59B GPT (--d-model 1560 --layers 20 --batch 1 --steps 3 --warmup 1, unless given) at
-#       2 ranks: DDP, ZERO_2, ZERO_3 (its parameters node-shared, the default on one node) and ZERO_3-private
-#       (ACCEL_NODE_SHARED_PARAMS=0: private shards, all-gathered) in turn R times [3] (one model alone fills ~10 GB per rank, so their
-#       steps cannot be interleaved in one run); the table shows each one's median step (min-max), its
-#       ratio to DDP's median, the median wait on collectives and its share of the step, and peak RSS
-#       per rank (the last run; with node-shared parameters it counts the shared buffers in each rank).
-#       About 5 minutes at R=3; run it alone.
+#       2 ranks: DDP, then ZERO_2 and ZERO_3 node-shared (ACCEL_NODE_SHARED_PARAMS=1 ACCEL_NODE_SHARED_GRADS=1,
+#       the default on one CPU node) and private (both 0: the path GPUs and multi-node runs take), in turn
+#       R times [3] (one model alone fills ~10 GB per rank, so their steps cannot be interleaved in one
+#       run); the table shows each one's median step (min-max), its ratio to DDP's median, the median wait
+#       on collectives and its share of the step, and peak RSS per rank (the last run; with node-shared
+#       parameters it counts the shared buffers in each rank). About 8 minutes at R=3; run it alone.
 # Extra arguments go to step_bench (and torch_anchor.py: --steps, --warmup, --batch, --layers,
 # --d-model, --heads, --seq, --vocab), e.g. --steps 10. Every run starts through `accel launch`, so
 # each rank is bound to its share of the cores with as many intra-op threads (README "Launch").
@@ -85,13 +85,13 @@ if [ "${1:-}" = "--large" ]; then
   field() { grep -o "\"$1\": [0-9.e+-]*" | tail -1 | awk '{print $2}'; }
   declare -A steps waits rss
   for ((i = 0; i < repeats; i++)); do
-    for s in DDP ZERO_2 ZERO_3 ZERO_3-private; do
-      if [ "$s" = ZERO_3-private ]; then
-        line=$(ACCEL_NODE_SHARED_PARAMS=0 run 2 ZERO_3 --json "${args[@]}")
-      else
-        line=$(run 2 "$s" --json "${args[@]}")
-        [ "$s" = ZERO_3 ] && shared=$(echo "$line" | field node_shared_bytes)
-      fi
+    for s in DDP ZERO_2-node-shared ZERO_3-node-shared ZERO_2-private ZERO_3-private; do
+      case $s in
+        *-private) line=$(ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0 run 2 "${s%-private}" --json "${args[@]}") ;;
+        *-node-shared) line=$(ACCEL_NODE_SHARED_PARAMS=1 ACCEL_NODE_SHARED_GRADS=1 run 2 "${s%-node-shared}" --json "${args[@]}")
+          [ "$s" = ZERO_3-node-shared ] && shared=$(echo "$line" | field node_shared_bytes) ;;
+        *) line=$(run 2 "$s" --json "${args[@]}") ;;
+      esac
       steps[$s]="${steps[$s]:-} $(echo "$line" | field step_ms)"
       waits[$s]="${waits[$s]:-} $(echo "$line" | field wait_ms)"
       rss[$s]=$(echo "$line" | field peak_rss)
@@ -105,16 +105,18 @@ if [ "${1:-}" = "--large" ]; then
   echo "| strategy | step ms (min-max) | × DDP | wait ms | wait share | peak RSS MiB |"
   echo "|---|---:|---:|---:|---:|---:|"
   ddp=$(echo ${steps[DDP]} | median)
-  for s in DDP ZERO_2 ZERO_3 ZERO_3-private; do
+  for s in DDP ZERO_2-node-shared ZERO_3-node-shared ZERO_2-private ZERO_3-private; do
     m=$(echo ${steps[$s]} | median) w=$(echo ${waits[$s]} | median)
     printf "| %s | %.0f (%s) | %.2f | %.0f | %.0f%% | %.0f |\n" "$s" "$m" "$(echo ${steps[$s]} | range)" \
       "$(awk -v a="$m" -v b="$ddp" 'BEGIN {print a / b}')" "$w" "$(awk -v a="$w" -v b="$m" 'BEGIN {print 100 * a / b}')" \
       "$(awk -v b="${rss[$s]}" 'BEGIN {print b / 1048576}')"
   done
   echo
-  echo "ZERO_3: the parameters in one shared buffer per flat that both ranks map (ACCEL_NODE_SHARED_PARAMS, default 1);"
-  echo "its peak RSS counts those $(awk -v b="${shared:-0}" 'BEGIN {printf "%.0f", b / 1048576}') MiB in each rank, the node holds them once."
-  echo "ZERO_3-private: ACCEL_NODE_SHARED_PARAMS=0, each rank's shard private, all-gathered around each unit's use."
+  echo "*-node-shared (the default on one CPU node): ACCEL_NODE_SHARED_PARAMS=1 ACCEL_NODE_SHARED_GRADS=1, ZeRO-3's parameters"
+  echo "in one shared buffer per flat that both ranks map, and the reduce-scatters' inputs in a shared pool the peers read in"
+  echo "place; ZeRO-3's peak RSS counts the $(awk -v b="${shared:-0}" 'BEGIN {printf "%.0f", b / 1048576}') MiB of parameters in each rank, the node holds them once."
+  echo "*-private (the path GPUs and multi-node runs take): ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0, each rank's"
+  echo "shard and gradient buffers its own, parameters all-gathered around each unit's use."
   exit 0
 fi
 HEADER="| strategy      | precision | ranks | step ms | peak MiB | params | grads | optim | gathered | activations | moved MiB | ×Ψ(n-1)/n·4B | peak RSS MiB | wait ms |
