@@ -1,6 +1,7 @@
 #include "cli/config_explain.h"
 
 #include "accelerator/precision.h"
+#include "base/env.h"
 
 #include <fmt/core.h>
 
@@ -126,6 +127,25 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
   } else {
     row("  parameters", s.shards_optimizer() ? "all of them; all-gathered again after each optimizer step"
                                              : "all of them (replicated)");
+  }
+  // On CPUs a shard group on one machine shares memory instead (the engine's default; base/env.cpp).
+  if (shard_over > 1 && s.shards_gradients() && cfg.offload_param_device != "nvme") {
+    const bool params = s.shards_parameters() && env::get_int("ACCEL_NODE_SHARED_PARAMS") != 0;
+    const bool grads = env::get_int("ACCEL_NODE_SHARED_GRADS") != 0;
+    if (params || grads)
+      row("Node-shared",
+          fmt::format("on CPUs (no GPU, or use_cpu), the {} ranks of a shard group on one machine keep {} in "
+                      "memory they all map: {}each rank is counted its share, the node holds them once (each rank's "
+                      "RSS shows all of it). {} turn{} that off: the path a GPU or several machines take",
+                      shard_over,
+                      params && grads ? "the sharded parameters and the gradients they reduce-scatter"
+                      : params        ? "the sharded parameters"
+                                      : "the gradients they reduce-scatter",
+                      params ? "nothing is all-gathered, " : "",
+                      params && grads ? "ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0"
+                      : params        ? "ACCEL_NODE_SHARED_PARAMS=0"
+                                      : "ACCEL_NODE_SHARED_GRADS=0",
+                      params && grads ? "" : "s"));
   }
   if (s.shards_parameters() || cfg.distributed_type == DistributedType::Fsdp) row("Units", units(s.wrap));
   if (s.shards_parameters())

@@ -5,7 +5,10 @@
 
 #include "accelerator/config.h"
 
+#include "support/scoped_env.h"
+
 #include <fmt/format.h>
+
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -154,6 +157,24 @@ TEST(ConfigExplain, ShippedConfigsStrategyPrecisionAccumulationAndIgnoredKeys) {
   EXPECT_NE(e.find("save_state writes sharded checkpoints"), std::string::npos) << e;
   EXPECT_NE(e.find("  fsdp_config.fsdp_use_orig_params: "), std::string::npos) << e;
   EXPECT_NE(e.find("kept from forward to backward (no activation checkpointing"), std::string::npos) << e;
+  // Node-shared memory on one machine's CPUs (the default), and how to turn it off.
+  EXPECT_NE(e.find("Node-shared   on CPUs (no GPU, or use_cpu), the 2 ranks of a shard group on one machine keep the "
+                   "sharded parameters and the gradients they reduce-scatter in memory they all map: nothing is "
+                   "all-gathered"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0 turn that off"), std::string::npos) << e;
+  {
+    test::ScopedEnv off("ACCEL_NODE_SHARED_PARAMS", "0");
+    const std::string z2 = explain_config(load_config_file(src + "/configs/deepspeed/zero2.yaml"));
+    EXPECT_NE(z2.find("keep the gradients they reduce-scatter in memory"), std::string::npos) << z2;
+    const std::string z3 = explain_config(load_config_file(src + "/configs/fsdp/full_shard.yaml"));
+    EXPECT_NE(z3.find("keep the gradients they reduce-scatter in memory"), std::string::npos) << z3;
+    test::ScopedEnv off_too("ACCEL_NODE_SHARED_GRADS", "0");
+    const std::string none = explain_config(load_config_file(src + "/configs/fsdp/full_shard.yaml"));
+    EXPECT_EQ(none.find("Node-shared"), std::string::npos) << none;
+  }
+  EXPECT_EQ(explain_config(load_config_file(src + "/configs/ddp.yaml")).find("Node-shared"), std::string::npos);
   e = explain_config(
       parse_accelerate_yaml("distributed_type: FSDP\nfsdp_config:\n  fsdp_activation_checkpointing: true\n", "f"));
   EXPECT_NE(e.find("checkpointed per unit: each unit keeps only its inputs"), std::string::npos) << e;
