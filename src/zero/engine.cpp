@@ -332,20 +332,18 @@ void Engine::install_hooks() {
     const std::string &a = units_[u].name, &b = units_[v].name;
     return a.size() > b.size() && a.compare(0, b.size(), b) == 0 && a[b.size()] == '.';
   };
-  std::vector<bool> outermost(units_.size(), true);
+  std::vector<bool> by_spec(units_.size(), spec_.activation_checkpointing);  // outermost units only
   for (std::size_t u = 1; u < units_.size(); ++u)
     for (std::size_t v = 1; v < units_.size(); ++v)
-      if (v != u && inside(u, v)) outermost[u] = false;
+      if (v != u && inside(u, v)) by_spec[u] = false;
+  auto checkpointed = [&](std::size_t u) { return slots_[u - 1]->checkpoint || by_spec[u]; };
   for (std::size_t u = 1; u < units_.size(); ++u)
-    for (std::size_t v = 1; v < units_.size(); ++v) {
-      const bool cu = slots_[u - 1]->checkpoint || (spec_.activation_checkpointing && outermost[u]);
-      const bool cv = slots_[v - 1]->checkpoint || (spec_.activation_checkpointing && outermost[v]);
-      if (cu && cv && v != u && inside(u, v))
+    for (std::size_t v = 1; v < units_.size(); ++v)
+      if (v != u && inside(u, v) && checkpointed(u) && checkpointed(v))
         throw std::invalid_argument(fmt::format(
             "unit '{}' is checkpointed inside unit '{}', which is checkpointed too: nested checkpointed units are "
             "not supported (the inner unit would run again in the outer recompute); checkpoint one of them",
             units_[u].name, units_[v].name));
-    }
   hooks_installed_ = true;
   for (std::size_t fi = 0; fi < flats_.size() && !plan_.passthrough; ++fi) {
     const auto& ps = flats_[fi].flat_param->params();
@@ -358,7 +356,7 @@ void Engine::install_hooks() {
   }
   for (std::size_t u = 1; u < units_.size(); ++u) {
     slots_[u - 1]->hooks = std::make_shared<UnitHooksImpl>(weak_from_this(), u);
-    slots_[u - 1]->checkpoint_by_spec = spec_.activation_checkpointing && outermost[u];
+    slots_[u - 1]->checkpoint_by_spec = by_spec[u];
     unit_hooks_.push_back(slots_[u - 1]->hooks.get());
   }
 }

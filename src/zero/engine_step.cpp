@@ -100,8 +100,7 @@ void Engine::before_step() {
 }
 
 void Engine::step_failed(const std::string& what) {
-  // (In passthrough there are no collectives to leave; at one rank nobody waits.)
-  if (plan_.passthrough || world_->size() == 1) return;
+  if (world_->size() == 1) return;  // (nobody waits; passthrough is a world of one too)
   world_->abandon(fmt::format("the optimizer step failed on rank {}: {}", world_->rank(), what));
 }
 
