@@ -21,6 +21,10 @@ const std::vector<Variable>& table() {
        "group share a GPU or the build has no NCCL: then host); set it alike on every rank"},
       {"ACCEL_COMM_SHM_CHUNK_KB", "256",
        "the shared-memory transport's chunk per rank and buffer, in KiB (pipelining grain; rank 0's value is used)"},
+      {"ACCEL_COMM_SHM_SINGLE_COPY_GATHER_KB", "0",
+       "all_gathers whose input per rank is at least this many KiB read each peer's input straight from its "
+       "memory (process_vm_readv, where the kernel allows it and every rank has a core): one copy, each rank at "
+       "its own pace instead of chunk by chunk in lock-step with its peers; 0: never (rank 0's value is used)"},
       {"ACCEL_CPU_MALLOC_CACHE", "1",
        "1: once a model is prepared with sharded CPU parameters or gradients, freed CPU memory is kept for "
        "reuse (glibc's heap under 32 MiB, untrimmed; accel's allocator caches larger blocks by size, never "
@@ -29,9 +33,9 @@ const std::vector<Variable>& table() {
       {"ACCEL_NODE_SHARED_PARAMS", "1",
        "1: sharded CPU parameters (ZeRO-3, FULL_SHARD, HYBRID_SHARD) whose shard group sits on one "
        "node live in shared memory that every rank of the group maps, the ranks' shards side by side: together "
-       "they are the full parameters, so the node holds them once, gathering them moves no bytes, and they stay "
-       "readable between steps (barriers order the step's writes against the peers' reads; each rank's RSS "
-       "counts the shared pages); 0: each rank keeps its shard privately and all-gathers copies of the full "
+       "they are the full parameters, so the node holds them once and gathering them moves no bytes (between "
+       "steps a sharded unit's parameters throw on access, as private ones do; barriers order the step's writes "
+       "against the peers' reads; each rank's RSS counts the shared pages); 0: each rank keeps its shard privately and all-gathers copies of the full "
        "parameters around each unit's use"},
       {"ACCEL_NODE_SHARED_GRADS", "1",
        "1: under ZeRO-2/3 and FSDP's sharded strategies on the CPU, a shard group on one node takes the full "

@@ -122,8 +122,14 @@ struct ShmOp {
 class ShmGroup {
  public:
   // check: compare signatures before each collective (rank 0's ACCEL_COMM_CHECK, so ranks agree).
-  ShmGroup(std::unique_ptr<Segment> seg, int rank, int size, bool check, bool single_copy)
-      : seg_(std::move(seg)), rank_(rank), size_(size), check_(check), single_copy_(single_copy) {}
+  ShmGroup(std::unique_ptr<Segment> seg, int rank, int size, bool check, bool single_copy,
+           std::int64_t single_copy_gather_bytes)
+      : seg_(std::move(seg)),
+        rank_(rank),
+        size_(size),
+        check_(check),
+        single_copy_(single_copy),
+        single_copy_gather_bytes_(single_copy_gather_bytes) {}
 
   void push(std::unique_ptr<ShmOp> op) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -211,7 +217,9 @@ class ShmGroup {
       case Collective::Barrier: op.count = 0; break;
     }
     if (r.check_only) op.count = 0;
-    if (single_copy_ && r.kind == Collective::Broadcast && op.count >= kSingleCopyBytes) {
+    if (single_copy_ && !r.check_only &&
+        ((r.kind == Collective::Broadcast && op.count >= kSingleCopyBytes) ||
+         (r.kind == Collective::AllGather && single_copy_gather_bytes_ > 0 && op.count >= single_copy_gather_bytes_))) {
       // One pseudo-chunk: post the address (In), read the peers' memory (Out), then wait until
       // every peer is done reading mine (Reduce) before the caller gets its tensor back.
       op.single_copy = true;
@@ -265,15 +273,24 @@ class ShmGroup {
     return true;
   }
 
-  // A large broadcast, one copy: each rank pulls the root's bytes itself.
+  // A large broadcast or all_gather, one copy: each rank pulls its peers' bytes itself, at its own
+  // pace (no chunk-by-chunk lock-step), and returns once its peers are done reading its own.
   bool single_copy_step(ShmOp& op, Phase ph, std::uint64_t g, char* out) {
     const Request& r = op.req;
     RankCtl& ctl = seg_->ctl(rank_);
+    const bool gather = r.kind == Collective::AllGather;
     if (ph == Phase::In) {
-      ctl.src_addr = reinterpret_cast<std::uint64_t>(out);
+      const char* in = gather ? static_cast<const char*>(r.input.data_ptr()) : out;
+      ctl.src_addr = reinterpret_cast<std::uint64_t>(in);
+      if (gather && !op.in_place) copy_bytes(out + rank_ * op.count, in, op.count);
       ctl.in_step.store(g, std::memory_order_release);
     } else if (ph == Phase::Out) {  // (after the signatures were compared)
-      if (rank_ != r.root) read_peer(r.root, out, op.count);
+      if (gather) {
+        for (int j = 0; j < size_; ++j)
+          if (j != rank_) read_peer(j, out + j * op.count, op.count);
+      } else if (rank_ != r.root) {
+        read_peer(r.root, out, op.count);
+      }
       ctl.out_step.store(g, std::memory_order_release);
     } else {
       if (!all_at_least(&RankCtl::out_step, g)) return false;  // nobody reads my tensor any more
@@ -483,6 +500,7 @@ class ShmGroup {
   const int rank_, size_;
   const bool check_;
   const bool single_copy_;              // process_vm_readv works between every pair (probed at setup)
+  const std::int64_t single_copy_gather_bytes_;  // all_gathers from this input size read the peers' memory; 0: none
   std::uint64_t seq_ = 0, chunks_ = 0;  // guarded by mu_
 };
 
@@ -615,13 +633,14 @@ std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
   if (size > 64) return nullptr;  // the reduction's source list is sized for 64 ranks per node
   struct Hello {
     char name[64];
-    std::uint64_t chunk, bytes, check;
+    std::uint64_t chunk, bytes, check, gather_kb;
   } hello{};
   void* base = MAP_FAILED;
   if (rank == 0) {
     std::uint64_t chunk = static_cast<std::uint64_t>(std::max<long long>(1, env::get_int("ACCEL_COMM_SHM_CHUNK_KB")));
     hello.chunk = chunk * 1024;
     hello.check = env::get_int("ACCEL_COMM_CHECK") != 0;
+    hello.gather_kb = static_cast<std::uint64_t>(std::max<long long>(0, env::get_int("ACCEL_COMM_SHM_SINGLE_COPY_GATHER_KB")));
     hello.bytes = Segment::total_bytes(size, hello.chunk);
     std::snprintf(hello.name, sizeof hello.name, "%s", shm_object_name("seg", g_segments++).c_str());
     int fd = shm_open(hello.name, O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -682,7 +701,8 @@ std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
   group.allgather_bytes(&cma, sizeof cma, cmas.data());
   const bool single_copy = std::find(cmas.begin(), cmas.end(), 0) == cmas.end();
   return std::make_unique<ShmBackend>(
-      std::make_shared<ShmGroup>(std::move(seg), rank, size, hello.check != 0, single_copy));
+      std::make_shared<ShmGroup>(std::move(seg), rank, size, hello.check != 0, single_copy,
+                                 static_cast<std::int64_t>(hello.gather_kb) * 1024));
 }
 
 }  // namespace accel::comm

@@ -62,6 +62,19 @@ void alloc_storage(const at::Tensor& t, std::size_t nbytes) {
   s->set_nbytes(nbytes);
 }
 
+namespace {
+// t's storage holds in's memory (nbytes of it) until it is freed or pointed elsewhere: its data
+// pointer keeps a reference to in, so in's storage lives exactly as long.
+void point_storage_at(const at::Tensor& t, const at::Tensor& in, std::size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->*throw_flag() = false;
+  auto* keep = new at::Tensor(in);
+  s->set_data_ptr_noswap(
+      c10::DataPtr(in.data_ptr(), keep, [](void* ctx) { delete static_cast<at::Tensor*>(ctx); }, s->device()));
+  s->set_nbytes(nbytes);
+}
+}  // namespace
+
 bool storage_throws_on_access(const at::Tensor& t) {
   return t.defined() && t.storage().unsafeGetStorageImpl()->*throw_flag();
 }
@@ -94,16 +107,25 @@ FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vect
   if (!params_.empty()) to = to.device(params_[0].device());
   auto [begin, end] = layout_.shard_range(opts.rank);
   if (opts.sharded && opts.node_shared && to.device().is_cpu()) {
-    full_ = opts.node_shared(layout_.padded(), opts.dtype);
-    ACCEL_CHECK(!full_.defined() || (full_.numel() == layout_.padded() && full_.scalar_type() == opts.dtype &&
-                                     full_.is_cpu() && full_.is_contiguous()),
+    node_buffer_ = opts.node_shared(layout_.padded(), opts.dtype);
+    ACCEL_CHECK(!node_buffer_.defined() ||
+                    (node_buffer_.numel() == layout_.padded() && node_buffer_.scalar_type() == opts.dtype &&
+                     node_buffer_.is_cpu() && node_buffer_.is_contiguous()),
                 "FlatParam {}: Options::node_shared returned a tensor of the wrong shape, dtype or device", name_);
   }
-  node_shared_ = full_.defined();
-  if (node_shared_)
-    shared_charge_ = std::make_shared<memory::ExternalCharge>(
-        memory::Category::Parameters, (end - begin) * full_.element_size(), static_cast<std::int64_t>(full_.nbytes()));
-  if (!node_shared_) full_ = at::zeros({layout_.padded()}, to);
+  node_shared_ = node_buffer_.defined();
+  if (node_shared_) {
+    shared_charge_ = std::make_shared<memory::ExternalCharge>(memory::Category::Parameters,
+                                                              (end - begin) * node_buffer_.element_size(),
+                                                              static_cast<std::int64_t>(node_buffer_.nbytes()));
+    // full() is a storage of its own that points into the shared buffer while gathered, and throws
+    // like a private one's when freed: the parameters are views of it, never of the buffer itself.
+    full_ = at::empty({0}, to);
+    full_.unsafeGetTensorImpl()->set_sizes_contiguous({layout_.padded()});
+    point_storage_at(full_, node_buffer_, node_buffer_.nbytes());
+  } else {
+    full_ = at::zeros({layout_.padded()}, to);
+  }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     if (!p.is_leaf())
@@ -112,7 +134,7 @@ FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vect
     const std::int64_t off = layout_.offset(i), n = p.numel();
     if (node_shared_) {  // only this rank's shard: the peers write theirs
       const std::int64_t lo = std::max(off, begin), hi = std::min(off + n, end);
-      if (lo < hi) full_.narrow(0, lo, hi - lo).copy_(p.reshape({-1}).narrow(0, lo - off, hi - lo));
+      if (lo < hi) node_buffer_.narrow(0, lo, hi - lo).copy_(p.reshape({-1}).narrow(0, lo - off, hi - lo));
       continue;
     }
     at::Tensor view = full_.narrow(0, off, n).view(p.sizes());
@@ -124,7 +146,10 @@ FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vect
     at::Tensor view = storage_alias(full_).narrow(0, layout_.offset(i), p.numel()).view(p.sizes());
     p.set_data(view);
   }
-  if (opts.sharded && !node_shared_) {
+  if (node_shared_) {
+    shard_ = node_buffer_.narrow(0, begin, end - begin);
+    free_full();
+  } else if (opts.sharded) {
     shard_ = full_.narrow(0, begin, end - begin).clone();
     free_full();
   } else {
@@ -134,10 +159,14 @@ FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vect
 
 void FlatParam::make_private() {
   if (!node_shared_) return;
-  at::Tensor copy = full_.clone();
+  // The buffer's storage takes a private copy of its values (shard() and every other view of it
+  // follow), then full() points at that copy: the mapping goes once nothing views it.
+  at::Tensor copy = node_buffer_.clone();
   c10::StorageImpl* mine = copy.storage().unsafeGetStorageImpl();
-  full_.storage().unsafeGetStorageImpl()->set_data_ptr_noswap(
+  node_buffer_.storage().unsafeGetStorageImpl()->set_data_ptr_noswap(
       mine->set_data_ptr(c10::DataPtr(nullptr, mine->device())));
+  point_storage_at(full_, node_buffer_, node_buffer_.nbytes());
+  node_buffer_ = at::Tensor();
   node_shared_ = false;
   shared_charge_.reset();  // (the private copy is counted as it was allocated)
 }
@@ -146,12 +175,14 @@ bool FlatParam::gathered() const { return storage_allocated(full_) || layout_.pa
 
 void FlatParam::alloc_full() {
   if (gathered()) return;
-  alloc_storage(full_, layout_.padded() * full_.element_size());
+  if (node_shared_)
+    point_storage_at(full_, node_buffer_, node_buffer_.nbytes());
+  else
+    alloc_storage(full_, layout_.padded() * full_.element_size());
 }
 
 void FlatParam::free_full() {
   ACCEL_CHECK(opts_.sharded, "FlatParam {}: free_full on an unsharded parameter", name_);
-  if (node_shared_) return;  // the group's one copy: it stays
   if (storage_allocated(full_)) free_storage(full_, freed_parameter_message(name_, names_));
 }
 
@@ -189,12 +220,7 @@ void FlatParam::alloc_grad(const at::Tensor& in) {
     if (in.defined()) grad_full_.unsafeGetTensorImpl()->set_sizes_contiguous({layout_.padded()});
   }
   if (in.defined()) {  // (before any view is made: views check their bounds against the storage)
-    c10::StorageImpl* s = grad_full_.storage().unsafeGetStorageImpl();
-    s->*throw_flag() = false;
-    auto* keep = new at::Tensor(in);
-    s->set_data_ptr_noswap(c10::DataPtr(
-        in.data_ptr(), keep, [](void* ctx) { delete static_cast<at::Tensor*>(ctx); }, s->device()));
-    s->set_nbytes(nbytes);
+    point_storage_at(grad_full_, in, nbytes);
   } else if (!storage_allocated(grad_full_)) {
     alloc_storage(grad_full_, nbytes);
   }

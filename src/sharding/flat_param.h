@@ -40,12 +40,14 @@ class FlatParam {
     // true: this rank keeps only its shard at rest (own buffer); full() is allocated while gathered.
     // false: full() is always allocated and shard() is a view into it.
     bool sharded = false;
-    // Sharded only: where full() lives instead, for good. Called once with (padded(), dtype); a tensor
-    // that every rank of the shard group maps (Communicator::node_shared_empty), or undefined for the
-    // usual private buffers. The ranks' shards side by side in it ARE the full buffer: shard() is this
-    // rank's view of it, gathered() is always true, free_full() keeps it, and each rank writes only its
-    // own shard (the constructor too). Ordering one rank's writes against the others' reads is the
-    // caller's (a barrier after the step's writes, and before them).
+    // Sharded only: where the whole buffer lives instead, for good. Called once with (padded(), dtype);
+    // a tensor that every rank of the shard group maps (Communicator::node_shared_empty), or undefined
+    // for the usual private buffers. The ranks' shards side by side in it ARE the full buffer
+    // (node_buffer()): shard() is this rank's view of it, and each rank writes only its own shard (the
+    // constructor too). full() still has a storage of its own, which alloc_full() points at the buffer
+    // (nothing allocated, nothing to gather) and free_full() frees as it frees a private one: the
+    // parameters throw between steps alike. Ordering one rank's writes against the others' reads is
+    // the caller's (a barrier after the step's writes, and before them).
     std::function<at::Tensor(std::int64_t numel, c10::ScalarType dtype)> node_shared;
   };
 
@@ -65,13 +67,19 @@ class FlatParam {
   const at::Tensor& full() const { return full_; }    // padded() elements; storage freed when !gathered()
   const at::Tensor& shard() const { return shard_; }  // shard_size() elements, always allocated
   bool gathered() const;
-  // full() lives in memory the shard group shares (Options::node_shared): nothing to gather or free.
+  // The whole buffer lives in memory the shard group shares (Options::node_shared): gathering is
+  // pointing full() at it.
   bool node_shared() const { return node_shared_; }
-  // Node-shared only (else a no-op): full() becomes this rank's own copy of the buffer's values now,
-  // and the parameters, shard() and every other view follow (they share its storage); the mapping
-  // goes once nothing views it. Not collective: the caller orders it after the peers' writes.
+  // Node-shared: the buffer every rank of the group maps, whole values readable at any time (the
+  // peers' writes ordered by the caller); undefined otherwise.
+  const at::Tensor& node_buffer() const { return node_buffer_; }
+  // Node-shared only (else a no-op): the buffer becomes this rank's own copy of its values now (shard()
+  // and every other view of it follow), and full() is gathered into that copy; the mapping goes once
+  // nothing views it. Not collective: the caller orders it after the peers' writes. From then on the
+  // flat is an ordinary sharded one whose full() is gathered.
   void make_private();
-  // Gives full() storage again (contents undefined until filled, e.g. by an all-gather). No-op if gathered.
+  // Gives full() storage again (contents undefined until filled, e.g. by an all-gather; node-shared:
+  // the buffer's values, nothing to fill). No-op if gathered.
   void alloc_full();
   // Returns full()'s storage to the allocator (sharded only). The parameter views stay valid objects;
   // touching their data throws freed_parameter_message() until alloc_full().
@@ -116,6 +124,7 @@ class FlatParam {
   // Node-shared: this rank's shard counted as its parameters, the whole buffer as the node's.
   std::shared_ptr<memory::ExternalCharge> shared_charge_;
   at::Tensor full_, shard_, grad_full_;
+  at::Tensor node_buffer_;  // node-shared: the group's one buffer (full_ points into it while gathered)
   std::vector<at::Tensor> grad_views_;
 };
 

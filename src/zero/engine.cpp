@@ -105,7 +105,15 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const torch::optim::Opt
   if (cpu_model && plan_.churns_memory && env::get_int("ACCEL_CPU_MALLOC_CACHE")) memory::keep_freed_cpu_memory();
 }
 
-Engine::~Engine() { uninstall_hooks(); }
+Engine::~Engine() {
+  uninstall_hooks();
+  // Without unshard(), the model outlives the engine as a private sharded one does: what is gathered
+  // now (the root unit) becomes this rank's own copy, the rest throws when touched. Never parameters
+  // in a buffer the other ranks write. (Not collective: a destructor may run while a peer is gone; at
+  // rest the last step's barrier has ordered the peers' writes.)
+  for (auto& f : flats_)
+    if (f.flat_param->node_shared() && f.flat_param->gathered()) f.flat_param->make_private();
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Building: units from the marks and the wrap policy, then one FlatParam per (unit, param group,
@@ -289,12 +297,12 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
 
   // Node-shared flats: every rank has written its shard; from here on each reads all of them.
   sync_node_shared();
-  // Root flats under ZeRO-3 stay gathered from step to step.
+  // Root flats under ZeRO-3 stay gathered from step to step (node-shared: full() points at the buffer).
   for (auto& f : flats_)
-    if (f.persistent && !f.flat_param->node_shared()) {
+    if (f.persistent) {
       CategoryScope cat(Category::Gathered);
       f.flat_param->alloc_full();
-      gather_->all_gather(f.flat_param->shard(), f.flat_param->full());
+      if (!f.flat_param->node_shared()) gather_->all_gather(f.flat_param->shard(), f.flat_param->full());
     }
   quantize_fp8_shards();
 

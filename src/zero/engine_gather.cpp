@@ -30,6 +30,7 @@ void Engine::gather(std::size_t unit, bool async) {
       CategoryScope cat(Category::Gathered);
       fp.alloc_full();
     }
+    if (fp.node_shared()) continue;  // full() points at the group's one buffer: nothing to move
     u.inflight.push_back(fp8_gathered(f) ? gather_fp8_async(f) : gather_->all_gather_async(fp.shard(), fp.full()));
   }
   if (!async) wait_gather(unit);
@@ -84,6 +85,7 @@ at::Tensor Engine::whole(const Flat& f, const at::Tensor& local) const {
 
 at::Tensor Engine::whole_values(const Flat& f, Source source) const {
   if (source == Source::Master && f.master.defined()) return whole(f, master_data(f));
+  if (f.flat_param->node_shared()) return f.flat_param->node_buffer();  // whole here, gathered or not
   // The gathered buffer only where it holds the exact values now: not while a (prefetch) gather into
   // it is in flight, and not when it holds fp8 bytes dequantized. (The same on every rank: gathering
   // is collective.) Otherwise the shard, gathered into a temporary.
@@ -108,7 +110,7 @@ bool Engine::node_shared() const {
 std::int64_t Engine::node_shared_bytes() const {
   std::int64_t n = 0;
   for (const auto& f : flats_)
-    if (f.flat_param->node_shared()) n += static_cast<std::int64_t>(f.flat_param->full().nbytes());
+    if (f.flat_param->node_shared()) n += static_cast<std::int64_t>(f.flat_param->node_buffer().nbytes());
   return n;
 }
 

@@ -1,7 +1,7 @@
 // Node-shared parameters (ACCEL_NODE_SHARED_PARAMS=1): the ranks of a shard group on one node keep
 // each flat parameter in one shared-memory buffer, their shards side by side. The buffer itself
 // (Communicator::node_shared_empty), then training against the same training with private shards:
-// the same bits, no all-gather traffic, and full parameters readable between steps. Node-shared
+// the same bits, no all-gather traffic, and parameters at rest that throw where private ones do. Node-shared
 // gradient buffers (ACCEL_NODE_SHARED_GRADS, on by default): the same bits as private ones, with the
 // reduce-scatters' peers reading the gradients in place.
 #include "comm/shm_backend.h"
@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -18,6 +20,25 @@ namespace accel::test {
 namespace {
 
 bool shares_memory(comm::Communicator& c) { return c.size() > 1 && std::string(c.backend_name(at::Tensor())) == "shm"; }
+
+// A parameter's data at rest: whether reading it (a sum) or writing it (fill_) throws c10::Error.
+bool throws_on_read(const at::Tensor& p) {
+  try {
+    (void)p.detach().sum().item<double>();
+    return false;
+  } catch (const c10::Error&) {
+    return true;
+  }
+}
+bool throws_on_write(const at::Tensor& p) {
+  c10::NoGradGuard ng;
+  try {
+    p.detach().mul_(1.0);  // (a write that leaves the values as they are, should it not throw)
+    return false;
+  } catch (const c10::Error&) {
+    return true;
+  }
+}
 
 TEST(NodeSharedMemory, OneBufferThatEveryRankWritesAndReads) {
   auto world = test::world();
@@ -90,10 +111,12 @@ TEST_P(NodeSharedEngine, TrainsToTheSameBitsWithoutGathering) {
     ASSERT_EQ(fp.node_shared(), expect_shared) << fp.name();
     padded_bytes += fp.layout().padded() * static_cast<std::int64_t>(fp.full().element_size());
     if (!expect_shared) continue;
-    // The shard is this rank's slice of the one buffer, not a copy.
+    // The shard is this rank's slice of the one buffer, not a copy; at rest only the root unit's
+    // full() points at the buffer, as only its full() is gathered under private shards.
     auto [b, e] = fp.layout().shard_range(fp.options().rank);
-    EXPECT_EQ(fp.shard().data_ptr(), fp.full().narrow(0, b, e - b).data_ptr()) << fp.name();
-    EXPECT_TRUE(fp.gathered()) << fp.name();
+    EXPECT_EQ(fp.shard().data_ptr(), fp.node_buffer().narrow(0, b, e - b).data_ptr()) << fp.name();
+    EXPECT_EQ(fp.gathered(), f.unit == 0) << fp.name();
+    if (fp.gathered()) EXPECT_EQ(fp.full().data_ptr(), fp.node_buffer().data_ptr()) << fp.name();
   }
   EXPECT_EQ(se.node_shared_bytes(), expect_shared ? padded_bytes : 0);
 
@@ -125,20 +148,24 @@ TEST_P(NodeSharedEngine, TrainsToTheSameBitsWithoutGathering) {
     const auto& b = *se.flats()[i].flat_param;
     ASSERT_EQ(a.name(), b.name());
     EXPECT_TRUE(at::equal(a.shard(), b.shard())) << "shard of " << a.name() << " on rank " << r;
-    // Between steps the node-shared parameters are whole on every rank: the private engine's gather.
+    // Between steps the node-shared buffer holds the whole values on every rank: the private engine's gather.
     at::Tensor whole = pe.whole_values(pe.flats()[i], zero::Engine::Source::Compute);
-    if (expect_shared) EXPECT_TRUE(at::equal(b.full(), whole)) << a.name();
+    if (expect_shared) EXPECT_TRUE(at::equal(b.node_buffer(), whole)) << a.name();
+    EXPECT_TRUE(at::equal(se.whole_values(se.flats()[i], zero::Engine::Source::Compute), whole)) << a.name();
   }
-  if (expect_shared) {  // and readable through the module's own parameters
-    auto pp = params_by_name(*shared.model.module);
-    for (const auto& f : se.flats())
-      for (std::size_t k = 0; k < f.flat_param->params().size(); ++k) {
-        const auto& name = f.flat_param->names()[k];
-        EXPECT_TRUE(at::equal(pp.at(name).reshape({-1}),
-                              f.flat_param->full().narrow(0, f.flat_param->layout().offset(k), pp.at(name).numel())))
-            << name;
-      }
+  // The module's own parameters at rest: a read and a write throw exactly where they throw under
+  // private shards (every sharded unit's), and the rest (the root unit's) read the same values.
+  auto pp = params_by_name(*priv.model.module), sp = params_by_name(*shared.model.module);
+  int thrown = 0;
+  for (const auto& [name, p] : pp) {
+    const at::Tensor& q = sp.at(name);
+    const bool private_throws = throws_on_read(p);
+    EXPECT_EQ(throws_on_read(q), private_throws) << name;
+    EXPECT_EQ(throws_on_write(q), private_throws) << name;
+    if (!private_throws) EXPECT_TRUE(at::equal(p, q)) << name;
+    thrown += private_throws ? 1 : 0;
   }
+  if (pe.plan().params_sharded) EXPECT_GT(thrown, 0) << "the sharded units' parameters throw at rest";
   // unshard(): each rank's own copy from then on; training goes on alike, and a write stays local.
   pe.unshard();
   se.unshard();
@@ -229,6 +256,49 @@ TEST_P(NodeSharedGrads, TrainToTheSameBitsAndAreReadInPlace) {
 INSTANTIATE_TEST_SUITE_P(Strategies, NodeSharedGrads,
                          ::testing::Values("ZeRO2", "ZeRO3", "ZeRO3_alone", "ZeRO3_bf16", "FULL_SHARD"),
                          [](const auto& info) { return info.param; });
+
+// The engine dropped without unshard() (an exception, a script that keeps the model): every rank's
+// model keeps parameters that are its own (the root unit's, gathered at rest, now a private copy with
+// the same values) or that throw (the sharded units'), never a buffer that another rank writes.
+TEST(NodeSharedEngineDropped, LeavesEachRankItsOwnParametersOrOnesThatThrow) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  if (!shares_memory(*world)) GTEST_SKIP() << "needs ranks that share one node's memory";
+  Training run = make_run(zero::ShardingSpec::zero(3), true, true);
+  ASSERT_TRUE(run.prepared.engine->node_shared());
+  const int64_t local = 12 / N;
+  auto [x, y] = make_batch(ModelKind::GPT, at::kFloat, 0, 0);
+  run.prepared.engine->backward(run.model.loss(x.narrow(0, r * local, local), y.narrow(0, r * local, local)));
+  run.prepared.optimizer->step();
+  run.prepared.optimizer->zero_grad();
+  std::map<std::string, at::Tensor> root;  // the values readable at rest
+  std::set<std::string> sharded;
+  for (const auto& [name, p] : params_by_name(*run.model.module)) {
+    if (throws_on_read(p))
+      sharded.insert(name);
+    else
+      root[name] = p.detach().clone();
+  }
+  ASSERT_FALSE(root.empty());
+  ASSERT_FALSE(sharded.empty());
+  std::weak_ptr<zero::Engine> gone = run.prepared.engine;
+  run.prepared = {};
+  ASSERT_TRUE(gone.expired());
+  auto pp = params_by_name(*run.model.module);
+  for (const auto& name : sharded) {
+    EXPECT_TRUE(throws_on_read(pp.at(name))) << name;
+    EXPECT_TRUE(throws_on_write(pp.at(name))) << name;
+  }
+  for (const auto& [name, before] : root) EXPECT_TRUE(at::equal(pp.at(name), before)) << name;
+  world->barrier();
+  if (r == 0) {
+    c10::NoGradGuard ng;
+    for (const auto& [name, before] : root) pp.at(name).add_(1.0);
+  }
+  world->barrier();
+  for (const auto& [name, before] : root)
+    EXPECT_TRUE(at::equal(pp.at(name), r == 0 ? before + 1.0 : before)) << name << ": rank 0's write on rank " << r;
+}
 
 // One rank late at every turn (a sleep before its forward, between its backward and its step, and
 // after the step) under node-shared parameters and gradients: the barriers order the writes against
