@@ -3,8 +3,11 @@
 #   bash benchmarks/largest_model.sh [options]
 # For each strategy (DDP, ZERO_1, ZERO_2, ZERO_3, ZERO_3+ckpt = ZeRO-3 with activation checkpointing),
 # grows --d-model at a fixed shape (--layers, --heads, --seq, --batch) and prints a markdown table:
-# parameters, per-rank peak RSS, the counted categories (activations included), `accel estimate-memory`'s
-# prediction for the same shape and its error, and the step time. The search starts at the largest
+# parameters, per-rank peak RSS and PSS, the counted categories (activations included), `accel
+# estimate-memory`'s prediction for the same shape and its error, and the step time. ZeRO-3 on one
+# node keeps its parameters node-shared (the CPU default; ACCEL_NODE_SHARED_PARAMS=0 turns it off):
+# every rank's RSS then counts the whole shared buffer, its PSS its share, so the error is PSS's
+# (the node's peak PSS over the ranks) against estimate-memory's node-shared row. The search starts at the largest
 # d_model estimate-memory predicts to fit the cap, gallops up or down from there, then bisects to
 # --resolution, so each strategy takes a handful of runs.
 #
@@ -14,8 +17,10 @@
 # cap is on the sum of the ranks' memory:
 #   - a cgroup v2 memory.max (with swap off) around mpirun, where /sys/fs/cgroup is cgroup v2 with the
 #     memory controller and writable (root);
-#   - always, a watchdog that sums the RSS of mpirun's session every 0.2 s and kills the session past
-#     the cap (here, cgroup v1 with no memory controller in the v2 hierarchy: the watchdog is the cap);
+#   - always, a watchdog that sums the PSS (/proc/PID/smaps_rollup: each shared page split among the
+#     processes mapping it, so node-shared memory counts once) of mpirun's session every 0.2 s, keeps
+#     the largest sum, and kills the session past the cap (here, cgroup v1 with no memory controller
+#     in the v2 hierarchy: the watchdog is the cap);
 #   - sizes whose estimate-memory prediction is over 1.5x the per-rank cap are not run at all.
 #
 # Options (defaults in brackets):
@@ -119,14 +124,15 @@ run() {
       --steps 1 --warmup 1 --json 2>/dev/null)
     eval "exec setsid $cmd"
   ) >"$out" 2>"$err" &
-  local pid=$! killed=""
+  local pid=$! killed="" peak_pss=0
   sleep 0.2
   while kill -0 "$pid" 2>/dev/null; do
-    local rss
-    rss=$(ps -o rss= --sid "$pid" 2>/dev/null | awk '{s += $1} END {printf "%.0f", s * 1024}')
-    if [ "${rss:-0}" -gt "$CAP_BYTES" ]; then
+    local pss
+    pss=$(session_pss "$pid")
+    ((pss > peak_pss)) && peak_pss=$pss
+    if [ "${pss:-0}" -gt "$CAP_BYTES" ]; then
       kill -KILL -- "-$pid" 2>/dev/null
-      killed="over the cap ($((rss / 1000000)) MB)"
+      killed="over the cap ($((pss / 1000000)) MB PSS)"
     fi
     sleep 0.2
   done
@@ -135,6 +141,7 @@ run() {
   local line
   line=$(grep '^{' "$out" | tail -1)
   if [ $rc -eq 0 ] && [ -n "$line" ]; then
+    line="${line%\}}, \"session_peak_pss\": $peak_pss}"  # (the watchdog's: every process of the run)
     echo "$s d=$d ok $line" >>"$LOG"
     echo "$line"
     rm -f "$out" "$err"
@@ -147,12 +154,27 @@ run() {
   return 1
 }
 
+# session_pss PID: the PSS of every process in session PID, summed, in bytes.
+session_pss() {
+  local p f total=0
+  for p in $(ps -o pid= --sid "$1" 2>/dev/null); do
+    f=$(awk '/^Pss:/ {print $2; exit}' "/proc/$p/smaps_rollup" 2>/dev/null)
+    total=$((total + ${f:-0} * 1024))
+  done
+  echo "$total"
+}
+
+# Whether ZeRO-3 runs node-shared here: several ranks on this one machine, unless switched off.
+NODE_SHARED=0
+((RANKS > 1)) && [ "${ACCEL_NODE_SHARED_PARAMS:-1}" != 0 ] && NODE_SHARED=1
+
 # predict D STRATEGY: estimate-memory's per-rank peak (bytes) for that shape.
 predict() {
-  local label ckpt=0
+  local label ckpt=0 shared=""
+  ((NODE_SHARED)) && shared=" node-shared"
   case "$2" in
-    DDP) label="DDP" ;; ZERO_1) label="ZeRO-1" ;; ZERO_2) label="ZeRO-2" ;; ZERO_3) label="ZeRO-3" ;;
-    ZERO_3+ckpt) label="ZeRO-3"; ckpt=1 ;;
+    DDP) label="DDP" ;; ZERO_1) label="ZeRO-1" ;; ZERO_2) label="ZeRO-2" ;; ZERO_3) label="ZeRO-3$shared" ;;
+    ZERO_3+ckpt) label="ZeRO-3$shared"; ckpt=1 ;;
     *) return 0 ;;  # no prediction (offload)
   esac
   "$CLI" estimate-memory --d_model "$1" --layers "$LAYERS" --heads "$HEADS" --seq "$SEQ" --micro_batch "$BATCH" \
@@ -238,24 +260,27 @@ done
 echo
 echo "$RANKS ranks, GPT --layers $LAYERS --heads $HEADS --seq $SEQ --batch $BATCH --vocab $VOCAB, fp32 AdamW, 2 optimizer steps; cap $CAP_GB GB; d_model to $RES"
 echo
-echo "| strategy | d_model | parameters | peak RSS / rank | counted peak | params | grads | optim | gathered | activations | estimate-memory | error | step s | runs |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| strategy | d_model | parameters | peak RSS / rank | peak PSS / rank | counted peak | params | grads | optim | gathered | activations | estimate-memory | error | step s | runs |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for s in $STRATEGIES; do
   IFS='|' read -r json pred runs <<<"${BEST[$s]}"
   if [ "$json" = none ]; then
-    echo "| $s | none fits from $MIN_D | | | | | | | | | | | | $pred |"
+    echo "| $s | none fits from $MIN_D | | | | | | | | | | | | | $pred |"
     continue
   fi
-  python3 - "$s" "$json" "$pred" "$runs" <<'EOF'
+  python3 - "$s" "$json" "$pred" "$runs" "$RANKS" <<'EOF'
 import json, sys
-s, j, pred, runs = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+s, j, pred, runs, ranks = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 gb = lambda b: f"{b / 1e9:.2f}"
-err = (j["peak_rss"] - pred) / pred * 100
-print(f"| {s} | {j['d_model']} | {j['params'] / 1e9:.3f}B | {gb(j['peak_rss'])} GB | {gb(j['counted_peak'])} | "
-      f"{gb(j['parameters'])} | {gb(j['gradients'])} | {gb(j['optimizer'])} | {gb(j['gathered'])} | "
-      f"{gb(j['activations'])} | {gb(pred)} GB | {err:+.1f}% | {j['step_ms'] / 1e3:.2f} | {runs} |")
+pss = j["session_peak_pss"] / ranks  # the node's peak PSS (every process of the run) per rank
+err = (pss - pred) / pred * 100
+print(f"| {s} | {j['d_model']} | {j['params'] / 1e9:.3f}B | {gb(j['peak_rss'])} GB | {gb(pss)} GB | "
+      f"{gb(j['counted_peak'])} | {gb(j['parameters'])} | {gb(j['gradients'])} | {gb(j['optimizer'])} | "
+      f"{gb(j['gathered'])} | {gb(j['activations'])} | {gb(pred)} GB | {err:+.1f}% | {j['step_ms'] / 1e3:.2f} | {runs} |")
 EOF
 done
 echo
 echo "GB = 1e9 bytes; the counted columns are the counting allocator's per-rank peaks (largest over ranks);"
-echo "error = (peak RSS - estimate) / estimate. Every run: $LOG"
+echo "peak PSS / rank = the largest PSS sum of the run's processes (0.2 s samples) over $RANKS; error = (peak PSS /"
+echo "rank - estimate) / estimate. ZeRO-3 rows$( ((NODE_SHARED)) && echo " are node-shared (their estimate: the node-shared row)" || echo " keep private shards")."
+echo "Every run: $LOG"

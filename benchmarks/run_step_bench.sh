@@ -119,8 +119,8 @@ if [ "${1:-}" = "--large" ]; then
   echo "shard and gradient buffers its own, parameters all-gathered around each unit's use."
   exit 0
 fi
-HEADER="| strategy      | precision | ranks | step ms | peak MiB | params | grads | optim | gathered | activations | moved MiB | ×Ψ(n-1)/n·4B | peak RSS MiB | wait ms |
-|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+HEADER="| strategy      | precision | ranks | step ms | peak MiB | node MiB | params | grads | optim | gathered | activations | moved MiB | ×Ψ(n-1)/n·4B | peak RSS MiB | PSS MiB | wait ms |
+|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 
 if [ "${1:-}" = "--precision-table" ]; then
   shift

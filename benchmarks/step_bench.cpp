@@ -19,6 +19,11 @@
 // every rank's peak RSS, held once by the node. "node_shared_grad_bytes": this rank's node-shared
 // gradient buffers (ACCEL_NODE_SHARED_GRADS=1, the default under ZeRO-2/3 and FSDP's sharded strategies on
 // one node's CPUs): the node holds ranks x this, and every rank's RSS counts what the group has touched.
+// Node-shared memory is counted as each rank's share (memory::ExternalCharge), so the table's "node
+// MiB" (JSON "node_counted_peak": the ranks' counted peaks summed, per node) holds it once; "PSS
+// MiB" (JSON "pss", with "node_pss" summed over the ranks) is /proc/self/smaps_rollup's proportional
+// set size after the run, each shared page split among the ranks mapping it, where RSS counts it in
+// each. `--pss-every-ms N` samples it while the run lasts (JSON "peak_pss", the largest over ranks).
 // "wait ms" (JSON "wait_ms", with "wait_share" of the step): per step, the time a rank spent blocked
 // in Work::wait on the step's collectives (comm::Counters::wait_seconds over every group the step
 // talks over), the mean over ranks, median over steps: the communication the step did not hide.
@@ -61,7 +66,9 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>
@@ -77,6 +84,12 @@ namespace {
 double max_over_ranks(comm::Communicator& c, double v) {
   at::Tensor t = at::full({1}, v, at::kDouble);
   c.all_reduce(t, {comm::ReduceOp::Max});
+  return t.item<double>();
+}
+
+double sum_over_ranks(comm::Communicator& c, double v) {
+  at::Tensor t = at::full({1}, v, at::kDouble);
+  c.all_reduce(t, {comm::ReduceOp::Sum});
   return t.item<double>();
 }
 
@@ -137,6 +150,49 @@ double peak_rss_bytes() {
   return static_cast<double>(u.ru_maxrss) * 1024.0;
 }
 
+// This process's proportional set size now, in bytes (/proc/self/smaps_rollup's Pss: each page
+// divided by the number of processes mapping it, so node-shared memory counts 1/N in each rank); 0
+// where the kernel has no smaps_rollup.
+double pss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+  if (!f) return 0;
+  char line[256];
+  double kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "Pss: %lf kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024.0;
+}
+
+// The largest PSS seen while it lives: a thread that reads it every `every_ms` (each read walks the
+// process's page tables: some milliseconds at gigabytes, so only when asked for).
+class PssSampler {
+ public:
+  explicit PssSampler(int every_ms) {
+    if (every_ms <= 0) return;
+    thread_ = std::thread([this, every_ms] {
+      while (!stop_.load()) {
+        const double now = pss_bytes();
+        double seen = peak_.load();
+        while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(every_ms));
+      }
+    });
+  }
+  ~PssSampler() { stop(); }
+  void stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  double peak() const { return peak_.load(); }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<double> peak_{0};
+  std::thread thread_;
+};
+
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   for (std::size_t at = 0; at <= s.size();) {
@@ -152,7 +208,7 @@ std::vector<std::string> split_list(const std::string& s) {
 int main(int argc, char** argv) {
   CLI::App app{"step_bench: step time, memory and traffic of one strategy"};
   std::string strategy = "DDP", precision = "fp32";
-  int steps = 6, warmup = 2, batch = 4, seq = 64;
+  int steps = 6, warmup = 2, batch = 4, seq = 64, pss_every_ms = 0;
   bool show_loss = false, checkpoint = false, json = false;
   const bool cuda_usable = at::detail::getCUDAHooks().hasCUDA() && std::getenv("ACCEL_USE_CPU") == nullptr;
   std::string device_name = cuda_usable ? "cuda" : "cpu";
@@ -177,6 +233,9 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu | cuda (default: cuda where usable and ACCEL_USE_CPU is unset)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--json", json, "print one JSON line (bytes, peak RSS) instead of the table row");
+  app.add_option("--pss-every-ms", pss_every_ms,
+                 "sample this rank's PSS (/proc/self/smaps_rollup) every N ms for the JSON's peak_pss (0: do not)")
+      ->check(CLI::NonNegativeNumber);
   std::string offload_optimizer, offload_param;
   std::int64_t sub_group_size = 100'000'000;
   app.add_option("--offload-optimizer", offload_optimizer,
@@ -226,6 +285,7 @@ int main(int argc, char** argv) {
   };
   // The runtime's fixed cost (libtorch, MPI), before any model exists.
   const double rss_base = peak_rss_bytes();
+  PssSampler pss_sampler(pss_every_ms);
   // Share the cores among the ranks of this machine, unless OMP_NUM_THREADS says how many (accel launch
   // sets each rank's share; a user's own setting wins).
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -408,6 +468,7 @@ int main(int argc, char** argv) {
   if (show_loss && r == 0)
     fmt::print(stderr, "cpu gemm {}, {} products through oneDNN on rank 0\n", cpu_gemm::describe(cpu_gemm::installed()), onednn_products);
   Run& run = runs[0];
+  pss_sampler.stop();
   auto snap = memory::snapshot();
   using memory::Category;
   // Per-rank peaks: the largest over ranks.
@@ -429,6 +490,13 @@ int main(int argc, char** argv) {
   // Bus bytes of the last measured step, the largest over ranks (accel bench holds it against the
   // ZeRO formula).
   const double moved = max_over_ranks(*world, run.moved);
+  // The node's ranks together (one node: the world): the counted peaks summed (node-shared memory is
+  // counted once, as each rank's share) and the PSS summed (each shared page split among its mappers).
+  const double pss_now = pss_bytes();
+  const double pss = max_over_ranks(*world, pss_now), node_pss = sum_over_ranks(*world, pss_now),
+               peak_pss = max_over_ranks(*world, pss_sampler.peak()),
+               node_counted_peak = sum_over_ranks(*world, static_cast<double>(snap.total.peak)) /
+                                   std::max(1, world->topology().num_nodes);
   if (json) {
     double b_total = peak(snap.total.peak), b_param = peak(snap[Category::Parameters].peak),
            b_grad = peak(snap[Category::Gradients].peak), b_opt = peak(snap[Category::OptimizerState].peak),
@@ -446,13 +514,15 @@ int main(int argc, char** argv) {
           "{:.0f}, "
           "\"disk_read\": {:.0f}, \"disk_written\": {:.0f}, \"moved\": {:.0f}, \"nodes\": {}, \"ranks_per_node\": "
           "{}, \"cpu_gemm\": \"{}\", \"onednn_products\": {}, \"node_shared_bytes\": {}, "
-          "\"node_shared_grad_bytes\": {}}}\n",
+          "\"node_shared_grad_bytes\": {}, \"pss\": {:.0f}, \"peak_pss\": {:.0f}, \"node_pss\": {:.0f}, "
+          "\"node_counted_peak\": {:.0f}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
           batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad,
           b_opt, b_gath, b_act, b_other, device_name, cuda_peak, disk_bytes, disk_read, disk_written, moved,
           world->topology().num_nodes, world->topology().local_world_size, gemm, onednn_products,
           run.prepared.engine ? run.prepared.engine->node_shared_bytes() : 0,
-          run.prepared.engine ? run.prepared.engine->node_shared_grad_bytes() : 0);
+          run.prepared.engine ? run.prepared.engine->node_shared_grad_bytes() : 0, pss, peak_pss, node_pss,
+          node_counted_peak);
     return 0;
   }
   // On CUDA: the device's peak (the category columns count host memory only).
@@ -462,10 +532,11 @@ int main(int argc, char** argv) {
          p_act = mib(snap[Category::Activations].peak);
   if (r == 0)
     fmt::print(
-        "| {:<13} | {:<9} | {} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.2f} "
-        "| {:>6.2f} | {:>7.1f} | {:>7.1f} |\n",
-        run.name + (checkpoint ? "+ckpt" : ""), run.prec.name, n, step_ms, p_total, p_param, p_grad, p_opt, p_gath,
-        p_act, run.moved / 1048576.0, n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0, rss / 1048576.0, wait_ms);
+        "| {:<13} | {:<9} | {} | {:>8.1f} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} | {:>7.1f} "
+        "| {:>7.2f} | {:>6.2f} | {:>7.1f} | {:>7.1f} | {:>7.1f} |\n",
+        run.name + (checkpoint ? "+ckpt" : ""), run.prec.name, n, step_ms, p_total,
+        on_cuda ? 0.0 : node_counted_peak / 1048576.0, p_param, p_grad, p_opt, p_gath, p_act, run.moved / 1048576.0,
+        n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0, rss / 1048576.0, pss / 1048576.0, wait_ms);
   if (r == 0 && disk_bytes > 0)
     fmt::print("offloaded: {:.2f} GB in files per rank; last step read {:.2f} GB, wrote {:.2f} GB per rank\n",
                disk_bytes / 1e9, disk_read / 1e9, disk_written / 1e9);

@@ -21,10 +21,11 @@ const std::vector<Variable>& table() {
        "group share a GPU or the build has no NCCL: then host); set it alike on every rank"},
       {"ACCEL_COMM_SHM_CHUNK_KB", "256",
        "the shared-memory transport's chunk per rank and buffer, in KiB (pipelining grain; rank 0's value is used)"},
-      {"ACCEL_COMM_SHM_SINGLE_COPY_GATHER_KB", "0",
-       "all_gathers whose input per rank is at least this many KiB read each peer's input straight from its "
-       "memory (process_vm_readv, where the kernel allows it and every rank has a core): one copy, each rank at "
-       "its own pace instead of chunk by chunk in lock-step with its peers; 0: never (rank 0's value is used)"},
+      {"ACCEL_COMM_SHM_SINGLE_COPY_KB", "1024",
+       "all_gathers and reduce_scatters that move at least this many KiB per peer read each peer's data straight "
+       "from its memory (process_vm_readv, where the kernel allows it and every rank has a core; node-shared "
+       "inputs where they lie): each rank at its own pace instead of chunk by chunk in lock-step with its peers; "
+       "0: never (rank 0's value is used)"},
       {"ACCEL_CPU_MALLOC_CACHE", "1",
        "1: once a model is prepared with sharded CPU parameters or gradients, freed CPU memory is kept for "
        "reuse (glibc's heap under 32 MiB, untrimmed; accel's allocator caches larger blocks by size, never "

@@ -50,7 +50,7 @@ GptActivations gpt_activations(const GptShape& s, Dtype dtype) {
 }
 
 GptPeak gpt_peak(zero::Strategy s, bool checkpoint, const GptShape& shape, int n, Dtype dtype, OptimizerKind opt,
-                 const GptRuntime& rt) {
+                 const GptRuntime& rt, bool node_shared) {
   const BytesPerParam b = bytes_per_param(dtype, opt);
   const StrategyCoefficients c = coefficients(s, b, Offload::None);
   const double P = gpt_params(shape), R = gpt_root_params(shape), U = gpt_block_params(shape);
@@ -62,8 +62,10 @@ GptPeak gpt_peak(zero::Strategy s, bool checkpoint, const GptShape& shape, int n
   p.states = (c.device_rep + c.device_shard / n) * P;
   // What the strategy shards, from the strategy table (HYBRID_SHARD is no row: coefficients() refuses it).
   const zero::StrategyInfo& row = zero::info(s);
-  const double root_gathered = row.shards_parameters ? b.param * R : 0;
-  if (row.shards_parameters) p.gathered = b.param * (R + 2 * U);
+  p.node_shared = node_shared && row.shards_parameters && n > 1;
+  const bool gathers = row.shards_parameters && !p.node_shared;  // (node-shared: the buffer is the parameters)
+  const double root_gathered = gathers ? b.param * R : 0;
+  if (gathers) p.gathered = b.param * (R + 2 * U);
   if (row.shards_gradients)
     p.in_flight = std::min(b.grad * (R + F * std::max(U, rt.bucket_bytes / b.grad)), b.grad * P);
   else if (row.shards_optimizer)
@@ -102,6 +104,12 @@ GptEstimate estimate_gpt(const GptShape& shape, const EstimateRequest& r, const 
         p.fits = p.total <= *r.device_budget;
         if (*p.fits && !e.recommended) e.recommended = p;
       }
+      e.rows.push_back(p);
+    }
+  if (r.num_processes > 1)
+    for (bool ckpt : {false, true}) {
+      GptPeak p = gpt_peak(zero::Strategy::Zero3, ckpt, shape, r.num_processes, r.dtype, r.optimizer, rt, true);
+      if (r.device_budget) p.fits = p.total <= *r.device_budget;
       e.rows.push_back(p);
     }
   return e;

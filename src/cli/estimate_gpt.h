@@ -46,6 +46,12 @@
 //          optimizer)
 // This is the designed bound of the gradients (issue 15's bounded gradient memory); an engine that
 // keeps more gradients alive measures above it.
+//
+// Node-shared ZeRO-3 (CPU ranks on one machine, accel's default there; docs/design.md): the ranks'
+// shards side by side in one buffer every rank maps are the full parameters, so nothing is gathered
+// (gathered 0, the root unit's 0 beside the step too). Each rank's figures are its share (what its
+// PSS shows; its RSS shows the whole p P of parameters it maps); the machine holds N times a row.
+// Rows "ZeRO-3 node-shared" (with and without checkpointing) follow the others when N > 1.
 #pragma once
 
 #include "cli/estimate_memory.h"
@@ -87,20 +93,23 @@ struct GptRuntime {
 struct GptPeak {
   zero::Strategy strategy = zero::Strategy::NoShard;
   bool checkpoint = false;
+  bool node_shared = false;  // ZeRO-3 with its parameters in memory the machine's ranks share
   double states = 0, gathered = 0, in_flight = 0, activations = 0, backward = 0, optimizer = 0, overhead = 0;
   double total = 0;
   std::optional<bool> fits;
 };
 GptPeak gpt_peak(zero::Strategy s, bool checkpoint, const GptShape& shape, int num_processes, Dtype dtype,
-                 OptimizerKind optimizer, const GptRuntime& rt);
+                 OptimizerKind optimizer, const GptRuntime& rt, bool node_shared = false);
 
 struct GptEstimate {
   GptShape shape;
   EstimateRequest request;  // params = P; offload none
   GptRuntime runtime;
   GptActivations activations;
-  std::vector<GptPeak> rows;           // DDP, ZeRO-1, ZeRO-2, ZeRO-3, each without then with checkpointing
-  std::optional<GptPeak> recommended;  // with a budget: the first row, in that order, that fits
+  // DDP, ZeRO-1, ZeRO-2, ZeRO-3, each without then with checkpointing; then, when N > 1, ZeRO-3
+  // node-shared without and with.
+  std::vector<GptPeak> rows;
+  std::optional<GptPeak> recommended;  // with a budget: the first row, in that order, that fits (not node-shared)
 };
 // Validates (shape, N >= 1, budget > 0, no offload) and fills the rows.
 GptEstimate estimate_gpt(const GptShape& shape, const EstimateRequest& request, const GptRuntime& rt);

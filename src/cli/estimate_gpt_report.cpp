@@ -19,7 +19,8 @@ namespace {
 std::string gb(double bytes) { return format_gb(bytes); }
 
 std::string row_label(const GptPeak& p) {
-  return std::string(zero::info(p.strategy).short_label) + (p.checkpoint ? " + checkpointing" : "");
+  return std::string(zero::info(p.strategy).short_label) + (p.node_shared ? " node-shared" : "") +
+         (p.checkpoint ? " + checkpointing" : "");
 }
 
 }  // namespace
@@ -63,6 +64,17 @@ std::string format_gpt_estimate(const GptEstimate& e) {
     for (std::size_t i = 1; i < 8; ++i) line += fmt::format("  {:>{}}", c[i], w[i]);
     if (budgeted) line += "  " + c[8];
     out += line + "\n";
+  }
+  if (r.num_processes > 1) {
+    const GptPeak& ns = e.rows[e.rows.size() - 2];
+    out += fmt::format(
+        "ZeRO-3 node-shared: CPU ranks on one machine (accel's default there) keep the parameter shards side\n"
+        "  by side in one buffer they all map, so nothing is gathered. Per rank: its share, what its PSS\n"
+        "  shows ({} GB); its RSS also counts the peers' {} GB of parameters it maps. The machine holds\n"
+        "  {} GB for the {} ranks. ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0 turn it off (the\n"
+        "  ZeRO-3 rows: the path GPUs and several machines take).\n",
+        gb(ns.total), gb(bytes_per_param(r.dtype, r.optimizer).param * r.params * (r.num_processes - 1) / r.num_processes),
+        gb(ns.total * r.num_processes), r.num_processes);
   }
   out += "\n";
   if (!budgeted) {

@@ -230,6 +230,23 @@ std::string format_estimate(const Estimate& e) {
         names += (names.empty() ? "" : ", ") + std::string(short_label(e.rows[j].strategy));
     out += wrap(fmt::format("* {}: {}", names, note), 100, "  ");
   }
+  if (r.num_processes > 1 && r.offload != Offload::OptimizerAndParams) {
+    // (accel's CPU default for a shard group on one machine: zero/engine.cpp, comm/node_shared.cpp)
+    const double zero3 = e.rows[3].device_bytes + e.rows[3].cpu_bytes;
+    out += wrap(fmt::format(
+                    "Node-shared (CPU ranks on one machine, accel's default there): {} keeps its parameter shards "
+                    "side by side in one buffer every rank maps, and {} and {} take the gradients they "
+                    "reduce-scatter from a shared pool. Each rank's figures stay its share (what its PSS shows: {} "
+                    "for {}); the machine holds {} in all for the {} ranks, and nothing is all-gathered. Each "
+                    "rank's RSS also counts the {} of its peers' parameters it maps. "
+                    "ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0 turn it off (the path GPUs and several "
+                    "machines take).",
+                    zero::info(zero::Strategy::Zero3).short_label, zero::info(zero::Strategy::Zero2).short_label,
+                    zero::info(zero::Strategy::Zero3).short_label, gb(zero3),
+                    zero::info(zero::Strategy::Zero3).short_label, gb(zero3 * r.num_processes),
+                    r.num_processes, gb(b.param * r.params * (r.num_processes - 1) / r.num_processes)),
+                100, "  ");
+  }
 
   // The recommendation.
   out += "\n";

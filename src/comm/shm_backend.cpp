@@ -57,13 +57,17 @@ struct alignas(128) RankCtl {
 };
 
 std::atomic<std::uint64_t> g_read_in_place{0};
+std::atomic<std::uint64_t> g_read_from_peer_memory{0};
 
 constexpr int kBuffers = 2;
 // Broadcasts from this size on are read straight from the root's memory (process_vm_readv: one copy
-// instead of two through the segment) where the kernel allows it. Not all_gathers: once waiters poll
-// hot after each chunk (detail::note_progress), the chunked path ran faster at every size from 1 MiB
-// (2 ranks, busbw GB/s, chunked / single copy: 4 MiB 17.3-18.9 / 5.5-9.6, 16 MiB 10.1-10.5 / 5.4-5.6,
-// 256 MiB 5.9-6.0 / 4.0-4.1) and alike at 4 ranks on 2 cores.
+// instead of two through the segment) where the kernel allows it. all_gathers and reduce_scatters
+// from ACCEL_COMM_SHM_SINGLE_COPY_KB per peer (1 MiB by default): alone, the chunked path moves
+// them faster (2 ranks, busbw GB/s, chunked / single copy: 4 MiB 17.3-18.9 / 5.5-9.6, 16 MiB
+// 10.1-10.5 / 5.4-5.6, 256 MiB 5.9-6.0 / 4.0-4.1), but only while both ranks poll it at once: beside
+// compute (ZeRO-3's prefetched gathers, backward's reduce-scatters), each rank's progress thread
+// shares its core, and chunk-by-chunk lock-step stalls both on either's descheduling (0.59B private
+// ZeRO-3 at 2 ranks: wait 26% of the step chunked, 2% single copy).
 constexpr std::int64_t kSingleCopyBytes = 1 << 20;
 constexpr std::int64_t kDirectBytes = 64 << 10;  // all_reduce up to this size: one round (ShmOp::direct)
 
@@ -123,13 +127,13 @@ class ShmGroup {
  public:
   // check: compare signatures before each collective (rank 0's ACCEL_COMM_CHECK, so ranks agree).
   ShmGroup(std::unique_ptr<Segment> seg, int rank, int size, bool check, bool single_copy,
-           std::int64_t single_copy_gather_bytes)
+           std::int64_t single_copy_bytes)
       : seg_(std::move(seg)),
         rank_(rank),
         size_(size),
         check_(check),
         single_copy_(single_copy),
-        single_copy_gather_bytes_(single_copy_gather_bytes) {}
+        single_copy_bytes_(single_copy_bytes) {}
 
   void push(std::unique_ptr<ShmOp> op) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -217,9 +221,13 @@ class ShmGroup {
       case Collective::Barrier: op.count = 0; break;
     }
     if (r.check_only) op.count = 0;
+    // Bytes each rank reads from each peer (the same on every rank unless the collective mismatches,
+    // which the first read's signature check catches on every rank whatever the path).
+    const std::int64_t per_peer = r.kind == Collective::ReduceScatter ? op.count * op.esize : op.count;
     if (single_copy_ && !r.check_only &&
         ((r.kind == Collective::Broadcast && op.count >= kSingleCopyBytes) ||
-         (r.kind == Collective::AllGather && single_copy_gather_bytes_ > 0 && op.count >= single_copy_gather_bytes_))) {
+         ((r.kind == Collective::AllGather || r.kind == Collective::ReduceScatter) && single_copy_bytes_ > 0 &&
+          per_peer >= single_copy_bytes_))) {
       // One pseudo-chunk: post the address (In), read the peers' memory (Out), then wait until
       // every peer is done reading mine (Reduce) before the caller gets its tensor back.
       op.single_copy = true;
@@ -273,21 +281,28 @@ class ShmGroup {
     return true;
   }
 
-  // A large broadcast or all_gather, one copy: each rank pulls its peers' bytes itself, at its own
-  // pace (no chunk-by-chunk lock-step), and returns once its peers are done reading its own.
+  // A large broadcast, all_gather or reduce_scatter, one copy: each rank pulls its peers' bytes
+  // itself, at its own pace (no chunk-by-chunk lock-step with them), and returns once its peers are
+  // done reading its own.
   bool single_copy_step(ShmOp& op, Phase ph, std::uint64_t g, char* out) {
     const Request& r = op.req;
     RankCtl& ctl = seg_->ctl(rank_);
-    const bool gather = r.kind == Collective::AllGather;
+    const bool bcast = r.kind == Collective::Broadcast;
     if (ph == Phase::In) {
-      const char* in = gather ? static_cast<const char*>(r.input.data_ptr()) : out;
+      const char* in = bcast ? out : static_cast<const char*>(r.input.data_ptr());
       ctl.src_addr = reinterpret_cast<std::uint64_t>(in);
-      if (gather && !op.in_place) copy_bytes(out + rank_ * op.count, in, op.count);
+      if (r.kind == Collective::ReduceScatter) {  // (a node-shared input is read where it lies)
+        ctl.in_key[op.seq & 1] = op.in_key;
+        ctl.in_off[op.seq & 1] = op.in_off;
+      }
+      if (r.kind == Collective::AllGather && !op.in_place) copy_bytes(out + rank_ * op.count, in, op.count);
       ctl.in_step.store(g, std::memory_order_release);
     } else if (ph == Phase::Out) {  // (after the signatures were compared)
-      if (gather) {
+      if (r.kind == Collective::AllGather) {
         for (int j = 0; j < size_; ++j)
           if (j != rank_) read_peer(j, out + j * op.count, op.count);
+      } else if (r.kind == Collective::ReduceScatter) {
+        reduce_scatter_from_peers(op, out);
       } else if (rank_ != r.root) {
         read_peer(r.root, out, op.count);
       }
@@ -298,13 +313,45 @@ class ShmGroup {
     return true;
   }
 
-  // process_vm_readv of n bytes at peer j's posted address into dst.
-  void read_peer(int j, char* dst, std::int64_t n) {
+  // reduce_scatter, single copy: my slice of every rank's input, reduced in rank order (the chunked
+  // path's order, so the same bits) a chunk at a time: my own input where it lies, each peer's read
+  // where it lies in node-shared memory, or else into scratch from the peer's memory.
+  void reduce_scatter_from_peers(ShmOp& op, char* out) {
+    const Request& r = op.req;
+    find_peer_inputs(op);
+    const std::int64_t es = op.esize, k = op.count, me = rank_;
+    const std::int64_t unit = std::max<std::int64_t>(1, static_cast<std::int64_t>(seg_->chunk()) / es);
+    scratch_.resize(static_cast<std::size_t>(size_ * unit * es));
+    const char* in = static_cast<const char*>(r.input.data_ptr());
+    const void* srcs[64];
+    std::uint64_t in_place = 0;
+    for (std::int64_t off = 0; off < k; off += unit) {
+      const std::int64_t c = std::min(unit, k - off), at = (me * k + off) * es;
+      for (int j = 0; j < size_; ++j) {
+        if (j == me) {
+          srcs[j] = in + at;
+        } else if (op.peer_in[j]) {
+          srcs[j] = op.peer_in[j] + at;
+          in_place += static_cast<std::uint64_t>(c * es);
+        } else {
+          char* dst = scratch_.data() + j * unit * es;
+          read_peer(j, dst, c * es, static_cast<std::uint64_t>(at));
+          srcs[j] = dst;
+        }
+      }
+      reduce_into(out + off * es, nullptr, srcs, size_, c, r.input.scalar_type(), r.op,
+                  r.op == ReduceOp::Avg ? size_ : 0);
+    }
+    if (in_place) g_read_in_place.fetch_add(in_place, std::memory_order_relaxed);
+  }
+
+  // process_vm_readv of n bytes at peer j's posted address (plus `at`) into dst.
+  void read_peer(int j, char* dst, std::int64_t n, std::uint64_t at = 0) {
     const RankCtl& peer = seg_->ctl(j);
     std::int64_t done = 0;
     while (done < n) {
       iovec local{dst + done, static_cast<std::size_t>(n - done)};
-      iovec remote{reinterpret_cast<void*>(peer.src_addr + static_cast<std::uint64_t>(done)),
+      iovec remote{reinterpret_cast<void*>(peer.src_addr + at + static_cast<std::uint64_t>(done)),
                    static_cast<std::size_t>(n - done)};
       const ssize_t got = process_vm_readv(static_cast<pid_t>(peer.pid), &local, 1, &remote, 1, 0);
       if (got <= 0)
@@ -312,6 +359,7 @@ class ShmGroup {
             fmt::format("shm: reading rank {}'s memory (process_vm_readv) failed: {}", j, std::strerror(errno)));
       done += got;
     }
+    g_read_from_peer_memory.fetch_add(static_cast<std::uint64_t>(n), std::memory_order_relaxed);
   }
 
   // Once every rank has posted its first chunk: compare the signatures (unless unchecked). On a
@@ -500,8 +548,10 @@ class ShmGroup {
   const int rank_, size_;
   const bool check_;
   const bool single_copy_;              // process_vm_readv works between every pair (probed at setup)
-  const std::int64_t single_copy_gather_bytes_;  // all_gathers from this input size read the peers' memory; 0: none
+  // all_gathers and reduce_scatters moving at least this much per peer read the peers' memory; 0: none
+  const std::int64_t single_copy_bytes_;
   std::uint64_t seq_ = 0, chunks_ = 0;  // guarded by mu_
+  std::vector<char> scratch_;           // single-copy reduce_scatter's peer chunks; guarded by mu_
 };
 
 // The process's shm progress thread: moves the groups that have collectives queued while their
@@ -627,20 +677,21 @@ std::atomic<int> g_segments{0};
 }  // namespace
 
 std::uint64_t shm_bytes_read_in_place() { return g_read_in_place.load(std::memory_order_relaxed); }
+std::uint64_t shm_bytes_read_from_peer_memory() { return g_read_from_peer_memory.load(std::memory_order_relaxed); }
 
 std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
   const int rank = group.rank(), size = group.size();
   if (size > 64) return nullptr;  // the reduction's source list is sized for 64 ranks per node
   struct Hello {
     char name[64];
-    std::uint64_t chunk, bytes, check, gather_kb;
+    std::uint64_t chunk, bytes, check, single_copy_kb;
   } hello{};
   void* base = MAP_FAILED;
   if (rank == 0) {
     std::uint64_t chunk = static_cast<std::uint64_t>(std::max<long long>(1, env::get_int("ACCEL_COMM_SHM_CHUNK_KB")));
     hello.chunk = chunk * 1024;
     hello.check = env::get_int("ACCEL_COMM_CHECK") != 0;
-    hello.gather_kb = static_cast<std::uint64_t>(std::max<long long>(0, env::get_int("ACCEL_COMM_SHM_SINGLE_COPY_GATHER_KB")));
+    hello.single_copy_kb = static_cast<std::uint64_t>(std::max<long long>(0, env::get_int("ACCEL_COMM_SHM_SINGLE_COPY_KB")));
     hello.bytes = Segment::total_bytes(size, hello.chunk);
     std::snprintf(hello.name, sizeof hello.name, "%s", shm_object_name("seg", g_segments++).c_str());
     int fd = shm_open(hello.name, O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -702,7 +753,7 @@ std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
   const bool single_copy = std::find(cmas.begin(), cmas.end(), 0) == cmas.end();
   return std::make_unique<ShmBackend>(
       std::make_shared<ShmGroup>(std::move(seg), rank, size, hello.check != 0, single_copy,
-                                 static_cast<std::int64_t>(hello.gather_kb) * 1024));
+                                 static_cast<std::int64_t>(hello.single_copy_kb) * 1024));
 }
 
 }  // namespace accel::comm

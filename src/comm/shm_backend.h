@@ -13,6 +13,10 @@
 // on peers' counters (acquire/release atomics in the segment); it is moved by whichever thread holds
 // the group's lock, the caller polling in Work::wait or the process's shm progress thread, so waits
 // inherit Work's deadline (TimeoutError, communicator broken) and a dead peer ends in a timeout.
+// Large broadcasts, all_gathers and reduce_scatters (ACCEL_COMM_SHM_SINGLE_COPY_KB) skip the chunks
+// where the kernel lets a rank read its peers' memory (process_vm_readv, probed at setup) and every
+// rank has a core: each rank posts where its data lies and reads what it needs from each peer at its
+// own pace, then waits until its peers are done reading its own.
 #pragma once
 
 #include "backend.h"
@@ -30,5 +34,8 @@ std::unique_ptr<Backend> make_shm_backend(MpiBackend& group);
 // Bytes this process's reduce_scatters read in place from peers' node-shared inputs (node_shared.h)
 // instead of through the peers' buffers, since the process started.
 std::uint64_t shm_bytes_read_in_place();
+// Bytes this process's collectives read straight from peers' private memory (process_vm_readv: large
+// broadcasts, and all_gathers and reduce_scatters from ACCEL_COMM_SHM_SINGLE_COPY_KB) since it started.
+std::uint64_t shm_bytes_read_from_peer_memory();
 
 }  // namespace accel::comm

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
+
 #include <cmath>
 #include <string>
 
@@ -404,16 +406,62 @@ TEST(EstimateGpt, PeakTermsPerStrategy) {
   EXPECT_DOUBLE_EQ(z2.in_flight, 4 * gpt_params(tiny));
 }
 
+TEST(EstimateGpt, NodeSharedZero3GathersNothing) {
+  // Node-shared ZeRO-3 (CPU ranks on one machine): each rank's share of the states as under ZeRO-3,
+  // no gathered units, and no root unit gathered beside the optimizer step either.
+  const GptShape s = shape(2048, 20, 16, 64, 1);
+  const double R = gpt_root_params(s), U = gpt_block_params(s);
+  const GptRuntime rt;
+  for (bool ckpt : {false, true}) {
+    const GptPeak z3 = gpt_peak(zero::Strategy::Zero3, ckpt, s, 2, Dtype::Fp32, OptimizerKind::AdamW, rt);
+    const GptPeak ns = gpt_peak(zero::Strategy::Zero3, ckpt, s, 2, Dtype::Fp32, OptimizerKind::AdamW, rt, true);
+    EXPECT_TRUE(ns.node_shared);
+    EXPECT_EQ(ns.gathered, 0);
+    EXPECT_DOUBLE_EQ(ns.states, z3.states);
+    EXPECT_DOUBLE_EQ(ns.in_flight, z3.in_flight);
+    EXPECT_DOUBLE_EQ(ns.total, z3.total - 4 * (R + 2 * U));  // (backward's term is the larger in both)
+  }
+  // One rank shares with nobody, and strategies that do not shard parameters have nothing to share.
+  EXPECT_FALSE(gpt_peak(zero::Strategy::Zero3, false, s, 1, Dtype::Fp32, OptimizerKind::AdamW, rt, true).node_shared);
+  EXPECT_FALSE(gpt_peak(zero::Strategy::Zero2, false, s, 2, Dtype::Fp32, OptimizerKind::AdamW, rt, true).node_shared);
+  EstimateRequest r;
+  r.num_processes = 2;
+  r.dtype = Dtype::Fp32;
+  const GptEstimate e = estimate_gpt(s, r, rt);
+  const std::string text = format_gpt_estimate(e);
+  for (const char* want : {"ZeRO-3 node-shared ", "ZeRO-3 node-shared + checkpointing ",
+                           "ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0", "PSS"})
+    EXPECT_NE(text.find(want), std::string::npos) << want << " in\n" << text;
+  EXPECT_EQ(estimate_gpt(s, EstimateRequest{}, rt).rows.size(), 8u) << "one rank: no node-shared rows";
+}
+
+TEST(EstimateMemory, NodeSharedSaysWhatEachRankAndTheMachineHold) {
+  EstimateRequest r;
+  r.params = 1e9;
+  r.num_processes = 4;
+  std::string text;  // (the paragraph is wrapped: one space wherever the text has spaces and line breaks)
+  for (char c : format_estimate(estimate_memory(r)))
+    if (!(std::isspace(static_cast<unsigned char>(c)) && !text.empty() && text.back() == ' '))
+      text += std::isspace(static_cast<unsigned char>(c)) ? ' ' : c;
+  // bf16 AdamW: ZeRO-3 16P/N = 4 GB per rank, 16 GB for the machine; the peers' parameters 2P (N-1)/N = 1.5 GB.
+  for (const char* want : {"Node-shared", "4.0 GB for ZeRO-3", "16.0 GB in all for the 4 ranks", "1.5 GB of its",
+                           "ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0"})
+    EXPECT_NE(text.find(want), std::string::npos) << want << " in\n" << text;
+  r.num_processes = 1;
+  EXPECT_EQ(format_estimate(estimate_memory(r)).find("Node-shared"), std::string::npos);
+}
+
 TEST(EstimateGpt, BudgetPicksTheLeastShardedRowThatFits) {
   EstimateRequest r;
   r.num_processes = 2;
   r.dtype = Dtype::Fp32;
   r.device_budget = 11e9;
   const GptEstimate e = estimate_gpt(shape(2048, 20, 16, 64, 1), r, GptRuntime{});
-  ASSERT_EQ(e.rows.size(), 8u);
+  ASSERT_EQ(e.rows.size(), 10u);  // 4 strategies with and without checkpointing, then ZeRO-3 node-shared
   EXPECT_EQ(e.request.params, gpt_params(shape(2048, 20, 16, 64, 1)));
   for (std::size_t i = 0; i < e.rows.size(); ++i) {
     EXPECT_EQ(e.rows[i].checkpoint, i % 2 == 1);
+    EXPECT_EQ(e.rows[i].node_shared, i >= 8);
     EXPECT_EQ(*e.rows[i].fits, e.rows[i].total <= 11e9);
   }
   ASSERT_TRUE(e.recommended.has_value());

@@ -3,13 +3,15 @@
 // sizes spanning several chunks and not divisible by the world, in-place and aliasing forms, groups
 // from split() (in rank orders that interleave the nodes), many collectives in flight on several
 // groups at once, the time callers spend waiting, and reduce_scatter inputs in node-shared memory read
-// in place by the peers. ctest runs it at np 1-4, under simulated nodes
+// in place by the peers, and the single-copy path (peers' memory read directly) against closed forms
+// and the chunked path's bits. ctest runs it at np 1-4, under simulated nodes
 // (ACCEL_RANKS_PER_NODE=2), with a 3 KiB chunk (ACCEL_COMM_SHM_CHUNK_KB=3) and with ACCEL_COMM_SHM=0.
 #include "test_world.h"
 
 #include "comm/dtype.h"
 #include "comm/node_shared.h"
 #include "comm/shm_backend.h"
+#include "support/scoped_env.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -19,6 +21,7 @@
 #include <string>
 #include <thread>
 
+#include <sys/uio.h>
 #include <unistd.h>
 
 using namespace accel::comm;
@@ -292,6 +295,68 @@ TEST(Shm, ReduceScatterReadsNodeSharedInputsInPlace) {
         EXPECT_EQ(shm_bytes_read_in_place() - before, 4 * expect_in_place) << tag;
         comm->barrier();  // nobody frees its pool while a peer may map it for the next call
       }
+}
+
+// Whether this rank can read every peer's memory (process_vm_readv): what the transport probes at
+// setup before it takes the single-copy path.
+bool can_read_peers(Communicator& c) {
+  static const std::int64_t word = 0x5a5a1234;
+  at::Tensor mine = at::tensor({static_cast<std::int64_t>(getpid()), reinterpret_cast<std::int64_t>(&word)}, at::kLong);
+  at::Tensor all = at::empty({2 * c.size()}, at::kLong);
+  c.all_gather(mine, all);
+  int ok = 1;
+  for (int j = 0; j < c.size(); ++j) {
+    std::int64_t v = 0;
+    iovec local{&v, sizeof v};
+    iovec remote{reinterpret_cast<void*>(all[2 * j + 1].item<std::int64_t>()), sizeof v};
+    ok &= process_vm_readv(static_cast<pid_t>(all[2 * j].item<std::int64_t>()), &local, 1, &remote, 1, 0) ==
+              static_cast<ssize_t>(sizeof v) &&
+          v == word;
+  }
+  at::Tensor t = at::full({1}, ok, at::kInt);
+  c.all_reduce(t, t, {ReduceOp::Min});
+  return t.item<int>() == 1;
+}
+
+// all_gather and reduce_scatter over one group that reads its peers' memory from 1 KiB per peer and
+// one that never does (ACCEL_COMM_SHM_SINGLE_COPY_KB, read when a group is made): the closed forms
+// on both, the same bits (bf16 and float sums and averages), and the bytes read from peers' memory:
+// (N-1) times what each rank gets from each peer on the first, none on the second.
+TEST(Shm, SingleCopyGathersAndReduceScattersMatchTheChunkedPath) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  if (n == 1 || std::string(comm->backend_name(at::ones({1}))) != "shm") GTEST_SKIP() << "no shm transport";
+  std::shared_ptr<Communicator> single, chunked;
+  {
+    accel::test::ScopedEnv on("ACCEL_COMM_SHM_SINGLE_COPY_KB", "1");
+    single = comm->split(0, r);
+  }
+  {
+    accel::test::ScopedEnv off("ACCEL_COMM_SHM_SINGLE_COPY_KB", "0");
+    chunked = comm->split(0, r);
+  }
+  const bool reads = can_read_peers(*comm) && static_cast<int>(std::thread::hardware_concurrency()) >= n;
+  const int64_t k = 70001;  // 273 KiB of floats per peer: many chunks, not a chunk multiple
+  for (at::ScalarType d : {at::kFloat, at::kBFloat16, at::kDouble, at::kInt}) {
+    const std::uint64_t before = shm_bytes_read_from_peer_memory();
+    check_collectives(*single, d, k);  // (broadcasts of this size take the chunks on both)
+    const std::uint64_t read = shm_bytes_read_from_peer_memory() - before;
+    // 2 all_gathers and, per reduce op (Sum, Max and Avg but for ints), 2 reduce_scatters.
+    const std::uint64_t calls = 2 + 2 * (classify(d) == DtypeClass::Integer ? 2 : 3);
+    EXPECT_EQ(read, reads ? calls * (n - 1) * k * at::elementSize(d) : 0) << dtype_name(d);
+    const std::uint64_t before_chunked = shm_bytes_read_from_peer_memory();
+    check_collectives(*chunked, d, k);
+    EXPECT_EQ(shm_bytes_read_from_peer_memory() - before_chunked, 0u) << dtype_name(d);
+  }
+  for (at::ScalarType d : {at::kFloat, at::kBFloat16})
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      at::Tensor in = at::randn({n * k}, at::TensorOptions().dtype(d)).mul(r + 1);
+      at::Tensor a = at::empty({k}, in.options()), b = at::empty({k}, in.options());
+      single->reduce_scatter(in, a, {op});
+      chunked->reduce_scatter(in, b, {op});
+      EXPECT_TRUE(at::equal(a, b)) << dtype_name(d) << " " << to_string(op) << ": the same bits on both paths";
+    }
+  EXPECT_EQ(std::string(single->backend_name(at::ones({1}))), "shm");
 }
 
 }  // namespace
