@@ -94,7 +94,7 @@ if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null &&
 fi
 cleanup() { [ -n "$CGROUP" ] && rmdir "$CGROUP" 2>/dev/null; }
 trap cleanup EXIT
-echo "cap: $CAP_GB GB for $RANKS ranks ($([ -n "$CGROUP" ] && echo "cgroup v2 memory.max + watchdog" || echo "RSS watchdog"))" >&2
+echo "cap: $CAP_GB GB for $RANKS ranks ($([ -n "$CGROUP" ] && echo "cgroup v2 memory.max + PSS watchdog" || echo "PSS watchdog"))" >&2
 
 # run D STRATEGY: one step_bench run; prints its JSON line and returns 0, or returns 1 (too big / failed).
 run() {

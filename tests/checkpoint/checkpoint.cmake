@@ -15,5 +15,5 @@ endif()
 # construction (Accelerator::sharded_init).
 accel_test_binary(checkpoint_tests checkpoint/test_checkpoint.cpp)
 target_compile_definitions(checkpoint_tests PRIVATE ACCEL_BINARY_DIR="${CMAKE_BINARY_DIR}")
-accel_add_mpi_test(NAME checkpoint TARGET checkpoint_tests NP 1 2 3)
-accel_add_mpi_test(NAME checkpoint_private TARGET checkpoint_tests NP 2 ENV ${ACCEL_PRIVATE_SHARDS})
+accel_add_mpi_test(NAME checkpoint TARGET checkpoint_tests NP 1 2 3 4)
+accel_add_mpi_test(NAME checkpoint_private TARGET checkpoint_tests NP 2 3 4 ENV ${ACCEL_PRIVATE_SHARDS})

@@ -34,6 +34,6 @@ endif()
 accel_test_binary(model_export_tests checkpoint/test_model_export.cpp)
 target_link_libraries(model_export_tests PRIVATE accel_test_support nlohmann_json::nlohmann_json)
 target_compile_definitions(model_export_tests PRIVATE ACCEL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" ACCEL_PYTHON="${ACCEL_PYTHON}")
-accel_add_mpi_test(NAME checkpoint_save_model TARGET model_export_tests NP 1 2 3 SKIPPABLE)
-accel_add_mpi_test(NAME checkpoint_save_model_private TARGET model_export_tests NP 2 SKIPPABLE
+accel_add_mpi_test(NAME checkpoint_save_model TARGET model_export_tests NP 1 2 3 4 SKIPPABLE)
+accel_add_mpi_test(NAME checkpoint_save_model_private TARGET model_export_tests NP 2 3 4 SKIPPABLE
                    FILTER -SaveModel.GatheredMemoryStaysWithinOneUnit ENV ${ACCEL_PRIVATE_SHARDS})
