@@ -141,7 +141,9 @@ run() {
   local line
   line=$(grep '^{' "$out" | tail -1)
   if [ $rc -eq 0 ] && [ -n "$line" ]; then
-    line="${line%\}}, \"session_peak_pss\": $peak_pss}"  # (the watchdog's: every process of the run)
+    # (the watchdog's: every process of the run; a run shorter than its first sample: the ranks' PSS at the end)
+    ((peak_pss > 0)) || peak_pss=$(echo "$line" | python3 -c 'import json, sys; print(int(json.load(sys.stdin)["node_pss"]))')
+    line="${line%\}}, \"session_peak_pss\": $peak_pss}"
     echo "$s d=$d ok $line" >>"$LOG"
     echo "$line"
     rm -f "$out" "$err"
@@ -164,9 +166,10 @@ session_pss() {
   echo "$total"
 }
 
-# Whether ZeRO-3 runs node-shared here: several ranks on this one machine, unless switched off.
+# Whether ZeRO-3 runs node-shared here: several ranks on this one machine talking through shared
+# memory, unless switched off.
 NODE_SHARED=0
-((RANKS > 1)) && [ "${ACCEL_NODE_SHARED_PARAMS:-1}" != 0 ] && NODE_SHARED=1
+((RANKS > 1)) && [ "${ACCEL_NODE_SHARED_PARAMS:-1}" != 0 ] && [ "${ACCEL_COMM_SHM:-1}" != 0 ] && NODE_SHARED=1
 
 # predict D STRATEGY: estimate-memory's per-rank peak (bytes) for that shape.
 predict() {

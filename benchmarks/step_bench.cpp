@@ -39,6 +39,8 @@
 // `--device cuda` (the default where CUDA is usable and ACCEL_USE_CPU is unset) trains on
 // cuda:(local rank): the model is built whole on the CPU and moved (sharded construction is CPU-only),
 // the data lives on the device, and each step ends with a device synchronize before its clock stops.
+// `--device_memory GB` caps each rank's CUDA caching allocator there (setMemoryFraction of the device's
+// memory): a model that does not fit fails with out of memory, as on a device of that size.
 //
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3 --precision bf16
@@ -59,6 +61,9 @@
 #if __has_include(<c10/cuda/CUDACachingAllocator.h>) && __has_include(<cuda_runtime_api.h>)
 #include <c10/cuda/CUDACachingAllocator.h>
 #define STEP_BENCH_CUDA_STATS 1
+#endif
+#if defined(STEP_BENCH_CUDA_STATS) && defined(STEP_BENCH_CUDART)
+#define STEP_BENCH_DEVICE_MEMORY 1  // (the device's total memory comes from the CUDA runtime)
 #endif
 #include <fmt/core.h>
 #include <sys/resource.h>
@@ -209,6 +214,7 @@ int main(int argc, char** argv) {
   CLI::App app{"step_bench: step time, memory and traffic of one strategy"};
   std::string strategy = "DDP", precision = "fp32";
   int steps = 6, warmup = 2, batch = 4, seq = 64, pss_every_ms = 0;
+  double device_memory_gb = 0;
   bool show_loss = false, checkpoint = false, json = false;
   const bool cuda_usable = at::detail::getCUDAHooks().hasCUDA() && std::getenv("ACCEL_USE_CPU") == nullptr;
   std::string device_name = cuda_usable ? "cuda" : "cpu";
@@ -233,6 +239,10 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu | cuda (default: cuda where usable and ACCEL_USE_CPU is unset)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--json", json, "print one JSON line (bytes, peak RSS) instead of the table row");
+  app.add_option("--device_memory,--device-memory", device_memory_gb,
+                 "with --device cuda: cap each rank's CUDA caching allocator at this many GB (1e9 bytes), as on a "
+                 "device that small (setMemoryFraction); past it an allocation fails with out of memory")
+      ->check(CLI::PositiveNumber);
   app.add_option("--pss-every-ms", pss_every_ms,
                  "sample this rank's PSS (/proc/self/smaps_rollup) every N ms for the JSON's peak_pss (0: do not)")
       ->check(CLI::NonNegativeNumber);
@@ -259,6 +269,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool on_cuda = device_name == "cuda";
+  if (device_memory_gb > 0 && !on_cuda) {
+    if (r == 0) fmt::print(stderr, "step_bench: --device_memory caps a CUDA device: give --device cuda\n");
+    return 2;
+  }
   const c10::Device device =
       on_cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world->topology().local_rank %
                                                                       at::detail::getCUDAHooks().deviceCount()))
@@ -283,6 +297,22 @@ int main(int argc, char** argv) {
 #endif
     return 0.0;
   };
+  if (device_memory_gb > 0) {
+#ifdef STEP_BENCH_DEVICE_MEMORY
+    const std::size_t total = c10::cuda::CUDACachingAllocator::get()->getMemoryInfo(device.index()).second;
+    const double fraction = device_memory_gb * 1e9 / static_cast<double>(total);
+    if (fraction > 1) {
+      if (r == 0)
+        fmt::print(stderr, "step_bench: --device_memory {} GB is more than the device's {:.1f} GB\n", device_memory_gb,
+                   static_cast<double>(total) / 1e9);
+      return 2;
+    }
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
+#else
+    if (r == 0) fmt::print(stderr, "step_bench: --device_memory needs a build with the CUDA runtime\n");
+    return 2;
+#endif
+  }
   // The runtime's fixed cost (libtorch, MPI), before any model exists.
   const double rss_base = peak_rss_bytes();
   PssSampler pss_sampler(pss_every_ms);
@@ -466,7 +496,8 @@ int main(int argc, char** argv) {
   const std::string gemm = cpu_gemm::name(cpu_gemm::installed());
   const auto onednn_products = static_cast<unsigned long long>(cpu_gemm::onednn_calls());
   if (show_loss && r == 0)
-    fmt::print(stderr, "cpu gemm {}, {} products through oneDNN on rank 0\n", cpu_gemm::describe(cpu_gemm::installed()), onednn_products);
+    fmt::print(stderr, "cpu gemm {}, {} products through oneDNN on rank 0\n", cpu_gemm::describe(cpu_gemm::installed()),
+               onednn_products);
   Run& run = runs[0];
   pss_sampler.stop();
   auto snap = memory::snapshot();

@@ -6,7 +6,8 @@
 #      a GPU per rank, staged through host memory where ranks share one, and the staged path against the
 #      CPU path's bits) and training on the device (cuda_tests: every strategy against plain libtorch,
 #      bf16 and fp16 autocast with overflow skipping on every rank, fp8 through at::_scaled_mm, ranks
-#      sharing a GPU refused under ACCEL_CUDA_COMM=nccl);
+#      sharing a GPU refused under ACCEL_CUDA_COMM=nccl), and step_bench --device_memory (a cap on the
+#      caching allocator that a model over it runs out of);
 #   2b. the sharding engine on the device (ACCEL_TEST_DEVICE=cuda): the parity suite (every strategy
 #      against the single-process reference, float64 and float32), the collective counts and traffic,
 #      the engine's edge cases and activation checkpointing, at 1, 2 and 4 ranks; and the GPT example
@@ -125,6 +126,17 @@ step cuda_comm_np1 "$BIN/accel_tests" --gtest_filter='*CUDA*:CudaCommChoice*'
 step cuda_training_np1 "$BIN/cuda_tests"
 ENGINE_TESTS='*Parity.*:EngineCounts.*:EngineEdges.*:EngineLifecycle.*:EngineStep.*:ActivationCheckpoint.*'
 step engine_cuda_np1 env ACCEL_TEST_DEVICE=cuda "$BIN/accel_tests" --gtest_filter="$ENGINE_TESTS"
+# step_bench --device_memory caps the caching allocator: the default GPT (about 0.3 GB of model
+# states under DDP) trains under a 4 GB cap and runs out of memory under a 0.05 GB one.
+device_memory_cap() {
+  local sb=("$BIN/step_bench" --device cuda --strategy DDP --steps 2 --warmup 1 --json)
+  "${sb[@]}" --device_memory 4 || return 1
+  local out
+  if out=$("${sb[@]}" --device_memory 0.05 2>&1); then echo "a 0.05 GB cap did not stop the model"; return 1; fi
+  grep -qi "out of memory" <<<"$out" || { echo "under 0.05 GB it failed, but not for memory:"; echo "$out"; return 1; }
+  echo "0.05 GB: out of memory, as expected"
+}
+step step_bench_device_memory device_memory_cap
 if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
   for np in 2 4; do
     step "cuda_comm_np$np" "$BIN/accel" launch -n "$np" "$BIN/accel_tests" --gtest_filter='*CUDA*:CudaCommChoice*'

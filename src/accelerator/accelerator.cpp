@@ -160,7 +160,7 @@ void check_supported(AcceleratorConfig& cfg, c10::Device device) {
     throw ConfigError(where(cfg) +
                       ": from a CUDA device accel offloads the optimizer state to host memory "
                       "(offload_optimizer device cpu); offload to nvme and offload of parameters are not implemented "
-                      "for CUDA yet (issue 16): use 'none' for them, or train on the CPU");
+                      "for CUDA yet: use 'none' for them, or train on the CPU");
   cfg.spec.offload.optimizer = cfg.offload_optimizer_device == "nvme"                      ? zero::OffloadDevice::Nvme
                                : cfg.offload_optimizer_device == "cpu" && device.is_cuda() ? zero::OffloadDevice::Cpu
                                                                                            : zero::OffloadDevice::None;

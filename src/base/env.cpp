@@ -36,7 +36,8 @@ const std::vector<Variable>& table() {
        "node live in shared memory that every rank of the group maps, the ranks' shards side by side: together "
        "they are the full parameters, so the node holds them once and gathering them moves no bytes (between "
        "steps a sharded unit's parameters throw on access, as private ones do; barriers order the step's writes "
-       "against the peers' reads; each rank's RSS counts the shared pages); 0: each rank keeps its shard privately and all-gathers copies of the full "
+       "against the peers' reads; each rank's RSS counts the shared pages); 0: each rank keeps its shard privately and "
+       "all-gathers copies of the full "
        "parameters around each unit's use"},
       {"ACCEL_NODE_SHARED_GRADS", "1",
        "1: under ZeRO-2/3 and FSDP's sharded strategies on the CPU, a shard group on one node takes the full "

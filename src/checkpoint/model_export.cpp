@@ -191,9 +191,9 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
       memory::CategoryScope cat(memory::Category::Gathered);
       buffer = engine.whole_values(f, from_master(f) ? zero::Engine::Source::Master : zero::Engine::Source::Compute);
     }
-    const bool temporary =
-        !(f.master.defined() && buffer.is_alias_of(f.master)) && !(fp.gathered() && buffer.is_alias_of(fp.full())) &&
-        !(fp.node_shared() && buffer.is_alias_of(fp.node_buffer()));
+    const bool temporary = !(f.master.defined() && buffer.is_alias_of(f.master)) &&
+                           !(fp.gathered() && buffer.is_alias_of(fp.full())) &&
+                           !(fp.node_shared() && buffer.is_alias_of(fp.node_buffer()));
     if (temporary) result.peak_gathered_bytes = std::max<std::int64_t>(result.peak_gathered_bytes, buffer.nbytes());
     guard([&] {
       for (auto i : by_param[fi]) {

@@ -44,7 +44,7 @@
 //              (about 0.2 GB measured at 31.5M parameters), 0.55 GB in all (--overhead).
 //   peak = overhead + states + max(gathered + in flight + activations + backward, root gathered +
 //          optimizer)
-// This is the designed bound of the gradients (issue 15's bounded gradient memory); an engine that
+// This is the designed bound of the gradients (bounded gradient memory); an engine that
 // keeps more gradients alive measures above it.
 //
 // Node-shared ZeRO-3 (CPU ranks on one machine, accel's default there; docs/design.md): the ranks'

@@ -73,7 +73,8 @@ std::string format_gpt_estimate(const GptEstimate& e) {
         "  shows ({} GB); its RSS also counts the peers' {} GB of parameters it maps. The machine holds\n"
         "  {} GB for the {} ranks. ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0 turn it off (the\n"
         "  ZeRO-3 rows: the path GPUs and several machines take).\n",
-        gb(ns.total), gb(bytes_per_param(r.dtype, r.optimizer).param * r.params * (r.num_processes - 1) / r.num_processes),
+        gb(ns.total),
+        gb(bytes_per_param(r.dtype, r.optimizer).param * r.params * (r.num_processes - 1) / r.num_processes),
         gb(ns.total * r.num_processes), r.num_processes);
   }
   out += "\n";

@@ -233,8 +233,8 @@ std::string format_estimate(const Estimate& e) {
   if (r.num_processes > 1 && r.offload != Offload::OptimizerAndParams) {
     // (accel's CPU default for a shard group on one machine: zero/engine.cpp, comm/node_shared.cpp)
     const double zero3 = e.rows[3].device_bytes + e.rows[3].cpu_bytes;
-    out += wrap(fmt::format(
-                    "Node-shared (CPU ranks on one machine, accel's default there): {} keeps its parameter shards "
+    out += wrap(
+        fmt::format("Node-shared (CPU ranks on one machine, accel's default there): {} keeps its parameter shards "
                     "side by side in one buffer every rank maps, and {} and {} take the gradients they "
                     "reduce-scatter from a shared pool. Each rank's figures stay its share (what its PSS shows: {} "
                     "for {}); the machine holds {} in all for the {} ranks, and nothing is all-gathered. Each "
@@ -243,9 +243,9 @@ std::string format_estimate(const Estimate& e) {
                     "machines take).",
                     zero::info(zero::Strategy::Zero3).short_label, zero::info(zero::Strategy::Zero2).short_label,
                     zero::info(zero::Strategy::Zero3).short_label, gb(zero3),
-                    zero::info(zero::Strategy::Zero3).short_label, gb(zero3 * r.num_processes),
-                    r.num_processes, gb(b.param * r.params * (r.num_processes - 1) / r.num_processes)),
-                100, "  ");
+                    zero::info(zero::Strategy::Zero3).short_label, gb(zero3 * r.num_processes), r.num_processes,
+                    gb(b.param * r.params * (r.num_processes - 1) / r.num_processes)),
+        100, "  ");
   }
 
   // The recommendation.

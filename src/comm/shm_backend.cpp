@@ -46,8 +46,9 @@ struct alignas(128) RankCtl {
   // The signature of a collective, posted with its first chunk (by collective parity: a rank writes
   // the next-but-one only once every peer is done with this one's first chunk, so with it).
   long long sig[2][kNumSig];
-  // Single copy (cross-memory attach): this rank's pid, and where its tensor of the current large
-  // broadcast lies in its own address space (published by in_step).
+  // Single copy (cross-memory attach): this rank's pid, and where the tensor its peers read in the
+  // current single-copy collective lies in its own address space (a broadcast's root tensor, an
+  // all_gather's or reduce_scatter's input; published by in_step).
   std::int64_t pid;
   std::uint64_t src_addr;
   // A reduce_scatter whose input lies in node-shared memory (node_shared.h): where, as (key, offset),
@@ -61,13 +62,14 @@ std::atomic<std::uint64_t> g_read_from_peer_memory{0};
 
 constexpr int kBuffers = 2;
 // Broadcasts from this size on are read straight from the root's memory (process_vm_readv: one copy
-// instead of two through the segment) where the kernel allows it. all_gathers and reduce_scatters
-// from ACCEL_COMM_SHM_SINGLE_COPY_KB per peer (1 MiB by default): alone, the chunked path moves
-// them faster (2 ranks, busbw GB/s, chunked / single copy: 4 MiB 17.3-18.9 / 5.5-9.6, 16 MiB
-// 10.1-10.5 / 5.4-5.6, 256 MiB 5.9-6.0 / 4.0-4.1), but only while both ranks poll it at once: beside
-// compute (ZeRO-3's prefetched gathers, backward's reduce-scatters), each rank's progress thread
-// shares its core, and chunk-by-chunk lock-step stalls both on either's descheduling (0.59B private
-// ZeRO-3 at 2 ranks: wait 26% of the step chunked, 2% single copy).
+// instead of two through the segment) where the kernel allows it. So are all_gathers and
+// reduce_scatters from ACCEL_COMM_SHM_SINGLE_COPY_KB per peer (1 MiB by default). Alone, the chunked
+// path can move them faster (2 ranks on a Zen 5, busbw GB/s, all_gather chunked / single copy: 4 MiB
+// 17.3-18.9 / 5.5-9.6, 256 MiB 5.9-6.0 / 4.0-4.1; on an Intel Xeon the two were even: 64 MiB 2.9 /
+// 3.5), but only while both ranks poll it at once. Beside compute (ZeRO-3's prefetched gathers,
+// backward's reduce-scatters) each rank's progress thread shares its core, and chunk-by-chunk
+// lock-step stalls both ranks on either's descheduling (0.59B private ZeRO-3 at 2 ranks: wait 26% of
+// the step chunked, 2% single copy).
 constexpr std::int64_t kSingleCopyBytes = 1 << 20;
 constexpr std::int64_t kDirectBytes = 64 << 10;  // all_reduce up to this size: one round (ShmOp::direct)
 
@@ -110,7 +112,7 @@ struct ShmOp {
   // for all_gather (of the input) and broadcast.
   std::int64_t esize = 1, count = 0, unit = 1, nchunks = 0;
   bool in_place = false;     // all_gather: the input is the output's own slice
-  bool single_copy = false;  // broadcast read from the root's memory (kSingleCopyBytes)
+  bool single_copy = false;  // read from the peers' memory (see plan: large broadcasts, all_gathers, reduce_scatters)
   bool direct = false;       // all_reduce in one round: every rank reduces whole chunks (see plan)
   // reduce_scatter: this rank's input lies in node-shared memory (at in_key/in_off; key 0: it does not):
   // it copies nothing in, and its last step waits until every peer is done reading it. peer_in: each
@@ -547,7 +549,7 @@ class ShmGroup {
   std::unique_ptr<Segment> seg_;
   const int rank_, size_;
   const bool check_;
-  const bool single_copy_;              // process_vm_readv works between every pair (probed at setup)
+  const bool single_copy_;  // process_vm_readv works between every pair (probed at setup)
   // all_gathers and reduce_scatters moving at least this much per peer read the peers' memory; 0: none
   const std::int64_t single_copy_bytes_;
   std::uint64_t seq_ = 0, chunks_ = 0;  // guarded by mu_
@@ -691,7 +693,8 @@ std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
     std::uint64_t chunk = static_cast<std::uint64_t>(std::max<long long>(1, env::get_int("ACCEL_COMM_SHM_CHUNK_KB")));
     hello.chunk = chunk * 1024;
     hello.check = env::get_int("ACCEL_COMM_CHECK") != 0;
-    hello.single_copy_kb = static_cast<std::uint64_t>(std::max<long long>(0, env::get_int("ACCEL_COMM_SHM_SINGLE_COPY_KB")));
+    hello.single_copy_kb =
+        static_cast<std::uint64_t>(std::max<long long>(0, env::get_int("ACCEL_COMM_SHM_SINGLE_COPY_KB")));
     hello.bytes = Segment::total_bytes(size, hello.chunk);
     std::snprintf(hello.name, sizeof hello.name, "%s", shm_object_name("seg", g_segments++).c_str());
     int fd = shm_open(hello.name, O_CREAT | O_EXCL | O_RDWR, 0600);

@@ -69,8 +69,8 @@ void point_storage_at(const at::Tensor& t, const at::Tensor& in, std::size_t nby
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   s->*throw_flag() = false;
   auto* keep = new at::Tensor(in);
-  s->set_data_ptr_noswap(
-      c10::DataPtr(in.data_ptr(), keep, [](void* ctx) { delete static_cast<at::Tensor*>(ctx); }, s->device()));
+  s->set_data_ptr_noswap(c10::DataPtr(
+      in.data_ptr(), keep, [](void* ctx) { delete static_cast<at::Tensor*>(ctx); }, s->device()));
   s->set_nbytes(nbytes);
 }
 }  // namespace

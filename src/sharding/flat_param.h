@@ -76,7 +76,8 @@ class FlatParam {
   // Node-shared only (else a no-op): the buffer becomes this rank's own copy of its values now (shard()
   // and every other view of it follow), and full() is gathered into that copy; the mapping goes once
   // nothing views it. Not collective: the caller orders it after the peers' writes. From then on the
-  // flat is an ordinary sharded one whose full() is gathered.
+  // flat is not node-shared and its full() is gathered, with shard() a view of it (not a buffer of its
+  // own): the caller keeps it gathered (the engine marks such flats persistent, all-gathered in place).
   void make_private();
   // Gives full() storage again (contents undefined until filled, e.g. by an all-gather; node-shared:
   // the buffer's values, nothing to fill). No-op if gathered.

@@ -111,8 +111,14 @@ Engine::~Engine() {
   // now (the root unit) becomes this rank's own copy, the rest throws when touched. Never parameters
   // in a buffer the other ranks write. (Not collective: a destructor may run while a peer is gone; at
   // rest the last step's barrier has ordered the peers' writes.)
-  for (auto& f : flats_)
-    if (f.flat_param->node_shared() && f.flat_param->gathered()) f.flat_param->make_private();
+  for (auto& f : flats_) {
+    if (!f.flat_param->node_shared() || !f.flat_param->gathered()) continue;
+    try {
+      f.flat_param->make_private();
+    } catch (...) {  // (no memory for the copy: parameters that throw, as the sharded units' do)
+      f.flat_param->free_full();
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -158,10 +158,10 @@ TEST(ConfigExplain, ShippedConfigsStrategyPrecisionAccumulationAndIgnoredKeys) {
   // Shipped configs hold only keys that act here (config_launch_checks.sh explain_shipped checks all);
   // an Accelerate file's keys that do not are listed with their reason.
   EXPECT_NE(e.find("Ignored keys  none"), std::string::npos) << e;
-  EXPECT_NE(explain_config(parse_accelerate_yaml("distributed_type: FSDP\nfsdp_config:\n  fsdp_use_orig_params: true\n",
-                                                 "f"))
-                .find("  fsdp_config.fsdp_use_orig_params: "),
-            std::string::npos);
+  EXPECT_NE(
+      explain_config(parse_accelerate_yaml("distributed_type: FSDP\nfsdp_config:\n  fsdp_use_orig_params: true\n", "f"))
+          .find("  fsdp_config.fsdp_use_orig_params: "),
+      std::string::npos);
   EXPECT_NE(e.find("kept from forward to backward (no activation checkpointing"), std::string::npos) << e;
   // Node-shared memory on one machine's CPUs (the default), and how to turn it off.
   EXPECT_NE(e.find("Node-shared   on CPUs (no GPU, or use_cpu), the 2 ranks of a shard group on one machine keep the "

@@ -356,7 +356,34 @@ TEST(Shm, SingleCopyGathersAndReduceScattersMatchTheChunkedPath) {
       chunked->reduce_scatter(in, b, {op});
       EXPECT_TRUE(at::equal(a, b)) << dtype_name(d) << " " << to_string(op) << ": the same bits on both paths";
     }
+  // reduce_scatter inputs in node-shared memory (every rank's, or rank 0's only beside private ones)
+  // on the single-copy path: the shared ones read where they lie, the private ones from the peers'
+  // memory, the closed form either way.
+  for (bool all_shared : {true, false}) {
+    at::Tensor pool = single->node_shared_empty(n * n * k, at::kFloat);
+    ASSERT_TRUE(pool.defined());
+    const bool mine = all_shared || r == 0;
+    at::Tensor in = mine ? pool.narrow(0, r * n * k, n * k) : at::empty({n * k}, at::kFloat);
+    in.copy_(pattern(n * k, 3 * r).to(at::kFloat));
+    std::uint64_t shared_peers = 0, private_peers = 0;
+    for (int j = 0; j < n; ++j)
+      if (j != r) ++((all_shared || j == 0) ? shared_peers : private_peers);
+    const std::uint64_t in_place0 = shm_bytes_read_in_place(), peer0 = shm_bytes_read_from_peer_memory();
+    at::Tensor out = at::empty({k}, at::kFloat);
+    single->reduce_scatter(in, out, {ReduceOp::Sum});
+    at::Tensor want = at::zeros({k}, at::kLong);
+    for (int j = 0; j < n; ++j) want.add_(pattern(n * k, 3 * j).narrow(0, r * k, k));
+    expect_equal(out, want.to(at::kFloat), all_shared ? "every input shared" : "rank 0's input shared");
+    if (reads) {
+      EXPECT_EQ(shm_bytes_read_in_place() - in_place0, shared_peers * k * 4) << all_shared;
+      EXPECT_EQ(shm_bytes_read_from_peer_memory() - peer0, private_peers * k * 4) << all_shared;
+    }
+    single->barrier();  // nobody unmaps its pool while a peer still reads it
+  }
   EXPECT_EQ(std::string(single->backend_name(at::ones({1}))), "shm");
+  // (Where ranks outnumber cores or the kernel forbids reading a peer's memory, both groups took the
+  // chunked path: the closed forms above held, the single-copy path did not run.)
+  if (!reads) GTEST_SKIP() << "single copy is off here (ranks outnumber cores, or process_vm_readv is refused)";
 }
 
 }  // namespace
