@@ -149,7 +149,7 @@ if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
   EX=$OUTDIR/examples
   FOLLOW=(bash "$ROOT/tests/examples/follow_reference.sh" "$BIN/accel" "$BIN/gpt_lm")
   step gpt_cuda_zero1_np2_vs_world1 "${FOLLOW[@]}" "$ROOT/configs/deepspeed/zero1.yaml" world1 "$EX"
-  for cfg in deepspeed/zero2 deepspeed/zero3 fsdp/full_shard fsdp/shard_grad_op fsdp/no_shard; do
+  for cfg in deepspeed/zero2 deepspeed/zero3 deepspeed/zero3_offload fsdp/full_shard fsdp/shard_grad_op fsdp/no_shard; do
     step "gpt_cuda_${cfg#*/}_follows_zero1" "${FOLLOW[@]}" "$ROOT/configs/$cfg.yaml" "$EX/zero1.np2.log" "$EX"
   done
   # A checkpoint saved by ZeRO-3 at 4 ranks after 4 steps, resumed by FULL_SHARD at 2 ranks to step 8:

@@ -153,18 +153,17 @@ std::string where(const AcceleratorConfig& cfg) {
   return cfg.source.empty() ? std::string("the configuration") : cfg.source;
 }
 
-// What this build cannot do yet is refused here, with what to change; CPU offload on a CPU run (no
-// effect) is added to the ignored keys, with why. Offload to nvme goes into the spec.
+// Offload goes into the spec: to nvme from any device, to cpu from a device (the optimizer state and
+// the parameter shards in host memory). CPU offload on a CPU run (no effect) is added to the ignored
+// keys, with why.
 void check_supported(AcceleratorConfig& cfg, c10::Device device) {
-  if (device.is_cuda() && (cfg.offload_optimizer_device == "nvme" || cfg.offload_param_device != "none"))
-    throw ConfigError(where(cfg) +
-                      ": from a CUDA device accel offloads the optimizer state to host memory "
-                      "(offload_optimizer device cpu); offload to nvme and offload of parameters are not implemented "
-                      "for CUDA yet: use 'none' for them, or train on the CPU");
-  cfg.spec.offload.optimizer = cfg.offload_optimizer_device == "nvme"                      ? zero::OffloadDevice::Nvme
-                               : cfg.offload_optimizer_device == "cpu" && device.is_cuda() ? zero::OffloadDevice::Cpu
-                                                                                           : zero::OffloadDevice::None;
-  cfg.spec.offload.param = cfg.offload_param_device == "nvme" ? zero::OffloadDevice::Nvme : zero::OffloadDevice::None;
+  auto to = [&](const std::string& d) {
+    return d == "nvme"                      ? zero::OffloadDevice::Nvme
+           : d == "cpu" && !device.is_cpu() ? zero::OffloadDevice::Cpu
+                                            : zero::OffloadDevice::None;
+  };
+  cfg.spec.offload.optimizer = to(cfg.offload_optimizer_device);
+  cfg.spec.offload.param = to(cfg.offload_param_device);
   if (device.is_cpu() && (cfg.offload_optimizer_device == "cpu" || cfg.offload_param_device == "cpu"))
     cfg.ignored.push_back(
         "offload to cpu: training runs on the CPU, where parameters and optimizer state "

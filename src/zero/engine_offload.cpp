@@ -1,7 +1,8 @@
 // The engine's side of offload (spec.offload). To disk (nvme): which flats' optimizer state and
 // parameter shards go to files, the offloaded step, parameter shards fetched ahead of their
 // gathers, and staging for checkpoints. To host memory from a device (cpu): the side stream that
-// copies reduced gradients to the pinned masters' host buffers and updated masters back.
+// copies reduced gradients to the pinned masters' host buffers and updated masters back, and
+// parameter shards kept in pinned host memory, copied to the device before their gathers.
 #include "zero/engine.h"
 
 #include "base/memory.h"
@@ -26,9 +27,9 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
   if (plan_.passthrough) return;
   if (os.optimizer == OffloadDevice::Cpu && spec_.fp8_all_gather)
     throw std::invalid_argument("offload_optimizer to cpu cannot be combined with fp8 all-gather yet");
-  if (os.param_on_disk() && spec_.fp8_all_gather)
+  if (os.param_offloaded() && spec_.fp8_all_gather)
     throw std::invalid_argument(
-        "offload_param to nvme cannot be combined with fp8 all-gather (fp8 shards stay in memory)");
+        "offload_param cannot be combined with fp8 all-gather (fp8 shards stay in the device's memory)");
   c10::NoGradGuard ng;
   if (os.optimizer == OffloadDevice::Cpu)
     for (const auto& f : flats_)
@@ -75,7 +76,9 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
       f.master = at::empty({opt_offload_->regions()[r].numel}, at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
     }
   }
-  if (os.param_on_disk() && plan_.params_sharded) {
+  // Parameter shards to disk, or (a model on a device) to pinned host memory.
+  const bool on_device = !flats_.empty() && !flats_[0].flat_param->shard().is_cpu();
+  if ((os.param_on_disk() || (os.param == OffloadDevice::Cpu && on_device)) && plan_.params_sharded) {
     std::vector<sharding::FlatParam*> slots;
     for (std::size_t fi = 0; fi < flats_.size(); ++fi) {
       Flat& f = flats_[fi];
@@ -100,7 +103,7 @@ void Engine::offloaded_step(const std::vector<OffloadRule>& group_rules) {
     const Flat& f = flats_[opt_region_flat_[r]];
     rules[r] = group_rules.at(static_cast<std::size_t>(f.group));
     const at::Tensor& g = f.master.grad();
-    if (g.defined()) grads[r] = g.to(at::kFloat).contiguous();
+    if (g.defined()) grads[r] = g.to(at::kCPU, at::kFloat).contiguous();  // (a device's gradients step on the host)
   }
   opt_offload_->step(grads, rules, [&](std::size_t r, std::int64_t begin, const at::Tensor& values) {
     Flat& f = flats_[opt_region_flat_[r]];

@@ -87,7 +87,7 @@ std::uint64_t OptimizerOffload::bytes_read() const { return file_->bytes_read();
 std::uint64_t OptimizerOffload::bytes_written() const { return file_->bytes_written(); }
 
 void OptimizerOffload::init(std::size_t i, const at::Tensor& values) {
-  const at::Tensor v = values.reshape({-1}).to(at::kFloat).contiguous();
+  const at::Tensor v = values.reshape({-1}).to(at::kCPU, at::kFloat).contiguous();  // (from a device too)
   if (v.numel() != regions_.at(i).numel)
     throw std::invalid_argument(
         fmt::format("OptimizerOffload::init: region {} has {} elements, got {}", i, regions_[i].numel, v.numel()));
@@ -123,7 +123,7 @@ at::Tensor OptimizerOffload::read(std::size_t i, int slot) const {
 }
 
 void OptimizerOffload::write(std::size_t i, int slot, const at::Tensor& values) {
-  const at::Tensor v = values.reshape({-1}).to(at::kFloat).contiguous();
+  const at::Tensor v = values.reshape({-1}).to(at::kCPU, at::kFloat).contiguous();
   if (v.numel() != regions_.at(i).numel)
     throw std::invalid_argument(
         fmt::format("OptimizerOffload::write: region {} has {} elements, got {}", i, regions_[i].numel, v.numel()));

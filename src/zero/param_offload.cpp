@@ -16,14 +16,28 @@
 namespace accel::zero {
 namespace {
 
-std::string offloaded_message(const sharding::FlatParam& f) {
-  return fmt::format("accel: the shard of {} is offloaded to disk (offload_param.device nvme) and not loaded now",
-                     f.name());
+std::string offloaded_message(const sharding::FlatParam& f, bool on_disk) {
+  return fmt::format("accel: the shard of {} is offloaded to {} and not loaded now", f.name(),
+                     on_disk ? "disk (offload_param.device nvme)" : "host memory (offload_param.device cpu)");
 }
 
 }  // namespace
 
 ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<sharding::FlatParam*> flats) : spec_(spec) {
+  if (!spec_.param_on_disk()) {  // pinned host memory, one copy per shard
+    for (auto* f : flats) {
+      Slot s;
+      s.flat = f;
+      s.bytes = static_cast<std::uint64_t>(f->shard().numel()) * f->shard().element_size();
+      s.host = at::empty({static_cast<std::int64_t>(s.bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      s.resident = true;
+      bytes_ += s.bytes;
+      slots_.push_back(std::move(s));
+      store(slots_.size() - 1, 0, f->shard());
+      release(slots_.size() - 1);
+    }
+    return;
+  }
   std::uint64_t offset = 0, largest = 0;
   for (auto* f : flats) {
     Slot s;
@@ -51,9 +65,12 @@ ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<shardi
 
 ParamOffload::~ParamOffload() = default;
 
-const std::string& ParamOffload::path() const { return file_->path(); }
-std::uint64_t ParamOffload::bytes_read() const { return file_->bytes_read(); }
-std::uint64_t ParamOffload::bytes_written() const { return file_->bytes_written(); }
+const std::string& ParamOffload::path() const {
+  static const std::string none;
+  return file_ ? file_->path() : none;
+}
+std::uint64_t ParamOffload::bytes_read() const { return file_ ? file_->bytes_read() : 0; }
+std::uint64_t ParamOffload::bytes_written() const { return file_ ? file_->bytes_written() : 0; }
 bool ParamOffload::resident(std::size_t i) const { return slots_.at(i).resident; }
 
 int ParamOffload::take_buffer() {
@@ -74,7 +91,7 @@ int ParamOffload::take_buffer() {
 
 void ParamOffload::fetch_async(std::size_t i) {
   Slot& s = slots_.at(i);
-  if (s.resident || s.buffer >= 0) return;
+  if (s.resident || s.buffer >= 0 || !file_) return;  // (host memory: fetch() copies it)
   const int b = take_buffer();
   s.buffer = b;
   buffer_owner_[b] = static_cast<int>(i);
@@ -83,14 +100,20 @@ void ParamOffload::fetch_async(std::size_t i) {
 
 void ParamOffload::land(std::size_t i) {
   Slot& s = slots_[i];
-  file_->wait(s.ticket);
+  if (file_) file_->wait(s.ticket);
   const at::Tensor& shard = s.flat->shard();
   {
     memory::CategoryScope cat(memory::Category::Parameters);
     sharding::alloc_storage(shard, s.bytes);
   }
-  std::memcpy(shard.data_ptr(), buffers_[s.buffer].data(), s.bytes);
-  buffer_owner_[s.buffer] = -1;
+  if (!file_) {
+    shard.copy_(s.host.view(shard.scalar_type()));
+  } else if (shard.is_cpu()) {
+    std::memcpy(shard.data_ptr(), buffers_[s.buffer].data(), s.bytes);
+  } else {  // (a device's shard: from the staging buffer, which is reused once this returns)
+    shard.copy_(at::from_blob(buffers_[s.buffer].data(), {shard.numel()}, shard.options().device(at::kCPU)));
+  }
+  if (s.buffer >= 0) buffer_owner_[s.buffer] = -1;
   s.buffer = -1;
   s.resident = true;
 }
@@ -105,7 +128,7 @@ void ParamOffload::fetch(std::size_t i) {
 void ParamOffload::release(std::size_t i) {
   Slot& s = slots_.at(i);
   if (!s.resident) return;
-  sharding::free_storage(s.flat->shard(), offloaded_message(*s.flat));
+  sharding::free_storage(s.flat->shard(), offloaded_message(*s.flat, file_ != nullptr));
   s.resident = false;
 }
 
@@ -113,16 +136,21 @@ void ParamOffload::store(std::size_t i, std::int64_t begin, const at::Tensor& va
   Slot& s = slots_.at(i);
   if (s.buffer >= 0) land(i);
   const at::Tensor& shard = s.flat->shard();
-  const at::Tensor v = values.reshape({-1}).to(shard.scalar_type()).contiguous();
+  const at::Tensor v = values.reshape({-1}).to(at::kCPU, shard.scalar_type()).contiguous();  // (from a device too)
   const std::uint64_t esize = shard.element_size(), first = static_cast<std::uint64_t>(begin) * esize;
   const std::uint64_t bytes = static_cast<std::uint64_t>(v.numel()) * esize;
-  if (begin < 0 || begin + v.numel() > shard.numel() || first % offload::kAlignment != 0)
+  if (begin < 0 || begin + v.numel() > shard.numel() || (file_ && first % offload::kAlignment != 0))
     throw std::logic_error(fmt::format("ParamOffload::store: elements [{}, {}) of {} ({} elements)", begin,
                                        begin + v.numel(), s.flat->name(), shard.numel()));
+  if (!file_) {
+    std::memcpy(static_cast<char*>(s.host.data_ptr()) + first, v.data_ptr(), bytes);
+    if (s.resident) shard.narrow(0, begin, v.numel()).copy_(v);
+    return;
+  }
   offload::AlignedBuffer tmp(offload::align_up(bytes));
   std::memcpy(tmp.data(), v.data_ptr(), bytes);
   file_->write(tmp.data(), offload::align_up(bytes), s.offset + first);
-  if (s.resident && shard.data_ptr() != v.data_ptr()) shard.narrow(0, begin, v.numel()).copy_(v);
+  if (s.resident && !(shard.is_cpu() && shard.data_ptr() == v.data_ptr())) shard.narrow(0, begin, v.numel()).copy_(v);
 }
 
 }  // namespace accel::zero

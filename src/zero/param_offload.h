@@ -1,12 +1,14 @@
 // accel::zero::ParamOffload — ZeRO-3 parameter shards in a file per rank under
-// offload_param.nvme_path (ZeRO-Infinity's parameter offload to NVMe).
+// offload_param.nvme_path (ZeRO-Infinity's parameter offload to NVMe), or, for shards on a device
+// with offload_param.device cpu, in pinned host memory (ZeRO-Infinity's offload to CPU memory).
 //
 // Each offloaded flat parameter's shard (compute dtype) has a 4 KiB-aligned region of the file. Its
 // storage in RAM exists only from fetch() until release(): the engine fetches a unit's shards before
 // its all-gather (ahead of time, in the order the previous forward and backward used) and releases
 // them once the gather has completed; the gathered parameters then live as long as the strategy keeps
 // them. After each step the updated values are store()d to the file. Reads land in buffer_count
-// aligned staging buffers (O_DIRECT) and are copied into the shard's own storage.
+// aligned staging buffers (O_DIRECT) and are copied into the shard's own storage (on the device:
+// copied there). In host memory, each shard has a pinned copy that fetch() copies to the device.
 #pragma once
 
 #include "zero/spec.h"
@@ -50,7 +52,8 @@ class ParamOffload {
   // runs to the end of the shard or is a multiple of 4096 elements long.
   void store(std::size_t i, std::int64_t begin, const at::Tensor& values);
 
-  const std::string& path() const;
+  const std::string& path() const;  // the file; empty when the shards are in host memory
+  bool in_host_memory() const { return !scratch_; }
   std::uint64_t bytes() const { return bytes_; }
   std::uint64_t bytes_read() const;
   std::uint64_t bytes_written() const;
@@ -62,6 +65,7 @@ class ParamOffload {
     bool resident = false;
     int buffer = -1;  // staging buffer a read is landing in, -1: none
     std::uint64_t ticket = 0;
+    at::Tensor host;  // in host memory: the shard's pinned bytes
   };
   int take_buffer();
   void land(std::size_t i);

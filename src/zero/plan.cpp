@@ -9,12 +9,13 @@ Groups groups_for(const ShardingSpec& spec, const std::shared_ptr<comm::Communic
 
 Plan Plan::resolve(const ShardingSpec& spec, int world_size, int shard_size, bool dtypes_convert) {
   Plan p;
-  // Offloading to disk needs the engine's own masters and shards, even on one rank.
-  const bool on_disk = spec.offload.optimizer_on_disk() || spec.offload.param_on_disk();
+  // Offloading to disk, or parameters to host memory, needs the engine's own masters and shards, even
+  // on one rank.
+  const bool on_disk = spec.offload.optimizer_on_disk() || spec.offload.param_offloaded();
   p.passthrough = world_size == 1 && !dtypes_convert && !on_disk;
   p.masters_are_shards = spec.shards_optimizer();
   p.state_split = spec.shards_optimizer() && shard_size > 1;
-  p.params_sharded = spec.shards_parameters() && (shard_size > 1 || spec.offload.param_on_disk());
+  p.params_sharded = spec.shards_parameters() && (shard_size > 1 || spec.offload.param_offloaded());
   p.reduce_mode = !spec.shards_optimizer()   ? GradReducer::Mode::AllReduce
                   : !spec.shards_gradients() ? GradReducer::Mode::ReduceScatterInPlace
                                              : GradReducer::Mode::ReduceScatter;

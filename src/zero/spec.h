@@ -69,6 +69,8 @@ struct OffloadSpec {
   offload::AioOptions aio;
   bool optimizer_on_disk() const { return optimizer == OffloadDevice::Nvme; }
   bool param_on_disk() const { return param == OffloadDevice::Nvme; }
+  // Parameter shards leave the device's memory (to disk, or to pinned host memory for a model on a GPU).
+  bool param_offloaded() const { return param != OffloadDevice::None; }
 };
 
 struct ShardingSpec {
