@@ -249,9 +249,11 @@ int main(int argc, char** argv) {
   std::string offload_optimizer, offload_param;
   std::int64_t sub_group_size = 100'000'000;
   app.add_option("--offload-optimizer", offload_optimizer,
-                 "DIR: the optimizer's masters and state in files under DIR (offload_optimizer.device nvme)");
+                 "DIR: the optimizer's masters and state in files under DIR (offload_optimizer.device nvme); cpu: "
+                 "in host memory, from --device cuda (offload_optimizer.device cpu)");
   app.add_option("--offload-param", offload_param,
-                 "DIR: ZeRO-3 parameter shards in files under DIR (offload_param.device nvme)");
+                 "DIR: ZeRO-3 parameter shards in files under DIR (offload_param.device nvme); cpu: in pinned host "
+                 "memory, from --device cuda (offload_param.device cpu)");
   app.add_option("--sub-group-size", sub_group_size, "elements stepped per sub-group when the optimizer is offloaded")
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
@@ -269,6 +271,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool on_cuda = device_name == "cuda";
+  if (!on_cuda && (offload_optimizer == "cpu" || offload_param == "cpu")) {
+    if (r == 0) fmt::print(stderr, "step_bench: offload to cpu moves state off a device: give --device cuda\n");
+    return 2;
+  }
   if (device_memory_gb > 0 && !on_cuda) {
     if (r == 0) fmt::print(stderr, "step_bench: --device_memory caps a CUDA device: give --device cuda\n");
     return 2;
@@ -380,9 +386,13 @@ int main(int argc, char** argv) {
         spec->master_dtype = prec.master;
         spec->fp8_all_gather = prec.fp8 && spec->shards_parameters();
         spec->activation_checkpointing = checkpoint;
-        if (!offload_optimizer.empty())
+        if (offload_optimizer == "cpu")
+          spec->offload.optimizer = zero::OffloadDevice::Cpu;
+        else if (!offload_optimizer.empty())
           spec->offload.optimizer = zero::OffloadDevice::Nvme, spec->offload.optimizer_nvme_path = offload_optimizer;
-        if (!offload_param.empty())
+        if (offload_param == "cpu")
+          spec->offload.param = zero::OffloadDevice::Cpu;
+        else if (!offload_param.empty())
           spec->offload.param = zero::OffloadDevice::Nvme, spec->offload.param_nvme_path = offload_param;
         spec->offload.sub_group_size = sub_group_size;
         if (on_cuda) {

@@ -137,6 +137,9 @@ device_memory_cap() {
   echo "0.05 GB: out of memory, as expected"
 }
 step step_bench_device_memory device_memory_cap
+# ZeRO-Offload and ZeRO-Infinity from the device: optimizer and parameter shards in host memory.
+step step_bench_offload_cpu "$BIN/step_bench" --device cuda --strategy ZERO_3 --steps 2 --warmup 1 --checkpoint \
+  --offload-optimizer cpu --offload-param cpu
 if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
   for np in 2 4; do
     step "cuda_comm_np$np" "$BIN/accel" launch -n "$np" "$BIN/accel_tests" --gtest_filter='*CUDA*:CudaCommChoice*'

@@ -29,7 +29,8 @@ ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<shardi
       Slot s;
       s.flat = f;
       s.bytes = static_cast<std::uint64_t>(f->shard().numel()) * f->shard().element_size();
-      s.host = at::empty({static_cast<std::int64_t>(s.bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      s.host =
+          at::empty({static_cast<std::int64_t>(s.bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
       s.resident = true;
       bytes_ += s.bytes;
       slots_.push_back(std::move(s));
