@@ -36,12 +36,22 @@
 #                          to nvme, issue 16) at d_model D, under the same cap; prints parameters, peak
 #                          RSS per rank, bytes in files, bytes read/written per step and the step time
 #   --sub-group-size N     elements stepped per optimizer sub-group with --offload [100000000]
+#   --device cuda          on a GPU: each rank's CUDA caching allocator capped at --device-memory GB
+#                          (step_bench --device_memory), 1 rank and --seq 512 unless given, and the
+#                          strategies ZERO_3 (no offload), ZERO_3+opt (optimizer state in host memory,
+#                          ZeRO-Offload), ZERO_3+ckpt+opt+param (with parameter shards in host memory
+#                          and checkpointing, ZeRO-Infinity) and, with --offload DIR, ZERO_3+ckpt+opt+nvme
+#                          (parameter shards in files under DIR); the table gives each one's size
+#                          against no offload's, the device's peak and the host's
+#   --device-memory GB     the per-rank device cap with --device cuda [8]
 # Small-scale trial (minutes, ~2 GB):
 #   bash benchmarks/largest_model.sh --layers 2 --seq 32 --heads 4 --cap 2.5 --resolution 64
 # The full table (the machine alone, ~20 GB, about an hour):
 #   bash benchmarks/largest_model.sh
 # A 3B GPT offloaded to disk (~50 GB free under DIR, tens of minutes):
 #   bash benchmarks/largest_model.sh --offload /var/tmp/accel_offload --d-model 2560 --layers 38
+# On a GPU, 8 GB per rank, with and without offload:
+#   bash benchmarks/largest_model.sh --device cuda --device-memory 8 --offload /var/tmp/accel_offload
 # STEP_BENCH and ACCEL_CLI override the binaries (default build/bin/step_bench, build/bin/accel).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -51,15 +61,17 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 STRATEGIES="DDP ZERO_1 ZERO_2 ZERO_3 ZERO_3+ckpt"
 RANKS=2 LAYERS=20 HEADS=16 SEQ=64 BATCH=1 VOCAB=4096 RES=128 MIN_D="" CAP_GB="" LOG=largest_model.log
-OFFLOAD="" FIXED_D="" SUB_GROUP=100000000
+OFFLOAD="" FIXED_D="" SUB_GROUP=100000000 DEVICE=cpu DEVICE_GB=8 RANKS_SET="" SEQ_SET="" STRATEGIES_SET=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --strategies) STRATEGIES=$2; shift 2 ;;
+    --strategies) STRATEGIES=$2; STRATEGIES_SET=1; shift 2 ;;
+    --device) DEVICE=$2; shift 2 ;;
+    --device-memory|--device_memory) DEVICE_GB=$2; shift 2 ;;
     --cap) CAP_GB=$2; shift 2 ;;
-    --ranks) RANKS=$2; shift 2 ;;
+    --ranks) RANKS=$2; RANKS_SET=1; shift 2 ;;
     --layers) LAYERS=$2; shift 2 ;;
     --heads) HEADS=$2; shift 2 ;;
-    --seq) SEQ=$2; shift 2 ;;
+    --seq) SEQ=$2; SEQ_SET=1; shift 2 ;;
     --batch) BATCH=$2; shift 2 ;;
     --vocab) VOCAB=$2; shift 2 ;;
     --resolution) RES=$2; shift 2 ;;
@@ -72,6 +84,18 @@ while [ $# -gt 0 ]; do
     *) echo "largest_model.sh: unknown option '$1' (--help)" >&2; exit 2 ;;
   esac
 done
+case "$DEVICE" in
+  cpu) ;;
+  cuda)
+    [ -n "$RANKS_SET" ] || RANKS=1
+    [ -n "$SEQ_SET" ] || SEQ=512
+    if [ -z "$STRATEGIES_SET" ]; then
+      STRATEGIES="ZERO_3 ZERO_3+opt ZERO_3+ckpt+opt+param"
+      [ -n "$OFFLOAD" ] && STRATEGIES="$STRATEGIES ZERO_3+ckpt+opt+nvme"
+    fi
+    ;;
+  *) echo "largest_model.sh: --device cpu or cuda, not '$DEVICE'" >&2; exit 2 ;;
+esac
 if (( RES % HEADS != 0 )); then echo "largest_model.sh: --resolution $RES is not a multiple of --heads $HEADS" >&2; exit 2; fi
 MIN_D=${MIN_D:-$RES}
 if [ -z "$CAP_GB" ]; then
@@ -79,6 +103,12 @@ if [ -z "$CAP_GB" ]; then
 fi
 CAP_BYTES=$(awk -v g="$CAP_GB" 'BEGIN {printf "%.0f", g * 1e9}')
 PER_RANK_BYTES=$((CAP_BYTES / RANKS))
+# On a GPU the device's cap is what a size must fit (predictions are held against it); the host cap stays.
+DEVICE_ARGS=()
+if [ "$DEVICE" = cuda ]; then
+  PER_RANK_BYTES=$(awk -v g="$DEVICE_GB" 'BEGIN {printf "%.0f", g * 1e9}')
+  DEVICE_ARGS=(--device cuda --device_memory "$DEVICE_GB")
+fi
 : >"$LOG"
 
 # A cgroup v2 memory.max, where one can be made.
@@ -104,6 +134,12 @@ run() {
     name=ZERO_3
     extra=(--checkpoint --offload-optimizer "$OFFLOAD" --offload-param "$OFFLOAD" --sub-group-size "$SUB_GROUP")
   fi
+  case "$s" in  # (from a GPU: state in host memory, parameter shards in host memory or files)
+    ZERO_3+opt) name=ZERO_3; extra=(--offload-optimizer cpu) ;;
+    ZERO_3+ckpt+opt+param) name=ZERO_3; extra=(--checkpoint --offload-optimizer cpu --offload-param cpu) ;;
+    ZERO_3+ckpt+opt+nvme) name=ZERO_3; extra=(--checkpoint --offload-optimizer cpu --offload-param "$OFFLOAD") ;;
+  esac
+  extra+=("${DEVICE_ARGS[@]}")
   # Sizes predicted far past the cap are not tried (the watchdog would kill them anyway).
   local p
   p=$(predict "$d" "$s")
@@ -199,7 +235,9 @@ predicted_largest() {
 }
 
 # --offload: one fixed size, everything on disk.
-if [ -n "$OFFLOAD" ]; then
+if [ -n "$OFFLOAD" ] && [ "$DEVICE" = cuda ]; then
+  mkdir -p "$OFFLOAD"
+elif [ -n "$OFFLOAD" ]; then
   if [ -z "$FIXED_D" ]; then echo "largest_model.sh: --offload needs --d-model" >&2; exit 2; fi
   if ((FIXED_D % HEADS != 0)); then echo "largest_model.sh: --heads $HEADS does not divide --d-model $FIXED_D" >&2; exit 2; fi
   mkdir -p "$OFFLOAD"
@@ -226,8 +264,11 @@ print("| %.2fB | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |" % (
 fi
 
 declare -A BEST
+BASE_D=""
 for s in $STRATEGIES; do
   d0=$(predicted_largest "$s")
+  # On a GPU, offload has no estimate: it fits at least what the first strategy (no offload) fit.
+  if [ "$DEVICE" = cuda ] && [ -n "$BASE_D" ] && [ -z "$(predict "$BASE_D" "$s")" ]; then d0=$BASE_D; fi
   echo "$s: estimate-memory predicts d_model $d0 fits $((PER_RANK_BYTES / 1000000)) MB per rank" >&2
   lo="" hi="" best="" runs=0
   # Gallop from the prediction until a pass and a failure bracket the answer.
@@ -258,7 +299,36 @@ for s in $STRATEGIES; do
     continue
   fi
   BEST[$s]="$best|$(predict "$lo" "$s")|$runs"
+  [ -z "$BASE_D" ] && BASE_D=$lo
 done
+
+if [ "$DEVICE" = cuda ]; then
+  echo
+  echo "$RANKS rank(s) on a GPU capped at $DEVICE_GB GB each, GPT --layers $LAYERS --heads $HEADS --seq $SEQ --batch $BATCH --vocab $VOCAB, fp32 AdamW, 2 optimizer steps; host cap $CAP_GB GB; d_model to $RES"
+  echo
+  echo "| strategy | d_model | parameters | × first row | device peak / rank | host peak RSS / rank | host peak PSS / rank | step s | runs |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  first=""
+  for s in $STRATEGIES; do
+    IFS='|' read -r json pred runs <<<"${BEST[$s]}"
+    if [ "$json" = none ]; then
+      echo "| $s | none fits from $MIN_D | | | | | | | $pred |"
+      continue
+    fi
+    [ -z "$first" ] && first=$(echo "$json" | python3 -c 'import json, sys; print(json.load(sys.stdin)["params"])')
+    python3 - "$s" "$json" "$runs" "$RANKS" "$first" <<'EOF'
+import json, sys
+s, j, runs, ranks, first = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+gb = lambda b: f"{b / 1e9:.2f} GB"
+print(f"| {s} | {j['d_model']} | {j['params'] / 1e9:.3f}B | {j['params'] / first:.2f} | {gb(j['cuda_peak'])} | "
+      f"{gb(j['peak_rss'])} | {gb(j['session_peak_pss'] / ranks)} | {j['step_ms'] / 1e3:.2f} | {runs} |")
+EOF
+  done
+  echo
+  echo "GB = 1e9 bytes; device peak = the caching allocator's peak of allocated bytes (largest over ranks);"
+  echo "× first row = parameters against the first strategy's (no offload). Every run: $LOG"
+  exit 0
+fi
 
 echo
 echo "$RANKS ranks, GPT --layers $LAYERS --heads $HEADS --seq $SEQ --batch $BATCH --vocab $VOCAB, fp32 AdamW, 2 optimizer steps; cap $CAP_GB GB; d_model to $RES"
