@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The comm_bench table of the README: accel's collectives beside Open MPI's (blocking and
+# The comm_bench table of docs/performance.md: accel's collectives beside Open MPI's (blocking and
 # non-blocking, measured in the same comm_bench run, size by size) and torch.distributed gloo's
 # (benchmarks/gloo_bench.py, same sizes and method), float32, at 2 and 4 ranks.
 #   bash benchmarks/run_comm_bench.sh [NP...]          # default: 2 4

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The step_bench tables of the README.
+# The step_bench tables of docs/performance.md.
 #   bash benchmarks/run_step_bench.sh [step_bench args]
 #       plain libtorch at 1 rank, then every strategy at 1, 2 and 4 ranks (fp32), then same-run ratios.
 #   bash benchmarks/run_step_bench.sh --precision-table [step_bench args]
 #       DDP and ZERO_3 at 2 ranks in each of fp32, bf16, fp16 and fp8, then per strategy the same-run
 #       ratios of the four precisions (their steps interleaved in one run). A smaller model than the
 #       default (--layers 4 --d-model 192, unless given): a CPU without bf16/fp16/fp8 matmul hardware
-#       (the AVX2 VM of the README's first table) took ~16 s for the default model's bf16 step.
+#       (the AVX2 VM of docs/performance.md's first table) took ~16 s for the default model's bf16 step.
 #   bash benchmarks/run_step_bench.sh --vs-torch [--repeats R] [step_bench args]
 #       accel against PyTorch on the same GPT step (benchmarks/torch_anchor.py): accel DDP / PyTorch
 #       DDP, FULL_SHARD / FSDP2 (fully_shard per block), SHARD_GRAD_OP / FSDP2 without
@@ -24,7 +24,7 @@
 #       parameters it counts the shared buffers in each rank). About 8 minutes at R=3; run it alone.
 # Extra arguments go to step_bench (and torch_anchor.py: --steps, --warmup, --batch, --layers,
 # --d-model, --heads, --seq, --vocab), e.g. --steps 10. Every run starts through `accel launch`, so
-# each rank is bound to its share of the cores with as many intra-op threads (README "Launch").
+# each rank is bound to its share of the cores with as many intra-op threads (docs/cli.md).
 # STEP_BENCH, ACCEL_CLI and TORCH_PYTHON override the binaries (default build/bin/step_bench,
 # build/bin/accel, and the build's ACCEL_PYTHON).
 set -euo pipefail

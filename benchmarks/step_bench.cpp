@@ -44,7 +44,7 @@
 //
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3 --precision bf16
-//   bash benchmarks/run_step_bench.sh      # the README table: every strategy at 1, 2 and 4 ranks
+//   bash benchmarks/run_step_bench.sh      # docs/performance.md's table: every strategy at 1, 2 and 4 ranks
 //   bash benchmarks/run_step_bench.sh --precision-table   # DDP and ZERO_3 at 2 ranks, each precision
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3 --checkpoint --d-model 1024 --json
 #include "base/memory.h"

@@ -348,7 +348,7 @@ class Accelerator {
     // Collective (one small all-gather) when on with more than one process.
     bool per_rank_memory = true;
   };
-  // The metrics accel knows, as one record for log() (names as in the README, "Trackers"):
+  // The metrics accel knows, as one record for log() (names as in docs/trackers.md):
   // optimizer_step, loss, lr (lr/group<i> for further groups), grad_norm (when clipped), loss_scale and
   // skipped_steps (fp16), and, over the optimizer steps since the previous call: step_time_s,
   // samples_per_s, tokens_per_s, comm/<group>/{sent,received}_bytes_per_step (this rank's

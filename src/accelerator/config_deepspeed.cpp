@@ -42,7 +42,7 @@ struct Key {
 
 constexpr const char* kOptimizer = "accel uses the optimizer/scheduler passed to prepare()";
 constexpr const char* kMonitor =
-    "DeepSpeed's own logging/monitoring; accel's trackers are log_with (tensorboard, jsonl, csv: README, Trackers)";
+    "DeepSpeed's own logging/monitoring; accel's trackers are log_with (tensorboard, jsonl, csv: docs/trackers.md)";
 constexpr const char* kNoCounterpart = "a DeepSpeed feature with no accel counterpart";
 constexpr const char* kAverage = "accel averages gradients once, in the reduction";
 constexpr const char* kFetcher =
@@ -83,7 +83,7 @@ const std::vector<Key>& top_keys() {
       {"flops_profiler", "", Kind::Any, kMonitor},
       {"tensorboard", "", Kind::Object, nullptr},  // enabled: true = log_with tensorboard
       {"wandb", "", Kind::Any,
-       "accel has no W&B tracker; log_with tensorboard, then `wandb sync --sync-tensorboard` (README, Trackers)"},
+       "accel has no W&B tracker; log_with tensorboard, then `wandb sync --sync-tensorboard` (docs/trackers.md)"},
       {"csv_monitor", "", Kind::Object, nullptr},  // enabled: true = log_with csv
       {"comet", "", Kind::Any, kMonitor},
       {"comms_logger", "", Kind::Any, kMonitor},

@@ -331,8 +331,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->footer(
       "Each record: strategy, precision, ranks, nodes, params, step_ms, samples_per_s, efficiency (per-rank\n"
       "samples/s against the same strategy's run at the fewest ranks), peak bytes by category, model states\n"
-      "against the ZeRO formula, bytes moved per rank per step against the ZeRO formula. See README\n"
-      "\"Scaling report: accel bench\".");
+      "against the ZeRO formula, bytes moved per rank per step against the ZeRO formula. See\n"
+      "docs/performance.md, \"Scaling report: accel bench\".");
   cmd->callback([&exit_code, a] {
     try {
       exit_code = run_bench(*a);

@@ -224,7 +224,7 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   // THP_MEM_ALLOC_ENABLE=1 (read once, at the first allocation, so it must be in the environment
   // before the program starts). Sharded training frees and reallocates large gradient and gather
   // buffers every step; with 4 KiB pages about half the CPU time of a 0.59B ZeRO-2 step went to
-  // page faults and zeroing (perf), and the step took 6.0 s against 4.9 s with huge pages (README
+  // page faults and zeroing (perf), and the step took 6.0 s against 4.9 s with huge pages (docs/performance.md,
   // "step_bench at 0.59B"). The user's own value wins (0 turns it off).
   if (!named["THP_MEM_ALLOC_ENABLE"]) req.env.emplace_back("THP_MEM_ALLOC_ENABLE", "1");
 

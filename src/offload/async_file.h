@@ -1,5 +1,5 @@
 // accel::offload — files for offloaded state, read and written asynchronously through the kernel's
-// asynchronous I/O, with O_DIRECT where the file system allows it (see README, "Offload to disk", "Disk I/O:
+// asynchronous I/O, with O_DIRECT where the file system allows it (see docs/offload.md, "Disk I/O:
 // why liburing"). Offload files are scratch: the checkpoint is the durable state.
 //
 // Engine: io_uring (liburing), one ring and one completion thread per file, which keeps up to

@@ -178,7 +178,7 @@ void RequestQueue::uring_loop() {
           io_uring_prep_read(sqe, fd_, at, n, off);
         }
         // Buffered files (no O_DIRECT): without IOSQE_ASYNC, io_uring_submit itself performed
-        // page-cache-missing reads, blocking this thread for 8-98% of a run (measured, README);
+        // page-cache-missing reads, blocking this thread for 8-98% of a run (measured, docs/offload.md);
         // handing them to the kernel's workers keeps submission non-blocking.
         if (!direct_) io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
         io_uring_sqe_set_data64(sqe, static_cast<std::uint64_t>(s));

@@ -1,0 +1,30 @@
+"""The user's documents hold together: every relative link in README.md, CONTRIBUTING.md, docs/*.md,
+tests/README.md and benchmarks/README.md names a file or folder that exists, README.md stays a guide
+of at most 300 lines, and it carries no dates, commit hashes or issue numbers (history goes to
+benchmarks/results/). Usage: python3 tests/docs_links.py SOURCE_DIR"""
+import glob, os, re, sys
+
+root = sys.argv[1]
+docs = ["README.md", "CONTRIBUTING.md", "tests/README.md", "benchmarks/README.md"] + [
+    os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "docs", "*.md"))]
+bad = []
+for doc in docs:
+    path = os.path.join(root, doc)
+    text = open(path, encoding="utf-8").read()
+    text = re.sub(r"```.*?```", "", text, flags=re.S)  # code blocks hold no links
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"^[a-z]+://|^#|^mailto:", target):
+            continue
+        resolved = os.path.normpath(os.path.join(os.path.dirname(path), target.split("#")[0]))
+        if not os.path.exists(resolved):
+            bad.append(f"{doc}: link to {target} ({resolved}) does not exist")
+readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+lines = readme.count("\n")
+if lines > 300:
+    bad.append(f"README.md has {lines} lines (at most 300)")
+for what, pattern in [("a date", r"\b20\d\d-\d\d-\d\d\b"), ("an issue number", r"\b[Ii]ssue \d+"),
+                      ("a commit hash", r"`[0-9a-f]{7,40}`")]:
+    for m in re.finditer(pattern, readme):
+        bad.append(f"README.md holds {what}: {m.group(0)}")
+print("\n".join(bad) if bad else f"{len(docs)} documents: every link resolves; README.md {lines} lines")
+sys.exit(1 if bad else 0)
