@@ -1,6 +1,7 @@
 #include "accelerator/accelerator.h"
 
 #include "accelerator/precision.h"
+#include "base/env.h"
 #include "base/log.h"
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/model_export.h"
@@ -8,14 +9,20 @@
 #include "comm/cuda_comm.h"
 #include "comm/nccl_backend.h"
 #include "dispatch/dispatch.h"
+#include "zero/optimizer_offload.h"
+#include "zero/param_offload.h"
 #include "zero/sharded_optimizer.h"
 #include "zero/unit_report.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -169,6 +176,48 @@ void check_supported(AcceleratorConfig& cfg, c10::Device device) {
         "offload to cpu: training runs on the CPU, where parameters and optimizer state "
         "already live");
 }
+// What the run decided, for ACCEL_LOG_LEVEL=info (the main process logs them once): the transport of
+// each kind of tensor, this rank's cores and threads, the ACCEL_* variables set in the environment.
+void log_start(comm::Communicator& world, c10::Device device) {
+  if (!log::enabled(log::Level::Info)) return;
+  const auto& topo = world.topology();
+  std::string transport = fmt::format("transport: CPU collectives over {} ({} rank(s) on {} node(s))",
+                                      world.backend_name(at::empty({0})), world.size(), topo.num_nodes);
+  if (device.is_cuda())
+    transport += "; CUDA collectives: " +
+                 comm::describe_cuda_comm(topo.local_world_size, at::detail::getCUDAHooks().deviceCount());
+  log::info(transport);
+  cpu_set_t set;
+  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : -1;
+  log::info(fmt::format("binding: rank {} on {} CPU(s), {} intra-op thread(s), device {}", world.rank(), cpus,
+                        at::get_num_threads(), device.str()));
+  std::string set_vars;
+  for (const auto& v : env::table())
+    if (env::is_set(v.name)) set_vars += fmt::format("{}{}={}", set_vars.empty() ? "" : ", ", v.name, env::get(v.name));
+  log::info("environment: " + (set_vars.empty() ? std::string("no ACCEL_* variable set (every default)") : set_vars));
+}
+
+std::string offload_text(zero::OffloadDevice d, const std::string& path, std::uint64_t bytes) {
+  if (d == zero::OffloadDevice::None) return "none";
+  if (path.empty()) return zero::to_string(d);
+  return fmt::format("{} ({}, {:.1f} MiB per rank)", zero::to_string(d), path, static_cast<double>(bytes) / 1048576);
+}
+
+// The resolved plan, once the engine is built.
+void log_plan(const AcceleratorConfig& cfg, const zero::Engine& e, c10::Device device) {
+  if (!log::enabled(log::Level::Info)) return;
+  const auto* po = e.param_offload();
+  const auto* oo = e.optimizer_offload();
+  log::info(fmt::format(
+      "plan: {} on {} rank(s) of {}, shard group of {}: {}; node-shared parameters {:.1f} MiB and gradient pool "
+      "{:.1f} MiB per rank; offload: optimizer {}, parameters {}",
+      strategy_name(cfg), e.world().size(), device.str(), e.shard_group()->size(),
+      cfg.spec.to_string().substr(cfg.spec.to_string().find(": ") + 2),  // (the strategy said in config terms)
+      static_cast<double>(e.node_shared_bytes()) / 1048576 / std::max(1, e.shard_group()->size()),
+      static_cast<double>(e.node_shared_grad_bytes()) / 1048576,
+      offload_text(cfg.spec.offload.optimizer, oo ? oo->path() : "", oo ? oo->bytes() : 0),
+      offload_text(cfg.spec.offload.param, po ? po->path() : "", po ? po->bytes() : 0)));
+}
 }  // namespace
 
 Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
@@ -191,6 +240,7 @@ Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
     log::warning(
         fmt::format("{}: {} key(s) accepted but without effect here: {}", where(cfg_), cfg_.ignored.size(), keys));
   }
+  if (is_main_process()) log_start(*world_, device_);
   if (is_main_process() && num_processes() > 1 && !cfg_.source.empty() && cfg_.num_processes != num_processes())
     log::warning(fmt::format("{} says num_processes {}, running with {} (the launcher's count wins)", cfg_.source,
                              cfg_.num_processes, num_processes()));
@@ -249,6 +299,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
   micro_batch_ = micro_batch.value_or(0);  // step_metrics' samples per step
   // A sharded strategy that keeps most of the model whole on every rank says so, once.
   if (auto report = zero::unit_report(*engine_); report && is_main_process()) log::warning(*report);
+  if (is_main_process()) log_plan(cfg_, *engine_, device_);
   std::optional<double> clip;
   if (cfg_.gradient_clipping && *cfg_.gradient_clipping > 0) clip = cfg_.gradient_clipping;
   optimizer_ = p.optimizer;
