@@ -1,4 +1,5 @@
 #include "accelerator/accelerator.h"
+#include "base/error.h"
 
 #include "accelerator/precision.h"
 #include "base/env.h"
@@ -255,13 +256,13 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
                                                                  torch::optim::Optimizer& optimizer,
                                                                  std::optional<std::int64_t> micro_batch) {
   if (model_)
-    throw std::logic_error(
+    throw accel::LogicError(
         "Accelerator::prepare: this Accelerator already prepared a model (one model per "
         "Accelerator)");
   // As Accelerate refuses a model loaded with a device_map: its units carry dispatch hooks, and its
   // weights may be memory-mapped from disk or spread over devices.
   if (is_dispatched(*model))
-    throw std::invalid_argument(fmt::format(
+    throw accel::InvalidArgumentError(fmt::format(
         "Accelerator::prepare: this model was dispatched by load_checkpoint_and_dispatch (device map {}); a "
         "dispatched model is for inference only and cannot be trained. Build the model normally (or under "
         "Accelerator::sharded_init), load the checkpoint with Accelerator::load_model after prepare, and train that",
@@ -309,7 +310,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
 }
 
 std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(std::shared_ptr<torch::optim::LRScheduler> s) {
-  if (!s) throw std::invalid_argument("Accelerator::prepare_scheduler: null scheduler");
+  if (!s) throw accel::InvalidArgumentError("Accelerator::prepare_scheduler: null scheduler");
   scheduler_ = std::make_shared<AcceleratedScheduler>(std::move(s), state_);
   return scheduler_;
 }
@@ -362,7 +363,7 @@ std::optional<double> Accelerator::loss_scale() const {
 }
 
 double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
-  if (!engine_) throw std::logic_error("Accelerator::clip_grad_norm_: prepare a model first");
+  if (!engine_) throw accel::LogicError("Accelerator::clip_grad_norm_: prepare a model first");
   if (!state_->sync_gradients) return std::numeric_limits<double>::quiet_NaN();
   const bool measure_only =
       cfg_.distributed_type == DistributedType::DeepSpeed && cfg_.gradient_clipping && *cfg_.gradient_clipping > 0;
@@ -379,11 +380,11 @@ double Accelerator::clip_grad_norm_(double max_norm, double norm_type) {
 
 void Accelerator::clip_grad_value_(double clip_value) {
   if (cfg_.distributed_type == DistributedType::DeepSpeed || cfg_.distributed_type == DistributedType::Fsdp)
-    throw std::logic_error(
+    throw accel::LogicError(
         fmt::format("Accelerator::clip_grad_value_ is not supported with distributed_type {} "
                     "(gradients are sharded, as in Accelerate); use clip_grad_norm_ instead",
                     to_string(cfg_.distributed_type)));
-  if (!engine_) throw std::logic_error("Accelerator::clip_grad_value_: prepare a model first");
+  if (!engine_) throw accel::LogicError("Accelerator::clip_grad_value_: prepare a model first");
   if (!state_->sync_gradients) return;
   if (scaling_ && std::isinf(scaling_->unscale(std::nullopt))) return;  // overflow: the step is skipped
   engine_->clip_grad_value(clip_value);
@@ -420,7 +421,7 @@ at::Tensor Accelerator::reduce(const at::Tensor& t, const std::string& reduction
   else if (reduction == "min")
     op = comm::ReduceOp::Min;
   else
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("Accelerator::reduce: reduction '{}' is not one of sum, mean, max, min", reduction));
   at::Tensor x = t.contiguous().clone();
   if (num_processes() > 1) world_->all_reduce(x, {op});
@@ -433,7 +434,7 @@ at::Tensor Accelerator::pad_across_processes(const at::Tensor& t, std::int64_t d
   if (t.dim() == 0) return t.clone();
   const std::int64_t d = dim < 0 ? dim + t.dim() : dim;
   if (d < 0 || d >= t.dim())
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("Accelerator::pad_across_processes: dim {} is out of range for a tensor of {} dims", dim, t.dim()));
   at::Tensor n = at::full({1}, t.size(d), at::kLong);
   if (num_processes() > 1) world_->all_reduce(n, {comm::ReduceOp::Max});
@@ -469,7 +470,8 @@ std::pair<std::int64_t, std::int64_t> Accelerator::split_range(std::int64_t n) c
 }
 
 at::Tensor Accelerator::split_between_processes(const at::Tensor& t, bool apply_padding) const {
-  if (t.dim() == 0) throw std::invalid_argument("Accelerator::split_between_processes: needs a tensor with a dim 0");
+  if (t.dim() == 0)
+    throw accel::InvalidArgumentError("Accelerator::split_between_processes: needs a tensor with a dim 0");
   auto [b, e] = split_range(t.size(0));
   at::Tensor out = t.narrow(0, b, e - b);
   if (apply_padding && t.size(0) > 0) {
@@ -496,7 +498,7 @@ bool Accelerator::check_trigger() {
 // The model
 
 std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict() {
-  if (!model_) throw std::logic_error("Accelerator::get_state_dict: prepare a model first");
+  if (!model_) throw accel::LogicError("Accelerator::get_state_dict: prepare a model first");
   const bool keep = is_main_process();
   std::map<std::string, at::Tensor> full;
   c10::NoGradGuard no_grad;
@@ -534,11 +536,12 @@ std::unique_ptr<sharding::ShardedInit> Accelerator::sharded_init() {
 
 std::string Accelerator::save_state(const std::string& dir_in, std::optional<bool> full_arg) {
   const bool full = full_arg.value_or(cfg_.state_dict_type == StateDictType::Full);
-  if (!model_) throw std::logic_error("Accelerator::save_state: prepare a model first");
+  if (!model_) throw accel::LogicError("Accelerator::save_state: prepare a model first");
   std::string dir = dir_in;
   if (dir.empty()) {
     if (opts_.project_dir.empty())
-      throw std::invalid_argument("Accelerator::save_state: give a directory, or set AcceleratorOptions::project_dir");
+      throw accel::InvalidArgumentError(
+          "Accelerator::save_state: give a directory, or set AcceleratorOptions::project_dir");
     // Rank 0's view of the next name decides (the others may list the directory a moment later).
     at::Tensor next = at::full({1}, 0, at::kLong);
     if (is_main_process()) {
@@ -572,11 +575,12 @@ std::string Accelerator::save_state(const std::string& dir_in, std::optional<boo
 }
 
 void Accelerator::load_state(const std::string& dir_in) {
-  if (!model_) throw std::logic_error("Accelerator::load_state: prepare the model (and optimizer) first");
+  if (!model_) throw accel::LogicError("Accelerator::load_state: prepare the model (and optimizer) first");
   std::string dir = dir_in;
   if (dir.empty()) {
     if (opts_.project_dir.empty())
-      throw std::invalid_argument("Accelerator::load_state: give a directory, or set AcceleratorOptions::project_dir");
+      throw accel::InvalidArgumentError(
+          "Accelerator::load_state: give a directory, or set AcceleratorOptions::project_dir");
     const auto existing = checkpoint::automatic_checkpoints(opts_.project_dir);
     if (existing.empty())
       throw checkpoint::CheckpointError(fmt::format("no checkpoint in {}/checkpoints to load", opts_.project_dir));
@@ -600,8 +604,8 @@ void Accelerator::load_state(const std::string& dir_in) {
 }
 
 void Accelerator::check_prepared(const std::shared_ptr<torch::nn::Module>& model) const {
-  if (!model_) throw std::logic_error("Accelerator: prepare the model first");
-  if (model.get() != model_.get()) throw std::invalid_argument("Accelerator: that model is not the prepared one");
+  if (!model_) throw accel::LogicError("Accelerator: prepare the model first");
+  if (model.get() != model_.get()) throw accel::InvalidArgumentError("Accelerator: that model is not the prepared one");
 }
 
 std::vector<std::string> Accelerator::save_model_files(const std::string& dir, std::int64_t max_shard_size) {
@@ -622,9 +626,9 @@ void Accelerator::load_model_files(const std::string& path_or_dir) {
 void Accelerator::register_for_checkpointing(const std::string& name, std::function<std::string()> save,
                                              std::function<void(const std::string&)> load) {
   if (name.empty() || name.find_first_of("/\\") != std::string::npos)
-    throw std::invalid_argument(fmt::format(
+    throw accel::InvalidArgumentError(fmt::format(
         "Accelerator::register_for_checkpointing: '{}' is not a usable name (non-empty, no slashes)", name));
-  if (!save || !load) throw std::invalid_argument("Accelerator::register_for_checkpointing: give both functions");
+  if (!save || !load) throw accel::InvalidArgumentError("Accelerator::register_for_checkpointing: give both functions");
   registered_[name] = {std::move(save), std::move(load)};
 }
 

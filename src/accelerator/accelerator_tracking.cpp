@@ -3,6 +3,7 @@
 // in src/tracking/, torch-free; this file decides which process runs them and turns tensors and
 // counters into plain numbers.
 #include "accelerator/accelerator.h"
+#include "base/error.h"
 
 #include "base/memory.h"
 
@@ -78,7 +79,7 @@ void Accelerator::init_trackers(const std::string& project_name, const tracking:
                                 const std::map<std::string, std::map<std::string, std::string>>& init_kwargs) {
   if (project_name.empty() || project_name.find_first_of("/\\") != std::string::npos || project_name == "." ||
       project_name == "..")
-    throw std::invalid_argument(fmt::format(
+    throw accel::InvalidArgumentError(fmt::format(
         "Accelerator::init_trackers: '{}' cannot name a run (a non-empty name without slashes)", project_name));
   finish_trackers();
   logging_dir_ = opts_.project_dir.empty() ? std::string() : opts_.project_dir + "/" + project_name;
@@ -86,7 +87,7 @@ void Accelerator::init_trackers(const std::string& project_name, const tracking:
     bool known = false;
     for (const auto& w : log_with_) known = known || (w.tracker ? w.tracker->name() : w.name) == name;
     if (!known)
-      throw std::invalid_argument(fmt::format(
+      throw accel::InvalidArgumentError(fmt::format(
           "Accelerator::init_trackers: init_kwargs names '{}', which is not among the trackers of log_with", name));
   }
   // Build and start on the processes that run each tracker; a failure anywhere fails every rank (the
@@ -115,10 +116,10 @@ void Accelerator::init_trackers(const std::string& project_name, const tracking:
   }
   at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
   if (num_processes() > 1) world_->all_reduce(failed);
-  if (!error.empty()) throw std::runtime_error("Accelerator::init_trackers: " + error);
+  if (!error.empty()) throw accel::RuntimeError("Accelerator::init_trackers: " + error);
   if (failed.item<int>() > 0) {
     trackers_.clear();
-    throw std::runtime_error(
+    throw accel::RuntimeError(
         "Accelerator::init_trackers: a tracker failed to start on another process (its error "
         "is in that process's output)");
   }
@@ -143,7 +144,7 @@ tracking::Tracker& Accelerator::get_tracker(const std::string& name) {
     if (t->name() == name) return *t;
     names.push_back(t->name());
   }
-  throw std::invalid_argument(
+  throw accel::InvalidArgumentError(
       fmt::format("Accelerator::get_tracker: no tracker '{}' on this process (running here: {}){}", name,
                   names.empty() ? std::string("none") : joined(names),
                   is_main_process() ? "" : "; the built-in trackers run on the main process only"));
@@ -160,7 +161,7 @@ void Accelerator::finish_trackers() {
       if (error.empty()) error = e.what();
     }
   }
-  if (!error.empty()) throw std::runtime_error("Accelerator: finishing a tracker: " + error);
+  if (!error.empty()) throw accel::RuntimeError("Accelerator: finishing a tracker: " + error);
 }
 
 tracking::Values Accelerator::step_metrics(const StepMetricsOptions& o) {

@@ -15,6 +15,8 @@
 // config file > default.
 #pragma once
 
+#include "base/error.h"
+
 #include "mixed_precision/loss_scaler_options.h"
 #include "zero/spec.h"
 
@@ -26,9 +28,9 @@
 
 namespace accel {
 
-class ConfigError : public std::invalid_argument {
+class ConfigError : public accel::InvalidArgumentError {
  public:
-  using std::invalid_argument::invalid_argument;
+  using accel::InvalidArgumentError::InvalidArgumentError;
 };
 
 enum class DistributedType { No, MultiCpu, MultiGpu, DeepSpeed, Fsdp };

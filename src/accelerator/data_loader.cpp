@@ -1,4 +1,5 @@
 #include "accelerator/data_loader.h"
+#include "base/error.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -15,7 +16,7 @@ namespace accel {
 namespace {
 
 [[noreturn]] void bad(const std::string& what) {
-  throw std::invalid_argument(fmt::format("accel::ShardPlan: {}", what));
+  throw accel::InvalidArgumentError(fmt::format("accel::ShardPlan: {}", what));
 }
 
 // SplitMix64 finalizer: spreads (seed, epoch) over all 64 bits so nearby pairs seed unrelated streams.
@@ -118,8 +119,8 @@ at::Tensor stack_field(const std::vector<at::Tensor>& ts, const char* field, c10
     const at::Tensor& t = ts[i];
     const bool same = first.defined() == t.defined() && (!t.defined() || first.sizes() == t.sizes());
     if (!same)
-      throw std::invalid_argument(fmt::format("accel::collate: example {} has {} of shape {}, example 0 has {}", i,
-                                              field, shape_str(t), shape_str(first)));
+      throw accel::InvalidArgumentError(fmt::format("accel::collate: example {} has {} of shape {}, example 0 has {}",
+                                                    i, field, shape_str(t), shape_str(first)));
   }
   if (!first.defined()) return {};
   return at::stack(ts, 0).to(device, /*non_blocking=*/device.is_cuda());
@@ -128,7 +129,7 @@ at::Tensor stack_field(const std::vector<at::Tensor>& ts, const char* field, c10
 }  // namespace
 
 Batch collate(const std::vector<torch::data::Example<>>& examples, c10::Device device) {
-  if (examples.empty()) throw std::invalid_argument("accel::collate: no examples");
+  if (examples.empty()) throw accel::InvalidArgumentError("accel::collate: no examples");
   std::vector<at::Tensor> data, target;
   data.reserve(examples.size());
   target.reserve(examples.size());

@@ -17,6 +17,8 @@
 // real samples are split in rank order (later ranks may get a smaller batch or none at all).
 #pragma once
 
+#include "base/error.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <torch/data/example.h>
@@ -92,7 +94,7 @@ class DataLoader {
   DataLoader(Dataset dataset, DataLoaderOptions opts)
       : dataset_(std::make_shared<Dataset>(std::move(dataset))), opts_(opts), state_(std::make_shared<LoaderState>()) {
     const auto n = dataset_->size();
-    if (!n) throw std::invalid_argument("accel::DataLoader: the dataset must know its size");
+    if (!n) throw accel::InvalidArgumentError("accel::DataLoader: the dataset must know its size");
     size_ = static_cast<std::int64_t>(*n);
     plan_ = std::make_shared<ShardPlan>(size_, opts_, 0, 1);
   }
@@ -117,7 +119,8 @@ class DataLoader {
   // gives an empty epoch. The copy shares the dataset and LoaderState, not the epoch counter.
   DataLoader skip_first_batches(std::int64_t n) const {
     if (n < 0)
-      throw std::invalid_argument("accel::DataLoader::skip_first_batches: n must be >= 0, got " + std::to_string(n));
+      throw accel::InvalidArgumentError("accel::DataLoader::skip_first_batches: n must be >= 0, got " +
+                                        std::to_string(n));
     DataLoader c = *this;
     c.skip_ = n;
     return c;

@@ -7,6 +7,8 @@
 // with r = min_lr_ratio. The constructor sets lr = base * f(0); each step() applies f(steps + 1).
 #pragma once
 
+#include "base/error.h"
+
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 
@@ -25,7 +27,7 @@ class CosineSchedule : public torch::optim::LRScheduler {
                  double min_lr_ratio = 0.0)
       : LRScheduler(optimizer), total_(total_steps), warmup_(warmup_steps), min_ratio_(min_lr_ratio) {
     if (total_steps < 1 || warmup_steps < 0 || warmup_steps > total_steps || min_lr_ratio < 0 || min_lr_ratio > 1)
-      throw std::invalid_argument(
+      throw accel::InvalidArgumentError(
           "CosineSchedule: need total_steps >= 1, 0 <= warmup_steps <= total_steps, "
           "0 <= min_lr_ratio <= 1 (got " +
           std::to_string(total_steps) + ", " + std::to_string(warmup_steps) + ", " + std::to_string(min_lr_ratio) +

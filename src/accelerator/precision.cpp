@@ -1,4 +1,5 @@
 #include "accelerator/precision.h"
+#include "base/error.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -92,7 +93,8 @@ void LossScaling::load_state_text(const std::string& text) {
   long long iter = 0, last = 0, consecutive = 0, skipped = 0;
   if (!(in >> tag >> st.cur_scale >> iter >> last >> st.cur_hysteresis >> consecutive >> skipped) || tag != "v1" ||
       !(st.cur_scale > 0) || !std::isfinite(st.cur_scale))
-    throw std::invalid_argument(fmt::format("the loss scaler state '{}' is not one this version of accel wrote", text));
+    throw accel::InvalidArgumentError(
+        fmt::format("the loss scaler state '{}' is not one this version of accel wrote", text));
   st.cur_iter = iter;
   st.last_overflow_iter = last;
   st.consecutive_overflows = consecutive;

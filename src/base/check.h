@@ -9,6 +9,8 @@
 // exception types instead.
 #pragma once
 
+#include "base/error.h"
+
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -16,9 +18,9 @@
 
 namespace accel {
 
-class InternalError : public std::logic_error {
+class InternalError : public accel::LogicError {
  public:
-  using std::logic_error::logic_error;
+  using accel::LogicError::LogicError;
 };
 
 namespace detail {

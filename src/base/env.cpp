@@ -1,4 +1,5 @@
 #include "base/env.h"
+#include "base/error.h"
 
 #include <cstdlib>
 #include <stdexcept>
@@ -79,7 +80,7 @@ const std::vector<Variable>& table() {
 static const Variable& find(const char* name) {
   for (const auto& v : table())
     if (std::string_view(v.name) == name) return v;
-  throw std::invalid_argument(std::string("accel::env: ") + name + " is not in the variable table");
+  throw accel::InvalidArgumentError(std::string("accel::env: ") + name + " is not in the variable table");
 }
 
 bool is_set(const char* name) {
@@ -102,7 +103,7 @@ long long get_int(const char* name) {
     if (pos == s.size()) return x;
   } catch (const std::exception&) {
   }
-  throw std::invalid_argument(std::string(name) + "='" + s + "' is not an integer");
+  throw accel::InvalidArgumentError(std::string(name) + "='" + s + "' is not an integer");
 }
 
 double get_double(const char* name) {
@@ -113,7 +114,7 @@ double get_double(const char* name) {
     if (pos == s.size()) return x;
   } catch (const std::exception&) {
   }
-  throw std::invalid_argument(std::string(name) + "='" + s + "' is not a number");
+  throw accel::InvalidArgumentError(std::string(name) + "='" + s + "' is not a number");
 }
 
 }  // namespace accel::env

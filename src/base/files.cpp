@@ -1,4 +1,5 @@
 #include "base/files.h"
+#include "base/error.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -36,13 +37,13 @@ void make_dirs(const std::string& path) {
     const std::string p = path.substr(0, pos);
     if (p.empty()) continue;
     if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST)
-      throw std::runtime_error("cannot create directory " + p + ": " + std::strerror(errno));
+      throw accel::RuntimeError("cannot create directory " + p + ": " + std::strerror(errno));
   }
 }
 
 void write_file_synced(const std::string& path, const void* data, std::size_t n) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
+  if (fd < 0) throw accel::RuntimeError("cannot create " + path + ": " + std::strerror(errno));
   const char* p = static_cast<const char*>(data);
   std::size_t done = 0;
   while (done < n) {
@@ -51,12 +52,12 @@ void write_file_synced(const std::string& path, const void* data, std::size_t n)
       if (errno == EINTR) continue;
       const std::string why = std::strerror(errno);
       ::close(fd);
-      throw std::runtime_error("cannot write " + path + ": " + why);
+      throw accel::RuntimeError("cannot write " + path + ": " + why);
     }
     done += static_cast<std::size_t>(w);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0)
-    throw std::runtime_error("cannot sync " + path + ": " + std::strerror(errno));
+    throw accel::RuntimeError("cannot sync " + path + ": " + std::strerror(errno));
 }
 
 void write_file_atomic(const std::string& path, const void* data, std::size_t n) {
@@ -70,13 +71,13 @@ void write_file_atomic(const std::string& path, const void* data, std::size_t n)
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string why = std::strerror(errno);
     ::unlink(tmp.c_str());
-    throw std::runtime_error("cannot write " + path + ": " + why);
+    throw accel::RuntimeError("cannot write " + path + ": " + why);
   }
 }
 
 std::string read_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
+  if (fd < 0) throw accel::RuntimeError("cannot read " + path + ": " + std::strerror(errno));
   std::string out;
   char buf[1 << 16];
   for (;;) {
@@ -85,7 +86,7 @@ std::string read_file(const std::string& path) {
     if (r < 0) {
       const std::string why = std::strerror(errno);
       ::close(fd);
-      throw std::runtime_error("cannot read " + path + ": " + why);
+      throw accel::RuntimeError("cannot read " + path + ": " + why);
     }
     if (r == 0) break;
     out.append(buf, static_cast<std::size_t>(r));
@@ -136,7 +137,7 @@ std::string absolute_path(const std::string& p) {
 std::string self_exe_path() {
   char buf[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw std::runtime_error(std::string("cannot read /proc/self/exe: ") + std::strerror(errno));
+  if (n <= 0) throw accel::RuntimeError(std::string("cannot read /proc/self/exe: ") + std::strerror(errno));
   return std::string(buf, static_cast<std::size_t>(n));
 }
 

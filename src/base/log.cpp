@@ -1,6 +1,7 @@
 // Compiled without torch's include path (its bundled fmt would shadow the one Debian's spdlog is
 // built against): see the accel_log target in src/CMakeLists.txt.
 #include "base/log.h"
+#include "base/error.h"
 
 #include "base/env.h"
 
@@ -80,8 +81,8 @@ Level parse_level(std::string_view text) {
   if (t == "error") return Level::Error;
   if (t == "critical") return Level::Critical;
   if (t == "off") return Level::Off;
-  throw std::invalid_argument("ACCEL_LOG_LEVEL='" + std::string(text) +
-                              "' is not one of trace, debug, info, warning, error, critical, off");
+  throw accel::InvalidArgumentError("ACCEL_LOG_LEVEL='" + std::string(text) +
+                                    "' is not one of trace, debug, info, warning, error, critical, off");
 }
 
 bool enabled(Level level) { return logger().should_log(to_spdlog(level)); }

@@ -2,13 +2,15 @@
 // and what is wrong with it.
 #pragma once
 
+#include "base/error.h"
+
 #include <stdexcept>
 
 namespace accel::checkpoint {
 
-class CheckpointError : public std::runtime_error {
+class CheckpointError : public accel::RuntimeError {
  public:
-  using std::runtime_error::runtime_error;
+  using accel::RuntimeError::RuntimeError;
 };
 
 }  // namespace accel::checkpoint

@@ -1,6 +1,7 @@
 // save_model / load_model: a prepared model's full weights as Hugging Face-style safetensors files
 // (see model_export.h).
 #include "checkpoint/model_export.h"
+#include "base/error.h"
 
 #include "base/files.h"
 
@@ -36,9 +37,10 @@ void mkdir_p(const std::string& dir) {
   try {
     files::make_dirs(dir);
   } catch (const std::exception& e) {
-    throw std::runtime_error(std::string("save_model: ") + e.what());
+    throw accel::RuntimeError(std::string("save_model: ") + e.what());
   }
-  if (!files::is_dir(dir)) throw std::runtime_error(fmt::format("save_model: '{}' exists and is not a directory", dir));
+  if (!files::is_dir(dir))
+    throw accel::RuntimeError(fmt::format("save_model: '{}' exists and is not a directory", dir));
 }
 
 // model-00002-of-00005.safetensors
@@ -97,7 +99,7 @@ bool save_from_master(const zero::Engine::Flat& f) {
 SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const std::string& dir,
                            std::int64_t max_shard_size_bytes, const SaveModelOptions& options) {
   if (max_shard_size_bytes <= 0)
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("save_model({}): max_shard_size must be > 0, got {}", dir, max_shard_size_bytes));
   const bool writer_rank = engine.world().rank() == 0;
   const auto& flats = engine.flats();
@@ -232,8 +234,8 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
   });
   bar.close();
   if (any_failed(engine, !error.empty())) {
-    if (!error.empty()) throw std::runtime_error(error);
-    throw std::runtime_error(
+    if (!error.empty()) throw accel::RuntimeError(error);
+    throw accel::RuntimeError(
         fmt::format("save_model({}): rank 0 could not write the checkpoint (its error says why)", dir));
   }
   return result;
@@ -248,7 +250,7 @@ ModelFiles resolve_model_files(const std::string& path_or_dir) {
     return out;
   }
   if (!files::is_dir(path_or_dir))
-    throw std::runtime_error(
+    throw accel::RuntimeError(
         fmt::format("load_model: '{}' is neither a safetensors file nor a directory", path_or_dir));
   std::string dir = path_or_dir;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -258,30 +260,30 @@ ModelFiles resolve_model_files(const std::string& path_or_dir) {
   }
   const std::string index_path = dir + "/" + kIndex;
   if (!files::is_file(index_path))
-    throw std::runtime_error(fmt::format("load_model: directory '{}' holds neither {} nor {}", dir, kSingle, kIndex));
+    throw accel::RuntimeError(fmt::format("load_model: directory '{}' holds neither {} nor {}", dir, kSingle, kIndex));
   nlohmann::json index;
   try {
     index = nlohmann::json::parse(files::read_file(index_path));
   } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(fmt::format("load_model: index '{}' is not valid JSON: {}", index_path, e.what()));
+    throw accel::RuntimeError(fmt::format("load_model: index '{}' is not valid JSON: {}", index_path, e.what()));
   }
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
-    throw std::runtime_error(fmt::format("load_model: index '{}' has no \"weight_map\" object", index_path));
+    throw accel::RuntimeError(fmt::format("load_model: index '{}' has no \"weight_map\" object", index_path));
   std::set<std::string> files;
   for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
     const auto& v = it.value();
     if (!v.is_string())
-      throw std::runtime_error(
+      throw accel::RuntimeError(
           fmt::format("load_model: index '{}': weight_map entry '{}' is not a file name", index_path, it.key()));
     const std::string f = v.get<std::string>();
     if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-      throw std::runtime_error(
+      throw accel::RuntimeError(
           fmt::format("load_model: index '{}': tensor '{}' maps to '{}', which is not a file name inside the directory",
                       index_path, it.key(), f));
     const std::string path = dir + "/" + f;
     if (!files.count(path) && !files::is_file(path))
-      throw std::runtime_error(fmt::format("load_model: index '{}' lists '{}' (for tensor '{}'), which does not exist",
-                                           index_path, f, it.key()));
+      throw accel::RuntimeError(fmt::format("load_model: index '{}' lists '{}' (for tensor '{}'), which does not exist",
+                                            index_path, f, it.key()));
     files.insert(path);
     out.where[it.key()] = path;
   }
@@ -309,7 +311,7 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
       for (const auto& [name, path] : mf.where) {
         const SafetensorsFile& f = open.at(path);
         if (!f.contains(name))
-          throw std::runtime_error(
+          throw accel::RuntimeError(
               fmt::format("load_model: the index of '{}' puts tensor '{}' in '{}', but that file has no such tensor",
                           path_or_dir, name, path));
         src[name] = &f;
@@ -320,30 +322,30 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
       in_model.insert(name);
       auto it = src.find(name);
       if (it == src.end())
-        throw std::runtime_error(
+        throw accel::RuntimeError(
             fmt::format("load_model: the checkpoint '{}' has no tensor '{}' (a {} tensor of the "
                         "model)",
                         path_or_dir, name, shape_str(t.sizes())));
       const SafetensorsEntry& e = it->second->entry(name);
       if (e.shape != t.sizes().vec())
-        throw std::runtime_error(fmt::format("load_model: tensor '{}' in '{}' has shape {}, but the model's is {}",
-                                             name, it->second->path(), shape_str(e.shape), shape_str(t.sizes())));
+        throw accel::RuntimeError(fmt::format("load_model: tensor '{}' in '{}' has shape {}, but the model's is {}",
+                                              name, it->second->path(), shape_str(e.shape), shape_str(t.sizes())));
       const c10::ScalarType dt = it->second->dtype(name);
       if (dt != t.scalar_type() && !(at::isFloatingType(dt) && at::isFloatingType(t.scalar_type())))
-        throw std::runtime_error(
+        throw accel::RuntimeError(
             fmt::format("load_model: tensor '{}' in '{}' is {}, but the model's is {} (only "
                         "floating-point tensors are converted)",
                         name, it->second->path(), e.dtype, c10::toString(t.scalar_type())));
     }
     for (const auto& [name, f] : src)
       if (!in_model.count(name))
-        throw std::runtime_error(
+        throw accel::RuntimeError(
             fmt::format("load_model: tensor '{}' in '{}' is not a parameter or buffer of the model", name, f->path()));
   } catch (const std::exception& e) {
     error = e.what();
   }
   if (any_failed(engine, !error.empty()))
-    throw std::runtime_error(
+    throw accel::RuntimeError(
         !error.empty() ? error : fmt::format("load_model({}): another rank rejected the checkpoint", path_or_dir));
 
   // Phase 2: each rank reads what it keeps (node-shared parameters: once no peer reads them; a
@@ -403,7 +405,7 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
     error = fmt::format("{} (the model is partly loaded)", e.what());
   }
   if (any_failed(engine, !error.empty()))
-    throw std::runtime_error(
+    throw accel::RuntimeError(
         !error.empty() ? error
                        : fmt::format("load_model({}): another rank failed to read the checkpoint", path_or_dir));
   engine.params_from_masters();

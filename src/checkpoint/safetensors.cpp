@@ -1,5 +1,6 @@
 // The safetensors reader/writer (see safetensors.h); the header parser is in safetensors_header.cpp.
 #include "checkpoint/safetensors.h"
+#include "base/error.h"
 
 #include "base/files.h"
 
@@ -55,7 +56,8 @@ c10::ScalarType safetensors_to_scalar_type(const std::string& dtype) {
 std::string scalar_type_to_safetensors(c10::ScalarType t) {
   for (const auto& d : kTorchDtypes)
     if (t == d.type) return d.name;
-  throw std::invalid_argument(std::string("safetensors: no safetensors dtype for torch dtype ") + c10::toString(t));
+  throw accel::InvalidArgumentError(std::string("safetensors: no safetensors dtype for torch dtype ") +
+                                    c10::toString(t));
 }
 
 // --- reader --------------------------------------------------------------------------------------
@@ -161,7 +163,7 @@ void SafetensorsFile::read_range_into(const std::string& name, std::int64_t elem
   const c10::ScalarType dt = safetensors_to_scalar_type(e.dtype);
   if (!out.defined() || out.device().type() != c10::kCPU || !out.is_contiguous() || out.scalar_type() != dt ||
       out.numel() != elem_end - elem_begin)
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("SafetensorsFile::read_range_into: '{}' of {} needs a contiguous CPU {} tensor of {} elements",
                     name, path_, c10::toString(dt), elem_end - elem_begin));
   const std::uint64_t esize = safetensors_dtype_size(e.dtype);
@@ -179,19 +181,20 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsTe
   std::vector<Slot*> order;
   for (auto& t : tensors) {
     if (t.name.empty())
-      throw std::invalid_argument(fmt::format("safetensors writer ({}): a tensor has an empty name", path_));
+      throw accel::InvalidArgumentError(fmt::format("safetensors writer ({}): a tensor has an empty name", path_));
     if (t.name == "__metadata__")
-      throw std::invalid_argument(
+      throw accel::InvalidArgumentError(
           fmt::format("safetensors writer ({}): '__metadata__' is reserved, not a tensor name", path_));
     for (auto d : t.shape)
       if (d < 0)
-        throw std::invalid_argument(fmt::format("safetensors writer ({}): tensor '{}' has shape {}", path_, t.name,
-                                                c10::str(at::IntArrayRef(t.shape))));
+        throw accel::InvalidArgumentError(fmt::format("safetensors writer ({}): tensor '{}' has shape {}", path_,
+                                                      t.name, c10::str(at::IntArrayRef(t.shape))));
     scalar_type_to_safetensors(t.dtype);  // throws for an unsupported dtype
     std::string name = t.name;
     auto [it, inserted] = slots_.emplace(name, Slot{std::move(t), 0, 0, false});
     if (!inserted)
-      throw std::invalid_argument(fmt::format("safetensors writer ({}): tensor '{}' is declared twice", path_, name));
+      throw accel::InvalidArgumentError(
+          fmt::format("safetensors writer ({}): tensor '{}' is declared twice", path_, name));
     order.push_back(&it->second);
   }
   // As the Python writer: larger elements first (keeps every tensor aligned), then by name.
@@ -248,21 +251,22 @@ void SafetensorsWriter::abandon() noexcept {
 std::pair<std::uint64_t, std::uint64_t> SafetensorsWriter::offsets(const std::string& name) const {
   auto it = slots_.find(name);
   if (it == slots_.end())
-    throw std::invalid_argument(fmt::format("safetensors writer ({}): no tensor '{}'", path_, name));
+    throw accel::InvalidArgumentError(fmt::format("safetensors writer ({}): no tensor '{}'", path_, name));
   return {it->second.begin, it->second.end};
 }
 
 void SafetensorsWriter::write(const std::string& name, const at::Tensor& t) {
   if (finished_ || fd_ < 0)
-    throw std::logic_error(fmt::format("safetensors writer ({}): already finished or failed", path_));
+    throw accel::LogicError(fmt::format("safetensors writer ({}): already finished or failed", path_));
   auto it = slots_.find(name);
   if (it == slots_.end())
-    throw std::invalid_argument(fmt::format("safetensors writer ({}): tensor '{}' was not declared", path_, name));
+    throw accel::InvalidArgumentError(
+        fmt::format("safetensors writer ({}): tensor '{}' was not declared", path_, name));
   Slot& s = it->second;
   if (s.written)
-    throw std::invalid_argument(fmt::format("safetensors writer ({}): tensor '{}' written twice", path_, name));
+    throw accel::InvalidArgumentError(fmt::format("safetensors writer ({}): tensor '{}' written twice", path_, name));
   if (!t.defined() || t.scalar_type() != s.spec.dtype || t.sizes().vec() != s.spec.shape)
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("safetensors writer ({}): tensor '{}' was declared {}{}, got {}", path_, name,
                     c10::toString(s.spec.dtype), c10::str(at::IntArrayRef(s.spec.shape)),
                     t.defined() ? fmt::format("{}{}", c10::toString(t.scalar_type()), c10::str(t.sizes()))
@@ -281,10 +285,10 @@ void SafetensorsWriter::write(const std::string& name, const at::Tensor& t) {
 
 void SafetensorsWriter::finish() {
   if (finished_) return;
-  if (fd_ < 0) throw std::logic_error(fmt::format("safetensors writer ({}): a previous write failed", path_));
+  if (fd_ < 0) throw accel::LogicError(fmt::format("safetensors writer ({}): a previous write failed", path_));
   for (const auto& [name, s] : slots_)
     if (!s.written)
-      throw std::logic_error(
+      throw accel::LogicError(
           fmt::format("safetensors writer ({}): tensor '{}' was declared but never written", path_, name));
   if (::fsync(fd_) != 0) {
     std::string e = errno_str();
@@ -307,7 +311,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   std::vector<SafetensorsTensorSpec> specs;
   for (const auto& [name, t] : tensors) {
     if (!t.defined())
-      throw std::invalid_argument(fmt::format("write_safetensors({}): tensor '{}' is undefined", path, name));
+      throw accel::InvalidArgumentError(fmt::format("write_safetensors({}): tensor '{}' is undefined", path, name));
     specs.push_back({name, t.scalar_type(), t.sizes().vec()});
   }
   SafetensorsWriter w(path, std::move(specs), metadata);

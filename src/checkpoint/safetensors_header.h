@@ -3,6 +3,8 @@
 // (tests/checkpoint/fuzz_safetensors_header.cpp) compiles safetensors_header.cpp alone.
 #pragma once
 
+#include "base/error.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -12,9 +14,9 @@
 
 namespace accel::checkpoint {
 
-class SafetensorsError : public std::runtime_error {
+class SafetensorsError : public accel::RuntimeError {
  public:
-  using std::runtime_error::runtime_error;
+  using accel::RuntimeError::RuntimeError;
 };
 
 // The largest header accepted (the Python reader's limit).

@@ -27,6 +27,8 @@
 //   for the precision and AdamW; HYBRID_SHARD is ZeRO-3 over the ranks of one machine.
 #pragma once
 
+#include "base/error.h"
+
 #include "cli/hostfile.h"
 
 #include <map>
@@ -38,9 +40,9 @@
 namespace accel::cli {
 
 // Every bad input: the message names the flag, the value, and what would be accepted.
-class BenchError : public std::invalid_argument {
+class BenchError : public accel::InvalidArgumentError {
  public:
-  using std::invalid_argument::invalid_argument;
+  using accel::InvalidArgumentError::InvalidArgumentError;
 };
 
 // "1,2,4" -> {1, 2, 4}: whole numbers >= 1, no repeats, in any order (sorted on return).

@@ -1,4 +1,5 @@
 #include "cli/config_questions.h"
+#include "base/error.h"
 #include "zero/spec.h"
 
 #include <fmt/format.h>
@@ -39,7 +40,7 @@ class Asker {
       out_ << question << " [" << def << "]: " << std::flush;
       std::string line;
       if (!std::getline(in_, line))
-        throw std::runtime_error(fmt::format(
+        throw accel::RuntimeError(fmt::format(
             "input ended before the questions did (at: {}); `accel config default` writes a config without questions",
             question));
       std::string answer = trim(line);

@@ -1,4 +1,5 @@
 #include "cli/conformance.h"
+#include "base/error.h"
 
 #include "comm/communicator.h"
 #include "sharding/unit.h"
@@ -629,7 +630,7 @@ Report run_all(const Options& o, const std::vector<std::string>& names) {
     if (names.empty() || std::find(names.begin(), names.end(), c.name) != names.end()) todo.push_back(&c);
   for (const auto& n : names)
     if (std::none_of(checks().begin(), checks().end(), [&](const Check& c) { return n == c.name; }))
-      throw std::invalid_argument("accel test: no check named '" + n + "'");
+      throw accel::InvalidArgumentError("accel test: no check named '" + n + "'");
 
   std::vector<CheckResult> mine;
   for (const Check* c : todo) {

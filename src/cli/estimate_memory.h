@@ -61,6 +61,8 @@
 // and warns when that is under 10% of the budget, naming the next option.
 #pragma once
 
+#include "base/error.h"
+
 #include "zero/spec.h"
 
 #include <optional>
@@ -74,9 +76,9 @@ namespace accel::cli {
 
 // Every bad input (a flag's value that does not parse or is out of range) is one of these; the
 // message names the flag and the value.
-class EstimateError : public std::invalid_argument {
+class EstimateError : public accel::InvalidArgumentError {
  public:
-  using std::invalid_argument::invalid_argument;
+  using accel::InvalidArgumentError::InvalidArgumentError;
 };
 
 enum class Dtype { Fp32, Fp16, Bf16, Fp8 };

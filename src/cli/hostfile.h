@@ -8,15 +8,17 @@
 // ignored. Pure text processing: no MPI, no torch.
 #pragma once
 
+#include "base/error.h"
+
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace accel::cli {
 
-class HostfileError : public std::invalid_argument {
+class HostfileError : public accel::InvalidArgumentError {
  public:
-  using std::invalid_argument::invalid_argument;
+  using accel::InvalidArgumentError::InvalidArgumentError;
 };
 
 struct HostSlots {

@@ -29,6 +29,8 @@
 // mask when unset.
 #pragma once
 
+#include "base/error.h"
+
 #include "cli/hostfile.h"
 
 #include <optional>
@@ -39,9 +41,9 @@
 
 namespace accel::cli {
 
-class LaunchError : public std::invalid_argument {
+class LaunchError : public accel::InvalidArgumentError {
  public:
-  using std::invalid_argument::invalid_argument;
+  using accel::InvalidArgumentError::InvalidArgumentError;
 };
 
 struct LaunchRequest {

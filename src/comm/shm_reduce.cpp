@@ -1,6 +1,7 @@
 // Element-wise reductions over n sources, in L1-sized blocks: the sources of one block are folded
 // into an accumulator, then written once (so dst may alias a source).
 #include "comm/shm_reduce.h"
+#include "base/error.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -106,7 +107,7 @@ void reduce_into(void* dst, void* dst2, const void* const* srcs, int nsrc, std::
     case c10::kInt: return reduce_i32(dst, dst2, srcs, nsrc, count, op, divisor);
     case c10::kLong: return reduce_i64(dst, dst2, srcs, nsrc, count, op, divisor);
     case c10::kByte: return reduce_u8(dst, dst2, srcs, nsrc, count, op, divisor);
-    default: throw std::invalid_argument("shm reduce: unsupported dtype");
+    default: throw accel::InvalidArgumentError("shm reduce: unsupported dtype");
   }
 }
 

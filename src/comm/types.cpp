@@ -1,4 +1,5 @@
 #include "comm/types.h"
+#include "base/error.h"
 #include "comm/counters.h"
 #include "comm/dtype.h"
 #include "comm/topology.h"
@@ -13,7 +14,7 @@ namespace accel::comm {
 
 Duration default_timeout() {
   double s = env::get_double("ACCEL_COMM_TIMEOUT_S");
-  if (!(s > 0)) throw std::invalid_argument("ACCEL_COMM_TIMEOUT_S must be > 0 seconds");
+  if (!(s > 0)) throw accel::InvalidArgumentError("ACCEL_COMM_TIMEOUT_S must be > 0 seconds");
   return Duration(static_cast<long long>(s * 1000.0));
 }
 
@@ -103,7 +104,7 @@ Topology apply_node_override(Topology t, const char* env) {
     k = 0;
   }
   if (k <= 0 || t.world_size % k != 0)
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("ACCEL_RANKS_PER_NODE='{}' must be a positive divisor of the world size {}", s, t.world_size));
   t.local_world_size = static_cast<int>(k);
   t.local_rank = t.rank % t.local_world_size;

@@ -2,6 +2,8 @@
 // errors. No MPI, NCCL or CUDA here; only ATen's dtype enum.
 #pragma once
 
+#include "base/error.h"
+
 #include <c10/core/ScalarType.h>
 
 #include <chrono>
@@ -46,9 +48,9 @@ struct BarrierOptions {
 };
 
 // Base of every error the communicator raises. Faults a caller may handle are distinct types.
-class CommError : public std::runtime_error {
+class CommError : public accel::RuntimeError {
  public:
-  using std::runtime_error::runtime_error;
+  using accel::RuntimeError::RuntimeError;
 };
 // Bad arguments on this rank (non-contiguous tensor, wrong sizes, unsupported dtype/op).
 class InvalidArgument : public CommError {

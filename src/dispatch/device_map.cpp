@@ -1,5 +1,6 @@
 // infer_auto_device_map and its helpers (device_map.h).
 #include "dispatch/device_map.h"
+#include "base/error.h"
 
 #include "sharding/unit.h"
 
@@ -104,7 +105,7 @@ std::vector<std::pair<std::string, std::int64_t>> memory_places(const MaxMemory&
   std::optional<std::int64_t> cpu;
   for (const auto& [k, v] : max_memory) {
     const std::string place = canonical_place(k);
-    if (v < 0) throw std::invalid_argument(fmt::format("max_memory: {} has a negative size", k));
+    if (v < 0) throw accel::InvalidArgumentError(fmt::format("max_memory: {} has a negative size", k));
     if (place == "cpu")
       cpu = v;
     else if (place != "disk")
@@ -166,13 +167,13 @@ std::int64_t parse_size(const std::string& text) {
   try {
     std::size_t used = 0;
     value = std::stod(number, &used);
-    if (used != number.size()) throw std::invalid_argument(number);
+    if (used != number.size()) throw accel::InvalidArgumentError(number);
   } catch (const std::exception&) {
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("size '{}': expected a number and a unit such as 2GB, 1.5GiB, 300MB", text));
   }
   if (u == units.end() || value < 0)
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("size '{}': unknown unit '{}' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)", text, unit));
   return static_cast<std::int64_t>(std::llround(value * u->second));
 }
@@ -187,7 +188,7 @@ std::string canonical_place(const std::string& text) {
   if (t == "cuda") return "cuda:0";
   if (t.starts_with("cuda:") && all_digits(t.substr(5))) return fmt::format("cuda:{}", std::stoi(t.substr(5)));
   if (all_digits(t)) return fmt::format("cuda:{}", std::stoi(t));
-  throw std::invalid_argument(fmt::format("unknown device '{}' (expected cpu, disk, cuda or cuda:N)", text));
+  throw accel::InvalidArgumentError(fmt::format("unknown device '{}' (expected cpu, disk, cuda or cuda:N)", text));
 }
 
 MaxMemory parse_max_memory(const std::string& text) {
@@ -201,7 +202,8 @@ MaxMemory parse_max_memory(const std::string& text) {
     if (item.empty()) continue;
     auto eq = item.find('=');
     if (eq == std::string::npos)
-      throw std::invalid_argument(fmt::format("max_memory '{}': expected place=size items such as cpu=2GB", item));
+      throw accel::InvalidArgumentError(
+          fmt::format("max_memory '{}': expected place=size items such as cpu=2GB", item));
     out[canonical_place(item.substr(0, eq))] = parse_size(item.substr(eq + 1));
   }
   return out;
@@ -219,7 +221,7 @@ DeviceMap infer_auto_device_map(torch::nn::Module& model, const MaxMemory& max_m
                                 const std::vector<std::string>& no_split, const std::string& strategy,
                                 std::optional<c10::ScalarType> dtype) {
   if (strategy != "auto" && strategy != "balanced" && strategy != "sequential")
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("infer_auto_device_map: unknown strategy '{}' (auto, balanced, sequential)", strategy));
   const ModelPlan plan = plan_model(model, no_split, dtype);
   auto places = memory_places(max_memory);
@@ -227,7 +229,7 @@ DeviceMap infer_auto_device_map(torch::nn::Module& model, const MaxMemory& max_m
   std::size_t main = 0;
   while (main < places.size() && plan.rest_bytes > places[main].second) ++main;
   if (main == places.size())
-    throw std::invalid_argument(fmt::format(
+    throw accel::InvalidArgumentError(fmt::format(
         "infer_auto_device_map: the model's parameters outside its units ({} bytes) fit on no device of max_memory "
         "(cpu: {} bytes); only accel units can go to disk",
         plan.rest_bytes, places.back().second));

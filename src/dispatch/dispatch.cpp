@@ -1,5 +1,6 @@
 // load_checkpoint_and_dispatch (dispatch.h): resolve the map, check everything, load, install hooks.
 #include "dispatch/dispatch.h"
+#include "base/error.h"
 
 #include "base/files.h"
 #include "checkpoint/model_export.h"
@@ -39,7 +40,7 @@ std::unordered_map<const torch::nn::Module*, Registered>& registry() {
 std::string shape_str(at::IntArrayRef s) { return c10::str(s); }
 
 [[noreturn]] void fail(const std::string& what) {
-  throw std::invalid_argument("load_checkpoint_and_dispatch: " + what);
+  throw accel::InvalidArgumentError("load_checkpoint_and_dispatch: " + what);
 }
 
 // Points parameter/buffer t at `value` in place (same TensorImpl: the module's members and

@@ -1,5 +1,6 @@
 // init_empty_weights (empty_weights.h): frees each unit's parameters as it is built.
 #include "dispatch/empty_weights.h"
+#include "base/error.h"
 
 #include "sharding/flat_param.h"
 #include "sharding/sharded_init.h"
@@ -33,7 +34,7 @@ EmptyWeightsObserver g_observer;  // stateless: it acts on this thread's active 
 
 EmptyWeights::EmptyWeights() : previous_(t_active) {
   if (sharding::ShardedInit::active())
-    throw std::logic_error("accel::init_empty_weights: not inside a sharded construction scope (ShardedInit)");
+    throw accel::LogicError("accel::init_empty_weights: not inside a sharded construction scope (ShardedInit)");
   previous_observer_ = sharding::unit_built_observer();
   sharding::unit_built_observer() = &g_observer;
   t_active = this;

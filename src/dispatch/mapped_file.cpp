@@ -1,5 +1,6 @@
 // MappedFile (mapped_file.h): mmap, madvise and posix_fadvise.
 #include "dispatch/mapped_file.h"
+#include "base/error.h"
 
 #include <fmt/format.h>
 
@@ -23,14 +24,14 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   std::shared_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;
   f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f->fd_ < 0) throw std::runtime_error(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
+  if (f->fd_ < 0) throw accel::RuntimeError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
   struct stat st {};
   if (::fstat(f->fd_, &st) != 0)
-    throw std::runtime_error(fmt::format("cannot stat '{}': {}", path, std::strerror(errno)));
+    throw accel::RuntimeError(fmt::format("cannot stat '{}': {}", path, std::strerror(errno)));
   f->size_ = static_cast<std::uint64_t>(st.st_size);
   if (f->size_ == 0) return f;
   void* p = ::mmap(nullptr, f->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, f->fd_, 0);
-  if (p == MAP_FAILED) throw std::runtime_error(fmt::format("cannot map '{}': {}", path, std::strerror(errno)));
+  if (p == MAP_FAILED) throw accel::RuntimeError(fmt::format("cannot map '{}': {}", path, std::strerror(errno)));
   f->data_ = static_cast<char*>(p);
   return f;
 }

@@ -1,4 +1,5 @@
 #include "kernels/cpu_gemm.h"
+#include "base/error.h"
 
 #include "base/env.h"
 
@@ -132,7 +133,7 @@ Path from_env() {
   if (v == "auto") return onednn_beneficial() ? Path::onednn : Path::libtorch;
   if (v == "onednn") return onednn_available() ? Path::onednn : Path::libtorch;
   if (v == "libtorch") return Path::libtorch;
-  throw std::invalid_argument("ACCEL_CPU_GEMM=" + v + ": expected auto, onednn or libtorch");
+  throw accel::InvalidArgumentError("ACCEL_CPU_GEMM=" + v + ": expected auto, onednn or libtorch");
 }
 
 Path install(Path p) {

@@ -1,4 +1,5 @@
 #include "mixed_precision/autocast.h"
+#include "base/error.h"
 
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
@@ -10,10 +11,10 @@ namespace accel::mixed_precision {
 
 AutocastScope::AutocastScope(c10::DeviceType device, std::optional<c10::ScalarType> dtype) : device_(device) {
   if (device != c10::kCPU && device != c10::kCUDA)
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("AutocastScope: autocast runs on CPU or CUDA, not {}", c10::DeviceTypeName(device)));
   if (dtype && *dtype != c10::kBFloat16 && *dtype != c10::kHalf)
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("AutocastScope: the autocast dtype is bf16 or fp16, not {}", c10::toString(*dtype)));
   was_enabled_ = at::autocast::is_autocast_enabled(device_);
   was_dtype_ = at::autocast::get_autocast_dtype(device_);

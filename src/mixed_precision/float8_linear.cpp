@@ -1,4 +1,5 @@
 #include "mixed_precision/float8_linear.h"
+#include "base/error.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -52,7 +53,7 @@ bool shapes_fit_scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b) {
 
 at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype, Float8MatmulBackend backend) {
   if (a.data.dim() != 2 || b.data.dim() != 2 || a.data.size(1) != b.data.size(0))
-    throw std::invalid_argument("float8_mm: expected a [M, K] and b [K, N]");
+    throw accel::InvalidArgumentError("float8_mm: expected a [M, K] and b [K, N]");
   if (a.format == Fp8Format::E5M2 && b.format == Fp8Format::E5M2)
     backend = Float8MatmulBackend::Emulated;  // no e5m2 x e5m2 GEMM in cuBLASLt; never used by Float8Linear
   switch (backend) {
@@ -187,15 +188,17 @@ void Float8LinearImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
-  if (!at::isFloatingType(input.scalar_type())) throw std::invalid_argument("Float8Linear: expected a floating input");
+  if (!at::isFloatingType(input.scalar_type()))
+    throw accel::InvalidArgumentError("Float8Linear: expected a floating input");
   if (input.dim() < 1 || input.size(-1) != options.in_features())
-    throw std::invalid_argument(fmt::format("Float8Linear: input's last dimension is {}, expected in_features = {}",
-                                            input.dim() ? input.size(-1) : 0, options.in_features()));
+    throw accel::InvalidArgumentError(
+        fmt::format("Float8Linear: input's last dimension is {}, expected in_features = {}",
+                    input.dim() ? input.size(-1) : 0, options.in_features()));
   std::optional<at::Tensor> wd, ws, b;
   if (bias.defined()) b = bias;
   if (weight_fp8) {
     if (weight_fp8->format != Fp8Format::E4M3 || !weight_fp8->data.sizes().equals(weight.sizes()))
-      throw std::invalid_argument("Float8Linear: weight_fp8 must be an e4m3 tensor of the weight's shape");
+      throw accel::InvalidArgumentError("Float8Linear: weight_fp8 must be an e4m3 tensor of the weight's shape");
     wd = weight_fp8->data;
     ws = weight_fp8->scale;
   }

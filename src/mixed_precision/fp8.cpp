@@ -1,4 +1,5 @@
 #include "mixed_precision/fp8.h"
+#include "base/error.h"
 
 #include "comm/communicator.h"
 
@@ -17,11 +18,12 @@ namespace {
 constexpr double kMinAmax = 1e-12;
 
 void check_margin(int margin) {
-  if (margin < 0) throw std::invalid_argument(fmt::format("fp8: margin must be >= 0, got {}", margin));
+  if (margin < 0) throw accel::InvalidArgumentError(fmt::format("fp8: margin must be >= 0, got {}", margin));
 }
 
 at::Tensor as_scalar_scale(const at::Tensor& scale, const at::Device& device) {
-  if (!scale.defined() || scale.numel() != 1) throw std::invalid_argument("fp8: the scale must be a 1-element tensor");
+  if (!scale.defined() || scale.numel() != 1)
+    throw accel::InvalidArgumentError("fp8: the scale must be a 1-element tensor");
   return scale.reshape({}).to(device, at::kFloat);
 }
 }  // namespace
@@ -54,7 +56,8 @@ double scale_from_amax(double a, Fp8Format f, int margin) {
 }
 
 at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, Fp8Format f) {
-  if (!at::isFloatingType(x.scalar_type())) throw std::invalid_argument("fp8 quantize: expected a floating tensor");
+  if (!at::isFloatingType(x.scalar_type()))
+    throw accel::InvalidArgumentError("fp8 quantize: expected a floating tensor");
   const double m = fp8_max(f);
   at::Tensor y = at::mul(x.to(at::kFloat), as_scalar_scale(scale, x.device()));
   y.clamp_(-m, m);  // explicit saturation: finite values never become inf/nan; +-inf -> +-max; nan stays
@@ -106,7 +109,7 @@ comm::WorkPtr all_gather_fp8_async(const at::Tensor& shard, const at::Tensor& sc
                                    comm::Communicator& group, const at::Tensor& out) {
   const std::int64_t k = shard.numel();
   if (!out.defined() || out.scalar_type() != fp8_dtype(f) || out.numel() != k * group.size() || !out.is_contiguous())
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("all_gather_fp8: out must be a contiguous {} tensor of group.size() * shard.numel() = {} elements",
                     to_string(f), k * group.size()));
   at::Tensor q = quantize(shard.reshape({-1}), scale, f);

@@ -1,4 +1,5 @@
 #include "mixed_precision/loss_scaler.h"
+#include "base/error.h"
 
 #include "comm/communicator.h"
 
@@ -13,7 +14,8 @@ namespace {
 
 void require(bool ok, const std::string& field, const std::string& rule, double value) {
   if (ok) return;
-  throw std::invalid_argument(fmt::format("loss scaler: {} = {:g} is invalid: it must be {}", field, value, rule));
+  throw accel::InvalidArgumentError(
+      fmt::format("loss scaler: {} = {:g} is invalid: it must be {}", field, value, rule));
 }
 
 // The device for a 1-element flag or norm: the caller's choice, else the first defined tensor's.
@@ -90,8 +92,8 @@ LossScaler::State LossScaler::state() const {
 
 void LossScaler::load_state(const State& s) {
   if (!(std::isfinite(s.cur_scale) && s.cur_scale > 0))
-    throw std::invalid_argument("loss scaler: load_state: cur_scale must be finite and > 0");
-  if (s.cur_hysteresis < 1) throw std::invalid_argument("loss scaler: load_state: cur_hysteresis must be >= 1");
+    throw accel::InvalidArgumentError("loss scaler: load_state: cur_scale must be finite and > 0");
+  if (s.cur_hysteresis < 1) throw accel::InvalidArgumentError("loss scaler: load_state: cur_hysteresis must be >= 1");
   cur_scale_ = s.cur_scale;
   cur_iter_ = s.cur_iter;
   last_overflow_iter_ = s.last_overflow_iter;
@@ -128,9 +130,9 @@ bool found_inf_across_ranks(const std::vector<at::Tensor>& grads, comm::Communic
 double unscale_and_clip(std::vector<at::Tensor>& grads, double scale, std::optional<double> max_norm,
                         comm::Communicator* shard_group) {
   if (!(std::isfinite(scale) && scale > 0))
-    throw std::invalid_argument(fmt::format("unscale_and_clip: scale must be finite and > 0, got {:f}", scale));
+    throw accel::InvalidArgumentError(fmt::format("unscale_and_clip: scale must be finite and > 0, got {:f}", scale));
   if (max_norm && !(*max_norm > 0))
-    throw std::invalid_argument(fmt::format("unscale_and_clip: max_norm must be > 0, got {:f}", *max_norm));
+    throw accel::InvalidArgumentError(fmt::format("unscale_and_clip: max_norm must be > 0, got {:f}", *max_norm));
   std::vector<at::Tensor> defined;
   for (const auto& g : grads)
     if (g.defined() && g.numel() > 0) defined.push_back(g);

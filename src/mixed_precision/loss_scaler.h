@@ -14,6 +14,8 @@
 // No dependence on the accelerator: the config's accel::LossScalerConfig is LossScalerOptions.
 #pragma once
 
+#include "base/error.h"
+
 #include "mixed_precision/loss_scaler_options.h"
 
 #include <ATen/core/Tensor.h>
@@ -33,9 +35,9 @@ namespace accel::mixed_precision {
 
 // Thrown by LossScaler::update() on an overflow when the scale is already at min_loss_scale
 // (DeepSpeed: "Current loss scale already at minimum - cannot decrease scale anymore").
-class LossScaleAtMinimumError : public std::runtime_error {
+class LossScaleAtMinimumError : public accel::RuntimeError {
  public:
-  using std::runtime_error::runtime_error;
+  using accel::RuntimeError::RuntimeError;
 };
 
 class LossScaler {

@@ -15,6 +15,8 @@
 // Errors: LlamaConfigError naming the file (or "<text>") and the key.
 #pragma once
 
+#include "base/error.h"
+
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -23,9 +25,9 @@
 
 namespace accel::models {
 
-class LlamaConfigError : public std::runtime_error {
+class LlamaConfigError : public accel::RuntimeError {
  public:
-  using std::runtime_error::runtime_error;
+  using accel::RuntimeError::RuntimeError;
 };
 
 struct LlamaConfig {

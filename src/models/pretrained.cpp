@@ -1,6 +1,7 @@
 // save_pretrained / load_pretrained (models/pretrained.h): save_model / load_model plus the
 // Transformers config files.
 #include "models/pretrained.h"
+#include "base/error.h"
 
 #include "base/files.h"
 #include "checkpoint/safetensors.h"
@@ -78,8 +79,8 @@ checkpoint::SaveModelResult save_pretrained(zero::Engine& engine, LlamaForCausal
     }
   }
   if (any_failed(engine, !error.empty()))
-    throw std::runtime_error(!error.empty() ? "save_pretrained(" + dir + "): " + error
-                                            : "save_pretrained(" + dir + "): rank 0 could not write the config files");
+    throw accel::RuntimeError(!error.empty() ? "save_pretrained(" + dir + "): " + error
+                                             : "save_pretrained(" + dir + "): rank 0 could not write the config files");
   return result;
 }
 

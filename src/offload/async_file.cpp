@@ -2,6 +2,7 @@
 // and splitting requests, and turning a failed request into a message that names the file, the offset,
 // the bytes and the reason. The queue itself is offload/request_queue.
 #include "offload/async_file.h"
+#include "base/error.h"
 
 #include "base/log.h"
 #include "offload/request_queue.h"
@@ -105,10 +106,10 @@ struct AsyncFile::Impl {
 
 AsyncFile::AsyncFile(std::string path, bool create, const AioOptions& options, bool direct) : path_(std::move(path)) {
   if (options.block_size == 0)
-    throw std::invalid_argument("AsyncFile " + path_ + ": aio.block_size must be at least 1 byte");
+    throw accel::InvalidArgumentError("AsyncFile " + path_ + ": aio.block_size must be at least 1 byte");
   if (options.queue_depth < 1)
-    throw std::invalid_argument("AsyncFile " + path_ + ": aio.queue_depth must be at least 1 (got " +
-                                std::to_string(options.queue_depth) + ")");
+    throw accel::InvalidArgumentError("AsyncFile " + path_ + ": aio.queue_depth must be at least 1 (got " +
+                                      std::to_string(options.queue_depth) + ")");
   const int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0);
   int fd = -1;
   if (direct) {
@@ -122,12 +123,12 @@ AsyncFile::AsyncFile(std::string path, bool create, const AioOptions& options, b
                      " refuses O_DIRECT; offload files there go through the page cache (buffered I/O)");
       });
     } else {
-      throw std::runtime_error("accel offload: cannot open " + path_ + ": " + reason(errno, path_));
+      throw accel::RuntimeError("accel offload: cannot open " + path_ + ": " + reason(errno, path_));
     }
   }
   if (fd < 0) {
     fd = ::open(path_.c_str(), flags, 0644);
-    if (fd < 0) throw std::runtime_error("accel offload: cannot open " + path_ + ": " + reason(errno, path_));
+    if (fd < 0) throw accel::RuntimeError("accel offload: cannot open " + path_ + ": " + reason(errno, path_));
   }
   impl_ = new Impl;
   impl_->fd = fd;
@@ -163,8 +164,8 @@ namespace {
 void check_alignment(const std::string& path, const char* op, const void* buffer, std::size_t bytes,
                      std::uint64_t offset) {
   auto fail = [&](const std::string& what) {
-    throw std::invalid_argument("AsyncFile::" + std::string(op) + " on " + path +
-                                ": the file is open with O_DIRECT, so " + what);
+    throw accel::InvalidArgumentError("AsyncFile::" + std::string(op) + " on " + path +
+                                      ": the file is open with O_DIRECT, so " + what);
   };
   const auto address = reinterpret_cast<std::uintptr_t>(buffer);
   if (address % kAlignment != 0) {
@@ -194,8 +195,8 @@ AsyncFile::Ticket AsyncFile::write_async(const void* buffer, std::size_t bytes, 
 AsyncFile::Ticket AsyncFile::queue(bool write, void* buffer, std::size_t bytes, std::uint64_t offset) {
   const char* op = write ? "write_async" : "read_async";
   if (buffer == nullptr && bytes > 0)
-    throw std::invalid_argument("AsyncFile::" + std::string(op) + " on " + path_ + ": null buffer for " +
-                                std::to_string(bytes) + " bytes");
+    throw accel::InvalidArgumentError("AsyncFile::" + std::string(op) + " on " + path_ + ": null buffer for " +
+                                      std::to_string(bytes) + " bytes");
   if (direct_) check_alignment(path_, op, buffer, bytes, offset);
   const Ticket ticket = impl_->next++;
   impl_->requests[ticket] = {write, offset, bytes};
@@ -216,8 +217,8 @@ AsyncFile::Ticket AsyncFile::queue(bool write, void* buffer, std::size_t bytes, 
 
 void AsyncFile::wait(Ticket ticket) {
   if (ticket == 0 || ticket >= impl_->next)
-    throw std::invalid_argument("AsyncFile::wait on " + path_ + ": ticket " + std::to_string(ticket) +
-                                " was never issued by this file");
+    throw accel::InvalidArgumentError("AsyncFile::wait on " + path_ + ": ticket " + std::to_string(ticket) +
+                                      " was never issued by this file");
   auto it = impl_->requests.find(ticket);
   if (it == impl_->requests.end()) return;  // waited for already
   const Impl::Request r = it->second;
@@ -227,10 +228,10 @@ void AsyncFile::wait(Ticket ticket) {
     std::string msg = "accel offload: " + std::string(r.write ? "writing " : "reading ") + describe_bytes(r.bytes) +
                       " at offset " + std::to_string(r.offset) + " of " + path_;
     if (outcome.err == detail::kEndOfFile)
-      throw std::runtime_error(msg + ": the file ends before offset " + std::to_string(outcome.at) +
-                               " (short read; the request runs to offset " + std::to_string(r.offset + r.bytes) + ")");
+      throw accel::RuntimeError(msg + ": the file ends before offset " + std::to_string(outcome.at) +
+                                " (short read; the request runs to offset " + std::to_string(r.offset + r.bytes) + ")");
     if (outcome.at != r.offset) msg += " failed at offset " + std::to_string(outcome.at);
-    throw std::runtime_error(msg + ": " + reason(outcome.err, path_));
+    throw accel::RuntimeError(msg + ": " + reason(outcome.err, path_));
   }
   (r.write ? bytes_written_ : bytes_read_) += r.bytes;
 }
@@ -252,15 +253,15 @@ void AsyncFile::sync() {
   wait_all();
   while (::fdatasync(impl_->fd) != 0) {
     if (errno == EINTR) continue;
-    throw std::runtime_error("accel offload: cannot flush " + path_ + " to disk (fdatasync): " + reason(errno, path_));
+    throw accel::RuntimeError("accel offload: cannot flush " + path_ + " to disk (fdatasync): " + reason(errno, path_));
   }
 }
 
 void AsyncFile::reserve(std::uint64_t bytes) {
   if (bytes == 0) return;
   auto fail = [&](int err) {
-    throw std::runtime_error("accel offload: cannot reserve " + describe_bytes(bytes) + " on disk for " + path_ + ": " +
-                             reason(err, path_));
+    throw accel::RuntimeError("accel offload: cannot reserve " + describe_bytes(bytes) + " on disk for " + path_ +
+                              ": " + reason(err, path_));
   };
   int rc;
   while ((rc = ::fallocate(impl_->fd, 0, 0, static_cast<off_t>(bytes))) != 0 && errno == EINTR) {

@@ -1,6 +1,7 @@
 // accel::offload: the checks run on an offload directory before training starts
 // (check_offload_dir), the scratch files made there (ScratchFile) and the disk's sequential
 // bandwidth there (measure_disk).
+#include "base/error.h"
 #include "offload/async_file.h"
 
 #include <fcntl.h>
@@ -39,7 +40,7 @@ ScratchFile::~ScratchFile() {
 
 void check_offload_dir(const std::string& path, std::uint64_t bytes, const std::string& what) {
   const std::string needs = "offload needs " + describe_bytes(bytes) + " there";
-  auto fail = [&](const std::string& problem) { throw std::runtime_error(what + ": " + problem + "; " + needs); };
+  auto fail = [&](const std::string& problem) { throw accel::RuntimeError(what + ": " + problem + "; " + needs); };
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) fail("the directory " + path + " does not exist (create it, or point " + what + " elsewhere)");
@@ -58,12 +59,12 @@ void check_offload_dir(const std::string& path, std::uint64_t bytes, const std::
   if (::statvfs(path.c_str(), &vfs) != 0) fail("cannot read the free space of " + path + ": " + std::strerror(errno));
   const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   if (free_bytes < bytes)
-    throw std::runtime_error(what + ": not enough room in " + path + ": offload needs " + describe_bytes(bytes) +
-                             " there, the file system has " + describe_bytes(free_bytes) + " free");
+    throw accel::RuntimeError(what + ": not enough room in " + path + ": offload needs " + describe_bytes(bytes) +
+                              " there, the file system has " + describe_bytes(free_bytes) + " free");
 }
 
 DiskBandwidth measure_disk(const std::string& dir, std::uint64_t bytes, const AioOptions& options) {
-  if (bytes == 0) throw std::invalid_argument("measure_disk: bytes must be > 0");
+  if (bytes == 0) throw accel::InvalidArgumentError("measure_disk: bytes must be > 0");
   const std::string path = dir + "/.accel_disk_probe." + std::to_string(::getpid()) + ".bin";
   struct Remove {
     const std::string& p;

@@ -1,4 +1,5 @@
 #include "sharding/activation_checkpoint.h"
+#include "base/error.h"
 
 #include "base/memory.h"
 
@@ -151,7 +152,7 @@ void check_leaves(const State& st, const std::vector<at::Tensor>& outputs, const
     if (!seen.insert(n).second) continue;
     if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(n)) {
       if (!allowed.count(acc->variable.unsafeGetTensorImpl()))
-        throw std::runtime_error(fmt::format(
+        throw accel::RuntimeError(fmt::format(
             "activation checkpointing of {}: its forward uses a tensor that requires grad (shape {}) which is "
             "neither a Tensor argument nor one of its parameters (a captured tensor, or another module's "
             "parameter); its gradient would be lost. Pass it as an at::Tensor argument, or do not checkpoint "
@@ -201,7 +202,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       outputs = st->fn(inputs);
     }
     if (outputs.size() != grads.size())
-      throw std::runtime_error(
+      throw accel::RuntimeError(
           fmt::format("activation checkpointing of {}: the recomputed forward returned {} tensors, the forward {}",
                       st->name, outputs.size(), grads.size()));
     std::vector<at::Tensor> diff_outputs, grad_outputs;

@@ -1,5 +1,6 @@
 #include "sharding/flat_param.h"
 #include "base/check.h"
+#include "base/error.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -100,8 +101,9 @@ FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vect
       names_(std::move(names)),
       opts_(opts),
       layout_(numels_of(params_), opts.world, opts.align) {
-  if (params_.size() != names_.size()) throw std::invalid_argument("FlatParam: one name per parameter");
-  if (opts.rank < 0 || opts.rank >= opts.world) throw std::invalid_argument("FlatParam: rank outside the shard group");
+  if (params_.size() != names_.size()) throw accel::InvalidArgumentError("FlatParam: one name per parameter");
+  if (opts.rank < 0 || opts.rank >= opts.world)
+    throw accel::InvalidArgumentError("FlatParam: rank outside the shard group");
   c10::NoGradGuard no_grad;
   at::TensorOptions to = at::TensorOptions().dtype(opts.dtype);
   if (!params_.empty()) to = to.device(params_[0].device());
@@ -129,7 +131,7 @@ FlatParam::FlatParam(std::string name, std::vector<at::Tensor> params, std::vect
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     if (!p.is_leaf())
-      throw std::invalid_argument(fmt::format("FlatParam: parameter {} is not a leaf tensor", names_[i]));
+      throw accel::InvalidArgumentError(fmt::format("FlatParam: parameter {} is not a leaf tensor", names_[i]));
     requires_grad_ = requires_grad_ || p.requires_grad();
     const std::int64_t off = layout_.offset(i), n = p.numel();
     if (node_shared_) {  // only this rank's shard: the peers write theirs
@@ -198,7 +200,7 @@ bool FlatParam::grad_allocated() const {
 void FlatParam::bind_grad(const at::Tensor& buffer) {
   ACCEL_CHECK(!grad_full_.defined(), "FlatParam {}: bind_grad after gradients exist", name_);
   if (buffer.numel() != layout_.padded() || !buffer.is_contiguous())
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("FlatParam {}: bind_grad needs a contiguous buffer of {} elements", name_, layout_.padded()));
   grad_full_ = buffer;
   for (std::size_t i = 0; i < params_.size(); ++i)

@@ -1,4 +1,5 @@
 #include "sharding/shard_layout.h"
+#include "base/error.h"
 
 #include <fmt/format.h>
 
@@ -12,13 +13,13 @@ std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m *
 
 ShardLayout::ShardLayout(std::vector<std::int64_t> numels, int world, std::int64_t align)
     : numels_(std::move(numels)), world_(world), align_(align) {
-  if (world < 1) throw std::invalid_argument(fmt::format("ShardLayout: world must be >= 1, got {}", world));
-  if (align < 1) throw std::invalid_argument(fmt::format("ShardLayout: align must be >= 1, got {}", align));
+  if (world < 1) throw accel::InvalidArgumentError(fmt::format("ShardLayout: world must be >= 1, got {}", world));
+  if (align < 1) throw accel::InvalidArgumentError(fmt::format("ShardLayout: align must be >= 1, got {}", align));
   std::int64_t at = 0;
   offsets_.reserve(numels_.size());
   for (std::size_t i = 0; i < numels_.size(); ++i) {
     if (numels_[i] < 0)
-      throw std::invalid_argument(fmt::format("ShardLayout: tensor {} has negative numel {}", i, numels_[i]));
+      throw accel::InvalidArgumentError(fmt::format("ShardLayout: tensor {} has negative numel {}", i, numels_[i]));
     at = round_up(at, align_);
     offsets_.push_back(at);
     at += numels_[i];
@@ -29,19 +30,19 @@ ShardLayout::ShardLayout(std::vector<std::int64_t> numels, int world, std::int64
 
 std::pair<std::int64_t, std::int64_t> ShardLayout::shard_range(int rank) const {
   if (rank < 0 || rank >= world_)
-    throw std::out_of_range(fmt::format("ShardLayout: rank {} not in [0, {})", rank, world_));
+    throw accel::OutOfRangeError(fmt::format("ShardLayout: rank {} not in [0, {})", rank, world_));
   return {rank * shard_size(), (rank + 1) * shard_size()};
 }
 
 int ShardLayout::owner(std::int64_t index) const {
   if (index < 0 || index >= padded_)
-    throw std::out_of_range(fmt::format("ShardLayout: index {} not in [0, {})", index, padded_));
+    throw accel::OutOfRangeError(fmt::format("ShardLayout: index {} not in [0, {})", index, padded_));
   return static_cast<int>(index / shard_size());
 }
 
 int ShardLayout::tensor_at(std::int64_t index) const {
   if (index < 0 || index >= padded_)
-    throw std::out_of_range(fmt::format("ShardLayout: index {} not in [0, {})", index, padded_));
+    throw accel::OutOfRangeError(fmt::format("ShardLayout: index {} not in [0, {})", index, padded_));
   // Last tensor whose offset <= index (empty tensors share offsets; upper_bound skips past them).
   auto it = std::upper_bound(offsets_.begin(), offsets_.end(), index);
   while (it != offsets_.begin()) {

@@ -1,4 +1,5 @@
 #include "sharding/sharded_init.h"
+#include "base/error.h"
 
 #include "sharding/flat_param.h"
 #include "sharding/shard_layout.h"
@@ -35,7 +36,7 @@ thread_local ShardedInit* t_active = nullptr;
 
 ShardedInit::ShardedInit(std::shared_ptr<comm::Communicator> world, std::shared_ptr<comm::Communicator> shard_group)
     : world_(std::move(world)), group_(std::move(shard_group)), previous_(t_active) {
-  if (!world_ || !group_) throw std::invalid_argument("ShardedInit: null communicator");
+  if (!world_ || !group_) throw accel::InvalidArgumentError("ShardedInit: null communicator");
   t_active = this;
 }
 
@@ -50,10 +51,11 @@ void ShardedInit::shard_unit(torch::nn::Module& module) {
   for (const auto& p : module.parameters()) {
     if (is_presharded(p) || !seen.insert(p.unsafeGetTensorImpl()).second) continue;  // a nested unit's
     if (!p.is_contiguous() || !p.device().is_cpu())
-      throw std::invalid_argument(fmt::format(
+      throw accel::InvalidArgumentError(fmt::format(
           "accel sharded_init: unit {} has a parameter that is not a contiguous CPU tensor", module.name()));
     if (!ps.empty() && p.scalar_type() != ps[0].scalar_type())
-      throw std::invalid_argument(fmt::format("accel sharded_init: unit {} mixes parameter dtypes", module.name()));
+      throw accel::InvalidArgumentError(
+          fmt::format("accel sharded_init: unit {} mixes parameter dtypes", module.name()));
     ps.push_back(p);
   }
   if (ps.empty()) return;

@@ -1,4 +1,5 @@
 #include "sharding/unit.h"
+#include "base/error.h"
 
 #include "sharding/sharded_init.h"
 
@@ -55,7 +56,7 @@ std::vector<at::Tensor> checkpoint_unit(const UnitSlot& slot, const CheckpointFn
 }
 
 void throw_checkpoint_output(const UnitSlot& slot) {
-  throw std::logic_error(
+  throw accel::LogicError(
       fmt::format("activation checkpointing of unit {}: its forward must return an at::Tensor or a "
                   "std::vector<at::Tensor> (the outputs the recompute reproduces)",
                   slot.module->name()));

@@ -1,4 +1,5 @@
 #include "sharding/wrap_policy.h"
+#include "base/error.h"
 
 #include <torch/nn/module.h>
 
@@ -24,8 +25,8 @@ std::int64_t subtree_numel(torch::nn::Module& m) {
 
 void WrapPolicy::validate() const {
   if (kind == Kind::TypeName && type_names.empty())
-    throw std::invalid_argument("ShardingSpec.wrap: the type-name policy needs at least one type name");
-  if (min_num_params < 0) throw std::invalid_argument("ShardingSpec.wrap.min_num_params must be >= 0");
+    throw accel::InvalidArgumentError("ShardingSpec.wrap: the type-name policy needs at least one type name");
+  if (min_num_params < 0) throw accel::InvalidArgumentError("ShardingSpec.wrap.min_num_params must be >= 0");
 }
 
 bool WrapPolicy::wraps(torch::nn::Module& m) const {

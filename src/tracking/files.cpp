@@ -1,4 +1,5 @@
 // What the built-in trackers share: their directory, their options, the config file (builtin.h).
+#include "base/error.h"
 #include "tracking/builtin.h"
 
 #include "base/files.h"
@@ -18,17 +19,18 @@ void make_logging_dir(const std::string& dir, const std::string& tracker) {
   try {
     files::make_dirs(dir);
   } catch (const std::exception& e) {
-    throw std::runtime_error("tracker '" + tracker + "': cannot create the logging directory " + dir + " (" + e.what() +
-                             "); choose a writable AcceleratorOptions::project_dir (project_dir in the config file)");
+    throw accel::RuntimeError("tracker '" + tracker + "': cannot create the logging directory " + dir + " (" +
+                              e.what() +
+                              "); choose a writable AcceleratorOptions::project_dir (project_dir in the config file)");
   }
   if (!files::is_dir(dir))
-    throw std::runtime_error("tracker '" + tracker + "': cannot create the logging directory " + dir +
-                             " (a file is in the way); choose a writable AcceleratorOptions::project_dir (project_dir "
-                             "in the config file)");
+    throw accel::RuntimeError("tracker '" + tracker + "': cannot create the logging directory " + dir +
+                              " (a file is in the way); choose a writable AcceleratorOptions::project_dir (project_dir "
+                              "in the config file)");
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    throw std::runtime_error("tracker '" + tracker + "': the logging directory " + dir +
-                             " is not writable; choose a writable AcceleratorOptions::project_dir (project_dir in "
-                             "the config file)");
+    throw accel::RuntimeError("tracker '" + tracker + "': the logging directory " + dir +
+                              " is not writable; choose a writable AcceleratorOptions::project_dir (project_dir in "
+                              "the config file)");
 }
 
 void check_kwargs(const TrackerContext& ctx, const std::string& tracker, const std::vector<std::string>& allowed) {
@@ -38,8 +40,8 @@ void check_kwargs(const TrackerContext& ctx, const std::string& tracker, const s
     if (ok) continue;
     std::string list;
     for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-    throw std::invalid_argument("init_kwargs for tracker '" + tracker + "': unknown option '" + k + "'" +
-                                (list.empty() ? std::string(" (it takes none)") : "; its options: " + list));
+    throw accel::InvalidArgumentError("init_kwargs for tracker '" + tracker + "': unknown option '" + k + "'" +
+                                      (list.empty() ? std::string(" (it takes none)") : "; its options: " + list));
   }
 }
 

@@ -13,6 +13,7 @@
 // Compiled apart from torch (src/CMakeLists.txt, accel_tracking): libtorch's include directory
 // carries protobuf 3.13 headers that would shadow the packaged ones the generated code needs.
 // init_kwargs: "filename_suffix".
+#include "base/error.h"
 #include "tracking/builtin.h"
 #include "tracking/crc32c.h"
 
@@ -41,8 +42,8 @@ class EventFile {
     path_ = path;
     f_ = std::fopen(path.c_str(), "wb");
     if (!f_)
-      throw std::runtime_error("tracker 'tensorboard': cannot write " + path +
-                               "; choose a writable AcceleratorOptions::project_dir");
+      throw accel::RuntimeError("tracker 'tensorboard': cannot write " + path +
+                                "; choose a writable AcceleratorOptions::project_dir");
   }
   void write(const tb::Event& e) {
     if (!f_) return;
@@ -53,10 +54,10 @@ class EventFile {
     put_le(rec, masked_crc32c(rec.data(), 8), 4);
     rec += data;
     put_le(rec, masked_crc32c(data.data(), data.size()), 4);
-    if (std::fwrite(rec.data(), 1, rec.size(), f_) != rec.size()) throw std::runtime_error("cannot write " + path_);
+    if (std::fwrite(rec.data(), 1, rec.size(), f_) != rec.size()) throw accel::RuntimeError("cannot write " + path_);
   }
   void flush() {
-    if (f_ && std::fflush(f_) != 0) throw std::runtime_error("cannot write " + path_);
+    if (f_ && std::fflush(f_) != 0) throw accel::RuntimeError("cannot write " + path_);
   }
   void close() {
     if (f_) std::fclose(f_);

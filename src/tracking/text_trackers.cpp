@@ -17,6 +17,7 @@
 //   load_state does not matter. The rows of a widened CSV header are read back from the file, not
 //   kept in memory.
 // init_kwargs: "filename" (instead of metrics.jsonl / metrics.csv).
+#include "base/error.h"
 #include "tracking/builtin.h"
 
 #include "base/files.h"
@@ -37,11 +38,12 @@ void check_names(const Values& values, const std::string& tracker) {
   for (std::size_t i = 0; i < values.size(); ++i) {
     const std::string& n = values[i].first;
     if (n == "step" || n == "wall_time")
-      throw std::invalid_argument("tracker '" + tracker + "': '" + n +
-                                  "' is the record's own field; log the value under another name");
-    if (n.empty()) throw std::invalid_argument("tracker '" + tracker + "': a value has an empty name");
+      throw accel::InvalidArgumentError("tracker '" + tracker + "': '" + n +
+                                        "' is the record's own field; log the value under another name");
+    if (n.empty()) throw accel::InvalidArgumentError("tracker '" + tracker + "': a value has an empty name");
     for (std::size_t j = 0; j < i; ++j)
-      if (values[j].first == n) throw std::invalid_argument("tracker '" + tracker + "': '" + n + "' is logged twice");
+      if (values[j].first == n)
+        throw accel::InvalidArgumentError("tracker '" + tracker + "': '" + n + "' is logged twice");
   }
 }
 
@@ -114,8 +116,8 @@ class RecordFile {
     resume_after_ = resume_after;
     f_ = std::fopen(path.c_str(), "a");
     if (!f_)
-      throw std::runtime_error("tracker '" + tracker + "': cannot write " + path +
-                               "; choose a writable AcceleratorOptions::project_dir");
+      throw accel::RuntimeError("tracker '" + tracker + "': cannot write " + path +
+                                "; choose a writable AcceleratorOptions::project_dir");
     settled_ = false;
   }
   // The run continues after `step` (load_state after start): records past it are dropped, unless
@@ -142,7 +144,7 @@ class RecordFile {
     if (!f_) return;
     settle();
     if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
-      throw std::runtime_error("cannot write " + path_);
+      throw accel::RuntimeError("cannot write " + path_);
   }
   // Replaces the file's records (atomically: a reader never sees half a file) and appends after them.
   void rewrite(const std::vector<std::string>& records) {
@@ -151,7 +153,7 @@ class RecordFile {
     files::write_file_atomic(path_, text.data(), text.size());
     std::fclose(f_);
     f_ = std::fopen(path_.c_str(), "a");
-    if (!f_) throw std::runtime_error("cannot reopen " + path_);
+    if (!f_) throw accel::RuntimeError("cannot reopen " + path_);
   }
   void close() {
     if (f_) settle();

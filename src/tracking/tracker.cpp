@@ -1,5 +1,6 @@
 // Value formatting and the tracker registry (tracker.h).
 #include "tracking/tracker.h"
+#include "base/error.h"
 
 #include "base/edit_distance.h"
 #include "tracking/builtin.h"
@@ -67,8 +68,8 @@ std::string closest_name(const std::string& name, const std::vector<std::string>
 
 void register_tracker(const std::string& name, TrackerInfo info) {
   if (name.empty() || name == "all")
-    throw std::invalid_argument("register_tracker: '" + name + "' cannot name a tracker");
-  if (!info.make) throw std::invalid_argument("register_tracker: '" + name + "' has no factory");
+    throw accel::InvalidArgumentError("register_tracker: '" + name + "' cannot name a tracker");
+  if (!info.make) throw accel::InvalidArgumentError("register_tracker: '" + name + "' has no factory");
   std::lock_guard lock(registry_mutex());
   registry()[name] = std::move(info);
 }
@@ -92,9 +93,9 @@ const TrackerInfo& tracker_info(const std::string& name) {
   std::string known;
   for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
   const std::string near = closest_name(name, names);
-  throw std::invalid_argument("unknown tracker '" + name + "'" +
-                              (near.empty() ? "" : " (did you mean '" + near + "'?)") + "; known trackers: " + known +
-                              ", or \"all\" (register your own with accel::tracking::register_tracker)");
+  throw accel::InvalidArgumentError(
+      "unknown tracker '" + name + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)") +
+      "; known trackers: " + known + ", or \"all\" (register your own with accel::tracking::register_tracker)");
 }
 
 std::vector<std::string> split_names(const std::string& list) {

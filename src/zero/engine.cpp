@@ -4,6 +4,7 @@
 // engine_fp8.cpp (the fp8 all-gather), engine_backward.cpp (the gradient window), engine_step.cpp
 // (clipping and the step's bracket). The reduction itself is GradReducer's.
 #include "zero/engine.h"
+#include "base/error.h"
 
 #include "base/env.h"
 #include "base/log.h"
@@ -156,7 +157,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
           if (it != seen.end()) {
             const Owned& first = owned[it->second];
             if (first.unit != unit)
-              throw std::invalid_argument(fmt::format(
+              throw accel::InvalidArgumentError(fmt::format(
                   "accel: parameter '{}' is the same tensor as '{}', but they belong to different units ('{}' and "
                   "'{}'); a shared (tied) parameter must stay inside one unit: unmark one of them or move the shared "
                   "module into their common parent",
@@ -354,7 +355,7 @@ void Engine::install_hooks() {
   for (std::size_t u = 1; u < units_.size(); ++u)
     for (std::size_t v = 1; v < units_.size(); ++v)
       if (v != u && inside(u, v) && checkpointed(u) && checkpointed(v))
-        throw std::invalid_argument(fmt::format(
+        throw accel::InvalidArgumentError(fmt::format(
             "unit '{}' is checkpointed inside unit '{}', which is checkpointed too: nested checkpointed units are "
             "not supported (the inner unit would run again in the outer recompute); checkpoint one of them",
             units_[u].name, units_[v].name));

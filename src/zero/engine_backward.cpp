@@ -1,6 +1,7 @@
 // The engine's gradient window: what each backward does with the gradients autograd accumulates
 // (copy into the flat buffer, reduce when a flat is complete, settle at the end of backward), under
 // gradient accumulation (no_sync) and when a zero_grad() or a throwing backward discards a window.
+#include "base/error.h"
 #include "zero/engine.h"
 
 #include "base/memory.h"
@@ -33,7 +34,7 @@ void Engine::on_grad_accumulated(std::size_t fi, std::size_t i) {
   begin_backward();
   Flat& f = flats_[fi];
   if (plan_.params_sharded && sync_ && reducer_index_[fi] != npos && reducer_->launched(reducer_index_[fi]))
-    throw std::logic_error(fmt::format(
+    throw accel::LogicError(fmt::format(
         "accel: a gradient of '{}' arrived after its unit's backward had ended and its gradients were reduced; "
         "under sharded parameters a unit's parameters may only be used inside its own forward",
         f.flat_param->names()[i]));

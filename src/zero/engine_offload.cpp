@@ -3,6 +3,7 @@
 // gathers, and staging for checkpoints. To host memory from a device (cpu): the side stream that
 // copies reduced gradients to the pinned masters' host buffers and updated masters back, and
 // parameter shards kept in pinned host memory, copied to the device before their gathers.
+#include "base/error.h"
 #include "zero/engine.h"
 
 #include "base/memory.h"
@@ -26,9 +27,9 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
   const OffloadSpec& os = spec_.offload;
   if (plan_.passthrough) return;
   if (os.optimizer == OffloadDevice::Cpu && spec_.fp8_all_gather)
-    throw std::invalid_argument("offload_optimizer to cpu cannot be combined with fp8 all-gather yet");
+    throw accel::InvalidArgumentError("offload_optimizer to cpu cannot be combined with fp8 all-gather yet");
   if (os.param_offloaded() && spec_.fp8_all_gather)
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         "offload_param cannot be combined with fp8 all-gather (fp8 shards stay in the device's memory)");
   c10::NoGradGuard ng;
   if (os.optimizer == OffloadDevice::Cpu)
@@ -40,7 +41,7 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
   if (os.optimizer_on_disk() && optimizer) {
     const OptimizerRow* row = find_optimizer_row(*optimizer);
     if (!row || !row->offload_rule)
-      throw std::invalid_argument(fmt::format(
+      throw accel::InvalidArgumentError(fmt::format(
           "offload_optimizer.device nvme steps the optimizer with accel's fused CPU kernels, which exist for Adam, "
           "AdamW and SGD; the optimizer is {}",
           row ? row->name : c10::demangle(typeid(*optimizer).name())));
@@ -50,7 +51,7 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
       if (f.group < 0) continue;
       const c10::ScalarType mdt = f.master.defined() ? f.master.scalar_type() : f.flat_param->options().dtype;
       if (mdt != at::kFloat)
-        throw std::invalid_argument(
+        throw accel::InvalidArgumentError(
             fmt::format("offload_optimizer.device nvme needs fp32 master weights; {} has {} masters",
                         f.flat_param->name(), c10::toString(mdt)));
       const auto& g = optimizer->param_groups().at(static_cast<std::size_t>(f.group));

@@ -1,5 +1,6 @@
 // The step's side of the engine: gradient clipping (by global norm, by value), what fp16 unscaling
 // sees, and the bracket around the optimizer's step (masters written back, parameters all-gathered).
+#include "base/error.h"
 #include "zero/engine.h"
 
 #include "base/memory.h"
@@ -14,9 +15,9 @@
 namespace accel::zero {
 
 void Engine::clip_grad_value(double clip_value) {
-  if (!(clip_value >= 0)) throw std::invalid_argument("clip_grad_value: clip_value must be >= 0");
+  if (!(clip_value >= 0)) throw accel::InvalidArgumentError("clip_grad_value: clip_value must be >= 0");
   if (plan_.state_split)
-    throw std::logic_error(fmt::format(
+    throw accel::LogicError(fmt::format(
         "clip_grad_value: the gradients are sharded across ranks under {}; clip by norm instead (clip_grad_norm)",
         to_string(spec_.strategy)));
   for (const auto& group : group_params_)
@@ -31,7 +32,7 @@ void Engine::clip_grad_value(double clip_value) {
 
 double Engine::clip_grad_norm(double max_norm, double norm_type) {
   const bool inf = std::isinf(norm_type);
-  if (!inf && norm_type < 1.0) throw std::invalid_argument("clip_grad_norm: norm_type must be >= 1 or inf");
+  if (!inf && norm_type < 1.0) throw accel::InvalidArgumentError("clip_grad_norm: norm_type must be >= 1 or inf");
   double local = 0.0;
   std::vector<at::Tensor> grads;
   for (const auto& group : group_params_)
@@ -76,7 +77,7 @@ void Engine::grads_scaled(double coef) {
 }
 
 void Engine::skip_step() {
-  if (in_backward_) throw std::logic_error("accel: optimizer step during backward");
+  if (in_backward_) throw accel::LogicError("accel: optimizer step during backward");
   for (const auto& group : group_params_)
     for (const auto& p : group) p.mutable_grad() = at::Tensor();
   close_step();
@@ -94,7 +95,7 @@ void Engine::close_step() {
 
 void Engine::before_step() {
   memory::set_forward_active(false);
-  if (in_backward_) throw std::logic_error("accel: optimizer step during backward");
+  if (in_backward_) throw accel::LogicError("accel: optimizer step during backward");
   wait_host_copies();  // (the last step's copies to the device read the masters the step writes)
   sync_node_shared();  // no peer still reads the node-shared parameters this step writes
 }

@@ -1,4 +1,5 @@
 #include "zero/optimizer_offload.h"
+#include "base/error.h"
 
 #include "offload/async_file.h"
 
@@ -89,7 +90,7 @@ std::uint64_t OptimizerOffload::bytes_written() const { return file_->bytes_writ
 void OptimizerOffload::init(std::size_t i, const at::Tensor& values) {
   const at::Tensor v = values.reshape({-1}).to(at::kCPU, at::kFloat).contiguous();  // (from a device too)
   if (v.numel() != regions_.at(i).numel)
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("OptimizerOffload::init: region {} has {} elements, got {}", i, regions_[i].numel, v.numel()));
   offload::AlignedBuffer& buf = buffers_.at(0);
   for (std::size_t ci : region_chunks_[i]) {
@@ -103,7 +104,7 @@ void OptimizerOffload::init(std::size_t i, const at::Tensor& values) {
 
 void OptimizerOffload::check_whole(const char* what) const {
   if (torn_.empty()) return;
-  throw std::runtime_error(fmt::format(
+  throw accel::RuntimeError(fmt::format(
       "offloaded optimizer: cannot {}: the state in {} is partly updated by a step that failed partway ({}); load a "
       "checkpoint (load_state) before training or saving again",
       what, path(), torn_));
@@ -125,7 +126,7 @@ at::Tensor OptimizerOffload::read(std::size_t i, int slot) const {
 void OptimizerOffload::write(std::size_t i, int slot, const at::Tensor& values) {
   const at::Tensor v = values.reshape({-1}).to(at::kCPU, at::kFloat).contiguous();
   if (v.numel() != regions_.at(i).numel)
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("OptimizerOffload::write: region {} has {} elements, got {}", i, regions_[i].numel, v.numel()));
   if (region_chunks_[i].empty()) return;
   offload::AlignedBuffer tmp(chunks_[region_chunks_[i][0]].slot_bytes);
@@ -152,10 +153,10 @@ void OptimizerOffload::step(const std::vector<at::Tensor>& grads, const std::vec
   for (std::size_t r = 0; r < regions_.size(); ++r) {
     if (!grads[r].defined()) continue;
     if (grads[r].scalar_type() != at::kFloat || !grads[r].is_contiguous() || grads[r].numel() != regions_[r].numel)
-      throw std::logic_error(fmt::format(
+      throw accel::LogicError(fmt::format(
           "OptimizerOffload::step: region {} needs a contiguous fp32 gradient of {} elements", r, regions_[r].numel));
     if (rules.at(r).kind != regions_[r].rule.kind || rules[r].state_count() != regions_[r].rule.state_count())
-      throw std::invalid_argument(fmt::format(
+      throw accel::InvalidArgumentError(fmt::format(
           "offloaded optimizer: a param group's options changed what state it keeps ({} tensors, now {}): amsgrad "
           "and momentum must stay as they were when the optimizer was prepared",
           regions_[r].rule.state_count(), rules[r].state_count()));

@@ -1,4 +1,5 @@
 #include "zero/param_offload.h"
+#include "base/error.h"
 
 #include "base/memory.h"
 #include "offload/async_file.h"
@@ -141,8 +142,8 @@ void ParamOffload::store(std::size_t i, std::int64_t begin, const at::Tensor& va
   const std::uint64_t esize = shard.element_size(), first = static_cast<std::uint64_t>(begin) * esize;
   const std::uint64_t bytes = static_cast<std::uint64_t>(v.numel()) * esize;
   if (begin < 0 || begin + v.numel() > shard.numel() || (file_ && first % offload::kAlignment != 0))
-    throw std::logic_error(fmt::format("ParamOffload::store: elements [{}, {}) of {} ({} elements)", begin,
-                                       begin + v.numel(), s.flat->name(), shard.numel()));
+    throw accel::LogicError(fmt::format("ParamOffload::store: elements [{}, {}) of {} ({} elements)", begin,
+                                        begin + v.numel(), s.flat->name(), shard.numel()));
   if (!file_) {
     std::memcpy(static_cast<char*>(s.host.data_ptr()) + first, v.data_ptr(), bytes);
     if (s.resident) shard.narrow(0, begin, v.numel()).copy_(v);

@@ -1,4 +1,5 @@
 #include "zero/sharded_optimizer.h"
+#include "base/error.h"
 
 #include "base/memory.h"
 #include "zero/optimizers.h"
@@ -15,15 +16,15 @@ namespace accel::zero {
 
 EngineAndOptimizer prepare(std::shared_ptr<torch::nn::Module> model, const torch::optim::Optimizer& optimizer,
                            const ShardingSpec& spec, std::shared_ptr<comm::Communicator> world) {
-  if (!model) throw std::invalid_argument("accel::prepare: the model is null");
+  if (!model) throw accel::InvalidArgumentError("accel::prepare: the model is null");
   if (dynamic_cast<const torch::optim::LBFGS*>(&optimizer))
-    throw std::invalid_argument(fmt::format(
+    throw accel::InvalidArgumentError(fmt::format(
         "accel::prepare: torch::optim::LBFGS cannot be sharded: its line search and curvature history work on "
         "whole parameter tensors through a closure. Use {}",
         optimizer_names("or")));
   const OptimizerRow* row = find_optimizer_row(optimizer);
   if (!row)
-    throw std::invalid_argument(fmt::format(
+    throw accel::InvalidArgumentError(fmt::format(
         "accel::prepare: optimizer type {} is not supported (accel rebuilds the optimizer over parameter shards and "
         "knows how for {})",
         c10::demangle(typeid(optimizer).name()), optimizer_names("and")));

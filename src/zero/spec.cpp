@@ -1,4 +1,5 @@
 #include "zero/spec.h"
+#include "base/error.h"
 
 #include "base/check.h"
 
@@ -71,13 +72,13 @@ ShardingSpec ShardingSpec::zero(int stage) {
       s.strategy = row.strategy;
       return s;
     }
-  throw std::invalid_argument(fmt::format("ZeRO stage must be 0, 1, 2 or 3, got {}", stage));
+  throw accel::InvalidArgumentError(fmt::format("ZeRO stage must be 0, 1, 2 or 3, got {}", stage));
 }
 
 ShardingSpec ShardingSpec::fsdp(const std::string& name) {
   const StrategyInfo* row = find_fsdp(name);
   if (!row)
-    throw std::invalid_argument(fmt::format("FSDP sharding strategy '{}' is not one of {}", name, fsdp_names()));
+    throw accel::InvalidArgumentError(fmt::format("FSDP sharding strategy '{}' is not one of {}", name, fsdp_names()));
   ShardingSpec s;
   s.strategy = row->strategy;
   return s;
@@ -85,29 +86,29 @@ ShardingSpec ShardingSpec::fsdp(const std::string& name) {
 
 void ShardingSpec::validate() const {
   if (bucket_bytes < 0)
-    throw std::invalid_argument(fmt::format("ShardingSpec.bucket_bytes must be >= 0, got {}", bucket_bytes));
+    throw accel::InvalidArgumentError(fmt::format("ShardingSpec.bucket_bytes must be >= 0, got {}", bucket_bytes));
   if (grad_buckets_in_flight < 1)
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("ShardingSpec.grad_buckets_in_flight must be >= 1, got {}", grad_buckets_in_flight));
   if (align_elements < 1)
-    throw std::invalid_argument(fmt::format("ShardingSpec.align_elements must be >= 1, got {}", align_elements));
+    throw accel::InvalidArgumentError(fmt::format("ShardingSpec.align_elements must be >= 1, got {}", align_elements));
   wrap.validate();
   if (offload.param != OffloadDevice::None && !shards_parameters())
-    throw std::invalid_argument(
+    throw accel::InvalidArgumentError(
         fmt::format("offload_param needs sharded parameters (ZeRO-3, FULL_SHARD or HYBRID_SHARD); the strategy is {}",
                     zero::to_string(strategy)));
   if (offload.optimizer_on_disk() && offload.optimizer_nvme_path.empty())
-    throw std::invalid_argument("offload_optimizer.device is nvme but offload_optimizer.nvme_path is not set");
+    throw accel::InvalidArgumentError("offload_optimizer.device is nvme but offload_optimizer.nvme_path is not set");
   if (offload.param_on_disk() && offload.param_nvme_path.empty())
-    throw std::invalid_argument("offload_param.device is nvme but offload_param.nvme_path is not set");
+    throw accel::InvalidArgumentError("offload_param.device is nvme but offload_param.nvme_path is not set");
   if (offload.optimizer_buffer_count < 2 || offload.param_buffer_count < 2)
-    throw std::invalid_argument(fmt::format("offload buffer_count must be >= 2, got {} (optimizer), {} (param)",
-                                            offload.optimizer_buffer_count, offload.param_buffer_count));
+    throw accel::InvalidArgumentError(fmt::format("offload buffer_count must be >= 2, got {} (optimizer), {} (param)",
+                                                  offload.optimizer_buffer_count, offload.param_buffer_count));
   if (offload.sub_group_size < 1)
-    throw std::invalid_argument(fmt::format("sub_group_size must be >= 1, got {}", offload.sub_group_size));
+    throw accel::InvalidArgumentError(fmt::format("sub_group_size must be >= 1, got {}", offload.sub_group_size));
   for (auto dt : {param_dtype, reduce_dtype, master_dtype})
     if (dt && !c10::isFloatingType(*dt))
-      throw std::invalid_argument(
+      throw accel::InvalidArgumentError(
           fmt::format("ShardingSpec dtypes must be floating point, got {}", c10::toString(*dt)));
 }
 
