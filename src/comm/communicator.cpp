@@ -192,6 +192,8 @@ WorkPtr Communicator::submit(Collective kind, const at::Tensor& input, const at:
   Backend& backend = backend_for(input);
   if (timeout <= Duration::zero()) timeout = default_timeout();
   auto work = std::make_shared<Work>(describe(kind, input, op, root), rank_, size_, timeout);
+  if (log::enabled(log::Level::Debug))  // (every collective of every rank: ACCEL_LOG_LEVEL=debug only)
+    log::debug(fmt::format("{} over {} in a group of {}", work->what(), backend.name(), size_));
   work->keep_alive(std::make_shared<std::pair<at::Tensor, at::Tensor>>(input, output));
   work->set_wait_sink(wait_ns_);
   std::weak_ptr<std::atomic<bool>> broken = broken_;

@@ -1,7 +1,9 @@
 #include "zero/grad_reducer.h"
 #include "base/check.h"
+#include "base/log.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -55,6 +57,20 @@ GradReducer::GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10
         at += flats_[m]->layout().padded();
       }
     }
+  if (shard_->rank() == 0 && log::enabled(log::Level::Debug)) {
+    std::string sizes;
+    for (const auto& b : buckets_) {
+      std::int64_t bytes = 0;
+      for (auto m : b.members) bytes += flats_[m]->layout().padded() * esize;
+      sizes += fmt::format("{}{} flat(s) {:.2f} MiB", sizes.empty() ? "" : ", ", b.members.size(),
+                           static_cast<double>(bytes) / 1048576);
+    }
+    log::debug(fmt::format("gradient buckets ({}, {}, up to {} B each, {} in flight): {}",
+                           mode_ == Mode::AllReduce              ? "all-reduce"
+                           : mode_ == Mode::ReduceScatterInPlace ? "reduce-scatter in place"
+                                                                 : "reduce-scatter",
+                           c10::toString(dtype_), bucket_bytes, in_flight, sizes));
+  }
   marked_.assign(flats_.size(), 0);
   results_.resize(flats_.size());
 
