@@ -209,11 +209,11 @@ void log_plan(const AcceleratorConfig& cfg, const zero::Engine& e, c10::Device d
   if (!log::enabled(log::Level::Info)) return;
   const auto* po = e.param_offload();
   const auto* oo = e.optimizer_offload();
+  const std::string spec = cfg.spec.to_string();  // "ZERO_3: ...": the strategy is said in config terms instead
   log::info(fmt::format(
       "plan: {} on {} rank(s) of {}, shard group of {}: {}; node-shared parameters {:.1f} MiB and gradient pool "
       "{:.1f} MiB per rank; offload: optimizer {}, parameters {}",
-      strategy_name(cfg), e.world().size(), device.str(), e.shard_group()->size(),
-      cfg.spec.to_string().substr(cfg.spec.to_string().find(": ") + 2),  // (the strategy said in config terms)
+      strategy_name(cfg), e.world().size(), device.str(), e.shard_group()->size(), spec.substr(spec.find(": ") + 2),
       static_cast<double>(e.node_shared_bytes()) / 1048576 / std::max(1, e.shard_group()->size()),
       static_cast<double>(e.node_shared_grad_bytes()) / 1048576,
       offload_text(cfg.spec.offload.optimizer, oo ? oo->path() : "", oo ? oo->bytes() : 0),

@@ -20,28 +20,17 @@ class Error {
   virtual const char* what() const noexcept = 0;
 };
 
-class InvalidArgumentError : public std::invalid_argument, public Error {
+// One of the standard exceptions that is also an accel::Error (what() answers for both).
+template <class Std>
+class StdError : public Std, public Error {
  public:
-  using std::invalid_argument::invalid_argument;
-  const char* what() const noexcept override { return std::invalid_argument::what(); }
+  using Std::Std;
+  const char* what() const noexcept override { return Std::what(); }
 };
 
-class RuntimeError : public std::runtime_error, public Error {
- public:
-  using std::runtime_error::runtime_error;
-  const char* what() const noexcept override { return std::runtime_error::what(); }
-};
-
-class LogicError : public std::logic_error, public Error {
- public:
-  using std::logic_error::logic_error;
-  const char* what() const noexcept override { return std::logic_error::what(); }
-};
-
-class OutOfRangeError : public std::out_of_range, public Error {
- public:
-  using std::out_of_range::out_of_range;
-  const char* what() const noexcept override { return std::out_of_range::what(); }
-};
+using InvalidArgumentError = StdError<std::invalid_argument>;
+using RuntimeError = StdError<std::runtime_error>;
+using LogicError = StdError<std::logic_error>;
+using OutOfRangeError = StdError<std::out_of_range>;
 
 }  // namespace accel
