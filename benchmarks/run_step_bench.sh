@@ -117,6 +117,7 @@ if [ "${1:-}" = "--large" ]; then
   echo "place; ZeRO-3's peak RSS counts the $(awk -v b="${shared:-0}" 'BEGIN {printf "%.0f", b / 1048576}') MiB of parameters in each rank, the node holds them once."
   echo "*-private (the path GPUs and multi-node runs take): ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0, each rank's"
   echo "shard and gradient buffers its own, parameters all-gathered around each unit's use."
+  echo "DDP has no node-shared buffers in either mode (parameters replicated, gradients all-reduced from private buckets)."
   exit 0
 fi
 HEADER="| strategy      | precision | ranks | step ms | peak MiB | node MiB | params | grads | optim | gathered | activations | moved MiB | ×Ψ(n-1)/n·4B | peak RSS MiB | PSS MiB | wait ms |

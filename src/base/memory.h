@@ -68,17 +68,19 @@ void reset_peaks();
 // counting one is) keeps freed blocks of 32 MiB and more and hands them out again to a request of the
 // same size. Buffers freed and allocated again every step (a unit's gathered parameters, its full
 // gradient) then reuse warm pages instead of page-faulting fresh ones. The cache only holds what keeps
-// the process within the most it has had in use at once (in use + cached <= high-water mark; the
-// oldest blocks are freed first when an allocation would pass it), so no peak grows because of it. Process-wide,
+// the process within the most it has had in use at once plus one block (in use + cached <= high-water
+// mark + the largest block of 32 MiB or more handed out; the oldest blocks are freed first when an
+// allocation would pass it), so a peak grows by at most that one block because of it. Process-wide,
 // idempotent; the counters (snapshot) count blocks in use, not cached ones. Returns false where glibc's part has no
 // effect (not glibc, or mallopt refused).
 bool keep_freed_cpu_memory();
 // True once keep_freed_cpu_memory() has been called in this process.
 bool keeping_freed_cpu_memory();
 // accel's CPU allocator now: bytes handed out and not freed, bytes the cache holds for reuse (0 until
-// keep_freed_cpu_memory), and the most ever handed out at once (all 0 until it is installed).
+// keep_freed_cpu_memory), the most ever handed out at once, and the largest block of 32 MiB or more
+// handed out (the cache's room above the high-water mark; all 0 until it is installed).
 struct CpuCacheStats {
-  std::int64_t in_use = 0, cached = 0, high_water = 0;
+  std::int64_t in_use = 0, cached = 0, high_water = 0, largest_block = 0;
 };
 CpuCacheStats cpu_cache_stats();
 // Frees every block the cache holds (torch.cuda.empty_cache for the CPU); the cache stays on.
