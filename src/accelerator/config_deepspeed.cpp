@@ -14,6 +14,7 @@
 #include "accelerator/config.h"
 
 #include "accelerator/config_detail.h"
+#include "accelerator/config_keys.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -30,247 +31,22 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-enum class Kind { Bool, Int, Number, String, Object, Any };
+using config_keys::Type;
+using Keys = std::vector<const config_keys::Key*>;
 
-// One key of a block. `ignored` == nullptr: accel acts on it; otherwise why it is accepted but ignored.
-struct Key {
-  const char* name;
-  const char* alias;  // "" when none
-  Kind kind;
-  const char* ignored;
-};
+// The keys of a block of the JSON (config_keys_table.cpp).
+Keys keys_of(const std::string& section) { return config_keys::section(config_keys::Dialect::DeepSpeed, section); }
 
-constexpr const char* kOptimizer = "accel uses the optimizer/scheduler passed to prepare()";
-constexpr const char* kMonitor =
-    "DeepSpeed's own logging/monitoring; accel's trackers are log_with (tensorboard, jsonl, csv: docs/trackers.md)";
-constexpr const char* kNoCounterpart = "a DeepSpeed feature with no accel counterpart";
-constexpr const char* kAverage = "accel averages gradients once, in the reduction";
-constexpr const char* kFetcher =
-    "tunes DeepSpeed's per-parameter ZeRO-3 fetcher; accel gathers whole units and prefetches the next one";
-constexpr const char* kGather = "accel all-gathers each unit's flat parameter in one collective";
-constexpr const char* kDetail = "a DeepSpeed implementation detail with no accel counterpart";
-constexpr const char* kZeroPP = "ZeRO++ is not implemented in accel";
-constexpr const char* kMics = "MiCS is not implemented in accel";
-constexpr const char* kPinned =
-    "accel always pins the host memory it offloads to from a GPU (a model on the CPU needs no pinning)";
-constexpr const char* kAioThreads =
-    "accel's io_uring path completes each file's requests on one thread, its fallback pool runs queue_depth "
-    "threads";
-constexpr const char* kPipelined = "accel always reads the next sub-group ahead and writes the last one behind";
-constexpr const char* kOffloadCpu = "applies to offload to cpu, which on a CPU run changes nothing";
-constexpr const char* kBufferSize = "accel sizes each staging buffer to the largest unit shard";
-constexpr const char* kInit = "accel writes the initial state in one sequential pass";
-constexpr const char* kMaster = "accel keeps fp32 master weights and optimizer state";
-
-const std::vector<Key>& top_keys() {
-  static const std::vector<Key> keys = {
-      {"train_batch_size", "", Kind::Any, nullptr},
-      {"train_micro_batch_size_per_gpu", "", Kind::Any, nullptr},
-      {"gradient_accumulation_steps", "", Kind::Any, nullptr},
-      {"gradient_clipping", "", Kind::Any, nullptr},
-      {"fp16", "", Kind::Object, nullptr},
-      {"bf16", "bfloat16", Kind::Object, nullptr},
-      {"zero_optimization", "", Kind::Any, nullptr},
-      {"communication_data_type", "", Kind::Any, nullptr},
-      {"gradient_allreduce_op", "", Kind::String, nullptr},
-      {"amp", "", Kind::Object, nullptr},
-      {"optimizer", "", Kind::Any, kOptimizer},
-      {"scheduler", "", Kind::Any, kOptimizer},
-      {"steps_per_print", "", Kind::Any, kMonitor},
-      {"wall_clock_breakdown", "", Kind::Any, kMonitor},
-      {"memory_breakdown", "", Kind::Any, kMonitor},
-      {"dump_state", "", Kind::Any, kMonitor},
-      {"flops_profiler", "", Kind::Any, kMonitor},
-      {"tensorboard", "", Kind::Object, nullptr},  // enabled: true = log_with tensorboard
-      {"wandb", "", Kind::Any,
-       "accel has no W&B tracker; log_with tensorboard, then `wandb sync --sync-tensorboard` (docs/trackers.md)"},
-      {"csv_monitor", "", Kind::Object, nullptr},  // enabled: true = log_with csv
-      {"comet", "", Kind::Any, kMonitor},
-      {"comms_logger", "", Kind::Any, kMonitor},
-      {"prescale_gradients", "", Kind::Any, kAverage},
-      {"gradient_predivide_factor", "", Kind::Any, kAverage},
-      {"zero_allow_untested_optimizer", "", Kind::Any, "accel shards any torch::optim optimizer"},
-      {"zero_force_ds_cpu_optimizer", "", Kind::Any,
-       "DeepSpeedCPUAdam belongs to DeepSpeed's Python package; accel steps the optimizer passed to prepare()"},
-      {"activation_checkpointing", "", Kind::Object, nullptr},
-      {"data_types", "", Kind::Any, "accel accumulates gradients in the parameters' dtype"},
-      {"checkpoint", "", Kind::Any, "DeepSpeed checkpoint-engine options; accel writes its own checkpoint format"},
-      {"managed_gradient_accumulation", "", Kind::Any, "accel's accumulate() always owns the accumulation boundary"},
-      {"sparse_gradients", "", Kind::Any, kNoCounterpart},
-      {"disable_allgather", "", Kind::Any, kNoCounterpart},
-      {"elasticity", "", Kind::Any, kNoCounterpart},
-      {"autotuning", "", Kind::Any, kNoCounterpart},
-      {"compression_training", "", Kind::Any, kNoCounterpart},
-      {"data_efficiency", "", Kind::Any, kNoCounterpart},
-      {"curriculum_learning", "", Kind::Any, kNoCounterpart},
-      {"pipeline", "", Kind::Any, kNoCounterpart},
-      {"aio", "", Kind::Object, nullptr},
-      {"nebula", "", Kind::Any, kNoCounterpart},
-      {"quantize_training", "", Kind::Any, kNoCounterpart},
-      {"sequence_parallel_size", "", Kind::Any, kNoCounterpart},
-      {"torch_autocast", "", Kind::Any, "accel's autocast follows mixed_precision"},
-      {"compile", "", Kind::Any, "torch.compile is Python only"},
-      {"hybrid_engine", "", Kind::Any, kNoCounterpart},
-      {"weight_quantization", "", Kind::Any, kNoCounterpart},
-      {"sparse_attention", "", Kind::Any, kNoCounterpart},
-      {"eigenvalue", "", Kind::Any, kNoCounterpart},
-      {"progressive_layer_drop", "", Kind::Any, kNoCounterpart},
-  };
-  return keys;
-}
-
-const std::vector<Key>& zero_keys() {
-  static const std::vector<Key> keys = {
-      {"stage", "", Kind::Int, nullptr},
-      {"reduce_bucket_size", "", Kind::Int, nullptr},
-      {"offload_optimizer", "", Kind::Object, nullptr},
-      {"offload_param", "", Kind::Object, nullptr},
-      {"cpu_offload", "", Kind::Bool, nullptr},        // deprecated: offload_optimizer.device cpu
-      {"cpu_offload_param", "", Kind::Bool, nullptr},  // deprecated: offload_param.device cpu
-      {"cpu_offload_use_pin_memory", "", Kind::Bool, kPinned},
-      {"gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save", Kind::Bool, nullptr},
-      {"stage3_gather_fp16_weights_on_model_save", "", Kind::Bool, nullptr},  // deprecated name of the above
-      {"contiguous_gradients", "", Kind::Bool, "accel's gradients always live in flat contiguous buffers"},
-      {"reduce_scatter", "", Kind::Bool, "accel reduce-scatters whenever the stage shards gradients"},
-      {"overlap_comm", "", Kind::Bool, "accel always overlaps gradient reduction with backward"},
-      {"use_multi_rank_bucket_allreduce", "", Kind::Bool, kDetail},
-      {"allgather_partitions", "", Kind::Bool, kGather},
-      {"allgather_bucket_size", "", Kind::Int, kGather},
-      {"load_from_fp32_weights", "", Kind::Bool, kDetail},
-      {"elastic_checkpoint", "", Kind::Bool, kDetail},
-      {"sub_group_size", "", Kind::Int, nullptr},
-      {"prefetch_bucket_size", "stage3_prefetch_bucket_size", Kind::Int, kFetcher},
-      {"param_persistence_threshold", "stage3_param_persistence_threshold", Kind::Int, kFetcher},
-      {"model_persistence_threshold", "stage3_model_persistence_threshold", Kind::Int, kFetcher},
-      {"max_live_parameters", "stage3_max_live_parameters", Kind::Int, kFetcher},
-      {"max_reuse_distance", "stage3_max_reuse_distance", Kind::Int, kFetcher},
-      {"module_granularity_threshold", "stage3_module_granularity_threshold", Kind::Int, kFetcher},
-      {"use_all_reduce_for_fetch_params", "stage3_use_all_reduce_for_fetch_params", Kind::Bool, kFetcher},
-      {"allgather_sequential", "stage3_allgather_sequential", Kind::Bool, kFetcher},
-      {"ignore_unused_parameters", "", Kind::Bool, kDetail},
-      {"legacy_stage1", "", Kind::Bool, kDetail},
-      {"round_robin_gradients", "", Kind::Bool, kDetail},
-      {"memory_efficient_linear", "", Kind::Bool, kDetail},
-      {"override_module_apply", "", Kind::Bool, kDetail},
-      {"log_trace_cache_warnings", "", Kind::Bool, kDetail},
-      {"enable_sanity_checks", "", Kind::Bool, kDetail},
-      {"pipeline_loading_checkpoint", "", Kind::Bool, kDetail},
-      {"zero_hpz_partition_size", "", Kind::Int, kZeroPP},
-      {"zero_quantized_weights", "", Kind::Bool, kZeroPP},
-      {"zero_quantized_nontrainable_weights", "", Kind::Bool, kZeroPP},
-      {"zero_quantized_gradients", "", Kind::Bool, kZeroPP},
-      {"zeropp_loco_param", "", Kind::Any, kZeroPP},
-      {"mics_shard_size", "", Kind::Int, kMics},
-      {"mics_hierarchical_params_gather", "", Kind::Bool, kMics},
-  };
-  return keys;
-}
-
-const std::vector<Key>& offload_optimizer_keys() {
-  static const std::vector<Key> keys = {
-      {"device", "", Kind::String, nullptr},
-      {"nvme_path", "", Kind::String, nullptr},
-      {"buffer_count", "", Kind::Int, nullptr},
-      {"pin_memory", "", Kind::Bool, kPinned},
-      {"pipeline", "", Kind::Bool, kPipelined},
-      {"pipeline_read", "", Kind::Bool, kPipelined},
-      {"pipeline_write", "", Kind::Bool, kPipelined},
-      {"fast_init", "", Kind::Bool, kInit},
-      {"ratio", "", Kind::Number, "accel offloads all of the optimizer state (ratio 1)"},
-      {"super_offload", "", Kind::Bool, kNoCounterpart},
-      {"cpuadam_cores_perc", "", Kind::Number, "accel's CPU step uses the rank's intra-op threads"},
-  };
-  return keys;
-}
-
-const std::vector<Key>& offload_param_keys() {
-  static const std::vector<Key> keys = {
-      {"device", "", Kind::String, nullptr},      {"nvme_path", "", Kind::String, nullptr},
-      {"buffer_count", "", Kind::Int, nullptr},   {"buffer_size", "", Kind::Int, kBufferSize},
-      {"max_in_cpu", "", Kind::Int, kOffloadCpu}, {"pin_memory", "", Kind::Bool, kPinned},
-  };
-  return keys;
-}
-
-// DeepSpeed's asynchronous I/O block (offload to nvme).
-const std::vector<Key>& aio_keys() {
-  static const std::vector<Key> keys = {
-      {"block_size", "", Kind::Int, nullptr},
-      {"queue_depth", "", Kind::Int, nullptr},
-      {"thread_count", "", Kind::Int, kAioThreads},
-      {"intra_op_parallelism", "", Kind::Int, kAioThreads},
-      {"single_submit", "", Kind::Bool, nullptr},
-      {"overlap_events", "", Kind::Bool, nullptr},
-      {"use_gds", "", Kind::Bool, "GPUDirect Storage is not used by accel"},
-  };
-  return keys;
-}
-
-const std::vector<Key>& fp16_keys() {
-  static const std::vector<Key> keys = {
-      {"enabled", "", Kind::Bool, nullptr},
-      {"loss_scale", "", Kind::Number, nullptr},
-      {"initial_scale_power", "", Kind::Int, nullptr},
-      {"loss_scale_window", "", Kind::Int, nullptr},
-      {"hysteresis", "", Kind::Int, nullptr},
-      {"consecutive_hysteresis", "", Kind::Bool, nullptr},
-      {"min_loss_scale", "", Kind::Number, nullptr},
-      {"auto_cast", "", Kind::Bool, "accel's autocast follows mixed_precision"},
-      {"fp16_master_weights_and_grads", "", Kind::Bool, kMaster},
-  };
-  return keys;
-}
-
-const std::vector<Key>& bf16_keys() {
-  static const std::vector<Key> keys = {
-      {"enabled", "", Kind::Bool, nullptr},
-      {"immediate_grad_update", "", Kind::Bool, kDetail},
-      {"check_grad_overflow", "", Kind::Bool, kDetail},
-      {"bf16_master_weights_and_grads", "", Kind::Bool, nullptr},
-      {"bf16_optimizer_states", "", Kind::Bool,
-       "the optimizer state follows the master dtype (bf16_master_weights_and_grads)"},
-  };
-  return keys;
-}
-
-// DeepSpeed's activation_checkpointing block. Its presence turns checkpointing on for every unit
-// (the blocks a DeepSpeed model wraps in deepspeed.checkpointing.checkpoint are accel's units); what
-// its keys tune is partitioning across model-parallel ranks, which accel does not have.
-constexpr const char* kNoModelParallel =
-    "acts only with partition_activations, which partitions activations across model-parallel ranks; accel "
-    "has no model parallelism, so a unit's checkpointed inputs stay whole on their device";
-const std::vector<Key>& activation_checkpointing_keys() {
-  static const std::vector<Key> keys = {
-      {"partition_activations", "", Kind::Bool,
-       "partitions the checkpointed activations across model-parallel ranks; accel has no model parallelism"},
-      {"cpu_checkpointing", "", Kind::Bool, kNoModelParallel},
-      {"contiguous_memory_optimization", "", Kind::Bool, kNoModelParallel},
-      {"number_checkpoints", "", Kind::Int, kNoModelParallel},
-      {"synchronize_checkpoint_boundary", "", Kind::Bool,
-       "a device synchronize at each checkpoint boundary, for profiling; accel's checkpoints do not synchronize"},
-      {"profile", "", Kind::Bool, "DeepSpeed's per-checkpoint forward/backward timers; accel has none"},
-  };
-  return keys;
-}
-
-// DeepSpeed's tensorboard and csv_monitor blocks.
-const std::vector<Key>& monitor_keys() {
-  static const std::vector<Key> keys = {
-      {"enabled", "", Kind::Bool, nullptr},
-      {"output_path", "", Kind::String, "accel's trackers write to <project_dir>/<project_name> (init_trackers)"},
-      {"job_name", "", Kind::String, "accel's trackers write to <project_dir>/<project_name> (init_trackers)"},
-  };
-  return keys;
-}
-
-const char* kind_text(Kind k) {
-  switch (k) {
-    case Kind::Bool: return "a boolean (true or false)";
-    case Kind::Int: return "an integer";
-    case Kind::Number: return "a number";
-    case Kind::String: return "a string";
-    case Kind::Object: return "an object ({...})";
-    case Kind::Any: return "a value";
+const char* kind_text(Type t) {
+  switch (t) {
+    case Type::Bool: return "a boolean (true or false)";
+    case Type::Int: return "an integer";
+    case Type::Number: return "a number";
+    case Type::String:
+    case Type::Choice: return "a string";
+    case Type::Object: return "an object ({...})";
+    case Type::List: return "a list";
+    case Type::Any: return "a value";
   }
   return "?";
 }
@@ -294,14 +70,16 @@ std::optional<std::int64_t> as_integer(const json& v) {
   return std::nullopt;
 }
 
-bool has_kind(const json& v, Kind k) {
-  switch (k) {
-    case Kind::Bool: return v.is_boolean();
-    case Kind::Int: return as_integer(v).has_value();
-    case Kind::Number: return v.is_number();
-    case Kind::String: return v.is_string();
-    case Kind::Object: return v.is_object();
-    case Kind::Any: return true;
+bool has_kind(const json& v, Type t) {
+  switch (t) {
+    case Type::Bool: return v.is_boolean();
+    case Type::Int: return as_integer(v).has_value();
+    case Type::Number: return v.is_number();
+    case Type::String:
+    case Type::Choice: return v.is_string();  // the reader checks the value
+    case Type::Object: return v.is_object();
+    case Type::List: return v.is_array();
+    case Type::Any: return true;
   }
   return false;
 }
@@ -309,27 +87,32 @@ bool has_kind(const json& v, Kind k) {
 // A block's entries under their canonical names, type-checked, with "auto" and null values dropped.
 class Block {
  public:
-  Block(const json& obj, const std::string& file, const std::string& prefix, const std::vector<Key>& keys,
-        AcceleratorConfig& cfg)
+  Block(const json& obj, const std::string& file, const std::string& prefix, const Keys& keys, AcceleratorConfig& cfg)
       : file_(file), prefix_(prefix) {
     std::vector<std::string> valid;
-    for (const auto& k : keys) {
-      valid.emplace_back(k.name);
-      if (*k.alias) valid.emplace_back(k.alias);
+    for (const auto* k : keys) {
+      valid.emplace_back(k->name);
+      for (const auto& a : config_keys::aliases(*k)) valid.push_back(a);
     }
+    auto known = [&](const std::string& written) -> const config_keys::Key* {
+      for (const auto* k : keys) {
+        if (written == k->name) return k;
+        for (const auto& a : config_keys::aliases(*k))
+          if (written == a) return k;
+      }
+      return nullptr;
+    };
     for (const auto& [written, value] : obj.items()) {
-      const Key* key = nullptr;
-      for (const auto& k : keys)
-        if (written == k.name || written == k.alias) key = &k;
+      const config_keys::Key* key = known(written);
       if (!key) cd::fail_unknown_key(file, prefix + written, valid);
-      if (!entries_.emplace(key->name, Entry{written, value}).second)
+      if (auto [it, fresh] = entries_.emplace(key->name, Entry{written, value}); !fresh)
         cd::fail(file, fmt::format("both '{}{}' and its alias '{}{}' are given; keep one", prefix, key->name, prefix,
-                                   key->alias));
+                                   written == key->name ? it->second.written : written));
       if (value.is_null() || is_auto(value)) {
         dropped_.insert(key->name);
         continue;
       }
-      if (!has_kind(value, key->kind)) cd::fail_value(file, prefix + written, show(value), kind_text(key->kind));
+      if (!has_kind(value, key->type)) cd::fail_value(file, prefix + written, show(value), kind_text(key->type));
       if (key->ignored) cd::note_ignored(cfg, prefix + written, key->ignored);
     }
   }
@@ -422,7 +205,7 @@ std::optional<std::int64_t> batch_value(const Block& top, const std::string& nam
 // An offload block, or null; returns the device. The deprecated bool (cpu_offload) maps onto it.
 // nvme_path and buffer_count land in the given fields.
 std::string read_offload(const Block& zero, const std::string& block, const std::string& deprecated,
-                         const std::vector<Key>& keys, const std::string& file, AcceleratorConfig& cfg,
+                         const Keys& keys, const std::string& file, AcceleratorConfig& cfg,
                          std::string& nvme_path, int& buffer_count) {
   if (zero.has(deprecated) && zero.written(block))
     cd::fail(file, fmt::format("both the deprecated '{}' and its replacement '{}' are given; keep {}",
@@ -450,7 +233,7 @@ void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
     return;
   }
   if (!z.is_object()) cd::fail_value(file, "zero_optimization", show(z), "an object ({\"stage\": ...}) or a boolean");
-  Block zero(z, file, "zero_optimization.", zero_keys(), cfg);
+  Block zero(z, file, "zero_optimization.", keys_of("zero_optimization"), cfg);
 
   const int stage = static_cast<int>(zero.integer("stage", 0, 3, "0, 1, 2 or 3").value_or(0));
   cfg.spec = zero::ShardingSpec::zero(stage);
@@ -459,9 +242,9 @@ void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
     cfg.spec.bucket_bytes = *n * 4;
 
   auto& off = cfg.spec.offload;
-  cfg.offload_optimizer_device = read_offload(zero, "offload_optimizer", "cpu_offload", offload_optimizer_keys(), file,
+  cfg.offload_optimizer_device = read_offload(zero, "offload_optimizer", "cpu_offload", keys_of("zero_optimization.offload_optimizer"), file,
                                               cfg, off.optimizer_nvme_path, off.optimizer_buffer_count);
-  cfg.offload_param_device = read_offload(zero, "offload_param", "cpu_offload_param", offload_param_keys(), file, cfg,
+  cfg.offload_param_device = read_offload(zero, "offload_param", "cpu_offload_param", keys_of("zero_optimization.offload_param"), file, cfg,
                                           off.param_nvme_path, off.param_buffer_count);
   if (auto n = zero.integer("sub_group_size", 1, std::numeric_limits<std::int64_t>::max(), "a number of elements >= 1"))
     off.sub_group_size = *n;
@@ -478,7 +261,7 @@ void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
 }
 
 void read_fp16(const json& obj, const std::string& file, AcceleratorConfig& cfg, bool& enabled, bool& is_auto_enabled) {
-  Block b(obj, file, "fp16.", fp16_keys(), cfg);
+  Block b(obj, file, "fp16.", keys_of("fp16"), cfg);
   enabled = b.boolean("enabled").value_or(false);
   is_auto_enabled = b.written_auto("enabled");
   LossScalerConfig& s = cfg.loss_scaler;
@@ -498,7 +281,7 @@ void read_fp16(const json& obj, const std::string& file, AcceleratorConfig& cfg,
 
 void read_bf16(const json& obj, const std::string& file, const std::string& name, AcceleratorConfig& cfg, bool& enabled,
                bool& is_auto_enabled) {
-  Block b(obj, file, name + ".", bf16_keys(), cfg);
+  Block b(obj, file, name + ".", keys_of("bf16"), cfg);
   enabled = b.boolean("enabled").value_or(false);
   is_auto_enabled = b.written_auto("enabled");
   // bf16 master weights (and with them the optimizer state): half the memory of fp32 masters.
@@ -533,7 +316,7 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   AcceleratorConfig& cfg = out.cfg;
   cfg.source = source;
   cfg.distributed_type = DistributedType::DeepSpeed;
-  Block top(root, source, "", top_keys(), cfg);
+  Block top(root, source, "", keys_of(""), cfg);
 
   // The batch triad; "auto" (Hugging Face's convention) is filled at prepare().
   cfg.batch.train_batch_size = batch_value(top, "train_batch_size");
@@ -559,7 +342,7 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   for (const auto& [block, tracker] :
        {std::pair<const char*, const char*>{"tensorboard", "tensorboard"}, {"csv_monitor", "csv"}}) {
     if (!top.has(block)) continue;
-    const Block m(top.value(block), source, top.path(block) + ".", monitor_keys(), cfg);
+    const Block m(top.value(block), source, top.path(block) + ".", keys_of(block), cfg);
     if (m.boolean("enabled").value_or(false))
       cfg.log_with.emplace_back(tracker);
     else
@@ -588,7 +371,7 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   }
   cfg.spec.reduce_dtype = comm_dtype(top, source);
   if (top.has("aio")) {
-    Block aio(top.value("aio"), source, top.path("aio") + ".", aio_keys(), cfg);
+    Block aio(top.value("aio"), source, top.path("aio") + ".", keys_of("aio"), cfg);
     auto& o = cfg.spec.offload.aio;
     if (auto n = aio.integer("block_size", 4096, 1LL << 30, "a number of bytes from 4096 to 1 GiB"))
       o.block_size = static_cast<std::size_t>(*n);
@@ -598,26 +381,10 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   }
   if (top.has("activation_checkpointing")) {
     Block ac(top.value("activation_checkpointing"), source, top.path("activation_checkpointing") + ".",
-             activation_checkpointing_keys(), cfg);
+             keys_of("activation_checkpointing"), cfg);
     cfg.spec.activation_checkpointing = true;
   }
   return out;
-}
-
-std::vector<KeyRow> deepspeed_json_keys() {
-  std::vector<KeyRow> rows;
-  for (const auto& [section, keys] : {std::pair<const char*, const std::vector<Key>*>{"", &top_keys()},
-                                      {"zero_optimization", &zero_keys()},
-                                      {"zero_optimization.offload_optimizer", &offload_optimizer_keys()},
-                                      {"zero_optimization.offload_param", &offload_param_keys()},
-                                      {"aio", &aio_keys()},
-                                      {"fp16", &fp16_keys()},
-                                      {"bf16", &bf16_keys()},
-                                      {"activation_checkpointing", &activation_checkpointing_keys()},
-                                      {"tensorboard", &monitor_keys()},
-                                      {"csv_monitor", &monitor_keys()}})
-    for (const auto& k : *keys) rows.push_back({section, k.name, k.ignored});
-  return rows;
 }
 
 }  // namespace config_detail

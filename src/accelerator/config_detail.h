@@ -25,18 +25,6 @@ std::string offload_device(const std::string& where, const std::string& key, con
 // The whole file, or ConfigError "PATH: cannot read config file (...)".
 std::string read_text_file(const std::string& path);
 
-// Every key of a dialect's key tables, for the tests that hold each key to "acted on or listed as
-// ignored". `section` is the dotted block ("" for the top level, "fsdp_config",
-// "zero_optimization.offload_param", ...); `ignored` is the reason when accel ignores the key
-// whatever its value, nullptr when accel acts on it.
-struct KeyRow {
-  std::string section;
-  std::string name;
-  const char* ignored;
-};
-std::vector<KeyRow> accelerate_yaml_keys();
-std::vector<KeyRow> deepspeed_json_keys();
-
 // A DeepSpeed JSON as parse_deepspeed_json reads it, plus what the YAML dialect needs to merge it.
 struct DeepSpeedJson {
   AcceleratorConfig cfg;

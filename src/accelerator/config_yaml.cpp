@@ -13,6 +13,7 @@
 #include "accelerator/config.h"
 
 #include "accelerator/config_detail.h"
+#include "accelerator/config_keys.h"
 #include "base/files.h"
 
 #include <fmt/format.h>
@@ -29,145 +30,11 @@ namespace cd = config_detail;
 
 namespace {
 
-// A key of a section: `ignored` == nullptr when accel acts on it, else why it is accepted and ignored.
-struct YKey {
-  const char* name;
-  const char* ignored;
-};
+using config_keys::Dialect;
+using Keys = std::vector<const config_keys::Key*>;
 
-constexpr const char* kTpu = "TPU only";
-constexpr const char* kSageMaker = "Amazon SageMaker only";
-constexpr const char* kDynamo = "torch.compile (dynamo) is Python only";
-constexpr const char* kTorchrun = "a torchrun rendezvous setting; accel launches through MPI";
-constexpr const char* kHostfile = "give the hostfile to accel launch (mpirun)";
-constexpr const char* kMachine =
-    "a torchrun rendezvous setting; accel launch starts the ranks of every machine from one mpirun "
-    "(--hostfile), and each rank learns its machine from MPI";
-constexpr const char* kFp8Recipe =
-    "accel's fp8 has one recipe: Float8Linear layers with dynamic tensorwise scales from each tensor's "
-    "current amax (e4m3 forward, e5m2 gradients)";
-
-const std::vector<YKey>& top_keys() {
-  static const std::vector<YKey> keys = {
-      {"compute_environment", nullptr},
-      {"distributed_type", nullptr},
-      {"mixed_precision", nullptr},
-      {"use_cpu", nullptr},
-      {"num_processes", nullptr},
-      {"num_machines", nullptr},
-      {"machine_rank", kMachine},
-      {"main_process_ip", kMachine},
-      {"main_process_port", kMachine},
-      {"gradient_accumulation_steps", nullptr},  // accel extension
-      {"log_with", nullptr},                     // accel extension: trackers (a list or "a,b")
-      {"project_dir", nullptr},                  // accel extension: where trackers (and checkpoints) go
-      {"fsdp_config", nullptr},
-      {"deepspeed_config", nullptr},
-      {"fp8_config", nullptr},
-      {"fp16", nullptr},  // legacy: fp16: true = mixed_precision: fp16
-      {"parallelism_config", nullptr},
-      {"debug", "accel checks every collective across ranks unless ACCEL_COMM_CHECK=0"},
-      {"gpu_ids", "accel gives each rank the GPU of its local rank; restrict devices with CUDA_VISIBLE_DEVICES"},
-      {"rdzv_backend", kTorchrun},
-      {"same_network", kTorchrun},
-      {"main_training_function", "the TPU spawn entry point; a C++ program starts at main()"},
-      {"enable_cpu_affinity", "NUMA binding; bind ranks with mpirun --bind-to"},
-      {"downcast_bf16", kTpu},
-      {"tpu_name", kTpu},
-      {"tpu_zone", kTpu},
-      {"tpu_use_cluster", kTpu},
-      {"tpu_use_sudo", kTpu},
-      {"tpu_vm", kTpu},
-      {"tpu_env", kTpu},
-      {"command_file", kTpu},
-      {"commands", kTpu},
-      {"dynamo_config", kDynamo},
-      {"dynamo_backend", kDynamo},
-      {"megatron_lm_config", "Megatron-LM is Python only"},
-      {"ipex_config", "Intel Extension for PyTorch is Python only"},
-      {"mpirun_config", kHostfile},
-      {"ec2_instance_type", kSageMaker},
-      {"iam_role_name", kSageMaker},
-      {"image_uri", kSageMaker},
-      {"profile", kSageMaker},
-      {"region", kSageMaker},
-      {"base_job_name", kSageMaker},
-      {"pytorch_version", kSageMaker},
-      {"transformers_version", kSageMaker},
-      {"py_version", kSageMaker},
-      {"sagemaker_inputs_file", kSageMaker},
-      {"sagemaker_metrics_file", kSageMaker},
-      {"additional_args", kSageMaker},
-  };
-  return keys;
-}
-
-const std::vector<YKey>& fsdp_keys() {
-  static const std::vector<YKey> keys = {
-      {"fsdp_version", nullptr},
-      {"fsdp_sharding_strategy", nullptr},
-      {"fsdp_reshard_after_forward", nullptr},
-      {"fsdp_offload_params", nullptr},
-      {"fsdp_auto_wrap_policy", nullptr},
-      {"fsdp_transformer_layer_cls_to_wrap", nullptr},
-      {"fsdp_min_num_params", nullptr},
-      {"fsdp_backward_prefetch", nullptr},
-      {"fsdp_forward_prefetch", nullptr},
-      {"fsdp_state_dict_type", nullptr},
-      {"fsdp_activation_checkpointing", nullptr},
-      {"fsdp_sync_module_states", "accel always starts every rank from rank 0's weights at prepare()"},
-      {"fsdp_use_orig_params", "a PyTorch FSDP1 detail; accel's model keeps its own parameter tensors"},
-      {"fsdp_cpu_ram_efficient_loading",
-       "a Transformers loading detail; a program builds a model too large for one rank inside "
-       "Accelerator::sharded_init()"},
-      {"fsdp_ignored_modules", "not supported yet: accel shards every parameter"},
-  };
-  return keys;
-}
-
-const std::vector<YKey>& deepspeed_keys() {
-  static const std::vector<YKey> keys = {
-      {"deepspeed_config_file", nullptr},
-      {"zero_stage", nullptr},
-      {"offload_optimizer_device", nullptr},
-      {"offload_param_device", nullptr},
-      {"offload_optimizer_nvme_path", nullptr},
-      {"offload_param_nvme_path", nullptr},
-      {"gradient_accumulation_steps", nullptr},
-      {"gradient_clipping", nullptr},
-      {"zero3_save_16bit_model", nullptr},
-      {"zero3_init_flag",
-       "deepspeed.zero.Init builds Python models already sharded; accel's counterpart is "
-       "Accelerator::sharded_init(), which the program calls"},
-      {"deepspeed_multinode_launcher", "accel launch starts every node through MPI"},
-      {"deepspeed_hostfile", kHostfile},
-      {"deepspeed_exclusion_filter", kHostfile},
-      {"deepspeed_inclusion_filter", kHostfile},
-      {"deepspeed_moe_layer_cls_names", "Mixture-of-Experts leaf modules are not supported"},
-  };
-  return keys;
-}
-
-const std::vector<YKey>& fp8_keys() {
-  static const std::vector<YKey> keys = {
-      {"backend", "accel implements fp8 itself (Float8Linear); there is no backend to choose"},
-      {"fp8_format", kFp8Recipe},
-      {"amax_history_len", kFp8Recipe},
-      {"amax_compute_algo", kFp8Recipe},
-      {"margin", kFp8Recipe},
-      {"interval", kFp8Recipe},
-      {"enable_fsdp_float8_all_gather", nullptr},
-      {"pad_inner_dim",
-       "accel's Float8Linear does not pad: a matmul whose dims are not multiples of 16 runs in the exact "
-       "fp32 emulation instead of at::_scaled_mm"},
-      {"use_autocast_during_eval",
-       "Transformer Engine only; accel's Float8Linear computes in fp8 in eval as in training"},
-      {"override_linear_precision", "Transformer Engine only"},
-      {"use_mxfp8_block_scaling", "Transformer Engine only"},
-      {"opt_level", "MS-AMP only"},
-  };
-  return keys;
-}
+// The keys of a block of the YAML (config_keys_table.cpp).
+Keys keys_of(const std::string& section) { return config_keys::section(Dialect::Accelerate, section); }
 
 std::string show(const YAML::Node& n) {
   if (n.IsScalar()) return n.Scalar();
@@ -181,10 +48,9 @@ std::string show(const YAML::Node& n) {
 // One mapping of the file (the top level or a *_config block), its keys checked against a table.
 class Section {
  public:
-  // `aliases`: written name -> canonical name. `prefix`: the dotted path ("fsdp_config.").
-  // `add_prefix`: a key lacking it is read with it ("sharding_strategy" -> "fsdp_sharding_strategy").
-  Section(const YAML::Node& node, std::string file, std::string prefix, const std::vector<YKey>& keys,
-          AcceleratorConfig& cfg, const std::map<std::string, std::string>& aliases = {},
+  // `prefix`: the dotted path ("fsdp_config."). A key may be written under one of its aliases (the
+  // table's). `add_prefix`: a key lacking it is read with it ("sharding_strategy" -> "fsdp_sharding_strategy").
+  Section(const YAML::Node& node, std::string file, std::string prefix, const Keys& keys, AcceleratorConfig& cfg,
           const std::string& add_prefix = "")
       : file_(std::move(file)), prefix_(std::move(prefix)) {
     if (!node.IsDefined() || node.IsNull()) return;
@@ -192,10 +58,14 @@ class Section {
       cd::fail_value(file_, prefix_.empty() ? std::string("the file") : prefix_.substr(0, prefix_.size() - 1),
                      show(node), "a mapping of keys (key: value lines)");
     std::vector<std::string> valid;
-    for (const auto& k : keys) valid.emplace_back(k.name);
-    auto known = [&](const std::string& n) -> const YKey* {
-      for (const auto& k : keys)
-        if (n == k.name) return &k;
+    std::map<std::string, std::string> aliases;  // written name -> canonical name
+    for (const auto* k : keys) {
+      valid.emplace_back(k->name);
+      for (const auto& a : config_keys::aliases(*k)) aliases.emplace(a, k->name);
+    }
+    auto known = [&](const std::string& n) -> const config_keys::Key* {
+      for (const auto* k : keys)
+        if (n == k->name) return k;
       return nullptr;
     };
     for (auto it = node.begin(); it != node.end(); ++it) {
@@ -205,7 +75,7 @@ class Section {
       std::string name = written;
       if (auto a = aliases.find(written); a != aliases.end()) name = a->second;
       if (!known(name) && !add_prefix.empty() && known(add_prefix + name)) name = add_prefix + name;
-      const YKey* key = known(name);
+      const config_keys::Key* key = known(name);
       if (!key) cd::fail_unknown_key(file_, prefix_ + written, valid);
       if (auto prev = entries_.find(name); prev != entries_.end())
         cd::fail(file_, prev->second.written == written
@@ -605,7 +475,7 @@ void read_deepspeed(const Section& s, const std::string& base_dir, const TopLeve
 // --- fp8_config --------------------------------------------------------------------------------
 
 void read_fp8(const Section& s, AcceleratorConfig& cfg) {
-  // The recipe keys are ignored (kFp8Recipe) but their values are still checked.
+  // The recipe keys are ignored (config_keys_table.cpp says why) but their values are still checked.
   s.choice("backend", {"AO", "TE", "MSAMP"});
   s.choice("fp8_format", {"HYBRID", "E4M3", "E5M2"});
   s.integer("amax_history_len", 1, kIntMax, "an integer >= 1");
@@ -630,24 +500,12 @@ YAML::Node load_yaml(const std::string& text, const std::string& source) {
 
 }  // namespace
 
-namespace config_detail {
-std::vector<KeyRow> accelerate_yaml_keys() {
-  std::vector<KeyRow> rows;
-  for (const auto& [section, keys] : {std::pair<const char*, const std::vector<YKey>*>{"", &top_keys()},
-                                      {"fsdp_config", &fsdp_keys()},
-                                      {"deepspeed_config", &deepspeed_keys()},
-                                      {"fp8_config", &fp8_keys()}})
-    for (const auto& k : *keys) rows.push_back({section, k.name, k.ignored});
-  return rows;
-}
-}  // namespace config_detail
-
 AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::string& source,
                                         const std::string& base_dir) {
   const YAML::Node root = load_yaml(text, source);
   AcceleratorConfig cfg;
   cfg.source = source;
-  const Section top(root, source, "", top_keys(), cfg);
+  const Section top(root, source, "", keys_of(""), cfg);
   cfg.distributed_type = read_distributed_type(top);
   read_machine(top, cfg);
   TopLevel tl;
@@ -667,14 +525,11 @@ AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::stri
              "(data parallel sharding comes from distributed_type)");
 
   const Section fsdp(top.has("fsdp_config") ? top.node("fsdp_config") : YAML::Node(), source, "fsdp_config.",
-                     fsdp_keys(), cfg, {{"fsdp_backward_prefetch_policy", "fsdp_backward_prefetch"}}, "fsdp_");
+                     keys_of("fsdp_config"), cfg, "fsdp_");
   const Section ds(top.has("deepspeed_config") ? top.node("deepspeed_config") : YAML::Node(), source,
-                   "deepspeed_config.", deepspeed_keys(), cfg);
-  const Section fp8(top.has("fp8_config") ? top.node("fp8_config") : YAML::Node(), source, "fp8_config.", fp8_keys(),
-                    cfg,
-                    {{"amax_history_length", "amax_history_len"},
-                     {"amax_compute_algorithm", "amax_compute_algo"},
-                     {"optimization_level", "opt_level"}});
+                   "deepspeed_config.", keys_of("deepspeed_config"), cfg);
+  const Section fp8(top.has("fp8_config") ? top.node("fp8_config") : YAML::Node(), source, "fp8_config.",
+                    keys_of("fp8_config"), cfg);
   const std::string type = to_string(cfg.distributed_type);
   if (!fsdp.empty() && cfg.distributed_type != DistributedType::Fsdp)
     cd::fail(source, fmt::format("fsdp_config is set but distributed_type is {}; set distributed_type: FSDP or remove "

@@ -1,5 +1,5 @@
-// `accel config`: the questionnaire (answers on stdin), `accel config default` (no questions) and
-// `accel config explain FILE`. Written files go to --config_file, else the default location
+// `accel config`: the questionnaire (answers on stdin), `accel config default` (no questions),
+// `accel config explain FILE` and `accel config keys` (the key table of both dialects). Written files go to --config_file, else the default location
 // (cli/paths.h), through a temporary file renamed into place; each is parsed back before it is kept.
 #include "cli/commands.h"
 #include "cli/config_explain.h"
@@ -7,6 +7,7 @@
 #include "cli/paths.h"
 
 #include "accelerator/config.h"
+#include "accelerator/config_keys.h"
 #include "base/files.h"
 #include "comm/nccl_backend.h"
 
@@ -37,13 +38,16 @@ struct ConfigArgs {
   bool force = false;
   std::string explain_file;
   std::optional<int> num_processes, num_machines;
+  std::string keys_dialect;
+  bool keys_markdown = false;
 };
 
 }  // namespace
 
 void add_config_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<ConfigArgs>();
-  auto* cmd = app.add_subcommand("config", "Write a config by answering questions (or: default, explain FILE)");
+  auto* cmd =
+      app.add_subcommand("config", "Write a config by answering questions (or: default, explain FILE, keys)");
   cmd->add_option("--config_file", a->config_file,
                   fmt::format("Where to write it (default: {})", default_config_path()));
   cmd->callback([&exit_code, a, cmd] {
@@ -100,6 +104,23 @@ void add_config_command(CLI::App& app, int& exit_code) {
       fmt::print(stderr, "accel config explain: error: {}\n", e.what());
       exit_code = 1;
     }
+  });
+
+  auto* keys = cmd->add_subcommand("keys", "Print every key of both config dialects: type, default, values, meaning");
+  keys->add_option("--dialect", a->keys_dialect, "Only this dialect: accelerate (the YAML) or deepspeed (the JSON)")
+      ->check(CLI::IsMember({"accelerate", "deepspeed"}));
+  keys->add_flag("--markdown", a->keys_markdown, "Write docs/configuration.md's text (both dialects)");
+  keys->callback([&exit_code, a] {
+    if (a->keys_markdown && !a->keys_dialect.empty()) {
+      fmt::print(stderr, "accel config keys: --markdown writes both dialects; leave out --dialect\n");
+      exit_code = 2;
+      return;
+    }
+    std::optional<config_keys::Dialect> only;
+    if (a->keys_dialect == "accelerate") only = config_keys::Dialect::Accelerate;
+    if (a->keys_dialect == "deepspeed") only = config_keys::Dialect::DeepSpeed;
+    fmt::print("{}", a->keys_markdown ? config_keys::markdown() : config_keys::text(only));
+    exit_code = 0;
   });
 }
 

@@ -5,6 +5,7 @@
 #include "accelerator/config.h"
 
 #include "accelerator/config_detail.h"
+#include "accelerator/config_keys.h"
 #include "config_test_support.h"
 
 #include <fmt/format.h>
@@ -13,6 +14,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <set>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +31,18 @@ using WrapKind = zero::WrapPolicy::Kind;
 // resolve_batch: DeepSpeed's batch rule (deepspeed/runtime/config.py, _set_batch_related_parameters)
 
 using OptI = std::optional<std::int64_t>;
+
+// The key table's rows of one dialect (accelerator/config_keys.h), as the checks below walk them.
+struct Row {
+  std::string section, name;
+  const char* ignored;
+};
+std::vector<Row> rows_of(config_keys::Dialect d) {
+  std::vector<Row> rows;
+  for (const auto& k : config_keys::all())
+    if (k.dialect == d) rows.push_back({k.section, k.name, k.ignored});
+  return rows;
+}
 BatchConfig triad(OptI t, OptI m, OptI g) { return BatchConfig{t, m, g}; }
 
 TEST(ConfigBatch, AllThree) {
@@ -399,10 +414,57 @@ std::string yaml_doc(const std::string& section, const std::string& key_lines, c
   return "distributed_type: FSDP\nmixed_precision: fp8\nfp8_config:\n" + base + key_lines;
 }
 
+TEST(ConfigKeys, TheTableListsEachKeyOnceWithATypeAndAMeaningAndPrintsThemAll) {
+  std::set<std::string> seen;
+  for (const auto& k : config_keys::all()) {
+    const std::string path = fmt::format("{}: {}.{}", config_keys::dialect_name(k.dialect), k.section, k.name);
+    EXPECT_TRUE(seen.insert(path).second) << path << " is listed twice";
+    EXPECT_GT(std::strlen(k.meaning), 0U) << path << " has no meaning";
+    if (k.ignored) EXPECT_GT(std::strlen(k.ignored), 0U) << path;
+    for (const auto& a : config_keys::aliases(k)) EXPECT_NE(a, k.name) << path;
+  }
+  const std::string both = config_keys::text(), yaml = config_keys::text(config_keys::Dialect::Accelerate),
+                    json = config_keys::text(config_keys::Dialect::DeepSpeed);
+  for (const auto& k : config_keys::all()) {
+    EXPECT_NE(both.find(k.name), std::string::npos) << k.name;
+    EXPECT_NE((k.dialect == config_keys::Dialect::Accelerate ? yaml : json).find(k.name), std::string::npos) << k.name;
+  }
+  EXPECT_EQ(json.find("fsdp_config"), std::string::npos);
+  EXPECT_EQ(yaml.find("zero_optimization"), std::string::npos);
+}
+
+// The values the table lists for a choice are the ones the reader names when it refuses a bad value.
+TEST(ConfigKeys, EveryChoiceListsTheValuesTheYamlReaderAccepts) {
+  int checked = 0;
+  for (const auto& k : config_keys::all()) {
+    if (k.dialect != config_keys::Dialect::Accelerate || k.type != config_keys::Type::Choice) continue;
+    const std::string path = *k.section ? std::string(k.section) + "." + k.name : std::string(k.name);
+    SCOPED_TRACE(path);
+    const std::string indent = *k.section ? "  " : "";
+    const std::string doc = std::string(k.name) == "distributed_type"
+                                ? "distributed_type: NOT_A_VALUE\n"
+                                : yaml_doc(k.section, indent + k.name + ": NOT_A_VALUE\n", "");
+    const std::string m = yaml_error(doc);
+    std::string value;
+    for (const char* c = k.range;; ++c) {
+      if (*c == ',' || *c == '\0') {
+        while (!value.empty() && value.front() == ' ') value.erase(value.begin());
+        if (!value.empty()) EXPECT_HAS(m, value);
+        value.clear();
+        if (*c == '\0') break;
+      } else {
+        value += *c;
+      }
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 3);
+}
+
 TEST(ConfigKeys, EveryAccelerateKeyIsActedOnOrIgnoredWithItsReason) {
   TempDir dir;
   const std::string json = dir.write("z1.json", R"({"zero_optimization": {"stage": 1}})");
-  for (const auto& row : config_detail::accelerate_yaml_keys()) {
+  for (const auto& row : rows_of(config_keys::Dialect::Accelerate)) {
     const std::string path = row.section.empty() ? row.name : row.section + "." + row.name;
     SCOPED_TRACE(path);
     KeyCase kc{"true"};
@@ -517,7 +579,7 @@ TEST(ConfigKeys, EveryDeepSpeedKeyIsActedOnOrIgnoredWithItsReason) {
     if (auto it = values.find(name); it != values.end()) return it->second;
     return "";
   };
-  for (const auto& row : config_detail::deepspeed_json_keys()) {
+  for (const auto& row : rows_of(config_keys::Dialect::DeepSpeed)) {
     const std::string path = row.section.empty() ? row.name : row.section + "." + row.name;
     SCOPED_TRACE(path);
     KeyCase kc{""};
