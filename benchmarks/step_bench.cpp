@@ -52,7 +52,7 @@
 #include "kernels/cpu_gemm.h"
 #include "mixed_precision/loss_scaler.h"
 #include "sharding/sharded_init.h"
-#include "support/models.h"
+#include "models/gpt.h"
 #include "zero/plan.h"
 #include "zero/sharded_optimizer.h"
 
@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
   bool show_loss = false, checkpoint = false, json = false;
   const bool cuda_usable = at::detail::getCUDAHooks().hasCUDA() && std::getenv("ACCEL_USE_CPU") == nullptr;
   std::string device_name = cuda_usable ? "cuda" : "cpu";
-  test::GPTConfig cfg{4096, 384, 6, 10, 64};
+  examples::GPTConfig cfg{4096, 384, 6, 10, 64};
   app.add_option("--strategy", strategy,
                  "plain | DDP | ZERO_1 | ZERO_2 | ZERO_3 | FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD; "
                  "a comma-separated list interleaves their steps in one run and prints time ratios");
@@ -343,7 +343,7 @@ int main(int argc, char** argv) {
   struct Run {
     std::string name;
     Precision prec;
-    std::shared_ptr<test::GPTImpl> model;
+    std::shared_ptr<examples::GPTImpl> model;
     std::unique_ptr<torch::optim::AdamW> user_opt;
     zero::EngineAndOptimizer prepared;
     torch::optim::Optimizer* opt = nullptr;
@@ -375,7 +375,7 @@ int main(int argc, char** argv) {
       Run run;
       run.name = name;
       run.prec = prec;
-      test::GPTConfig c = cfg;
+      examples::GPTConfig c = cfg;
       c.fp8 = prec.fp8;
       at::manual_seed(0);
       std::optional<zero::ShardingSpec> spec;
@@ -396,14 +396,14 @@ int main(int argc, char** argv) {
           spec->offload.param = zero::OffloadDevice::Nvme, spec->offload.param_nvme_path = offload_param;
         spec->offload.sub_group_size = sub_group_size;
         if (on_cuda) {
-          run.model = std::make_shared<test::GPTImpl>(c);  // sharded construction is CPU-only
+          run.model = std::make_shared<examples::GPTImpl>(c);  // sharded construction is CPU-only
         } else {
           // Sharded construction: each block is sharded as soon as it is built (rank 0's values).
           sharding::ShardedInit scope(world, zero::groups_for(*spec, world).shard);
-          run.model = std::make_shared<test::GPTImpl>(c);
+          run.model = std::make_shared<examples::GPTImpl>(c);
         }
       } else {
-        run.model = std::make_shared<test::GPTImpl>(c);
+        run.model = std::make_shared<examples::GPTImpl>(c);
       }
       if (on_cuda) run.model->to(device);
       psi = 0;
@@ -450,7 +450,7 @@ int main(int argc, char** argv) {
       auto t0 = Clock::now();
       at::Tensor logits = run.model->forward(x);
       if (run.prec.low()) logits = logits.to(at::kFloat);  // the loss in fp32
-      at::Tensor loss = test::lm_loss(logits, y);
+      at::Tensor loss = examples::lm_loss(logits, y);
       if (run.prec.loss_scale > 0) loss = loss * run.prec.loss_scale;
       if (run.name == "plain")
         loss.backward();

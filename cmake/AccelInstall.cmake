@@ -22,24 +22,18 @@ set(ACCEL_INTERNAL_HEADERS
   checkpoint/slice_format.h    # ... and its slice records
   checkpoint/checkpoint_error.h
   accelerator/config_text.h    # the config parsers' text helpers
-  comm/backend.h               # the transports below the Communicator
-  comm/mpi_backend.h
-  comm/nccl_backend.h
   comm/dtype.h
   comm/signature.h             # the cross-rank argument check's packing
-  comm/shm_backend.h           # the shared-memory transport and the hierarchy over nodes
-  comm/hierarchical.h
-  comm/staged_backend.h        # CUDA collectives staged through host memory
   comm/cuda_comm.h
-  comm/node_shared.h
-  comm/shm_reduce.h
   dispatch/mapped_file.h       # dispatch's mmap helper (dispatch/dispatch.h is the interface)
   offload/request_queue.h      # AsyncFile's queue (offload/async_file.h is the interface)
   optim/fused_kernels.h        # the fused step's per-ISA kernels (optim/fused_step.h is the interface)
   tracking/builtin.h           # the built-in trackers' factories (tracking/tracker.h is the interface)
   tracking/crc32c.h            # the event files' record checksums
   zero/unit_report.h)          # prepare's warning about the root unit (the Accelerator logs it)
-set(_accel_header_excludes PATTERN "cli" EXCLUDE)  # the `accel` command's internals (accel_cli_core is not installed)
+set(_accel_header_excludes
+    PATTERN "cli" EXCLUDE         # the `accel` command's internals (accel_cli_core is not installed)
+    PATTERN "transport" EXCLUDE)  # comm/transport/: the transports below the Communicator (mpi, nccl, shm, staged)
 foreach(h IN LISTS ACCEL_INTERNAL_HEADERS)
   list(APPEND _accel_header_excludes PATTERN "${h}" EXCLUDE)
 endforeach()

@@ -8,7 +8,7 @@
 #include "checkpoint/model_export.h"
 #include "checkpoint/sharded_state.h"
 #include "comm/cuda_comm.h"
-#include "comm/nccl_backend.h"
+#include "comm/transport/nccl/nccl_backend.h"
 #include "dispatch/dispatch.h"
 #include "zero/optimizer_offload.h"
 #include "zero/param_offload.h"

@@ -9,7 +9,7 @@
 #include "accelerator/config.h"
 #include "accelerator/config_keys.h"
 #include "base/files.h"
-#include "comm/nccl_backend.h"
+#include "comm/transport/nccl/nccl_backend.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

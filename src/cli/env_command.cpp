@@ -8,8 +8,8 @@
 #include "base/env.h"
 #include "comm/communicator.h"
 #include "comm/cuda_comm.h"
-#include "comm/mpi_backend.h"
-#include "comm/nccl_backend.h"
+#include "comm/transport/mpi/mpi_backend.h"
+#include "comm/transport/nccl/nccl_backend.h"
 #include "kernels/cpu_gemm.h"
 
 #include <ATen/Context.h>

@@ -231,7 +231,7 @@ std::string format_estimate(const Estimate& e) {
     out += wrap(fmt::format("* {}: {}", names, note), 100, "  ");
   }
   if (r.num_processes > 1 && r.offload != Offload::OptimizerAndParams) {
-    // (accel's CPU default for a shard group on one machine: zero/engine.cpp, comm/node_shared.cpp)
+    // (accel's CPU default for a shard group on one machine: zero/engine.cpp, comm/transport/shm/node_shared.cpp)
     const double zero3 = e.rows[3].device_bytes + e.rows[3].cpu_bytes;
     out += wrap(
         fmt::format("Node-shared (CPU ranks on one machine, accel's default there): {} keeps its parameter shards "

@@ -11,7 +11,7 @@
 #include "base/env.h"
 #include "base/files.h"
 #include "comm/cuda_comm.h"
-#include "comm/nccl_backend.h"
+#include "comm/transport/nccl/nccl_backend.h"
 
 #include <dirent.h>
 #include <sys/stat.h>

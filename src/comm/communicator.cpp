@@ -3,13 +3,13 @@
 #include "comm/communicator.h"
 #include "base/log.h"
 
-#include "comm/backend.h"
+#include "comm/transport/backend.h"
 #include "comm/cuda_comm.h"
 #include "comm/dtype.h"
-#include "comm/hierarchical.h"
-#include "comm/mpi_backend.h"
-#include "comm/nccl_backend.h"
-#include "comm/staged_backend.h"
+#include "comm/transport/hierarchical.h"
+#include "comm/transport/mpi/mpi_backend.h"
+#include "comm/transport/nccl/nccl_backend.h"
+#include "comm/transport/staged/staged_backend.h"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 #include "comm/cuda_comm.h"
 
 #include "base/env.h"
-#include "comm/nccl_backend.h"
+#include "comm/transport/nccl/nccl_backend.h"
 #include "comm/types.h"
 
 #include <fmt/format.h>

@@ -3,7 +3,7 @@
 // (one small all-reduce) and the shared-memory transport (signatures posted in the control block).
 #pragma once
 
-#include "backend.h"
+#include "comm/transport/backend.h"
 
 #include <string>
 

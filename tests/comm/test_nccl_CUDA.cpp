@@ -10,7 +10,7 @@
 
 #include "comm/communicator.h"
 #include "comm/cuda_comm.h"
-#include "comm/nccl_backend.h"
+#include "comm/transport/nccl/nccl_backend.h"
 #include "test_world.h"
 
 #if __has_include(<c10/cuda/CUDAStream.h>) && __has_include(<cuda_runtime_api.h>)

@@ -9,8 +9,8 @@
 #include "test_world.h"
 
 #include "comm/dtype.h"
-#include "comm/node_shared.h"
-#include "comm/shm_backend.h"
+#include "comm/transport/shm/node_shared.h"
+#include "comm/transport/shm/shm_backend.h"
 #include "support/scoped_env.h"
 
 #include <ATen/ATen.h>

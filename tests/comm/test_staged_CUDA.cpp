@@ -1,4 +1,4 @@
-// Collectives on CUDA tensors staged through pinned host memory (comm/staged_backend.h), the path for
+// Collectives on CUDA tensors staged through pinned host memory (comm/transport/staged/staged_backend.h), the path for
 // ranks that share a GPU or a build without NCCL: every collective, dtype and op gives the CPU path's
 // bits on the same inputs; CPU and CUDA collectives interleave in issue order; a mismatch raises on
 // every rank and leaves the group usable. And which transport ACCEL_CUDA_COMM picks (comm/cuda_comm.h),
@@ -8,7 +8,7 @@
 
 #include "comm/communicator.h"
 #include "comm/cuda_comm.h"
-#include "comm/nccl_backend.h"
+#include "comm/transport/nccl/nccl_backend.h"
 #include "support/scoped_env.h"
 #include "test_world.h"
 

@@ -17,7 +17,7 @@
 #include "accelerator/rows.h"
 #include "base/memory.h"
 #include "comm/cuda_comm.h"
-#include "comm/nccl_backend.h"
+#include "comm/transport/nccl/nccl_backend.h"
 #include "kernels/cpu_gemm.h"
 #include "mixed_precision/float8_linear.h"
 #include "support/models.h"

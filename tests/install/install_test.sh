@@ -20,7 +20,7 @@ while IFS= read -r h; do
   done < <(sed -n -e 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' \
                   -e 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*<\(accel\/[^>]*\)>.*/\1/p' "$h")
 done < <(find "$inc" -name '*.h')
-for internal in accelerator/config_detail.h comm/backend.h cli/commands.h; do
+for internal in accelerator/config_detail.h comm/transport/backend.h cli/commands.h; do
   [ ! -e "$inc/$internal" ] || { echo "internal header $internal is installed"; bad=1; }
 done
 [ $bad -eq 0 ] || exit 1

@@ -1,5 +1,5 @@
-// Models the sharding tests (and step_bench) train: an MLP whose layers are units, and the examples'
-// GPT (examples/models/gpt.h), whose blocks are units, with its output head tied to the token
+// Models the sharding tests train: an MLP whose layers are units, and the examples' GPT
+// (examples/models/gpt.h, which step_bench includes too), whose blocks are units, with its output head tied to the token
 // embedding (a parameter shared inside the root unit). Construction is deterministic given the seed,
 // so every rank and the single-process reference build the same weights.
 #pragma once

@@ -4,7 +4,7 @@
 // the same bits, no all-gather traffic, and parameters at rest that throw where private ones do. Node-shared
 // gradient buffers (ACCEL_NODE_SHARED_GRADS, on by default): the same bits as private ones, with the
 // reduce-scatters' peers reading the gradients in place.
-#include "comm/shm_backend.h"
+#include "comm/transport/shm/shm_backend.h"
 #include "support/harness.h"
 #include "support/scoped_env.h"
 

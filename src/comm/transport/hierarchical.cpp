@@ -3,12 +3,12 @@
 // (MPI), each started when the one before finished (Request::after); the whole group's arguments are
 // checked once first (a check_only request on the group's MPI transport), so a mismatch still raises
 // on every rank. 16-bit floats travel as fp32 through the chain and are rounded once at the end.
-#include "comm/hierarchical.h"
+#include "comm/transport/hierarchical.h"
 
 #include "base/env.h"
 #include "comm/dtype.h"
-#include "comm/mpi_backend.h"
-#include "comm/shm_backend.h"
+#include "comm/transport/mpi/mpi_backend.h"
+#include "comm/transport/shm/shm_backend.h"
 
 #include <ATen/ATen.h>
 

@@ -1,6 +1,6 @@
 // Collectives on device tensors through pinned host memory and the group's CPU transport (see
 // staged_backend.h for the ordering).
-#include "comm/staged_backend.h"
+#include "comm/transport/staged/staged_backend.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>

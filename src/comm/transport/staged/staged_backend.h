@@ -17,7 +17,7 @@
 // events: it compiles, and is never constructed, in a build without CUDA.
 #pragma once
 
-#include "backend.h"
+#include "comm/transport/backend.h"
 
 #include <c10/core/Device.h>
 

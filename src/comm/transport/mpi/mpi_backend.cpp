@@ -1,6 +1,6 @@
 // MPI transport. One progress thread (the Engine) makes every MPI call after MPI_Init_thread, so
 // non-blocking collectives advance while callers compute, and MPI needs only MPI_THREAD_SERIALIZED.
-#include "comm/mpi_backend.h"
+#include "comm/transport/mpi/mpi_backend.h"
 
 #include "base/env.h"
 #include "comm/dtype.h"

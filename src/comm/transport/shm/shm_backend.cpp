@@ -1,11 +1,11 @@
 // Shared-memory transport (see shm_backend.h): the segment, the per-collective step lists, and the
 // process's progress thread for collectives nobody is waiting on yet.
-#include "comm/shm_backend.h"
+#include "comm/transport/shm/shm_backend.h"
 
 #include "base/env.h"
-#include "comm/mpi_backend.h"
-#include "comm/node_shared.h"
-#include "comm/shm_reduce.h"
+#include "comm/transport/mpi/mpi_backend.h"
+#include "comm/transport/shm/node_shared.h"
+#include "comm/transport/shm/shm_reduce.h"
 #include "comm/signature.h"
 
 #include <ATen/core/Tensor.h>

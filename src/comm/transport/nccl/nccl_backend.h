@@ -10,7 +10,7 @@
 // 16-bit sums use NCCL's own (fp32-accumulating) reductions; fp8 moves as bytes.
 #pragma once
 
-#include "backend.h"
+#include "comm/transport/backend.h"
 
 #include <memory>
 #include <string>

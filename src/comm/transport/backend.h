@@ -3,8 +3,8 @@
 // a backend only moves bytes. Internal to src/comm.
 #pragma once
 
-#include "types.h"
-#include "work.h"
+#include "comm/types.h"
+#include "comm/work.h"
 
 #include <ATen/core/Tensor.h>
 

@@ -1,6 +1,6 @@
 // Element-wise reductions over n sources, in L1-sized blocks: the sources of one block are folded
 // into an accumulator, then written once (so dst may alias a source).
-#include "comm/shm_reduce.h"
+#include "comm/transport/shm/shm_reduce.h"
 #include "base/error.h"
 
 #include <c10/util/BFloat16.h>

@@ -22,10 +22,10 @@
 // Completion: the Work polls the "done" event (cudaEventQuery); while it is not ready the poll also
 // checks ncclCommGetAsyncError, so a communicator failure raises instead of hanging until the
 // timeout. On timeout the NCCL communicator is aborted (its kernels exit) and the job is marked broken.
-#include "comm/nccl_backend.h"
+#include "comm/transport/nccl/nccl_backend.h"
 
 #include "base/env.h"
-#include "comm/mpi_backend.h"
+#include "comm/transport/mpi/mpi_backend.h"
 #include "comm/signature.h"
 
 #include <ATen/ATen.h>

@@ -3,13 +3,13 @@
 // every rank has it mapped (the mappings keep it alive). Only a job killed in between leaves it in
 // /dev/shm, under /accel-ns-<pid of rank 0>-<n>. Each mapping is recorded (node_shared.h) under a key
 // made of the same two numbers, so a transport can find a peer's tensor in its own mapping.
-#include "comm/node_shared.h"
+#include "comm/transport/shm/node_shared.h"
 
 #include "comm/communicator.h"
 
 #include "base/log.h"
-#include "comm/backend.h"
-#include "comm/mpi_backend.h"
+#include "comm/transport/backend.h"
+#include "comm/transport/mpi/mpi_backend.h"
 
 #include <ATen/ops/from_blob.h>
 #include <c10/core/ScalarType.h>

@@ -3,7 +3,7 @@
 // only (no intra-op thread pool: the transport's thread must not compete with the caller's compute).
 #pragma once
 
-#include "types.h"
+#include "comm/types.h"
 
 #include <c10/core/ScalarType.h>
 

@@ -1,6 +1,6 @@
 // accel::comm NCCL backend, stand-in for builds without CUDA/NCCL (ACCEL_WITH_NCCL undefined):
 // reports that NCCL is absent and raises when a CUDA tensor would need it. No CUDA includes.
-#include "comm/nccl_backend.h"
+#include "comm/transport/nccl/nccl_backend.h"
 
 #include "comm/types.h"
 

@@ -19,7 +19,7 @@
 // own pace, then waits until its peers are done reading its own.
 #pragma once
 
-#include "backend.h"
+#include "comm/transport/backend.h"
 
 #include <memory>
 
