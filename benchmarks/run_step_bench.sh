@@ -35,6 +35,17 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # What accel's engine does with float32 CPU matmuls here (ACCEL_CPU_GEMM; `accel env` says why).
 gemm_line() { "$CLI" env 2>/dev/null | sed -n 's/^CPU fp32 matmuls  */accel'"'"'s float32 CPU matmuls (not plain'"'"'s): /p'; }
 run() { "$CLI" launch -n "$1" "$BIN" --strategy "$2" "${@:3}" 2> >(grep -v '^accel launch: ' >&2); }
+# Which shards the sharded rows used (every table says it): node-shared on one CPU node by default.
+shards_line() {
+  local p=${ACCEL_NODE_SHARED_PARAMS:-1} g=${ACCEL_NODE_SHARED_GRADS:-1}
+  if [ "$p" = 0 ] && [ "$g" = 0 ]; then
+    echo "Shards: private (ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0, the path GPUs and multi-node runs take)"
+  elif [ "$p" != 0 ] && [ "$g" != 0 ]; then
+    echo "Shards: node-shared (the default on one CPU node; ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0 for private)"
+  else
+    echo "Shards: ACCEL_NODE_SHARED_PARAMS=$p ACCEL_NODE_SHARED_GRADS=$g (node-shared where 1)"
+  fi
+}
 
 if [ "${1:-}" = "--vs-torch" ]; then
   shift
@@ -52,6 +63,7 @@ if [ "${1:-}" = "--vs-torch" ]; then
   device=$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")' 2>/dev/null || echo cpu)
   echo "accel vs PyTorch ($device; $("$PY" -c 'import torch; print("torch", torch.__version__)'), the same GPT step; median of $repeats alternating runs each, ms per step (min-max)"
   gemm_line
+  shards_line
   echo
   echo "| ranks | accel | PyTorch | accel ms | PyTorch ms | ratio |"
   echo "|---:|---|---|---:|---:|---:|"
@@ -128,6 +140,7 @@ if [ "${1:-}" = "--precision-table" ]; then
   args=("$@")
   case " $* " in *" --layers"*) ;; *) args+=(--layers 4) ;; esac
   case " $* " in *" --d-model"*) ;; *) args+=(--d-model 192) ;; esac
+  shards_line
   echo "$HEADER"
   for s in DDP ZERO_3; do
     for p in fp32 bf16 fp16 fp8; do run 2 "$s" --precision "$p" "${args[@]}"; done
@@ -138,6 +151,7 @@ if [ "${1:-}" = "--precision-table" ]; then
   exit 0
 fi
 
+shards_line
 echo "$HEADER"
 run 1 plain "$@"
 for n in 1 2 4; do
