@@ -51,8 +51,8 @@
 #include "comm/communicator.h"
 #include "kernels/cpu_gemm.h"
 #include "mixed_precision/loss_scaler.h"
-#include "sharding/sharded_init.h"
 #include "models/gpt.h"
+#include "sharding/sharded_init.h"
 #include "zero/plan.h"
 #include "zero/sharded_optimizer.h"
 

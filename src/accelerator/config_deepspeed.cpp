@@ -204,9 +204,8 @@ std::optional<std::int64_t> batch_value(const Block& top, const std::string& nam
 
 // An offload block, or null; returns the device. The deprecated bool (cpu_offload) maps onto it.
 // nvme_path and buffer_count land in the given fields.
-std::string read_offload(const Block& zero, const std::string& block, const std::string& deprecated,
-                         const Keys& keys, const std::string& file, AcceleratorConfig& cfg,
-                         std::string& nvme_path, int& buffer_count) {
+std::string read_offload(const Block& zero, const std::string& block, const std::string& deprecated, const Keys& keys,
+                         const std::string& file, AcceleratorConfig& cfg, std::string& nvme_path, int& buffer_count) {
   if (zero.has(deprecated) && zero.written(block))
     cd::fail(file, fmt::format("both the deprecated '{}' and its replacement '{}' are given; keep {}",
                                zero.path(deprecated), zero.path(block), zero.path(block)));
@@ -242,10 +241,12 @@ void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
     cfg.spec.bucket_bytes = *n * 4;
 
   auto& off = cfg.spec.offload;
-  cfg.offload_optimizer_device = read_offload(zero, "offload_optimizer", "cpu_offload", keys_of("zero_optimization.offload_optimizer"), file,
-                                              cfg, off.optimizer_nvme_path, off.optimizer_buffer_count);
-  cfg.offload_param_device = read_offload(zero, "offload_param", "cpu_offload_param", keys_of("zero_optimization.offload_param"), file, cfg,
-                                          off.param_nvme_path, off.param_buffer_count);
+  cfg.offload_optimizer_device =
+      read_offload(zero, "offload_optimizer", "cpu_offload", keys_of("zero_optimization.offload_optimizer"), file, cfg,
+                   off.optimizer_nvme_path, off.optimizer_buffer_count);
+  cfg.offload_param_device =
+      read_offload(zero, "offload_param", "cpu_offload_param", keys_of("zero_optimization.offload_param"), file, cfg,
+                   off.param_nvme_path, off.param_buffer_count);
   if (auto n = zero.integer("sub_group_size", 1, std::numeric_limits<std::int64_t>::max(), "a number of elements >= 1"))
     off.sub_group_size = *n;
   if (cfg.offload_param_device != "none" && stage != 3)

@@ -18,9 +18,9 @@ enum class Type { Bool, Int, Number, String, Choice, List, Object, Any };
 
 struct Key {
   Dialect dialect;
-  const char* section;        // the dotted block: "" (top level), "fsdp_config", "zero_optimization.offload_param"
-  const char* name;           // the canonical name
-  const char* aliases;        // other names the reader takes for it, comma-separated ("" when none)
+  const char* section;  // the dotted block: "" (top level), "fsdp_config", "zero_optimization.offload_param"
+  const char* name;     // the canonical name
+  const char* aliases;  // other names the reader takes for it, comma-separated ("" when none)
   Type type;
   const char* default_value;  // what accel uses when the key is absent or null ("" when there is nothing to say)
   const char* range;          // the values allowed beyond the type ("" when any value of the type)

@@ -30,8 +30,8 @@ const std::vector<Variable>& table() {
       {"ACCEL_CPU_MALLOC_CACHE", "1",
        "1: once a model is prepared with sharded CPU parameters or gradients, freed CPU memory is kept for "
        "reuse (glibc's heap under 32 MiB, untrimmed; accel's allocator caches larger blocks by size, never "
-       "beyond the most the process has had in use plus its largest block), so the gather/free cycle of each unit reuses warm "
-       "pages instead of page-faulting fresh ones every step; 0: leave allocation as it is"},
+       "beyond the most the process has had in use plus its largest block), so the gather/free cycle of each "
+       "unit reuses warm pages instead of page-faulting fresh ones every step; 0: leave allocation as it is"},
       {"ACCEL_NODE_SHARED_PARAMS", "1",
        "1: sharded CPU parameters (ZeRO-3, FULL_SHARD, HYBRID_SHARD) whose shard group sits on one "
        "node live in shared memory that every rank of the group maps, the ranks' shards side by side: together "

@@ -1,6 +1,7 @@
 // `accel config`: the questionnaire (answers on stdin), `accel config default` (no questions),
-// `accel config explain FILE` and `accel config keys` (the key table of both dialects). Written files go to --config_file, else the default location
-// (cli/paths.h), through a temporary file renamed into place; each is parsed back before it is kept.
+// `accel config explain FILE` and `accel config keys` (the key table of both dialects). Written files
+// go to --config_file, else the default location (cli/paths.h), through a temporary file renamed into
+// place; each is parsed back before it is kept.
 #include "cli/commands.h"
 #include "cli/config_explain.h"
 #include "cli/config_questions.h"
@@ -46,8 +47,7 @@ struct ConfigArgs {
 
 void add_config_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<ConfigArgs>();
-  auto* cmd =
-      app.add_subcommand("config", "Write a config by answering questions (or: default, explain FILE, keys)");
+  auto* cmd = app.add_subcommand("config", "Write a config by answering questions (or: default, explain FILE, keys)");
   cmd->add_option("--config_file", a->config_file,
                   fmt::format("Where to write it (default: {})", default_config_path()));
   cmd->callback([&exit_code, a, cmd] {

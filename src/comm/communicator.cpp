@@ -3,9 +3,9 @@
 #include "comm/communicator.h"
 #include "base/log.h"
 
-#include "comm/transport/backend.h"
 #include "comm/cuda_comm.h"
 #include "comm/dtype.h"
+#include "comm/transport/backend.h"
 #include "comm/transport/hierarchical.h"
 #include "comm/transport/mpi/mpi_backend.h"
 #include "comm/transport/nccl/nccl_backend.h"

@@ -15,8 +15,8 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <set>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 

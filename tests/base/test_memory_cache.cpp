@@ -121,8 +121,8 @@ TEST_F(MemoryCache, AtThePeakAFreedBlockStaysCachedWhileOtherSizesAreAllocated) 
     const std::int64_t flat = std::max<std::int64_t>(112 * kMiB, s.high_water - s.in_use + 16 * kMiB);
     ASSERT_LT(flat, std::int64_t{1} << 30);
     at::Tensor f = block(flat);
-    g = at::Tensor();            // copied into the flat gradient, freed: cached at the mark
-    at::Tensor o = block(out);   // the reduce-scatter's output, another size
+    g = at::Tensor();           // copied into the flat gradient, freed: cached at the mark
+    at::Tensor o = block(out);  // the reduce-scatter's output, another size
     o = at::Tensor();
     f = at::Tensor();
     at::Tensor next = block(grad);  // the next unit's gradient

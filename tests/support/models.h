@@ -1,7 +1,7 @@
 // Models the sharding tests train: an MLP whose layers are units, and the examples' GPT
-// (examples/models/gpt.h, which step_bench includes too), whose blocks are units, with its output head tied to the token
-// embedding (a parameter shared inside the root unit). Construction is deterministic given the seed,
-// so every rank and the single-process reference build the same weights.
+// (examples/models/gpt.h, which step_bench includes too), whose blocks are units, with its output
+// head tied to the token embedding (a parameter shared inside the root unit). Construction is
+// deterministic given the seed, so every rank and the single-process reference build the same weights.
 #pragma once
 
 #include "models/gpt.h"

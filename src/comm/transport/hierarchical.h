@@ -6,8 +6,8 @@
 // for nodes holding different numbers of the group's ranks.
 #pragma once
 
-#include "comm/transport/backend.h"
 #include "comm/topology.h"
+#include "comm/transport/backend.h"
 
 #include <memory>
 

@@ -8,8 +8,8 @@
 // bfloat16/float16 reductions travel as fp32 and are rounded once at the end.
 #pragma once
 
-#include "comm/transport/backend.h"
 #include "comm/topology.h"
+#include "comm/transport/backend.h"
 
 #include <cstddef>
 #include <memory>

@@ -25,8 +25,8 @@
 #include "comm/transport/nccl/nccl_backend.h"
 
 #include "base/env.h"
-#include "comm/transport/mpi/mpi_backend.h"
 #include "comm/signature.h"
+#include "comm/transport/mpi/mpi_backend.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
