@@ -94,16 +94,8 @@ class Block {
       valid.emplace_back(k->name);
       for (const auto& a : config_keys::aliases(*k)) valid.push_back(a);
     }
-    auto known = [&](const std::string& written) -> const config_keys::Key* {
-      for (const auto* k : keys) {
-        if (written == k->name) return k;
-        for (const auto& a : config_keys::aliases(*k))
-          if (written == a) return k;
-      }
-      return nullptr;
-    };
     for (const auto& [written, value] : obj.items()) {
-      const config_keys::Key* key = known(written);
+      const config_keys::Key* key = config_keys::find(keys, written);
       if (!key) cd::fail_unknown_key(file, prefix + written, valid);
       if (auto [it, fresh] = entries_.emplace(key->name, Entry{written, value}); !fresh)
         cd::fail(file, fmt::format("both '{}{}' and its alias '{}{}' are given; keep one", prefix, key->name, prefix,

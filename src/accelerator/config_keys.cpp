@@ -32,6 +32,15 @@ std::vector<std::string> aliases(const Key& key) {
   return out;
 }
 
+const Key* find(const std::vector<const Key*>& keys, const std::string& written) {
+  for (const Key* k : keys) {
+    if (written == k->name) return k;
+    for (const auto& a : aliases(*k))
+      if (written == a) return k;
+  }
+  return nullptr;
+}
+
 const char* dialect_name(Dialect d) { return d == Dialect::Accelerate ? "accelerate" : "deepspeed"; }
 
 const char* type_name(Type t) {

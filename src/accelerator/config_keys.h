@@ -34,6 +34,8 @@ const std::vector<Key>& all();
 std::vector<const Key*> section(Dialect dialect, const std::string& section);
 // The aliases of a key, split.
 std::vector<std::string> aliases(const Key& key);
+// The key of `keys` written as `written` (its name or one of its aliases), or nullptr.
+const Key* find(const std::vector<const Key*>& keys, const std::string& written);
 
 const char* dialect_name(Dialect d);  // "accelerate" | "deepspeed"
 const char* type_name(Type t);        // "bool", "int", "number", "string", "choice", "list", "object", "any"

@@ -58,25 +58,17 @@ class Section {
       cd::fail_value(file_, prefix_.empty() ? std::string("the file") : prefix_.substr(0, prefix_.size() - 1),
                      show(node), "a mapping of keys (key: value lines)");
     std::vector<std::string> valid;
-    std::map<std::string, std::string> aliases;  // written name -> canonical name
-    for (const auto* k : keys) {
-      valid.emplace_back(k->name);
-      for (const auto& a : config_keys::aliases(*k)) aliases.emplace(a, k->name);
-    }
-    auto known = [&](const std::string& n) -> const config_keys::Key* {
-      for (const auto* k : keys)
-        if (n == k->name) return k;
-      return nullptr;
-    };
+    for (const auto* k : keys) valid.emplace_back(k->name);
     for (auto it = node.begin(); it != node.end(); ++it) {
       if (!it->first.IsScalar())
         cd::fail(file_, fmt::format("a key of {} is not a name: {}", where(), show(it->first)));
       const std::string written = it->first.Scalar();
-      std::string name = written;
-      if (auto a = aliases.find(written); a != aliases.end()) name = a->second;
-      if (!known(name) && !add_prefix.empty() && known(add_prefix + name)) name = add_prefix + name;
-      const config_keys::Key* key = known(name);
+      const config_keys::Key* key = config_keys::find(keys, written);
+      if (!key && !add_prefix.empty())  // the name without its prefix (not an alias without it)
+        if (const auto* k = config_keys::find(keys, add_prefix + written); k && add_prefix + written == k->name)
+          key = k;
       if (!key) cd::fail_unknown_key(file_, prefix_ + written, valid);
+      const std::string name = key->name;
       if (auto prev = entries_.find(name); prev != entries_.end())
         cd::fail(file_, prev->second.written == written
                             ? fmt::format("{}{} is given twice", prefix_, written)
