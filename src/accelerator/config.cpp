@@ -123,13 +123,16 @@ MixedPrecision parse_mixed_precision(const std::string& value, const std::string
 // DeepSpeed's batch triad
 
 namespace {
-std::string show(const std::optional<std::int64_t>& v) { return v ? fmt::format("{}", *v) : std::string("unset"); }
+std::string show_count(const std::optional<std::int64_t>& v) {
+  return v ? fmt::format("{}", *v) : std::string("unset");
+}
 
 std::string triad(const BatchConfig& b, int world) {
   return fmt::format(
       "train_batch_size {}, train_micro_batch_size_per_gpu {}, gradient_accumulation_steps {}, "
       "world size {}",
-      show(b.train_batch_size), show(b.micro_batch_per_gpu), show(b.gradient_accumulation_steps), world);
+      show_count(b.train_batch_size), show_count(b.micro_batch_per_gpu), show_count(b.gradient_accumulation_steps),
+      world);
 }
 }  // namespace
 

@@ -31,11 +31,13 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
+using config_keys::Keys;
 using config_keys::Type;
-using Keys = std::vector<const config_keys::Key*>;
 
 // The keys of a block of the JSON (config_keys_table.cpp).
-Keys keys_of(const std::string& section) { return config_keys::section(config_keys::Dialect::DeepSpeed, section); }
+Keys deepspeed_keys(const std::string& section) {
+  return config_keys::section(config_keys::Dialect::DeepSpeed, section);
+}
 
 const char* kind_text(Type t) {
   switch (t) {
@@ -53,7 +55,7 @@ const char* kind_text(Type t) {
 
 bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
-std::string show(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+std::string show_json(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
 // JSON number -> int64, accepting integral floats (5e8), else nullopt.
 std::optional<std::int64_t> as_integer(const json& v) {
@@ -104,7 +106,7 @@ class Block {
         dropped_.insert(key->name);
         continue;
       }
-      if (!has_kind(value, key->type)) cd::fail_value(file, prefix + written, show(value), kind_text(key->type));
+      if (!has_kind(value, key->type)) cd::fail_value(file, prefix + written, show_json(value), kind_text(key->type));
       if (key->ignored) cd::note_ignored(cfg, prefix + written, key->ignored);
     }
   }
@@ -127,13 +129,13 @@ class Block {
                                       const std::string& expected) const {
     if (!has(name)) return std::nullopt;
     const auto v = as_integer(value(name));
-    if (!v || *v < lo || *v > hi) cd::fail_value(file_, path(name), show(value(name)), expected);
+    if (!v || *v < lo || *v > hi) cd::fail_value(file_, path(name), show_json(value(name)), expected);
     return v;
   }
   std::optional<double> number(const std::string& name, double lo, const std::string& expected) const {
     if (!has(name)) return std::nullopt;
     const double d = value(name).get<double>();
-    if (!std::isfinite(d) || d < lo) cd::fail_value(file_, path(name), show(value(name)), expected);
+    if (!std::isfinite(d) || d < lo) cd::fail_value(file_, path(name), show_json(value(name)), expected);
     return d;
   }
   std::optional<bool> boolean(const std::string& name) const {
@@ -223,8 +225,9 @@ void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
     cfg.spec = zero::ShardingSpec::zero(0);
     return;
   }
-  if (!z.is_object()) cd::fail_value(file, "zero_optimization", show(z), "an object ({\"stage\": ...}) or a boolean");
-  Block zero(z, file, "zero_optimization.", keys_of("zero_optimization"), cfg);
+  if (!z.is_object())
+    cd::fail_value(file, "zero_optimization", show_json(z), "an object ({\"stage\": ...}) or a boolean");
+  Block zero(z, file, "zero_optimization.", deepspeed_keys("zero_optimization"), cfg);
 
   const int stage = static_cast<int>(zero.integer("stage", 0, 3, "0, 1, 2 or 3").value_or(0));
   cfg.spec = zero::ShardingSpec::zero(stage);
@@ -234,11 +237,11 @@ void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
 
   auto& off = cfg.spec.offload;
   cfg.offload_optimizer_device =
-      read_offload(zero, "offload_optimizer", "cpu_offload", keys_of("zero_optimization.offload_optimizer"), file, cfg,
-                   off.optimizer_nvme_path, off.optimizer_buffer_count);
+      read_offload(zero, "offload_optimizer", "cpu_offload", deepspeed_keys("zero_optimization.offload_optimizer"),
+                   file, cfg, off.optimizer_nvme_path, off.optimizer_buffer_count);
   cfg.offload_param_device =
-      read_offload(zero, "offload_param", "cpu_offload_param", keys_of("zero_optimization.offload_param"), file, cfg,
-                   off.param_nvme_path, off.param_buffer_count);
+      read_offload(zero, "offload_param", "cpu_offload_param", deepspeed_keys("zero_optimization.offload_param"), file,
+                   cfg, off.param_nvme_path, off.param_buffer_count);
   if (auto n = zero.integer("sub_group_size", 1, std::numeric_limits<std::int64_t>::max(), "a number of elements >= 1"))
     off.sub_group_size = *n;
   if (cfg.offload_param_device != "none" && stage != 3)
@@ -254,7 +257,7 @@ void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
 }
 
 void read_fp16(const json& obj, const std::string& file, AcceleratorConfig& cfg, bool& enabled, bool& is_auto_enabled) {
-  Block b(obj, file, "fp16.", keys_of("fp16"), cfg);
+  Block b(obj, file, "fp16.", deepspeed_keys("fp16"), cfg);
   enabled = b.boolean("enabled").value_or(false);
   is_auto_enabled = b.written_auto("enabled");
   LossScalerConfig& s = cfg.loss_scaler;
@@ -267,14 +270,14 @@ void read_fp16(const json& obj, const std::string& file, AcceleratorConfig& cfg,
     s.hysteresis = static_cast<int>(*v);
   if (auto v = b.boolean("consecutive_hysteresis")) s.consecutive_hysteresis = *v;
   if (auto v = b.number("min_loss_scale", 0, "a number > 0")) {
-    if (*v <= 0) cd::fail_value(file, b.path("min_loss_scale"), show(b.value("min_loss_scale")), "a number > 0");
+    if (*v <= 0) cd::fail_value(file, b.path("min_loss_scale"), show_json(b.value("min_loss_scale")), "a number > 0");
     s.min_loss_scale = *v;
   }
 }
 
 void read_bf16(const json& obj, const std::string& file, const std::string& name, AcceleratorConfig& cfg, bool& enabled,
                bool& is_auto_enabled) {
-  Block b(obj, file, name + ".", keys_of("bf16"), cfg);
+  Block b(obj, file, name + ".", deepspeed_keys("bf16"), cfg);
   enabled = b.boolean("enabled").value_or(false);
   is_auto_enabled = b.written_auto("enabled");
   // bf16 master weights (and with them the optimizer state): half the memory of fp32 masters.
@@ -286,7 +289,7 @@ std::optional<c10::ScalarType> comm_dtype(const Block& top, const std::string& f
   if (!top.has("communication_data_type")) return std::nullopt;
   const json& v = top.value("communication_data_type");
   const std::string path = top.path("communication_data_type");
-  if (!v.is_string()) cd::fail_value(file, path, show(v), "a string: fp32, fp16 or bf16");
+  if (!v.is_string()) cd::fail_value(file, path, show_json(v), "a string: fp32, fp16 or bf16");
   std::string s = cd::lower(v.get<std::string>());
   if (s == "bfp16") s = "bf16";  // DeepSpeed's older spelling
   s = cd::match_enum(file, path, s, {"fp32", "fp16", "bf16"});
@@ -309,7 +312,7 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   AcceleratorConfig& cfg = out.cfg;
   cfg.source = source;
   cfg.distributed_type = DistributedType::DeepSpeed;
-  Block top(root, source, "", keys_of(""), cfg);
+  Block top(root, source, "", deepspeed_keys(""), cfg);
 
   // The batch triad; "auto" (Hugging Face's convention) is filled at prepare().
   cfg.batch.train_batch_size = batch_value(top, "train_batch_size");
@@ -325,7 +328,7 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   if (top.has("gradient_clipping")) {
     const json& v = top.value("gradient_clipping");
     if (!v.is_number() || v.get<double>() < 0 || !std::isfinite(v.get<double>()))
-      fail_value(source, "gradient_clipping", show(v), "a number >= 0 (0: off) or \"auto\"");
+      fail_value(source, "gradient_clipping", show_json(v), "a number >= 0 (0: off) or \"auto\"");
     cfg.gradient_clipping = v.get<double>();
   }
 
@@ -335,7 +338,7 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   for (const auto& [block, tracker] :
        {std::pair<const char*, const char*>{"tensorboard", "tensorboard"}, {"csv_monitor", "csv"}}) {
     if (!top.has(block)) continue;
-    const Block m(top.value(block), source, top.path(block) + ".", keys_of(block), cfg);
+    const Block m(top.value(block), source, top.path(block) + ".", deepspeed_keys(block), cfg);
     if (m.boolean("enabled").value_or(false))
       cfg.log_with.emplace_back(tracker);
     else
@@ -364,7 +367,7 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   }
   cfg.spec.reduce_dtype = comm_dtype(top, source);
   if (top.has("aio")) {
-    Block aio(top.value("aio"), source, top.path("aio") + ".", keys_of("aio"), cfg);
+    Block aio(top.value("aio"), source, top.path("aio") + ".", deepspeed_keys("aio"), cfg);
     auto& o = cfg.spec.offload.aio;
     if (auto n = aio.integer("block_size", 4096, 1LL << 30, "a number of bytes from 4096 to 1 GiB"))
       o.block_size = static_cast<std::size_t>(*n);
@@ -374,7 +377,7 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   }
   if (top.has("activation_checkpointing")) {
     Block ac(top.value("activation_checkpointing"), source, top.path("activation_checkpointing") + ".",
-             keys_of("activation_checkpointing"), cfg);
+             deepspeed_keys("activation_checkpointing"), cfg);
     cfg.spec.activation_checkpointing = true;
   }
   return out;

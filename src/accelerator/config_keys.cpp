@@ -8,7 +8,7 @@
 
 namespace accel::config_keys {
 
-std::vector<const Key*> section(Dialect dialect, const std::string& name) {
+Keys section(Dialect dialect, const std::string& name) {
   std::vector<const Key*> out;
   for (const auto& k : all())
     if (k.dialect == dialect && name == k.section) out.push_back(&k);

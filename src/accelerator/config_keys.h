@@ -30,12 +30,14 @@ struct Key {
 
 // Every key, in the order the documentation lists them (dialect, then section, then the table's order).
 const std::vector<Key>& all();
+using Keys = std::vector<const Key*>;
+
 // The keys of one block of one dialect, in the table's order.
-std::vector<const Key*> section(Dialect dialect, const std::string& section);
+Keys section(Dialect dialect, const std::string& section);
 // The aliases of a key, split.
 std::vector<std::string> aliases(const Key& key);
 // The key of `keys` written as `written` (its name or one of its aliases), or nullptr.
-const Key* find(const std::vector<const Key*>& keys, const std::string& written);
+const Key* find(const Keys& keys, const std::string& written);
 
 const char* dialect_name(Dialect d);  // "accelerate" | "deepspeed"
 const char* type_name(Type t);        // "bool", "int", "number", "string", "choice", "list", "object", "any"

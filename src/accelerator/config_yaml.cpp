@@ -31,12 +31,12 @@ namespace cd = config_detail;
 namespace {
 
 using config_keys::Dialect;
-using Keys = std::vector<const config_keys::Key*>;
+using config_keys::Keys;
 
 // The keys of a block of the YAML (config_keys_table.cpp).
-Keys keys_of(const std::string& section) { return config_keys::section(Dialect::Accelerate, section); }
+Keys accelerate_keys(const std::string& section) { return config_keys::section(Dialect::Accelerate, section); }
 
-std::string show(const YAML::Node& n) {
+std::string show_node(const YAML::Node& n) {
   if (n.IsScalar()) return n.Scalar();
   YAML::Node flow = YAML::Clone(n);  // the node's own (block) style would win over a Flow manipulator
   flow.SetStyle(YAML::EmitterStyle::Flow);
@@ -56,12 +56,12 @@ class Section {
     if (!node.IsDefined() || node.IsNull()) return;
     if (!node.IsMap())
       cd::fail_value(file_, prefix_.empty() ? std::string("the file") : prefix_.substr(0, prefix_.size() - 1),
-                     show(node), "a mapping of keys (key: value lines)");
+                     show_node(node), "a mapping of keys (key: value lines)");
     std::vector<std::string> valid;
     for (const auto* k : keys) valid.emplace_back(k->name);
     for (auto it = node.begin(); it != node.end(); ++it) {
       if (!it->first.IsScalar())
-        cd::fail(file_, fmt::format("a key of {} is not a name: {}", where(), show(it->first)));
+        cd::fail(file_, fmt::format("a key of {} is not a name: {}", where(), show_node(it->first)));
       const std::string written = it->first.Scalar();
       const config_keys::Key* key = config_keys::find(keys, written);
       if (!key && !add_prefix.empty())  // the name without its prefix (not an alias without it)
@@ -99,7 +99,7 @@ class Section {
   // The scalar text, or an error naming `expected` for a list or mapping.
   std::optional<std::string> text(const std::string& name, const std::string& expected) const {
     if (!has(name)) return std::nullopt;
-    if (!node(name).IsScalar()) cd::fail_value(file_, path(name), show(node(name)), expected);
+    if (!node(name).IsScalar()) cd::fail_value(file_, path(name), show_node(node(name)), expected);
     return node(name).Scalar();
   }
   std::optional<std::int64_t> integer(const std::string& name, std::int64_t lo, std::int64_t hi,
@@ -175,7 +175,7 @@ void read_trackers(const Section& top, AcceleratorConfig& cfg) {
     const YAML::Node& n = top.node("log_with");
     if (n.IsSequence()) {
       for (const auto& item : n) {
-        if (!item.IsScalar()) cd::fail_value(top.file(), top.path("log_with"), show(n), "a list of tracker names");
+        if (!item.IsScalar()) cd::fail_value(top.file(), top.path("log_with"), show_node(n), "a list of tracker names");
         cfg.log_with.push_back(cd::trim(item.Scalar()));
       }
     } else {
@@ -246,7 +246,7 @@ std::vector<std::string> module_type_names(const Section& s, const std::string& 
   std::vector<std::string> items;
   if (s.node(name).IsSequence()) {
     for (const auto& item : s.node(name)) {
-      if (!item.IsScalar()) cd::fail_value(s.file(), s.path(name), show(s.node(name)), expected);
+      if (!item.IsScalar()) cd::fail_value(s.file(), s.path(name), show_node(s.node(name)), expected);
       items.push_back(item.Scalar());
     }
   } else {
@@ -497,7 +497,7 @@ AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::stri
   const YAML::Node root = load_yaml(text, source);
   AcceleratorConfig cfg;
   cfg.source = source;
-  const Section top(root, source, "", keys_of(""), cfg);
+  const Section top(root, source, "", accelerate_keys(""), cfg);
   cfg.distributed_type = read_distributed_type(top);
   read_machine(top, cfg);
   TopLevel tl;
@@ -517,11 +517,11 @@ AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::stri
              "(data parallel sharding comes from distributed_type)");
 
   const Section fsdp(top.has("fsdp_config") ? top.node("fsdp_config") : YAML::Node(), source, "fsdp_config.",
-                     keys_of("fsdp_config"), cfg, "fsdp_");
+                     accelerate_keys("fsdp_config"), cfg, "fsdp_");
   const Section ds(top.has("deepspeed_config") ? top.node("deepspeed_config") : YAML::Node(), source,
-                   "deepspeed_config.", keys_of("deepspeed_config"), cfg);
+                   "deepspeed_config.", accelerate_keys("deepspeed_config"), cfg);
   const Section fp8(top.has("fp8_config") ? top.node("fp8_config") : YAML::Node(), source, "fp8_config.",
-                    keys_of("fp8_config"), cfg);
+                    accelerate_keys("fp8_config"), cfg);
   const std::string type = to_string(cfg.distributed_type);
   if (!fsdp.empty() && cfg.distributed_type != DistributedType::Fsdp)
     cd::fail(source, fmt::format("fsdp_config is set but distributed_type is {}; set distributed_type: FSDP or remove "

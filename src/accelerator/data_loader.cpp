@@ -105,7 +105,7 @@ std::vector<std::vector<std::int64_t>> ShardPlan::batches(std::int64_t epoch) co
 
 namespace {
 
-std::string shape_str(const at::Tensor& t) {
+std::string tensor_shape(const at::Tensor& t) {
   if (!t.defined()) return "(undefined)";
   std::ostringstream s;
   s << t.sizes();
@@ -120,7 +120,7 @@ at::Tensor stack_field(const std::vector<at::Tensor>& ts, const char* field, c10
     const bool same = first.defined() == t.defined() && (!t.defined() || first.sizes() == t.sizes());
     if (!same)
       throw accel::InvalidArgumentError(fmt::format("accel::collate: example {} has {} of shape {}, example 0 has {}",
-                                                    i, field, shape_str(t), shape_str(first)));
+                                                    i, field, tensor_shape(t), tensor_shape(first)));
   }
   if (!first.defined()) return {};
   return at::stack(ts, 0).to(device, /*non_blocking=*/device.is_cuda());

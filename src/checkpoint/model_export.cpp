@@ -56,7 +56,7 @@ bool is_shard_name(const std::string& s) {
          std::sscanf(s.c_str(), "model-%5u-of-%5u.%31s", &a, &b, tail) == 3 && std::string(tail) == "safetensors";
 }
 
-std::string shape_str(at::IntArrayRef s) {
+std::string export_shape(at::IntArrayRef s) {
   std::string out = "[";
   for (std::size_t i = 0; i < s.size(); ++i) out += fmt::format("{}{}", i ? ", " : "", s[i]);
   return out + "]";
@@ -325,11 +325,12 @@ LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const
         throw accel::RuntimeError(
             fmt::format("load_model: the checkpoint '{}' has no tensor '{}' (a {} tensor of the "
                         "model)",
-                        path_or_dir, name, shape_str(t.sizes())));
+                        path_or_dir, name, export_shape(t.sizes())));
       const SafetensorsEntry& e = it->second->entry(name);
       if (e.shape != t.sizes().vec())
         throw accel::RuntimeError(fmt::format("load_model: tensor '{}' in '{}' has shape {}, but the model's is {}",
-                                              name, it->second->path(), shape_str(e.shape), shape_str(t.sizes())));
+                                              name, it->second->path(), export_shape(e.shape),
+                                              export_shape(t.sizes())));
       const c10::ScalarType dt = it->second->dtype(name);
       if (dt != t.scalar_type() && !(at::isFloatingType(dt) && at::isFloatingType(t.scalar_type())))
         throw accel::RuntimeError(

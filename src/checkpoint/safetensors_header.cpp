@@ -20,7 +20,7 @@ struct DtypeInfo {
 constexpr DtypeInfo kDtypes[] = {ACCEL_SAFETENSORS_DTYPES(ACCEL_DTYPE_INFO)};
 #undef ACCEL_DTYPE_INFO
 
-std::string shape_str(const std::vector<std::int64_t>& s) {
+std::string header_shape(const std::vector<std::int64_t>& s) {
   std::string out = "[";
   for (std::size_t i = 0; i < s.size(); ++i) out += fmt::format("{}{}", i ? ", " : "", s[i]);
   return out + "]";
@@ -195,7 +195,7 @@ SafetensorsHeader parse_safetensors_header(const char* text, std::size_t size, s
     if (overflow || nbytes != e.end - e.begin)
       safetensors_fail_tensor(
           file, name,
-          fmt::format("shape {} of {} needs {}, but data_offsets [{}, {}] hold {}", shape_str(e.shape), e.dtype,
+          fmt::format("shape {} of {} needs {}, but data_offsets [{}, {}] hold {}", header_shape(e.shape), e.dtype,
                       overflow ? std::string("more bytes than fit in 64 bits") : fmt::format("{} bytes", nbytes),
                       e.begin, e.end, e.end - e.begin));
     h.tensors.push_back(std::move(e));

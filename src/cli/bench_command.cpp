@@ -16,6 +16,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -26,7 +27,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <algorithm>
 #include <vector>
 
 #ifndef ACCEL_BENCH_PYTHON
@@ -46,20 +46,20 @@ struct BenchArgs {
   bool no_plots = false;
 };
 
-bool is_executable(const std::string& p) {
+bool runnable(const std::string& p) {
   struct stat st {};
   return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
 }
 
 volatile pid_t g_child = 0;
-volatile sig_atomic_t g_interrupted = 0;
+volatile sig_atomic_t g_bench_interrupted = 0;
 
 // As in `accel launch`: a Ctrl-C from the terminal reaches the whole foreground process group (the
 // running `accel launch` included, which stops its ranks), so it is not passed on again; a signal sent
 // to this process alone (kill, a scheduler) is passed on to the running launch. Either way the sweep
 // stops after that run, keeping its finished records.
-void on_signal(int sig, siginfo_t* info, void*) {
-  g_interrupted = sig;
+void on_bench_signal(int sig, siginfo_t* info, void*) {
+  g_bench_interrupted = sig;
   if (g_child > 0 && info && info->si_code <= 0) kill(g_child, sig);
 }
 
@@ -116,8 +116,10 @@ std::string tail_lines(const std::string& path, std::size_t n) {
   for (std::string line; std::getline(in, line);) {
     if (line.size() >= 20 && line.find_first_not_of('-') == std::string::npos) {
       in_notice = !in_notice;
-      if (in_notice) notice.clear();
-      else last_notice = notice;
+      if (in_notice)
+        notice.clear();
+      else
+        last_notice = notice;
       continue;
     }
     if (in_notice) {
@@ -127,9 +129,8 @@ std::string tail_lines(const std::string& path, std::size_t n) {
     last.push_back(line);
     if (last.size() > n) last.pop_front();
   }
-  const bool only_launcher = std::all_of(last.begin(), last.end(), [](const std::string& l) {
-    return l.empty() || l.rfind("accel launch:", 0) == 0;
-  });
+  const bool only_launcher = std::all_of(
+      last.begin(), last.end(), [](const std::string& l) { return l.empty() || l.rfind("accel launch:", 0) == 0; });
   std::string out;
   if (only_launcher)
     for (std::size_t i = 0; i < last_notice.size() && i < n; ++i) out += "    " + last_notice[i] + "\n";
@@ -144,7 +145,7 @@ std::string plot(const BenchArgs& a, const std::string& jsonl, const std::string
   const std::string script = a.plot_script.empty() ? std::string(ACCEL_BENCH_PLOT_SCRIPT) : a.plot_script;
   if (script.empty() || access(script.c_str(), R_OK) != 0)
     return fmt::format("the plot script '{}' is missing; pass --plot_script benchmarks/plot_scaling.py", script);
-  if (!is_executable(python))
+  if (!runnable(python))
     return fmt::format(
         "Python '{}' is not an executable; pass --python PATH to a Python with matplotlib "
         "(scripts/setup.sh installs it in its venv)",
@@ -186,7 +187,7 @@ int run_bench(const BenchArgs& a) {
   const std::string self = files::self_exe_path();
   const std::string bin_dir = self.substr(0, self.rfind('/'));
   req.step_bench = a.step_bench.empty() ? bin_dir + "/step_bench" : files::absolute_path(a.step_bench);
-  if (!is_executable(req.step_bench))
+  if (!runnable(req.step_bench))
     throw BenchError(
         fmt::format("step_bench not found at {}; build it (cmake --build build --target step_bench) "
                     "or pass --step_bench PATH",
@@ -207,7 +208,7 @@ int run_bench(const BenchArgs& a) {
              a.precision, a.num_processes, jsonl);
 
   struct sigaction sa {};
-  sa.sa_sigaction = on_signal;
+  sa.sa_sigaction = on_bench_signal;
   sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
@@ -229,10 +230,10 @@ int run_bench(const BenchArgs& a) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::optional<StepResult> r;
     std::string why;
-    if (g_interrupted) {
+    if (g_bench_interrupted) {
       fmt::print(stderr, "interrupted ({:.1f} s)\n", secs);
       failure = fmt::format("interrupted by {} during run {}/{} ({}); run again to measure the rest",
-                            strsignal(g_interrupted), i + 1, runs.size(), run.label());
+                            strsignal(g_bench_interrupted), i + 1, runs.size(), run.label());
       break;
     }
     if (rc == 0) {
@@ -247,7 +248,8 @@ int run_bench(const BenchArgs& a) {
     if (!r) {
       fmt::print(stderr, "FAILED ({:.1f} s)\n", secs);
       failure = fmt::format(
-          "run {}/{} ({}) failed: {}. The last lines of its log ({}; Open MPI's notices left out where a rank said why):\n{}Fix what the log "
+          "run {}/{} ({}) failed: {}. The last lines of its log ({}; Open MPI's notices left out where a rank said "
+          "why):\n{}Fix what the log "
           "names, or leave this "
           "run out (--strategies, --num_processes, --precision).",
           i + 1, runs.size(), run.label(), why, log, tail_lines(log, 12));
@@ -283,7 +285,7 @@ int run_bench(const BenchArgs& a) {
     fmt::print(stderr, "accel bench: error: {}\naccel bench: the {} finished run(s) are kept in {}{}\n", failure, done,
                jsonl, done > 0 && !a.no_plots && plot_error.empty() ? " (plotted)" : "");
     if (!plot_error.empty()) fmt::print(stderr, "accel bench: also: {}\n", plot_error);
-    return g_interrupted ? 128 + g_interrupted : 1;
+    return g_bench_interrupted ? 128 + g_bench_interrupted : 1;
   }
   if (!plot_error.empty()) {
     fmt::print(stderr, "accel bench: error: {}\n", plot_error);

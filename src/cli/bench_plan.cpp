@@ -1,6 +1,7 @@
 // `accel bench`'s pure part: parsing its lists, planning its runs, their formulas and records.
 #include "cli/bench_plan.h"
 
+#include "accelerator/config_text.h"
 #include "cli/estimate_memory.h"
 #include "zero/spec.h"
 
@@ -26,11 +27,6 @@ std::vector<std::string> split_commas(const std::string& text) {
   }
   if (!text.empty() && text.back() == ',') out.emplace_back();
   return out;
-}
-
-std::string upper(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return s;
 }
 
 const std::vector<std::string>& strategy_names() {
@@ -85,7 +81,7 @@ std::vector<int> parse_rank_list(const std::string& text) {
 }
 
 std::string normalize_strategy(const std::string& name) {
-  std::string u = upper(name);
+  std::string u = config_detail::upper(name);
   std::replace(u.begin(), u.end(), '-', '_');
   if (u == "ZERO1" || u == "ZERO2" || u == "ZERO3") u = u.substr(0, 4) + "_" + u.substr(4);
   for (const auto& n : strategy_names())

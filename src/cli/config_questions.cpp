@@ -1,4 +1,5 @@
 #include "cli/config_questions.h"
+#include "accelerator/config_text.h"
 #include "base/error.h"
 #include "zero/spec.h"
 
@@ -21,11 +22,6 @@ std::string trim(std::string s) {
   if (b == std::string::npos) return "";
   const auto e = s.find_last_not_of(" \t\r\n");
   return s.substr(b, e - b + 1);
-}
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
 }
 
 class Asker {
@@ -57,7 +53,7 @@ class Asker {
     for (const auto& o : options) list += (list.empty() ? "" : ", ") + o;
     ask(fmt::format("{} ({})", question, list), def, [&](const std::string& a, std::string& why) {
       for (const auto& o : options)
-        if (lower(o) == lower(a)) {
+        if (config_detail::lower(o) == config_detail::lower(a)) {
           value = o;
           return true;
         }
@@ -70,7 +66,7 @@ class Asker {
   bool yes_no(const std::string& question, bool def) {
     bool value = def;
     ask(question + " (yes/no)", def ? "yes" : "no", [&](const std::string& a, std::string& why) {
-      const std::string l = lower(a);
+      const std::string l = config_detail::lower(a);
       if (l == "yes" || l == "y") return value = true, true;
       if (l == "no" || l == "n") return value = false, true;
       why = "please answer yes or no";
@@ -124,11 +120,6 @@ class Asker {
 
 bool is_deepspeed(const std::string& s) { return s.rfind("zero", 0) == 0; }
 bool is_fsdp(const std::string& s) { return s != "ddp" && !is_deepspeed(s); }
-
-std::string upper(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::toupper(c); });
-  return s;
-}
 
 }  // namespace
 
@@ -218,7 +209,7 @@ std::string config_yaml(const ConfigAnswers& a) {
   } else if (is_fsdp(a.strategy)) {
     y << "distributed_type: FSDP\n";
     y << "fsdp_config:\n";
-    y << "  fsdp_sharding_strategy: " << upper(a.strategy) << "\n";
+    y << "  fsdp_sharding_strategy: " << config_detail::upper(a.strategy) << "\n";
     y << "  fsdp_auto_wrap_policy: " << a.wrap_policy << "\n";
     if (a.wrap_policy == "TRANSFORMER_BASED_WRAP" && !a.layer_types.empty()) {
       y << "  fsdp_transformer_layer_cls_to_wrap: ";

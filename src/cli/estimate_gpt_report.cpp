@@ -16,7 +16,7 @@
 namespace accel::cli {
 namespace {
 
-std::string gb(double bytes) { return format_gb(bytes); }
+std::string gb_figure(double bytes) { return format_gb(bytes); }
 
 std::string row_label(const GptPeak& p) {
   return std::string(zero::info(p.strategy).short_label) + (p.node_shared ? " node-shared" : "") +
@@ -39,12 +39,12 @@ std::string format_gpt_estimate(const GptEstimate& e) {
   out += fmt::format(
       "  activations per rank: {} GB without checkpointing ({} GB per block, {} GB after the blocks),\n"
       "             {} GB with every block checkpointed (block inputs + one block recomputed)\n",
-      gb(a.without_ckpt), gb(a.block), gb(a.head), gb(a.with_ckpt));
+      gb_figure(a.without_ckpt), gb_figure(a.block), gb_figure(a.head), gb_figure(a.with_ckpt));
   out += fmt::format(
       "Per-rank peak of one step = overhead + states + max(gathered + in flight + activations + backward,\n"
       "  optimizer step). overhead {} GB (libtorch + MPI runtime, allocator slack; --overhead); gradient\n"
       "  buckets in flight {}, bucket {} MiB. GB = 1e9 bytes.\n\n",
-      gb(e.runtime.overhead), e.runtime.buckets_in_flight, e.runtime.bucket_bytes / 1048576.0);
+      gb_figure(e.runtime.overhead), e.runtime.buckets_in_flight, e.runtime.bucket_bytes / 1048576.0);
 
   const bool budgeted = r.device_budget.has_value();
   std::vector<std::array<std::string, 9>> cells;
@@ -52,9 +52,9 @@ std::string format_gpt_estimate(const GptEstimate& e) {
                    budgeted ? fmt::format("fits {:.4g} GB?", *r.device_budget / 1e9) : ""});
   for (const auto& p : e.rows) {
     std::string fit;
-    if (p.fits) fit = *p.fits ? fmt::format("yes, {} spare", gb(*r.device_budget - p.total)) : "no";
-    cells.push_back({row_label(p), gb(p.states), gb(p.gathered), gb(p.in_flight), gb(p.activations), gb(p.backward),
-                     gb(p.optimizer), gb(p.total), fit});
+    if (p.fits) fit = *p.fits ? fmt::format("yes, {} spare", gb_figure(*r.device_budget - p.total)) : "no";
+    cells.push_back({row_label(p), gb_figure(p.states), gb_figure(p.gathered), gb_figure(p.in_flight),
+                     gb_figure(p.activations), gb_figure(p.backward), gb_figure(p.optimizer), gb_figure(p.total), fit});
   }
   std::array<std::size_t, 9> w{};
   for (const auto& c : cells)
@@ -73,9 +73,9 @@ std::string format_gpt_estimate(const GptEstimate& e) {
         "  shows ({} GB); its RSS also counts the peers' {} GB of parameters it maps. The machine holds\n"
         "  {} GB for the {} ranks. ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0 turn it off (the\n"
         "  ZeRO-3 rows: the path GPUs and several machines take).\n",
-        gb(ns.total),
-        gb(bytes_per_param(r.dtype, r.optimizer).param * r.params * (r.num_processes - 1) / r.num_processes),
-        gb(ns.total * r.num_processes), r.num_processes);
+        gb_figure(ns.total),
+        gb_figure(bytes_per_param(r.dtype, r.optimizer).param * r.params * (r.num_processes - 1) / r.num_processes),
+        gb_figure(ns.total * r.num_processes), r.num_processes);
   }
   out += "\n";
   if (!budgeted) {
@@ -90,7 +90,7 @@ std::string format_gpt_estimate(const GptEstimate& e) {
   out += fmt::format(
       "Recommendation: {}, {} GB per rank: the least-sharded row that fits (it communicates least), without\n"
       "checkpointing where that fits (checkpointing recomputes each block's forward in backward).\n",
-      row_label(*e.recommended), gb(e.recommended->total));
+      row_label(*e.recommended), gb_figure(e.recommended->total));
   return out;
 }
 

@@ -2,6 +2,7 @@
 // strategy's coefficients, the table and the recommendation. The formulas are documented in the
 // header; the text the command prints is estimate_memory_report.cpp.
 #include "cli/estimate_memory.h"
+#include "accelerator/config_text.h"
 
 #include <fmt/core.h>
 
@@ -14,12 +15,6 @@
 
 namespace accel::cli {
 namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 // A finite number at the start of `s`; the rest (a unit suffix) goes to `rest`. Nothing parsed: nullopt.
 std::optional<double> leading_number(std::string_view s, std::string_view& rest) {
@@ -45,7 +40,7 @@ bool fits(double dev, double cpu, const EstimateRequest& r) {
 }  // namespace
 
 Dtype parse_dtype(std::string_view s) {
-  const std::string v = lower(s);
+  const std::string v = config_detail::lower(std::string(s));
   if (v == "fp32" || v == "float32" || v == "no") return Dtype::Fp32;
   if (v == "fp16" || v == "float16" || v == "half") return Dtype::Fp16;
   if (v == "bf16" || v == "bfloat16") return Dtype::Bf16;
@@ -54,7 +49,7 @@ Dtype parse_dtype(std::string_view s) {
 }
 
 OptimizerKind parse_optimizer(std::string_view s) {
-  const std::string v = lower(s);
+  const std::string v = config_detail::lower(std::string(s));
   if (v == "adamw") return OptimizerKind::AdamW;
   if (v == "adam") return OptimizerKind::Adam;
   if (v == "sgd") return OptimizerKind::Sgd;
@@ -62,7 +57,7 @@ OptimizerKind parse_optimizer(std::string_view s) {
 }
 
 Offload parse_offload(std::string_view s) {
-  const std::string v = lower(s);
+  const std::string v = config_detail::lower(std::string(s));
   if (v == "none" || v == "no") return Offload::None;
   if (v == "optimizer" || v == "cpu") return Offload::Optimizer;
   if (v == "optimizer+params" || v == "all") return Offload::OptimizerAndParams;
@@ -111,7 +106,7 @@ double parse_byte_size(std::string_view s, std::string_view flag) {
   std::string_view rest;
   const auto v = leading_number(s, rest);
   if (!v) throw bad("not a size:");
-  const std::string unit = lower(rest);
+  const std::string unit = config_detail::lower(std::string(rest));
   double mult = 0;
   if (unit.empty() || unit == "g" || unit == "gb")
     mult = 1e9;

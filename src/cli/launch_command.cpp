@@ -69,13 +69,13 @@ std::vector<std::string> split_words(const std::string& s) {
 // --- running and reporting ---------------------------------------------------------------------
 
 volatile pid_t g_launcher_child = 0;
-volatile sig_atomic_t g_interrupted = 0;
+volatile sig_atomic_t g_launch_interrupted = 0;
 
 // A Ctrl-C from the terminal reaches the whole foreground process group, mpirun included, so it is
 // not passed on again (mpirun treats a second SIGINT as "abort without cleanup"). A signal sent to
 // this process alone (kill, a scheduler) is passed on.
-void on_signal(int sig, siginfo_t* info, void*) {
-  g_interrupted = sig;
+void on_launch_signal(int sig, siginfo_t* info, void*) {
+  g_launch_interrupted = sig;
   if (g_launcher_child > 0 && info && info->si_code <= 0) kill(g_launcher_child, sig);
 }
 
@@ -113,7 +113,7 @@ std::vector<RankFailure> read_failures(const std::string& dir) {
 
 int run_plan(const LaunchPlan& plan, const std::string& status_dir) {
   struct sigaction sa {};
-  sa.sa_sigaction = on_signal;
+  sa.sa_sigaction = on_launch_signal;
   sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
   for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaction(s, &sa, nullptr);
@@ -139,10 +139,10 @@ int run_plan(const LaunchPlan& plan, const std::string& status_dir) {
 
   auto failures = read_failures(status_dir);
   files::remove_tree(status_dir);
-  if (g_interrupted) {
-    fmt::print(stderr, "accel launch: interrupted by {}; stopped all {} ranks\n", strsignal(g_interrupted),
+  if (g_launch_interrupted) {
+    fmt::print(stderr, "accel launch: interrupted by {}; stopped all {} ranks\n", strsignal(g_launch_interrupted),
                plan.num_processes);
-    return 128 + g_interrupted;
+    return 128 + g_launch_interrupted;
   }
   if (!failures.empty()) {
     const RankFailure* first = &failures[0];

@@ -25,8 +25,8 @@ struct PreSharded {
   std::shared_ptr<comm::Communicator> group;
 };
 
-std::mutex g_mu;
-std::map<const void*, std::shared_ptr<PreSharded>>& registry() {
+std::mutex g_presharded_mu;
+std::map<const void*, std::shared_ptr<PreSharded>>& presharded() {
   static std::map<const void*, std::shared_ptr<PreSharded>> r;
   return r;
 }
@@ -75,28 +75,28 @@ void ShardedInit::shard_unit(torch::nn::Module& module) {
   }
   shard_bytes_ += shard.numel() * shard.element_size();
   ++units_;
-  std::lock_guard<std::mutex> lk(g_mu);
-  for (const auto& p : ps) registry()[p.unsafeGetTensorImpl()] = e;
+  std::lock_guard<std::mutex> lk(g_presharded_mu);
+  for (const auto& p : ps) presharded()[p.unsafeGetTensorImpl()] = e;
 }
 
 bool is_presharded(const at::Tensor& p) {
-  std::lock_guard<std::mutex> lk(g_mu);
-  return registry().count(p.unsafeGetTensorImpl()) > 0;
+  std::lock_guard<std::mutex> lk(g_presharded_mu);
+  return presharded().count(p.unsafeGetTensorImpl()) > 0;
 }
 
 std::int64_t presharded_count() {
-  std::lock_guard<std::mutex> lk(g_mu);
-  return static_cast<std::int64_t>(registry().size());
+  std::lock_guard<std::mutex> lk(g_presharded_mu);
+  return static_cast<std::int64_t>(presharded().size());
 }
 
 void materialize(const at::Tensor& p) {
   std::shared_ptr<PreSharded> e;
   {
-    std::lock_guard<std::mutex> lk(g_mu);
-    auto it = registry().find(p.unsafeGetTensorImpl());
-    if (it == registry().end()) return;
+    std::lock_guard<std::mutex> lk(g_presharded_mu);
+    auto it = presharded().find(p.unsafeGetTensorImpl());
+    if (it == presharded().end()) return;
     e = it->second;
-    for (const auto& q : e->params) registry().erase(q.unsafeGetTensorImpl());
+    for (const auto& q : e->params) presharded().erase(q.unsafeGetTensorImpl());
   }
   c10::NoGradGuard ng;
   at::Tensor full = at::empty({e->layout.padded()}, e->shard.options());

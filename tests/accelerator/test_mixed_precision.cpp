@@ -63,14 +63,14 @@ struct RemoveRunDir : ::testing::Environment {
 };
 [[maybe_unused]] ::testing::Environment* const g_cleanup = ::testing::AddGlobalTestEnvironment(new RemoveRunDir);
 
-std::string write_config(const std::string& name, const std::string& text) {
+std::string mp_config_file(const std::string& name, const std::string& text) {
   const std::string p = run_dir() + "/" + name;
   if (world()->rank() == 0) std::ofstream(p) << text;
   world()->barrier();
   return p;
 }
 
-AcceleratorOptions quiet(std::optional<std::string> file = std::nullopt) {
+AcceleratorOptions mp_options(std::optional<std::string> file = std::nullopt) {
   AcceleratorOptions o;
   o.config_file = std::move(file);
   o.report_ignored_keys = false;
@@ -94,7 +94,7 @@ std::vector<Case> fp16_cases() {
 }
 
 // fp32 MLP (6 -> 10 -> 10 -> 3, each Linear a unit, plus a root-unit parameter); same on every rank.
-std::shared_ptr<MLPImpl> make_mlp(int seed = 1234) {
+std::shared_ptr<MLPImpl> make_fp32_mlp(int seed = 1234) {
   at::manual_seed(seed);
   return std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});
 }
@@ -203,7 +203,7 @@ std::vector<int64_t> all_flags(Accelerator& acc, bool mine) {
 
 struct Trainer {
   Accelerator acc;
-  std::shared_ptr<MLPImpl> model = make_mlp();
+  std::shared_ptr<MLPImpl> model = make_fp32_mlp();
   torch::optim::AdamW adamw{model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1)};
   DataLoader<Rows> loader = micro_batch_loader();
   Prepared p;
@@ -232,7 +232,7 @@ std::vector<int64_t> zeros(const Accelerator& acc) { return std::vector<int64_t>
 TEST(MixedPrecision, Fp16OverflowOnOneRankSkipsTheStepEverywhere) {
   for (const Case& c : fp16_cases()) {
     SCOPED_TRACE(c.name);
-    Trainer t(quiet(write_config(c.name, c.text)));
+    Trainer t(mp_options(mp_config_file(c.name, c.text)));
     ASSERT_EQ(t.acc.mixed_precision(), MixedPrecision::Fp16);
     ASSERT_TRUE(t.acc.loss_scale().has_value());
     EXPECT_EQ(*t.acc.loss_scale(), 65536.0) << "DeepSpeed's initial_scale_power 16";
@@ -271,7 +271,7 @@ TEST(MixedPrecision, Fp16OverflowOnOneRankSkipsTheStepEverywhere) {
 
     // The same three clean steps without the overflows in between: the same weights (the scale is a
     // power of two, so fp16 gradients differ only by that factor), same optimizer state, same LR.
-    Trainer ref(quiet(write_config(c.name, c.text)));
+    Trainer ref(mp_options(mp_config_file(c.name, c.text)));
     for (int k = 0; k < 3; ++k) ref.step(k, false);
     const Snapshot r = ref.snap();
     ASSERT_EQ(r.masters.size(), after.masters.size());
@@ -295,7 +295,7 @@ TEST(MixedPrecision, Fp16HysteresisOneFromDeepSpeedJsonHalvesAtOnce) {
       "fp16": {"enabled": true, "hysteresis": 1, "initial_scale_power": 8},
       "zero_optimization": {"stage": )" +
                              std::to_string(stage) + "}}";
-    Trainer t(quiet(write_config("ds_h1_" + std::to_string(stage) + ".json", json)));
+    Trainer t(mp_options(mp_config_file("ds_h1_" + std::to_string(stage) + ".json", json)));
     EXPECT_EQ(t.acc.distributed_type(), DistributedType::DeepSpeed);
     EXPECT_EQ(*t.acc.loss_scale(), 256.0);
     t.step(0, false);
@@ -317,7 +317,7 @@ TEST(MixedPrecision, Fp16OverflowAtMinimumScaleIsAnError) {
   const std::string json = R"({"train_micro_batch_size_per_gpu": "auto",
     "fp16": {"enabled": true, "hysteresis": 1, "initial_scale_power": 3, "min_loss_scale": 4},
     "zero_optimization": {"stage": 3}})";
-  Trainer t(quiet(write_config("ds_min.json", json)));
+  Trainer t(mp_options(mp_config_file("ds_min.json", json)));
   EXPECT_EQ(*t.acc.loss_scale(), 8.0);
   t.step(0, true);
   EXPECT_TRUE(t.acc.optimizer_step_was_skipped());
@@ -349,7 +349,7 @@ struct RefGrad {
 };
 // The mean over micro-batches 0..n-1 of the fp64 gradient of the global-batch loss.
 RefGrad reference_gradient(int n) {
-  auto m = make_mlp();
+  auto m = make_fp32_mlp();
   m->to(at::kDouble);
   {
     c10::NoGradGuard ng;
@@ -383,10 +383,10 @@ TEST(MixedPrecision, Fp16GradientsAreUnscaledExactlyOnce) {
     for (Variant v : {kNoClipCall, kClipNoEffect, kClipQuarter, kAccumulate}) {
       SCOPED_TRACE(c.name + ": " + names[v]);
       const RefGrad& ref = v == kAccumulate ? two : one;
-      AcceleratorOptions o = quiet(write_config(c.name, c.text));
+      AcceleratorOptions o = mp_options(mp_config_file(c.name, c.text));
       if (v == kAccumulate) o.gradient_accumulation_steps = 2;
       Accelerator acc(o);
-      auto model = make_mlp();
+      auto model = make_fp32_mlp();
       torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1.0));
       DataLoader<Rows> loader = micro_batch_loader();
       auto opt = acc.prepare(model, sgd, loader);
@@ -452,11 +452,11 @@ TEST(MixedPrecision, AutocastFollowsTheConfiguredPrecision) {
   at::manual_seed(3);
   const at::Tensor a = at::randn({5, 7}), b = at::randn({7, 4});
   ASSERT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
-  AcceleratorOptions bf = quiet(), fp16 = quiet(), fp8 = quiet();
+  AcceleratorOptions bf = mp_options(), fp16 = mp_options(), fp8 = mp_options();
   bf.mixed_precision = "bf16";
   fp16.mixed_precision = "fp16";
   fp8.mixed_precision = "fp8";
-  Accelerator acc(bf), acc16(fp16), acc8(fp8), acc32(quiet());
+  Accelerator acc(bf), acc16(fp16), acc8(fp8), acc32(mp_options());
   {
     auto g = acc.autocast();
     EXPECT_TRUE(at::autocast::is_autocast_enabled(at::kCPU));
@@ -545,10 +545,10 @@ TEST(MixedPrecision, PrecisionPolicyGivesComputeAndMasterDtypes) {
   };
   for (const PolicyCase& pc : cases) {
     SCOPED_TRACE(pc.c.name);
-    AcceleratorOptions o = quiet(write_config(pc.c.name, pc.c.text));
+    AcceleratorOptions o = mp_options(mp_config_file(pc.c.name, pc.c.text));
     o.mixed_precision = pc.mp;
     Accelerator acc(o);
-    auto model = make_mlp();
+    auto model = make_fp32_mlp();
     torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
     DataLoader<Rows> loader = micro_batch_loader();
     auto opt = acc.prepare(model, adamw, loader);
@@ -585,8 +585,8 @@ TEST(MixedPrecision, PrecisionPolicyGivesComputeAndMasterDtypes) {
   // fp32: parameters and masters stay fp32 (masters only where the engine keeps them).
   {
     Accelerator acc(
-        quiet(write_config("p_fp32.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n")));
-    auto model = make_mlp();
+        mp_options(mp_config_file("p_fp32.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n")));
+    auto model = make_fp32_mlp();
     torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
     DataLoader<Rows> loader = micro_batch_loader();
     acc.prepare(model, adamw, loader);
@@ -612,7 +612,7 @@ TEST(MixedPrecision, PrecisionPolicyGivesComputeAndMasterDtypes) {
   for (const auto& [name, text] :
        {std::pair{"bad_masters_on.json", masters_on}, std::pair{"bad_masters_auto.json", masters_auto}}) {
     SCOPED_TRACE(name);
-    AcceleratorOptions o = quiet(write_config(name, text));
+    AcceleratorOptions o = mp_options(mp_config_file(name, text));
     o.mixed_precision = "fp16";
     expect_config_error(o, "fp16");
     o.mixed_precision = "no";
@@ -625,11 +625,11 @@ TEST(MixedPrecision, Fp16ScalerStateSurvivesACheckpoint) {
   const std::vector<Case> cases = {fp16_cases()[0], fp16_cases()[2]};  // DDP, ZeRO-3
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const std::string cfg = write_config(c.name, c.text);
+    const std::string cfg = mp_config_file(c.name, c.text);
     const std::string one = run_dir() + "/ckpt_one_overflow_" + c.name,
                       two = run_dir() + "/ckpt_two_overflows_" + c.name;
     {
-      Trainer t(quiet(cfg));
+      Trainer t(mp_options(cfg));
       t.step(0, false);
       t.step(1, true);  // hysteresis 2 -> 1, scale stays 2^16
       ASSERT_TRUE(t.acc.optimizer_step_was_skipped());
@@ -644,7 +644,7 @@ TEST(MixedPrecision, Fp16ScalerStateSurvivesACheckpoint) {
     }
     {
       // Hysteresis: the first overflow after loading halves at once (a fresh scaler would keep 2^16).
-      Trainer t(quiet(cfg));
+      Trainer t(mp_options(cfg));
       EXPECT_EQ(*t.acc.loss_scale(), 65536.0);
       t.acc.load_state(one);
       EXPECT_EQ(*t.acc.loss_scale(), 65536.0);
@@ -655,7 +655,7 @@ TEST(MixedPrecision, Fp16ScalerStateSurvivesACheckpoint) {
       t.acc.end_training();
     }
     {
-      Trainer t(quiet(cfg));
+      Trainer t(mp_options(cfg));
       t.acc.load_state(two);
       EXPECT_EQ(*t.acc.loss_scale(), 32768.0) << "the scale was not restored";
       t.step(1, true);
@@ -688,8 +688,8 @@ TEST(MixedPrecision, Bf16ReductionFeedsTheMastersInFp32) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
-    Accelerator acc(quiet(write_config(c.name, c.text)));
-    auto model = make_mlp();
+    Accelerator acc(mp_options(mp_config_file(c.name, c.text)));
+    auto model = make_fp32_mlp();
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
     auto loader = micro_batch_loader();
     auto opt = acc.prepare(model, sgd, loader);

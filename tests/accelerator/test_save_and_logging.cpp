@@ -36,7 +36,7 @@ std::string shared_dir(const std::string& name) {
   return dir;
 }
 
-AcceleratorOptions quiet() {
+AcceleratorOptions quiet_options() {
   AcceleratorOptions o;
   o.report_ignored_keys = false;
   return o;
@@ -55,7 +55,7 @@ std::string python_summary(const std::string& path) {
 
 TEST(AcceleratorSave, MainProcessWritesTensorsAndTextAtomically) {
   if (!python_available(ACCEL_PYTHON)) GTEST_SKIP() << "ACCEL_PYTHON (the venv with safetensors) is not configured";
-  Accelerator acc(quiet());
+  Accelerator acc(quiet_options());
   const std::string dir = shared_dir("save");
   // Each rank passes its own values: only rank 0's may reach the file.
   const double r = acc.process_index();

@@ -4,7 +4,7 @@
 if(ACCEL_BUILD_EXAMPLES)
   foreach(scenario bitwise reshard kill corrupt)
     add_test(NAME checkpoint_resume_${scenario}
-             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/resume_checks.sh ${ACCEL_LAUNCH} $<TARGET_FILE:gpt_lm>
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/resume_checks.sh ${ACCEL_LAUNCH} $<TARGET_FILE:gpt_lm>
                      ${PROJECT_SOURCE_DIR} ${ACCEL_PYTHON} ${CMAKE_BINARY_DIR}/checkpoint_runs ${scenario})
     set_tests_properties(checkpoint_resume_${scenario} PROPERTIES ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 600)
   endforeach()
@@ -13,7 +13,7 @@ endif()
 # In-process round trips at 1-3 ranks (every optimizer's state under every strategy, a failed
 # load that changes nothing, automatic naming, the total limit, registered objects), and sharded
 # construction (Accelerator::sharded_init).
-accel_test_binary(checkpoint_tests checkpoint/test_checkpoint.cpp)
+accel_test_binary(checkpoint_tests test_checkpoint.cpp)
 target_compile_definitions(checkpoint_tests PRIVATE ACCEL_BINARY_DIR="${CMAKE_BINARY_DIR}")
 accel_add_mpi_test(NAME checkpoint TARGET checkpoint_tests NP 1 2 3 4)
 accel_add_mpi_test(NAME checkpoint_private TARGET checkpoint_tests NP 2 3 4 ENV ${ACCEL_PRIVATE_SHARDS})

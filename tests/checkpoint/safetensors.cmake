@@ -1,12 +1,9 @@
 # The safetensors reader/writer (src/checkpoint/safetensors.*), save_model / load_model
-# (src/checkpoint/model_export.*). Included from tests/CMakeLists.txt: CMAKE_CURRENT_SOURCE_DIR is tests/.
+# (src/checkpoint/model_export.*).
 
 # Single process: round trips, the Python `safetensors` package both ways, corrupted files, mutations.
-add_executable(safetensors_tests checkpoint/test_safetensors.cpp)
-target_include_directories(safetensors_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-target_link_libraries(safetensors_tests PRIVATE accel accel_test_support GTest::gtest GTest::gtest_main
-                      nlohmann_json::nlohmann_json)
-target_precompile_headers(safetensors_tests REUSE_FROM accel_tests)
+accel_unit_binary(safetensors_tests test_safetensors.cpp)
+target_link_libraries(safetensors_tests PRIVATE accel_test_support nlohmann_json::nlohmann_json)
 target_compile_definitions(safetensors_tests PRIVATE ACCEL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" ACCEL_PYTHON="${ACCEL_PYTHON}")
 
 set(ACCEL_ST_TESTS
@@ -25,13 +22,13 @@ endwhile()
 find_program(ACCEL_CLANGXX NAMES clang++ clang++-16 clang++-15 clang++-14)
 if(ACCEL_CLANGXX)
   add_test(NAME checkpoint_safetensors_libfuzzer_smoke
-           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/run_fuzz.sh 10 ${CMAKE_BINARY_DIR}/fuzz_safetensors)
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/run_fuzz.sh 10 ${CMAKE_BINARY_DIR}/fuzz_safetensors)
   set_tests_properties(checkpoint_safetensors_libfuzzer_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
                        ENVIRONMENT "CXX=${ACCEL_CLANGXX}")
 endif()
 
 # Multi-rank: save_model / load_model under every strategy (one binary on every rank of an mpirun).
-accel_test_binary(model_export_tests checkpoint/test_model_export.cpp)
+accel_test_binary(model_export_tests test_model_export.cpp)
 target_link_libraries(model_export_tests PRIVATE accel_test_support nlohmann_json::nlohmann_json)
 target_compile_definitions(model_export_tests PRIVATE ACCEL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" ACCEL_PYTHON="${ACCEL_PYTHON}")
 accel_add_mpi_test(NAME checkpoint_save_model TARGET model_export_tests NP 1 2 3 4 SKIPPABLE)

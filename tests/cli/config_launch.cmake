@@ -1,17 +1,17 @@
 # accel config and accel launch: their pure rules in cli_tests, and end-to-end scenarios that run the
 # real binary as a user would (tests/cli/config_launch_checks.sh SCENARIO).
-target_sources(cli_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_launch_plan.cpp
-                                 ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_config_command.cpp)
+target_sources(cli_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/test_launch_plan.cpp
+                                 ${CMAKE_CURRENT_SOURCE_DIR}/test_config_command.cpp)
 foreach(scenario ranks first_failure interrupt launch_errors dry_run binding config_flow config_errors explain_shipped)
   add_test(NAME cli_${scenario}
-           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cli/config_launch_checks.sh ${ACCEL_CLI} ${PROJECT_SOURCE_DIR} ${scenario})
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/config_launch_checks.sh ${ACCEL_CLI} ${PROJECT_SOURCE_DIR} ${scenario})
   set_tests_properties(cli_${scenario} PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 300)
 endforeach()
 # benchmarks/torch_anchor.py (PyTorch) trains what step_bench trains: the same losses step by step,
 # both started by accel launch (tests/cli/torch_anchor_parity.sh; skipped when ACCEL_PYTHON lacks torch).
 if(ACCEL_BUILD_BENCHMARKS AND ACCEL_PYTHON)
   add_test(NAME cli_launch_torch_anchor_parity
-           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/torch_anchor_parity.sh ${ACCEL_CLI} $<TARGET_FILE:step_bench>
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/torch_anchor_parity.sh ${ACCEL_CLI} $<TARGET_FILE:step_bench>
                    ${ACCEL_PYTHON} ${PROJECT_SOURCE_DIR})
   set_tests_properties(cli_launch_torch_anchor_parity PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600
                        SKIP_RETURN_CODE 77)

@@ -1,8 +1,7 @@
 # `accel test`: the conformance worker on every rank under shipped configs, an injected failure
 # (FAIL row and non-zero exit), and bad input (a config that does not parse, an unknown key, a
 # missing file, an unknown flag or check name: a clear message, non-zero exit, nothing launched).
-# Included from tests/CMakeLists.txt: CMAKE_CURRENT_SOURCE_DIR is tests/.
-set(ACCEL_CONFORMANCE_EXPECT ${CMAKE_CURRENT_SOURCE_DIR}/cli/expect.sh)
+set(ACCEL_CONFORMANCE_EXPECT ${CMAKE_CURRENT_SOURCE_DIR}/expect.sh)
 set(ACCEL_CONFORMANCE_DIR ${CMAKE_BINARY_DIR}/conformance)
 file(MAKE_DIRECTORY ${ACCEL_CONFORMANCE_DIR})
 set(ACCEL_CONFORMANCE_ALL_PASS "loader_coverage +PASS" "rng_sync +PASS" "training_parity +PASS" "collectives +PASS"

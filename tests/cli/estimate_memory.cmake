@@ -1,8 +1,8 @@
 # `accel estimate-memory`: unit tests of the arithmetic (in cli_tests) and runs of the real binary.
-target_sources(cli_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_estimate_memory.cpp)
+target_sources(cli_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/test_estimate_memory.cpp)
 
 # Each run checks its exit status and its output (tests/cli/expect.sh).
-set(_em_expect bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/expect.sh)
+set(_em_expect bash ${CMAKE_CURRENT_SOURCE_DIR}/expect.sh)
 
 # The ZeRO paper's example: 7.5B parameters on 64 ranks -> 120, 31.4, 16.6 and 1.9 GB.
 add_test(NAME cli_estimate_memory_paper

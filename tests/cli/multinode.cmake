@@ -8,8 +8,8 @@
 # (accel launch starts each rank through it). About 20 s.
 if(ACCEL_BUILD_EXAMPLES)  # it trains the GPT example
   add_test(NAME cli_launch_multinode_netns_hybrid_shard
-           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/multinode_netns.sh
-                   bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/multinode_hybrid_shard.sh
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/multinode_netns.sh
+                   bash ${CMAKE_CURRENT_SOURCE_DIR}/multinode_hybrid_shard.sh
                    ${ACCEL_CLI} $<TARGET_FILE:gpt_lm> ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/multinode_runs
                    ${MPIEXEC_EXECUTABLE})
   set_tests_properties(cli_launch_multinode_netns_hybrid_shard PROPERTIES
@@ -21,8 +21,8 @@ endif()
 # against closed forms (bytes moved within 1% of the traffic formula) and 2 nodes. About 20 s.
 if(ACCEL_BUILD_BENCHMARKS AND ACCEL_PYTHON)  # it runs step_bench and plots with matplotlib
   add_test(NAME cli_bench_multinode_netns
-           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/multinode_netns.sh
-                   bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/bench_multinode.sh
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/multinode_netns.sh
+                   bash ${CMAKE_CURRENT_SOURCE_DIR}/bench_multinode.sh
                    ${ACCEL_CLI} ${ACCEL_PYTHON} ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/multinode_bench)
   set_tests_properties(cli_bench_multinode_netns PROPERTIES
                        ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS multinode)

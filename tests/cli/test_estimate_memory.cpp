@@ -17,7 +17,7 @@ namespace {
 constexpr double kP = 7.5e9;  // the paper's example: 7.5B parameters on 64 ranks
 constexpr int kN = 64;
 
-EstimateRequest request(double params, int n) {
+EstimateRequest em_request(double params, int n) {
   EstimateRequest r;
   r.params = params;
   r.num_processes = n;
@@ -39,7 +39,7 @@ void expect_device(const Estimate& e, double ddp, double z1, double z2, double z
 
 TEST(EstimateMemory, PaperExampleMixedPrecisionAdam) {
   // ZeRO paper, figure 1: K = 12, 16P, 4P + 12P/N, 2P + 14P/N, 16P/N.
-  const Estimate e = estimate_memory(request(kP, kN));
+  const Estimate e = estimate_memory(em_request(kP, kN));
   expect_device(e, 16 * kP, 4 * kP + 12 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
   for (const auto& row : e.rows) {
     EXPECT_EQ(row.cpu_bytes, 0);
@@ -56,14 +56,14 @@ TEST(EstimateMemory, PaperExampleMixedPrecisionAdam) {
 }
 
 TEST(EstimateMemory, Fp16EqualsBf16) {
-  EstimateRequest r = request(kP, kN);
+  EstimateRequest r = em_request(kP, kN);
   r.dtype = Dtype::Fp16;
   expect_device(estimate_memory(r), 16 * kP, 4 * kP + 12 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
 }
 
 TEST(EstimateMemory, Fp32AdamHasNoMasterCopy) {
   // p = g = 4, K' = 8 (exp_avg + exp_avg_sq): 16P, 8P + 8P/N, 4P + 12P/N, 16P/N.
-  EstimateRequest r = request(1e9, 8);
+  EstimateRequest r = em_request(1e9, 8);
   r.dtype = Dtype::Fp32;
   const double P = 1e9, N = 8;
   expect_device(estimate_memory(r), 16 * P, 8 * P + 8 * P / N, 4 * P + 12 * P / N, 16 * P / N);
@@ -71,7 +71,7 @@ TEST(EstimateMemory, Fp32AdamHasNoMasterCopy) {
 
 TEST(EstimateMemory, SgdWithMomentum) {
   const double P = 3.5e8, N = 4;
-  EstimateRequest r = request(P, 4);
+  EstimateRequest r = em_request(P, 4);
   r.optimizer = OptimizerKind::Sgd;  // mixed: K = 4 master + 4 momentum = 8
   expect_device(estimate_memory(r), 12 * P, 4 * P + 8 * P / N, 2 * P + 10 * P / N, 12 * P / N);
   r.dtype = Dtype::Fp32;  // K' = 4 momentum
@@ -79,7 +79,7 @@ TEST(EstimateMemory, SgdWithMomentum) {
 }
 
 TEST(EstimateMemory, AdamEqualsAdamW) {
-  EstimateRequest r = request(kP, kN);
+  EstimateRequest r = em_request(kP, kN);
   r.optimizer = OptimizerKind::Adam;
   expect_device(estimate_memory(r), 16 * kP, 4 * kP + 12 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
 }
@@ -87,7 +87,7 @@ TEST(EstimateMemory, AdamEqualsAdamW) {
 TEST(EstimateMemory, Fp8OneByteParamsBf16Grads) {
   // p = 1, g = 2, K = 12: 15P, 3P + 12P/N, P + 14P/N, 15P/N.
   const double P = 1.3e9, N = 16;
-  EstimateRequest r = request(P, 16);
+  EstimateRequest r = em_request(P, 16);
   r.dtype = Dtype::Fp8;
   expect_device(estimate_memory(r), 15 * P, 3 * P + 12 * P / N, P + 14 * P / N, 15 * P / N);
 }
@@ -95,7 +95,7 @@ TEST(EstimateMemory, Fp8OneByteParamsBf16Grads) {
 TEST(EstimateMemory, OffloadOptimizer) {
   // CPU per rank: (4 fp32 params + 8 moments + 4 fp32 grads) P / N = 16P/N for ZeRO-1/2/3.
   // Device: ZeRO-1 keeps params and full grads (4P), ZeRO-2 params (2P), ZeRO-3 its param shard (2P/N).
-  EstimateRequest r = request(kP, kN);
+  EstimateRequest r = em_request(kP, kN);
   r.offload = Offload::Optimizer;
   const Estimate e = estimate_memory(r);
   expect_device(e, 16 * kP, 4 * kP, 2 * kP, 2 * kP / kN);
@@ -110,7 +110,7 @@ TEST(EstimateMemory, OffloadOptimizer) {
 TEST(EstimateMemory, OffloadOptimizerAndParams) {
   // ZeRO-3 keeps nothing on the device; the CPU adds the 2-byte working shard: 18P/N. ZeRO-1/2 offload
   // the optimizer only (with a note).
-  EstimateRequest r = request(kP, kN);
+  EstimateRequest r = em_request(kP, kN);
   r.offload = Offload::OptimizerAndParams;
   Estimate e = estimate_memory(r);
   expect_device(e, 16 * kP, 4 * kP, 2 * kP, 0);
@@ -131,7 +131,7 @@ TEST(EstimateMemory, OffloadOptimizerAndParams) {
 TEST(EstimateMemory, BudgetPaperExample) {
   // 24 GB: DDP (120) and ZeRO-1 (31.4) never fit (their replicated 16P and 4P alone exceed it);
   // ZeRO-2 fits from N >= 14 * 7.5 / (24 - 15) = 11.67 -> 12, ZeRO-3 from 16 * 7.5 / 24 = 5.
-  EstimateRequest r = request(kP, kN);
+  EstimateRequest r = em_request(kP, kN);
   r.device_budget = 24e9;
   const Estimate e = estimate_memory(r);
   ASSERT_TRUE(e.rows[0].fits && e.rows[1].fits && e.rows[2].fits && e.rows[3].fits);
@@ -155,7 +155,7 @@ TEST(EstimateMemory, BudgetPaperExample) {
 }
 
 TEST(EstimateMemory, EverythingFitsRecommendsDdp) {
-  EstimateRequest r = request(1.3e9, 8);  // DDP: 16 * 1.3 = 20.8 GB
+  EstimateRequest r = em_request(1.3e9, 8);  // DDP: 16 * 1.3 = 20.8 GB
   r.device_budget = 80e9;
   const Estimate e = estimate_memory(r);
   ASSERT_TRUE(e.recommended.has_value());
@@ -166,7 +166,7 @@ TEST(EstimateMemory, EverythingFitsRecommendsDdp) {
 
 TEST(EstimateMemory, TightFitNamesTheNextOption) {
   // ZeRO-2 needs 16.64 GB of 17 GB: under 10% left, so the report names a roomier option.
-  EstimateRequest r = request(kP, kN);
+  EstimateRequest r = em_request(kP, kN);
   r.device_budget = 17e9;
   const Estimate e = estimate_memory(r);
   ASSERT_TRUE(e.recommended && e.next_option);
@@ -178,7 +178,7 @@ TEST(EstimateMemory, TightFitNamesTheNextOption) {
 TEST(EstimateMemory, OffloadSuggestedWhenNothingFitsOnDevice) {
   // N = 8, 24 GB: ZeRO-2 needs 2P + 14P/8 = 28.1 GB; ZeRO-2 + optimizer offload needs 2P = 15 GB and
   // comes before ZeRO-3 (15 GB too) in the order; ZeRO-3 is named as the no-offload alternative.
-  EstimateRequest r = request(kP, 8);
+  EstimateRequest r = em_request(kP, 8);
   r.device_budget = 24e9;
   const Estimate e = estimate_memory(r);
   ASSERT_TRUE(e.recommended.has_value());
@@ -193,7 +193,7 @@ TEST(EstimateMemory, OffloadSuggestedWhenNothingFitsOnDevice) {
 
 TEST(EstimateMemory, CpuBudgetCanRuleOutEverything) {
   // 70B on 8 ranks, 1 GB per device, 10 GB of CPU per rank: full offload would need 18 * 70 / 8 = 157.5.
-  EstimateRequest r = request(70e9, 8);
+  EstimateRequest r = em_request(70e9, 8);
   r.device_budget = 1e9;
   r.cpu_budget = 10e9;
   const Estimate e = estimate_memory(r);
@@ -221,11 +221,11 @@ TEST(EstimateMemory, MinRanksIsTheSmallestThatFits) {
 }
 
 TEST(EstimateMemory, RefusesBadRequests) {
-  EXPECT_THROW(estimate_memory(request(kP, 0)), EstimateError);
-  EXPECT_THROW(estimate_memory(request(kP, -3)), EstimateError);
-  EXPECT_THROW(estimate_memory(request(0, kN)), EstimateError);
-  EXPECT_THROW(estimate_memory(request(-1, kN)), EstimateError);
-  EstimateRequest r = request(kP, kN);
+  EXPECT_THROW(estimate_memory(em_request(kP, 0)), EstimateError);
+  EXPECT_THROW(estimate_memory(em_request(kP, -3)), EstimateError);
+  EXPECT_THROW(estimate_memory(em_request(0, kN)), EstimateError);
+  EXPECT_THROW(estimate_memory(em_request(-1, kN)), EstimateError);
+  EstimateRequest r = em_request(kP, kN);
   r.device_budget = 0;
   EXPECT_THROW(estimate_memory(r), EstimateError);
   r.device_budget = -5e9;
@@ -306,7 +306,7 @@ TEST(EstimateMemory, Formatting) {
   EXPECT_EQ(format_gb(0), "0");
   EXPECT_EQ(format_gb(2.5e8), "0.25");
   EXPECT_EQ(format_gb(1e3), "<0.001");
-  const std::string text = format_estimate(estimate_memory(request(kP, kN)));
+  const std::string text = format_estimate(estimate_memory(em_request(kP, kN)));
   EXPECT_NE(text.find("Model states only"), std::string::npos) << text;
   EXPECT_NE(text.find("GB = 1e9 bytes"), std::string::npos) << text;
   EXPECT_NE(text.find("--budget"), std::string::npos) << text;  // the hint when no budget was given

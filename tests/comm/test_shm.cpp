@@ -29,13 +29,13 @@ using accel::test::world;
 
 namespace {
 
-const std::vector<at::ScalarType> kReducible = {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf,
-                                                at::kInt,    at::kLong,  at::kByte};
+const std::vector<at::ScalarType> kShmReducible = {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf,
+                                                   at::kInt,    at::kLong,  at::kByte};
 
 // Element i's base value: small integers, exact in every dtype after the sums below.
 at::Tensor pattern(int64_t k, int64_t shift = 0) { return at::arange(k, at::kLong).add(shift).remainder(5).add(1); }
 
-void expect_equal(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+void expect_same(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
   ASSERT_EQ(got.numel(), want.numel()) << what;
   if (got.numel() == 0) return;
   at::Tensor g = got.to(at::kDouble).flatten(), w = want.to(at::kDouble).flatten();
@@ -76,9 +76,9 @@ void check_collectives(Communicator& c, at::ScalarType d, int64_t k) {
                  : op == ReduceOp::Avg ? (n + 1) / 2.0
                  : op == ReduceOp::Max ? n
                                        : 1;
-      expect_equal(out, pattern(k).to(at::kDouble).mul(f).to(d),
-                   "all_reduce " + std::string(to_string(op)) + (in_place ? " in place " : " ") + tag);
-      if (!in_place) expect_equal(in, pattern(k).mul(r + 1), "all_reduce input untouched " + tag);
+      expect_same(out, pattern(k).to(at::kDouble).mul(f).to(d),
+                  "all_reduce " + std::string(to_string(op)) + (in_place ? " in place " : " ") + tag);
+      if (!in_place) expect_same(in, pattern(k).mul(r + 1), "all_reduce input untouched " + tag);
     }
   }
   // reduce_scatter: rank q holds p(j) * (q+1) + (j / k) at element j; rank r gets slice r
@@ -93,8 +93,8 @@ void check_collectives(Communicator& c, at::ScalarType d, int64_t k) {
       at::Tensor want = op == ReduceOp::Sum   ? p.mul(n * (n + 1) / 2.0).add(n * r)
                         : op == ReduceOp::Max ? p.mul(n).add(r)
                                               : p.mul((n + 1) / 2.0).add(r);
-      expect_equal(out, want.to(d),
-                   "reduce_scatter " + std::string(to_string(op)) + (in_place ? " in place " : " ") + tag);
+      expect_same(out, want.to(d),
+                  "reduce_scatter " + std::string(to_string(op)) + (in_place ? " in place " : " ") + tag);
     }
   }
   // all_gather: rank q contributes p shifted by q; in place = input is the output's own slice
@@ -105,13 +105,13 @@ void check_collectives(Communicator& c, at::ScalarType d, int64_t k) {
     c.all_gather(in, out);
     std::vector<at::Tensor> parts;
     for (int q = 0; q < n; ++q) parts.push_back(pattern(k, q).add(10 * q));
-    expect_equal(out, at::cat(parts).to(d), std::string("all_gather") + (in_place ? " in place " : " ") + tag);
+    expect_same(out, at::cat(parts).to(d), std::string("all_gather") + (in_place ? " in place " : " ") + tag);
   }
   // broadcast from the last rank and from rank 0
   for (int root : {n - 1, 0}) {
     at::Tensor t = pattern(k, r).add(r).to(d);
     c.broadcast(t, {root});
-    expect_equal(t, pattern(k, root).add(root).to(d), "broadcast root " + std::to_string(root) + " " + tag);
+    expect_same(t, pattern(k, root).add(root).to(d), "broadcast root " + std::to_string(root) + " " + tag);
   }
 }
 
@@ -150,7 +150,7 @@ TEST(ShmNames, CarryAPidAndATokenRandomPerProcess) {
 TEST(Shm, EveryDtypeAcrossChunks) {
   auto comm = world();
   // 300007 float32 = 1.2 MB per rank: several 256 KiB chunks, divisible by neither 2, 3 nor 4
-  for (at::ScalarType d : kReducible)
+  for (at::ScalarType d : kShmReducible)
     for (int64_t k : {int64_t(0), int64_t(1), int64_t(3), int64_t(4099), int64_t(300007)}) {
       check_collectives(*comm, d, k);
       if (::testing::Test::HasFailure()) return;
@@ -168,7 +168,7 @@ TEST(Shm, SixteenBitSumsRoundOnce) {
     at::Tensor exact = at::zeros({4099}, at::kDouble);
     for (int q = 0; q < n; ++q) exact.add_(at::full({4099}, 1.0 + eps * (q % 2), at::kDouble).to(d).to(at::kDouble));
     comm->all_reduce(t);
-    expect_equal(t, exact.to(at::kFloat).to(d), std::string("sum rounded once ") + dtype_name(d));
+    expect_same(t, exact.to(at::kFloat).to(d), std::string("sum rounded once ") + dtype_name(d));
   }
 }
 
@@ -180,12 +180,12 @@ TEST(Shm, AliasedViewsOfOneBuffer) {
   at::Tensor buf = at::zeros({2 * k}, at::kFloat);
   buf.narrow(0, 0, k).copy_(pattern(k).mul(r + 1));
   comm->all_reduce(buf.narrow(0, 0, k), buf.narrow(0, k, k));
-  expect_equal(buf.narrow(0, k, k), pattern(k).mul(n * (n + 1) / 2), "all_reduce into the buffer's other half");
-  expect_equal(buf.narrow(0, 0, k), pattern(k).mul(r + 1), "all_reduce input half untouched");
+  expect_same(buf.narrow(0, k, k), pattern(k).mul(n * (n + 1) / 2), "all_reduce into the buffer's other half");
+  expect_same(buf.narrow(0, 0, k), pattern(k).mul(r + 1), "all_reduce input half untouched");
   // a 2-D tensor in place
   at::Tensor m = pattern(3 * 1001).mul(r + 1).to(at::kDouble).view({3, 1001});
   comm->all_reduce(m);
-  expect_equal(m, pattern(3 * 1001).mul(n * (n + 1) / 2), "all_reduce 2-D");
+  expect_same(m, pattern(3 * 1001).mul(n * (n + 1) / 2), "all_reduce 2-D");
 }
 
 TEST(Shm, SplitGroups) {
@@ -223,8 +223,8 @@ TEST(Shm, ManyInFlightAcrossGroups) {
   (void)m;
   for (auto it = ws.rbegin(); it != ws.rend(); ++it) (*it)->wait();  // waited in reverse order
   for (int i = 0; i < 6; ++i) {
-    expect_equal(ts[i], pattern(k, i).mul(n * (n + 1) / 2), "world all_reduce " + std::to_string(i));
-    expect_equal(ss[i], pattern(k, i).mul(msum), "group all_reduce " + std::to_string(i));
+    expect_same(ts[i], pattern(k, i).mul(n * (n + 1) / 2), "world all_reduce " + std::to_string(i));
+    expect_same(ss[i], pattern(k, i).mul(msum), "group all_reduce " + std::to_string(i));
   }
 }
 
@@ -289,7 +289,7 @@ TEST(Shm, ReduceScatterReadsNodeSharedInputsInPlace) {
           }
           const at::Tensor got = out.clone();
           in.fill_(-100);  // at once: no peer may still be reading it
-          expect_equal(got, want.to(d), tag + ", call " + std::to_string(it));
+          expect_same(got, want.to(d), tag + ", call " + std::to_string(it));
           if (::testing::Test::HasFailure()) return;
         }
         EXPECT_EQ(shm_bytes_read_in_place() - before, 4 * expect_in_place) << tag;
@@ -373,7 +373,7 @@ TEST(Shm, SingleCopyGathersAndReduceScattersMatchTheChunkedPath) {
     single->reduce_scatter(in, out, {ReduceOp::Sum});
     at::Tensor want = at::zeros({k}, at::kLong);
     for (int j = 0; j < n; ++j) want.add_(pattern(n * k, 3 * j).narrow(0, r * k, k));
-    expect_equal(out, want.to(at::kFloat), all_shared ? "every input shared" : "rank 0's input shared");
+    expect_same(out, want.to(at::kFloat), all_shared ? "every input shared" : "rank 0's input shared");
     if (reads) {
       EXPECT_EQ(shm_bytes_read_in_place() - in_place0, shared_peers * k * 4) << all_shared;
       EXPECT_EQ(shm_bytes_read_from_peer_memory() - peer0, private_peers * k * 4) << all_shared;

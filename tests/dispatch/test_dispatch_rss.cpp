@@ -20,7 +20,7 @@
 namespace accel::test {
 namespace {
 
-constexpr int64_t kD = 1024, kLayers = 8;
+constexpr int64_t kWide = 1024, kLayers = 8;
 
 std::string rss_dir() {
   const char* d = std::getenv("ACCEL_DISPATCH_RSS_DIR");
@@ -40,8 +40,8 @@ TEST(DispatchRss, WriteCheckpoint) {
   if (rss_dir().empty()) GTEST_SKIP() << "ACCEL_DISPATCH_RSS_DIR not set (ctest sets it)";
   files::make_dirs(rss_dir());
   at::manual_seed(17);
-  auto model = std::make_shared<StackImpl>(kD, kLayers);
-  at::Tensor x = at::randn({4, kD});
+  auto model = std::make_shared<StackImpl>(kWide, kLayers);
+  at::Tensor x = at::randn({4, kWide});
   c10::NoGradGuard ng;
   at::Tensor y = model->forward(x);
   write_sharded_checkpoint(rss_dir() + "/ckpt", named_weights(*model), 2);
@@ -56,7 +56,7 @@ TEST(DispatchRss, PeakStaysUnderTheBudgetPlusOneUnit) {
     // What the first matmul of this shape sets up for itself (the BLAS library's packing buffers) is
     // not the model's: let it happen before the measurement, then start the peak from here.
     c10::NoGradGuard ng;
-    StackBlockImpl warm(kD);
+    StackBlockImpl warm(kWide);
     warm.forward(x);
   }
 #ifdef __GLIBC__
@@ -66,7 +66,7 @@ TEST(DispatchRss, PeakStaysUnderTheBudgetPlusOneUnit) {
   const int64_t base = status_bytes(reset ? "VmHWM" : "VmRSS");
   ASSERT_GT(base, 0);
 
-  auto model = make_empty<StackImpl>(kD, kLayers);
+  auto model = make_empty<StackImpl>(kWide, kLayers);
   std::printf("built: RSS %.1f MiB above the start\n", (status_bytes("VmRSS") - base) / 1048576.0);
   const ModelPlan plan = plan_model(*model);
   const int64_t unit = plan.largest_group_bytes;

@@ -9,12 +9,12 @@
 if(ACCEL_BUILD_EXAMPLES)
   foreach(strategy ddp zero3)
     add_test(NAME mp_lm_curves_${strategy}
-             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/mixed_precision/lm_curves.sh ${ACCEL_LAUNCH} $<TARGET_FILE:gpt_lm>
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/lm_curves.sh ${ACCEL_LAUNCH} $<TARGET_FILE:gpt_lm>
                      ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/lm_curve_runs/${strategy}
                      --strategies ${strategy} --reference fp32 --precisions "bf16 fp16" --steps 50 --np 2)
     set_tests_properties(mp_lm_curves_${strategy} PROPERTIES ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 600)
     add_test(NAME mp_lm_curves_fp8_${strategy}
-             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/mixed_precision/lm_curves.sh ${ACCEL_LAUNCH} $<TARGET_FILE:gpt_lm>
+             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/lm_curves.sh ${ACCEL_LAUNCH} $<TARGET_FILE:gpt_lm>
                      ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/lm_curve_runs/fp8_${strategy}
                      --strategies ${strategy} --reference bf16 --precisions fp8 --tolerance fp8=1.5e-2 --steps 50 --np 2)
     set_tests_properties(mp_lm_curves_fp8_${strategy} PROPERTIES ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 600)

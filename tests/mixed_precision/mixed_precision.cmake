@@ -1,14 +1,13 @@
 # Mixed precision (src/mixed_precision/): the loss scaler, fp8 casting and the fp8 all-gather codec,
 # Float8Linear, the engine's fp8 all-gather of ZeRO-3 units. One GoogleTest binary on every rank; ctest runs it at 1, 2 and 3 ranks.
-# (include()d from tests/CMakeLists.txt: CMAKE_CURRENT_SOURCE_DIR is tests/.)
 accel_test_binary(mixed_precision_tests
-  mixed_precision/test_loss_scaler.cpp
-  mixed_precision/test_fp8.cpp
-  mixed_precision/test_float8_linear.cpp
-  mixed_precision/test_fp8_all_gather.cpp
+  test_loss_scaler.cpp
+  test_fp8.cpp
+  test_float8_linear.cpp
+  test_fp8_all_gather.cpp
 )
 target_compile_definitions(mixed_precision_tests PRIVATE
-  ACCEL_MP_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}/mixed_precision")
+  ACCEL_MP_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
 if(ACCEL_PYTHON)
   # loss_scaler_reference.py (DeepSpeed's update_scale in Python) is the independent reference.
   target_compile_definitions(mixed_precision_tests PRIVATE ACCEL_PYTHON="${ACCEL_PYTHON}")

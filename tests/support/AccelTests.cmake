@@ -1,5 +1,5 @@
-# How accel's GoogleTest binaries become ctest tests. include()d from tests/CMakeLists.txt; the
-# functions read ACCEL_TEST_ENV (set there) at the call.
+# How accel's GoogleTest binaries are built and become ctest tests. include()d from tests/CMakeLists.txt;
+# the functions read ACCEL_TEST_ENV and ACCEL_TESTS_DIR (set there) at the call.
 #
 #   accel_add_mpi_test(NAME <prefix> TARGET <exe> NP <n>... [SUFFIX <s>] [FILTER <gtest filter>]
 #                      [ARGS <arg>...] [ENV <VAR=value>...] [TIMEOUT <s>] [LABELS <label>...] [SKIPPABLE])
@@ -15,8 +15,19 @@
 #
 #   accel_test_binary(<target> <source>...)
 #     A multi-rank GoogleTest binary: tests/test_main.cpp (every rank reports, the worst result wins)
-#     plus the sources, linked with the library and GoogleTest, sharing accel_tests' precompiled
-#     headers, with tests/ and examples/ on the include path.
+#     plus the sources.
+#   accel_unit_binary(<target> <source>...)
+#     A one-process GoogleTest binary (GoogleTest's own main).
+#   Both link the library and GoogleTest, with tests/ and examples/ on the include path, and are
+#   compiled by accel_test_compile.
+#
+#   accel_test_compile(<target>)
+#     How test code is compiled (it is a third of a clean build): at ACCEL_TEST_OPTIMIZE (-O1 in an
+#     optimized build; a test's time goes to the library and libtorch, not to its own code), with the
+#     precompiled headers of accel_test_pch (libtorch's ATen, nn and optim headers, GoogleTest), and as
+#     a unity build where ACCEL_UNITY_BUILD is on: ACCEL_TEST_UNITY_BATCH sources per translation unit,
+#     so that the templates they share are instantiated and compiled once per batch, not once per file.
+#     (Each test file keeps its helpers in a namespace of its own, so that files can share a batch.)
 #
 # Every test gets ENVIRONMENT ${ACCEL_TEST_ENV} plus ENV, and TIMEOUT (default 600 s).
 # SKIPPABLE: the binary may GTEST_SKIP (a missing GPU, a missing Python package). It runs under
@@ -81,9 +92,24 @@ function(accel_add_gtest)
   _accel_gtest_register(${T_NAME})
 endfunction()
 
+function(accel_test_compile target)
+  target_compile_options(${target} PRIVATE ${ACCEL_TEST_OPTIMIZE})
+  target_precompile_headers(${target} REUSE_FROM accel_test_pch)
+  set_target_properties(${target} PROPERTIES UNITY_BUILD ${ACCEL_UNITY_BUILD}
+                                             UNITY_BUILD_BATCH_SIZE ${ACCEL_TEST_UNITY_BATCH})
+  set_property(GLOBAL APPEND PROPERTY ACCEL_UNITY_TARGETS ${target})  # checked by build_unity_names
+endfunction()
+
 function(accel_test_binary target)
-  add_executable(${target} ${PROJECT_SOURCE_DIR}/tests/test_main.cpp ${ARGN})
-  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/examples)
+  add_executable(${target} ${ACCEL_TESTS_DIR}/test_main.cpp ${ARGN})
+  target_include_directories(${target} PRIVATE ${ACCEL_TESTS_DIR} ${PROJECT_SOURCE_DIR}/examples)
   target_link_libraries(${target} PRIVATE accel GTest::gtest)
-  target_precompile_headers(${target} REUSE_FROM accel_tests)
+  accel_test_compile(${target})
+endfunction()
+
+function(accel_unit_binary target)
+  add_executable(${target} ${ARGN})
+  target_include_directories(${target} PRIVATE ${ACCEL_TESTS_DIR} ${PROJECT_SOURCE_DIR}/examples)
+  target_link_libraries(${target} PRIVATE accel GTest::gtest GTest::gtest_main)
+  accel_test_compile(${target})
 endfunction()

@@ -79,7 +79,7 @@ struct TrainSetup {
   c10::ScalarType input_dtype = at::kFloat;
 };
 
-TrainRun train(const TrainSetup& s, Ckpt ckpt) {
+TrainRun train_ckpt(const TrainSetup& s, Ckpt ckpt) {
   auto world = test::world();
   const int N = world->size(), r = world->rank();
   at::manual_seed(1234);
@@ -146,7 +146,7 @@ void expect_bitwise(const TrainRun& want, const TrainRun& got) {
         << "tensor " << i << " differs by " << (want.state[i] - got.state[i]).abs().max().item<double>();
 }
 
-std::vector<std::pair<std::string, std::optional<ShardingSpec>>> strategies() {
+std::vector<std::pair<std::string, std::optional<ShardingSpec>>> ckpt_strategies() {
   auto zero3 = ShardingSpec::zero(3);
   zero3.reshard_after_forward = false;
   auto full = ShardingSpec::fsdp("FULL_SHARD");
@@ -162,15 +162,15 @@ std::vector<std::pair<std::string, std::optional<ShardingSpec>>> strategies() {
 }
 
 TEST(ActivationCheckpoint, TrainingIsBitwiseEqualWithDropoutUnderEveryStrategy) {
-  for (const auto& [sname, spec] : strategies()) {
+  for (const auto& [sname, spec] : ckpt_strategies()) {
     TrainSetup s;
     s.spec = spec;
-    const TrainRun ref = train(s, Ckpt::None);
+    const TrainRun ref = train_ckpt(s, Ckpt::None);
     EXPECT_EQ(ref.block_calls, s.steps * s.accum * s.blocks);
     for (Ckpt c : {Ckpt::PerUnit, Ckpt::Spec}) {
       if (!spec && c == Ckpt::Spec) continue;  // the spec switch needs an engine
       SCOPED_TRACE(sname + " " + name(c));
-      const TrainRun got = train(s, c);
+      const TrainRun got = train_ckpt(s, c);
       // Every block forward ran twice: checkpointing was on.
       EXPECT_EQ(got.block_calls, 2 * ref.block_calls);
       expect_bitwise(ref, got);
@@ -190,8 +190,8 @@ TEST(ActivationCheckpoint, SameResultUnderBf16) {
   for (const auto& [sname, s] :
        {std::pair{"bf16 autocast, DDP", autocast}, std::pair{"bf16 params, FULL_SHARD", bf16}}) {
     SCOPED_TRACE(sname);
-    const TrainRun ref = train(s, Ckpt::None);
-    const TrainRun got = train(s, Ckpt::PerUnit);
+    const TrainRun ref = train_ckpt(s, Ckpt::None);
+    const TrainRun got = train_ckpt(s, Ckpt::PerUnit);
     EXPECT_EQ(got.block_calls, 2 * ref.block_calls);
     expect_bitwise(ref, got);
   }

@@ -1,0 +1,1 @@
+// The translation unit that builds the tests' precompiled headers (accel_test_pch in tests/CMakeLists.txt).
