@@ -29,7 +29,7 @@ std::vector<std::string> split_commas(const std::string& text) {
   return out;
 }
 
-const std::vector<std::string>& strategy_names() {
+const std::vector<std::string>& bench_strategies() {
   static const std::vector<std::string> names = {"DDP",        "ZERO_1",        "ZERO_2",   "ZERO_3",
                                                  "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
   return names;
@@ -84,12 +84,12 @@ std::string normalize_strategy(const std::string& name) {
   std::string u = config_detail::upper(name);
   std::replace(u.begin(), u.end(), '-', '_');
   if (u == "ZERO1" || u == "ZERO2" || u == "ZERO3") u = u.substr(0, 4) + "_" + u.substr(4);
-  for (const auto& n : strategy_names())
+  for (const auto& n : bench_strategies())
     if (u == n) return n;
   throw BenchError(fmt::format(
       "--strategies: unknown strategy '{}'; use step_bench's names: {} (case-insensitive; zero1, zero2, "
       "zero3 also work){}",
-      name, join(strategy_names(), ", "),
+      name, join(bench_strategies(), ", "),
       u == "PLAIN" ? " (plain is the 1-rank libtorch loop of step_bench, not a strategy that scales)" : ""));
 }
 
