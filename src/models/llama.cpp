@@ -35,8 +35,12 @@ at::Tensor repeat_kv(const at::Tensor& x, std::int64_t n) {
 
 }  // namespace
 
-LlamaLinearImpl::LlamaLinearImpl(std::int64_t in, std::int64_t out, double init_std, const at::TensorOptions& options) {
+LlamaLinearImpl::LlamaLinearImpl(std::int64_t in, std::int64_t out, double init_std, const at::TensorOptions& options,
+                                 bool with_bias) {
   weight = register_parameter("weight", normal_parameter({out, in}, init_std, options));
+  if (with_bias)
+    bias =
+        register_parameter("bias", options.device().is_meta() ? at::empty({out}, options) : at::zeros({out}, options));
 }
 
 LlamaEmbeddingImpl::LlamaEmbeddingImpl(std::int64_t num, std::int64_t dim, double init_std,
@@ -62,13 +66,14 @@ at::Tensor LlamaRMSNorm::forward(const at::Tensor& x) {
   return weight * h.to(x.scalar_type());
 }
 
-LlamaAttention::LlamaAttention(const LlamaConfig& c, const at::TensorOptions& options)
-    : heads(c.num_attention_heads), kv_heads(c.kv_heads()), head_dim(c.head_size()) {
+LlamaAttention::LlamaAttention(const LlamaConfig& c, const at::TensorOptions& options, std::int64_t layer)
+    : heads(c.num_attention_heads), kv_heads(c.kv_heads()), head_dim(c.head_size()), window(c.window_of(layer)) {
   scaling = std::pow(static_cast<double>(head_dim), -0.5);
-  q_proj = register_module("q_proj", LlamaLinear(c.hidden_size, heads * head_dim, c.initializer_range, options));
-  k_proj = register_module("k_proj", LlamaLinear(c.hidden_size, kv_heads * head_dim, c.initializer_range, options));
-  v_proj = register_module("v_proj", LlamaLinear(c.hidden_size, kv_heads * head_dim, c.initializer_range, options));
-  o_proj = register_module("o_proj", LlamaLinear(heads * head_dim, c.hidden_size, c.initializer_range, options));
+  const double s = c.initializer_range;
+  q_proj = register_module("q_proj", LlamaLinear(c.hidden_size, heads * head_dim, s, options, c.qkv_bias));
+  k_proj = register_module("k_proj", LlamaLinear(c.hidden_size, kv_heads * head_dim, s, options, c.qkv_bias));
+  v_proj = register_module("v_proj", LlamaLinear(c.hidden_size, kv_heads * head_dim, s, options, c.qkv_bias));
+  o_proj = register_module("o_proj", LlamaLinear(heads * head_dim, c.hidden_size, s, options, c.o_bias));
 }
 
 at::Tensor LlamaAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -92,9 +97,11 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const at::Tensor& cos, c
   const std::int64_t S = k.size(2), past = S - T;
   const std::int64_t groups = heads / kv_heads;
   at::Tensor scores = at::matmul(q, repeat_kv(k, groups).transpose(2, 3)) * scaling;  // [B, H, T, S]
-  if (T > 1) {
-    // Query i (position past + i) sees keys 0 .. past + i.
+  if (T > 1 || (window && S > *window)) {
+    // Query i (position past + i) sees keys 0 .. past + i, and with a window only the last `window`
+    // of them (keys past + i - window + 1 .. past + i, as Transformers' sliding_window_overlay).
     at::Tensor mask = at::ones({T, S}, x.options().dtype(at::kBool)).triu(past + 1);
+    if (window) mask = mask.logical_or(at::ones({T, S}, x.options().dtype(at::kBool)).tril(past - *window));
     double lowest = scores.scalar_type() == at::kHalf       ? -65504.0
                     : scores.scalar_type() == at::kBFloat16 ? -3.3895313892515355e38
                                                             : static_cast<double>(std::numeric_limits<float>::lowest());
@@ -107,17 +114,16 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const at::Tensor& cos, c
 }
 
 LlamaMLP::LlamaMLP(const LlamaConfig& c, const at::TensorOptions& options) {
-  gate_proj =
-      register_module("gate_proj", LlamaLinear(c.hidden_size, c.intermediate_size, c.initializer_range, options));
-  up_proj = register_module("up_proj", LlamaLinear(c.hidden_size, c.intermediate_size, c.initializer_range, options));
-  down_proj =
-      register_module("down_proj", LlamaLinear(c.intermediate_size, c.hidden_size, c.initializer_range, options));
+  const double s = c.initializer_range;
+  gate_proj = register_module("gate_proj", LlamaLinear(c.hidden_size, c.intermediate_size, s, options, c.mlp_bias));
+  up_proj = register_module("up_proj", LlamaLinear(c.hidden_size, c.intermediate_size, s, options, c.mlp_bias));
+  down_proj = register_module("down_proj", LlamaLinear(c.intermediate_size, c.hidden_size, s, options, c.mlp_bias));
 }
 
 at::Tensor LlamaMLP::forward(const at::Tensor& x) { return down_proj(at::silu(gate_proj(x)) * up_proj(x)); }
 
-LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, const at::TensorOptions& options) {
-  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c, options));
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, const at::TensorOptions& options, std::int64_t layer) {
+  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c, options, layer));
   mlp = register_module("mlp", std::make_shared<LlamaMLP>(c, options));
   input_layernorm =
       register_module("input_layernorm", std::make_shared<LlamaRMSNorm>(c.hidden_size, c.rms_norm_eps, options));
@@ -135,7 +141,7 @@ LlamaModel::LlamaModel(const LlamaConfig& c, const at::TensorOptions& options) :
       "embed_tokens", LlamaEmbedding(c.vocab_size, c.hidden_size, c.initializer_range, c.pad_token_id, options));
   layers = register_module("layers", torch::nn::ModuleList());
   for (std::int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    auto layer = std::make_shared<LlamaDecoderLayer>(c, options);
+    auto layer = std::make_shared<LlamaDecoderLayer>(c, options, i);
     layers->push_back(layer);             // registered as layers.<i>
     units.push_back(accel::unit(layer));  // sharded now under sharded_init
   }
@@ -146,8 +152,24 @@ std::pair<at::Tensor, at::Tensor> LlamaModel::rotary(std::int64_t start, std::in
                                                      at::ScalarType dtype) const {
   const std::int64_t dim = config.head_size();
   auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-  // inv_freq = 1 / theta^(arange(0, dim, 2) / dim), as LlamaRotaryEmbedding computes it.
+  // inv_freq = 1 / theta^(arange(0, dim, 2) / dim), as LlamaRotaryEmbedding computes it, then rescaled
+  // as Transformers' ROPE_INIT_FUNCTIONS do for the rope_type (modeling_rope_utils.py).
   at::Tensor inv_freq = at::pow(config.rope_theta, at::arange(0, dim, 2, f32) / static_cast<double>(dim)).reciprocal();
+  const RopeScaling& r = config.rope_scaling;
+  if (r.type == "linear") inv_freq = inv_freq / r.factor;
+  if (r.type == "llama3") {
+    // Wavelengths above original_max / low_freq_factor: divided by factor; below original_max /
+    // high_freq_factor: kept; between: interpolated.
+    const double old_len = static_cast<double>(r.original_max_position_embeddings);
+    const double low_wavelen = old_len / r.low_freq_factor, high_wavelen = old_len / r.high_freq_factor;
+    // (number / tensor written as Python evaluates it: the tensor's reciprocal times the number)
+    at::Tensor wavelen = inv_freq.reciprocal() * (2 * M_PI);
+    at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq);
+    at::Tensor smooth = (wavelen.reciprocal() * old_len - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+    at::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+    at::Tensor medium = (wavelen < high_wavelen).logical_not().logical_and((wavelen > low_wavelen).logical_not());
+    inv_freq = at::where(medium, smoothed, scaled);
+  }
   at::Tensor positions = at::arange(start, start + T, f32.dtype(at::kLong)).to(at::kFloat);
   at::Tensor freqs = positions.unsqueeze(-1) * inv_freq;  // [T, dim / 2]
   at::Tensor emb = at::cat({freqs, freqs}, -1);

@@ -1,11 +1,13 @@
-// accel::models::LlamaForCausalLM — the Llama architecture (Transformers' LlamaForCausalLM) in
-// libtorch C++: RMSNorm, rotary position embeddings (rotate_half convention, rope_theta), SwiGLU
-// MLP, grouped-query attention (num_key_value_heads <= num_attention_heads), tied or untied head.
+// accel::models::LlamaForCausalLM — the Llama family (Transformers' LlamaForCausalLM,
+// Qwen2ForCausalLM and MistralForCausalLM; LlamaConfig's model_type says which) in libtorch C++:
+// RMSNorm, rotary position embeddings (rotate_half convention, rope_theta, default / linear / llama3
+// frequencies), SwiGLU MLP, grouped-query attention (num_key_value_heads <= num_attention_heads) with
+// an optional sliding window per layer, biases where the model_type has them, tied or untied head.
 //
 // Parameter names are LlamaForCausalLM's state-dict names, so save_model / load_model exchange
 // weights with Transformers directly (see models/pretrained.h):
 //   model.embed_tokens.weight
-//   model.layers.<i>.self_attn.{q,k,v,o}_proj.weight
+//   model.layers.<i>.self_attn.{q,k,v,o}_proj.weight   (and .bias where the config has biases)
 //   model.layers.<i>.mlp.{gate,up,down}_proj.weight
 //   model.layers.<i>.{input,post_attention}_layernorm.weight
 //   model.norm.weight
@@ -68,12 +70,14 @@ struct KVCache {
 // On a real device the weights are drawn in fp32 from the CPU generator, then cast and moved, so one
 // seed gives the same model on every device and dtype.
 
-// y = x W^T, W [out, in] (nn.Linear without bias), built with the given options.
+// y = x W^T (+ b), W [out, in] (nn.Linear; the bias, where asked for, starts at zero as in
+// Transformers), built with the given options.
 class LlamaLinearImpl : public torch::nn::Module {
  public:
-  LlamaLinearImpl(std::int64_t in, std::int64_t out, double init_std, const at::TensorOptions& options = {});
-  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight); }
-  at::Tensor weight;
+  LlamaLinearImpl(std::int64_t in, std::int64_t out, double init_std, const at::TensorOptions& options = {},
+                  bool with_bias = false);
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+  at::Tensor weight, bias;  // bias undefined without one
 };
 TORCH_MODULE(LlamaLinear);
 
@@ -97,18 +101,19 @@ class LlamaRMSNorm : public torch::nn::Module {
   double eps;
 };
 
-// q/k/v/o projections (no bias), rotary embedding, grouped-query attention.
+// q/k/v/o projections, rotary embedding, grouped-query attention, layer `layer`'s sliding window.
 class LlamaAttention : public torch::nn::Module {
  public:
-  explicit LlamaAttention(const LlamaConfig& c, const at::TensorOptions& options = {});
+  explicit LlamaAttention(const LlamaConfig& c, const at::TensorOptions& options = {}, std::int64_t layer = 0);
   // x [B, T, hidden]; cos/sin [T, head_dim] (the positions of x's tokens); cache: see KVCache.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerKVCache* cache);
   std::int64_t heads, kv_heads, head_dim;
   double scaling;
+  std::optional<std::int64_t> window;  // a query sees its last `window` keys (nullopt: all earlier ones)
   LlamaLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 };
 
-// down_proj(silu(gate_proj(x)) * up_proj(x)), no biases.
+// down_proj(silu(gate_proj(x)) * up_proj(x)) (biases where config.mlp_bias).
 class LlamaMLP : public torch::nn::Module {
  public:
   explicit LlamaMLP(const LlamaConfig& c, const at::TensorOptions& options = {});
@@ -116,10 +121,11 @@ class LlamaMLP : public torch::nn::Module {
   LlamaLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 
-// Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)). The sharding unit.
+// Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)). The sharding unit. `layer`: its index
+// (which decides its attention window).
 class LlamaDecoderLayer : public torch::nn::Module {
  public:
-  explicit LlamaDecoderLayer(const LlamaConfig& c, const at::TensorOptions& options = {});
+  explicit LlamaDecoderLayer(const LlamaConfig& c, const at::TensorOptions& options = {}, std::int64_t layer = 0);
   at::Tensor forward(at::Tensor x, at::Tensor cos, at::Tensor sin, LayerKVCache* cache = nullptr);
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
@@ -132,8 +138,8 @@ class LlamaModel : public torch::nn::Module {
   explicit LlamaModel(const LlamaConfig& c, const at::TensorOptions& options = {});
   // tokens [B, T] (int64) -> final hidden states [B, T, hidden].
   at::Tensor forward(const at::Tensor& tokens, KVCache* cache = nullptr);
-  // cos, sin [T, head_dim] for positions start .. start + T - 1 (Transformers' LlamaRotaryEmbedding,
-  // fp32, then cast to dtype).
+  // cos, sin [T, head_dim] for positions start .. start + T - 1 (Transformers' LlamaRotaryEmbedding
+  // with the config's rope_scaling, fp32, then cast to dtype).
   std::pair<at::Tensor, at::Tensor> rotary(std::int64_t start, std::int64_t T, const at::Device& device,
                                            at::ScalarType dtype) const;
   LlamaConfig config;

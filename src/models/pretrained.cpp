@@ -58,6 +58,24 @@ void check_same_architecture(const LlamaConfig& expected, const LlamaConfig& fou
   same_int("tie_word_embeddings", expected.tie_word_embeddings, found.tie_word_embeddings);
   same_real("rms_norm_eps", expected.rms_norm_eps, found.rms_norm_eps);
   same_real("rope_theta", expected.rope_theta, found.rope_theta);
+  auto same_text = [&](const char* key, const std::string& a, const std::string& b) {
+    if (a != b) throw LlamaConfigError("Llama config " + source + ": " + key + " is " + b + ", the model has " + a);
+  };
+  same_text("model_type", expected.model_type, found.model_type);
+  same_int("attention biases (q/k/v)", expected.qkv_bias, found.qkv_bias);
+  same_int("attention bias (o)", expected.o_bias, found.o_bias);
+  same_int("mlp_bias", expected.mlp_bias, found.mlp_bias);
+  same_text("rope_type", expected.rope_scaling.type, found.rope_scaling.type);
+  same_real("rope factor", expected.rope_scaling.factor, found.rope_scaling.factor);
+  same_real("rope low_freq_factor", expected.rope_scaling.low_freq_factor, found.rope_scaling.low_freq_factor);
+  same_real("rope high_freq_factor", expected.rope_scaling.high_freq_factor, found.rope_scaling.high_freq_factor);
+  same_int("rope original_max_position_embeddings", expected.rope_scaling.original_max_position_embeddings,
+           found.rope_scaling.original_max_position_embeddings);
+  for (std::int64_t i = 0; i < expected.num_hidden_layers; ++i)
+    if (expected.window_of(i) != found.window_of(i))
+      throw LlamaConfigError("Llama config " + source + ": layer " + std::to_string(i) + "'s sliding window is " +
+                             (found.window_of(i) ? std::to_string(*found.window_of(i)) : "none") + ", the model's " +
+                             (expected.window_of(i) ? std::to_string(*expected.window_of(i)) : "none"));
 }
 
 checkpoint::SaveModelResult save_pretrained(zero::Engine& engine, LlamaForCausalLM& model, const std::string& dir,
