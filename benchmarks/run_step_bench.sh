@@ -6,7 +6,7 @@
 #       DDP and ZERO_3 at 2 ranks in each of fp32, bf16, fp16 and fp8, then per strategy the same-run
 #       ratios of the four precisions (their steps interleaved in one run). A smaller model than the
 #       default (--layers 4 --d-model 192, unless given): a CPU without bf16/fp16/fp8 matmul hardware
-#       (the AVX2 VM of docs/performance.md's first table) took ~16 s for the default model's bf16 step.
+#       (an AVX2 VM, benchmarks/results/2026-11-27-performance-history.md) took ~16 s for the default model's bf16 step.
 #   bash benchmarks/run_step_bench.sh --vs-torch [--repeats R] [step_bench args]
 #       accel against PyTorch on the same GPT step (benchmarks/torch_anchor.py): accel DDP / PyTorch
 #       DDP, FULL_SHARD / FSDP2 (fully_shard per block), SHARD_GRAD_OP / FSDP2 without
