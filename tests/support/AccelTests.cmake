@@ -29,6 +29,12 @@
 #     so that the templates they share are instantiated and compiled once per batch, not once per file.
 #     (Each test file keeps its helpers in a namespace of its own, so that files can share a batch.)
 #
+#   accel_follow_ddp_tests(<name> <example target> <out dir>)
+#     The example under every shipped config follows its DDP loss trajectory (fp32), at 2 ranks and
+#     at world 1 with no launcher (tests/examples/follow_reference.sh): examples_reference_<name>_ddp_np2
+#     writes the reference (the example under configs/ddp.yaml at 2 ranks), then one
+#     examples_<name>_follows_ddp_<config> per config (ddp itself: its 2-rank run against its world-1 run).
+#
 # Every test gets ENVIRONMENT ${ACCEL_TEST_ENV} plus ENV, and TIMEOUT (default 600 s).
 # SKIPPABLE: the binary may GTEST_SKIP (a missing GPU, a missing Python package). It runs under
 # tests/support/gtest_skips.sh, which reports "skipped" (exit 77, SKIP_RETURN_CODE) only when the run
@@ -112,4 +118,26 @@ function(accel_unit_binary target)
   target_include_directories(${target} PRIVATE ${ACCEL_TESTS_DIR} ${PROJECT_SOURCE_DIR}/examples)
   target_link_libraries(${target} PRIVATE accel GTest::gtest GTest::gtest_main)
   accel_test_compile(${target})
+endfunction()
+
+function(accel_follow_ddp_tests name example out)
+  file(MAKE_DIRECTORY ${out})
+  add_test(NAME examples_reference_${name}_ddp_np2
+           COMMAND ${ACCEL_LAUNCH} launch -n 2 $<TARGET_FILE:${example}> --config_file ${PROJECT_SOURCE_DIR}/configs/ddp.yaml
+                   --steps 20 --seed 3 --log_file ${out}/reference_${name}_ddp.log)
+  set_tests_properties(examples_reference_${name}_ddp_np2 PROPERTIES FIXTURES_SETUP ${name}_reference
+                       ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 600)
+  foreach(cfg fsdp/full_shard fsdp/shard_grad_op fsdp/no_shard fsdp/hybrid_shard
+              deepspeed/zero1 deepspeed/zero2 deepspeed/zero3 deepspeed/zero3_offload ddp)
+    string(REPLACE "/" "_" tname ${cfg})
+    set(reference ${out}/reference_${name}_ddp.log)
+    if(cfg STREQUAL "ddp")
+      set(reference world1)
+    endif()
+    add_test(NAME examples_${name}_follows_ddp_${tname}
+             COMMAND ${ACCEL_TESTS_DIR}/examples/follow_reference.sh ${ACCEL_LAUNCH} $<TARGET_FILE:${example}>
+                     ${PROJECT_SOURCE_DIR}/configs/${cfg}.yaml ${reference} ${out})
+    set_tests_properties(examples_${name}_follows_ddp_${tname} PROPERTIES FIXTURES_REQUIRED ${name}_reference
+                         ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 600)
+  endforeach()
 endfunction()
