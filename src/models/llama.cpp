@@ -77,12 +77,12 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c, const at::TensorOptions& op
 }
 
 at::Tensor LlamaAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                   LayerKVCache* cache) {
+                                   LayerKVCache* cache, const KeyPadding& padding) {
   const std::int64_t B = x.size(0), T = x.size(1);
   at::Tensor q = q_proj(x).view({B, T, heads, head_dim}).transpose(1, 2);  // [B, H, T, d]
   at::Tensor k = k_proj(x).view({B, T, kv_heads, head_dim}).transpose(1, 2);
   at::Tensor v = v_proj(x).view({B, T, kv_heads, head_dim}).transpose(1, 2);
-  q = q * cos + rotate_half(q) * sin;  // cos/sin [T, d] broadcast over B and heads
+  q = q * cos + rotate_half(q) * sin;  // cos/sin [T, d] or [B, 1, T, d] broadcast over heads
   k = k * cos + rotate_half(k) * sin;
   if (cache) {
     if (cache->key.defined()) {
@@ -97,11 +97,17 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const at::Tensor& cos, c
   const std::int64_t S = k.size(2), past = S - T;
   const std::int64_t groups = heads / kv_heads;
   at::Tensor scores = at::matmul(q, repeat_kv(k, groups).transpose(2, 3)) * scaling;  // [B, H, T, S]
-  if (T > 1 || (window && S > *window)) {
+  if (T > 1 || (window && S > *window) || padding.pad.defined()) {
     // Query i (position past + i) sees keys 0 .. past + i, and with a window only the last `window`
     // of them (keys past + i - window + 1 .. past + i, as Transformers' sliding_window_overlay).
     at::Tensor mask = at::ones({T, S}, x.options().dtype(at::kBool)).triu(past + 1);
     if (window) mask = mask.logical_or(at::ones({T, S}, x.options().dtype(at::kBool)).tril(past - *window));
+    if (padding.pad.defined()) {
+      TORCH_CHECK(padding.pad.dim() == 2 && padding.pad.size(0) == B && padding.pad.size(1) == S,
+                  "LlamaAttention: the attention mask must be [batch ", B, ", cached + new tokens ", S, "], got ",
+                  padding.pad.sizes());
+      mask = mask.logical_or(padding.pad.to(x.device()).view({B, 1, 1, S}));  // [B, 1, T, S]
+    }
     double lowest = scores.scalar_type() == at::kHalf       ? -65504.0
                     : scores.scalar_type() == at::kBFloat16 ? -3.3895313892515355e38
                                                             : static_cast<double>(std::numeric_limits<float>::lowest());
@@ -131,8 +137,9 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& c, const at::TensorOptio
                                              std::make_shared<LlamaRMSNorm>(c.hidden_size, c.rms_norm_eps, options));
 }
 
-at::Tensor LlamaDecoderLayer::forward(at::Tensor x, at::Tensor cos, at::Tensor sin, LayerKVCache* cache) {
-  x = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache);
+at::Tensor LlamaDecoderLayer::forward(at::Tensor x, at::Tensor cos, at::Tensor sin, LayerKVCache* cache,
+                                      KeyPadding padding) {
+  x = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache, padding);
   return x + mlp->forward(post_attention_layernorm->forward(x));
 }
 
@@ -148,10 +155,9 @@ LlamaModel::LlamaModel(const LlamaConfig& c, const at::TensorOptions& options) :
   norm = register_module("norm", std::make_shared<LlamaRMSNorm>(c.hidden_size, c.rms_norm_eps, options));
 }
 
-std::pair<at::Tensor, at::Tensor> LlamaModel::rotary(std::int64_t start, std::int64_t T, const at::Device& device,
-                                                     at::ScalarType dtype) const {
+std::pair<at::Tensor, at::Tensor> LlamaModel::rotary(const at::Tensor& positions, at::ScalarType dtype) const {
   const std::int64_t dim = config.head_size();
-  auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  auto f32 = at::TensorOptions().dtype(at::kFloat).device(positions.device());
   // inv_freq = 1 / theta^(arange(0, dim, 2) / dim), as LlamaRotaryEmbedding computes it, then rescaled
   // as Transformers' ROPE_INIT_FUNCTIONS do for the rope_type (modeling_rope_utils.py).
   at::Tensor inv_freq = at::pow(config.rope_theta, at::arange(0, dim, 2, f32) / static_cast<double>(dim)).reciprocal();
@@ -170,22 +176,37 @@ std::pair<at::Tensor, at::Tensor> LlamaModel::rotary(std::int64_t start, std::in
     at::Tensor medium = (wavelen < high_wavelen).logical_not().logical_and((wavelen > low_wavelen).logical_not());
     inv_freq = at::where(medium, smoothed, scaled);
   }
-  at::Tensor positions = at::arange(start, start + T, f32.dtype(at::kLong)).to(at::kFloat);
-  at::Tensor freqs = positions.unsqueeze(-1) * inv_freq;  // [T, dim / 2]
+  at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [T, dim / 2] or [B, T, dim / 2]
   at::Tensor emb = at::cat({freqs, freqs}, -1);
+  if (emb.dim() == 3) emb = emb.unsqueeze(1);  // [B, 1, T, dim]: broadcast over the heads
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 
-at::Tensor LlamaModel::forward(const at::Tensor& tokens, KVCache* cache) {
+at::Tensor LlamaModel::forward(const at::Tensor& tokens, KVCache* cache, const at::Tensor& attention_mask,
+                               const at::Tensor& position_ids) {
   TORCH_CHECK(tokens.dim() == 2, "LlamaModel: tokens must be [batch, seq], got ", tokens.sizes());
-  const std::int64_t T = tokens.size(1);
+  const std::int64_t B = tokens.size(0), T = tokens.size(1);
   const std::int64_t start = cache ? cache->position : 0;
   if (cache)
     TORCH_CHECK(static_cast<std::int64_t>(cache->layers.size()) == config.num_hidden_layers,
                 "LlamaModel: the KV cache has ", cache->layers.size(), " layers, the model ", config.num_hidden_layers);
   at::Tensor x = embed_tokens(tokens);
-  auto [cos, sin] = rotary(start, T, x.device(), x.scalar_type());
-  for (std::size_t i = 0; i < units.size(); ++i) x = units[i](x, cos, sin, cache ? &cache->layers[i] : nullptr);
+  at::Tensor positions = at::arange(start, start + T, tokens.options().dtype(at::kLong));
+  if (position_ids.defined()) {
+    TORCH_CHECK(position_ids.dim() == 2 && position_ids.size(0) == B && position_ids.size(1) == T,
+                "LlamaModel: position_ids must be [batch ", B, ", seq ", T, "], got ", position_ids.sizes());
+    positions = position_ids.to(tokens.device(), at::kLong);
+  }
+  KeyPadding padding;
+  if (attention_mask.defined()) {
+    TORCH_CHECK(attention_mask.dim() == 2 && attention_mask.size(0) == B && attention_mask.size(1) == start + T,
+                "LlamaModel: attention_mask must be [batch ", B, ", cached + new tokens ", start + T, "], got ",
+                attention_mask.sizes());
+    padding.pad = attention_mask.to(tokens.device()).eq(0);
+  }
+  auto [cos, sin] = rotary(positions, x.scalar_type());
+  for (std::size_t i = 0; i < units.size(); ++i)
+    x = units[i](x, cos, sin, cache ? &cache->layers[i] : nullptr, padding);
   if (cache) cache->position += T;
   return norm->forward(x);
 }
@@ -203,13 +224,14 @@ at::Tensor LlamaForCausalLM::head(const at::Tensor& hidden) {
   return at::linear(hidden, model->embed_tokens->weight);
 }
 
-at::Tensor LlamaForCausalLM::forward(const at::Tensor& tokens, KVCache* cache) {
-  return head(model->forward(tokens, cache));
+at::Tensor LlamaForCausalLM::forward(const at::Tensor& tokens, KVCache* cache, const at::Tensor& attention_mask,
+                                     const at::Tensor& position_ids) {
+  return head(model->forward(tokens, cache, attention_mask, position_ids));
 }
 
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
   at::Tensor l = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
-  return at::cross_entropy_loss(l, targets.reshape({-1}));
+  return at::cross_entropy_loss(l, targets.reshape({-1}), /*weight=*/{}, at::Reduction::Mean, /*ignore_index=*/-100);
 }
 
 }  // namespace accel::models

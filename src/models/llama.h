@@ -64,6 +64,14 @@ struct KVCache {
   }
 };
 
+// The keys a batch row must not attend to besides the causal (and window) rule: `pad` [B, S] is true
+// where the key is padding (Transformers' attention_mask == 0 over the cached and the new tokens).
+// Undefined: no padding. (A struct, not a tensor argument, so that an activation-checkpointed unit
+// passes it to its recompute as it is.)
+struct KeyPadding {
+  at::Tensor pad;
+};
+
 // Construction options: the parameters' device and dtype (TensorOptions; default CPU, fp32). On the
 // meta device nothing is allocated and nothing initialized: names, shapes and units are all there
 // for a loader to put real tensors in place (empty construction, as Accelerate's init_empty_weights).
@@ -105,8 +113,10 @@ class LlamaRMSNorm : public torch::nn::Module {
 class LlamaAttention : public torch::nn::Module {
  public:
   explicit LlamaAttention(const LlamaConfig& c, const at::TensorOptions& options = {}, std::int64_t layer = 0);
-  // x [B, T, hidden]; cos/sin [T, head_dim] (the positions of x's tokens); cache: see KVCache.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerKVCache* cache);
+  // x [B, T, hidden]; cos/sin [T, head_dim], or [B, 1, T, head_dim] for positions per row (the
+  // positions of x's tokens); cache: see KVCache; padding: see KeyPadding.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerKVCache* cache,
+                     const KeyPadding& padding = {});
   std::int64_t heads, kv_heads, head_dim;
   double scaling;
   std::optional<std::int64_t> window;  // a query sees its last `window` keys (nullopt: all earlier ones)
@@ -126,7 +136,8 @@ class LlamaMLP : public torch::nn::Module {
 class LlamaDecoderLayer : public torch::nn::Module {
  public:
   explicit LlamaDecoderLayer(const LlamaConfig& c, const at::TensorOptions& options = {}, std::int64_t layer = 0);
-  at::Tensor forward(at::Tensor x, at::Tensor cos, at::Tensor sin, LayerKVCache* cache = nullptr);
+  at::Tensor forward(at::Tensor x, at::Tensor cos, at::Tensor sin, LayerKVCache* cache = nullptr,
+                     KeyPadding padding = {});
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
   std::shared_ptr<LlamaRMSNorm> input_layernorm, post_attention_layernorm;
@@ -136,12 +147,14 @@ class LlamaDecoderLayer : public torch::nn::Module {
 class LlamaModel : public torch::nn::Module {
  public:
   explicit LlamaModel(const LlamaConfig& c, const at::TensorOptions& options = {});
-  // tokens [B, T] (int64) -> final hidden states [B, T, hidden].
-  at::Tensor forward(const at::Tensor& tokens, KVCache* cache = nullptr);
-  // cos, sin [T, head_dim] for positions start .. start + T - 1 (Transformers' LlamaRotaryEmbedding
-  // with the config's rope_scaling, fp32, then cast to dtype).
-  std::pair<at::Tensor, at::Tensor> rotary(std::int64_t start, std::int64_t T, const at::Device& device,
-                                           at::ScalarType dtype) const;
+  // tokens [B, T] (int64) -> final hidden states [B, T, hidden]. attention_mask [B, S] (S: the cached
+  // and the new tokens; 1 attend, 0 padding) and position_ids [B, T] as Transformers takes them: without
+  // position_ids the positions are the cache's, start .. start + T - 1, padding or not.
+  at::Tensor forward(const at::Tensor& tokens, KVCache* cache = nullptr, const at::Tensor& attention_mask = {},
+                     const at::Tensor& position_ids = {});
+  // cos, sin for `positions` (int64 [T], or [B, T] per row): [T, head_dim] or [B, 1, T, head_dim]
+  // (Transformers' LlamaRotaryEmbedding with the config's rope_scaling, fp32, then cast to dtype).
+  std::pair<at::Tensor, at::Tensor> rotary(const at::Tensor& positions, at::ScalarType dtype) const;
   LlamaConfig config;
   LlamaEmbedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};  // children "0", "1", ... (LlamaDecoderLayer)
@@ -156,7 +169,9 @@ class LlamaForCausalLM : public torch::nn::Module {
   explicit LlamaForCausalLM(const LlamaConfig& c, const at::TensorOptions& options = {});
   // tokens [B, T] (int64) -> logits [B, T, vocab_size] in the parameters' dtype.
   // With a cache: see KVCache (positions continue from cache->position, which advances by T).
-  at::Tensor forward(const at::Tensor& tokens, KVCache* cache = nullptr);
+  // attention_mask, position_ids: see LlamaModel::forward (padded batches, left or right).
+  at::Tensor forward(const at::Tensor& tokens, KVCache* cache = nullptr, const at::Tensor& attention_mask = {},
+                     const at::Tensor& position_ids = {});
   // A cache sized for this model.
   KVCache make_cache() const { return KVCache(config.num_hidden_layers); }
   // The head: hidden [.., hidden] -> logits [.., vocab] (lm_head, or embed_tokens when tied).
@@ -166,7 +181,8 @@ class LlamaForCausalLM : public torch::nn::Module {
   LlamaLinear lm_head{nullptr};  // null when config.tie_word_embeddings
 };
 
-// Mean next-token cross entropy over logits [B, T, V] and targets [B, T] (fp32 math).
+// Mean next-token cross entropy over logits [B, T, V] and targets [B, T] (fp32 math); targets of
+// -100 (padding, a prompt) are left out of the loss and of the mean, as in Transformers.
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets);
 
 }  // namespace accel::models

@@ -6,7 +6,9 @@
       without sliding layers) and Mistral (a window, none), each saved with save_pretrained and a small
       max_shard_size (so sharded, with an index) into OUT_DIR/<variant>, plus
       OUT_DIR/<variant>.reference.safetensors: tokens [B, T] and Transformers' logits (eager attention,
-      fp32) on them. Every weight and bias is drawn from normal(0, 0.12) (the norms from U(0.5, 1.5)), so
+      fp32) on them; for the PADDED variants also a padded batch (row 0 padded on the left, row 1 on
+      the right): its attention_mask, position_ids (as generate() derives them), the logits with both
+      and with the mask alone, labels with -100 at the pads and Transformers' loss. Every weight and bias is drawn from normal(0, 0.12) (the norms from U(0.5, 1.5)), so
       attention is far from uniform and a wrong rotary or mask shows.
   check DIR ACCEL_FILE [DIR ACCEL_FILE ...]
       Opens each DIR with AutoModelForCausalLM.from_pretrained (eager attention, fp32), runs it on
@@ -68,6 +70,23 @@ SWITCH_OFF = {
 }
 
 
+PADDED = ("untied", "qwen2_sliding", "mistral")
+
+
+def padded_reference(model, tokens):
+    """Row 0 padded on the left (3 pads), row 1 on the right (2 pads)."""
+    mask = torch.ones_like(tokens)
+    mask[0, :3] = 0
+    mask[1, -2:] = 0
+    position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # what generate() passes
+    labels = tokens.masked_fill(mask == 0, -100)
+    with torch.no_grad():
+        out = model(tokens, attention_mask=mask, position_ids=position_ids, labels=labels)
+        mask_only = model(tokens, attention_mask=mask).logits
+    return {"mask": mask, "position_ids": position_ids, "logits_padded": out.logits.float(),
+            "logits_mask_only": mask_only.float(), "labels": labels, "loss": out.loss.float().reshape(1)}
+
+
 def make(out):
     torch.manual_seed(1234)
     for name, (family, changes, dtype) in VARIANTS.items():
@@ -94,8 +113,10 @@ def make(out):
         ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
         with torch.no_grad():
             logits = ref(tokens).logits
-        save_file({"tokens": tokens.contiguous(), "logits": logits.float().contiguous()},
-                  os.path.join(out, name + ".reference.safetensors"))
+        tensors = {"tokens": tokens, "logits": logits.float()}
+        if name in PADDED:
+            tensors.update(padded_reference(ref, tokens))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, name + ".reference.safetensors"))
         if name in SWITCH_OFF:
             off = model_class(config_class(**{**kw, **SWITCH_OFF[name]})).eval()
             off.load_state_dict(ref.state_dict())

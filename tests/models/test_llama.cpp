@@ -389,6 +389,16 @@ TEST(Llama, SlidingWindowSeesOnlyTheLastKeys) {
   }
 }
 
+// Targets of -100 are out of the loss and of its mean: the mean of -log p(target) over the others.
+TEST(Llama, CausalLmLossLeavesOutMinus100) {
+  at::manual_seed(6);
+  const at::Tensor logits = at::randn({2, 3, 5});
+  const at::Tensor targets = at::tensor({4, -100, 0, 2, 1, -100}, at::kLong).view({2, 3});
+  const at::Tensor logp = at::log_softmax(logits, -1);
+  const double want = -(logp[0][0][4] + logp[0][2][0] + logp[1][0][2] + logp[1][1][1]).item<double>() / 4;
+  EXPECT_NEAR(causal_lm_loss(logits, targets).item<double>(), want, 1e-6);
+}
+
 // --- Transformers -> accel ------------------------------------------------------------------------
 
 class LlamaInterop : public ::testing::Test {
@@ -412,6 +422,40 @@ class LlamaInterop : public ::testing::Test {
   static inline std::string made_, llama_full_shard_;
   static inline bool made_ok_ = false;
 };
+
+// max |a - b| over the positions where mask [B, T] is 1 (a, b [B, T, V]).
+double max_diff_where(const at::Tensor& a, const at::Tensor& b, const at::Tensor& mask) {
+  return ((a - b).abs().amax(-1) * mask.to(at::kFloat)).max().item<double>();
+}
+
+// A padded batch (row 0 padded on the left, row 1 on the right) against Transformers: the logits with
+// attention_mask and position_ids, and with the mask alone, on every non-pad position; the loss with
+// -100 labels at the pads; and the KV-cache path with a padded prompt, then token by token with the
+// mask growing as generate() grows it.
+void check_padded(LlamaForCausalLM& model, checkpoint::SafetensorsFile& ref) {
+  const at::Tensor tokens = ref.read("tokens"), mask = ref.read("mask"), pos = ref.read("position_ids");
+  const at::Tensor want = ref.read("logits_padded");
+  const at::Tensor got = model.forward(tokens, nullptr, mask, pos);
+  EXPECT_LE(max_diff_where(got, want, mask), 1e-5);
+  EXPECT_GT(max_diff_where(model.forward(tokens), want, mask), 1e-2);  // padding changes the logits
+  EXPECT_LE(max_diff_where(model.forward(tokens, nullptr, mask), ref.read("logits_mask_only"), mask), 1e-5);
+  const std::int64_t T = tokens.size(1);
+  const double loss = causal_lm_loss(got.narrow(1, 0, T - 1), ref.read("labels").narrow(1, 1, T - 1)).item<double>();
+  const double want_loss = ref.read("loss").item<double>();
+  EXPECT_NEAR(loss, want_loss, 1e-6 * std::abs(want_loss));
+  KVCache cache = model.make_cache();
+  std::vector<at::Tensor> steps{
+      model.forward(tokens.narrow(1, 0, 6), &cache, mask.narrow(1, 0, 6), pos.narrow(1, 0, 6))};
+  for (std::int64_t t = 6; t < T; ++t)
+    steps.push_back(model.forward(tokens.narrow(1, t, 1), &cache, mask.narrow(1, 0, t + 1), pos.narrow(1, t, 1)));
+  const double cached = max_diff_where(at::cat(steps, 1), want, mask);
+  EXPECT_LE(cached, 1e-5);
+  if (world()->rank() == 0)
+    std::printf(
+        "  padded batch: max |logits - Transformers'| on non-pad positions %.3e (KV cache %.3e), loss %.7f vs "
+        "%.7f\n",
+        max_diff_where(got, want, mask), cached, loss, want_loss);
+}
 
 TEST_F(LlamaInterop, TransformersSavedModelGivesTransformersLogits) {
   if (!have_python()) GTEST_SKIP() << "ACCEL_PYTHON not configured";
@@ -449,6 +493,7 @@ TEST_F(LlamaInterop, TransformersSavedModelGivesTransformersLogits) {
       std::vector<at::Tensor> steps{model->forward(tokens.narrow(1, 0, 6), &cache)};
       for (std::int64_t t = 6; t < tokens.size(1); ++t) steps.push_back(model->forward(tokens.narrow(1, t, 1), &cache));
       EXPECT_LE(max_abs_diff(at::cat(steps, 1), expected), 1e-5);
+      if (ref.contains("mask")) check_padded(*model, ref);
       if (world()->rank() == 0)
         std::printf("%s, %s, %d rank(s), %zu units: max |logits - Transformers'| = %.3e\n", name,
                     cfg.empty() ? "no config" : cfg.substr(cfg.rfind('/') + 1).c_str(), world()->size(),
