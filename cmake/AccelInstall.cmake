@@ -25,7 +25,6 @@ set(ACCEL_INTERNAL_HEADERS
   comm/dtype.h
   comm/signature.h             # the cross-rank argument check's packing
   comm/cuda_comm.h
-  dispatch/mapped_file.h       # dispatch's mmap helper (dispatch/dispatch.h is the interface)
   offload/request_queue.h      # AsyncFile's queue (offload/async_file.h is the interface)
   optim/fused_kernels.h        # the fused step's per-ISA kernels (optim/fused_step.h is the interface)
   tracking/builtin.h           # the built-in trackers' factories (tracking/tracker.h is the interface)

@@ -3,9 +3,9 @@
 #include "base/error.h"
 
 #include "base/files.h"
+#include "base/mapped_file.h"
 #include "checkpoint/model_export.h"
 #include "checkpoint/safetensors.h"
-#include "dispatch/mapped_file.h"
 #include "sharding/unit.h"
 
 #include <ATen/ATen.h>
@@ -56,7 +56,7 @@ void point_at(const at::Tensor& t, const at::Tensor& value) {
 
 // A range of a mapped file that a disk unit's parameter points at.
 struct MappedRange {
-  std::shared_ptr<dispatch::MappedFile> file;
+  std::shared_ptr<files::MappedFile> file;
   std::uint64_t offset = 0, bytes = 0;
   at::Tensor param;   // the parameter
   at::Tensor mapped;  // a tensor over the range (what the parameter points at between forwards)
@@ -305,10 +305,10 @@ DispatchResult load_checkpoint_and_dispatch(const std::shared_ptr<torch::nn::Mod
     if (!used.count(n)) ++result.unexpected_tensors;
 
   // --- disk: map the checkpoint's own bytes where they fit, else write a converted copy --------------
-  std::map<std::string, std::shared_ptr<dispatch::MappedFile>> mapped;
+  std::map<std::string, std::shared_ptr<files::MappedFile>> mapped;
   auto map_file = [&](const std::string& path) {
     auto& m = mapped[path];
-    if (!m) m = dispatch::MappedFile::open(path);
+    if (!m) m = files::MappedFile::open(path);
     return m;
   };
   std::unordered_map<const void*, MappedRange> disk_range;

@@ -13,15 +13,7 @@ mkdir -p "$OUT"
 [ "$REF" = world1 ] || [ -f "$REF" ] || { echo "missing reference log $REF (run the fixture test first)"; exit 1; }
 
 compare() {  # compare LOG LABEL REFERENCE
-  awk -v rtol="$RTOL" -v label="$2" '
-    NR == FNR { ref[$2] = $4; n++; next }
-    { got++; if (!($2 in ref)) { print label ": step " $2 " not in the reference"; bad = 1; next }
-      d = $4 - ref[$2]; if (d < 0) d = -d; r = ref[$2] < 0 ? -ref[$2] : ref[$2];
-      if (d > rtol * r) { printf "%s: step %d loss %.9g vs reference %.9g (rel %.2e > %s)\n", label, $2, $4, ref[$2], d / r, rtol; bad = 1 }
-      if (d / r > worst) worst = d / r }
-    END { if (got != n) { print label ": " got " steps, reference has " n; bad = 1 }
-          printf "%s: %d steps, worst relative difference %.2e (tolerance %s)\n", label, got, worst, rtol; exit bad }
-  ' "$3" "$1"
+  awk -v rtol="$RTOL" -v label="$2" -v all=1 -f "$(dirname "$0")/../support/compare_losses.awk" "$3" "$1"
 }
 
 "$ACCEL" launch -n 2 "$BIN" --config_file "$CONFIG" --log_file "$OUT/$name.np2.log" "${ARGS[@]}"

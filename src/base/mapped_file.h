@@ -1,6 +1,6 @@
-// accel::dispatch::MappedFile — a whole file mapped privately into memory (MAP_PRIVATE, read and
+// accel::files::MappedFile — a whole file mapped privately into memory (MAP_PRIVATE, read and
 // write: a stray write lands in a private copy instead of faulting), and the page-level advice that
-// pages disk-offloaded weights in and out. Internal to src/dispatch/.
+// pages disk-offloaded weights (src/dispatch/) and token files (src/data/) in and out.
 #pragma once
 
 #include <cstddef>
@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-namespace accel::dispatch {
+namespace accel::files {
 
 class MappedFile {
  public:
@@ -35,4 +35,4 @@ class MappedFile {
   char* data_ = nullptr;
 };
 
-}  // namespace accel::dispatch
+}  // namespace accel::files

@@ -1,5 +1,5 @@
 // MappedFile (mapped_file.h): mmap, madvise and posix_fadvise.
-#include "dispatch/mapped_file.h"
+#include "base/mapped_file.h"
 #include "base/error.h"
 
 #include <fmt/format.h>
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <stdexcept>
 
-namespace accel::dispatch {
+namespace accel::files {
 namespace {
 std::uint64_t page() {
   static const std::uint64_t p = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
@@ -69,4 +69,4 @@ void MappedFile::drop_cache(std::uint64_t offset, std::uint64_t n) const {
   ::posix_fadvise(fd_, static_cast<off_t>(b), static_cast<off_t>(len), POSIX_FADV_DONTNEED);
 }
 
-}  // namespace accel::dispatch
+}  // namespace accel::files
