@@ -70,7 +70,7 @@ SWITCH_OFF = {
 }
 
 
-PADDED = ("untied", "qwen2_sliding", "mistral")
+PADDED = ("untied", "llama3_rope", "qwen2_sliding", "mistral")
 
 
 def padded_reference(model, tokens):
