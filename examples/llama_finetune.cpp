@@ -149,6 +149,7 @@ struct Run {
   std::optional<data::TokenWindows>& val;
   std::int64_t eval_every, shard_bytes;
   const std::string &save_dir, &model_path;
+  std::string tokenizer;  // --data's tokenizer.json, copied beside a --save
 
   template <class Dataset>
   int operator()(DataLoader<Dataset> loader) {
@@ -202,6 +203,11 @@ struct Run {
       auto saved = models::save_pretrained(*acc.engine(), *model, save_dir, shard_bytes);
       acc.print("llama_finetune: saved ", saved.files.size(), " safetensors file(s), ", saved.total_bytes,
                 " bytes, config.json and generation_config.json to ", save_dir);
+      if (!tokenizer.empty() && files::is_file(tokenizer) && acc.is_main_process()) {
+        const std::string text = files::read_file(tokenizer);  // so that Transformers can read the text too
+        files::write_file_atomic(save_dir + "/tokenizer.json", text.data(), text.size());
+        acc.print("llama_finetune: and the data's tokenizer.json");
+      }
     }
     acc.end_training();
     return 0;
@@ -289,7 +295,17 @@ int main(int argc, char** argv) {
                 tokens->vocab_size);
       if (files::is_file(tokens->val)) val = windows(tokens->val);
     }
-    Run run{acc, model, adamw, args, cfg, val, eval_every, shard_bytes, save_dir, model_path};
+    Run run{acc,
+            model,
+            adamw,
+            args,
+            cfg,
+            val,
+            eval_every,
+            shard_bytes,
+            save_dir,
+            model_path,
+            tokens ? data_dir + "/tokenizer.json" : std::string()};
     if (tokens) return run(DataLoader<data::TokenWindows>(windows(tokens->train), loader_options));
     return run(
         DataLoader<ArithmeticSequences>(ArithmeticSequences(4096, seq, cfg.vocab_size, args.seed + 1), loader_options));
