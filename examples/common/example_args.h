@@ -100,7 +100,11 @@ class LossLog {
   }
   void write(std::int64_t step, double loss) {
     // %.17g: the exact double, so resumed runs can be compared bit for bit.
-    if (f_) std::fprintf(f_, "step %lld loss %.17g\n", static_cast<long long>(step), loss);
+    // Flushed: a watcher (tests/checkpoint/resume_checks.sh's restarts) reads the step it has reached.
+    if (f_) {
+      std::fprintf(f_, "step %lld loss %.17g\n", static_cast<long long>(step), loss);
+      std::fflush(f_);
+    }
   }
 
  private:

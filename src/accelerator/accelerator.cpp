@@ -306,12 +306,34 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
   optimizer_ = p.optimizer;
   if (cfg_.mixed_precision == MixedPrecision::Fp16)
     scaling_ = std::make_shared<LossScaling>(cfg_.loss_scaler, engine_, device_);
-  return std::make_shared<AcceleratedOptimizer>(p.optimizer, engine_, state_, clip, scaling_);
+  auto prepared = std::make_shared<AcceleratedOptimizer>(p.optimizer, engine_, state_, clip, scaling_);
+  maybe_auto_resume();
+  return prepared;
+}
+
+void Accelerator::maybe_auto_resume() {
+  const bool wanted = opts_.auto_resume.value_or(env::get("ACCEL_AUTO_RESUME") == "1");
+  if (!wanted) return;
+  if (opts_.project_dir.empty()) {
+    if (is_main_process()) log::warning("auto_resume: no project_dir, so no checkpoints to resume from");
+    return;
+  }
+  const auto existing = checkpoint::automatic_checkpoints(opts_.project_dir);
+  if (existing.empty()) {
+    if (is_main_process()) log::info("auto_resume: no checkpoint in " + opts_.project_dir + "/checkpoints yet");
+    return;
+  }
+  load_state(existing.back().second);
+  const std::string restart = env::get("ACCEL_RESTART_COUNT");
+  print("accel: resumed from ", existing.back().second, " at step ", state_->optimizer_steps,
+        restart.empty() ? std::string() : " (restart " + restart + ")");
 }
 
 std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(std::shared_ptr<torch::optim::LRScheduler> s) {
   if (!s) throw accel::InvalidArgumentError("Accelerator::prepare_scheduler: null scheduler");
   scheduler_ = std::make_shared<AcceleratedScheduler>(std::move(s), state_);
+  // (prepare() with a scheduler makes it after the model: a resume there leaves it to catch up here.)
+  if (resumed_scheduler_steps_ > 0) scheduler_->fast_forward(resumed_scheduler_steps_);
   return scheduler_;
 }
 
@@ -592,6 +614,7 @@ void Accelerator::load_state(const std::string& dir_in) {
   state_->optimizer_steps = t.step;
   if (scaling_ && !t.loss_scaler.empty()) scaling_->load_state_text(t.loss_scaler);
   if (scheduler_ && t.scheduler_steps) scheduler_->fast_forward(*t.scheduler_steps);
+  if (!scheduler_ && t.scheduler_steps) resumed_scheduler_steps_ = *t.scheduler_steps;
   if (optimizer_ && t.lrs.size() == optimizer_->param_groups().size())
     for (std::size_t g = 0; g < t.lrs.size(); ++g) optimizer_->param_groups()[g].options().set_lr(t.lrs[g]);
   for (std::size_t i = 0; i < state_->loaders.size() && i < t.loaders.size(); ++i) {

@@ -67,6 +67,10 @@ struct AcceleratorOptions {
   // use <project_dir>/checkpoints/checkpoint_<i>, keeping at most total_limit of them (0: all).
   // (Also project_dir in the config file; this one wins.)
   std::string project_dir;
+  // After prepare(): load the newest checkpoint of <project_dir>/checkpoints when there is one, so that a
+  // job started again (accel launch --max_restarts) goes on from it with no code of its own. Objects
+  // registered for checkpointing after prepare() are not restored by it. Unset: ACCEL_AUTO_RESUME.
+  std::optional<bool> auto_resume;
   int total_limit = 0;
   // --- trackers (Accelerate's log_with): names ("tensorboard", "jsonl", "csv", "all", or one given
   // to tracking::register_tracker) and/or tracker objects. Empty: the config file's log_with. Those
@@ -441,7 +445,8 @@ class Accelerator {
   std::shared_ptr<zero::Engine> engine_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;  // the prepared (inner) optimizer
   std::shared_ptr<AcceleratedScheduler> scheduler_;
-  std::shared_ptr<LossScaling> scaling_;  // fp16 only
+  std::int64_t resumed_scheduler_steps_ = 0;  // a load_state before prepare_scheduler: its steps
+  std::shared_ptr<LossScaling> scaling_;      // fp16 only
   struct Registered {
     std::function<std::string()> save;
     std::function<void(const std::string&)> load;
@@ -453,6 +458,7 @@ class Accelerator {
   bool ended_ = false;
   // Trackers and step metrics (accelerator_tracking.cpp).
   void finish_trackers();
+  void maybe_auto_resume();                                   // end of prepare: AcceleratorOptions::auto_resume
   void check_log_with();                                      // at construction: names known, project_dir where needed
   std::vector<tracking::LogWith> log_with_;                   // options' or the config's
   std::vector<std::shared_ptr<tracking::Tracker>> trackers_;  // those this process runs

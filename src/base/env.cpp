@@ -64,6 +64,12 @@ const std::vector<Variable>& table() {
        "lists them)"},
       // Read by the `accel` command itself.
       {"ACCEL_HOME", "", "where `accel config` writes default_config.yaml (default ~/.cache/accel)"},
+      {"ACCEL_AUTO_RESUME", "0",
+       "1: Accelerator::prepare loads the newest checkpoint of <project_dir>/checkpoints when there is one "
+       "(`accel launch --auto_resume` sets it; AcceleratorOptions::auto_resume wins)"},
+      {"ACCEL_RESTART_COUNT", "",
+       "set by `accel launch --max_restarts` on every rank: how many times the job was started again (0 the "
+       "first time)"},
       {"ACCEL_MPIRUN", "mpirun", "the mpirun `accel launch` runs"},
       {"ACCEL_SRUN", "srun", "the srun `accel launch` runs inside a Slurm allocation"},
       {"ACCEL_LOG_LEVEL", "warning",

@@ -40,7 +40,8 @@ struct LaunchArgs {
   std::string launcher = "auto", bind = "auto";
   std::optional<int> num_processes, num_machines, zero_stage;
   std::optional<std::int64_t> gradient_accumulation_steps;
-  bool cpu = false, dry_run = false;
+  bool cpu = false, dry_run = false, auto_resume = false;
+  int max_restarts = 0;
 };
 
 bool is_executable(const std::string& p) {
@@ -215,7 +216,7 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
     const auto eq = kv.find('=');
     const std::string k = kv.substr(0, eq);
     if ((k.rfind("ACCEL_", 0) == 0 || k == "OMP_NUM_THREADS" || k == "THP_MEM_ALLOC_ENABLE") && !named[k] &&
-        k != "ACCEL_LAUNCH_STATUS_DIR") {
+        k != "ACCEL_LAUNCH_STATUS_DIR" && !(k == "ACCEL_RESTART_COUNT" && args.max_restarts > 0)) {
       req.env.emplace_back(k, kv.substr(eq + 1));
       named[k] = true;
     }
@@ -227,6 +228,7 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   // page faults and zeroing (perf), and the step took 6.0 s against 4.9 s with huge pages (docs/performance.md,
   // "step_bench at 0.59B"). The user's own value wins (0 turns it off).
   if (!named["THP_MEM_ALLOC_ENABLE"]) req.env.emplace_back("THP_MEM_ALLOC_ENABLE", "1");
+  if (args.auto_resume && !named["ACCEL_AUTO_RESUME"]) req.env.emplace_back("ACCEL_AUTO_RESUME", "1");
 
   if (!args.hostfile.empty()) {
     req.hosts = read_hostfile(args.hostfile);
@@ -254,55 +256,67 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   req.as_root = ::geteuid() == 0;
   req.srun = env::get("ACCEL_SRUN");
 
-  char tmpl[PATH_MAX];
-  const char* tmp = std::getenv("TMPDIR");
-  std::snprintf(tmpl, sizeof tmpl, "%s/accel-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  std::string status_dir;
-  if (!args.dry_run) {
-    if (!mkdtemp(tmpl)) throw LaunchError(std::string("cannot create a status directory: ") + std::strerror(errno));
-    status_dir = tmpl;
-    req.env.emplace_back("ACCEL_LAUNCH_STATUS_DIR", status_dir);
-  }
+  // Each start (the first, then up to --max_restarts more after a failure) gets its own status
+  // directory and plan: ACCEL_RESTART_COUNT tells the ranks which start it is.
+  const LaunchRequest base = req;
+  for (int attempt = 0;; ++attempt) {
+    const bool first = attempt == 0;
+    req = base;
+    if (args.max_restarts > 0) req.env.emplace_back("ACCEL_RESTART_COUNT", std::to_string(attempt));
+    char tmpl[PATH_MAX];
+    const char* tmp = std::getenv("TMPDIR");
+    std::snprintf(tmpl, sizeof tmpl, "%s/accel-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    std::string status_dir;
+    if (!args.dry_run) {
+      if (!mkdtemp(tmpl)) throw LaunchError(std::string("cannot create a status directory: ") + std::strerror(errno));
+      status_dir = tmpl;
+      req.env.emplace_back("ACCEL_LAUNCH_STATUS_DIR", status_dir);
+    }
 
-  LaunchPlan plan;
-  try {
-    plan = plan_launch(req);
-  } catch (...) {
-    if (!status_dir.empty()) files::remove_tree(status_dir);
-    throw;
+    LaunchPlan plan;
+    try {
+      plan = plan_launch(req);
+    } catch (...) {
+      if (!status_dir.empty()) files::remove_tree(status_dir);
+      throw;
+    }
+    if (plan.launcher == "mpirun" && !find_program(plan.argv[0])) {
+      if (!status_dir.empty()) files::remove_tree(status_dir);
+      throw LaunchError(
+          fmt::format("'{}' not found: install Open MPI (apt install openmpi-bin) or set ACCEL_MPIRUN", plan.argv[0]));
+    }
+    const std::string where = plan.num_machines == 1
+                                  ? std::string("1 machine")
+                                  : fmt::format("{} machines ({} per machine)", plan.num_machines, plan.per_machine);
+    if (first)
+      fmt::print(stderr, "accel launch: {} rank(s) on {} via {}; {}\n", plan.num_processes, where, plan.launcher,
+                 config_path.empty() ? std::string("no config file") : fmt::format("config {}", config_path));
+    const std::string threads = plan.threads_per_rank > 0
+                                    ? fmt::format("{} intra-op thread(s) per rank{}", plan.threads_per_rank,
+                                                  plan.threads_from_user ? " (your OMP_NUM_THREADS)" : "")
+                                    : std::string("intra-op threads from Slurm's CPUs per task");
+    const std::string cores =
+        plan.binding == "core"
+            ? fmt::format("each rank bound to {} of {} core(s)", plan.cores_per_rank, req.cores_per_machine)
+        : plan.binding == "none"
+            ? fmt::format("ranks not bound ({} per machine, {} core(s))", plan.per_machine, req.cores_per_machine)
+        : plan.binding == "slurm" ? std::string("cores as Slurm binds them")
+                                  : std::string("placement from --launcher_args");
+    if (first) fmt::print(stderr, "accel launch: {}; {}\n", cores, threads);
+    if (first && req.as_root && plan.launcher == "mpirun")
+      fmt::print(stderr, "accel launch: running as root: mpirun gets --allow-run-as-root\n");
+    if (const int gpus = comm::cuda_device_count(); first && gpus > 0 && !args.cpu)
+      fmt::print(stderr, "accel launch: {} GPU(s) per machine (as on this one); collectives on CUDA tensors: {}\n",
+                 gpus, comm::describe_cuda_comm(plan.per_machine, gpus));
+    if (args.dry_run) {
+      fmt::print("{}\n", shell_join(plan.argv));
+      return 0;
+    }
+    const int code = run_plan(plan, status_dir);
+    if (code == 0 || g_launch_interrupted || attempt >= args.max_restarts) return code;
+    fmt::print(stderr, "accel launch: the job failed (exit code {}); starting it again, restart {} of {}\n", code,
+               attempt + 1, args.max_restarts);
   }
-  if (plan.launcher == "mpirun" && !find_program(plan.argv[0])) {
-    if (!status_dir.empty()) files::remove_tree(status_dir);
-    throw LaunchError(
-        fmt::format("'{}' not found: install Open MPI (apt install openmpi-bin) or set ACCEL_MPIRUN", plan.argv[0]));
-  }
-  const std::string where = plan.num_machines == 1
-                                ? std::string("1 machine")
-                                : fmt::format("{} machines ({} per machine)", plan.num_machines, plan.per_machine);
-  fmt::print(stderr, "accel launch: {} rank(s) on {} via {}; {}\n", plan.num_processes, where, plan.launcher,
-             config_path.empty() ? std::string("no config file") : fmt::format("config {}", config_path));
-  const std::string threads = plan.threads_per_rank > 0
-                                  ? fmt::format("{} intra-op thread(s) per rank{}", plan.threads_per_rank,
-                                                plan.threads_from_user ? " (your OMP_NUM_THREADS)" : "")
-                                  : std::string("intra-op threads from Slurm's CPUs per task");
-  const std::string cores =
-      plan.binding == "core"
-          ? fmt::format("each rank bound to {} of {} core(s)", plan.cores_per_rank, req.cores_per_machine)
-      : plan.binding == "none"
-          ? fmt::format("ranks not bound ({} per machine, {} core(s))", plan.per_machine, req.cores_per_machine)
-      : plan.binding == "slurm" ? std::string("cores as Slurm binds them")
-                                : std::string("placement from --launcher_args");
-  fmt::print(stderr, "accel launch: {}; {}\n", cores, threads);
-  if (req.as_root && plan.launcher == "mpirun")
-    fmt::print(stderr, "accel launch: running as root: mpirun gets --allow-run-as-root\n");
-  if (const int gpus = comm::cuda_device_count(); gpus > 0 && !args.cpu)
-    fmt::print(stderr, "accel launch: {} GPU(s) per machine (as on this one); collectives on CUDA tensors: {}\n", gpus,
-               comm::describe_cuda_comm(plan.per_machine, gpus));
-  if (args.dry_run) {
-    fmt::print("{}\n", shell_join(plan.argv));
-    return 0;
-  }
-  return run_plan(plan, status_dir);
 }
 
 }  // namespace
@@ -330,6 +344,12 @@ void add_launch_command(CLI::App& app, int& exit_code) {
                   "auto (each rank bound to its share of the machine's cores; no binding when there are more "
                   "ranks than cores), core, or none (not bound; threads still the share)");
   cmd->add_flag("--dry_run", args->dry_run, "Print the command instead of running it");
+  cmd->add_option("--max_restarts", args->max_restarts,
+                  "When the job fails (a rank dies or exits non-zero), end every rank and start it again, up to N "
+                  "times; ranks see ACCEL_RESTART_COUNT (torchrun's name)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--auto_resume", args->auto_resume,
+                "Ranks resume from the newest checkpoint of their project_dir when there is one (ACCEL_AUTO_RESUME=1)");
   cmd->prefix_command();  // everything from PROGRAM on belongs to PROGRAM
   cmd->footer(
       "PROGRAM [ARGS...] follow the flags. Each rank sees RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"

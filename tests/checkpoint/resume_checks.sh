@@ -8,6 +8,8 @@
 #           save_model's safetensors equal the checkpoint's parameters
 # kill      SIGKILL during save_state: the previous checkpoint loads and resumes bitwise; the next
 #           save replaces the partial one
+# restarts  a ZeRO-3 run killed 3 times under accel launch --max_restarts 3 --auto_resume: it finishes by
+#           itself, its JSONL holds every step once, its final state is bitwise the uninterrupted run's
 # corrupt   truncated, bit-flipped or index-less checkpoints: a message naming the file, exit non-zero,
 #           and the checkpoint files untouched
 set -uo pipefail
@@ -97,6 +99,47 @@ kill)
     || { fail "steps 4-10 differ"; paste <(sed -n 4,10p full.log) c.log; }
   [ -f p/checkpoints/checkpoint_1/index.json ] && [ ! -e p/checkpoints/checkpoint_1.partial ] \
     && pass "the next save published checkpoint_1 and removed the partial one" || fail "checkpoint_1 / partial after the resumed run"
+  ;;
+restarts)
+  # The same ZeRO-3 run at 2 ranks twice: once uninterrupted, once under accel launch --max_restarts 3
+  # --auto_resume with one rank SIGKILLed at a random step 3 times (each kill after the job started
+  # again). The killed run must end by itself (exit 0), its JSONL metrics must hold every step once with
+  # the uninterrupted run's losses, and its final state (parameters, optimizer moments, step, loader
+  # position: tests/checkpoint/ckpt_tool.py same) must be the uninterrupted one's bit for bit.
+  common=(--steps 200 --checkpointing_steps 10 --total_limit 2 --log_with jsonl --full_state)
+  run 2 deepspeed/zero3 "${common[@]}" --project_dir p_full --save_state_to final_full --log_file full.log \
+    || fail "uninterrupted run"
+  setsid "$ACCEL" launch -n 2 --max_restarts 3 --auto_resume "$GPT" --config_file "$CFG/deepspeed/zero3.yaml" --seed 3 \
+    "${common[@]}" --project_dir p_killed --save_state_to final_killed --log_file killed.log > killed.out 2>&1 &
+  pid=$!
+  last_step() { tail -1 killed.log 2>/dev/null | awk '{print $2 + 0}'; }
+  for k in 1 2 3; do
+    target=$(( $(last_step) + 5 + RANDOM % 20 ))  # (a step takes tens of ms here)
+    for _ in $(seq 600); do [ "$(last_step)" -ge $target ] && break; sleep 0.05; done
+    ranks=()  # this job's gpt_lm processes (not its launcher, mpirun or accel-rank, whose command lines name it too)
+    for p in $(pgrep -x gpt_lm); do tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -q -- "--project_dir p_killed" && ranks+=("$p"); done
+    [ ${#ranks[@]} -gt 0 ] || { fail "kill $k: no rank to kill"; break; }
+    victim=${ranks[$((RANDOM % ${#ranks[@]}))]}
+    echo "kill $k: SIGKILL to pid $victim at step $(last_step) (target $target)"
+    kill -KILL "$victim"
+    for _ in $(seq 600); do grep -q "restart $k of 3" killed.out && break; sleep 0.1; done
+    grep -q "restart $k of 3" killed.out || { fail "kill $k: the job was not started again"; break; }
+  done
+  wait $pid
+  rc=$?
+  [ $rc -eq 0 ] && pass "the killed run finished by itself (exit 0) after 3 restarts" || { fail "the killed run exited $rc"; tail -20 killed.out; }
+  n=$(grep -c "accel: resumed from" killed.out)
+  [ "$n" -ge 3 ] && pass "it resumed $n times from its newest checkpoint" || fail "resumed $n times"
+  "$PY" - p_full/gpt_lm/metrics.jsonl p_killed/gpt_lm/metrics.jsonl <<'PYEOF2' && pass "JSONL: every step once, the losses the uninterrupted run's" || fail "JSONL metrics"
+import json, sys
+full, killed = ([json.loads(l) for l in open(f) if l.strip()] for f in sys.argv[1:3])
+steps = [r["step"] for r in killed]
+print(f"JSONL: {len(killed)} records, steps {steps[0]}..{steps[-1]}")
+ok = steps == list(range(1, 201)) and [r["loss"] for r in killed] == [r["loss"] for r in full]
+sys.exit(0 if ok else 1)
+PYEOF2
+  "$PY" "$SRC/tests/checkpoint/ckpt_tool.py" same final_full final_killed && pass "final state bitwise the uninterrupted run's" \
+    || fail "final state differs"
   ;;
 corrupt)
   run 2 fsdp/full_shard --steps 2 --save_state_to good || fail "saving"
