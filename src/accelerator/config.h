@@ -78,6 +78,7 @@ struct AcceleratorConfig {
   MixedPrecision mixed_precision = MixedPrecision::No;
   int num_processes = 1;  // total over all machines
   int num_machines = 1;
+  int max_restarts = 0;  // accel launch: starts of the job again after a failure
   bool use_cpu = false;
   // Resolved once the batch triad is known; until then the value the files gave (or 1).
   std::int64_t gradient_accumulation_steps = 1;

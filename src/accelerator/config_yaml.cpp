@@ -204,6 +204,7 @@ void read_machine(const Section& top, AcceleratorConfig& cfg) {
   const auto procs = top.integer("num_processes", 1, kIntMax, "an integer >= 1 (processes over all machines)");
   if (procs) cfg.num_processes = static_cast<int>(*procs);
   if (auto v = top.integer("num_machines", 1, kIntMax, "an integer >= 1")) cfg.num_machines = static_cast<int>(*v);
+  if (auto v = top.integer("max_restarts", 0, kIntMax, "an integer >= 0")) cfg.max_restarts = static_cast<int>(*v);
   // machine_rank, main_process_ip and main_process_port are ignored (kMachine), but still checked.
   if (auto v = top.integer("machine_rank", 0, kIntMax, "an integer >= 0"); v && *v >= cfg.num_machines)
     cd::fail(top.file(), fmt::format("machine_rank is {}, expected 0..{} (num_machines is {})", *v,

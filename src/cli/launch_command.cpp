@@ -38,10 +38,9 @@ namespace {
 struct LaunchArgs {
   std::string config_file, hostfile, mixed_precision, fsdp_sharding_strategy, launcher_args;
   std::string launcher = "auto", bind = "auto";
-  std::optional<int> num_processes, num_machines, zero_stage;
+  std::optional<int> num_processes, num_machines, zero_stage, max_restarts;
   std::optional<std::int64_t> gradient_accumulation_steps;
   bool cpu = false, dry_run = false, auto_resume = false;
-  int max_restarts = 0;
 };
 
 bool is_executable(const std::string& p) {
@@ -184,12 +183,14 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
 
   // The config: --config_file, else the default one when it exists. It is read here to check it
   // before anything starts, and each rank reads it again (ACCEL_CONFIG_FILE).
+  int config_restarts = 0;  // the config's max_restarts (--max_restarts wins)
   std::string config_path = args.config_file;
   if (config_path.empty() && access(default_config_path().c_str(), R_OK) == 0) config_path = default_config_path();
   if (!config_path.empty()) {
     const AcceleratorConfig file = load_config_file(config_path);
     req.config_num_processes = file.num_processes;
     req.config_num_machines = file.num_machines;
+    config_restarts = file.max_restarts;
     config_path = files::absolute_path(config_path);
     req.env.emplace_back("ACCEL_CONFIG_FILE", config_path);
   }
@@ -216,7 +217,7 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
     const auto eq = kv.find('=');
     const std::string k = kv.substr(0, eq);
     if ((k.rfind("ACCEL_", 0) == 0 || k == "OMP_NUM_THREADS" || k == "THP_MEM_ALLOC_ENABLE") && !named[k] &&
-        k != "ACCEL_LAUNCH_STATUS_DIR" && !(k == "ACCEL_RESTART_COUNT" && args.max_restarts > 0)) {
+        k != "ACCEL_LAUNCH_STATUS_DIR" && k != "ACCEL_RESTART_COUNT") {
       req.env.emplace_back(k, kv.substr(eq + 1));
       named[k] = true;
     }
@@ -259,10 +260,11 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   // Each start (the first, then up to --max_restarts more after a failure) gets its own status
   // directory and plan: ACCEL_RESTART_COUNT tells the ranks which start it is.
   const LaunchRequest base = req;
+  const int max_restarts = args.max_restarts.value_or(config_restarts);
   for (int attempt = 0;; ++attempt) {
     const bool first = attempt == 0;
     req = base;
-    if (args.max_restarts > 0) req.env.emplace_back("ACCEL_RESTART_COUNT", std::to_string(attempt));
+    if (max_restarts > 0) req.env.emplace_back("ACCEL_RESTART_COUNT", std::to_string(attempt));
     char tmpl[PATH_MAX];
     const char* tmp = std::getenv("TMPDIR");
     std::snprintf(tmpl, sizeof tmpl, "%s/accel-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -313,9 +315,9 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
       return 0;
     }
     const int code = run_plan(plan, status_dir);
-    if (code == 0 || g_launch_interrupted || attempt >= args.max_restarts) return code;
+    if (code == 0 || g_launch_interrupted || attempt >= max_restarts) return code;
     fmt::print(stderr, "accel launch: the job failed (exit code {}); starting it again, restart {} of {}\n", code,
-               attempt + 1, args.max_restarts);
+               attempt + 1, max_restarts);
   }
 }
 
@@ -346,7 +348,7 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--dry_run", args->dry_run, "Print the command instead of running it");
   cmd->add_option("--max_restarts", args->max_restarts,
                   "When the job fails (a rank dies or exits non-zero), end every rank and start it again, up to N "
-                  "times; ranks see ACCEL_RESTART_COUNT (torchrun's name)")
+                  "times; ranks see ACCEL_RESTART_COUNT (torchrun's name; default: the config's max_restarts, 0)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--auto_resume", args->auto_resume,
                 "Ranks resume from the newest checkpoint of their project_dir when there is one (ACCEL_AUTO_RESUME=1)");

@@ -333,18 +333,20 @@ std::string decisions(const AcceleratorConfig& c) {
   for (const auto& n : c.log_with) trackers += " " + n;
   return offload + " " + trackers + " project_dir '" + c.project_dir + "' " +
          fmt::format(
-             "type {} mp {} procs {} machines {} cpu {} accum {} batch {}/{}/{} clip {} | {} prefetch {}/{} align {} "
+             "type {} mp {} procs {} machines {} restarts {} cpu {} accum {} batch {}/{}/{} clip {} | {} prefetch "
+             "{}/{} "
+             "align {} "
              "wrap {} "
              "dtypes {}/{}/{} fp8ag {} | offload {}/{} state {} fsdp_v {} save16 {} dsfile '{}' | scaler {} {} {} {} "
              "{} {} | fp8 {}",
-             to_string(c.distributed_type), to_string(c.mixed_precision), c.num_processes, c.num_machines, c.use_cpu,
-             c.gradient_accumulation_steps, opt(c.batch.train_batch_size), opt(c.batch.micro_batch_per_gpu),
-             opt(c.batch.gradient_accumulation_steps), opt(c.gradient_clipping), s.to_string(), s.forward_prefetch,
-             s.backward_prefetch, s.align_elements, wrap, dt(s.param_dtype), dt(s.reduce_dtype), dt(s.master_dtype),
-             s.fp8_all_gather, c.offload_optimizer_device, c.offload_param_device, to_string(c.state_dict_type),
-             c.fsdp_version, c.zero3_save_16bit_model, c.deepspeed_config_file, l.loss_scale, l.initial_scale_power,
-             l.loss_scale_window, l.hysteresis, l.consecutive_hysteresis, l.min_loss_scale,
-             c.fp8.enable_fsdp_float8_all_gather);
+             to_string(c.distributed_type), to_string(c.mixed_precision), c.num_processes, c.num_machines,
+             c.max_restarts, c.use_cpu, c.gradient_accumulation_steps, opt(c.batch.train_batch_size),
+             opt(c.batch.micro_batch_per_gpu), opt(c.batch.gradient_accumulation_steps), opt(c.gradient_clipping),
+             s.to_string(), s.forward_prefetch, s.backward_prefetch, s.align_elements, wrap, dt(s.param_dtype),
+             dt(s.reduce_dtype), dt(s.master_dtype), s.fp8_all_gather, c.offload_optimizer_device,
+             c.offload_param_device, to_string(c.state_dict_type), c.fsdp_version, c.zero3_save_16bit_model,
+             c.deepspeed_config_file, l.loss_scale, l.initial_scale_power, l.loss_scale_window, l.hysteresis,
+             l.consecutive_hysteresis, l.min_loss_scale, c.fp8.enable_fsdp_float8_all_gather);
 }
 
 // What setting one key to a non-default value must do, when it is not simply "changes the config".
@@ -364,6 +366,7 @@ const std::map<std::string, KeyCase>& yaml_cases() {
       {"num_processes", {"4"}},
       {"num_machines", {"2"}},
       {"machine_rank", {"1", "num_machines: 2\n"}},
+      {"max_restarts", {"3"}},
       {"main_process_ip", {"10.0.0.1"}},
       {"main_process_port", {"29501"}},
       {"gradient_accumulation_steps", {"4"}},
