@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -89,10 +90,22 @@ inline void maybe_checkpoint(Accelerator& acc, const ExampleArgs& a) {
 // One line per optimizer step on the main process.
 class LossLog {
  public:
+  // A resumed run (acc.step() > 0: load_state or auto_resume before this) keeps the earlier run's lines
+  // up to its step and drops the rest, as the trackers do, so that a job restarted into the same file
+  // leaves every step once.
   LossLog(const Accelerator& acc, const std::string& path) {
     if (acc.is_main_process() && !path.empty()) {
+      std::string kept, line;
+      if (acc.step() > 0) {
+        std::ifstream in(path);
+        long long s = 0;
+        while (std::getline(in, line))
+          if (std::sscanf(line.c_str(), "step %lld", &s) == 1 && s <= acc.step()) kept += line + "\n";
+      }
       f_ = std::fopen(path.c_str(), "w");
       if (!f_) throw std::runtime_error("cannot write the loss log " + path);
+      std::fputs(kept.c_str(), f_);
+      std::fflush(f_);
     }
   }
   ~LossLog() {

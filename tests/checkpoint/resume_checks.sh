@@ -138,6 +138,8 @@ print(f"JSONL: {len(killed)} records, steps {steps[0]}..{steps[-1]}")
 ok = steps == list(range(1, 201)) and [r["loss"] for r in killed] == [r["loss"] for r in full]
 sys.exit(0 if ok else 1)
 PYEOF2
+  diff full.log killed.log > /dev/null && pass "its loss log (one file across the restarts): every step once, bitwise the uninterrupted run's" \
+    || fail "loss log differs: $(wc -l < killed.log) lines"
   "$PY" "$SRC/tests/checkpoint/ckpt_tool.py" same final_full final_killed && pass "final state bitwise the uninterrupted run's" \
     || fail "final state differs"
   ;;
