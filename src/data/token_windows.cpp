@@ -111,27 +111,15 @@ TokenFile TokenFile::open(const std::string& path, TokenDtype bin_dtype) {
 
 std::int64_t TokenFile::at(std::int64_t i) const {
   const char* q = data_ + i * width(dtype_);
+  auto as = [q](auto v) {  // the token at q as the file's type (memcpy: q need not be aligned)
+    std::memcpy(&v, q, sizeof v);
+    return static_cast<std::int64_t>(v);
+  };
   switch (dtype_) {
-    case TokenDtype::UInt16: {
-      std::uint16_t v;
-      std::memcpy(&v, q, 2);
-      return v;
-    }
-    case TokenDtype::UInt32: {
-      std::uint32_t v;
-      std::memcpy(&v, q, 4);
-      return v;
-    }
-    case TokenDtype::Int32: {
-      std::int32_t v;
-      std::memcpy(&v, q, 4);
-      return v;
-    }
-    case TokenDtype::Int64: {
-      std::int64_t v;
-      std::memcpy(&v, q, 8);
-      return v;
-    }
+    case TokenDtype::UInt16: return as(std::uint16_t{});
+    case TokenDtype::UInt32: return as(std::uint32_t{});
+    case TokenDtype::Int32: return as(std::int32_t{});
+    case TokenDtype::Int64: return as(std::int64_t{});
   }
   return 0;
 }

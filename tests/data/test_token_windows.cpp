@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "support/errors.h"
 #include "support/python.h"
 
 #include <ATen/ATen.h>
@@ -12,7 +13,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,15 +45,6 @@ class TokenFiles : public ::testing::Test {
   static inline std::string dir_;
   static inline bool written_ = false;
 };
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InvalidArgumentError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST_F(TokenFiles, EveryDtypeReadsWhatNumpyWrote) {
   struct Case {
@@ -118,20 +109,23 @@ TEST_F(TokenFiles, DocumentRowsArePaddedAfterTheirEnd) {
 }
 
 TEST_F(TokenFiles, BadFilesAreRefusedByName) {
-  auto two_d = error_of([] { TokenFile::open(path("two_d.npy")); });
+  auto two_d = test::message_of<InvalidArgumentError>([] { TokenFile::open(path("two_d.npy")); });
   EXPECT_NE(two_d.find("two_d.npy: shape (2, 500): expected a one-dimensional array"), std::string::npos) << two_d;
-  auto f32 = error_of([] { TokenFile::open(path("f32.npy")); });
+  auto f32 = test::message_of<InvalidArgumentError>([] { TokenFile::open(path("f32.npy")); });
   EXPECT_NE(f32.find("f32.npy: dtype '<f4' is not a token dtype"), std::string::npos) << f32;
   const std::string odd = dir_ + "/odd.bin";
   files::write_file_atomic(odd, "abc", 3);
-  auto o = error_of([&] { TokenFile::open(odd, TokenDtype::UInt16); });
+  auto o = test::message_of<InvalidArgumentError>([&] { TokenFile::open(odd, TokenDtype::UInt16); });
   EXPECT_NE(o.find("odd.bin: 3 bytes of tokens are not a whole number of uint16 tokens"), std::string::npos) << o;
-  auto small = error_of([] { TokenWindows(TokenFile::open(path("u16.bin")), {.seq_len = 1000}); });
+  auto small =
+      test::message_of<InvalidArgumentError>([] { TokenWindows(TokenFile::open(path("u16.bin")), {.seq_len = 1000}); });
   EXPECT_NE(small.find("1000 tokens in [0, 1000) make no window of 1000 + 1 tokens"), std::string::npos) << small;
-  auto range =
-      error_of([] { TokenWindows(TokenFile::open(path("u16.bin")), {.seq_len = 4, .begin = 10, .end = 2000}); });
+  auto range = test::message_of<InvalidArgumentError>(
+      [] { TokenWindows(TokenFile::open(path("u16.bin")), {.seq_len = 4, .begin = 10, .end = 2000}); });
   EXPECT_NE(range.find("the range [10, 2000) is not within its 1000 tokens"), std::string::npos) << range;
-  EXPECT_NE(error_of([] { parse_dtype("float32"); }).find("expected uint16, uint32, int32 or int64"),
+  EXPECT_NE(test::message_of<InvalidArgumentError>([] {
+              parse_dtype("float32");
+            }).find("expected uint16, uint32, int32 or int64"),
             std::string::npos);
 }
 
