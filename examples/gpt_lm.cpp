@@ -9,6 +9,8 @@
 // sharded can be built.
 // --comm_stats FILE: after training, the main process writes each rank's communication counters
 // there (common/comm_stats.h), with the model's sizes; the multi-node test checks them.
+// --float64: parameters, compute and loss in float64, for comparisons that must not drown in fp32
+// rounding (tests/cli/multinode_shrink.sh: a job shrunk from 4 ranks to 2 against 4 uninterrupted).
 // Trackers (README, "Trackers"): --log_with tensorboard,jsonl,csv --project_dir DIR writes the step
 // metrics (Accelerator::step_metrics: loss, lr, grad norm, step time, samples/s, tokens/s, bytes per
 // step per group, peak memory per rank) to DIR/gpt_lm/ every step; --histogram_every N adds histograms
@@ -26,6 +28,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <stdexcept>
 
 using namespace accel;
 using namespace accel::examples;
@@ -54,6 +57,7 @@ int main(int argc, char** argv) {
   std::int64_t layers = 2, d_model = 32, seq = 32, heads = 4;
   std::string comm_stats, log_with;
   std::int64_t histogram_every = 0;
+  bool float64 = false;
   app.add_option("--layers", layers, "transformer blocks");
   app.add_option("--d_model", d_model, "model width")->check(CLI::PositiveNumber);
   app.add_option("--heads", heads, "attention heads (must divide --d_model)")->check(CLI::PositiveNumber);
@@ -63,6 +67,8 @@ int main(int argc, char** argv) {
                  "trackers, e.g. tensorboard,jsonl,csv or all (files under PROJECT_DIR/gpt_lm)");
   app.add_option("--histogram_every", histogram_every, "with --log_with: weight histograms every N steps (0: none)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--float64", float64,
+               "parameters, compute and loss in float64 (for exact comparisons; not with mixed precision)");
   CLI11_PARSE(app, argc, argv);
   if (d_model % heads != 0) {
     std::fprintf(stderr, "gpt_lm: error: --heads %lld does not divide --d_model %lld\n", static_cast<long long>(heads),
@@ -81,6 +87,12 @@ int main(int argc, char** argv) {
     // mixed_precision fp8: the blocks' linear layers are Float8Linear (fp8 matmuls); the rest runs in bf16.
     const bool fp8 = acc.mixed_precision() == MixedPrecision::Fp8;
     const GPTConfig shape{corpus.vocab_size(), d_model, heads, layers, seq, fp8};
+    if (float64) {
+      if (acc.mixed_precision() != MixedPrecision::No)
+        throw std::invalid_argument("--float64 trains without mixed precision (mixed_precision: no)");
+      at::set_default_dtype(caffe2::TypeMeta::Make<double>());  // the model's parameters are built in float64
+    }
+    const at::ScalarType loss_dtype = float64 ? at::kDouble : at::kFloat;
     std::shared_ptr<GPTImpl> model;
     if (acc.device().is_cpu()) {
       auto scope = acc.sharded_init();  // each block sharded as built
@@ -123,7 +135,7 @@ int main(int argc, char** argv) {
         at::Tensor loss;
         {
           auto autocast = acc.autocast();  // bf16/fp16 compute under mixed precision; a no-op in fp32
-          loss = lm_loss(model->forward(b.data).to(at::kFloat), b.target);  // the loss in fp32
+          loss = lm_loss(model->forward(b.data).to(loss_dtype), b.target);  // the loss in fp32 (or fp64)
         }
         acc.backward(loss);
         window_loss += acc.reduce(loss.detach(), "mean").item<double>() / acc.gradient_accumulation_steps();

@@ -204,6 +204,20 @@ std::string offload_text(zero::OffloadDevice d, const std::string& path, std::ui
   return fmt::format("{} ({}, {:.1f} MiB per rank)", zero::to_string(d), path, static_cast<double>(bytes) / 1048576);
 }
 
+// ACCEL_INITIAL_WORLD_SIZE (set by `accel launch --min_nodes` when it restarts a job on fewer hosts)
+// over the ranks running now: 1 when unset or equal.
+int shrink_factor(int world) {
+  if (!env::is_set("ACCEL_INITIAL_WORLD_SIZE")) return 1;
+  const long long initial = env::get_int("ACCEL_INITIAL_WORLD_SIZE");
+  if (initial < 1) throw ConfigError(fmt::format("ACCEL_INITIAL_WORLD_SIZE must be >= 1, got {}", initial));
+  if (initial % world != 0)
+    throw ConfigError(fmt::format(
+        "ACCEL_INITIAL_WORLD_SIZE is {} but {} ranks are running: the global batch can be kept only on a world "
+        "size that divides the initial one",
+        initial, world));
+  return static_cast<int>(initial / world);
+}
+
 // The resolved plan, once the engine is built.
 void log_plan(const AcceleratorConfig& cfg, const zero::Engine& e, c10::Device device) {
   if (!log::enabled(log::Level::Info)) return;
@@ -232,6 +246,18 @@ Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
   device_ = pick_device(cfg_, world_->topology());
   check_supported(cfg_, device_);
   apply_precision_policy(cfg_);
+  shrink_factor_ = shrink_factor(world_->size());
+  if (shrink_factor_ > 1) {
+    const std::int64_t before = cfg_.gradient_accumulation_steps;
+    cfg_.gradient_accumulation_steps *= shrink_factor_;
+    if (cfg_.batch.gradient_accumulation_steps) *cfg_.batch.gradient_accumulation_steps *= shrink_factor_;
+    if (world_->rank() == 0)
+      log::warning(fmt::format(
+          "running on {} of the {} ranks this job started with: gradient accumulation {} -> {} (and split_batches "
+          "loaders read {}x smaller global batches), so every rank's micro-batch and every optimizer step's samples "
+          "stay as they were",
+          world_->size(), world_->size() * shrink_factor_, before, cfg_.gradient_accumulation_steps, shrink_factor_));
+  }
   state_->accumulation_steps = cfg_.gradient_accumulation_steps;
   check_log_with();  // trackers: accelerator_tracking.cpp
   if (opts.report_ignored_keys && is_main_process() && !cfg_.ignored.empty()) {
@@ -427,10 +453,8 @@ at::Tensor Accelerator::gather(const at::Tensor& t) {
 
 at::Tensor Accelerator::gather_for_metrics(const at::Tensor& t) {
   at::Tensor g = gather(t);
-  if (state_->end_of_dataloader()) {
-    const std::int64_t r = state_->remainder();
-    if (r >= 0 && r < g.size(0)) g = g.narrow(0, 0, r);
-  }
+  const std::int64_t r = state_->remainder();  // the active loader's batch holds padding
+  if (r >= 0 && r < g.size(0)) g = g.narrow(0, 0, r);
   return g;
 }
 
@@ -579,8 +603,9 @@ std::string Accelerator::save_state(const std::string& dir_in, std::optional<boo
   if (optimizer_)
     for (auto& g : optimizer_->param_groups()) t.lrs.push_back(g.options().get_lr());
   for (const auto& l : state_->loaders)  // a resume not yet started is still the position
-    t.loaders.push_back(l->resume_epoch >= 0 ? checkpoint::LoaderPosition{l->resume_epoch, l->resume_skip}
-                                             : checkpoint::LoaderPosition{l->epoch, l->batches_consumed});
+    t.loaders.push_back(l->resume_epoch >= 0
+                            ? checkpoint::LoaderPosition{l->resume_epoch, l->resume_skip, l->global_batch}
+                            : checkpoint::LoaderPosition{l->epoch, l->batches_consumed, l->global_batch});
   if (scaling_) t.loss_scaler = scaling_->state_text();
   if (is_main_process())
     for (const auto& [name, r] : registered_) t.objects[name] = r.save();
@@ -618,8 +643,21 @@ void Accelerator::load_state(const std::string& dir_in) {
   if (optimizer_ && t.lrs.size() == optimizer_->param_groups().size())
     for (std::size_t g = 0; g < t.lrs.size(); ++g) optimizer_->param_groups()[g].options().set_lr(t.lrs[g]);
   for (std::size_t i = 0; i < state_->loaders.size() && i < t.loaders.size(); ++i) {
-    state_->loaders[i]->resume_epoch = t.loaders[i].epoch;
-    state_->loaders[i]->resume_skip = t.loaders[i].batches_consumed;
+    LoaderState& l = *state_->loaders[i];
+    l.resume_epoch = t.loaders[i].epoch;
+    l.resume_skip = t.loaders[i].batches_consumed;
+    // Saved with another global batch (another world size without split_batches, or a job shrunk by
+    // `accel launch --min_nodes`): the position is the same sample of the epoch's order.
+    const std::int64_t saved = t.loaders[i].global_batch, now = l.global_batch;
+    if (saved > 0 && now > 0 && saved != now) {
+      const std::int64_t samples = l.resume_skip * saved;
+      l.resume_skip = samples / now;
+      if (samples % now != 0 && is_main_process())
+        log::warning(fmt::format(
+            "load_state: loader {} stopped after {} samples of epoch {}, not a multiple of its global batch of {} "
+            "now (it was {}): it resumes at sample {}, reading {} samples again",
+            i, samples, l.resume_epoch, now, saved, l.resume_skip * now, samples - l.resume_skip * now));
+    }
   }
   for (const auto& [name, bytes] : t.objects)
     if (auto it = registered_.find(name); it != registered_.end()) it->second.load(bytes);

@@ -91,7 +91,8 @@ struct GradientState {
   std::int64_t optimizer_steps = 0;                   // steps the optimizer took (saved in checkpoints)
   std::vector<std::shared_ptr<LoaderState>> loaders;  // prepared loaders
   bool end_of_dataloader() const;
-  std::int64_t remainder() const;  // of the loader currently iterating, -1 if none or no padding
+  std::int64_t remainder()
+      const;  // real samples in the current batch of the loader iterating when it holds padding, else -1
 };
 
 // The prepared optimizer: steps only on sync micro-steps, clipping first when the config says so.
@@ -168,7 +169,7 @@ class Accelerator {
   std::shared_ptr<AcceleratedOptimizer> prepare(M& model, torch::optim::Optimizer& optimizer,
                                                 DataLoader<Dataset>& loader) {
     prepare_data_loader(loader);
-    return prepare_model(module_ptr(model), optimizer, loader.options().batch_size / split_divisor(loader));
+    return prepare_model(module_ptr(model), optimizer, loader.plan().per_process_batch());
   }
   template <class M, class Dataset>
   Prepared prepare(M& model, torch::optim::Optimizer& optimizer, DataLoader<Dataset>& loader,
@@ -182,7 +183,7 @@ class Accelerator {
   template <class Dataset>
   void prepare_data_loader(DataLoader<Dataset>& loader) {
     auto st = std::make_shared<LoaderState>();
-    loader.shard(process_index(), num_processes(), device(), st);
+    loader.shard(process_index(), num_processes(), device(), st, shrink_factor_);
     state_->loaders.push_back(std::move(st));
   }
   std::shared_ptr<AcceleratedScheduler> prepare_scheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler);
@@ -423,10 +424,6 @@ class Accelerator {
   static std::shared_ptr<torch::nn::Module> module_ptr(std::shared_ptr<M>& m) {
     return m;
   }
-  template <class Dataset>
-  std::int64_t split_divisor(const DataLoader<Dataset>& l) const {
-    return l.options().split_batches ? num_processes() : 1;
-  }
   std::shared_ptr<AcceleratedOptimizer> prepare_model(std::shared_ptr<torch::nn::Module> model,
                                                       torch::optim::Optimizer& optimizer,
                                                       std::optional<std::int64_t> micro_batch);
@@ -463,6 +460,11 @@ class Accelerator {
   std::vector<tracking::LogWith> log_with_;                   // options' or the config's
   std::vector<std::shared_ptr<tracking::Tracker>> trackers_;  // those this process runs
   std::string logging_dir_;
+  // A job `accel launch --min_nodes` restarted on fewer ranks than it started with
+  // (ACCEL_INITIAL_WORLD_SIZE): initial / now. Gradient accumulation is this many times the config's
+  // and split_batches loaders read batches this many times smaller, so every rank's micro-batch and
+  // every optimizer step's samples stay what they were.
+  int shrink_factor_ = 1;
   std::int64_t micro_batch_ = 0;  // samples per process per micro-step (the prepared loader's), 0: unknown
   struct MetricsMark {
     bool set = false;

@@ -41,8 +41,9 @@ std::uint64_t uniform_upto(std::mt19937_64& gen, std::uint64_t bound) {
 
 }  // namespace
 
-ShardPlan::ShardPlan(std::int64_t dataset_size, const DataLoaderOptions& opts, int rank, int world)
-    : size_(dataset_size), opts_(opts), rank_(rank), world_(world) {
+ShardPlan::ShardPlan(std::int64_t dataset_size, const DataLoaderOptions& opts, int rank, int world, int group)
+    : size_(dataset_size), opts_(opts), rank_(rank), world_(world), group_(group) {
+  if (group < 1) bad(fmt::format("group must be >= 1, got {}", group));
   if (dataset_size < 0) bad(fmt::format("dataset_size must be >= 0, got {}", dataset_size));
   if (opts.batch_size < 1) bad(fmt::format("batch_size must be >= 1, got {}", opts.batch_size));
   if (world < 1) bad(fmt::format("world must be >= 1, got {}", world));
@@ -53,7 +54,7 @@ ShardPlan::ShardPlan(std::int64_t dataset_size, const DataLoaderOptions& opts, i
                     "processes {}",
                     opts.batch_size, world));
   // One process has nobody to keep in step with: a plain loader's short last batch, no duplicates.
-  if (world == 1) opts_.even_batches = false;
+  if (world == 1 && group == 1) opts_.even_batches = false;
 }
 
 std::int64_t ShardPlan::per_process_batch() const {
@@ -62,16 +63,22 @@ std::int64_t ShardPlan::per_process_batch() const {
 
 std::int64_t ShardPlan::global_batch() const { return per_process_batch() * world_; }
 
-std::int64_t ShardPlan::remainder() const {
-  const std::int64_t rem = size_ % global_batch();
-  return (rem != 0 && !opts_.drop_last && opts_.even_batches) ? rem : -1;
+std::int64_t ShardPlan::real_samples(std::int64_t batch) const {
+  const std::int64_t G = global_batch(), first = batch * G;
+  if (!opts_.even_batches || opts_.drop_last || first + G <= size_) return -1;
+  return std::max<std::int64_t>(0, size_ - first);
 }
 
+std::int64_t ShardPlan::remainder() const { return num_batches() > 0 ? real_samples(num_batches() - 1) : -1; }
+
 std::int64_t ShardPlan::num_batches() const {
+  const std::int64_t span = global_batch() * group_;  // the epoch ends on a whole group of batches
+  const std::int64_t full_groups = size_ / span;
+  if (size_ % span == 0 || opts_.drop_last) return full_groups * group_;
+  if (opts_.even_batches) return (full_groups + 1) * group_;
   const std::int64_t full = size_ / global_batch();
   const std::int64_t rem = size_ % global_batch();
-  if (rem == 0 || opts_.drop_last) return full;
-  if (opts_.even_batches) return full + 1;
+  if (rem == 0) return full;
   // Uneven: the real samples of the last global batch go to the first ranks, b at a time.
   return full + (rank_ * per_process_batch() < rem ? 1 : 0);
 }

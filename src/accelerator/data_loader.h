@@ -48,10 +48,12 @@ struct LoaderState {
   bool in_epoch = false;           // an iteration is under way
   std::uint64_t started = 0;       // when it began (a process-wide count): the newest one is active
   bool end_of_dataloader = false;  // the batch last yielded is the epoch's last
-  // Real samples in the last global batch when it was padded (even_batches); -1: no padding.
+  // Real samples in the batch last yielded when it holds padding (even_batches; a shrunk job's
+  // epoch may end in several such batches, see ShardPlan's group); -1: no padding.
   std::int64_t remainder = -1;
   // The loader's position, kept current by the loader (what save_state records).
   std::int64_t epoch = 0, batches_consumed = 0;
+  std::int64_t global_batch = 0;  // samples per batch over all ranks (a position in samples: batches * this)
   // Set by load_state: the next iteration starts at batch resume_skip of epoch resume_epoch.
   std::int64_t resume_epoch = -1, resume_skip = 0;
 };
@@ -59,26 +61,34 @@ struct LoaderState {
 // Pure arithmetic: which dataset indices rank `rank` of `world` reads in each batch of an epoch.
 // Throws std::invalid_argument for dataset_size < 0, batch_size < 1, world < 1, rank outside [0, world), or
 // split_batches with a batch size the world does not divide.
+//
+// group > 1 (a job restarted on `group` times fewer ranks, whose optimizer step accumulates `group`
+// batches where it took one): the epoch ends on a whole group of batches, so the last optimizer step
+// reads what the larger world's last batch read. drop_last drops the last incomplete group;
+// even_batches pads it to whole batches, all `group` of them, wrapping around the order as before.
+// (Without even_batches, an uneven last batch, the rule is per batch.)
 class ShardPlan {
  public:
-  ShardPlan(std::int64_t dataset_size, const DataLoaderOptions& opts, int rank = 0, int world = 1);
+  ShardPlan(std::int64_t dataset_size, const DataLoaderOptions& opts, int rank = 0, int world = 1, int group = 1);
   // The epoch's order of dataset indices (identity, or the seeded permutation).
   std::vector<std::int64_t> order(std::int64_t epoch) const;
   // This rank's batches for the epoch, in order.
   std::vector<std::vector<std::int64_t>> batches(std::int64_t epoch) const;
-  std::int64_t num_batches() const;   // per rank (equal on every rank with even_batches)
-  std::int64_t remainder() const;     // as LoaderState::remainder
-  std::int64_t global_batch() const;  // G above
+  std::int64_t num_batches() const;                     // per rank (equal on every rank with even_batches)
+  std::int64_t remainder() const;                       // real samples in the last batch when it holds padding, else -1
+  std::int64_t real_samples(std::int64_t batch) const;  // the same for global batch `batch` of the epoch
+  std::int64_t global_batch() const;                    // G above
   std::int64_t per_process_batch() const;
   std::int64_t dataset_size() const { return size_; }
   int rank() const { return rank_; }
   int world() const { return world_; }
+  int group() const { return group_; }
   const DataLoaderOptions& options() const { return opts_; }
 
  private:
   std::int64_t size_;
   DataLoaderOptions opts_;
-  int rank_, world_;
+  int rank_, world_, group_;
 };
 
 // One batch: the examples' data and targets stacked along a new dim 0.
@@ -99,9 +109,20 @@ class DataLoader {
     plan_ = std::make_shared<ShardPlan>(size_, opts_, 0, 1);
   }
 
-  // Called by Accelerator::prepare.
-  void shard(int rank, int world, c10::Device device, std::shared_ptr<LoaderState> state) {
-    plan_ = std::make_shared<ShardPlan>(size_, opts_, rank, world);
+  // Called by Accelerator::prepare. shrink > 1 (a job restarted on that many times fewer ranks than
+  // it started with, accumulating that many more batches per optimizer step): a split_batches loader
+  // reads global batches that many times smaller, so each rank's share stays what it was, and the
+  // epoch ends on a whole group of `shrink` batches (ShardPlan's group).
+  void shard(int rank, int world, c10::Device device, std::shared_ptr<LoaderState> state, int shrink = 1) {
+    DataLoaderOptions o = opts_;
+    if (o.split_batches && shrink > 1) {
+      if (o.batch_size % shrink != 0)
+        throw accel::InvalidArgumentError("accel::DataLoader: batch_size " + std::to_string(o.batch_size) +
+                                          " cannot be split " + std::to_string(shrink) +
+                                          " ways to keep the global batch on fewer ranks");
+      o.batch_size /= shrink;
+    }
+    plan_ = std::make_shared<ShardPlan>(size_, o, rank, world, shrink);
     device_ = device;
     state_ = std::move(state);
     publish();
@@ -171,7 +192,7 @@ class DataLoader {
     state_->started = ++epochs_started;
     state_->in_epoch = start < batches_.size();
     state_->end_of_dataloader = false;
-    state_->remainder = plan_->remainder();
+    state_->remainder = -1;
     publish();
     if (start >= batches_.size()) finish_epoch();
     return Iterator(this, start);
@@ -186,6 +207,7 @@ class DataLoader {
     consumed_ = static_cast<std::int64_t>(i) + 1;
     publish();
     state_->end_of_dataloader = i + 1 == batches_.size();
+    state_->remainder = plan_->real_samples(static_cast<std::int64_t>(i));
     return collate(ex, device_);
   }
   void finish_epoch() {
@@ -195,6 +217,7 @@ class DataLoader {
     publish();
   }
   void publish() {
+    state_->global_batch = plan_->global_batch();
     state_->epoch = epoch_;
     state_->batches_consumed = consumed_;
   }

@@ -70,6 +70,13 @@ const std::vector<Variable>& table() {
       {"ACCEL_RESTART_COUNT", "",
        "set by `accel launch --max_restarts` on every rank: how many times the job was started again (0 the "
        "first time)"},
+      {"ACCEL_INITIAL_WORLD_SIZE", "",
+       "set by `accel launch --min_nodes` when it restarts a job on fewer hosts: the world size the job started "
+       "with. The Accelerator multiplies gradient accumulation by it over the ranks running (and split_batches "
+       "loaders read that many times smaller batches), so the global batch stays the same"},
+      {"ACCEL_HOST_PROBE_TIMEOUT_S", "30",
+       "`accel launch --min_nodes`: seconds a host has to start `true` through mpirun before each start; a host "
+       "that does not is dropped"},
       {"ACCEL_MPIRUN", "mpirun", "the mpirun `accel launch` runs"},
       {"ACCEL_SRUN", "srun", "the srun `accel launch` runs inside a Slurm allocation"},
       {"ACCEL_LOG_LEVEL", "warning",

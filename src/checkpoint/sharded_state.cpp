@@ -293,7 +293,8 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
       }
       json loaders = json::array();
       for (const auto& l : training.loaders)
-        loaders.push_back({{"epoch", l.epoch}, {"batches_consumed", l.batches_consumed}});
+        loaders.push_back(
+            {{"epoch", l.epoch}, {"batches_consumed", l.batches_consumed}, {"global_batch", l.global_batch}});
       json index = {{"format", kCheckpointFormat},
                     {"version", kCheckpointVersion},
                     {"world_size", world.size()},
@@ -412,7 +413,8 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
     if (!t.at("scheduler_steps").is_null()) training.scheduler_steps = t.at("scheduler_steps").get<std::int64_t>();
     training.lrs = t.at("lrs").get<std::vector<double>>();
     for (const auto& l : t.at("loaders"))
-      training.loaders.push_back({l.at("epoch").get<std::int64_t>(), l.at("batches_consumed").get<std::int64_t>()});
+      training.loaders.push_back({l.at("epoch").get<std::int64_t>(), l.at("batches_consumed").get<std::int64_t>(),
+                                  l.value("global_batch", std::int64_t{0})});
     training.loss_scaler = t.at("loss_scaler").get<std::string>();
     for (const auto& name : t.at("objects")) {
       const std::string n = name.get<std::string>();

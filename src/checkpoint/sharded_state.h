@@ -38,6 +38,7 @@ namespace accel::checkpoint {
 struct LoaderPosition {
   std::int64_t epoch = 0;             // the epoch being iterated (or the next one)
   std::int64_t batches_consumed = 0;  // batches of that epoch already yielded
+  std::int64_t global_batch = 0;      // samples per batch over all ranks then; 0: not recorded (older checkpoints)
 };
 
 // What the Accelerator saves beside the model and the optimizer.

@@ -3,6 +3,7 @@
 // exits with the first failing rank's exit code, naming that rank.
 #include "cli/commands.h"
 #include "cli/cpu_cores.h"
+#include "cli/elastic.h"
 #include "cli/launch_plan.h"
 #include "cli/paths.h"
 #include "zero/spec.h"
@@ -14,13 +15,16 @@
 #include "comm/transport/nccl/nccl_backend.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <csignal>
 #include <cstdlib>
@@ -30,6 +34,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace accel::cli {
@@ -38,7 +43,7 @@ namespace {
 struct LaunchArgs {
   std::string config_file, hostfile, mixed_precision, fsdp_sharding_strategy, launcher_args;
   std::string launcher = "auto", bind = "auto";
-  std::optional<int> num_processes, num_machines, zero_stage, max_restarts;
+  std::optional<int> num_processes, num_machines, zero_stage, max_restarts, min_nodes;
   std::optional<std::int64_t> gradient_accumulation_steps;
   bool cpu = false, dry_run = false, auto_resume = false;
 };
@@ -111,7 +116,12 @@ std::vector<RankFailure> read_failures(const std::string& dir) {
   return out;
 }
 
-int run_plan(const LaunchPlan& plan, const std::string& status_dir) {
+struct RunResult {
+  int code = 0;
+  std::optional<RankFailure> first;  // the rank that failed first, when one reported
+};
+
+RunResult run_plan(const LaunchPlan& plan, const std::string& status_dir) {
   struct sigaction sa {};
   sa.sa_sigaction = on_launch_signal;
   sa.sa_flags = SA_SIGINFO;
@@ -142,7 +152,7 @@ int run_plan(const LaunchPlan& plan, const std::string& status_dir) {
   if (g_launch_interrupted) {
     fmt::print(stderr, "accel launch: interrupted by {}; stopped all {} ranks\n", strsignal(g_launch_interrupted),
                plan.num_processes);
-    return 128 + g_launch_interrupted;
+    return {128 + g_launch_interrupted, std::nullopt};
   }
   if (!failures.empty()) {
     const RankFailure* first = &failures[0];
@@ -155,14 +165,66 @@ int run_plan(const LaunchPlan& plan, const std::string& status_dir) {
                first->node, first->local_rank, first->host, how);
     if (failures.size() > 1) fmt::print(stderr, "; {} other rank(s) ended after it", failures.size() - 1);
     fmt::print(stderr, "\n");
-    return first->exit;
+    return {first->exit, *first};
   }
   if (launcher_code != 0) {
     fmt::print(stderr, "accel launch: {} failed with exit code {} before any rank reported an exit\n", plan.launcher,
                launcher_code);
-    return launcher_code;
+    return {launcher_code, std::nullopt};
   }
-  return 0;
+  return {};
+}
+
+// --min_nodes: does each host start a process? `mpirun -np 1 --host H:1 true` per host, side by side,
+// each given timeout_s. Returns, per host, why it cannot be used ("" when it answered).
+std::vector<std::string> probe_hosts(const LaunchRequest& r, const std::vector<HostSlots>& hosts, int timeout_s) {
+  std::vector<pid_t> pids(hosts.size(), -1);
+  std::vector<std::string> why(hosts.size());
+  for (std::size_t h = 0; h < hosts.size(); ++h) {
+    std::vector<std::string> argv = {r.mpirun, "--oversubscribe"};
+    if (r.as_root) argv.push_back("--allow-run-as-root");
+    argv.insert(argv.end(), {"-np", "1", "--host", hosts[h].host + ":1", "true"});
+    const pid_t pid = fork();
+    if (pid < 0) {
+      why[h] = std::string("cannot fork the start-up probe: ") + std::strerror(errno);
+      continue;
+    }
+    if (pid == 0) {
+      setpgid(0, 0);  // its own group: a probe that hangs is killed with whatever it started
+      const int null = open("/dev/null", O_RDWR);
+      for (int fd : {0, 1, 2}) dup2(null, fd);
+      std::vector<char*> a;
+      for (auto& w : argv) a.push_back(w.data());
+      a.push_back(nullptr);
+      execvp(a[0], a.data());
+      _exit(127);
+    }
+    pids[h] = pid;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  for (bool pending = true; pending;) {
+    pending = false;
+    for (std::size_t h = 0; h < hosts.size(); ++h) {
+      if (pids[h] < 0) continue;
+      int status = 0;
+      const pid_t done = waitpid(pids[h], &status, WNOHANG);
+      if (done == 0 && std::chrono::steady_clock::now() < deadline) {
+        pending = true;
+        continue;
+      }
+      if (done == 0) {  // out of time
+        kill(-pids[h], SIGKILL);
+        waitpid(pids[h], &status, 0);
+        why[h] = fmt::format("no answer to the start-up probe within {} s", timeout_s);
+      } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        why[h] = fmt::format("the start-up probe failed ({} {})", WIFEXITED(status) ? "exit code" : "signal",
+                             WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+      }
+      pids[h] = -1;
+    }
+    if (pending) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return why;
 }
 
 int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
@@ -261,10 +323,45 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   // directory and plan: ACCEL_RESTART_COUNT tells the ranks which start it is.
   const LaunchRequest base = req;
   const int max_restarts = args.max_restarts.value_or(config_restarts);
+  // --min_nodes: the hosts the job runs on, fewer after a host is dropped (cli/elastic.h).
+  const LaunchPlan initial = plan_launch(base);
+  std::vector<HostSlots> machines = initial.machines;
+  if (args.min_nodes) {
+    if (initial.launcher != "mpirun" || initial.machines.empty())
+      throw LaunchError("--min_nodes needs --hostfile (mpirun): it drops hosts of the hostfile that fail");
+    if (*args.min_nodes < 1 || *args.min_nodes > initial.num_machines)
+      throw LaunchError(fmt::format("--min_nodes must be between 1 and the {} machine(s) the job starts on, got {}",
+                                    initial.num_machines, *args.min_nodes));
+    if (max_restarts < 1)
+      throw LaunchError("--min_nodes acts when the job starts again: give --max_restarts N (N >= 1) too");
+  }
+  // Drops the hosts `why` names (non-empty entries); false when too few are left (said why).
+  auto shrink = [&](const std::vector<std::string>& why) {
+    const ShrinkPlan s = plan_shrink({machines, why, initial.num_machines, *args.min_nodes});
+    fmt::print(stderr, "accel launch: {}{}\n", s.ok ? "" : "not starting again: ", s.why);
+    if (s.ok) machines = s.machines;
+    return s.ok;
+  };
   for (int attempt = 0;; ++attempt) {
     const bool first = attempt == 0;
     req = base;
     if (max_restarts > 0) req.env.emplace_back("ACCEL_RESTART_COUNT", std::to_string(attempt));
+    if (args.min_nodes && !args.dry_run) {
+      const auto why = probe_hosts(base, machines, static_cast<int>(env::get_int("ACCEL_HOST_PROBE_TIMEOUT_S")));
+      if (std::any_of(why.begin(), why.end(), [](const std::string& w) { return !w.empty(); }) && !shrink(why))
+        return 1;
+    }
+    if (args.min_nodes && static_cast<int>(machines.size()) < initial.num_machines) {
+      const int n = static_cast<int>(machines.size());
+      req.hosts = machines;
+      req.num_machines = n;
+      req.num_processes = initial.per_machine * n;
+      req.env.emplace_back("ACCEL_INITIAL_WORLD_SIZE", std::to_string(initial.num_processes));
+      fmt::print(stderr,
+                 "accel launch: {} rank(s) on {} of the {} machines it started on; the ranks accumulate {}x the "
+                 "gradients per optimizer step so the global batch stays (ACCEL_INITIAL_WORLD_SIZE={})\n",
+                 initial.per_machine * n, n, initial.num_machines, initial.num_machines / n, initial.num_processes);
+    }
     char tmpl[PATH_MAX];
     const char* tmp = std::getenv("TMPDIR");
     std::snprintf(tmpl, sizeof tmpl, "%s/accel-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -314,8 +411,17 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
       fmt::print("{}\n", shell_join(plan.argv));
       return 0;
     }
-    const int code = run_plan(plan, status_dir);
+    const RunResult result = run_plan(plan, status_dir);
+    const int code = result.code;
     if (code == 0 || g_launch_interrupted || attempt >= max_restarts) return code;
+    // A rank killed by a signal first: its host (or its processes) died; with --min_nodes it is dropped.
+    if (args.min_nodes && result.first && result.first->signal && result.first->node >= 0 &&
+        result.first->node < static_cast<int>(machines.size())) {
+      std::vector<std::string> why(machines.size());
+      why[result.first->node] =
+          fmt::format("rank {} was killed by signal {} first", result.first->rank, result.first->signal);
+      if (!shrink(why)) return code;
+    }
     fmt::print(stderr, "accel launch: the job failed (exit code {}); starting it again, restart {} of {}\n", code,
                attempt + 1, max_restarts);
   }
@@ -350,6 +456,10 @@ void add_launch_command(CLI::App& app, int& exit_code) {
                   "When the job fails (a rank dies or exits non-zero), end every rank and start it again, up to N "
                   "times; ranks see ACCEL_RESTART_COUNT (torchrun's name; default: the config's max_restarts, 0)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--min_nodes", args->min_nodes,
+                  "With --hostfile and --max_restarts: a restart drops the host whose rank was killed first and "
+                  "hosts that do not answer a start-up probe, and goes on with the rest while at least M remain "
+                  "(gradient accumulation grows so the global batch stays)");
   cmd->add_flag("--auto_resume", args->auto_resume,
                 "Ranks resume from the newest checkpoint of their project_dir when there is one (ACCEL_AUTO_RESUME=1)");
   cmd->prefix_command();  // everything from PROGRAM on belongs to PROGRAM

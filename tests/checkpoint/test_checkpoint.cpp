@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/data/datasets/base.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
@@ -25,10 +26,14 @@
 #include <torch/optim/sgd.h>
 
 #include <unistd.h>
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 
 namespace accel::test {
 namespace {
@@ -373,6 +378,92 @@ TEST(Checkpoint, AutomaticNamesTotalLimitAndRegisteredObjects) {
   EXPECT_THROW(acc.register_for_checkpointing(
                    "a/b", [] { return std::string(); }, [](const std::string&) {}),
                std::invalid_argument);
+}
+
+// Sample i of a dataset of n: x = y = [i].
+struct SampleIds : torch::data::datasets::Dataset<SampleIds> {
+  explicit SampleIds(std::size_t n) : n(n) {}
+  torch::data::Example<> get(std::size_t i) override {
+    const at::Tensor v = at::full({1}, static_cast<double>(i), at::kDouble);
+    return {v, v};
+  }
+  std::optional<std::size_t> size() const override { return n; }
+  std::size_t n;
+};
+
+// The sample indices every optimizer step read over all ranks (sorted), for `steps` steps.
+std::vector<std::vector<std::int64_t>> step_samples(Accelerator& acc, std::shared_ptr<torch::nn::LinearImpl>& net,
+                                                    AcceleratedOptimizer& opt, DataLoader<SampleIds>& loader,
+                                                    int steps) {
+  std::vector<std::vector<std::int64_t>> out;
+  std::vector<std::int64_t> cur;
+  while (static_cast<int>(out.size()) < steps) {
+    for (const Batch& b : loader) {
+      auto scope = acc.accumulate(net);
+      acc.backward(at::mse_loss(net->forward(b.data), b.target));
+      opt.step();
+      opt.zero_grad();
+      const at::Tensor all = acc.gather(b.data).reshape({-1}).to(at::kLong);
+      for (std::int64_t k = 0; k < all.numel(); ++k) cur.push_back(all[k].item<std::int64_t>());
+      if (!acc.sync_gradients()) continue;
+      std::sort(cur.begin(), cur.end());
+      out.push_back(std::exchange(cur, {}));
+      if (static_cast<int>(out.size()) == steps) break;
+    }
+  }
+  return out;
+}
+
+// A job restarted on fewer ranks than it started with (`accel launch --min_nodes` sets
+// ACCEL_INITIAL_WORLD_SIZE): gradient accumulation grows by initial / now, a split_batches loader reads
+// global batches that many times smaller, so an optimizer step reads the samples it read before; and
+// a checkpoint saved with the larger global batch resumes at the same sample of the epoch. Simulated
+// at one world size: ACCEL_INITIAL_WORLD_SIZE = 2 x this world.
+TEST(Checkpoint, AJobOnFewerRanksKeepsTheGlobalBatchAndResumesAtTheSameSample) {
+  const int W = world()->size();
+  const std::string dir = scratch("shrink");
+  const std::int64_t batch = 4 * W;  // global (split_batches): 4 samples per rank
+  auto run = [&](int from_step, int steps) {
+    Accelerator acc(with_config("", dir));
+    at::manual_seed(0);
+    auto net = std::make_shared<torch::nn::LinearImpl>(1, 1);
+    net->to(at::kDouble);
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01));
+    DataLoader<SampleIds> loader(SampleIds(64 * W),
+                                 {.batch_size = batch, .shuffle = true, .split_batches = true, .seed = 5});
+    auto opt = acc.prepare(net, sgd, loader);
+    if (from_step > 0) {
+      acc.load_state();
+      EXPECT_EQ(acc.step(), from_step);
+    }
+    auto samples = step_samples(acc, net, *opt, loader, steps);
+    if (from_step == 0) acc.save_state();  // after `steps` steps
+    return std::make_tuple(std::move(samples), acc.gradient_accumulation_steps(), loader.plan().per_process_batch());
+  };
+  const auto [full, accum, per_rank] = run(0, 5);  // 5 steps; checkpoint_0 holds step 5
+  EXPECT_EQ(accum, 1);
+  EXPECT_EQ(per_rank, 4);
+  ASSERT_EQ(setenv("ACCEL_INITIAL_WORLD_SIZE", std::to_string(2 * W).c_str(), 1), 0);
+  const auto [resumed, accum2, per_rank2] = run(5, 3);  // steps 6-8 at "half the world"
+  EXPECT_EQ(accum2, 2);
+  EXPECT_EQ(per_rank2, 2);
+  // The same samples as an uninterrupted run's steps 6-8: a fresh run without the variable.
+  unsetenv("ACCEL_INITIAL_WORLD_SIZE");
+  if (world()->rank() == 0) files::remove_tree(dir + "/checkpoints");
+  world()->barrier();
+  const auto [straight, a3, p3] = run(0, 8);
+  ASSERT_EQ(resumed.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(resumed[k], straight[5 + k]) << "optimizer step " << 6 + k;
+    EXPECT_EQ(resumed[k].size(), static_cast<std::size_t>(batch));
+  }
+  EXPECT_EQ(std::vector(straight.begin(), straight.begin() + 5), full);
+  // A world that does not divide the initial one cannot keep the global batch: refused.
+  if (W > 1) {
+    ASSERT_EQ(setenv("ACCEL_INITIAL_WORLD_SIZE", std::to_string(2 * W + 1).c_str(), 1), 0);
+    EXPECT_THROW(Accelerator(with_config("", dir)), ConfigError);
+    unsetenv("ACCEL_INITIAL_WORLD_SIZE");
+  }
 }
 
 // Sharded construction (zero.Init): the GPT's blocks are sharded as they are built, each rank keeps

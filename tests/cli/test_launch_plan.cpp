@@ -1,4 +1,6 @@
-// accel launch's rules (cli/launch_plan.h) and hostfiles (cli/hostfile.h): pure functions, single process.
+// accel launch's rules (cli/launch_plan.h), hostfiles (cli/hostfile.h) and which hosts a job restarts
+// on under --min_nodes (cli/elastic.h): pure functions, single process.
+#include "cli/elastic.h"
 #include "cli/hostfile.h"
 #include "cli/launch_plan.h"
 #include "support/errors.h"
@@ -256,6 +258,48 @@ TEST(LaunchPlan, SrunLeavesCoresToSlurm) {
 
 TEST(LaunchPlan, ShellJoinQuotesOnlyWhatNeedsIt) {
   EXPECT_EQ(shell_join({"mpirun", "-x", "A=b c", "it's", ""}), "mpirun -x 'A=b c' 'it'\\''s' ''");
+}
+
+std::vector<std::string> hosts_of(const ShrinkPlan& p) {
+  std::vector<std::string> h;
+  for (const auto& m : p.machines) h.push_back(m.host + ":" + std::to_string(m.slots));
+  return h;
+}
+
+TEST(MinNodes, ADroppedHostLeavesTheRestInHostfileOrder) {
+  const std::vector<HostSlots> four = {{"a", 2}, {"b", 2}, {"c", 2}, {"d", 2}};
+  // Two gone of four: the other two, in order.
+  ShrinkPlan p = plan_shrink({four, {"", "rank 2 was killed by signal 9 first", "", "no answer"}, 4, 1});
+  EXPECT_TRUE(p.ok);
+  EXPECT_EQ(hosts_of(p), (Words{"a:2", "c:2"}));
+  EXPECT_EQ(p.why, "dropped b (rank 2 was killed by signal 9 first), d (no answer); 2 of 4 host(s)");
+  // One gone of four: 3 usable, but only 2 keep the global batch (4 / 3 is no whole accumulation).
+  p = plan_shrink({four, {"", "", "gone", ""}, 4, 1});
+  EXPECT_TRUE(p.ok);
+  EXPECT_EQ(hosts_of(p), (Words{"a:2", "b:2"}));
+  EXPECT_NE(p.why.find("3 usable, but the global batch needs a host count dividing 4: 1 left out"), std::string::npos)
+      << p.why;
+  // A job already shrunk to 2 of 4 loses one more: 1 host still divides 4.
+  p = plan_shrink({{{"a", 2}, {"c", 2}}, {"gone", ""}, 4, 1});
+  EXPECT_TRUE(p.ok);
+  EXPECT_EQ(hosts_of(p), (Words{"c:2"}));
+  // Nothing dropped (a probe found every host): the same hosts.
+  p = plan_shrink({four, {"", "", "", ""}, 4, 2});
+  EXPECT_TRUE(p.ok);
+  EXPECT_EQ(p.machines.size(), 4u);
+}
+
+TEST(MinNodes, FewerUsableHostsThanTheMinimumStopTheJob) {
+  const std::vector<HostSlots> three = {{"a", 1}, {"b", 1}, {"c", 1}};
+  ShrinkPlan p = plan_shrink({three, {"gone", "", ""}, 3, 2});  // 2 usable, but 2 does not divide 3
+  EXPECT_FALSE(p.ok);
+  EXPECT_TRUE(p.machines.empty());
+  EXPECT_EQ(p.why,
+            "dropped a (gone); 2 usable host(s) left, fewer than --min_nodes 2 that can keep the global batch (a "
+            "count dividing 3)");
+  p = plan_shrink({three, {"x", "y", "z"}, 3, 1});
+  EXPECT_FALSE(p.ok);
+  EXPECT_EQ(p.why, "dropped a (x), b (y), c (z); 0 usable host(s) left, fewer than --min_nodes 1");
 }
 
 }  // namespace
