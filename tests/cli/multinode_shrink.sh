@@ -100,6 +100,27 @@ awk -v rtol="$RTOL" -v steps="$STEPS" '
                n, last, lastref, worst, rtol
         exit bad }' ref.log shrink.log && pass "losses follow the uninterrupted 4-rank run" || fail "losses"
 
+# 4. A host that does not answer the start-up probe (an address no namespace has: the rsh agent cannot
+#    reach it) is dropped before the first start: the job runs on host 0's 2 ranks with the 4-rank
+#    global batch from step 1.
+echo "== hostfile with an unreachable second host: dropped by the start-up probe"
+printf '%s slots=2\n10.213.7.99 slots=2\n' "$ACCEL_MN_IP0" > hostfile_dead
+"$HERE/multinode_enter.sh" "$ACCEL_MN_NS0" env "${mpi_env[@]}" ACCEL_HOST_PROBE_TIMEOUT_S=20 timeout "$RUN_TIMEOUT" \
+  "$ACCEL_CLI" launch --hostfile hostfile_dead --num_machines 2 --num_processes 4 --max_restarts 1 --min_nodes 1 \
+  "$GPT" --config_file "$CONFIG" --float64 --seed 3 --steps 10 --log_file probe.log > probe.out 2>&1
+rc=$?
+[ $rc = 0 ] && pass "the job with an unreachable host ran (exit 0)" || { fail "it exited $rc"; tail -5 probe.out; }
+if grep -Eq "accel launch: dropped 10.213.7.99 \((the start-up probe failed|no answer to the start-up probe)" probe.out &&
+  grep -q "accel launch: 2 rank(s) on 1 of the 2 machines" probe.out; then
+  pass "$(grep "accel launch: dropped" probe.out)"
+else
+  fail "no line saying the unreachable host was dropped by the probe"; grep "accel launch" probe.out
+fi
+cmp -s probe.log <(head -10 ref.log) && pass "its 10 losses are the uninterrupted 4-rank run's, bit for bit" ||
+  awk 'NR == FNR { ref[$2] = $4; next } { d = $4 - ref[$2]; if (d < 0) d = -d; if (d / ref[$2] > 1e-5) bad = 1 }
+       END { exit bad || FNR != 10 }' ref.log probe.log && pass "its 10 losses are within 1e-5 of the 4-rank run's" ||
+  fail "its losses differ from the 4-rank run's"
+
 if [ "$errors" -gt 0 ]; then
   echo "FAILED: $errors check(s); runs in $OUT"
   exit 1
