@@ -85,8 +85,9 @@ void on_launch_signal(int sig, siginfo_t* info, void*) {
 }
 
 struct RankFailure {
-  int rank = -1, node = -1, local_rank = -1, exit = 0, signal = 0;
-  long long time_ns = 0;
+  int rank = -1, node = -1, local_rank = -1, exit = 0, signal = 0, stop_signal = 0;
+  // When it ended; when it was last stopped and then continued (0: never).
+  long long time_ns = 0, stopped_ns = 0, continued_ns = 0;
   std::string host;
 };
 
@@ -100,13 +101,18 @@ std::vector<RankFailure> read_failures(const std::string& dir) {
     std::ifstream f(dir + "/" + name);
     RankFailure r;
     const std::map<std::string, int*> ints = {
-        {"rank", &r.rank}, {"node", &r.node}, {"local_rank", &r.local_rank}, {"exit", &r.exit}, {"signal", &r.signal}};
+        {"rank", &r.rank}, {"node", &r.node},     {"local_rank", &r.local_rank},
+        {"exit", &r.exit}, {"signal", &r.signal}, {"stop_signal", &r.stop_signal}};
     std::string key;
     while (f >> key) {
       if (auto it = ints.find(key); it != ints.end())
         f >> *it->second;
       else if (key == "time_ns")
         f >> r.time_ns;
+      else if (key == "stopped_ns")
+        f >> r.stopped_ns;
+      else if (key == "continued_ns")
+        f >> r.continued_ns;
       else if (key == "host")
         f >> r.host;
     }
@@ -165,6 +171,16 @@ RunResult run_plan(const LaunchPlan& plan, const std::string& status_dir) {
                first->node, first->local_rank, first->host, how);
     if (failures.size() > 1) fmt::print(stderr, "; {} other rank(s) ended after it", failures.size() - 1);
     fmt::print(stderr, "\n");
+    // A rank stopped before that (SIGSTOP, a debugger) stopped answering: the others waited for it
+    // until their collective timeout. It is the one to look at.
+    for (const auto& f : failures)
+      if (f.stopped_ns > 0 && f.stopped_ns <= first->time_ns &&
+          (f.continued_ns == 0 || f.continued_ns >= first->time_ns))
+        fmt::print(stderr,
+                   "accel launch: rank {} (node {}, local rank {}, host {}) stopped answering: it was stopped by "
+                   "signal {} ({}) {:.1f} s before rank {} failed, and stayed stopped\n",
+                   f.rank, f.node, f.local_rank, f.host, f.stop_signal, strsignal(f.stop_signal),
+                   static_cast<double>(first->time_ns - f.stopped_ns) / 1e9, first->rank);
     return {first->exit, *first};
   }
   if (launcher_code != 0) {

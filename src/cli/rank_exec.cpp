@@ -34,9 +34,24 @@
 namespace {
 
 volatile pid_t g_child = 0;
-
+volatile sig_atomic_t g_ending = 0;  // a signal that ends the program arrived (the launcher's teardown)
+timespec g_ending_at{};              // when (clock_gettime is async-signal-safe)
+// A stopped program (SIGSTOP, a debugger) acts on the signal only once continued: SIGCONT after it,
+// so that a job ended around a hung rank ends now (SIGCONT to a running process does nothing).
 void forward(int sig) {
-  if (g_child > 0) kill(g_child, sig);
+  if (g_child <= 0) return;
+  kill(g_child, sig);
+  if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+    if (!g_ending) clock_gettime(CLOCK_REALTIME, &g_ending_at);
+    g_ending = 1;
+    kill(g_child, SIGCONT);
+  }
+}
+
+long long now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
 const char* first_env(std::initializer_list<const char*> names) {
@@ -64,11 +79,12 @@ int to_int(const char* s, const char* what) {
   std::exit(2);
 }
 
-void record_failure(int rank, int node, int local_rank, int code, int sig) {
+// stopped_ns, stop_signal, continued_ns: when the program was last stopped (and by what) and then
+// continued (the launcher's teardown continues a stopped rank to end it); 0: never.
+void record_failure(int rank, int node, int local_rank, int code, int sig, long long stopped_ns, int stop_signal,
+                    long long continued_ns) {
   const std::string dir = accel::env::get("ACCEL_LAUNCH_STATUS_DIR");
   if (dir.empty()) return;
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
   char host[256] = "?";
   gethostname(host, sizeof host - 1);
   const std::string path = dir + "/rank_" + std::to_string(rank);
@@ -76,7 +92,9 @@ void record_failure(int rank, int node, int local_rank, int code, int sig) {
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) return;  // the report is a courtesy; the exit code still travels through the launcher
   std::fprintf(f, "rank %d\nnode %d\nlocal_rank %d\nexit %d\nsignal %d\ntime_ns %lld\nhost %s\n", rank, node,
-               local_rank, code, sig, static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec, host);
+               local_rank, code, sig, now_ns(), host);
+  if (stopped_ns > 0)
+    std::fprintf(f, "stopped_ns %lld\nstop_signal %d\ncontinued_ns %lld\n", stopped_ns, stop_signal, continued_ns);
   std::fclose(f);
   std::rename(tmp.c_str(), path.c_str());
 }
@@ -156,18 +174,37 @@ int main(int argc, char** argv) {
   }
   g_child = child;
   int status = 0;
-  while (waitpid(child, &status, 0) < 0) {
-    if (errno != EINTR) {
+  // Stops are watched too: a rank that stopped answering because it was stopped (and stayed so
+  // until the job ended it) says so in its record, so accel launch can name it as the hang's cause.
+  long long stopped_ns = 0, continued_ns = 0;
+  int stop_signal = 0;
+  for (;;) {
+    if (waitpid(child, &status, WUNTRACED | WCONTINUED) < 0) {
+      if (errno == EINTR) continue;
       std::perror("accel-rank: waitpid");
       return 2;
     }
+    if (WIFSTOPPED(status)) {
+      stopped_ns = now_ns();
+      stop_signal = WSTOPSIG(status);
+      continued_ns = 0;
+    } else if (WIFCONTINUED(status)) {
+      continued_ns = now_ns();
+    } else {
+      break;
+    }
   }
+  // Open MPI's teardown continues a stopped process (SIGCONT to the process group) just before it
+  // sends SIGTERM: a stop that ended less than a second before the end came is one that lasted.
+  const long long ending_ns =
+      g_ending ? static_cast<long long>(g_ending_at.tv_sec) * 1000000000LL + g_ending_at.tv_nsec : 0;
+  if (continued_ns > 0 && ending_ns > 0 && ending_ns - continued_ns < 1000000000LL) continued_ns = 0;
   if (WIFEXITED(status)) {
     const int code = WEXITSTATUS(status);
-    if (code != 0) record_failure(rank, node_rank, local_rank, code, 0);
+    if (code != 0) record_failure(rank, node_rank, local_rank, code, 0, stopped_ns, stop_signal, continued_ns);
     return code;
   }
   const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
-  record_failure(rank, node_rank, local_rank, 128 + sig, sig);
+  record_failure(rank, node_rank, local_rank, 128 + sig, sig, stopped_ns, stop_signal, continued_ns);
   return 128 + sig;
 }

@@ -66,6 +66,11 @@ void Work::set_poll(std::function<bool()> poll) {
   poll_ = std::move(poll);
 }
 
+void Work::set_diagnosis(std::function<std::string()> f) {
+  std::lock_guard<std::mutex> lk(mu_);
+  diagnosis_ = std::move(f);
+}
+
 void Work::set_on_timeout(std::function<void()> f) {
   std::lock_guard<std::mutex> lk(mu_);
   on_timeout_.push_back(std::move(f));
@@ -155,21 +160,26 @@ void Work::wait(Duration timeout) {
     wait_sink_->fetch_add(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   std::vector<std::function<void()>> on_timeout;
+  std::function<std::string()> diagnosis;
   std::exception_ptr err;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!done) {
       on_timeout = std::move(on_timeout_);
       on_timeout_.clear();
+      diagnosis = diagnosis_;
     }
     err = error_;
   }
   if (!done) {
+    // Before the callbacks: they may abort the transport the diagnosis reads.
+    std::string peers = diagnosis ? diagnosis() : std::string();
     for (auto& f : on_timeout) f();
-    throw TimeoutError(
-        fmt::format("{} on rank {} of {} did not complete within {} s: a peer rank is stuck, slow or dead (timeout: "
-                    "ACCEL_COMM_TIMEOUT_S or the collective's options). The communicator is now broken.",
-                    what_, rank_, world_size_, seconds(timeout)));
+    throw TimeoutError(fmt::format(
+        "{} on rank {} of {} did not complete within {} s: {} (timeout: ACCEL_COMM_TIMEOUT_S or the collective's "
+        "options). The communicator is now broken.",
+        what_, rank_, world_size_, seconds(timeout),
+        peers.empty() ? std::string("a peer rank is stuck, slow or dead") : peers));
   }
   if (err) std::rethrow_exception(err);
 }

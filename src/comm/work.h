@@ -49,6 +49,9 @@ class Work {
   // Adds a callback run once, on the waiting thread, when a wait times out (the communicator marks
   // itself broken; a backend may abort its transport). Callbacks run in the order added.
   void set_on_timeout(std::function<void()> f);
+  // What the backend knows about the peers when a wait times out (which rank has not joined, and
+  // whether its process is stopped or gone), appended to the TimeoutError's message; "" says nothing.
+  void set_diagnosis(std::function<std::string()> f);
   // Objects kept alive until the collective has finished (tensors in flight, staging buffers); they
   // are dropped inside finish(), before any waiter wakes. This keeps objects alive, not their memory:
   // a storage freed in place (sharding::free_storage) while a collective still runs is a bug.
@@ -69,6 +72,7 @@ class Work {
   std::exception_ptr error_;
   std::function<bool()> poll_;
   std::vector<std::function<void()>> on_timeout_;
+  std::function<std::string()> diagnosis_;
   std::vector<std::shared_ptr<void>> keep_;
   std::shared_ptr<std::atomic<std::int64_t>> wait_sink_;
 };

@@ -10,6 +10,8 @@
 #           save replaces the partial one
 # restarts  a ZeRO-3 run killed 3 times under accel launch --max_restarts 3 --auto_resume: it finishes by
 #           itself, its JSONL holds every step once, its final state is bitwise the uninterrupted run's
+# hang      a rank SIGSTOPped under --max_restarts 1: the collective timeout ends the job naming that
+#           rank, and the job started again finishes with the uninterrupted run's losses
 # corrupt   truncated, bit-flipped or index-less checkpoints: a message naming the file, exit non-zero,
 #           and the checkpoint files untouched
 set -uo pipefail
@@ -142,6 +144,44 @@ PYEOF2
     || fail "loss log differs: $(wc -l < killed.log) lines"
   "$PY" "$SRC/tests/checkpoint/ckpt_tool.py" same final_full final_killed && pass "final state bitwise the uninterrupted run's" \
     || fail "final state differs"
+  ;;
+hang)
+  # One rank SIGSTOPped mid-run (it stops answering) under accel launch --max_restarts 1 --auto_resume
+  # with ACCEL_COMM_TIMEOUT_S=5: the job ends within the timeout (plus teardown), the waiting rank's
+  # TimeoutError and accel launch's summary both name the stopped rank, no process is left stopped,
+  # and the job started again finishes with its loss log bitwise the uninterrupted run's.
+  timeout_s=5
+  common=(--steps 150 --checkpointing_steps 10 --total_limit 2)
+  run 2 deepspeed/zero3 "${common[@]}" --project_dir p_full --log_file full.log || fail "uninterrupted run"
+  ACCEL_COMM_TIMEOUT_S=$timeout_s setsid "$ACCEL" launch -n 2 --max_restarts 1 --auto_resume "$GPT" \
+    --config_file "$CFG/deepspeed/zero3.yaml" --seed 3 "${common[@]}" --project_dir p_hung --log_file hung.log > hung.out 2>&1 &
+  pid=$!
+  last_step() { tail -1 hung.log 2> /dev/null | awk 'END { print $2 + 0 }'; }
+  for _ in $(seq 600); do [ "$(last_step)" -ge 20 ] && break; sleep 0.05; done
+  ranks=()
+  for p in $(pgrep -x gpt_lm); do tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -q -- "--project_dir p_hung" && ranks+=("$p"); done
+  victim=${ranks[$((RANDOM % ${#ranks[@]}))]}
+  vrank=$(tr '\0' '\n' < /proc/$victim/environ | sed -n 's/^RANK=//p')
+  t0=$(date +%s%N)
+  kill -STOP "$victim"
+  echo "SIGSTOP to rank $vrank (pid $victim) at step $(last_step)"
+  for _ in $(seq 600); do grep -q "restart 1 of 1" hung.out && break; sleep 0.05; done
+  elapsed=$(( ($(date +%s%N) - t0) / 1000000 ))
+  if grep -q "restart 1 of 1" hung.out && [ $elapsed -le $(( (timeout_s + 5) * 1000 )) ]; then
+    pass "the job ended ${elapsed} ms after the stop (collective timeout ${timeout_s} s) and started again"
+  else
+    fail "the job did not end and start again within ${timeout_s} s + 5 s (${elapsed} ms)"
+  fi
+  grep -q "rank $vrank (pid $victim, stopped (SIGSTOP or a debugger)) has not joined it" hung.out \
+    && pass "the waiting rank's TimeoutError names rank $vrank, stopped" || { fail "no TimeoutError naming rank $vrank"; grep -i timeout hung.out; }
+  grep -Eq "accel launch: rank $vrank \(node 0, local rank $vrank, host [^)]*\) stopped answering: it was stopped by signal 19" hung.out \
+    && pass "accel launch names rank $vrank as the one that stopped answering" || { fail "accel launch does not name rank $vrank"; grep "accel launch" hung.out; }
+  kill -0 "$victim" 2> /dev/null && fail "the stopped rank (pid $victim) is still there" || pass "the stopped rank is gone"
+  wait $pid
+  rc=$?
+  [ $rc -eq 0 ] && pass "the job started again finished (exit 0)" || { fail "the job exited $rc"; tail -20 hung.out; }
+  diff full.log hung.log > /dev/null && pass "its loss log: every step once, bitwise the uninterrupted run's" \
+    || fail "loss log differs: $(wc -l < hung.log) lines"
   ;;
 corrupt)
   run 2 fsdp/full_shard --steps 2 --save_state_to good || fail "saving"

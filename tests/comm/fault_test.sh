@@ -3,15 +3,16 @@
 # `accel launch` (mpirun underneath; MPIRUN OPTIONS go through --launcher_args) and asserts what the
 # ranks that are left do and say, and that the job ends within a bound (the probe's timeout plus
 # start-up slack), never hangs:
-#   timeout  rank 1 never joins: rank 0 raises TimeoutError naming the collective and itself; the job
+#   timeout  rank 1 never joins: rank 0 raises TimeoutError naming the collective, itself and rank 1
+#            (running, but behind: it has not joined); the job
 #            ends non-zero.
 #   exit     rank 1 exits with code 7 before the collective. Twice:
 #            - as mpirun runs by default: the job ends with rank 1's code 7, mpirun naming rank 1 as
 #              the first process to fail (exit status 7 is rank 1's, not one mpirun makes up);
 #            - with mpirun told to leave the others running (orte_abort_on_non_zero_status 0, as a
 #              launcher that does not kill the job would): the survivors end it themselves. Their
-#              all_reduce raises TimeoutError after its 3 s, naming the collective, the rank and a
-#              dead peer; the broken communicator aborts the job (MPI_Abort). accel launch exits
+#              all_reduce raises TimeoutError after its 3 s, naming the collective, the rank and rank 1
+#              as gone; the broken communicator aborts the job (MPI_Abort). accel launch exits
 #              with the first failing rank's status, rank 1's 7, and names it (mpirun alone would
 #              exit with MPI_Abort's 1).
 #   step     rank 1's optimizer step throws while its peers are inside the step's collectives, and
@@ -49,6 +50,8 @@ case $mode in
     desc="the job exited 0 although a rank failed"; check [ "$rc" -ne 0 ]
     desc="no TimeoutError naming the collective and rank 0"
     check has "caught TimeoutError: all_reduce\(float32\[4\], sum\) on rank 0 of $np did not complete within 2"
+    desc="the TimeoutError does not name rank 1 (running, but not in the collective)"
+    check has "on rank 0 of $np did not complete within 2 s: rank 1 \(pid [0-9]+\) has not joined it"
     ;;
   exit)
     run "rank 1 exits 7, mpirun's default"
@@ -68,8 +71,8 @@ case $mode in
       [ -n "$line" ] || continue
       r=$(sed -E 's/^rank ([0-9]+) .*/\1/' <<< "$line")
       desc="a report from rank $r, which died"; check [ "$r" != 1 ]
-      desc="rank $r's report does not name the collective, the rank and a dead peer: $line"
-      check grep -Eq "caught TimeoutError: all_reduce\(float32\[4\], sum\) on rank $r of $np did not complete within 3 s: a peer rank is stuck, slow or dead" <<< "$line"
+      desc="rank $r's report does not name the collective, the rank and rank 1 as gone: $line"
+      check grep -Eq "caught TimeoutError: all_reduce\(float32\[4\], sum\) on rank $r of $np did not complete within 3 s: rank 1 \(pid [0-9]+, gone\) has not joined it" <<< "$line"
     done <<< "$reports"
     desc="no rank aborted the job for its broken communicator"
     check has "accel: rank (0|2) aborting the MPI job: a collective did not complete"

@@ -382,6 +382,11 @@ std::unique_ptr<MpiBackend> MpiBackend::world() {
 
 int MpiBackend::rank() const { return impl_->group->rank; }
 int MpiBackend::size() const { return impl_->group->size; }
+int MpiBackend::world_rank() {
+  int r = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
 
 void MpiBackend::mark_broken() { g_broken = true; }
 bool MpiBackend::is_broken() { return g_broken; }

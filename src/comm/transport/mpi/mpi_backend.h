@@ -27,6 +27,8 @@ class MpiBackend final : public Backend {
   const char* name() const override { return "mpi"; }
   int rank() const override;
   int size() const override;
+  // This process's rank in MPI_COMM_WORLD (MPI is initialized: a group exists).
+  static int world_rank();
   void enqueue(Request request) override;
 
   // Blocking, collective over this group (see Communicator::split).

@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 #include <sys/uio.h>
 
@@ -58,6 +60,46 @@ bool ShmGroup::progress() {
   }
   if (moved) detail::note_progress();
   return moved;
+}
+
+namespace {
+// A process's state from /proc/PID/stat: "stopped" (SIGSTOP, a debugger), "gone", or "" (running, sleeping).
+std::string process_state(std::int64_t pid) {
+  std::FILE* f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
+  if (!f) return "gone";
+  char buf[512] = {};
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* close = static_cast<const char*>(std::memchr(buf, ')', n));  // after "PID (comm)"
+  const char state = close && close + 2 < buf + n ? close[2] : '?';
+  if (state == 'T' || state == 't') return "stopped (SIGSTOP or a debugger)";
+  if (state == 'Z' || state == 'X') return "gone";
+  return "";
+}
+}  // namespace
+
+std::string ShmGroup::peers_behind() {
+  auto progress_of = [&](int j) {
+    const RankCtl& c = seg_->ctl(j);
+    return c.in_step.load(std::memory_order_acquire) + c.red_step.load(std::memory_order_acquire) +
+           c.out_step.load(std::memory_order_acquire);
+  };
+  std::uint64_t furthest = 0;
+  for (int j = 0; j < size_; ++j) furthest = std::max(furthest, progress_of(j));
+  std::string behind, odd;
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_) continue;
+    const RankCtl& c = seg_->ctl(j);
+    const std::string state = process_state(c.pid);
+    const std::string who = fmt::format("rank {} (pid {}{}{})", c.world_rank, c.pid, state.empty() ? "" : ", ", state);
+    if (progress_of(j) < furthest)
+      behind += (behind.empty() ? "" : ", ") + who;
+    else if (!state.empty())
+      odd += (odd.empty() ? "" : ", ") + who;
+  }
+  if (!behind.empty()) return behind + " has not joined it (the ranks waiting are further on)";
+  if (!odd.empty()) return odd + " is not running";
+  return "";
 }
 
 bool ShmGroup::all_at_least(Counter RankCtl::*c, std::uint64_t v) {

@@ -78,6 +78,11 @@ class ShmGroup {
   // Moves the queued collectives as far as the peers allow, in issue order; true when anything
   // moved. Never waits for a peer; skips (false) when another thread is moving this group.
   bool progress();
+  // For a timeout's message (Work::set_diagnosis): the peers whose progress is behind the group's
+  // furthest (they have not joined the collective the others wait in), named by world rank and pid,
+  // with their process's state (stopped: SIGSTOP or a debugger; gone). "" when nobody is behind and
+  // every peer's process runs (the rank missing is elsewhere: another node).
+  std::string peers_behind();
 
  private:
   bool all_at_least(Counter RankCtl::*c, std::uint64_t v);

@@ -30,6 +30,7 @@ struct alignas(128) RankCtl {
   // all_gather's or reduce_scatter's input; published by in_step).
   std::int64_t pid;
   std::uint64_t src_addr;
+  std::int64_t world_rank;  // for messages: the rank a stuck peer is named by
   // A reduce_scatter whose input lies in node-shared memory (node_shared.h): where, as (key, offset),
   // so the peers read it in place; key 0 when it goes through this rank's buffers. By collective
   // parity, like sig, and published with the first chunk.

@@ -47,6 +47,10 @@ class ShmBackend final : public Backend {
       if (auto g = weak.lock()) g->progress();
       return false;
     });
+    work->set_diagnosis([weak] {
+      auto g = weak.lock();
+      return g ? g->peers_behind() : std::string();
+    });
     op->req = std::move(r);
     g_->push(std::move(op));
     if (inline_progress)
@@ -118,6 +122,7 @@ std::unique_ptr<Backend> make_shm_backend(MpiBackend& group) {
   // Each rank posts its pid and a probe word's address; every rank must read every other's.
   static const std::uint64_t probe_word = 0x61636365'6c736d21ULL;
   seg->ctl(rank).pid = getpid();
+  seg->ctl(rank).world_rank = MpiBackend::world_rank();
   seg->ctl(rank).src_addr = reinterpret_cast<std::uint64_t>(&probe_word);
   int dummy = 0;
   std::vector<int> sync(size);
