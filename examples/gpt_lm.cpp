@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   std::string comm_stats, log_with;
   std::int64_t histogram_every = 0;
   bool float64 = false;
+  double dropout = 0;
   app.add_option("--layers", layers, "transformer blocks");
   app.add_option("--d_model", d_model, "model width")->check(CLI::PositiveNumber);
   app.add_option("--heads", heads, "attention heads (must divide --d_model)")->check(CLI::PositiveNumber);
@@ -67,6 +68,8 @@ int main(int argc, char** argv) {
                  "trackers, e.g. tensorboard,jsonl,csv or all (files under PROJECT_DIR/gpt_lm)");
   app.add_option("--histogram_every", histogram_every, "with --log_with: weight histograms every N steps (0: none)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--dropout", dropout, "residual dropout in each block while training (0: none)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--float64", float64,
                "parameters, compute and loss in float64 (for exact comparisons; not with mixed precision)");
   CLI11_PARSE(app, argc, argv);
@@ -86,7 +89,7 @@ int main(int argc, char** argv) {
     at::manual_seed(static_cast<std::int64_t>(args.seed));
     // mixed_precision fp8: the blocks' linear layers are Float8Linear (fp8 matmuls); the rest runs in bf16.
     const bool fp8 = acc.mixed_precision() == MixedPrecision::Fp8;
-    const GPTConfig shape{corpus.vocab_size(), d_model, heads, layers, seq, fp8};
+    const GPTConfig shape{corpus.vocab_size(), d_model, heads, layers, seq, fp8, dropout};
     if (float64) {
       if (acc.mixed_precision() != MixedPrecision::No)
         throw std::invalid_argument("--float64 trains without mixed precision (mixed_precision: no)");

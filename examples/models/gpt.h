@@ -4,6 +4,8 @@
 // GPTConfig::fp8 picks the blocks' four linear layers at construction: torch::nn::Linear (false, the
 // default) or accel::nn::Float8Linear (true: fp8 matmuls, same parameter names, shapes and init).
 // The embedding/head and the LayerNorms stay in the parameters' dtype either way.
+// GPTConfig::dropout > 0: dropout on each block's two residual branches while training (draws from
+// libtorch's generator, which checkpoints save and restore per rank); 0 (the default) draws nothing.
 #pragma once
 
 #include "mixed_precision/float8_linear.h"
@@ -25,7 +27,7 @@ namespace accel::examples {
 struct BlockImpl : torch::nn::Module {
   // fp8: the four linear layers are Float8Linear (accel::nn::make_linear); false builds exactly the
   // torch::nn::Linear block (same registration order, names and RNG draws).
-  BlockImpl(int64_t d, int64_t heads, bool fp8 = false) : heads(heads) {
+  BlockImpl(int64_t d, int64_t heads, bool fp8 = false, double dropout = 0) : heads(heads), dropout(dropout) {
     using accel::nn::make_linear;
     using torch::nn::LinearOptions;
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
@@ -51,10 +53,12 @@ struct BlockImpl : torch::nn::Module {
     const double masked = att.scalar_type() == at::kHalf ? -65504.0 : -1e9;
     att = at::softmax(att.masked_fill(mask, masked), -1);
     at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({B, T, d});
-    x = x + proj.forward(y);
-    return x + fc2.forward(at::gelu(fc1.forward(ln2(x))));
+    x = x + drop(proj.forward(y));
+    return x + drop(fc2.forward(at::gelu(fc1.forward(ln2(x)))));
   }
+  at::Tensor drop(const at::Tensor& t) { return dropout > 0 ? at::dropout(t, dropout, is_training()) : t; }
   int64_t heads;
+  double dropout;
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   // torch::nn::Linear or accel::nn::Float8Linear (a typed member could hold only one of them).
   torch::nn::AnyModule qkv, proj, fc1, fc2;
@@ -65,6 +69,7 @@ struct GPTConfig {
   // The blocks' linear layers in fp8 (Float8Linear). Last, so GPTConfig{vocab, d, heads, layers, seq}
   // still means what it did.
   bool fp8 = false;
+  double dropout = 0;  // the blocks' residual dropout (last, for the same reason)
 };
 
 struct GPTImpl : torch::nn::Module {
@@ -72,8 +77,8 @@ struct GPTImpl : torch::nn::Module {
     tok = register_module("tok", torch::nn::Embedding(c.vocab, c.d));
     pos = register_parameter("pos", at::randn({c.seq, c.d}) * 0.1);
     for (int64_t i = 0; i < c.layers; ++i)
-      blocks.push_back(
-          accel::unit(register_module("h" + std::to_string(i), std::make_shared<BlockImpl>(c.d, c.heads, c.fp8))));
+      blocks.push_back(accel::unit(
+          register_module("h" + std::to_string(i), std::make_shared<BlockImpl>(c.d, c.heads, c.fp8, c.dropout))));
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d})));
   }
   // tokens [B, T] -> logits [B, T, vocab]; the head is the token embedding (tied).

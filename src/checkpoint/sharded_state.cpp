@@ -18,12 +18,21 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 
 namespace accel::checkpoint {
 namespace {
 
 using nlohmann::json;
+
+// The CUDA device the model trains on (its first parameter's), none on the CPU: that device's
+// generator state is saved beside the CPU one.
+std::optional<c10::Device> cuda_device_of(torch::nn::Module& model) {
+  for (const auto& p : model.parameters())
+    if (p.defined() && p.is_cuda()) return p.device();
+  return std::nullopt;
+}
 
 // --- what this rank holds: segments of parameters --------------------------------------------------
 
@@ -270,6 +279,12 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
       at::Tensor rng = gen.get_state();
       files::write_file_synced(dir + "/" + rank_file("rng", rank, ".bin"), rng.data_ptr(), rng.numel());
     }
+    if (const auto cuda = cuda_device_of(model)) {  // dropout on the device draws from its generator
+      auto gen = at::globalContext().defaultGenerator(*cuda);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      at::Tensor rng = gen.get_state().contiguous();
+      files::write_file_synced(dir + "/" + rank_file("rng_cuda", rank, ".bin"), rng.data_ptr(), rng.nbytes());
+    }
   } catch (const std::exception& e) {
     error = fmt::format("rank {} could not write its part of {}: {}", rank, dir, e.what());
   }
@@ -342,7 +357,7 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
     std::int64_t step = 0;
   };
   std::map<const void*, NewState> states;
-  at::Tensor rng;
+  at::Tensor rng, rng_cuda;  // this rank's generator states, CPU and (training on a GPU) its device's
   TrainingState training;
   try {
     index = parse_index(dir);
@@ -402,12 +417,16 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
                                           c10::str(at::IntArrayRef(it->second.shape)), c10::str(b.value().sizes())));
       copies.push_back({b.value().view({-1}), reader.range(it->first, it->second, 0, b.value().numel())});
     }
-    const std::string rng_path = dir + "/" + rank_file("rng", rank, ".bin");
-    if (files::is_file(rng_path)) {
-      const std::string bytes = files::read_file(rng_path);
-      rng = at::empty({static_cast<std::int64_t>(bytes.size())}, at::kByte);
-      std::memcpy(rng.data_ptr(), bytes.data(), bytes.size());
-    }
+    auto read_rng = [&](const char* kind) {
+      const std::string path = dir + "/" + rank_file(kind, rank, ".bin");
+      if (!files::is_file(path)) return at::Tensor();
+      const std::string bytes = files::read_file(path);
+      at::Tensor t = at::empty({static_cast<std::int64_t>(bytes.size())}, at::kByte);
+      std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+      return t;
+    };
+    rng = read_rng("rng");
+    if (cuda_device_of(model)) rng_cuda = read_rng("rng_cuda");
     const json& t = index.at("training");
     training.step = t.at("step").get<std::int64_t>();
     if (!t.at("scheduler_steps").is_null()) training.scheduler_steps = t.at("scheduler_steps").get<std::int64_t>();
@@ -449,6 +468,15 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
       gen.set_state(rng);
     } catch (const std::exception&) {
       // A state from another libtorch build: keep this rank's generator (the weights are loaded).
+    }
+  }
+  if (rng_cuda.defined()) {  // saved on a device, loaded on one (a CPU run has no use for it)
+    auto gen = at::globalContext().defaultGenerator(*cuda_device_of(model));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    try {
+      gen.set_state(rng_cuda);
+    } catch (const std::exception&) {
+      // Another build's or another kind of device's generator: keep this one's.
     }
   }
   engine.params_from_masters();

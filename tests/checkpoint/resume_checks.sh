@@ -108,7 +108,8 @@ restarts)
   # again). The killed run must end by itself (exit 0), its JSONL metrics must hold every step once with
   # the uninterrupted run's losses, and its final state (parameters, optimizer moments, step, loader
   # position: tests/checkpoint/ckpt_tool.py same) must be the uninterrupted one's bit for bit.
-  common=(--steps 200 --checkpointing_steps 10 --total_limit 2 --log_with jsonl --full_state)
+  # --dropout: every step draws from each rank's generator, which the checkpoints must restore.
+  common=(--steps 200 --checkpointing_steps 10 --total_limit 2 --log_with jsonl --full_state --dropout 0.1)
   run 2 deepspeed/zero3 "${common[@]}" --project_dir p_full --save_state_to final_full --log_file full.log \
     || fail "uninterrupted run"
   setsid "$ACCEL" launch -n 2 --max_restarts 3 --auto_resume "$GPT" --config_file "$CFG/deepspeed/zero3.yaml" --seed 3 \
