@@ -10,6 +10,7 @@
 //     bf16 Linear;
 //   * more ranks on a node than GPUs share them, and are refused when the Accelerator starts under
 //     ACCEL_CUDA_COMM=nccl;
+//   * a checkpoint restores each rank's device generator (dropout resumes exactly);
 //   * offload_optimizer device cpu: the masters in pinned host memory train like the device, and the
 //     side stream's copies queue behind the compute stream without blocking the host.
 // Every test skips without a CUDA device (and where ranks outnumber devices under ACCEL_CUDA_COMM=nccl).
@@ -223,6 +224,30 @@ TEST(CudaTraining_CUDA, EveryStrategyTrainsLikePlainLibtorchOnTheDevice) {
     for (const auto& [name, want] : ref) EXPECT_LE(rel_err(t.params.at(name), want), tol) << name;
     for (const auto& [name, dtype] : t.dtypes) EXPECT_EQ(dtype, at::kFloat) << name;
   }
+}
+
+// save_state keeps each rank's device generator beside its CPU one, and load_state puts it back:
+// dropout on the device after a resume draws what it drew after the save (issue 35, exact resume).
+TEST(CudaTraining_CUDA, ACheckpointRestoresEveryRanksDeviceGenerator) {
+  SKIP_WITHOUT_CUDA();
+  Accelerator acc(
+      quiet(write_config("zero3_rng.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n")));
+  auto model = std::make_shared<MLPImpl>(std::vector<int64_t>{4, 8, 2});
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto opt = acc.prepare(model, adamw);
+  ASSERT_TRUE(acc.device().is_cuda());
+  at::manual_seed(7 + acc.process_index());  // each rank its own stream, CPU and device
+  at::rand({3}, at::TensorOptions().device(acc.device()));
+  const std::string dir = fs::path(write_config("rng_marker", "")).parent_path().string() + "/rng_ckpt";
+  acc.save_state(dir);
+  const at::Tensor device_after = at::rand({16}, at::TensorOptions().device(acc.device())).cpu();
+  const at::Tensor cpu_after = at::rand({16});
+  at::rand({1000}, at::TensorOptions().device(acc.device()));  // move both generators on
+  at::rand({1000});
+  acc.load_state(dir);
+  EXPECT_TRUE(at::equal(at::rand({16}, at::TensorOptions().device(acc.device())).cpu(), device_after))
+      << "the device generator was not restored";
+  EXPECT_TRUE(at::equal(at::rand({16}), cpu_after)) << "the CPU generator was not restored";
 }
 
 // offload_optimizer device cpu (ZeRO-Offload): the fp32 masters and AdamW's moments live in pinned host
