@@ -338,8 +338,16 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
 }
 
 void Accelerator::maybe_auto_resume() {
-  const bool wanted = opts_.auto_resume.value_or(env::get("ACCEL_AUTO_RESUME") == "1");
-  if (!wanted) return;
+  // The config's resume_from_checkpoint, unless ACCEL_AUTO_RESUME says, unless the option says.
+  std::string from = cfg_.resume_from_checkpoint;
+  if (env::is_set("ACCEL_AUTO_RESUME")) from = env::get("ACCEL_AUTO_RESUME") == "1" ? "latest" : "";
+  if (opts_.auto_resume) from = *opts_.auto_resume ? "latest" : "";
+  if (from.empty()) return;
+  if (from != "latest") {  // a directory: that checkpoint, at every start
+    load_state(from);
+    print("accel: resumed from ", from, " at step ", state_->optimizer_steps);
+    return;
+  }
   if (opts_.project_dir.empty()) {
     if (is_main_process()) log::warning("auto_resume: no project_dir, so no checkpoints to resume from");
     return;

@@ -69,7 +69,8 @@ struct AcceleratorOptions {
   std::string project_dir;
   // After prepare(): load the newest checkpoint of <project_dir>/checkpoints when there is one, so that a
   // job started again (accel launch --max_restarts) goes on from it with no code of its own. Objects
-  // registered for checkpointing after prepare() are not restored by it. Unset: ACCEL_AUTO_RESUME.
+  // registered for checkpointing after prepare() are not restored by it. Unset: ACCEL_AUTO_RESUME when
+  // set, else the config's resume_from_checkpoint ("latest", or a directory to load at every start).
   std::optional<bool> auto_resume;
   int total_limit = 0;
   // --- trackers (Accelerate's log_with): names ("tensorboard", "jsonl", "csv", "all", or one given

@@ -100,6 +100,10 @@ struct AcceleratorConfig {
   // and csv_monitor blocks with enabled: true). AcceleratorOptions' own values win.
   std::vector<std::string> log_with;
   std::string project_dir;
+  // After prepare(): "latest" loads the newest checkpoint of project_dir when there is one (a job
+  // started again by accel launch --max_restarts goes on from it); a directory loads that checkpoint;
+  // "" nothing. ACCEL_AUTO_RESUME and AcceleratorOptions::auto_resume win over it.
+  std::string resume_from_checkpoint;
 };
 
 // The strategy as the config's own dialect names it, for logs and banners: "FSDP FULL_SHARD",

@@ -82,6 +82,11 @@ const std::vector<Key>& all() {
        "Trackers to log to (accel extension); AcceleratorOptions::log_with wins over it", nullptr},
       {D::Accelerate, "", "project_dir", "", T::String, "", "",
        "Directory the trackers (and checkpoints) write under (accel extension)", nullptr},
+      {D::Accelerate, "", "resume_from_checkpoint", "", T::String, "", "latest, or a checkpoint directory",
+       "After prepare: latest loads the newest checkpoint of project_dir when there is one (a job accel launch "
+       "--max_restarts starts again goes on from it); a directory loads that one (accel extension; "
+       "--auto_resume / ACCEL_AUTO_RESUME win)",
+       nullptr},
       {D::Accelerate, "", "fsdp_config", "", T::Object, "", "",
        "FSDP settings; only with distributed_type FSDP", nullptr},
       {D::Accelerate, "", "deepspeed_config", "", T::Object, "", "",

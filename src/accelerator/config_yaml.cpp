@@ -192,6 +192,8 @@ void read_trackers(const Section& top, AcceleratorConfig& cfg) {
     }
   }
   if (auto dir = top.text("project_dir", "a directory path")) cfg.project_dir = *dir;
+  if (auto from = top.text("resume_from_checkpoint", "latest, or a checkpoint directory"))
+    cfg.resume_from_checkpoint = *from;
 }
 
 void read_machine(const Section& top, AcceleratorConfig& cfg) {

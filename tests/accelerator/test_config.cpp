@@ -331,7 +331,7 @@ std::string decisions(const AcceleratorConfig& c) {
                   o.aio.overlap_events);
   std::string trackers = "log_with";  // (trackers: log_with and project_dir)
   for (const auto& n : c.log_with) trackers += " " + n;
-  return offload + " " + trackers + " project_dir '" + c.project_dir + "' " +
+  return offload + " " + trackers + " project_dir '" + c.project_dir + "' resume '" + c.resume_from_checkpoint + "' " +
          fmt::format(
              "type {} mp {} procs {} machines {} restarts {} cpu {} accum {} batch {}/{}/{} clip {} | {} prefetch "
              "{}/{} "
@@ -372,6 +372,7 @@ const std::map<std::string, KeyCase>& yaml_cases() {
       {"gradient_accumulation_steps", {"4"}},
       {"log_with", {"[tensorboard, jsonl]"}},
       {"project_dir", {"/tmp/runs"}},
+      {"resume_from_checkpoint", {"latest"}},
       {"fsdp_config", {"{fsdp_version: 2}", "", "fsdp_config is set but distributed_type is"}},
       {"deepspeed_config", {"{zero_stage: 1}", "", "deepspeed_config is set but distributed_type is"}},
       {"fp8_config", {"{margin: 1}", "", "fp8_config is set but mixed_precision is"}},

@@ -151,11 +151,13 @@ hang)
   # with ACCEL_COMM_TIMEOUT_S=5: the job ends within the timeout (plus teardown), the waiting rank's
   # TimeoutError and accel launch's summary both name the stopped rank, no process is left stopped,
   # and the job started again finishes with its loss log bitwise the uninterrupted run's.
+  # The resume comes from the config file's resume_from_checkpoint: latest (not --auto_resume).
   timeout_s=5
-  common=(--steps 150 --checkpointing_steps 10 --total_limit 2)
-  run 2 deepspeed/zero3 "${common[@]}" --project_dir p_full --log_file full.log || fail "uninterrupted run"
-  ACCEL_COMM_TIMEOUT_S=$timeout_s setsid "$ACCEL" launch -n 2 --max_restarts 1 --auto_resume "$GPT" \
-    --config_file "$CFG/deepspeed/zero3.yaml" --seed 3 "${common[@]}" --project_dir p_hung --log_file hung.log > hung.out 2>&1 &
+  printf 'distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\nresume_from_checkpoint: latest\n' > zero3_resume.yaml
+  common=(--config_file zero3_resume.yaml --seed 3 --steps 150 --checkpointing_steps 10 --total_limit 2)
+  "$ACCEL" launch -n 2 "$GPT" "${common[@]}" --project_dir p_full --log_file full.log > full.out 2>&1 || fail "uninterrupted run"
+  ACCEL_COMM_TIMEOUT_S=$timeout_s setsid "$ACCEL" launch -n 2 --max_restarts 1 "$GPT" \
+    "${common[@]}" --project_dir p_hung --log_file hung.log > hung.out 2>&1 &
   pid=$!
   last_step() { tail -1 hung.log 2> /dev/null | awk 'END { print $2 + 0 }'; }
   for _ in $(seq 600); do [ "$(last_step)" -ge 20 ] && break; sleep 0.05; done
@@ -181,6 +183,8 @@ hang)
   wait $pid
   rc=$?
   [ $rc -eq 0 ] && pass "the job started again finished (exit 0)" || { fail "the job exited $rc"; tail -20 hung.out; }
+  grep -Eq "accel: resumed from p_hung/checkpoints/checkpoint_[0-9]+ at step [1-9][0-9]* \(restart 1\)" hung.out \
+    && pass "the job started again resumed (resume_from_checkpoint: latest)" || fail "no resume after the restart"
   diff full.log hung.log > /dev/null && pass "its loss log: every step once, bitwise the uninterrupted run's" \
     || fail "loss log differs: $(wc -l < hung.log) lines"
   ;;
