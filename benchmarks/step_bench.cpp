@@ -234,6 +234,11 @@ int main(int argc, char** argv) {
   app.add_option("--heads", cfg.heads, "attention heads (must divide the width)")->check(CLI::PositiveNumber);
   app.add_option("--seq", seq, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--vocab", cfg.vocab, "vocabulary size")->check(CLI::PositiveNumber);
+  std::string attention = "auto";
+  app.add_option(
+         "--attention", attention,
+         "eager (written out), sdpa (at::scaled_dot_product_attention) or auto (sdpa on CUDA, eager on the CPU)")
+      ->check(CLI::IsMember({"auto", "eager", "sdpa"}));
   app.add_flag("--checkpoint", checkpoint,
                "activation checkpointing of every block (ShardingSpec::activation_checkpointing)");
   app.add_option("--device", device_name, "cpu | cuda (default: cuda where usable and ACCEL_USE_CPU is unset)")
@@ -258,6 +263,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   cfg.seq = seq;
+  cfg.attention = examples::attention_from_string(attention);
 
   memory::install_counting_allocator();
   auto world = comm::Communicator::world();

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # torch_anchor: step_bench's training step in PyTorch itself, the anchor accel's step times are held
 # against. The same GPT as step_bench (examples/models/gpt.h: pre-norm blocks, causal attention
-# written out with matmul + masked_fill + softmax, exact GELU, no qkv bias, head tied to the token
+# written out with matmul + masked_fill + softmax or fused in scaled_dot_product_attention, --attention
+# auto|eager|sdpa with step_bench's default, sdpa on CUDA; exact GELU, no qkv bias, head tied to the token
 # embedding, positions randn * 0.1), the same sizes (vocab 4096, width 384, 6 heads, 10 layers,
 # seq 64), AdamW(lr 1e-4, PyTorch's and libtorch's defaults otherwise: betas 0.9/0.999, eps 1e-8,
 # weight decay 0.01), the same batch (4 sequences per rank) and synthetic data (uniform token ids,
@@ -50,9 +51,10 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
-    def __init__(self, d, heads):
+    def __init__(self, d, heads, sdpa=False):
         super().__init__()
         self.heads = heads
+        self.sdpa = sdpa  # one fused scaled_dot_product_attention, as step_bench --attention sdpa
         self.ln1 = nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.proj = nn.Linear(d, d)
@@ -65,20 +67,23 @@ class Block(nn.Module):
         hd = d // self.heads
         qkv = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, hd).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
-        att = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(hd)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        att = torch.softmax(att.masked_fill(mask, -1e9), -1)
-        y = torch.matmul(att, v).transpose(1, 2).reshape(B, T, d)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(hd)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            y = torch.matmul(torch.softmax(att.masked_fill(mask, -1e9), -1), v)
+        y = y.transpose(1, 2).reshape(B, T, d)
         x = x + self.proj(y)
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab, d, heads, layers, seq):
+    def __init__(self, vocab, d, heads, layers, seq, sdpa=False):
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Parameter(torch.randn(seq, d) * 0.1)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, sdpa) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
 
     def forward(self, tokens):
@@ -163,6 +168,8 @@ def main():
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--attention", default="auto", choices=["auto", "eager", "sdpa"],
+                    help="written out or F.scaled_dot_product_attention (auto: sdpa on CUDA), as step_bench's")
     ap.add_argument("--backend", default=None, help="gloo (CPU default) or nccl (CUDA default)")
     ap.add_argument("--show-loss", action="store_true", help="rank 0's loss of every step on stderr")
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table row")
@@ -191,7 +198,8 @@ def main():
                                 world_size=world, device_id=device if use_cuda else None)
 
     torch.manual_seed(0)
-    model = GPT(a.vocab, a.d, a.heads, a.layers, a.seq).to(device)
+    sdpa = a.attention == "sdpa" or (a.attention == "auto" and use_cuda)
+    model = GPT(a.vocab, a.d, a.heads, a.layers, a.seq, sdpa).to(device)
     params = sum(p.numel() for p in model.parameters())
     if a.strategy == "DDP":
         from torch.nn.parallel import DistributedDataParallel as DDP

@@ -68,6 +68,11 @@ int main(int argc, char** argv) {
                  "trackers, e.g. tensorboard,jsonl,csv or all (files under PROJECT_DIR/gpt_lm)");
   app.add_option("--histogram_every", histogram_every, "with --log_with: weight histograms every N steps (0: none)")
       ->check(CLI::NonNegativeNumber);
+  std::string attention = "auto";
+  app.add_option(
+         "--attention", attention,
+         "eager (written out), sdpa (at::scaled_dot_product_attention) or auto (sdpa on CUDA, eager on the CPU)")
+      ->check(CLI::IsMember({"auto", "eager", "sdpa"}));
   app.add_option("--dropout", dropout, "residual dropout in each block while training (0: none)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--float64", float64,
@@ -89,7 +94,8 @@ int main(int argc, char** argv) {
     at::manual_seed(static_cast<std::int64_t>(args.seed));
     // mixed_precision fp8: the blocks' linear layers are Float8Linear (fp8 matmuls); the rest runs in bf16.
     const bool fp8 = acc.mixed_precision() == MixedPrecision::Fp8;
-    const GPTConfig shape{corpus.vocab_size(), d_model, heads, layers, seq, fp8, dropout};
+    const GPTConfig shape{
+        corpus.vocab_size(), d_model, heads, layers, seq, fp8, dropout, attention_from_string(attention)};
     if (float64) {
       if (acc.mixed_precision() != MixedPrecision::No)
         throw std::invalid_argument("--float64 trains without mixed precision (mixed_precision: no)");

@@ -243,6 +243,11 @@ int main(int argc, char** argv) {
   app.add_option("--eval_every", eval_every, "with --data: the val loss every N steps and at the end (0: never)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--documents", documents, "with --data: one document per row (padded), not packed windows");
+  std::string attn_implementation = "auto";
+  app.add_option("--attn_implementation", attn_implementation,
+                 "eager (Transformers' written-out attention), sdpa (at::scaled_dot_product_attention) or auto "
+                 "(sdpa on CUDA, eager on the CPU)")
+      ->check(CLI::IsMember({"auto", "eager", "sdpa"}));
   CLI11_PARSE(app, argc, argv);
   try {
     models::LlamaConfig cfg;
@@ -262,6 +267,7 @@ int main(int argc, char** argv) {
     } else {
       cfg = models::LlamaConfig::from_file(model_path);
     }
+    cfg.attn_implementation = attn_implementation;
     if (tokens && tokens->vocab_size > cfg.vocab_size)
       throw std::invalid_argument("--data " + data_dir + ": a vocabulary of " + std::to_string(tokens->vocab_size) +
                                   " tokens, the model has " + std::to_string(cfg.vocab_size));

@@ -4,6 +4,10 @@
 // GPTConfig::fp8 picks the blocks' four linear layers at construction: torch::nn::Linear (false, the
 // default) or accel::nn::Float8Linear (true: fp8 matmuls, same parameter names, shapes and init).
 // The embedding/head and the LayerNorms stay in the parameters' dtype either way.
+// GPTConfig::attention: how a block computes attention. Eager writes it out (matmul, masked_fill,
+// softmax: the math torch_anchor.py's PyTorch GPT computes, op for op); Sdpa is one fused
+// at::scaled_dot_product_attention (FlashAttention's kernels on a GPU, a flash kernel on the CPU);
+// Auto (the default) is Sdpa on CUDA and Eager on the CPU. The two agree to rounding.
 // GPTConfig::dropout > 0: dropout on each block's two residual branches while training (draws from
 // libtorch's generator, which checkpoints save and restore per rank); 0 (the default) draws nothing.
 #pragma once
@@ -19,15 +23,27 @@
 
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace accel::examples {
 
+enum class Attention { Auto, Eager, Sdpa };
+
+// "auto" | "eager" | "sdpa" (throws std::invalid_argument otherwise).
+inline Attention attention_from_string(const std::string& s) {
+  if (s == "auto") return Attention::Auto;
+  if (s == "eager") return Attention::Eager;
+  if (s == "sdpa") return Attention::Sdpa;
+  throw std::invalid_argument("attention must be auto, eager or sdpa, got '" + s + "'");
+}
+
 struct BlockImpl : torch::nn::Module {
   // fp8: the four linear layers are Float8Linear (accel::nn::make_linear); false builds exactly the
   // torch::nn::Linear block (same registration order, names and RNG draws).
-  BlockImpl(int64_t d, int64_t heads, bool fp8 = false, double dropout = 0) : heads(heads), dropout(dropout) {
+  BlockImpl(int64_t d, int64_t heads, bool fp8 = false, double dropout = 0, Attention attention = Attention::Auto)
+      : heads(heads), dropout(dropout), attention(attention) {
     using accel::nn::make_linear;
     using torch::nn::LinearOptions;
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
@@ -47,18 +63,24 @@ struct BlockImpl : torch::nn::Module {
     const int64_t B = x.size(0), T = x.size(1), d = x.size(2), hd = d / heads;
     auto qkv_out = qkv.forward(ln1(x)).view({B, T, 3, heads, hd}).permute({2, 0, 3, 1, 4});  // 3,B,H,T,hd
     at::Tensor q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];
-    at::Tensor att = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    at::Tensor mask = at::ones({T, T}, x.options().dtype(at::kBool)).triu(1);
-    // -1e9 overflows fp16: there the largest negative fp16 (either is exactly 0 after softmax).
-    const double masked = att.scalar_type() == at::kHalf ? -65504.0 : -1e9;
-    att = at::softmax(att.masked_fill(mask, masked), -1);
-    at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({B, T, d});
+    at::Tensor y;
+    if (attention == Attention::Sdpa || (attention == Attention::Auto && x.is_cuda())) {
+      y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+    } else {
+      at::Tensor att = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
+      at::Tensor mask = at::ones({T, T}, x.options().dtype(at::kBool)).triu(1);
+      // -1e9 overflows fp16: there the largest negative fp16 (either is exactly 0 after softmax).
+      const double masked = att.scalar_type() == at::kHalf ? -65504.0 : -1e9;
+      y = at::matmul(at::softmax(att.masked_fill(mask, masked), -1), v);
+    }
+    y = y.transpose(1, 2).reshape({B, T, d});
     x = x + drop(proj.forward(y));
     return x + drop(fc2.forward(at::gelu(fc1.forward(ln2(x)))));
   }
   at::Tensor drop(const at::Tensor& t) { return dropout > 0 ? at::dropout(t, dropout, is_training()) : t; }
   int64_t heads;
   double dropout;
+  Attention attention;
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   // torch::nn::Linear or accel::nn::Float8Linear (a typed member could hold only one of them).
   torch::nn::AnyModule qkv, proj, fc1, fc2;
@@ -70,6 +92,7 @@ struct GPTConfig {
   // still means what it did.
   bool fp8 = false;
   double dropout = 0;  // the blocks' residual dropout (last, for the same reason)
+  Attention attention = Attention::Auto;
 };
 
 struct GPTImpl : torch::nn::Module {
@@ -77,8 +100,8 @@ struct GPTImpl : torch::nn::Module {
     tok = register_module("tok", torch::nn::Embedding(c.vocab, c.d));
     pos = register_parameter("pos", at::randn({c.seq, c.d}) * 0.1);
     for (int64_t i = 0; i < c.layers; ++i)
-      blocks.push_back(accel::unit(
-          register_module("h" + std::to_string(i), std::make_shared<BlockImpl>(c.d, c.heads, c.fp8, c.dropout))));
+      blocks.push_back(accel::unit(register_module(
+          "h" + std::to_string(i), std::make_shared<BlockImpl>(c.d, c.heads, c.fp8, c.dropout, c.attention))));
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d})));
   }
   // tokens [B, T] -> logits [B, T, vocab]; the head is the token embedding (tied).

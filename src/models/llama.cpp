@@ -67,7 +67,11 @@ at::Tensor LlamaRMSNorm::forward(const at::Tensor& x) {
 }
 
 LlamaAttention::LlamaAttention(const LlamaConfig& c, const at::TensorOptions& options, std::int64_t layer)
-    : heads(c.num_attention_heads), kv_heads(c.kv_heads()), head_dim(c.head_size()), window(c.window_of(layer)) {
+    : heads(c.num_attention_heads),
+      kv_heads(c.kv_heads()),
+      head_dim(c.head_size()),
+      window(c.window_of(layer)),
+      impl(c.attn_implementation) {
   scaling = std::pow(static_cast<double>(head_dim), -0.5);
   const double s = c.initializer_range;
   q_proj = register_module("q_proj", LlamaLinear(c.hidden_size, heads * head_dim, s, options, c.qkv_bias));
@@ -96,10 +100,10 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const at::Tensor& cos, c
   }
   const std::int64_t S = k.size(2), past = S - T;
   const std::int64_t groups = heads / kv_heads;
-  at::Tensor scores = at::matmul(q, repeat_kv(k, groups).transpose(2, 3)) * scaling;  // [B, H, T, S]
-  if (T > 1 || (window && S > *window) || padding.pad.defined()) {
-    // Query i (position past + i) sees keys 0 .. past + i, and with a window only the last `window`
-    // of them (keys past + i - window + 1 .. past + i, as Transformers' sliding_window_overlay).
+  const bool masked = T > 1 || (window && S > *window) || padding.pad.defined();
+  // Query i (position past + i) sees keys 0 .. past + i, and with a window only the last `window`
+  // of them (keys past + i - window + 1 .. past + i, as Transformers' sliding_window_overlay).
+  auto make_mask = [&] {
     at::Tensor mask = at::ones({T, S}, x.options().dtype(at::kBool)).triu(past + 1);
     if (window) mask = mask.logical_or(at::ones({T, S}, x.options().dtype(at::kBool)).tril(past - *window));
     if (padding.pad.defined()) {
@@ -108,10 +112,31 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const at::Tensor& cos, c
                   padding.pad.sizes());
       mask = mask.logical_or(padding.pad.to(x.device()).view({B, 1, 1, S}));  // [B, 1, T, S]
     }
-    double lowest = scores.scalar_type() == at::kHalf       ? -65504.0
-                    : scores.scalar_type() == at::kBFloat16 ? -3.3895313892515355e38
-                                                            : static_cast<double>(std::numeric_limits<float>::lowest());
-    if (scores.scalar_type() == at::kDouble) lowest = std::numeric_limits<double>::lowest();
+    return mask;
+  };
+  if (impl == "sdpa" || (impl == "auto" && x.is_cuda())) {
+    at::Tensor out;
+    if (!masked) {
+      out = at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), {}, 0.0, false, scaling);
+    } else if (past == 0 && !window && !padding.pad.defined()) {  // plain causal: the kernels' own mask
+      out = at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), {}, 0.0, true, scaling);
+    } else {
+      at::Tensor keep = make_mask().logical_not();
+      keep = keep.logical_or(keep.any(-1, /*keepdim=*/true).logical_not());  // all-padding rows: unmasked
+      out = at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), keep, 0.0, false, scaling);
+    }
+    return o_proj(out.transpose(1, 2).contiguous().reshape({B, T, heads * head_dim}));
+  }
+  at::Tensor scores = at::matmul(q, repeat_kv(k, groups).transpose(2, 3)) * scaling;  // [B, H, T, S]
+  if (masked) {
+    const at::Tensor mask = make_mask();
+    // The dtype's lowest, finite in the fp32 softmax (float64 too: its lowest would become -inf there,
+    // and a query whose keys are all padding would give NaN, which its value then carries into the
+    // next layer's real positions through 0 * NaN).
+    const double lowest = scores.scalar_type() == at::kHalf ? -65504.0
+                          : scores.scalar_type() == at::kBFloat16
+                              ? -3.3895313892515355e38
+                              : static_cast<double>(std::numeric_limits<float>::lowest());
     scores = scores.masked_fill(mask, lowest);
   }
   at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());

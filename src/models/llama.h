@@ -20,7 +20,10 @@
 // shares embed_tokens.weight inside the root unit, as examples/models/gpt.h does).
 //
 // The math is Transformers' eager attention path: scores q k^T * head_dim^-0.5, causal mask,
-// softmax in fp32 then cast back to the query's dtype; RMSNorm in fp32. Construction draws weights
+// softmax in fp32 then cast back to the query's dtype; RMSNorm in fp32. attn_implementation sdpa
+// (auto on CUDA) computes the same attention in one at::scaled_dot_product_attention instead (a
+// query whose keys are all padding then attends to every key, as Transformers' sdpa path unmasks it:
+// its output is never read by a real token). Construction draws weights
 // from libtorch's generator (normal(0, initializer_range) for Linear and Embedding weights, ones
 // for the norms), deterministically given the seed, and marks each layer as a unit right after it
 // is built (so Accelerator::sharded_init shards layers as they are made).
@@ -120,6 +123,7 @@ class LlamaAttention : public torch::nn::Module {
   std::int64_t heads, kv_heads, head_dim;
   double scaling;
   std::optional<std::int64_t> window;  // a query sees its last `window` keys (nullopt: all earlier ones)
+  std::string impl;                    // LlamaConfig::attn_implementation
   LlamaLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 };
 

@@ -116,6 +116,8 @@ void LlamaConfig::validate(const std::string& source) const {
   positive(num_hidden_layers, "num_hidden_layers");
   positive(num_attention_heads, "num_attention_heads");
   positive(max_position_embeddings, "max_position_embeddings");
+  if (attn_implementation != "auto" && attn_implementation != "eager" && attn_implementation != "sdpa")
+    fail(source, "attn_implementation must be auto, eager or sdpa, got '" + attn_implementation + "'");
   if (num_key_value_heads < 0) fail(source, "'num_key_value_heads' must be positive");
   if (num_attention_heads % kv_heads() != 0)
     fail(source, "num_attention_heads " + std::to_string(num_attention_heads) +

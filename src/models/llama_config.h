@@ -68,6 +68,11 @@ struct LlamaConfig {
   std::optional<std::int64_t> bos_token_id, pad_token_id;
   std::vector<std::int64_t> eos_token_id;  // Llama 3 lists several
   std::string dtype = "float32";           // config.json's "dtype" (torch_dtype before Transformers 5)
+  // How attention is computed (Transformers' attn_implementation; a runtime choice, not in
+  // config.json): "eager" writes it out as Transformers' eager path does (bitwise parity with it),
+  // "sdpa" is one fused at::scaled_dot_product_attention (FlashAttention's kernels on a GPU), "auto"
+  // is sdpa on CUDA and eager on the CPU.
+  std::string attn_implementation = "auto";
 
   std::int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
   std::int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }

@@ -12,18 +12,20 @@ unset OMP_NUM_THREADS
 size=(--layers 2 --d-model 64 --heads 4 --vocab 256 --seq 16 --batch 2 --steps 4 --warmup 0 --show-loss)
 failures=0
 losses() { grep -Eo "^step +[0-9]+ .* loss [-0-9.e+]+" | awk '{print $NF}'; }
-for case in "1 plain plain" "2 DDP DDP" "2 FULL_SHARD FSDP2" "2 SHARD_GRAD_OP FSDP2_NO_RESHARD"; do
-  read -r n ours theirs <<<"$case"
-  a=$("$ACCEL" launch -n "$n" "$BENCH" --strategy "$ours" "${size[@]}" 2>&1) || { echo "FAIL: step_bench $ours exited $?"; echo "$a"; failures=$((failures+1)); continue; }
-  b=$("$ACCEL" launch -n "$n" "$PY" "$SRC/benchmarks/torch_anchor.py" --device cpu --strategy "$theirs" "${size[@]}" 2>&1) \
+# (The last case: attention fused in scaled_dot_product_attention on both sides, --attention sdpa.)
+for case in "1 plain plain" "2 DDP DDP" "2 FULL_SHARD FSDP2" "2 SHARD_GRAD_OP FSDP2_NO_RESHARD" "2 DDP DDP sdpa"; do
+  read -r n ours theirs attention <<<"$case"
+  attn=(--attention "${attention:-eager}")
+  a=$("$ACCEL" launch -n "$n" "$BENCH" --strategy "$ours" "${size[@]}" "${attn[@]}" 2>&1) || { echo "FAIL: step_bench $ours exited $?"; echo "$a"; failures=$((failures+1)); continue; }
+  b=$("$ACCEL" launch -n "$n" "$PY" "$SRC/benchmarks/torch_anchor.py" --device cpu --strategy "$theirs" "${size[@]}" "${attn[@]}" 2>&1) \
     || { echo "FAIL: torch_anchor $theirs exited $?"; echo "$b"; failures=$((failures+1)); continue; }
   la=$(losses <<<"$a") lb=$(losses <<<"$b")
-  echo "n=$n step_bench $ours: $(echo $la) | torch_anchor $theirs: $(echo $lb)"
+  echo "n=$n ${attn[*]} step_bench $ours: $(echo $la) | torch_anchor $theirs: $(echo $lb)"
   if [ "$(wc -l <<<"$la")" -ne 4 ] || [ "$(wc -l <<<"$lb")" -ne 4 ]; then
     echo "FAIL: expected 4 losses from each"; failures=$((failures+1)); continue
   fi
   if paste <(echo "$la") <(echo "$lb") | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4 * ($1 < 0 ? -$1 : $1)) bad = 1 } END { exit bad }'; then
-    echo "ok:   n=$n $ours equals PyTorch's $theirs step by step"
+    echo "ok:   n=$n $ours equals PyTorch's $theirs step by step (${attn[*]})"
   else
     echo "FAIL: n=$n $ours and PyTorch's $theirs differ"; failures=$((failures+1))
   fi

@@ -389,6 +389,57 @@ TEST(Llama, SlidingWindowSeesOnlyTheLastKeys) {
   }
 }
 
+// attn_implementation sdpa computes what eager computes, in float64 to 1e-6 (eager's softmax runs in
+// fp32, as Transformers' does: measured 2.4e-8; a wrong mask moves logits by 1e-2 and more): the full forward with
+// grouped kv heads, the KV-cache path, a sliding window, and left padding (on the real positions; a
+// padded query attends to every key under sdpa, as Transformers unmasks it, and nothing reads it);
+// and the gradients of a training step.
+TEST(Llama, FusedAttentionGivesTheWrittenOutLogits) {
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  for (const char* family : {"llama", "mistral"}) {
+    LlamaConfig c = small_config(false);
+    c.model_type = family;
+    if (std::string(family) == "mistral") {
+      c.sliding_window = 3;
+      c.sliding_layers = std::vector<bool>(static_cast<std::size_t>(c.num_hidden_layers), true);
+    }
+    auto build = [&](const char* impl) {
+      LlamaConfig ci = c;
+      ci.attn_implementation = impl;
+      at::manual_seed(8);
+      return LlamaForCausalLM(ci, f64);
+    };
+    LlamaForCausalLM eager = build("eager"), fused = build("sdpa");
+    at::manual_seed(9);
+    const at::Tensor tokens = at::randint(0, 61, {3, 9}, at::kLong);
+    {
+      c10::NoGradGuard no_grad;
+      EXPECT_LE(max_abs_diff(fused.forward(tokens), eager.forward(tokens)), 1e-6) << family;
+      KVCache cache = fused.make_cache();
+      std::vector<at::Tensor> parts{fused.forward(tokens.narrow(1, 0, 5), &cache)};
+      for (int t = 5; t < 9; ++t) parts.push_back(fused.forward(tokens.narrow(1, t, 1), &cache));
+      EXPECT_LE(max_abs_diff(at::cat(parts, 1), eager.forward(tokens)), 1e-6) << family << " (KV cache)";
+      // Left padding: row 1 starts with 3 pads, row 2 with 1.
+      at::Tensor mask = at::ones({3, 9}, at::kLong);
+      mask[1].narrow(0, 0, 3).zero_();
+      mask[2].narrow(0, 0, 1).zero_();
+      const at::Tensor a = fused.forward(tokens, nullptr, mask), b = eager.forward(tokens, nullptr, mask);
+      const at::Tensor real = mask.to(at::kBool).unsqueeze(-1).expand_as(a);
+      EXPECT_LE((a - b).abs().masked_select(real).max().item<double>(), 1e-6) << family << " (padding)";
+    }
+    const at::Tensor loss_e = causal_lm_loss(eager.forward(tokens), tokens);
+    const at::Tensor loss_f = causal_lm_loss(fused.forward(tokens), tokens);
+    loss_e.backward();
+    loss_f.backward();
+    auto ge = eager.named_parameters();
+    for (const auto& kv : fused.named_parameters())
+      EXPECT_LE(max_abs_diff(kv.value().grad(), ge[kv.key()].grad()), 1e-6) << family << " " << kv.key();
+  }
+  LlamaConfig bad = small_config(false);
+  bad.attn_implementation = "flash";
+  EXPECT_NE(error_of([&] { LlamaForCausalLM m(bad); }).find("attn_implementation"), std::string::npos);
+}
+
 // Targets of -100 are out of the loss and of its mean: the mean of -log p(target) over the others.
 TEST(Llama, CausalLmLossLeavesOutMinus100) {
   at::manual_seed(6);
