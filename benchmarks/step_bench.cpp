@@ -49,7 +49,9 @@
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3 --checkpoint --d-model 1024 --json
 #include "base/memory.h"
 #include "comm/communicator.h"
+#include "comm/transport/nccl/nccl_backend.h"
 #include "kernels/cpu_gemm.h"
+#include "mfu.h"
 #include "mixed_precision/loss_scaler.h"
 #include "models/gpt.h"
 #include "sharding/sharded_init.h"
@@ -64,6 +66,7 @@
 #endif
 #if defined(STEP_BENCH_CUDA_STATS) && defined(STEP_BENCH_CUDART)
 #define STEP_BENCH_DEVICE_MEMORY 1  // (the device's total memory comes from the CUDA runtime)
+#include <cuda_runtime_api.h>       // (and its name, for the MFU's peak)
 #endif
 #include <fmt/core.h>
 #include <sys/resource.h>
@@ -234,6 +237,11 @@ int main(int argc, char** argv) {
   app.add_option("--heads", cfg.heads, "attention heads (must divide the width)")->check(CLI::PositiveNumber);
   app.add_option("--seq", seq, "sequence length")->check(CLI::PositiveNumber);
   app.add_option("--vocab", cfg.vocab, "vocabulary size")->check(CLI::PositiveNumber);
+  double peak_tflops = 0;
+  app.add_option("--peak_tflops", peak_tflops,
+                 "one device's peak TFLOP/s at the precision, for the MFU (default: the data sheet's for known GPUs, "
+                 "benchmarks/mfu.h; on the CPU, per rank, none unless given)")
+      ->check(CLI::NonNegativeNumber);
   std::string attention = "auto";
   app.add_option(
          "--attention", attention,
@@ -496,6 +504,28 @@ int main(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
+  // MFU: the GPT's training FLOPs per step (benchmarks/mfu.h, all ranks' tokens) over the devices'
+  // peak in the step's time. The devices: the GPUs the ranks run on (ranks sharing one count it once),
+  // or on the CPU one per rank (--peak_tflops is then a rank's share of the machine).
+  std::string device_label = "cpu";
+#ifdef STEP_BENCH_DEVICE_MEMORY
+  if (on_cuda) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, device.index()) == cudaSuccess) device_label = prop.name;
+  }
+#endif
+  const int devices = on_cuda ? std::max(1, std::min(world->topology().local_world_size, comm::cuda_device_count())) *
+                                    std::max(1, world->topology().num_nodes)
+                              : n;
+  const double model_flops =
+      bench::gpt_train_flops(psi, cfg.layers, seq, cfg.d, static_cast<std::int64_t>(batch) * seq * n);
+  auto peak_of = [&](const Run& run) {
+    return peak_tflops > 0 ? peak_tflops : bench::device_peak_tflops(device_label, run.prec.name).value_or(0.0);
+  };
+  auto mfu_of = [&](const Run& run, double step_s) {
+    const double peak = peak_of(run);
+    return peak > 0 && step_s > 0 ? model_flops / step_s / (peak * 1e12 * devices) : -1.0;
+  };
   // The strategy alone when every run is fp32 (the original lines), else "strategy precision".
   const bool show_prec = precisions.size() > 1 || precisions[0].low();
   auto label = [&](const Run& run) { return show_prec ? run.name + " " + run.prec.name : run.name; };
@@ -504,8 +534,12 @@ int main(int argc, char** argv) {
     for (auto& run : runs)
       if (r == 0)
         fmt::print(
-            "{} ranks, interleaved: {:<18} median {:>8.1f} ms = {:.3f} x {} (waiting on collectives {:.1f} ms)\n", n,
-            label(run), median(run.times) * 1e3, median(run.times) / base, label(runs[0]), median(run.waits) * 1e3);
+            "{} ranks, interleaved: {:<18} median {:>8.1f} ms = {:.3f} x {} (waiting on collectives {:.1f} ms){}\n", n,
+            label(run), median(run.times) * 1e3, median(run.times) / base, label(runs[0]), median(run.waits) * 1e3,
+            mfu_of(run, median(run.times)) >= 0
+                ? fmt::format(", MFU {:.1f}% of {:.0f} TFLOP/s x {}", 100 * mfu_of(run, median(run.times)),
+                              peak_of(run), devices)
+                : std::string());
     return 0;
   }
   // Which float32 CPU matmuls the engine chose (src/kernels/cpu_gemm.h), and how many went to oneDNN.
@@ -562,14 +596,17 @@ int main(int argc, char** argv) {
           "\"disk_read\": {:.0f}, \"disk_written\": {:.0f}, \"moved\": {:.0f}, \"nodes\": {}, \"ranks_per_node\": "
           "{}, \"cpu_gemm\": \"{}\", \"onednn_products\": {}, \"node_shared_bytes\": {}, "
           "\"node_shared_grad_bytes\": {}, \"pss\": {:.0f}, \"peak_pss\": {:.0f}, \"node_pss\": {:.0f}, "
-          "\"node_counted_peak\": {:.0f}}}\n",
+          "\"node_counted_peak\": {:.0f}, \"model_flops\": {:.6e}, \"devices\": {}, \"device_name\": \"{}\", "
+          "\"peak_tflops\": {}, \"mfu\": {}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
           batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad,
           b_opt, b_gath, b_act, b_other, device_name, cuda_peak, disk_bytes, disk_read, disk_written, moved,
           world->topology().num_nodes, world->topology().local_world_size, gemm, onednn_products,
           run.prepared.engine ? run.prepared.engine->node_shared_bytes() : 0,
           run.prepared.engine ? run.prepared.engine->node_shared_grad_bytes() : 0, pss, peak_pss, node_pss,
-          node_counted_peak);
+          node_counted_peak, model_flops, devices, device_label,
+          peak_of(run) > 0 ? fmt::format("{:.1f}", peak_of(run)) : std::string("null"),
+          mfu_of(run, step_ms / 1e3) >= 0 ? fmt::format("{:.5f}", mfu_of(run, step_ms / 1e3)) : std::string("null"));
     return 0;
   }
   // On CUDA: the device's peak (the category columns count host memory only).
@@ -584,6 +621,12 @@ int main(int argc, char** argv) {
         run.name + (checkpoint ? "+ckpt" : ""), run.prec.name, n, step_ms, p_total,
         on_cuda ? 0.0 : node_counted_peak / 1048576.0, p_param, p_grad, p_opt, p_gath, p_act, run.moved / 1048576.0,
         n > 1 ? run.moved / (psi * 4.0 * (n - 1) / n) : 0.0, rss / 1048576.0, pss / 1048576.0, wait_ms);
+  if (r == 0 && mfu_of(run, step_ms / 1e3) >= 0)
+    fmt::print(
+        "model FLOPs per step {:.3g} (6 x {} params + attention, {} tokens); MFU {:.1f}% of {:.1f} TFLOP/s x {} "
+        "device(s) ({})\n",
+        model_flops, psi, static_cast<std::int64_t>(batch) * seq * n, 100 * mfu_of(run, step_ms / 1e3), peak_of(run),
+        devices, device_label);
   if (r == 0 && disk_bytes > 0)
     fmt::print("offloaded: {:.2f} GB in files per rank; last step read {:.2f} GB, wrote {:.2f} GB per rank\n",
                disk_bytes / 1e9, disk_read / 1e9, disk_written / 1e9);

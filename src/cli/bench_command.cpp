@@ -332,7 +332,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--no_plots", a->no_plots, "Write the JSONL only");
   cmd->footer(
       "Each record: strategy, precision, ranks, nodes, params, step_ms, samples_per_s, efficiency (per-rank\n"
-      "samples/s against the same strategy's run at the fewest ranks), peak bytes by category, model states\n"
+      "samples/s against the same strategy's run at the fewest ranks), model_flops and mfu (null where no\n"
+      "device peak is known: the CPU), peak bytes by category, model states\n"
       "against the ZeRO formula, bytes moved per rank per step against the ZeRO formula. See\n"
       "docs/performance.md, \"Scaling report: accel bench\".");
   cmd->callback([&exit_code, a] {

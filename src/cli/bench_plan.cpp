@@ -262,6 +262,12 @@ std::string bench_record(const BenchRun& run, const StepResult& r, const StepRes
   j["tokens_per_s"] = sps * seq;
   j["efficiency"] = eff;
   j["efficiency_base_ranks"] = static_cast<int>(base_ranks);
+  // step_bench's model FLOPs per step and MFU (null where it knows no peak: the CPU without --peak_tflops).
+  const auto number_or_null = [&](const char* k) {
+    return r.num.count(k) ? nlohmann::json(r.get(k)) : nlohmann::json();
+  };
+  j["model_flops"] = number_or_null("model_flops");
+  j["mfu"] = number_or_null("mfu");
   j["peak_bytes"] = {{"total", r.get("counted_peak")},
                      {"parameters", r.get("parameters")},
                      {"gradients", r.get("gradients")},

@@ -16,3 +16,9 @@ if(ACCEL_BUILD_BENCHMARKS AND ACCEL_PYTHON)
   set_tests_properties(cli_launch_torch_anchor_parity PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600
                        SKIP_RETURN_CODE 77)
 endif()
+# step_bench's model FLOPs and MFU against the closed form (tests/cli/mfu_check.sh), at 1 and 2 ranks.
+if(ACCEL_BUILD_BENCHMARKS AND ACCEL_PYTHON)
+  add_test(NAME cli_step_bench_mfu
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mfu_check.sh ${ACCEL_CLI} $<TARGET_FILE:step_bench> ${ACCEL_PYTHON})
+  set_tests_properties(cli_step_bench_mfu PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 300)
+endif()

@@ -179,6 +179,14 @@ TEST(BenchPlan, RecordDerivesThroughputEfficiencyAndFormulas) {
   EXPECT_DOUBLE_EQ(j["moved_formula_bytes"].get<double>(), 2 * 1000 * 0.5 * 4);
   EXPECT_DOUBLE_EQ(j["moved_ratio"].get<double>(), 4100.0 / 4000.0);
   EXPECT_DOUBLE_EQ(j["peak_bytes"]["activations"].get<double>(), 9000.0);
+  EXPECT_TRUE(j["mfu"].is_null());          // step_bench knew no peak (the CPU without --peak_tflops)
+  EXPECT_TRUE(j["model_flops"].is_null());  // (an older step_bench: no figure at all)
+  StepResult with_mfu = r;
+  with_mfu.num["model_flops"] = 3e10;
+  with_mfu.num["mfu"] = 0.25;
+  auto k = nlohmann::json::parse(bench_record(run, with_mfu, base));
+  EXPECT_DOUBLE_EQ(k["model_flops"].get<double>(), 3e10);
+  EXPECT_DOUBLE_EQ(k["mfu"].get<double>(), 0.25);
   const std::string table = summary_table({j.dump()});
   EXPECT_NE(table.find("| ZERO_2 | fp32 | 2 | 1 | 20.0 | 400.00 | 0.80 | 0.0 (0.0) | 0.00 (1.025) |"),
             std::string::npos)

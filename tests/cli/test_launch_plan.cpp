@@ -3,6 +3,7 @@
 #include "cli/elastic.h"
 #include "cli/hostfile.h"
 #include "cli/launch_plan.h"
+#include "mfu.h"
 #include "support/errors.h"
 
 #include <fmt/format.h>
@@ -300,6 +301,22 @@ TEST(MinNodes, FewerUsableHostsThanTheMinimumStopTheJob) {
   p = plan_shrink({three, {"x", "y", "z"}, 3, 1});
   EXPECT_FALSE(p.ok);
   EXPECT_EQ(p.why, "dropped a (x), b (y), c (z); 0 usable host(s) left, fewer than --min_nodes 1");
+}
+
+// benchmarks/mfu.h's data-sheet peaks by the names the CUDA runtime reports (step_bench's MFU).
+TEST(DevicePeak, KnownGpusByNameAndPrecision) {
+  using bench::device_peak_tflops;
+  EXPECT_EQ(device_peak_tflops("NVIDIA H100 80GB HBM3", "bf16"), 989.4);
+  EXPECT_EQ(device_peak_tflops("NVIDIA H100 80GB HBM3", "fp8"), 1978.9);
+  EXPECT_EQ(device_peak_tflops("NVIDIA H100 80GB HBM3", "fp32"), 66.9);
+  EXPECT_EQ(device_peak_tflops("NVIDIA H100 PCIe", "bf16"), 756.0);
+  EXPECT_EQ(device_peak_tflops("NVIDIA H200", "fp16"), 989.4);
+  EXPECT_EQ(device_peak_tflops("NVIDIA A100-SXM4-80GB", "fp8"), std::nullopt);  // no fp8 there
+  EXPECT_EQ(device_peak_tflops("cpu", "fp32"), std::nullopt);
+  EXPECT_EQ(device_peak_tflops("NVIDIA H100 80GB HBM3", "int4"), std::nullopt);
+  // PaLM's count for the default step_bench GPT (19,331,328 parameters, 10 layers, seq 64, d 384) over
+  // 256 tokens.
+  EXPECT_EQ(bench::gpt_train_flops(19331328, 10, 64, 384, 256), (6.0 * 19331328 + 12.0 * 10 * 64 * 384) * 256);
 }
 
 }  // namespace
