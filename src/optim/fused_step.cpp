@@ -19,6 +19,7 @@
 #include <typeinfo>
 
 #include "optim/fused_kernels.h"
+#include "optim/multi_tensor_step.h"
 
 // MKL's C functions used here (mkl_vml_functions.h, mkl_service.h), exported by a libtorch_cpu built
 // with MKL; weak, so that a libtorch without them links and leaves them null.
@@ -355,12 +356,15 @@ bool counted(bool stepped) {
 std::uint64_t fused_steps() { return g_fused_steps.load(std::memory_order_relaxed); }
 
 bool fused_step_as(torch::optim::Optimizer& opt, const std::type_info& type) {
-  if (type == typeid(torch::optim::AdamW))
-    return counted(adam_like<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, true));
-  if (type == typeid(torch::optim::Adam))
-    return counted(adam_like<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, false));
-  if (type == typeid(torch::optim::SGD)) return counted(sgd(dynamic_cast<torch::optim::SGD&>(opt)));
-  return false;
+  if (type == typeid(torch::optim::AdamW) &&
+      adam_like<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, true))
+    return counted(true);
+  if (type == typeid(torch::optim::Adam) &&
+      adam_like<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, false))
+    return counted(true);
+  if (type == typeid(torch::optim::SGD) && sgd(dynamic_cast<torch::optim::SGD&>(opt))) return counted(true);
+  // Not CPU float32: parameters on a device go through PyTorch's fused multi-tensor kernels.
+  return counted(multi_tensor_step(opt, type));
 }
 
 }  // namespace accel::optim

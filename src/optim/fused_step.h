@@ -57,6 +57,8 @@ void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int6
 // are all contiguous CPU float32, as are their gradients and existing state. Returns false, having
 // changed nothing, otherwise (another type, another dtype or device, sparse or strided tensors, or
 // amsgrad switched on over state made without it): the caller then calls the optimizer's own step.
+// Parameters on a device (CUDA) take PyTorch's fused multi-tensor kernels instead
+// (multi_tensor_step.h: torch::optim's state, PyTorch's fused arithmetic), counted the same.
 bool fused_step(torch::optim::Optimizer& opt);
 // The same for a subclass of `type` (one of those three) whose step arithmetic is the base's own:
 // zero/'s sharded optimizers derive from the user's optimizer type only to bracket its step.

@@ -11,6 +11,7 @@
 //   * more ranks on a node than GPUs share them, and are refused when the Accelerator starts under
 //     ACCEL_CUDA_COMM=nccl;
 //   * a checkpoint restores each rank's device generator (dropout resumes exactly);
+//   * the sharded step on device masters runs PyTorch's fused multi-tensor kernels;
 //   * offload_optimizer device cpu: the masters in pinned host memory train like the device, and the
 //     side stream's copies queue behind the compute stream without blocking the host.
 // Every test skips without a CUDA device (and where ranks outnumber devices under ACCEL_CUDA_COMM=nccl).
@@ -21,6 +22,7 @@
 #include "comm/transport/nccl/nccl_backend.h"
 #include "kernels/cpu_gemm.h"
 #include "mixed_precision/float8_linear.h"
+#include "optim/fused_step.h"
 #include "support/models.h"
 #include "support/scoped_env.h"
 #include "test_world.h"
@@ -224,6 +226,21 @@ TEST(CudaTraining_CUDA, EveryStrategyTrainsLikePlainLibtorchOnTheDevice) {
     for (const auto& [name, want] : ref) EXPECT_LE(rel_err(t.params.at(name), want), tol) << name;
     for (const auto& [name, dtype] : t.dtypes) EXPECT_EQ(dtype, at::kFloat) << name;
   }
+}
+
+// The engine's sharded step on device masters goes through PyTorch's fused multi-tensor kernels
+// (optim/multi_tensor_step.h), counted with the CPU's fused steps: one per optimizer step, and the
+// training still follows plain libtorch (EveryStrategyTrainsLikePlainLibtorchOnTheDevice's tolerance).
+TEST(CudaTraining_CUDA, TheShardedStepOnTheDeviceRunsPyTorchsFusedKernels) {
+  SKIP_WITHOUT_CUDA();
+  if (world()->size() == 1) GTEST_SKIP() << "at one rank fp32 is a passthrough: the user's own optimizer steps";
+  const std::uint64_t before = optim::fused_steps();
+  const int steps = 4;
+  Trained t = accelerated(
+      write_config("zero3_fused.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n"), steps);
+  EXPECT_EQ(optim::fused_steps() - before, static_cast<std::uint64_t>(steps));
+  const auto ref = plain_reference(t.device, steps);
+  for (const auto& [name, want] : ref) EXPECT_LE(rel_err(t.params.at(name), want), 1e-5) << name;
 }
 
 // save_state keeps each rank's device generator beside its CPU one, and load_state puts it back:
