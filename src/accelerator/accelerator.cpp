@@ -10,6 +10,7 @@
 #include "comm/cuda_comm.h"
 #include "comm/transport/nccl/nccl_backend.h"
 #include "dispatch/dispatch.h"
+#include "mixed_precision/float8_linear.h"
 #include "zero/optimizer_offload.h"
 #include "zero/param_offload.h"
 #include "zero/sharded_optimizer.h"
@@ -320,6 +321,8 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
       if (!p.is_contiguous()) sync(p);
     for (const auto& b : model->buffers()) sync(b);
   }
+  if (cfg_.mixed_precision == MixedPrecision::Fp8)  // the config's recipe for the model's Float8Linear layers
+    nn::set_float8_recipe(*model, mixed_precision::float8_recipe_from_string(cfg_.fp8.recipe));
   zero::EngineAndOptimizer p = zero::prepare(model, optimizer, cfg_.spec, world_);
   model_ = std::move(model);
   engine_ = p.engine;

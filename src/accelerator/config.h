@@ -63,6 +63,7 @@ using LossScalerConfig = mixed_precision::LossScalerOptions;
 // amax_*, margin, interval, pad_inner_dim, use_autocast_during_eval) are accepted and ignored.
 struct Fp8Config {
   bool enable_fsdp_float8_all_gather = true;  // ZeRO-3 / FULL_SHARD units gathered as fp8 bytes
+  std::string recipe = "tensorwise";          // Float8Linear's scaling: tensorwise | rowwise (torchao's names)
 };
 
 // What save_state() writes when its `full` argument is not given (fsdp_state_dict_type).

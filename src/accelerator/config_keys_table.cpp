@@ -17,8 +17,8 @@ constexpr const char* kMachine =
     "a torchrun rendezvous setting; accel launch starts the ranks of every machine from one mpirun "
     "(--hostfile), and each rank learns its machine from MPI";
 constexpr const char* kFp8Recipe =
-    "accel's fp8 has one recipe: Float8Linear layers with dynamic tensorwise scales from each tensor's "
-    "current amax (e4m3 forward, e5m2 gradients)";
+    "accel's fp8 scales each tensor (tensorwise: e4m3 forward, e5m2 gradients) or each row or column "
+    "(rowwise: all e4m3) dynamically from its current amax (the recipe key chooses)";
 
 // Reasons shared by several keys of the DeepSpeed JSON.
 constexpr const char* kOptimizer = "accel uses the optimizer/scheduler passed to prepare()";
@@ -235,7 +235,12 @@ const std::vector<Key>& all() {
       {D::Accelerate, "fp8_config", "margin", "", T::Int, "", ">= 0", "scale margin (a power of 2)", kFp8Recipe},
       {D::Accelerate, "fp8_config", "interval", "", T::Int, "", ">= 1", "steps between scale updates", kFp8Recipe},
       {D::Accelerate, "fp8_config", "enable_fsdp_float8_all_gather", "", T::Bool, "true", "",
-       "ZeRO-3/FULL_SHARD units are gathered as fp8 bytes with per-parameter scales, half the bytes of bf16",
+       "ZeRO-3/FULL_SHARD units are gathered as fp8 bytes with per-parameter scales, half the bytes of bf16 "
+       "(tensorwise recipe only)",
+       nullptr},
+      {D::Accelerate, "fp8_config", "recipe", "", T::Choice, "tensorwise", "tensorwise, rowwise",
+       "Float8Linear's scaling (torchao's recipe names): one scale per tensor (e5m2 gradients), or one per row "
+       "or column along each product's inner dim, all e4m3 (accel extension)",
        nullptr},
       {D::Accelerate, "fp8_config", "pad_inner_dim", "", T::Bool, "", "", "pad matmul dims to multiples of 16",
        "accel's Float8Linear does not pad: a matmul whose dims are not multiples of 16 runs in the exact "

@@ -480,6 +480,7 @@ void read_fp8(const Section& s, AcceleratorConfig& cfg) {
   s.boolean("pad_inner_dim");
   s.boolean("use_autocast_during_eval");
   if (auto v = s.boolean("enable_fsdp_float8_all_gather")) cfg.fp8.enable_fsdp_float8_all_gather = *v;
+  if (auto v = s.choice("recipe", {"tensorwise", "rowwise"})) cfg.fp8.recipe = *v;
 }
 
 YAML::Node load_yaml(const std::string& text, const std::string& source) {

@@ -26,7 +26,9 @@ void apply_precision_policy(AcceleratorConfig& cfg) {
     case MixedPrecision::Fp16: s.param_dtype = c10::kHalf; break;
     case MixedPrecision::Fp8:
       s.param_dtype = c10::kBFloat16;
-      s.fp8_all_gather = cfg.fp8.enable_fsdp_float8_all_gather && s.shards_parameters();
+      // (The gathered fp8 weight carries one scale: the rowwise recipe quantizes its weights itself.)
+      s.fp8_all_gather =
+          cfg.fp8.enable_fsdp_float8_all_gather && s.shards_parameters() && cfg.fp8.recipe == "tensorwise";
       break;
   }
   if (!s.reduce_dtype) s.reduce_dtype = c10::kFloat;

@@ -22,11 +22,25 @@ namespace {
 std::mutex g_mu;
 std::unordered_map<int, bool> g_cuda_scaled_mm_ok;
 
-// (a.scale * b.scale)^-1 as the product of the two inverses, a 0-dim fp32 tensor: the same numbers
-// at::_scaled_mm receives as scale_a and scale_b.
+bool axiswise(const Fp8Tensor& t) { return t.scale.numel() != 1; }
+
+// (a.scale * b.scale)^-1 as the product of the two inverses: a 0-dim fp32 tensor (tensorwise; the
+// same numbers at::_scaled_mm receives as scale_a and scale_b), or [M, N] by broadcasting a's [M, 1]
+// and b's [1, N].
 at::Tensor combined_inv_scale(const Fp8Tensor& a, const Fp8Tensor& b) {
-  return at::reciprocal(a.scale.to(at::kFloat).reshape({})) *
-         at::reciprocal(b.scale.to(a.data.device(), at::kFloat).reshape({}));
+  auto inv = [&](const at::Tensor& s) {
+    at::Tensor f = s.to(a.data.device(), at::kFloat);
+    return at::reciprocal(s.numel() == 1 ? f.reshape({}) : f);
+  };
+  return inv(a.scale) * inv(b.scale);
+}
+
+void check_axiswise_scales(const Fp8Tensor& a, const Fp8Tensor& b) {
+  const bool a_ok = !axiswise(a) || (a.scale.dim() == 2 && a.scale.size(0) == a.data.size(0) && a.scale.size(1) == 1);
+  const bool b_ok = !axiswise(b) || (b.scale.dim() == 2 && b.scale.size(0) == 1 && b.scale.size(1) == b.data.size(1));
+  if (!a_ok || !b_ok)
+    throw accel::InvalidArgumentError(
+        "float8_mm: axiswise scales must be a's [M, 1] and b's [1, N] (the inner dim is the one reduced)");
 }
 
 at::Tensor emulated_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype) {
@@ -39,8 +53,10 @@ at::Tensor scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
   // cuBLASLt wants a row-major, b column-major.
   at::Tensor A = a.data.contiguous();
   at::Tensor B = b.data.t().contiguous().t();
-  at::Tensor sa = a.inv_scale().reshape({}).contiguous();
-  at::Tensor sb = b.inv_scale().to(A.device()).reshape({}).contiguous();
+  // Tensorwise: 0-dim scales; rowwise: a's [M, 1] and b's [1, N] (cuBLASLt's rowwise scaling).
+  at::Tensor sa = axiswise(a) ? a.inv_scale().contiguous() : a.inv_scale().reshape({}).contiguous();
+  at::Tensor sb =
+      axiswise(b) ? b.inv_scale().to(A.device()).contiguous() : b.inv_scale().to(A.device()).reshape({}).contiguous();
   return at::_scaled_mm(A, B, sa, sb, c10::nullopt, c10::nullopt, out_dtype, /*use_fast_accum=*/false);
 }
 
@@ -54,8 +70,12 @@ bool shapes_fit_scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b) {
 at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype, Float8MatmulBackend backend) {
   if (a.data.dim() != 2 || b.data.dim() != 2 || a.data.size(1) != b.data.size(0))
     throw accel::InvalidArgumentError("float8_mm: expected a [M, K] and b [K, N]");
+  check_axiswise_scales(a, b);
   if (a.format == Fp8Format::E5M2 && b.format == Fp8Format::E5M2)
     backend = Float8MatmulBackend::Emulated;  // no e5m2 x e5m2 GEMM in cuBLASLt; never used by Float8Linear
+  // cuBLASLt's rowwise scaling gives bf16 only: other outputs of an axiswise product are emulated.
+  if (backend == Float8MatmulBackend::Auto && (axiswise(a) || axiswise(b)) && out_dtype != at::kBFloat16)
+    backend = Float8MatmulBackend::Emulated;
   switch (backend) {
     case Float8MatmulBackend::Emulated: return emulated_mm(a, b, out_dtype);
     case Float8MatmulBackend::ScaledMM: return scaled_mm(a, b, out_dtype);
@@ -87,6 +107,14 @@ at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
   }
 }
 
+Float8Recipe float8_recipe_from_string(const std::string& s) {
+  if (s == "tensorwise") return Float8Recipe::Tensorwise;
+  if (s == "rowwise") return Float8Recipe::Rowwise;
+  throw accel::InvalidArgumentError("fp8 recipe must be tensorwise or rowwise, got '" + s + "'");
+}
+
+const char* to_string(Float8Recipe r) { return r == Float8Recipe::Rowwise ? "rowwise" : "tensorwise"; }
+
 }  // namespace accel::mixed_precision
 
 namespace accel::nn {
@@ -99,7 +127,9 @@ using mixed_precision::Fp8Tensor;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-Fp8Tensor transposed(const Fp8Tensor& t) { return Fp8Tensor{t.data.t(), t.scale, t.format}; }
+Fp8Tensor transposed(const Fp8Tensor& t) {
+  return Fp8Tensor{t.data.t(), t.scale.dim() == 2 ? t.scale.t() : t.scale, t.format};
+}
 
 struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
@@ -107,20 +137,36 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
                             const std::optional<at::Tensor>& weight_fp8_scale, int64_t backend_i) {
     // (Optional tensors: a C++ autograd Function rejects undefined at::Tensor inputs.)
     const at::Tensor bias = bias_opt ? *bias_opt : at::Tensor();
-    const auto backend = static_cast<Float8MatmulBackend>(backend_i);
+    const auto backend = static_cast<Float8MatmulBackend>(backend_i / 2);  // (backend * 2 + rowwise)
+    const bool rowwise = backend_i % 2 == 1;
     const std::int64_t in = weight.size(1), out_features = weight.size(0);
     const at::Tensor x2 = input.reshape({-1, in});
-    const Fp8Tensor xq = mixed_precision::quantize_dynamic(x2, Fp8Format::E4M3);
-    const Fp8Tensor wq =
-        weight_fp8_data ? Fp8Tensor{*weight_fp8_data, weight_fp8_scale->to(at::kFloat).reshape({}), Fp8Format::E4M3}
-                        : mixed_precision::quantize_dynamic(weight, Fp8Format::E4M3);
-    at::Tensor out = mixed_precision::float8_mm(xq, transposed(wq), input.scalar_type(), backend);
+    at::Tensor out;
+    if (rowwise) {
+      // Forward along the rows; backward's operands quantized here along their own axis (saved fp8).
+      using mixed_precision::quantize_dynamic_axiswise;
+      const Fp8Tensor xq = quantize_dynamic_axiswise(x2, 1, Fp8Format::E4M3);
+      const Fp8Tensor wq = quantize_dynamic_axiswise(weight, 1, Fp8Format::E4M3);
+      out = mixed_precision::float8_mm(xq, transposed(wq), input.scalar_type(), backend);
+      const Fp8Tensor xc = quantize_dynamic_axiswise(x2, 0, Fp8Format::E4M3);      // for grad_weight
+      const Fp8Tensor wc = quantize_dynamic_axiswise(weight, 0, Fp8Format::E4M3);  // for grad_input
+      ctx->saved_data["xq"] = xc.data;
+      ctx->saved_data["xs"] = xc.scale;
+      ctx->saved_data["wq"] = wc.data;
+      ctx->saved_data["ws"] = wc.scale;
+    } else {
+      const Fp8Tensor xq = mixed_precision::quantize_dynamic(x2, Fp8Format::E4M3);
+      const Fp8Tensor wq =
+          weight_fp8_data ? Fp8Tensor{*weight_fp8_data, weight_fp8_scale->to(at::kFloat).reshape({}), Fp8Format::E4M3}
+                          : mixed_precision::quantize_dynamic(weight, Fp8Format::E4M3);
+      out = mixed_precision::float8_mm(xq, transposed(wq), input.scalar_type(), backend);
+      ctx->saved_data["xq"] = xq.data;
+      ctx->saved_data["xs"] = xq.scale;
+      ctx->saved_data["wq"] = wq.data;
+      ctx->saved_data["ws"] = wq.scale;
+    }
     if (bias.defined()) out.add_(bias.to(out.scalar_type()));
 
-    ctx->saved_data["xq"] = xq.data;
-    ctx->saved_data["xs"] = xq.scale;
-    ctx->saved_data["wq"] = wq.data;
-    ctx->saved_data["ws"] = wq.scale;
     ctx->saved_data["input_sizes"] = input.sizes().vec();
     ctx->saved_data["input_dtype"] = static_cast<int64_t>(input.scalar_type());
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
@@ -134,7 +180,9 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const auto backend = static_cast<Float8MatmulBackend>(ctx->saved_data["backend"].toInt());
+    const std::int64_t backend_i = ctx->saved_data["backend"].toInt();
+    const auto backend = static_cast<Float8MatmulBackend>(backend_i / 2);
+    const bool rowwise = backend_i % 2 == 1;
     const Fp8Tensor xq{ctx->saved_data["xq"].toTensor(), ctx->saved_data["xs"].toTensor(), Fp8Format::E4M3};
     const Fp8Tensor wq{ctx->saved_data["wq"].toTensor(), ctx->saved_data["ws"].toTensor(), Fp8Format::E4M3};
     const auto input_sizes = ctx->saved_data["input_sizes"].toIntVector();
@@ -145,13 +193,24 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
 
     const std::int64_t out_features = wq.data.size(0);
     const at::Tensor go = grad_outputs[0].reshape({-1, out_features});
-    const Fp8Tensor gq = mixed_precision::quantize_dynamic(go, Fp8Format::E5M2);
 
     at::Tensor grad_input, grad_weight, grad_bias;
-    if (ctx->needs_input_grad(0))  // [M, N] @ [N, K]
-      grad_input = mixed_precision::float8_mm(gq, wq, input_dtype, backend).reshape(input_sizes);
-    if (ctx->needs_input_grad(1))  // [N, M] @ [M, K]
-      grad_weight = mixed_precision::float8_mm(transposed(gq), xq, weight_dtype, backend);
+    if (rowwise) {  // e4m3, each along the inner dim of its product
+      using mixed_precision::quantize_dynamic_axiswise;
+      if (ctx->needs_input_grad(0))  // [M, N] @ [N, K]: grad_out per row, weight per column (saved)
+        grad_input =
+            mixed_precision::float8_mm(quantize_dynamic_axiswise(go, 1, Fp8Format::E4M3), wq, input_dtype, backend)
+                .reshape(input_sizes);
+      if (ctx->needs_input_grad(1))  // [N, M] @ [M, K]: grad_out per column, input per column (saved)
+        grad_weight = mixed_precision::float8_mm(transposed(quantize_dynamic_axiswise(go, 0, Fp8Format::E4M3)), xq,
+                                                 weight_dtype, backend);
+    } else {
+      const Fp8Tensor gq = mixed_precision::quantize_dynamic(go, Fp8Format::E5M2);
+      if (ctx->needs_input_grad(0))  // [M, N] @ [N, K]
+        grad_input = mixed_precision::float8_mm(gq, wq, input_dtype, backend).reshape(input_sizes);
+      if (ctx->needs_input_grad(1))  // [N, M] @ [M, K]
+        grad_weight = mixed_precision::float8_mm(transposed(gq), xq, weight_dtype, backend);
+    }
     if (has_bias && ctx->needs_input_grad(2)) grad_bias = go.to(at::kFloat).sum(0).to(bias_dtype);
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -196,13 +255,30 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
                     input.dim() ? input.size(-1) : 0, options.in_features()));
   std::optional<at::Tensor> wd, ws, b;
   if (bias.defined()) b = bias;
+  if (weight_fp8 && recipe == mixed_precision::Float8Recipe::Rowwise)
+    throw accel::InvalidArgumentError(
+        "Float8Linear: a precomputed fp8 weight (the fp8 all-gather) is tensorwise; the rowwise recipe quantizes "
+        "the weight per row itself (turn enable_fsdp_float8_all_gather off)");
   if (weight_fp8) {
     if (weight_fp8->format != Fp8Format::E4M3 || !weight_fp8->data.sizes().equals(weight.sizes()))
       throw accel::InvalidArgumentError("Float8Linear: weight_fp8 must be an e4m3 tensor of the weight's shape");
     wd = weight_fp8->data;
     ws = weight_fp8->scale;
   }
-  return Float8LinearFunction::apply(input, weight, b, wd, ws, static_cast<int64_t>(backend));
+  // (backend and recipe travel as one integer: backend * 2 + rowwise)
+  return Float8LinearFunction::apply(
+      input, weight, b, wd, ws,
+      static_cast<int64_t>(backend) * 2 + (recipe == mixed_precision::Float8Recipe::Rowwise ? 1 : 0));
+}
+
+int set_float8_recipe(torch::nn::Module& model, mixed_precision::Float8Recipe recipe) {
+  int n = 0;
+  for (const auto& m : model.modules(/*include_self=*/true))
+    if (auto* f = dynamic_cast<Float8LinearImpl*>(m.get())) {
+      f->recipe = recipe;
+      ++n;
+    }
+  return n;
 }
 
 torch::nn::AnyModule make_linear(const torch::nn::LinearOptions& options, bool fp8) {

@@ -16,6 +16,16 @@
 //     up to the order of summation.
 // Parameters "weight" [out, in] and "bias" [out] have Linear's names, shapes and initialization, so
 // state dicts interchange with torch::nn::Linear.
+//
+// The rowwise recipe (torchao's "rowwise"; Float8Recipe::Rowwise, fp8_config recipe: rowwise): every
+// operand is e4m3 with one scale per slice along the matmul's inner dim (fp8.h's axiswise scales), so
+// an outlier coarsens only its own row or column:
+//   forward:      out         = fp8mm(q(input, per row), q(weight, per row)^T)
+//   backward:     grad_input  = fp8mm(q(grad_out, per row), q(weight, per column))
+//                 grad_weight = fp8mm(q(grad_out, per column)^T, q(input, per column))
+// The forward saves the two operands backward needs, quantized along their backward axis (1 byte per
+// element, as tensorwise). at::_scaled_mm takes the rowwise scales on CUDA for bf16 outputs; other
+// outputs use the emulation, fp8mm = (float(a) @ float(b)) * (1/a.scale) * (1/b.scale) broadcast.
 #pragma once
 
 #include "mixed_precision/fp8.h"
@@ -27,8 +37,14 @@
 
 #include <optional>
 #include <ostream>
+#include <string>
 
 namespace accel::mixed_precision {
+
+enum class Float8Recipe { Tensorwise, Rowwise };
+// "tensorwise" | "rowwise" (throws std::invalid_argument otherwise).
+Float8Recipe float8_recipe_from_string(const std::string& s);
+const char* to_string(Float8Recipe r);
 
 enum class Float8MatmulBackend {
   Auto,      // at::_scaled_mm on a CUDA device that supports it (falls back once, with a warning,
@@ -38,7 +54,7 @@ enum class Float8MatmulBackend {
              // libtorch also has a CPU implementation, which the tests use as a cross-check)
 };
 
-// a [M, K] @ b [K, N] for fp8 operands with their tensorwise scales:
+// a [M, K] @ b [K, N] for fp8 operands with their scales (tensorwise, or a's [M, 1] and b's [1, N]):
 // (float(a.data) @ float(b.data)) * (1/a.scale) * (1/b.scale), returned in out_dtype. Any strides.
 at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype,
                      Float8MatmulBackend backend = Float8MatmulBackend::Auto);
@@ -67,6 +83,7 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
   at::Tensor weight;
   at::Tensor bias;
   mixed_precision::Float8MatmulBackend backend = mixed_precision::Float8MatmulBackend::Auto;
+  mixed_precision::Float8Recipe recipe = mixed_precision::Float8Recipe::Tensorwise;
   // The weight already in e4m3 with its scale (what an fp8 all-gather of the unit delivers: see
   // fp8.h). When set, forward uses it instead of quantizing `weight`, which must then hold the
   // matching values (dequantized); grad_weight still goes to `weight`. The owner sets it for each
@@ -75,6 +92,10 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
 };
 
 TORCH_MODULE(Float8Linear);
+
+// Sets the recipe of every Float8Linear in `model` (the Accelerator does it at prepare from the
+// config's fp8_config recipe); returns how many there were.
+int set_float8_recipe(torch::nn::Module& model, mixed_precision::Float8Recipe recipe);
 
 // A linear layer chosen at construction: a torch::nn::Linear (fp8 == false) or a Float8Linear
 // (fp8 == true), both built from `options` with the same parameter names, shapes, registration order

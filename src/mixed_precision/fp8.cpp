@@ -26,6 +26,17 @@ at::Tensor as_scalar_scale(const at::Tensor& scale, const at::Device& device) {
     throw accel::InvalidArgumentError("fp8: the scale must be a 1-element tensor");
   return scale.reshape({}).to(device, at::kFloat);
 }
+// A tensorwise scale as 0-dim, an axiswise one ([R, 1] / [1, C]) as it is, to broadcast over x.
+at::Tensor broadcast_scale(const at::Tensor& scale, const at::Tensor& x) {
+  if (scale.defined() && scale.numel() != 1) {
+    const bool rows = scale.dim() == 2 && x.dim() == 2 && scale.size(1) == 1 && scale.size(0) == x.size(0);
+    const bool cols = scale.dim() == 2 && x.dim() == 2 && scale.size(0) == 1 && scale.size(1) == x.size(1);
+    if (!rows && !cols)
+      throw accel::InvalidArgumentError("fp8: an axiswise scale must be [rows, 1] or [1, columns] of a 2-D tensor");
+    return scale.to(x.device(), at::kFloat);
+  }
+  return as_scalar_scale(scale, x.device());
+}
 }  // namespace
 
 at::ScalarType fp8_dtype(Fp8Format f) { return f == Fp8Format::E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2; }
@@ -59,7 +70,7 @@ at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, Fp8Format f) {
   if (!at::isFloatingType(x.scalar_type()))
     throw accel::InvalidArgumentError("fp8 quantize: expected a floating tensor");
   const double m = fp8_max(f);
-  at::Tensor y = at::mul(x.to(at::kFloat), as_scalar_scale(scale, x.device()));
+  at::Tensor y = at::mul(x.to(at::kFloat), broadcast_scale(scale, x));
   y.clamp_(-m, m);  // explicit saturation: finite values never become inf/nan; +-inf -> +-max; nan stays
   return y.to(fp8_dtype(f)).contiguous();
 }
@@ -69,7 +80,7 @@ at::Tensor quantize(const at::Tensor& x, double scale, Fp8Format f) {
 }
 
 at::Tensor dequantize(const at::Tensor& q, const at::Tensor& scale, at::ScalarType dtype) {
-  return at::div(q.to(at::kFloat), as_scalar_scale(scale, q.device())).to(dtype);
+  return at::div(q.to(at::kFloat), broadcast_scale(scale, q)).to(dtype);
 }
 
 at::Tensor dequantize(const at::Tensor& q, double scale, at::ScalarType dtype) {
@@ -82,6 +93,14 @@ at::Tensor Fp8Tensor::inv_scale() const { return at::reciprocal(scale.to(at::kFl
 
 Fp8Tensor quantize_dynamic(const at::Tensor& x, Fp8Format f, int margin) {
   at::Tensor s = scale_from_amax(abs_max(x), f, margin);
+  return Fp8Tensor{quantize(x, s, f), s, f};
+}
+
+Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin) {
+  if (x.dim() != 2 || (dim != 0 && dim != 1))
+    throw accel::InvalidArgumentError("fp8 axiswise quantize: expected a 2-D tensor and dim 0 or 1");
+  if (x.numel() == 0) return quantize_dynamic(x, f, margin);
+  at::Tensor s = scale_from_amax(x.abs().amax({dim}, /*keepdim=*/true).to(at::kFloat), f, margin);
   return Fp8Tensor{quantize(x, s, f), s, f};
 }
 

@@ -53,10 +53,11 @@ at::Tensor quantize(const at::Tensor& x, double scale, Fp8Format f);
 at::Tensor dequantize(const at::Tensor& q, const at::Tensor& scale, at::ScalarType dtype = at::kFloat);
 at::Tensor dequantize(const at::Tensor& q, double scale, at::ScalarType dtype = at::kFloat);
 
-// An fp8 tensor with its tensorwise scale (x ~= float(data) / scale).
+// An fp8 tensor with its scale (x ~= float(data) / scale): tensorwise, or axiswise for a 2-D tensor
+// (torchao's rowwise recipe: [R, 1], a scale per row, or [1, C], a scale per column).
 struct Fp8Tensor {
   at::Tensor data;   // fp8_dtype(format)
-  at::Tensor scale;  // 0-dim fp32
+  at::Tensor scale;  // 0-dim fp32, or [R, 1] / [1, C] fp32 (axiswise)
   Fp8Format format = Fp8Format::E4M3;
 
   at::Tensor dequantize(at::ScalarType dtype = at::kFloat) const;
@@ -65,6 +66,10 @@ struct Fp8Tensor {
 
 // Dynamic tensorwise quantization: scale from this tensor's own amax.
 Fp8Tensor quantize_dynamic(const at::Tensor& x, Fp8Format f, int margin = 0);
+// Dynamic axiswise quantization of a 2-D x (torchao's rowwise recipe): the amax over `dim`, so one scale
+// per row for dim 1 ([R, 1]) or per column for dim 0 ([1, C]); an outlier then coarsens its own row or
+// column only. The dim reduced is the matmul's inner one.
+Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin = 0);
 
 // ---- fp8 all-gather codec (ZeRO-3 / FULL_SHARD units) -------------------------------------------
 //

@@ -346,7 +346,8 @@ std::string decisions(const AcceleratorConfig& c) {
              dt(s.reduce_dtype), dt(s.master_dtype), s.fp8_all_gather, c.offload_optimizer_device,
              c.offload_param_device, to_string(c.state_dict_type), c.fsdp_version, c.zero3_save_16bit_model,
              c.deepspeed_config_file, l.loss_scale, l.initial_scale_power, l.loss_scale_window, l.hysteresis,
-             l.consecutive_hysteresis, l.min_loss_scale, c.fp8.enable_fsdp_float8_all_gather);
+             l.consecutive_hysteresis, l.min_loss_scale, c.fp8.enable_fsdp_float8_all_gather) +
+         " recipe " + c.fp8.recipe;
 }
 
 // What setting one key to a non-default value must do, when it is not simply "changes the config".
@@ -398,6 +399,7 @@ const std::map<std::string, KeyCase>& yaml_cases() {
       {"deepspeed_config.gradient_clipping", {"1.0"}},
       {"deepspeed_config.zero3_save_16bit_model", {"true"}},
       {"fp8_config.enable_fsdp_float8_all_gather", {"false"}},
+      {"fp8_config.recipe", {"rowwise"}},
       // Ignored, but their values are still checked: a valid non-default value each.
       {"fp8_config.backend", {"TE"}},
       {"fp8_config.fp8_format", {"E4M3"}},

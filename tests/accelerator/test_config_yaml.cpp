@@ -643,9 +643,14 @@ fp8_config:
   EXPECT_EQ(c.mixed_precision, MixedPrecision::Fp8);
   EXPECT_FALSE(c.fp8.enable_fsdp_float8_all_gather);
   EXPECT_FALSE(ignored(c, "fp8_config.enable_fsdp_float8_all_gather"));
-  // accel has one fp8 recipe: the recipe keys are checked, then listed as ignored with why.
+  // accel's recipes are its own (the recipe key): the other recipe keys are checked, then listed as
+  // ignored with why.
   for (const char* key : {"fp8_format", "amax_history_len", "amax_compute_algo", "margin", "interval"})
-    EXPECT_HAS(ignored_entry(c, std::string("fp8_config.") + key), "accel's fp8 has one recipe");
+    EXPECT_HAS(ignored_entry(c, std::string("fp8_config.") + key), "the recipe key chooses");
+  EXPECT_EQ(c.fp8.recipe, "tensorwise");  // the default
+  EXPECT_EQ(yaml("distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  recipe: rowwise\n").fp8.recipe, "rowwise");
+  EXPECT_HAS(error_of([] { yaml("distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  recipe: blockwise\n"); }),
+             "fp8_config.recipe");
   EXPECT_HAS(ignored_entry(c, "fp8_config.backend"), "accel implements fp8 itself");
   EXPECT_HAS(ignored_entry(c, "fp8_config.pad_inner_dim"), "does not pad");
   EXPECT_HAS(ignored_entry(c, "fp8_config.use_autocast_during_eval"), "in eval as in training");

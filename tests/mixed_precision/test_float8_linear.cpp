@@ -12,7 +12,9 @@
 #include <torch/optim/adam.h>
 
 #include <cmath>
+#include <cstdio>
 #include <sstream>
+#include <stdexcept>
 
 namespace accel::nn {
 namespace {
@@ -208,6 +210,92 @@ TEST(Float8Linear, GradientsEqualTheRecipe) {
   const at::Tensor gi_exact = at::mm(g, f8->weight.detach()), gw_exact = at::mm(g.t(), x.detach());
   EXPECT_LT(((x.grad() - gi_exact).norm() / gi_exact.norm()).item<double>(), 0.12);
   EXPECT_LT(((f8->weight.grad() - gw_exact).norm() / gw_exact.norm()).item<double>(), 0.12);
+}
+
+// The rowwise recipe written out: per-slice scales along `dim` (max / amax in double, rounded to
+// float), q = e4m3(clamp(x * s)), the scales kept [R, 1] (dim 1) or [1, C] (dim 0).
+struct QA {
+  at::Tensor q, s;
+};
+QA rows_e4m3(const at::Tensor& x, std::int64_t dim) {
+  const at::Tensor s = (448.0 / x.to(at::kDouble).abs().amax({dim}, true)).to(at::kFloat);
+  return {(x.to(at::kFloat) * s).clamp(-448.0, 448.0).to(at::kFloat8_e4m3fn), s};
+}
+// (float(a) @ float(b)) * ((1/sa) * (1/sb)), sa [M, 1] and sb [1, N] broadcast, every step in fp32.
+at::Tensor rows_mm(const QA& a, const QA& b) {
+  return at::mm(a.q.to(at::kFloat), b.q.to(at::kFloat)) * (at::reciprocal(a.s) * at::reciprocal(b.s));
+}
+QA t(const QA& a) { return {a.q.t(), a.s.t()}; }
+
+// Rowwise (torchao's "rowwise"): all e4m3, each operand scaled per slice along its product's inner
+// dim; forward and both gradients equal the recipe bit for bit (emulation).
+TEST(Float8Linear, RowwiseForwardAndGradientsEqualTheRecipe) {
+  at::manual_seed(21);
+  Float8Linear f8(32, 16);
+  f8->backend = Float8MatmulBackend::Emulated;
+  f8->recipe = mixed_precision::Float8Recipe::Rowwise;
+  const at::Tensor x = (at::randn({24, 32}) * at::exp(at::randn({24, 1}) * 2)).set_requires_grad(true);
+  const at::Tensor g = at::randn({24, 16}) * at::exp(at::randn({1, 16}) * 2) * 1e-3;
+  const at::Tensor out = f8->forward(x);
+  out.backward(g);
+  const at::Tensor w = f8->weight.detach(), xd = x.detach();
+  const at::Tensor want = rows_mm(rows_e4m3(xd, 1), t(rows_e4m3(w, 1))) + f8->bias.detach();
+  EXPECT_TRUE(at::equal(out.detach(), want)) << (out.detach() - want).abs().max().item<double>();
+  const at::Tensor gi = rows_mm(rows_e4m3(g, 1), rows_e4m3(w, 0));
+  const at::Tensor gw = rows_mm(t(rows_e4m3(g, 0)), rows_e4m3(xd, 0));
+  EXPECT_TRUE(at::equal(x.grad(), gi)) << (x.grad() - gi).abs().max().item<double>();
+  EXPECT_TRUE(at::equal(f8->weight.grad(), gw)) << (f8->weight.grad() - gw).abs().max().item<double>();
+  // Near Linear's exact values (e4m3 everywhere: 2^-4 relative per element; in aggregate < 6%).
+  const at::Tensor exact = at::mm(xd, w.t()) + f8->bias.detach();
+  std::printf("[ info ] rowwise relative errors: output %.3g, grad_input %.3g, grad_weight %.3g\n",
+              ((out.detach() - exact).norm() / exact.norm()).item<double>(),
+              ((x.grad() - at::mm(g, w)).norm() / at::mm(g, w).norm()).item<double>(),
+              ((f8->weight.grad() - at::mm(g.t(), xd)).norm() / at::mm(g.t(), xd).norm()).item<double>());
+  EXPECT_LT(((out.detach() - exact).norm() / exact.norm()).item<double>(), 0.06);
+  EXPECT_LT(((x.grad() - at::mm(g, w)).norm() / at::mm(g, w).norm()).item<double>(), 0.06);
+  EXPECT_LT(((f8->weight.grad() - at::mm(g.t(), xd)).norm() / at::mm(g.t(), xd).norm()).item<double>(), 0.06);
+  // A precomputed (tensorwise) fp8 weight has no place in the rowwise recipe.
+  f8->weight_fp8 = mixed_precision::quantize_dynamic(w, mixed_precision::Fp8Format::E4M3);
+  EXPECT_THROW(f8->forward(xd), std::invalid_argument);
+}
+
+// What rowwise is for: one input row 1e7 times the others. Tensorwise scales every row by that row's
+// amax, and the others flush to zero in e4m3 (their outputs lose everything); rowwise gives each row
+// its own scale, and every row stays within e4m3's few percent.
+TEST(Float8Linear, RowwiseKeepsAnOutlierRowFromFlushingTheOthers) {
+  at::manual_seed(23);
+  torch::nn::Linear lin(64, 32);
+  at::Tensor x = at::randn({16, 64});
+  x[0].mul_(1e7);
+  const at::Tensor exact = lin->forward(x).detach() - lin->bias.detach();
+  auto worst_other_row = [&](mixed_precision::Float8Recipe recipe) {
+    Float8Linear f8(64, 32);
+    {
+      at::NoGradGuard ng;
+      f8->weight.copy_(lin->weight);
+      f8->bias.zero_();
+    }
+    f8->backend = Float8MatmulBackend::Emulated;
+    f8->recipe = recipe;
+    const at::Tensor y = f8->forward(x).detach();
+    const at::Tensor rel = (y - exact).norm(2, {1}) / exact.norm(2, {1});
+    return rel.narrow(0, 1, 15).max().item<double>();
+  };
+  const double tensorwise = worst_other_row(mixed_precision::Float8Recipe::Tensorwise);
+  const double rowwise = worst_other_row(mixed_precision::Float8Recipe::Rowwise);
+  std::printf("[ info ] worst relative error of the 15 ordinary rows: tensorwise %.3g, rowwise %.3g\n", tensorwise,
+              rowwise);
+  EXPECT_GT(tensorwise, 0.9) << "the outlier should have flushed the other rows under tensorwise scaling";
+  EXPECT_LT(rowwise, 0.06);
+}
+
+TEST(Float8Linear, SetFloat8RecipeReachesEveryLayerAndNamesAreChecked) {
+  torch::nn::Sequential seq(Float8Linear(8, 8), torch::nn::ReLU(), Float8Linear(8, 4), torch::nn::Linear(4, 2));
+  EXPECT_EQ(set_float8_recipe(*seq, mixed_precision::Float8Recipe::Rowwise), 2);
+  EXPECT_EQ(seq[0]->as<Float8LinearImpl>()->recipe, mixed_precision::Float8Recipe::Rowwise);
+  EXPECT_EQ(seq[2]->as<Float8LinearImpl>()->recipe, mixed_precision::Float8Recipe::Rowwise);
+  EXPECT_EQ(mixed_precision::float8_recipe_from_string("tensorwise"), mixed_precision::Float8Recipe::Tensorwise);
+  EXPECT_THROW(mixed_precision::float8_recipe_from_string("blockwise"), std::invalid_argument);
 }
 
 // 3-D and bf16 inputs: shapes and dtypes as Linear's; no grad for an input that does not need one.
