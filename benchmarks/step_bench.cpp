@@ -33,7 +33,8 @@
 //   fp16  fp16 / fp32 / fp32, the loss multiplied by a static 1024 before backward and the master
 //         gradients unscaled (mixed_precision::unscale_and_clip) before the step
 //   fp8   bf16 / fp32 / fp32 with the blocks' linear layers in Float8Linear (GPTConfig::fp8), and
-//         ShardingSpec::fp8_all_gather where parameters are sharded (ZeRO-3, FULL_SHARD, HYBRID_SHARD)
+//         ShardingSpec::fp8_all_gather where parameters are sharded (ZeRO-3, FULL_SHARD, HYBRID_SHARD);
+//         --fp8-recipe rowwise: the rowwise recipe instead, without the fp8 all-gather
 // The loss is computed in fp32 (logits cast) for every low precision. A list (fp32,bf16) interleaves
 // too: every strategy x precision pair is one model in the same run. `plain` runs fp32 only.
 // `--device cuda` (the default where CUDA is usable and ACCEL_USE_CPU is unset) trains on
@@ -242,6 +243,10 @@ int main(int argc, char** argv) {
                  "one device's peak TFLOP/s at the precision, for the MFU (default: the data sheet's for known GPUs, "
                  "benchmarks/mfu.h; on the CPU, per rank, none unless given)")
       ->check(CLI::NonNegativeNumber);
+  std::string fp8_recipe = "tensorwise";
+  app.add_option("--fp8-recipe,--fp8_recipe", fp8_recipe,
+                 "with --precision fp8: tensorwise (and the fp8 all-gather where parameters are sharded) or rowwise")
+      ->check(CLI::IsMember({"tensorwise", "rowwise"}));
   std::string attention = "auto";
   app.add_option(
          "--attention", attention,
@@ -398,7 +403,7 @@ int main(int argc, char** argv) {
         spec->param_dtype = prec.param;
         spec->reduce_dtype = prec.reduce;
         spec->master_dtype = prec.master;
-        spec->fp8_all_gather = prec.fp8 && spec->shards_parameters();
+        spec->fp8_all_gather = prec.fp8 && spec->shards_parameters() && fp8_recipe == "tensorwise";
         spec->activation_checkpointing = checkpoint;
         if (offload_optimizer == "cpu")
           spec->offload.optimizer = zero::OffloadDevice::Cpu;
@@ -420,6 +425,7 @@ int main(int argc, char** argv) {
         run.model = std::make_shared<examples::GPTImpl>(c);
       }
       if (on_cuda) run.model->to(device);
+      if (prec.fp8) nn::set_float8_recipe(*run.model, mixed_precision::float8_recipe_from_string(fp8_recipe));
       psi = 0;
       for (const auto& p : run.model->parameters()) psi += p.numel();
       run.user_opt = std::make_unique<torch::optim::AdamW>(run.model->parameters(), torch::optim::AdamWOptions(1e-4));

@@ -184,6 +184,10 @@ fi
 SB=("$BIN/step_bench" --device cuda --steps 10 --warmup 3)
 step step_bench_strategies "${SB[@]}" --strategy plain,DDP,ZERO_2,ZERO_3,FULL_SHARD
 step step_bench_precisions "${SB[@]}" --strategy DDP,ZERO_3 --precision fp32,bf16,fp16,fp8
+# fp8's rowwise recipe (at::_scaled_mm with per-row scales, bf16 outputs) and the fused attention
+# against the written-out one.
+step step_bench_fp8_rowwise "${SB[@]}" --strategy DDP,ZERO_3 --precision fp8 --fp8-recipe rowwise
+step step_bench_attention_eager "${SB[@]}" --strategy DDP --attention eager
 # Two ranks sharing the GPU (collectives staged through host memory): what that path costs per step.
 step step_bench_np2_shared_gpu "$BIN/accel" launch -n 2 "${SB[@]}" --strategy DDP,ZERO_2,ZERO_3,FULL_SHARD
 WIDE=(--d-model 1024 --heads 16 --layers 12 --seq 512 --vocab 32000 --batch 8)
