@@ -92,8 +92,8 @@ struct GradientState {
   std::int64_t optimizer_steps = 0;                   // steps the optimizer took (saved in checkpoints)
   std::vector<std::shared_ptr<LoaderState>> loaders;  // prepared loaders
   bool end_of_dataloader() const;
-  std::int64_t remainder()
-      const;  // real samples in the current batch of the loader iterating when it holds padding, else -1
+  // Real samples in the current batch of the loader iterating when it holds padding, else -1.
+  std::int64_t remainder() const;
 };
 
 // The prepared optimizer: steps only on sync micro-steps, clipping first when the config says so.

@@ -363,7 +363,8 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
     req = base;
     if (max_restarts > 0) req.env.emplace_back("ACCEL_RESTART_COUNT", std::to_string(attempt));
     if (args.min_nodes && !args.dry_run) {
-      const auto why = probe_hosts(base, machines, static_cast<int>(env::get_int("ACCEL_HOST_PROBE_TIMEOUT_S")));
+      const int probe_s = static_cast<int>(std::max(1LL, env::get_int("ACCEL_HOST_PROBE_TIMEOUT_S")));
+      const auto why = probe_hosts(base, machines, probe_s);
       if (std::any_of(why.begin(), why.end(), [](const std::string& w) { return !w.empty(); }) && !shrink(why))
         return 1;
     }

@@ -11,7 +11,9 @@
 //    the child gets SIGKILL if accel-rank dies, and accel-rank gets SIGTERM if its parent (mpirun's
 //    daemon, srun) dies, so no rank outlives its launcher.
 // 3. When PROGRAM fails and ACCEL_LAUNCH_STATUS_DIR is set, writes rank_<R> there (exit code or
-//    signal, the time it ended, node, host), from which `accel launch` names the first failing rank.
+//    signal, the time it ended, node, host, and a stop that lasted until the job was ended: SIGSTOP,
+//    a debugger), from which `accel launch` names the first failing rank and a rank that hung.
+//    A stopped PROGRAM is continued after a terminating signal is passed on, so that it ends.
 // Exits with PROGRAM's exit code, or 128 + the signal that ended it.
 // Plain C++ and POSIX (and base/env.cpp, the ACCEL_* table): no torch, no MPI, so it starts instantly.
 #include "base/env.h"

@@ -87,18 +87,20 @@ std::string ShmGroup::peers_behind() {
   std::uint64_t furthest = 0;
   for (int j = 0; j < size_; ++j) furthest = std::max(furthest, progress_of(j));
   std::string behind, odd;
+  int n_behind = 0, n_odd = 0;
   for (int j = 0; j < size_; ++j) {
     if (j == rank_) continue;
     const RankCtl& c = seg_->ctl(j);
     const std::string state = process_state(c.pid);
     const std::string who = fmt::format("rank {} (pid {}{}{})", c.world_rank, c.pid, state.empty() ? "" : ", ", state);
-    if (progress_of(j) < furthest)
-      behind += (behind.empty() ? "" : ", ") + who;
-    else if (!state.empty())
-      odd += (odd.empty() ? "" : ", ") + who;
+    if (progress_of(j) < furthest) {
+      behind += (n_behind++ ? ", " : "") + who;
+    } else if (!state.empty()) {
+      odd += (n_odd++ ? ", " : "") + who;
+    }
   }
-  if (!behind.empty()) return behind + " has not joined it (the ranks waiting are further on)";
-  if (!odd.empty()) return odd + " is not running";
+  if (n_behind) return behind + (n_behind > 1 ? " have" : " has") + " not joined it (the ranks waiting are further on)";
+  if (n_odd) return odd + (n_odd > 1 ? " are" : " is") + " not running";
   return "";
 }
 
