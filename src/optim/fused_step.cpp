@@ -20,6 +20,7 @@
 
 #include "optim/fused_kernels.h"
 #include "optim/multi_tensor_step.h"
+#include "optim/torch_state.h"
 
 // MKL's C functions used here (mkl_vml_functions.h, mkl_service.h), exported by a libtorch_cpu built
 // with MKL; weak, so that a libtorch without them links and leaves them null.
@@ -242,16 +243,7 @@ bool adam_like(torch::optim::Optimizer& opt, bool decoupled) {
     h.decoupled_weight_decay = decoupled;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      auto& slot = opt.state()[p.unsafeGetTensorImpl()];
-      if (!slot) {  // as torch initializes it
-        auto st = std::make_unique<State>();
-        st->step(0);
-        st->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        st->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        if (h.amsgrad) st->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        slot = std::move(st);
-      }
-      auto& st = static_cast<State&>(*slot);
+      auto& st = detail::adam_state<State>(opt, p, h.amsgrad);
       st.step(st.step() + 1);
       at::Tensor vmax = h.amsgrad ? st.max_exp_avg_sq() : at::Tensor();
       adam_step(p.data_ptr<float>(), p.grad().const_data_ptr<float>(), st.exp_avg().template data_ptr<float>(),

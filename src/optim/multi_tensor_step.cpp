@@ -1,5 +1,6 @@
 // The device optimizer step (multi_tensor_step.h).
 #include "optim/multi_tensor_step.h"
+#include "optim/torch_state.h"
 
 #include <ATen/ATen.h>
 #include <torch/optim/adam.h>
@@ -55,16 +56,7 @@ bool multi_adam(torch::optim::Optimizer& opt, bool decoupled, bool any_device) {
     std::map<std::int64_t, at::Tensor> step_of;  // one step tensor per distinct step count (read only)
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      auto& slot = opt.state()[p.unsafeGetTensorImpl()];
-      if (!slot) {  // as torch initializes it
-        auto st = std::make_unique<State>();
-        st->step(0);
-        st->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        st->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        if (o.amsgrad()) st->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        slot = std::move(st);
-      }
-      auto& st = static_cast<State&>(*slot);
+      auto& st = detail::adam_state<State>(opt, p, o.amsgrad());
       st.step(st.step() + 1);  // torch counts first, then steps with the new count
       auto& s = step_of[st.step()];
       if (!s.defined()) s = at::full({}, static_cast<double>(st.step()), p.options());
