@@ -322,7 +322,9 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
     for (const auto& b : model->buffers()) sync(b);
   }
   if (cfg_.mixed_precision == MixedPrecision::Fp8)  // the config's recipe for the model's Float8Linear layers
-    nn::set_float8_recipe(*model, mixed_precision::float8_recipe_from_string(cfg_.fp8.recipe));
+    nn::set_float8_recipe(
+        *model, mixed_precision::float8_recipe_from_string(cfg_.fp8.recipe),
+        cfg_.fp8.fp8_format == "E4M3" ? mixed_precision::Fp8Format::E4M3 : mixed_precision::Fp8Format::E5M2);
   zero::EngineAndOptimizer p = zero::prepare(model, optimizer, cfg_.spec, world_);
   model_ = std::move(model);
   engine_ = p.engine;

@@ -64,6 +64,7 @@ using LossScalerConfig = mixed_precision::LossScalerOptions;
 struct Fp8Config {
   bool enable_fsdp_float8_all_gather = true;  // ZeRO-3 / FULL_SHARD units gathered as fp8 bytes
   std::string recipe = "tensorwise";          // Float8Linear's scaling: tensorwise | rowwise (torchao's names)
+  std::string fp8_format = "HYBRID";          // tensorwise gradients: HYBRID (e5m2) | E4M3
 };
 
 // What save_state() writes when its `full` argument is not given (fsdp_state_dict_type).

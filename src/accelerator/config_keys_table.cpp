@@ -17,8 +17,8 @@ constexpr const char* kMachine =
     "a torchrun rendezvous setting; accel launch starts the ranks of every machine from one mpirun "
     "(--hostfile), and each rank learns its machine from MPI";
 constexpr const char* kFp8Recipe =
-    "accel's fp8 scales each tensor (tensorwise: e4m3 forward, e5m2 gradients) or each row or column "
-    "(rowwise: all e4m3) dynamically from its current amax (the recipe key chooses)";
+    "accel's fp8 scales dynamically from each tensor's (or, rowwise, each row's or column's) current amax: "
+    "no delayed scaling (the recipe and fp8_format keys choose)";
 
 // Reasons shared by several keys of the DeepSpeed JSON.
 constexpr const char* kOptimizer = "accel uses the optimizer/scheduler passed to prepare()";
@@ -226,8 +226,10 @@ const std::vector<Key>& all() {
       {D::Accelerate, "fp8_config", "backend", "", T::Choice, "", "AO, TE, MSAMP",
        "fp8 library: torchao, Transformer Engine or MS-AMP",
        "accel implements fp8 itself (Float8Linear); there is no backend to choose"},
-      {D::Accelerate, "fp8_config", "fp8_format", "", T::Choice, "", "HYBRID, E4M3, E5M2",
-       "fp8 formats of forward and backward", kFp8Recipe},
+      {D::Accelerate, "fp8_config", "fp8_format", "", T::Choice, "HYBRID", "HYBRID, E4M3",
+       "fp8 formats of the tensorwise recipe: HYBRID (e4m3 forward, e5m2 gradients) or E4M3 (every tensor; "
+       "rowwise is E4M3 always)",
+       nullptr},
       {D::Accelerate, "fp8_config", "amax_history_len", "amax_history_length", T::Int, "", ">= 1",
        "amax history length of delayed scaling", kFp8Recipe},
       {D::Accelerate, "fp8_config", "amax_compute_algo", "amax_compute_algorithm", T::Choice, "", "max, most_recent",

@@ -472,7 +472,7 @@ void read_deepspeed(const Section& s, const std::string& base_dir, const TopLeve
 void read_fp8(const Section& s, AcceleratorConfig& cfg) {
   // The recipe keys are ignored (config_keys_table.cpp says why) but their values are still checked.
   s.choice("backend", {"AO", "TE", "MSAMP"});
-  s.choice("fp8_format", {"HYBRID", "E4M3", "E5M2"});
+  if (auto v = s.choice("fp8_format", {"HYBRID", "E4M3"})) cfg.fp8.fp8_format = *v;
   s.integer("amax_history_len", 1, kIntMax, "an integer >= 1");
   s.choice("amax_compute_algo", {"max", "most_recent"});
   s.integer("margin", 0, kIntMax, "an integer >= 0");

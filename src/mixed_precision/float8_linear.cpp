@@ -137,7 +137,8 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
                             const std::optional<at::Tensor>& weight_fp8_scale, int64_t backend_i) {
     // (Optional tensors: a C++ autograd Function rejects undefined at::Tensor inputs.)
     const at::Tensor bias = bias_opt ? *bias_opt : at::Tensor();
-    const auto backend = static_cast<Float8MatmulBackend>(backend_i / 2);  // (backend * 2 + rowwise)
+    // (backend * 4 + e4m3 gradients * 2 + rowwise)
+    const auto backend = static_cast<Float8MatmulBackend>(backend_i / 4);
     const bool rowwise = backend_i % 2 == 1;
     const std::int64_t in = weight.size(1), out_features = weight.size(0);
     const at::Tensor x2 = input.reshape({-1, in});
@@ -181,8 +182,9 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const std::int64_t backend_i = ctx->saved_data["backend"].toInt();
-    const auto backend = static_cast<Float8MatmulBackend>(backend_i / 2);
+    const auto backend = static_cast<Float8MatmulBackend>(backend_i / 4);
     const bool rowwise = backend_i % 2 == 1;
+    const Fp8Format grad_format = (backend_i / 2) % 2 == 1 ? Fp8Format::E4M3 : Fp8Format::E5M2;
     const Fp8Tensor xq{ctx->saved_data["xq"].toTensor(), ctx->saved_data["xs"].toTensor(), Fp8Format::E4M3};
     const Fp8Tensor wq{ctx->saved_data["wq"].toTensor(), ctx->saved_data["ws"].toTensor(), Fp8Format::E4M3};
     const auto input_sizes = ctx->saved_data["input_sizes"].toIntVector();
@@ -205,7 +207,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
         grad_weight = mixed_precision::float8_mm(transposed(quantize_dynamic_axiswise(go, 0, Fp8Format::E4M3)), xq,
                                                  weight_dtype, backend);
     } else {
-      const Fp8Tensor gq = mixed_precision::quantize_dynamic(go, Fp8Format::E5M2);
+      const Fp8Tensor gq = mixed_precision::quantize_dynamic(go, grad_format);
       if (ctx->needs_input_grad(0))  // [M, N] @ [N, K]
         grad_input = mixed_precision::float8_mm(gq, wq, input_dtype, backend).reshape(input_sizes);
       if (ctx->needs_input_grad(1))  // [N, M] @ [M, K]
@@ -265,17 +267,18 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
     wd = weight_fp8->data;
     ws = weight_fp8->scale;
   }
-  // (backend and recipe travel as one integer: backend * 2 + rowwise)
-  return Float8LinearFunction::apply(
-      input, weight, b, wd, ws,
-      static_cast<int64_t>(backend) * 2 + (recipe == mixed_precision::Float8Recipe::Rowwise ? 1 : 0));
+  // (backend, gradient format and recipe travel as one integer: backend * 4 + e4m3 gradients * 2 + rowwise)
+  return Float8LinearFunction::apply(input, weight, b, wd, ws,
+                                     static_cast<int64_t>(backend) * 4 + (grad_format == Fp8Format::E4M3 ? 2 : 0) +
+                                         (recipe == mixed_precision::Float8Recipe::Rowwise ? 1 : 0));
 }
 
-int set_float8_recipe(torch::nn::Module& model, mixed_precision::Float8Recipe recipe) {
+int set_float8_recipe(torch::nn::Module& model, mixed_precision::Float8Recipe recipe, Fp8Format grad_format) {
   int n = 0;
   for (const auto& m : model.modules(/*include_self=*/true))
     if (auto* f = dynamic_cast<Float8LinearImpl*>(m.get())) {
       f->recipe = recipe;
+      f->grad_format = grad_format;
       ++n;
     }
   return n;

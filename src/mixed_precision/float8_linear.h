@@ -84,6 +84,9 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
   at::Tensor bias;
   mixed_precision::Float8MatmulBackend backend = mixed_precision::Float8MatmulBackend::Auto;
   mixed_precision::Float8Recipe recipe = mixed_precision::Float8Recipe::Tensorwise;
+  // The gradients' format under the tensorwise recipe: E5M2 (HYBRID, the default) or E4M3
+  // (fp8_config fp8_format E4M3). The rowwise recipe is e4m3 throughout.
+  mixed_precision::Fp8Format grad_format = mixed_precision::Fp8Format::E5M2;
   // The weight already in e4m3 with its scale (what an fp8 all-gather of the unit delivers: see
   // fp8.h). When set, forward uses it instead of quantizing `weight`, which must then hold the
   // matching values (dequantized); grad_weight still goes to `weight`. The owner sets it for each
@@ -93,9 +96,11 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
 
 TORCH_MODULE(Float8Linear);
 
-// Sets the recipe of every Float8Linear in `model` (the Accelerator does it at prepare from the
-// config's fp8_config recipe); returns how many there were.
-int set_float8_recipe(torch::nn::Module& model, mixed_precision::Float8Recipe recipe);
+// Sets the recipe (and the tensorwise gradients' format) of every Float8Linear in `model` (the
+// Accelerator does it at prepare from the config's fp8_config recipe and fp8_format); returns how
+// many there were.
+int set_float8_recipe(torch::nn::Module& model, mixed_precision::Float8Recipe recipe,
+                      mixed_precision::Fp8Format grad_format = mixed_precision::Fp8Format::E5M2);
 
 // A linear layer chosen at construction: a torch::nn::Linear (fp8 == false) or a Float8Linear
 // (fp8 == true), both built from `options` with the same parameter names, shapes, registration order

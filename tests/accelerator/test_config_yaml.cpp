@@ -645,9 +645,13 @@ fp8_config:
   EXPECT_FALSE(ignored(c, "fp8_config.enable_fsdp_float8_all_gather"));
   // accel's recipes are its own (the recipe key): the other recipe keys are checked, then listed as
   // ignored with why.
-  for (const char* key : {"fp8_format", "amax_history_len", "amax_compute_algo", "margin", "interval"})
-    EXPECT_HAS(ignored_entry(c, std::string("fp8_config.") + key), "the recipe key chooses");
+  for (const char* key : {"amax_history_len", "amax_compute_algo", "margin", "interval"})
+    EXPECT_HAS(ignored_entry(c, std::string("fp8_config.") + key), "no delayed scaling");
   EXPECT_EQ(c.fp8.recipe, "tensorwise");  // the default
+  EXPECT_EQ(c.fp8.fp8_format, "E4M3");    // acts: the tensorwise gradients in e4m3
+  EXPECT_FALSE(ignored(c, "fp8_config.fp8_format"));
+  EXPECT_HAS(error_of([] { yaml("distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  fp8_format: E5M2\n"); }),
+             "fp8_config.fp8_format");
   EXPECT_EQ(yaml("distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  recipe: rowwise\n").fp8.recipe, "rowwise");
   EXPECT_HAS(error_of([] { yaml("distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  recipe: blockwise\n"); }),
              "fp8_config.recipe");

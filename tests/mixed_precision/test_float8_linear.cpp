@@ -291,11 +291,34 @@ TEST(Float8Linear, RowwiseKeepsAnOutlierRowFromFlushingTheOthers) {
 
 TEST(Float8Linear, SetFloat8RecipeReachesEveryLayerAndNamesAreChecked) {
   torch::nn::Sequential seq(Float8Linear(8, 8), torch::nn::ReLU(), Float8Linear(8, 4), torch::nn::Linear(4, 2));
+  EXPECT_EQ(set_float8_recipe(*seq, mixed_precision::Float8Recipe::Tensorwise, mixed_precision::Fp8Format::E4M3), 2);
+  EXPECT_EQ(seq[2]->as<Float8LinearImpl>()->grad_format, mixed_precision::Fp8Format::E4M3);
   EXPECT_EQ(set_float8_recipe(*seq, mixed_precision::Float8Recipe::Rowwise), 2);
+  EXPECT_EQ(seq[0]->as<Float8LinearImpl>()->grad_format, mixed_precision::Fp8Format::E5M2);
   EXPECT_EQ(seq[0]->as<Float8LinearImpl>()->recipe, mixed_precision::Float8Recipe::Rowwise);
   EXPECT_EQ(seq[2]->as<Float8LinearImpl>()->recipe, mixed_precision::Float8Recipe::Rowwise);
   EXPECT_EQ(mixed_precision::float8_recipe_from_string("tensorwise"), mixed_precision::Float8Recipe::Tensorwise);
   EXPECT_THROW(mixed_precision::float8_recipe_from_string("blockwise"), std::invalid_argument);
+}
+
+// fp8_format E4M3 (grad_format): the tensorwise recipe's gradients quantized to e4m3 instead of e5m2,
+// bit for bit as written out; the forward does not change.
+TEST(Float8Linear, E4m3GradientsEqualTheRecipe) {
+  at::manual_seed(29);
+  Float8Linear f8(32, 16);
+  f8->backend = Float8MatmulBackend::Emulated;
+  f8->grad_format = mixed_precision::Fp8Format::E4M3;
+  const at::Tensor x = at::randn({24, 32}).set_requires_grad(true);
+  const at::Tensor g = at::randn({24, 16}) * 1e-3;
+  f8->forward(x).backward(g);
+  const Q qx = e4m3(x.detach()), qw = e4m3(f8->weight.detach()), qg = e4m3(g);
+  const at::Tensor gi = recipe_mm(qg.q.to(at::kFloat), qw.q.to(at::kFloat), qg.s, qw.s);
+  const at::Tensor gw = recipe_mm(qg.q.to(at::kFloat).t(), qx.q.to(at::kFloat), qg.s, qx.s);
+  EXPECT_TRUE(at::equal(x.grad(), gi)) << (x.grad() - gi).abs().max().item<double>();
+  EXPECT_TRUE(at::equal(f8->weight.grad(), gw)) << (f8->weight.grad() - gw).abs().max().item<double>();
+  // ... and not what e5m2 gives.
+  const Q qg5 = e5m2(g);
+  EXPECT_FALSE(at::equal(x.grad(), recipe_mm(qg5.q.to(at::kFloat), qw.q.to(at::kFloat), qg5.s, qw.s)));
 }
 
 // 3-D and bf16 inputs: shapes and dtypes as Linear's; no grad for an input that does not need one.
