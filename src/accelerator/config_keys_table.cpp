@@ -226,9 +226,9 @@ const std::vector<Key>& all() {
       {D::Accelerate, "fp8_config", "backend", "", T::Choice, "", "AO, TE, MSAMP",
        "fp8 library: torchao, Transformer Engine or MS-AMP",
        "accel implements fp8 itself (Float8Linear); there is no backend to choose"},
-      {D::Accelerate, "fp8_config", "fp8_format", "", T::Choice, "HYBRID", "HYBRID, E4M3",
+      {D::Accelerate, "fp8_config", "fp8_format", "", T::Choice, "HYBRID", "HYBRID, E4M3, E5M2",
        "fp8 formats of the tensorwise recipe: HYBRID (e4m3 forward, e5m2 gradients) or E4M3 (every tensor; "
-       "rowwise is E4M3 always)",
+       "rowwise is E4M3 always); E5M2 is accepted, listed as ignored, and trains as HYBRID",
        nullptr},
       {D::Accelerate, "fp8_config", "amax_history_len", "amax_history_length", T::Int, "", ">= 1",
        "amax history length of delayed scaling", kFp8Recipe},

@@ -472,7 +472,14 @@ void read_deepspeed(const Section& s, const std::string& base_dir, const TopLeve
 void read_fp8(const Section& s, AcceleratorConfig& cfg) {
   // The recipe keys are ignored (config_keys_table.cpp says why) but their values are still checked.
   s.choice("backend", {"AO", "TE", "MSAMP"});
-  if (auto v = s.choice("fp8_format", {"HYBRID", "E4M3"})) cfg.fp8.fp8_format = *v;
+  if (auto v = s.choice("fp8_format", {"HYBRID", "E4M3", "E5M2"})) {
+    if (*v == "E5M2")  // (Transformer Engine's every-tensor-e5m2: not a recipe accel has)
+      cd::note_ignored(cfg, s.path("fp8_format"),
+                       "E5M2 (every tensor in e5m2) is not one of accel's recipes: it trains as HYBRID (e4m3 forward, "
+                       "e5m2 gradients)");
+    else
+      cfg.fp8.fp8_format = *v;
+  }
   s.integer("amax_history_len", 1, kIntMax, "an integer >= 1");
   s.choice("amax_compute_algo", {"max", "most_recent"});
   s.integer("margin", 0, kIntMax, "an integer >= 0");

@@ -650,7 +650,11 @@ fp8_config:
   EXPECT_EQ(c.fp8.recipe, "tensorwise");  // the default
   EXPECT_EQ(c.fp8.fp8_format, "E4M3");    // acts: the tensorwise gradients in e4m3
   EXPECT_FALSE(ignored(c, "fp8_config.fp8_format"));
-  EXPECT_HAS(error_of([] { yaml("distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  fp8_format: E5M2\n"); }),
+  // E5M2 (Transformer Engine's every tensor in e5m2) loads, trains as HYBRID, and says so.
+  const auto e5 = yaml("distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  fp8_format: E5M2\n");
+  EXPECT_EQ(e5.fp8.fp8_format, "HYBRID");
+  EXPECT_HAS(ignored_entry(e5, "fp8_config.fp8_format"), "trains as HYBRID");
+  EXPECT_HAS(error_of([] { yaml("distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  fp8_format: E3M4\n"); }),
              "fp8_config.fp8_format");
   EXPECT_EQ(yaml("distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  recipe: rowwise\n").fp8.recipe, "rowwise");
   EXPECT_HAS(error_of([] { yaml("distributed_type: NO\nmixed_precision: fp8\nfp8_config:\n  recipe: blockwise\n"); }),
