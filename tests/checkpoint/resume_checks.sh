@@ -115,7 +115,7 @@ restarts)
   setsid "$ACCEL" launch -n 2 --max_restarts 3 --auto_resume "$GPT" --config_file "$CFG/deepspeed/zero3.yaml" --seed 3 \
     "${common[@]}" --project_dir p_killed --save_state_to final_killed --log_file killed.log > killed.out 2>&1 &
   pid=$!
-  last_step() { tail -1 killed.log 2>/dev/null | awk '{print $2 + 0}'; }
+  last_step() { tail -1 killed.log 2>/dev/null | awk 'END { print $2 + 0 }'; }
   for k in 1 2 3; do
     target=$(( $(last_step) + 5 + RANDOM % 20 ))  # (a step takes tens of ms here)
     for _ in $(seq 600); do [ "$(last_step)" -ge $target ] && break; sleep 0.05; done
