@@ -134,12 +134,11 @@ Fp8Tensor transposed(const Fp8Tensor& t) {
 struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias_opt, const std::optional<at::Tensor>& weight_fp8_data,
-                            const std::optional<at::Tensor>& weight_fp8_scale, int64_t backend_i) {
+                            const std::optional<at::Tensor>& weight_fp8_scale, int64_t backend_i, bool rowwise,
+                            bool e4m3_grads) {
     // (Optional tensors: a C++ autograd Function rejects undefined at::Tensor inputs.)
     const at::Tensor bias = bias_opt ? *bias_opt : at::Tensor();
-    // (backend * 4 + e4m3 gradients * 2 + rowwise)
-    const auto backend = static_cast<Float8MatmulBackend>(backend_i / 4);
-    const bool rowwise = backend_i % 2 == 1;
+    const auto backend = static_cast<Float8MatmulBackend>(backend_i);
     const std::int64_t in = weight.size(1), out_features = weight.size(0);
     const at::Tensor x2 = input.reshape({-1, in});
     at::Tensor out;
@@ -174,6 +173,8 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias.defined() ? bias.scalar_type() : at::kFloat);
     ctx->saved_data["has_bias"] = bias.defined();
     ctx->saved_data["backend"] = backend_i;
+    ctx->saved_data["rowwise"] = rowwise;
+    ctx->saved_data["e4m3_grads"] = e4m3_grads;
 
     std::vector<int64_t> out_sizes = input.sizes().vec();
     out_sizes.back() = out_features;
@@ -181,10 +182,9 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const std::int64_t backend_i = ctx->saved_data["backend"].toInt();
-    const auto backend = static_cast<Float8MatmulBackend>(backend_i / 4);
-    const bool rowwise = backend_i % 2 == 1;
-    const Fp8Format grad_format = (backend_i / 2) % 2 == 1 ? Fp8Format::E4M3 : Fp8Format::E5M2;
+    const auto backend = static_cast<Float8MatmulBackend>(ctx->saved_data["backend"].toInt());
+    const bool rowwise = ctx->saved_data["rowwise"].toBool();
+    const Fp8Format grad_format = ctx->saved_data["e4m3_grads"].toBool() ? Fp8Format::E4M3 : Fp8Format::E5M2;
     const Fp8Tensor xq{ctx->saved_data["xq"].toTensor(), ctx->saved_data["xs"].toTensor(), Fp8Format::E4M3};
     const Fp8Tensor wq{ctx->saved_data["wq"].toTensor(), ctx->saved_data["ws"].toTensor(), Fp8Format::E4M3};
     const auto input_sizes = ctx->saved_data["input_sizes"].toIntVector();
@@ -214,7 +214,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
         grad_weight = mixed_precision::float8_mm(transposed(gq), xq, weight_dtype, backend);
     }
     if (has_bias && ctx->needs_input_grad(2)) grad_bias = go.to(at::kFloat).sum(0).to(bias_dtype);
-    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -267,10 +267,8 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
     wd = weight_fp8->data;
     ws = weight_fp8->scale;
   }
-  // (backend, gradient format and recipe travel as one integer: backend * 4 + e4m3 gradients * 2 + rowwise)
-  return Float8LinearFunction::apply(input, weight, b, wd, ws,
-                                     static_cast<int64_t>(backend) * 4 + (grad_format == Fp8Format::E4M3 ? 2 : 0) +
-                                         (recipe == mixed_precision::Float8Recipe::Rowwise ? 1 : 0));
+  return Float8LinearFunction::apply(input, weight, b, wd, ws, static_cast<int64_t>(backend),
+                                     recipe == mixed_precision::Float8Recipe::Rowwise, grad_format == Fp8Format::E4M3);
 }
 
 int set_float8_recipe(torch::nn::Module& model, mixed_precision::Float8Recipe recipe, Fp8Format grad_format) {

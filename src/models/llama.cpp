@@ -115,16 +115,15 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const at::Tensor& cos, c
     return mask;
   };
   if (impl == "sdpa" || (impl == "auto" && x.is_cuda())) {
-    at::Tensor out;
-    if (!masked) {
-      out = at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), {}, 0.0, false, scaling);
-    } else if (past == 0 && !window && !padding.pad.defined()) {  // plain causal: the kernels' own mask
-      out = at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), {}, 0.0, true, scaling);
-    } else {
-      at::Tensor keep = make_mask().logical_not();
-      keep = keep.logical_or(keep.any(-1, /*keepdim=*/true).logical_not());  // all-padding rows: unmasked
-      out = at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), keep, 0.0, false, scaling);
+    // Plain causal attention uses the kernels' own mask; a cache, a window or padding an explicit one.
+    const bool causal = masked && past == 0 && !window && !padding.pad.defined();
+    std::optional<at::Tensor> keep;
+    if (masked && !causal) {
+      keep = make_mask().logical_not();
+      *keep = keep->logical_or(keep->any(-1, /*keepdim=*/true).logical_not());  // all-padding rows: unmasked
     }
+    const at::Tensor out =
+        at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), keep, 0.0, causal, scaling);
     return o_proj(out.transpose(1, 2).contiguous().reshape({B, T, heads * head_dim}));
   }
   at::Tensor scores = at::matmul(q, repeat_kv(k, groups).transpose(2, 3)) * scaling;  // [B, H, T, S]
