@@ -185,6 +185,7 @@ run() {
     rm -f "$out" "$err"
     return 0
   fi
+  [ -z "$killed" ] && grep -q "out of memory on the device" "$err" && killed="out of device memory (over the --device-memory cap)"
   [ -z "$killed" ] && { [ $rc -ge 128 ] || grep -qi "killed\|signal 9" "$err"; } && killed="killed (rc $rc: out of memory?)"
   echo "$s d=$d too big: ${killed:-failed, rc $rc: $(tail -c 300 "$err" | tr '\n' ' ')}" >>"$LOG"
   echo "  $s d=$d: too big (${killed:-rc $rc})" >&2

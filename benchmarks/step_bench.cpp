@@ -60,6 +60,7 @@
 #include "zero/sharded_optimizer.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #if __has_include(<c10/cuda/CUDACachingAllocator.h>) && __has_include(<cuda_runtime_api.h>)
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -214,7 +215,7 @@ std::vector<std::string> split_list(const std::string& s) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run_bench(int argc, char** argv) {
   CLI::App app{"step_bench: step time, memory and traffic of one strategy"};
   std::string strategy = "DDP", precision = "fp32";
   int steps = 6, warmup = 2, batch = 4, seq = 64, pss_every_ms = 0;
@@ -324,6 +325,7 @@ int main(int argc, char** argv) {
   };
   if (device_memory_gb > 0) {
 #ifdef STEP_BENCH_DEVICE_MEMORY
+    (void)at::empty({1}, at::TensorOptions().device(device));  // the caching allocator starts lazily
     const std::size_t total = c10::cuda::CUDACachingAllocator::get()->getMemoryInfo(device.index()).second;
     const double fraction = device_memory_gb * 1e9 / static_cast<double>(total);
     if (fraction > 1) {
@@ -569,7 +571,7 @@ int main(int argc, char** argv) {
   double disk_bytes = 0;
   if (const auto* e = run.prepared.engine.get()) {
     if (const auto* o = e->optimizer_offload()) disk_bytes += static_cast<double>(o->bytes());
-    if (const auto* o = e->param_offload()) disk_bytes += static_cast<double>(o->bytes());
+    if (const auto* o = e->param_offload(); o && !o->in_host_memory()) disk_bytes += static_cast<double>(o->bytes());
   }
   disk_bytes = max_over_ranks(*world, disk_bytes);
   const double disk_read = max_over_ranks(*world, run.disk_read),
@@ -637,4 +639,14 @@ int main(int argc, char** argv) {
     fmt::print("offloaded: {:.2f} GB in files per rank; last step read {:.2f} GB, wrote {:.2f} GB per rank\n",
                disk_bytes / 1e9, disk_read / 1e9, disk_written / 1e9);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run_bench(argc, argv);
+  } catch (const c10::OutOfMemoryError& e) {  // (--device_memory: a model over the cap; its first line says so)
+    const std::string what = e.what();
+    fmt::print(stderr, "step_bench: out of memory on the device: {}\n", what.substr(0, what.find('\n')));
+    return 3;
+  }
 }

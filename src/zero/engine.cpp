@@ -331,11 +331,15 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
       std::move(order), plan_.reduce_mode, rdt, shard_, replicate_, spec_.bucket_bytes, spec_.grad_buckets_in_flight,
       asks_for("ACCEL_NODE_SHARED_GRADS", "gradient buffers stay private to each rank"));
   // Offload to host memory: a reduced gradient starts its way to the host as soon as its bucket
-  // finishes, while backward goes on (unless a pending gradient is still to be added to it).
+  // finishes, while backward goes on (unless a pending gradient is still to be added to it), and the
+  // device lets go of it there: the pinned copy is the pending gradient (ZeRO-Offload keeps no
+  // gradient on the device between its reduction and the step).
   if (host_copies_)
     reducer_->set_on_reduced([this](std::size_t i, const at::Tensor& g) {
       Flat& f = flats_[reduce_order_[i]];
-      if (host_master(f) && !f.grad.defined()) grad_to_host(f, g);
+      if (!host_master(f) || f.grad.defined()) return false;
+      grad_to_host(f, g);
+      return true;
     });
 }
 

@@ -134,8 +134,9 @@ void Engine::set_master_grad(Flat& f, bool defer_sync) {
   if (host_master(f)) {
     // Offload to host memory: the pinned buffer, filled on the side stream (already queued when the
     // reduced gradient is the very tensor the reducer handed over, unchanged since).
-    if (f.host_grad_src != f.grad.unsafeGetTensorImpl() || f.host_grad_src_version != f.grad._version())
-      grad_to_host(f, f.grad);
+    const bool queued =
+        f.host_grad_src == f.grad.unsafeGetTensorImpl() && f.host_grad_src_version == f.grad._version();
+    if (!queued && !f.grad.is_same(f.host_grad)) grad_to_host(f, f.grad);
     f.host_grad_src = nullptr;
     f.master.mutable_grad() = f.host_grad;
     if (!defer_sync) host_copies_->synchronize();
@@ -286,10 +287,14 @@ void Engine::finalize_backward() {
         // The reduced shard is the pending gradient until the step, and the window closes: a second
         // sync backward before the step reduces into a fresh window and adds to it. ZeRO-2/3 give
         // the full buffer back; ZeRO-1 keeps it (and so does a group of one): g is their buffer's own slice.
-        if (f.grad.defined())
-          f.grad.add_(g);
-        else
+        if (!g.defined())  // taken on its way to the host (offload): the pinned copy is the gradient
+          g = f.host_grad;
+        if (!f.grad.defined())
           f.grad = g;
+        else if (f.grad.device() == g.device())
+          f.grad.add_(g);
+        else  // (a pending gradient in host memory: the rare second sync backward before a step)
+          f.grad.add_(g.to(f.grad.device()));
         if (g.is_alias_of(f.flat_param->grad_full()))
           f.flat_param->detach_grads();
         else

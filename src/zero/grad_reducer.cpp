@@ -262,9 +262,23 @@ void GradReducer::finish(Bucket& b) {
   notify(b);
 }
 
-void GradReducer::notify(const Bucket& b) {
+void GradReducer::notify(Bucket& b) {
   if (!on_reduced_ || replicate_) return;  // with a replicate group the result is final in flush()
-  for (auto m : b.members) on_reduced_(m, results_[m]);
+  bool all = true;
+  for (auto m : b.members)
+    if (take(m, results_[m]))
+      results_[m] = at::Tensor();
+    else
+      all = false;
+  // Every member's result went elsewhere: the bucket's output is not kept for the next backward.
+  if (all) b.kept_out = at::Tensor();
+}
+
+bool GradReducer::take(std::size_t m, const at::Tensor& g) {
+  if (!on_reduced_(m, g) || mode_ != Mode::ReduceScatter) return false;
+  // A group of one reduces nothing: its result was the flat's own full gradient.
+  if (g.is_alias_of(flats_[m]->grad_full())) flats_[m]->free_grad();
+  return true;
 }
 
 void GradReducer::reset() {
@@ -302,8 +316,15 @@ std::vector<at::Tensor> GradReducer::flush() {
     std::vector<comm::WorkPtr> works;
     for (auto& t : out) works.push_back(replicate_->all_reduce_async(t, {comm::ReduceOp::Avg}));
     for (auto& w : works) w->wait();
-    if (on_reduced_)
-      for (std::size_t i = 0; i < out.size(); ++i) on_reduced_(i, out[i]);
+    if (on_reduced_) {
+      for (std::size_t i = 0; i < out.size(); ++i)
+        if (take(i, out[i])) out[i] = at::Tensor();
+      for (auto& b : buckets_) {
+        bool all = true;
+        for (auto m : b.members) all = all && !out[m].defined();
+        if (all) b.kept_out = at::Tensor();
+      }
+    }
   }
   reset();
   return out;

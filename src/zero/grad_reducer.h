@@ -71,8 +71,11 @@ class GradReducer {
   // Called with (flat index, reduced gradient) as soon as a flat's result is final, in launch order,
   // before flush() returns it: inside backward for the buckets that back-pressure finishes early
   // (after the replicate-group averaging under HYBRID_SHARD, inside flush()). The engine starts the
-  // device-to-host copy of a gradient whose master lives in host memory there.
-  void set_on_reduced(std::function<void(std::size_t, const at::Tensor&)> f) { on_reduced_ = std::move(f); }
+  // device-to-host copy of a gradient whose master lives in host memory there. Returning true takes
+  // the gradient (ReduceScatter only): the reducer then lets go of its memory at once (the flat's
+  // full gradient, or the bucket's output once every member is taken), and flush() returns an
+  // undefined tensor for it. So under optimizer offload no reduced gradient stays on the device.
+  void set_on_reduced(std::function<bool(std::size_t, const at::Tensor&)> f) { on_reduced_ = std::move(f); }
 
   std::size_t num_buckets() const { return buckets_.size(); }
   // Flat i's bucket has been launched in this backward (its gradients are no longer to be added to).
@@ -97,7 +100,8 @@ class GradReducer {
   void launch(Bucket& b);
   void reset();  // ready for the next backward
   void finish(Bucket& b);
-  void notify(const Bucket& b);                                                        // on_reduced_ for its members
+  void notify(Bucket& b);                                                              // on_reduced_ for its members
+  bool take(std::size_t m, const at::Tensor& g);  // on_reduced_ for one flat; true: taken (memory let go)
   at::Tensor output(Bucket& b, std::int64_t numel, const at::TensorOptions& options);  // kept_out or new
   // A view of free node-shared memory, or undefined.
   at::Tensor free_buffer(std::int64_t numel);
@@ -112,7 +116,7 @@ class GradReducer {
   std::vector<char> marked_;
   std::vector<at::Tensor> results_;
   std::size_t next_launch_ = 0, next_finish_ = 0;
-  std::function<void(std::size_t, const at::Tensor&)> on_reduced_;
+  std::function<bool(std::size_t, const at::Tensor&)> on_reduced_;
   // Node-shared gradient buffers: this rank's part of the group's object, the pieces handed out (each with a storage of
   // its own: free once nothing else refers to it), by offset, and which flats may take one.
   struct Piece {

@@ -12,8 +12,9 @@
 //     ACCEL_CUDA_COMM=nccl;
 //   * a checkpoint restores each rank's device generator (dropout resumes exactly);
 //   * the sharded step on device masters runs PyTorch's fused multi-tensor kernels;
-//   * offload_optimizer device cpu: the masters in pinned host memory train like the device, and the
-//     side stream's copies queue behind the compute stream without blocking the host.
+//   * offload_optimizer device cpu: the masters in pinned host memory train like the device, no reduced
+//     gradient stays on the device after backward, and the side stream's copies queue behind the
+//     compute stream without blocking the host.
 // Every test skips without a CUDA device (and where ranks outnumber devices under ACCEL_CUDA_COMM=nccl).
 #include "accelerator/accelerator.h"
 #include "accelerator/rows.h"
@@ -29,6 +30,7 @@
 #include "zero/host_copies.h"
 #include "zero/param_offload.h"
 
+#include <ATen/DeviceAccelerator.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
@@ -251,7 +253,8 @@ TEST(CudaTraining_CUDA, ACheckpointRestoresEveryRanksDeviceGenerator) {
       quiet(write_config("zero3_rng.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n")));
   auto model = std::make_shared<MLPImpl>(std::vector<int64_t>{4, 8, 2});
   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
-  auto opt = acc.prepare(model, adamw);
+  auto loader = loader_for_micro_batch();  // (the micro batch; the config names none)
+  auto prepared = acc.prepare(model, adamw, loader);
   ASSERT_TRUE(acc.device().is_cuda());
   at::manual_seed(7 + acc.process_index());  // each rank its own stream, CPU and device
   at::rand({3}, at::TensorOptions().device(acc.device()));
@@ -291,6 +294,57 @@ TEST(CudaTraining_CUDA, OffloadOptimizerToHostMemoryTrainsLikeTheDevice) {
     ASSERT_TRUE(t.device.is_cuda());
     const auto ref = plain_reference(t.device, steps);
     for (const auto& [name, want] : ref) EXPECT_LE(rel_err(t.params.at(name), want), 1e-5) << name;
+  }
+}
+
+// Under offload_optimizer device cpu each reduced gradient leaves for the host as its bucket finishes,
+// and the device lets go of it: after backward the device holds no gradient (without offload it
+// holds this rank's shard of them, or all of them at one rank, until the step). Without offload the
+// first step shows it (later ones reuse the reduce-scatter's output buffer, allocated before their
+// forward); offloaded, the second step (every lazy allocation made) must keep none.
+TEST(CudaTraining_CUDA, OffloadedOptimizerKeepsNoGradientOnTheDevice) {
+  SKIP_WITHOUT_CUDA();
+  const std::vector<int64_t> widths{64, 512, 512, 512, 4};
+  // Per step: device bytes allocated after its backward, less those before its forward.
+  auto kept_after_backward = [&](const std::string& name, const std::string& extra) {
+    Accelerator acc(quiet(write_config(name, "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: " + extra)));
+    at::manual_seed(11);
+    auto model = std::make_shared<MLPImpl>(widths);
+    torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    auto loader = loader_for_micro_batch();  // (the micro batch; the config names none)
+    auto p = acc.prepare(model, adamw, loader);
+    const c10::DeviceIndex index = acc.device().index();
+    auto allocated = [&] {
+      return at::accelerator::getDeviceStats(index)
+          .allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+          .current;
+    };
+    std::vector<std::int64_t> kept;
+    for (int k = 0; k < 2; ++k) {
+      at::manual_seed(100 + k + acc.process_index());
+      const at::Tensor x = at::randn({kG / acc.num_processes(), widths.front()}, acc.device());
+      const std::int64_t before = allocated();
+      at::Tensor loss = model->forward(x).pow(2).mean();
+      acc.backward(loss);
+      loss = at::Tensor();
+      kept.push_back(allocated() - before);
+      p->step();
+      p->zero_grad();
+    }
+    return kept;
+  };
+  std::int64_t numel = 0;
+  for (const auto& t : std::make_shared<MLPImpl>(widths)->parameters()) numel += t.numel();
+  const double shard_bytes = 4.0 * static_cast<double>(numel) / world()->size();
+  for (const char* stage : {"2", "3"}) {
+    SCOPED_TRACE(std::string("zero_stage ") + stage);
+    const auto on_device = kept_after_backward(std::string("grads_dev_") + stage + ".yaml", stage + std::string("\n"));
+    const auto offloaded = kept_after_backward(std::string("grads_host_") + stage + ".yaml",
+                                               stage + std::string("\n  offload_optimizer_device: cpu\n"));
+    EXPECT_GE(static_cast<double>(on_device[0]), 0.9 * shard_bytes) << "without offload the reduced gradients stay";
+    EXPECT_LE(static_cast<double>(offloaded[1]), 0.05 * shard_bytes)
+        << "offloaded: " << offloaded[1] << " B still allocated after the second backward (the shard's gradients: "
+        << shard_bytes << " B)";
   }
 }
 
