@@ -60,8 +60,8 @@
 #include "zero/sharded_optimizer.h"
 
 #include <ATen/Parallel.h>
-#include <c10/util/Exception.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/util/Exception.h>
 #if __has_include(<c10/cuda/CUDACachingAllocator.h>) && __has_include(<cuda_runtime_api.h>)
 #include <c10/cuda/CUDACachingAllocator.h>
 #define STEP_BENCH_CUDA_STATS 1
@@ -426,7 +426,10 @@ int run_bench(int argc, char** argv) {
       } else {
         run.model = std::make_shared<examples::GPTImpl>(c);
       }
-      if (on_cuda) run.model->to(device);
+      if (on_cuda && spec)
+        zero::place_model(*run.model, *spec, device);  // (parameters offloaded: moved flat by flat)
+      else if (on_cuda)
+        run.model->to(device);
       if (prec.fp8) nn::set_float8_recipe(*run.model, mixed_precision::float8_recipe_from_string(fp8_recipe));
       psi = 0;
       for (const auto& p : run.model->parameters()) psi += p.numel();

@@ -306,7 +306,9 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
     cfg_.gradient_accumulation_steps = *b.gradient_accumulation_steps;
     state_->accumulation_steps = cfg_.gradient_accumulation_steps;
   }
-  model->to(device_);
+  // (ZeRO-Infinity from a device: the parameters stay on the host until the engine moves each flat.)
+  zero::ShardingSpec spec = cfg_.spec;
+  zero::place_model(*model, spec, device_);
   {
     // Every rank starts from rank 0's weights (as DDP does), whatever each rank's seed was. The
     // engine broadcasts the contiguous parameters itself; the rest, and the buffers, are sent here.
@@ -325,7 +327,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
     nn::set_float8_recipe(
         *model, mixed_precision::float8_recipe_from_string(cfg_.fp8.recipe),
         cfg_.fp8.fp8_format == "E4M3" ? mixed_precision::Fp8Format::E4M3 : mixed_precision::Fp8Format::E5M2);
-  zero::EngineAndOptimizer p = zero::prepare(model, optimizer, cfg_.spec, world_);
+  zero::EngineAndOptimizer p = zero::prepare(model, optimizer, spec, world_);
   model_ = std::move(model);
   engine_ = p.engine;
   micro_batch_ = micro_batch.value_or(0);  // step_metrics' samples per step

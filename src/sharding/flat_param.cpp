@@ -174,6 +174,32 @@ void FlatParam::make_private() {
   shared_charge_.reset();  // (the private copy is counted as it was allocated)
 }
 
+void FlatParam::move_to(c10::Device device, const std::string& freed_shard_message) {
+  if (full_.device() == device) return;
+  ACCEL_CHECK(!node_shared_ && !grad_full_.defined(), "FlatParam {}: move_to needs a private flat without gradients",
+              name_);
+  c10::NoGradGuard no_grad;
+  const at::TensorOptions on = full_.options().device(device);
+  // A freed buffer arrives freed: a storage of its size without memory, never allocated on the device.
+  auto freed = [&](std::int64_t numel, std::string message) {
+    at::Tensor t = at::empty({0}, on);
+    t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
+    free_storage(t, std::move(message));
+    t.storage().unsafeGetStorageImpl()->set_nbytes(static_cast<std::size_t>(numel) * t.element_size());
+    return t;
+  };
+  auto [begin, end] = layout_.shard_range(opts_.rank);
+  at::Tensor full =
+      storage_allocated(full_) ? full_.to(on) : freed(layout_.padded(), freed_parameter_message(name_, names_));
+  at::Tensor shard = !opts_.sharded              ? full.narrow(0, begin, end - begin)
+                     : storage_allocated(shard_) ? shard_.to(on)
+                                                 : freed(end - begin, freed_shard_message);
+  full_ = full;
+  shard_ = shard;
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    params_[i].set_data(storage_alias(full_).narrow(0, layout_.offset(i), params_[i].numel()).view(params_[i].sizes()));
+}
+
 bool FlatParam::gathered() const { return storage_allocated(full_) || layout_.padded() == 0; }
 
 void FlatParam::alloc_full() {

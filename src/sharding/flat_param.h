@@ -87,6 +87,11 @@ class FlatParam {
   void free_full();
   // Copies the own shard into its place in full() (e.g. after the shard was updated on this rank).
   void shard_to_full();
+  // Moves the buffers (and the parameters, re-pointed at their views) to `device`: what has memory
+  // is copied there, what is freed stays freed (a freed shard then throws `freed_shard_message` on
+  // access until its storage is given memory again, on the device). Before any gradient exists;
+  // not for node-shared flats. No-op where it is already.
+  void move_to(c10::Device device, const std::string& freed_shard_message);
 
   // --- gradients -------------------------------------------------------------------------------
   const at::Tensor& grad_full() const { return grad_full_; }

@@ -192,6 +192,15 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     if (!p.requires_grad()) g = -1;
     keys[{owned[i].unit, g, p.requires_grad(), static_cast<int>(p.scalar_type()), p.device().str()}].push_back(i);
   }
+  // Where the flats end up: the parameters' device, or the spec's when the model was handed over on
+  // the host (built here, each flat moved there once its offloaded shard has left: move_to_device()).
+  const c10::Device here = owned.empty() ? c10::Device(c10::kCPU) : owned[0].param.device();
+  device_ = spec_.device.value_or(here);
+  if (device_ != here && !(spec_.offload.param_offloaded() && spec_.shards_parameters()))
+    throw accel::LogicError(fmt::format(
+        "accel: the model's parameters are on {} but the spec trains it on {}: only a model whose parameters are "
+        "offloaded (ZeRO-3 / FULL_SHARD with offload_param) is built on the host and moved flat by flat",
+        here.str(), device_.str()));
   // The plan: the spec against this run's group sizes and the model's dtypes.
   bool convert = false;
   // Offload to host memory (offload_optimizer.device cpu) of parameters on a device: the masters are
@@ -200,7 +209,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   for (auto& [key, members] : keys) {
     c10::ScalarType dt = owned[members[0]].param.scalar_type();
     convert = convert || spec_.param_dtype.value_or(dt) != dt || spec_.master_dtype.value_or(dt) != dt ||
-              (host_masters && !owned[members[0]].param.device().is_cpu());
+              (host_masters && !device_.is_cpu());
   }
   plan_ = Plan::resolve(spec_, world_->size(), shard_->size(), convert);
   const bool sharded_params = plan_.params_sharded;
@@ -209,7 +218,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // node holds the parameters once and gathering moves nothing. Not for shards on disk (offload_param
   // nvme frees and reloads the shard) nor for fp8 all-gathers (they gather fp8 bytes on purpose). The
   // same answer on every rank: the flag is agreed below, and node_shared_empty answers alike.
-  const bool cpu_model = !owned.empty() && owned[0].param.is_cpu();  // (the same device on every rank)
+  const bool cpu_model = !owned.empty() && device_.is_cpu();  // (the same device on every rank)
   bool want_node_shared = sharded_params && cpu_model && !spec_.offload.param_on_disk() && !spec_.fp8_all_gather &&
                           asks_for("ACCEL_NODE_SHARED_PARAMS", "parameters stay private to each rank");
   // Only if every rank of the group asks (each reads its own env); a CUDA engine issues no extra collective.
@@ -240,14 +249,14 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     std::string fname =
         fmt::format("{}[group {}{}, {}{}]", units_[unit].name.empty() ? "<root>" : units_[unit].name, group,
                     requires_grad ? "" : ", frozen", c10::toString(static_cast<c10::ScalarType>(dtype)),
-                    device == "cpu" ? "" : ", " + device);
+                    device_.is_cpu() ? "" : ", " + device_.str());
     Flat f;
     // A master in another dtype than the compute buffer starts from the original values, not from
     // their rounded copy.
     at::Tensor original;
     const c10::ScalarType mdt = spec_.master_dtype.value_or(ps[0].scalar_type());
     // Host masters: in pinned host memory, stepped on the CPU (fused kernels), copied to the device.
-    const bool on_host = host_masters && !ps[0].device().is_cpu();
+    const bool on_host = host_masters && !device_.is_cpu();
     if (group >= 0 && !plan_.passthrough && (mdt != o.dtype || on_host)) {
       CategoryScope cat(Category::OptimizerState);
       c10::NoGradGuard ng;
@@ -261,6 +270,8 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
       const at::Tensor mine = plan_.masters_are_shards ? flat.narrow(0, b, e - b) : flat;
       if (on_host)
         original = at::empty(mine.sizes(), mine.options().device(at::kCPU).pinned_memory(true)).copy_(mine);
+      else if (device_ != mine.device())  // (built on the host for a device)
+        original = mine.to(device_);
       else
         original = plan_.masters_are_shards ? mine.clone() : mine;
     }
@@ -283,6 +294,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // copies (the flat buffer or this rank's shard of it) in the master dtype, aliases of the compute
   // buffer when the dtypes agree.
   setup_offload(optimizer);
+  move_to_device();
   group_params_.assign(optimizer ? optimizer->param_groups().size() : 0, {});
   if (plan_.passthrough) {
     for (std::size_t g = 0; g < group_params_.size(); ++g)

@@ -268,6 +268,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
   ShardingSpec spec_;
   Plan plan_;
+  c10::Device device_ = c10::kCPU;  // where the flats live (spec_.device, else the parameters' device)
   std::shared_ptr<comm::Communicator> world_, shard_, replicate_, gather_;
   std::shared_ptr<torch::nn::Module> model_;
   std::vector<Flat> flats_;
@@ -290,6 +291,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool host_master(const Flat& f) const;
   void grad_to_host(Flat& f, const at::Tensor& g);  // queues f.host_grad := g
   void setup_offload(const torch::optim::Optimizer* optimizer);
+  void move_to_device();  // every flat's buffers to device_ (a no-op where they are)
   void fetch_params_ahead(std::size_t unit);
   // params_from_masters' work; offloaded_done: the offloaded step already wrote its flats' values.
   void write_params(bool offloaded_done);

@@ -32,10 +32,10 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
     throw accel::InvalidArgumentError(
         "offload_param cannot be combined with fp8 all-gather (fp8 shards stay in the device's memory)");
   c10::NoGradGuard ng;
-  if (os.optimizer == OffloadDevice::Cpu)
+  if (os.optimizer == OffloadDevice::Cpu && !device_.is_cpu())
     for (const auto& f : flats_)
-      if (f.master.defined() && f.master.device().is_cpu() && !f.flat_param->shard().device().is_cpu()) {
-        host_copies_ = std::make_unique<HostCopies>(f.flat_param->shard().device());
+      if (f.master.defined() && f.master.device().is_cpu()) {
+        host_copies_ = std::make_unique<HostCopies>(device_);
         break;
       }
   if (os.optimizer_on_disk() && optimizer) {
@@ -78,8 +78,7 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
     }
   }
   // Parameter shards to disk, or (a model on a device) to pinned host memory.
-  const bool on_device = !flats_.empty() && !flats_[0].flat_param->shard().is_cpu();
-  if ((os.param_on_disk() || (os.param == OffloadDevice::Cpu && on_device)) && plan_.params_sharded) {
+  if ((os.param_on_disk() || (os.param == OffloadDevice::Cpu && !device_.is_cpu())) && plan_.params_sharded) {
     std::vector<sharding::FlatParam*> slots;
     for (std::size_t fi = 0; fi < flats_.size(); ++fi) {
       Flat& f = flats_[fi];
@@ -87,12 +86,26 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
       // The master can no longer be the shard itself: the shard leaves memory.
       if (f.group >= 0 && !f.master.defined()) {
         CategoryScope cat(Category::OptimizerState);
-        f.master = f.flat_param->shard().clone();
+        const at::Tensor& shard = f.flat_param->shard();
+        f.master = shard.to(shard.options().device(device_), /*non_blocking=*/false, /*copy=*/true);
       }
       f.param_slot = slots.size();
       slots.push_back(f.flat_param.get());
     }
     param_offload_ = std::make_unique<ParamOffload>(os, world_->rank(), std::move(slots));
+  }
+}
+
+void Engine::move_to_device() {
+  // A model handed over on the host (ShardingSpec::device): the offloaded shards have left (their
+  // storage is freed), so each flat's buffers move to the device empty, and the rest (the root unit)
+  // with their values. The device never holds more than one flat being moved.
+  for (auto& f : flats_) {
+    const std::string freed =
+        fmt::format("accel: the shard of {} is offloaded to {} and not loaded now", f.flat_param->name(),
+                    param_offload_ && param_offload_->in_host_memory() ? "host memory (offload_param.device cpu)"
+                                                                       : "disk (offload_param.device nvme)");
+    f.flat_param->move_to(device_, freed);
   }
 }
 

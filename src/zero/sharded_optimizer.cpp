@@ -4,6 +4,7 @@
 #include "base/memory.h"
 #include "zero/optimizers.h"
 
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 #include <torch/optim/lbfgs.h>
@@ -13,6 +14,17 @@
 #include <stdexcept>
 
 namespace accel::zero {
+
+void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device) {
+  if (device.is_cpu() || !spec.offload.param_offloaded() || !spec.shards_parameters()) {
+    model.to(device);
+    return;
+  }
+  c10::NoGradGuard no_grad;
+  for (auto& b : model.buffers())
+    if (b.defined()) b.set_data(b.to(device));
+  spec.device = device;
+}
 
 EngineAndOptimizer prepare(std::shared_ptr<torch::nn::Module> model, const torch::optim::Optimizer& optimizer,
                            const ShardingSpec& spec, std::shared_ptr<comm::Communicator> world) {

@@ -19,6 +19,12 @@ struct EngineAndOptimizer {
   std::shared_ptr<torch::optim::Optimizer> optimizer;
 };
 
+// Puts a model on the device it trains on, before prepare(): all of it, or, where the parameters are
+// offloaded from a device (ZeRO-3 / FULL_SHARD with offload_param, ZeRO-Infinity), only its buffers,
+// with spec.device set: prepare() then builds the flats on the host and moves each to the device
+// once its offloaded shard has left, so the device never holds the whole model.
+void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device);
+
 // Throws std::invalid_argument for an optimizer it cannot shard (naming its type and the supported
 // ones), a parameter shared across two units, or a bad spec.
 EngineAndOptimizer prepare(std::shared_ptr<torch::nn::Module> model, const torch::optim::Optimizer& optimizer,

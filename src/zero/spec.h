@@ -16,6 +16,7 @@
 #include "offload/async_file.h"
 #include "sharding/wrap_policy.h"
 
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -100,6 +101,11 @@ struct ShardingSpec {
   // units), and are dequantized into param_dtype on arrival. Half the gather bytes of bf16.
   bool fp8_all_gather = false;
   OffloadSpec offload;
+  // Where the model trains, when it is handed over somewhere else: the engine flattens and shards it
+  // where it is (the host) and moves each flat's buffers there once its offloaded shard has left.
+  // ZeRO-Infinity from a device (parameters offloaded): the model is never on the device whole.
+  // Unset: where the parameters are.
+  std::optional<c10::Device> device;
 
   // The switches a strategy is made of (its row of the table).
   bool shards_optimizer() const { return info(strategy).shards_optimizer; }

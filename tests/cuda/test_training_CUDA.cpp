@@ -307,7 +307,8 @@ TEST(CudaTraining_CUDA, OffloadedOptimizerKeepsNoGradientOnTheDevice) {
   const std::vector<int64_t> widths{64, 512, 512, 512, 4};
   // Per step: device bytes allocated after its backward, less those before its forward.
   auto kept_after_backward = [&](const std::string& name, const std::string& extra) {
-    Accelerator acc(quiet(write_config(name, "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: " + extra)));
+    Accelerator acc(
+        quiet(write_config(name, "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: " + extra)));
     at::manual_seed(11);
     auto model = std::make_shared<MLPImpl>(widths);
     torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
@@ -343,9 +344,61 @@ TEST(CudaTraining_CUDA, OffloadedOptimizerKeepsNoGradientOnTheDevice) {
                                                stage + std::string("\n  offload_optimizer_device: cpu\n"));
     EXPECT_GE(static_cast<double>(on_device[0]), 0.9 * shard_bytes) << "without offload the reduced gradients stay";
     EXPECT_LE(static_cast<double>(offloaded[1]), 0.05 * shard_bytes)
-        << "offloaded: " << offloaded[1] << " B still allocated after the second backward (the shard's gradients: "
-        << shard_bytes << " B)";
+        << "offloaded: " << offloaded[1]
+        << " B still allocated after the second backward (the shard's gradients: " << shard_bytes << " B)";
   }
+}
+
+// ZeRO-Infinity from a device: a model handed to prepare() on the host (as it was built) is flattened
+// and sharded there, and each unit reaches the device only as its (offloaded, empty) buffers: the
+// device never holds the whole model, as it did when prepare() first moved the model there. Training
+// is bitwise the same as with the model moved to the device by the user before prepare().
+TEST(CudaTraining_CUDA, OffloadedParamsNeverPutTheWholeModelOnTheDevice) {
+  SKIP_WITHOUT_CUDA();
+  const std::vector<int64_t> widths{256, 1024, 1024, 1024, 1024, 4};
+  const std::string yaml =
+      "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
+      "  fsdp_offload_params: true\n" +
+      kUnits;
+  const std::string config = write_config("infinity.yaml", yaml);
+  std::int64_t model_bytes = 0;
+  for (const auto& t : std::make_shared<MLPImpl>(widths)->parameters()) model_bytes += 4 * t.numel();
+  struct Result {
+    std::int64_t prepare_peak = 0;  // device bytes allocated at the peak of prepare(), beyond those before
+    std::map<std::string, at::Tensor> state;
+  };
+  auto train = [&](bool user_moves_it) {
+    Accelerator acc(quiet(config));
+    at::manual_seed(3);
+    auto model = std::make_shared<MLPImpl>(widths);
+    if (user_moves_it) model->to(acc.device());
+    torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    auto loader = loader_for_micro_batch();  // (the micro batch; the config names none)
+    const c10::DeviceIndex index = acc.device().index();
+    const auto agg = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    at::accelerator::resetPeakStats(index);
+    const std::int64_t before = at::accelerator::getDeviceStats(index).allocated_bytes[agg].current;
+    auto p = acc.prepare(model, adamw, loader);
+    Result r;
+    r.prepare_peak = at::accelerator::getDeviceStats(index).allocated_bytes[agg].peak - before;
+    for (int k = 0; k < 3; ++k) {
+      at::manual_seed(200 + k + acc.process_index());
+      const at::Tensor x = at::randn({kG / acc.num_processes(), widths.front()}, acc.device());
+      acc.backward(model->forward(x).pow(2).mean());
+      p->step();
+      p->zero_grad();
+    }
+    for (auto& [name, v] : acc.get_state_dict()) r.state[name] = v;
+    return r;
+  };
+  const Result on_host = train(false), on_device = train(true);
+  EXPECT_GE(static_cast<double>(on_device.prepare_peak), 0.9 * model_bytes / world()->size())
+      << "a model moved first is on the device whole (this rank's shards of it at least)";
+  EXPECT_LE(static_cast<double>(on_host.prepare_peak), 0.5 * model_bytes / world()->size())
+      << "preparing the model from the host put " << on_host.prepare_peak
+      << " B on the device (the model: " << model_bytes << " B)";
+  ASSERT_EQ(on_host.state.size(), on_device.state.size());
+  for (const auto& [name, v] : on_device.state) EXPECT_TRUE(at::equal(on_host.state.at(name), v)) << name;
 }
 
 // offload_param device cpu and nvme under ZeRO-3 (ZeRO-Infinity): the parameter shards leave the
