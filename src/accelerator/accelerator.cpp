@@ -2,6 +2,7 @@
 #include "base/error.h"
 
 #include "accelerator/precision.h"
+#include "accelerator/tuning.h"
 #include "base/env.h"
 #include "base/log.h"
 #include "checkpoint/checkpoint_dir.h"
@@ -75,6 +76,7 @@ void AcceleratedOptimizer::step() {
       engine_->skip_step();
       state_->step_was_skipped = true;
       ++state_->skipped_steps;
+      if (state_->tune) state_->tune->after_step();
       return;
     }
   } else if (clip) {
@@ -82,6 +84,7 @@ void AcceleratedOptimizer::step() {
   }
   inner_->step();
   ++state_->optimizer_steps;
+  if (state_->tune) state_->tune->after_step();
 }
 
 void AcceleratedOptimizer::zero_grad(bool set_to_none) {
@@ -340,6 +343,14 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
   if (cfg_.mixed_precision == MixedPrecision::Fp16)
     scaling_ = std::make_shared<LossScaling>(cfg_.loss_scaler, engine_, device_);
   auto prepared = std::make_shared<AcceleratedOptimizer>(p.optimizer, engine_, state_, clip, scaling_);
+  if (auto tune = tune_spec_from_env()) {  // `accel tune` measures this run (accelerator/tuning.h)
+    std::int64_t params = 0;
+    for (const auto& t : model_->parameters()) params += t.numel();
+    const std::int64_t mb = micro_batch_ > 0 ? micro_batch_ : cfg_.batch.micro_batch_per_gpu.value_or(0);
+    state_->tune =
+        std::make_shared<TuneRun>(*tune, world_, device_, mb * state_->accumulation_steps * num_processes(), params);
+    state_->tune->after_prepare(mb, state_->accumulation_steps);
+  }
   maybe_auto_resume();
   return prepared;
 }

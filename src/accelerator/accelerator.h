@@ -79,6 +79,8 @@ struct AcceleratorOptions {
   std::vector<tracking::LogWith> log_with;
 };
 
+class TuneRun;  // accelerator/tuning.h
+
 // What the training loop and the Accelerator share about the current micro-step.
 struct GradientState {
   std::int64_t accumulation_steps = 1;
@@ -91,6 +93,7 @@ struct GradientState {
   double last_grad_norm = std::numeric_limits<double>::quiet_NaN();
   std::int64_t optimizer_steps = 0;                   // steps the optimizer took (saved in checkpoints)
   std::vector<std::shared_ptr<LoaderState>> loaders;  // prepared loaders
+  std::shared_ptr<TuneRun> tune;                      // ACCEL_TUNE: `accel tune` measures this run
   bool end_of_dataloader() const;
   // Real samples in the current batch of the loader iterating when it holds padding, else -1.
   std::int64_t remainder() const;

@@ -257,6 +257,8 @@ const std::vector<Key>& all() {
        "MS-AMP only"},
 
       // ---- DeepSpeed JSON: the top level -----------------------------------------------------------
+      {D::DeepSpeed, "", "_comment", "comment", T::Any, "", "", "notes for people (JSON has no comments)",
+       "a note, not a setting: `accel tune` writes how it chose the config here"},
       {D::DeepSpeed, "", "train_batch_size", "", T::Any, "derived", "an integer >= 1, or auto",
        "Global batch: micro batch x accumulation steps x ranks; of the three, a missing one is derived", nullptr},
       {D::DeepSpeed, "", "train_micro_batch_size_per_gpu", "", T::Any, "derived, else the loader's batch",

@@ -70,6 +70,10 @@ const std::vector<Variable>& table() {
       {"ACCEL_RESTART_COUNT", "",
        "set by `accel launch --max_restarts` on every rank: how many times the job was started again (0 the "
        "first time)"},
+      {"ACCEL_TUNE", "",
+       "set by `accel tune` for each run it measures: probe,report=PATH (prepare() reports the model and ends) or "
+       "warmup=W,steps=S,report=PATH[,budget=BYTES] (the run times W+S optimizer steps, reports and ends; "
+       "accelerator/tuning.h)"},
       {"ACCEL_INITIAL_WORLD_SIZE", "",
        "set by `accel launch --min_nodes` when it restarts a job on fewer hosts: the world size the job started "
        "with. The Accelerator multiplies gradient accumulation by it over the ranks running (and split_batches "

@@ -4,6 +4,7 @@
 // soon as it finishes (a sweep cut short keeps what it measured), and draws OUT/*.png with
 // benchmarks/plot_scaling.py in the project's Python (matplotlib).
 #include "cli/bench_plan.h"
+#include "cli/child_runs.h"
 #include "cli/commands.h"
 #include "cli/hostfile.h"
 
@@ -45,98 +46,6 @@ struct BenchArgs {
   std::optional<int> num_machines, ranks_per_machine, steps, warmup, batch, layers, d_model, heads, seq, vocab;
   bool no_plots = false;
 };
-
-bool runnable(const std::string& p) {
-  struct stat st {};
-  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
-}
-
-volatile pid_t g_child = 0;
-volatile sig_atomic_t g_bench_interrupted = 0;
-
-// As in `accel launch`: a Ctrl-C from the terminal reaches the whole foreground process group (the
-// running `accel launch` included, which stops its ranks), so it is not passed on again; a signal sent
-// to this process alone (kill, a scheduler) is passed on to the running launch. Either way the sweep
-// stops after that run, keeping its finished records.
-void on_bench_signal(int sig, siginfo_t* info, void*) {
-  g_bench_interrupted = sig;
-  if (g_child > 0 && info && info->si_code <= 0) kill(g_child, sig);
-}
-
-// Runs argv with stdout captured and stderr appended to `log`; returns the exit code (128 + signal).
-int run_captured(const std::vector<std::string>& argv, const std::string& log, std::string& out) {
-  int pipefd[2];
-  if (pipe(pipefd) != 0) throw BenchError(std::string("pipe failed: ") + std::strerror(errno));
-  const pid_t child = fork();
-  if (child < 0) throw BenchError(std::string("fork failed: ") + std::strerror(errno));
-  if (child == 0) {
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) dup2(fd, STDERR_FILENO);
-    dup2(pipefd[1], STDOUT_FILENO);
-    close(pipefd[0]);
-    close(pipefd[1]);
-    std::vector<char*> a;
-    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-    a.push_back(nullptr);
-    execv(a[0], a.data());
-    std::fprintf(stderr, "accel bench: cannot run %s: %s\n", a[0], std::strerror(errno));
-    _exit(127);
-  }
-  g_child = child;
-  close(pipefd[1]);
-  char buf[4096];
-  for (;;) {
-    const ssize_t k = read(pipefd[0], buf, sizeof buf);
-    if (k > 0) {
-      out.append(buf, static_cast<std::size_t>(k));
-    } else if (k == 0 || errno != EINTR) {
-      break;
-    }
-  }
-  close(pipefd[0]);
-  int status = 0;
-  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
-  g_child = 0;
-  // The log keeps stdout too, after the launcher's and the ranks' stderr.
-  std::ofstream(log, std::ios::app) << out;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-// The last n lines of a log, without Open MPI's notices (the blocks between lines of dashes that
-// mpirun prints when a rank fails), which would push the rank's own message out of view. When no rank
-// said anything (only the launcher's own lines are left), the last notice is the explanation (mpirun
-// refusing root, a bad host, too few slots): it is kept then.
-std::string tail_lines(const std::string& path, std::size_t n) {
-  std::ifstream in(path);
-  std::deque<std::string> last;
-  std::vector<std::string> notice, last_notice;
-  bool in_notice = false;
-  for (std::string line; std::getline(in, line);) {
-    if (line.size() >= 20 && line.find_first_not_of('-') == std::string::npos) {
-      in_notice = !in_notice;
-      if (in_notice)
-        notice.clear();
-      else
-        last_notice = notice;
-      continue;
-    }
-    if (in_notice) {
-      notice.push_back(line);
-      continue;
-    }
-    last.push_back(line);
-    if (last.size() > n) last.pop_front();
-  }
-  const bool only_launcher = std::all_of(
-      last.begin(), last.end(), [](const std::string& l) { return l.empty() || l.rfind("accel launch:", 0) == 0; });
-  std::string out;
-  if (only_launcher)
-    for (std::size_t i = 0; i < last_notice.size() && i < n; ++i) out += "    " + last_notice[i] + "\n";
-  for (const auto& l : last) out += "    " + l + "\n";
-  return out;
-}
 
 // Draws the PNGs from the JSONL; returns an error message, or "" when it worked.
 std::string plot(const BenchArgs& a, const std::string& jsonl, const std::string& out_dir) {
@@ -207,11 +116,7 @@ int run_bench(const BenchArgs& a) {
   fmt::print(stderr, "accel bench: {} run(s): {} x {} x ranks {}; records in {}\n", runs.size(), a.strategies,
              a.precision, a.num_processes, jsonl);
 
-  struct sigaction sa {};
-  sa.sa_sigaction = on_bench_signal;
-  sa.sa_flags = SA_SIGINFO;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  pass_signals_to_children();
 
   std::map<std::string, StepResult> baselines;  // strategy + precision -> the run at the fewest ranks
   int done = 0;
@@ -230,10 +135,10 @@ int run_bench(const BenchArgs& a) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::optional<StepResult> r;
     std::string why;
-    if (g_bench_interrupted) {
+    if (interrupted()) {
       fmt::print(stderr, "interrupted ({:.1f} s)\n", secs);
       failure = fmt::format("interrupted by {} during run {}/{} ({}); run again to measure the rest",
-                            strsignal(g_bench_interrupted), i + 1, runs.size(), run.label());
+                            strsignal(interrupted()), i + 1, runs.size(), run.label());
       break;
     }
     if (rc == 0) {
@@ -285,7 +190,7 @@ int run_bench(const BenchArgs& a) {
     fmt::print(stderr, "accel bench: error: {}\naccel bench: the {} finished run(s) are kept in {}{}\n", failure, done,
                jsonl, done > 0 && !a.no_plots && plot_error.empty() ? " (plotted)" : "");
     if (!plot_error.empty()) fmt::print(stderr, "accel bench: also: {}\n", plot_error);
-    return g_bench_interrupted ? 128 + g_bench_interrupted : 1;
+    return interrupted() ? 128 + interrupted() : 1;
   }
   if (!plot_error.empty()) {
     fmt::print(stderr, "accel bench: error: {}\n", plot_error);

@@ -25,4 +25,8 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code);
 // through accel launch per run; JSONL + PNG plots).
 void add_bench_command(CLI::App& app, int& exit_code);
 
+// `accel tune [--budget GB] [--time_limit MIN] PROGRAM ARGS...`: measures candidate configurations of the
+// program (cli/tune_plan.h says which, in which order) and writes the fastest that fits.
+void add_tune_command(CLI::App& app, int& exit_code);
+
 }  // namespace accel::cli
