@@ -244,16 +244,21 @@ std::optional<TuneCandidate> TuneSearch::next(const std::vector<TuneResult>& don
     for (int mb : mbs)
       if (auto c = make(b.strategy, mb, b.bucket_mib, b.checkpointing, b.offload); c && fresh(*c)) return c;
   }
-  // 3. The fastest so far: other bucket sizes, then checkpointing toggled (at its micro batch and
-  //    larger ones, which checkpointing may make fit), then the other offloads.
+  // 3. The two fastest strategies' best with each other bucket size (bucket and strategy interact, and
+  //    strategies a few percent apart are within one run's noise of each other); then the fastest so
+  //    far with checkpointing toggled (at its micro batch and larger ones, which checkpointing may make
+  //    fit), then with the other offloads.
+  for (std::size_t k = 0; k < order.size() && k < 2; ++k) {
+    const TuneCandidate& o = order[k].candidate;
+    for (double bucket : buckets)
+      if (auto c = make(o.strategy, o.micro_batch, bucket, o.checkpointing, o.offload); c && fresh(*c)) return c;
+  }
   std::vector<TuneResult> oks;
   for (const auto& d : done)
     if (ok(d)) oks.push_back(d);
   const TuneCandidate b = std::max_element(oks.begin(), oks.end(), [](const TuneResult& x, const TuneResult& y) {
                             return x.samples_per_s < y.samples_per_s;
                           })->candidate;
-  for (double bucket : buckets)
-    if (auto c = make(b.strategy, b.micro_batch, bucket, b.checkpointing, b.offload); c && fresh(*c)) return c;
   for (int mb : mbs)
     if (mb >= b.micro_batch)
       if (auto c = make(b.strategy, mb, b.bucket_mib, !b.checkpointing, b.offload); c && fresh(*c)) return c;

@@ -18,8 +18,8 @@
 //   1. every strategy at its largest micro batch (fewest accumulation steps), the default bucket, no
 //      checkpointing, no offload where one without fits;
 //   2. the two fastest strategies at every other micro batch;
-//   3. the fastest so far with each other bucket size, and with checkpointing (and offload) where
-//      those are in the grid.
+//   3. the two fastest strategies' best with each other bucket size; the fastest so far with
+//      checkpointing toggled, and with the other offloads, where those are in the grid.
 // A candidate that ran out of memory or over the budget counts as "does not fit": larger micro batches
 // of that strategy (at the same checkpointing and offload) are not tried after it.
 //
