@@ -1,4 +1,5 @@
 #include "cli/child_runs.h"
+#include "base/error.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -44,9 +45,9 @@ int interrupted() { return g_interrupted; }
 int run_captured(const std::vector<std::string>& argv, const std::string& log, std::string& out,
                  const std::vector<std::pair<std::string, std::string>>& env) {
   int pipefd[2];
-  if (pipe(pipefd) != 0) throw std::runtime_error(std::string("pipe failed: ") + std::strerror(errno));
+  if (pipe(pipefd) != 0) throw accel::RuntimeError(std::string("pipe failed: ") + std::strerror(errno));
   const pid_t child = fork();
-  if (child < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  if (child < 0) throw accel::RuntimeError(std::string("fork failed: ") + std::strerror(errno));
   if (child == 0) {
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);

@@ -22,7 +22,7 @@ int interrupted();
 
 // Runs argv (with `env` added to the environment) with stdout captured into `out` and stderr written
 // to `log` (then stdout appended to it); returns the exit code (128 + signal when killed by one).
-// Throws std::runtime_error when the process cannot be started.
+// Throws accel::RuntimeError when the process cannot be started.
 int run_captured(const std::vector<std::string>& argv, const std::string& log, std::string& out,
                  const std::vector<std::pair<std::string, std::string>>& env = {});
 

@@ -160,7 +160,7 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
   std::string work = a.work_dir;
   if (work.empty()) {
     std::string templ = "/tmp/accel_tune.XXXXXX";
-    if (!mkdtemp(templ.data())) throw std::runtime_error("cannot make a working directory under /tmp");
+    if (!mkdtemp(templ.data())) throw accel::RuntimeError("cannot make a working directory under /tmp");
     work = templ;
   }
   files::make_dirs(work);

@@ -49,7 +49,7 @@ std::string fmt_num(double v) { return v == std::floor(v) ? fmt::format("{:.0f}"
 
 std::int64_t bucket_elements(double mib) { return static_cast<std::int64_t>(std::llround(mib * 1048576.0 / 4.0)); }
 
-std::string gb(double bytes) { return format_gb(bytes) + " GB"; }
+std::string gb_text(double bytes) { return format_gb(bytes) + " GB"; }
 
 }  // namespace
 
@@ -155,8 +155,8 @@ TuneGrid plan_tune(const TuneRequest& request) {
             if (why.empty() && r.budget_bytes) {
               const double need = model_state_bytes(r, c);
               if (need > *r.budget_bytes)
-                why = fmt::format("model states {} per rank over the budget {} (estimate-memory)", gb(need),
-                                  gb(*r.budget_bytes));
+                why = fmt::format("model states {} per rank over the budget {} (estimate-memory)", gb_text(need),
+                                  gb_text(*r.budget_bytes));
             }
             if (!why.empty()) {
               g.pruned.push_back({c, why});
@@ -376,7 +376,7 @@ std::string winner_deepspeed(const TuneCandidate& c, const TuneRequest& r, const
 std::string tune_table(const std::vector<TuneResult>& results, const TuneGrid& grid, const TuneRequest& r) {
   auto estimate = [&](const TuneCandidate& c) {
     for (std::size_t i = 0; i < grid.runnable.size(); ++i)
-      if (grid.runnable[i] == c) return gb(grid.model_state_bytes[i]);
+      if (grid.runnable[i] == c) return gb_text(grid.model_state_bytes[i]);
     return std::string("?");
   };
   std::string s = fmt::format(
@@ -387,7 +387,7 @@ std::string tune_table(const std::vector<TuneResult>& results, const TuneGrid& g
     const bool ok = d.status == TuneResult::Status::Ok;
     s += fmt::format("| {} | {} | {} | {} | {} | {} | {:.1f} | {}{} |\n", ok ? std::to_string(++rank) : "",
                      d.candidate.label(), ok ? fmt::format("{:.1f}", d.samples_per_s) : "",
-                     ok ? fmt::format("{:.1f}", d.step_ms) : "", d.peak_bytes > 0 ? gb(d.peak_bytes) : "",
+                     ok ? fmt::format("{:.1f}", d.step_ms) : "", d.peak_bytes > 0 ? gb_text(d.peak_bytes) : "",
                      estimate(d.candidate), d.wall_s, to_string(d.status), d.detail.empty() ? "" : ": " + d.detail);
   }
   if (!grid.pruned.empty()) {

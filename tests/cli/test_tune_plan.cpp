@@ -20,7 +20,7 @@ using accel::test::message_of;
 namespace accel::cli {
 namespace {
 
-TuneRequest request(double params, int ranks, std::int64_t global_batch) {
+TuneRequest tune_request(double params, int ranks, std::int64_t global_batch) {
   TuneRequest r;
   r.params = params;
   r.num_processes = ranks;
@@ -42,7 +42,7 @@ TEST(TunePlan, PruningByMemoryIsEstimateMemorysVerdict) {
   for (const char* precision : {"no", "bf16"})
     for (int ranks : {1, 2, 4})
       for (double budget_gb : {2.0, 6.0, 20.0}) {
-        TuneRequest r = request(0.75e9, ranks, 64);
+        TuneRequest r = tune_request(0.75e9, ranks, 64);
         r.precision = precision;
         r.device_cuda = true;  // (offload candidates exist)
         r.budget_bytes = budget_gb * 1e9;
@@ -81,7 +81,7 @@ TEST(TunePlan, PruningByMemoryIsEstimateMemorysVerdict) {
 }
 
 TEST(TunePlan, TheGridKeepsTheGlobalBatchAndPrunesWhatCannotRunWithWhy) {
-  TuneRequest r = request(1e6, 2, 12);
+  TuneRequest r = tune_request(1e6, 2, 12);
   r.micro_batches = {1, 2, 4, 6};
   r.checkpointing = {false};
   r.offloads = {"none", "optimizer"};
@@ -100,7 +100,7 @@ TEST(TunePlan, TheGridKeepsTheGlobalBatchAndPrunesWhatCannotRunWithWhy) {
             "offload on a CPU run changes nothing (the state is in host memory already)");
   EXPECT_EQ(g.runnable.size(), 4u * 3u);  // DDP, ZeRO-1/2/3 x micro batches 1, 2, 6
   // HYBRID_SHARD only across machines; parameter offload only with ZeRO-3.
-  TuneRequest h = request(1e6, 4, 8);
+  TuneRequest h = tune_request(1e6, 4, 8);
   h.strategies = {"hybrid_shard", "full_shard", "shard_grad_op"};
   h.device_cuda = true;
   h.micro_batches = {1};
@@ -121,20 +121,20 @@ TEST(TunePlan, TheGridKeepsTheGlobalBatchAndPrunesWhatCannotRunWithWhy) {
 }
 
 TEST(TunePlan, DefaultsAndBadRequestsNameTheFlag) {
-  const TuneRequest d = with_defaults(request(1e6, 2, 16));
+  const TuneRequest d = with_defaults(tune_request(1e6, 2, 16));
   EXPECT_EQ(d.strategies, (std::vector<std::string>{"DDP", "ZERO_1", "ZERO_2", "ZERO_3"}));
   EXPECT_EQ(d.micro_batches, (std::vector<int>{1, 2, 4, 8}));
   EXPECT_EQ(d.bucket_mib, (std::vector<double>{25}));
   EXPECT_EQ(d.offloads, (std::vector<std::string>{"none"}));
   EXPECT_EQ(with_defaults([] {
-              TuneRequest r = request(1e6, 2, 16);
+              TuneRequest r = tune_request(1e6, 2, 16);
               r.device_cuda = true;
               return r;
             }())
                 .offloads,
             (std::vector<std::string>{"none", "optimizer", "optimizer+params"}));
   auto err = [](std::function<void(TuneRequest&)> edit) {
-    TuneRequest r = request(1e6, 2, 16);
+    TuneRequest r = tune_request(1e6, 2, 16);
     edit(r);
     return message_of<TuneError>([&] { with_defaults(r); });
   };
@@ -154,7 +154,7 @@ TEST(TunePlan, DefaultsAndBadRequestsNameTheFlag) {
 // memory. The staged search finds the exhaustive optimum (within 5%) in at most a third of its runs, and
 // never runs a micro batch above one that did not fit.
 TEST(TunePlan, TheStagedSearchFindsTheExhaustiveBestInAThirdOfTheRuns) {
-  TuneRequest r = request(1e8, 2, 64);
+  TuneRequest r = tune_request(1e8, 2, 64);
   r.bucket_mib = {5, 25, 100};
   const TuneGrid grid = plan_tune(r);
   auto limit = [](const TuneCandidate& c) {  // largest micro batch that fits
@@ -204,7 +204,7 @@ TEST(TunePlan, TheStagedSearchFindsTheExhaustiveBestInAThirdOfTheRuns) {
 }
 
 TEST(TunePlan, CandidateConfigsSayWhatTheCandidateIs) {
-  TuneRequest r = with_defaults(request(1e6, 2, 16));
+  TuneRequest r = with_defaults(tune_request(1e6, 2, 16));
   r.precision = "bf16";
   r.gradient_clipping = 1.0;
   TuneCandidate c;
