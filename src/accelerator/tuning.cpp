@@ -2,7 +2,6 @@
 
 #include "accelerator/config.h"
 #include "base/env.h"
-#include "base/files.h"
 #include "base/memory.h"
 
 #include <ATen/ATen.h>
@@ -67,6 +66,7 @@ TuneSpec parse_tune_spec(const std::string& text, const std::string& where) {
     const double v = std::strtod(value.c_str(), &end);
     if (value.empty() || *end != '\0' || !(v >= 0)) bad(part, "is not a number >= 0");
     if (key == "warmup") {
+      if (v < 1) bad(part, "must be >= 1");
       s.warmup = static_cast<int>(v);
     } else if (key == "steps") {
       if (v < 1) bad(part, "must be >= 1");

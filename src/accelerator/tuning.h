@@ -5,7 +5,8 @@
 //       prepare() writes the model's parameter count, the micro batch, the world size and the device
 //       to PATH (one JSON line, main process) and ends the process (exit code 0) before any step;
 //   ACCEL_TUNE=warmup=W,steps=S,report=PATH[,budget=BYTES]
-//       after W unmeasured and S measured optimizer steps, the main process writes one JSON line to
+//       after W unmeasured (W >= 1: the first step's time holds whatever the program does after
+//       prepare()) and S measured optimizer steps, the main process writes one JSON line to
 //       PATH: the median step time (rank 0's clock), samples per second (the global batch over the
 //       median), the peak memory (the largest over ranks: resident set, the counting allocator's
 //       peak over the measured steps, the device's caching allocator peak) and the parameter count;

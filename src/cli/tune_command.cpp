@@ -18,7 +18,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <optional>
@@ -113,7 +115,8 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
   if (a.dialect != "accelerate" && a.dialect != "deepspeed")
     throw TuneError(fmt::format("--dialect '{}': accelerate (the YAML) or deepspeed (the JSON)", a.dialect));
   if (!(a.time_limit_min > 0)) throw TuneError("--time_limit must be more than 0 minutes");
-  if (a.warmup < 0 || a.steps < 1) throw TuneError("--warmup must be >= 0 and --steps >= 1");
+  // (The first step's time holds whatever the program does between prepare() and it.)
+  if (a.warmup < 1 || a.steps < 1) throw TuneError("--warmup and --steps must be >= 1");
   if (a.checkpointing != "both" && a.checkpointing != "off" && a.checkpointing != "on")
     throw TuneError(fmt::format("--checkpointing '{}': off, on or both", a.checkpointing));
   const std::string program = files::absolute_path(remaining[0]);
@@ -193,6 +196,7 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
         launch(a.config_file.empty() ? "" : files::absolute_path(a.config_file),
                without_flags(std::vector<std::string>(remaining.begin() + 1, remaining.end()), {"--config_file"}));
     std::string out;
+    std::remove(report.c_str());  // (a --work_dir used before: only this run's report counts)
     const int rc = run_captured(probe_args, log, out, {{"ACCEL_TUNE", "probe,report=" + report}});
     const auto j = last_report(report);
     if (rc != 0 || !j || (*j)["status"] != "probe")
@@ -243,6 +247,7 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
     std::fflush(stderr);
     const double t0 = elapsed();
     std::string out;
+    std::remove((stem + ".jsonl").c_str());
     const int rc =
         run_captured(launch(config, candidate_args(c->micro_batch)), stem + ".log", out, {{"ACCEL_TUNE", tune_env}});
     TuneResult r;
@@ -275,6 +280,18 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
       fmt::print(stderr, "failed (exit code {}; {}.log)\n", rc, stem);
     }
     done.push_back(r);
+    // Runs that fail for something other than memory, from the start: the program's own problem, which
+    // every candidate would meet.
+    const bool any_ok =
+        std::any_of(done.begin(), done.end(), [](const TuneResult& d) { return d.status == TuneResult::Status::Ok; });
+    if (!any_ok && done.size() >= 3 && std::all_of(done.end() - 3, done.end(), [](const TuneResult& d) {
+          return d.status == TuneResult::Status::Failed;
+        })) {
+      stopped = "stopped after 3 failed runs in a row";
+      fmt::print(stderr, "accel tune: 3 runs in a row failed; the last one's log ({}.log):\n{}", stem,
+                 tail_lines(stem + ".log", 12));
+      break;
+    }
   }
 
   const std::vector<TuneResult> order = ranked(done);
@@ -357,7 +374,7 @@ void add_tune_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--batch_args", a->batch_args,
                   "How the program is told its batch: {micro} is the micro batch per rank, {per_step} that times the "
                   "ranks [\"--batch {per_step}\"]");
-  cmd->add_option("--warmup", a->warmup, "Unmeasured optimizer steps per run [2]");
+  cmd->add_option("--warmup", a->warmup, "Unmeasured optimizer steps per run, >= 1 [2]");
   cmd->add_option("--steps", a->steps, "Measured optimizer steps per run [5]");
   cmd->add_flag("--exhaustive", a->exhaustive, "Run every candidate that is not pruned (to compare with the search)");
   cmd->add_option("--out", a->out, "The config to write [accel_tuned.yaml]");
