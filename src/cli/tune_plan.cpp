@@ -238,11 +238,17 @@ std::optional<TuneCandidate> TuneSearch::next(const std::vector<TuneResult>& don
   std::sort(order.begin(), order.end(),
             [](const TuneResult& a, const TuneResult& b) { return a.samples_per_s > b.samples_per_s; });
   if (order.empty()) return std::nullopt;
-  // 2. The two fastest strategies at every other micro batch (same variant and bucket).
+  // 2. The two fastest strategies' micro batch, climbed: the micro batches next to each one's best (same
+  //    variant and bucket); as next() starts again from the best so far, a faster neighbour is climbed
+  //    from in turn, so the search stops at the micro batch both of whose neighbours are slower (or
+  //    out of memory) instead of measuring every one.
   for (std::size_t k = 0; k < order.size() && k < 2; ++k) {
     const TuneCandidate& b = order[k].candidate;
-    for (int mb : mbs)
-      if (auto c = make(b.strategy, mb, b.bucket_mib, b.checkpointing, b.offload); c && fresh(*c)) return c;
+    const std::size_t at =
+        static_cast<std::size_t>(std::find(mbs.begin(), mbs.end(), b.micro_batch) - mbs.begin());  // (largest first)
+    for (std::size_t n : {at + 1, at - 1})  // (at - 1 wraps past the end when at is 0)
+      if (at < mbs.size() && n < mbs.size())
+        if (auto c = make(b.strategy, mbs[n], b.bucket_mib, b.checkpointing, b.offload); c && fresh(*c)) return c;
   }
   // 3. The two fastest strategies' best with each other bucket size (bucket and strategy interact, and
   //    strategies a few percent apart are within one run's noise of each other); then the fastest so

@@ -17,7 +17,8 @@
 // finds what an exhaustive one would (DeepSpeed's autotuner searches stage and micro batch alike):
 //   1. every strategy at its largest micro batch (fewest accumulation steps), the default bucket, no
 //      checkpointing, no offload where one without fits;
-//   2. the two fastest strategies at every other micro batch;
+//   2. the two fastest strategies' micro batch, climbed: the micro batches next to each one's best,
+//      then next to a faster neighbour, until both neighbours are slower or do not fit;
 //   3. the two fastest strategies' best with each other bucket size; the fastest so far with
 //      checkpointing toggled, and with the other offloads, where those are in the grid.
 // A candidate that ran out of memory or over the budget counts as "does not fit": larger micro batches
