@@ -2,6 +2,7 @@
 // table), the staged search against an exhaustive one on a synthetic machine, and the configs it writes
 // (read back by accel's config readers).
 #include "accelerator/config.h"
+#include "base/files.h"
 #include "cli/estimate_memory.h"
 #include "cli/tune_plan.h"
 #include "support/errors.h"
@@ -244,6 +245,7 @@ TEST(TunePlan, CandidateConfigsSayWhatTheCandidateIs) {
   const std::string ds = winner_deepspeed(c, r, {"chosen \"so\""});
   EXPECT_NE(ds.find("\"_comment\": [\n    \"chosen \\\"so\\\"\"\n  ]"), std::string::npos) << ds;
   EXPECT_EQ(load_config_file(write_temp("ds.json", ds)).spec.bucket_bytes, 100LL << 20);
+  files::remove_tree(std::filesystem::path(json_path).parent_path().string());  // (not remove_all: base/files.h)
 }
 
 }  // namespace
