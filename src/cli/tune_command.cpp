@@ -37,7 +37,7 @@ struct TuneArgs {
   std::string batch_args = "--batch {per_step}";
   std::optional<std::string> budget;
   double time_limit_min = 20;
-  int warmup = 2, steps = 5;
+  int warmup = 2, steps = 5, confirm = 3;
   std::optional<int> num_processes, num_machines;
   std::optional<std::int64_t> global_batch;
   bool exhaustive = false;
@@ -117,6 +117,7 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
   if (!(a.time_limit_min > 0)) throw TuneError("--time_limit must be more than 0 minutes");
   // (The first step's time holds whatever the program does between prepare() and it.)
   if (a.warmup < 1 || a.steps < 1) throw TuneError("--warmup and --steps must be >= 1");
+  if (a.confirm < 0) throw TuneError("--confirm must be >= 0 (0: measure each candidate once)");
   if (a.checkpointing != "both" && a.checkpointing != "off" && a.checkpointing != "on")
     throw TuneError(fmt::format("--checkpointing '{}': off, on or both", a.checkpointing));
   const std::string program = files::absolute_path(remaining[0]);
@@ -219,44 +220,35 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
              a.time_limit_min);
   std::vector<TuneResult> done;
   std::string stopped;
-  std::size_t next_exhaustive = 0;
-  for (int k = 1;; ++k) {
-    std::optional<TuneCandidate> c;
-    if (a.exhaustive) {
-      while (next_exhaustive < grid.runnable.size() && !c) {
-        const TuneCandidate& x = grid.runnable[next_exhaustive++];
-        if (!search.blocked(x, done)) c = x;  // (a smaller micro batch of its kind did not fit)
-      }
-    } else {
-      c = search.next(done);
-    }
-    if (!c) break;
+  int k = 0;
+  auto time_left_for_one = [&] {
     double mean_wall = 0;
     for (const auto& d : done) mean_wall += d.wall_s / static_cast<double>(done.size());
-    if (elapsed() + mean_wall > a.time_limit_min * 60) {
-      stopped = fmt::format("stopped at the time limit ({} min) with candidates left", a.time_limit_min);
-      break;
-    }
+    return elapsed() + mean_wall <= a.time_limit_min * 60;
+  };
+  // One run of a candidate (`what` prefixes its progress line); false when the sweep was interrupted.
+  auto run_one = [&](const TuneCandidate& c, const std::string& what) {
+    ++k;
     const std::string stem = fmt::format("{}/run{:03d}", work, k);
-    const std::string config = stem + (candidate_is_json(*c) ? ".json" : ".yaml");
-    const std::string body = candidate_config(*c, full);
+    const std::string config = stem + (candidate_is_json(c) ? ".json" : ".yaml");
+    const std::string body = candidate_config(c, full);
     files::write_file_atomic(config, body.data(), body.size());
     std::string tune_env = fmt::format("warmup={},steps={},report={}.jsonl", a.warmup, a.steps, stem);
     if (full.budget_bytes) tune_env += fmt::format(",budget={:.0f}", *full.budget_bytes);
-    fmt::print(stderr, "[{}] {} ... ", k, c->label());
+    fmt::print(stderr, "[{}] {}{} ... ", k, what, c.label());
     std::fflush(stderr);
     const double t0 = elapsed();
     std::string out;
     std::remove((stem + ".jsonl").c_str());
     const int rc =
-        run_captured(launch(config, candidate_args(c->micro_batch)), stem + ".log", out, {{"ACCEL_TUNE", tune_env}});
+        run_captured(launch(config, candidate_args(c.micro_batch)), stem + ".log", out, {{"ACCEL_TUNE", tune_env}});
     TuneResult r;
-    r.candidate = *c;
+    r.candidate = c;
     r.wall_s = elapsed() - t0;
     if (interrupted()) {
       fmt::print(stderr, "interrupted\n");
       stopped = "interrupted";
-      break;
+      return false;
     }
     const auto j = last_report(stem + ".jsonl");
     if (j && (*j)["status"] == "ok" && rc == 0) {
@@ -280,6 +272,25 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
       fmt::print(stderr, "failed (exit code {}; {}.log)\n", rc, stem);
     }
     done.push_back(r);
+    return true;
+  };
+  std::size_t next_exhaustive = 0;
+  for (;;) {
+    std::optional<TuneCandidate> c;
+    if (a.exhaustive) {
+      while (next_exhaustive < grid.runnable.size() && !c) {
+        const TuneCandidate& x = grid.runnable[next_exhaustive++];
+        if (!search.blocked(x, done)) c = x;  // (a smaller micro batch of its kind did not fit)
+      }
+    } else {
+      c = search.next(done);
+    }
+    if (!c) break;
+    if (!time_left_for_one()) {
+      stopped = fmt::format("stopped at the time limit ({} min) with candidates left", a.time_limit_min);
+      break;
+    }
+    if (!run_one(*c, "")) break;
     // Runs that fail for something other than memory, from the start: the program's own problem, which
     // every candidate would meet.
     const bool any_ok =
@@ -288,13 +299,30 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
           return d.status == TuneResult::Status::Failed;
         })) {
       stopped = "stopped after 3 failed runs in a row";
-      fmt::print(stderr, "accel tune: 3 runs in a row failed; the last one's log ({}.log):\n{}", stem,
-                 tail_lines(stem + ".log", 12));
+      fmt::print(stderr, "accel tune: 3 runs in a row failed; the last one's log ({}/run{:03d}.log):\n{}", work, k,
+                 tail_lines(fmt::format("{}/run{:03d}.log", work, k), 12));
       break;
     }
   }
+  // The fastest few measured again (tune_plan.h: confirm_candidates), fastest first.
+  int confirmed = 0;
+  std::string confirm_note;
+  if (stopped.empty() && a.confirm > 0) {
+    const std::vector<TuneCandidate> again = confirm_candidates(done, a.confirm);
+    if (!again.empty())
+      fmt::print(stderr, "accel tune: measuring the {} fastest (within {:.0f}% of the best) once more\n", again.size(),
+                 100 * kConfirmWithin);
+    for (const auto& c : again) {
+      if (!time_left_for_one()) {
+        confirm_note = "; the time limit cut the second measurement short";
+        break;
+      }
+      if (!run_one(c, "again: ")) break;
+      ++confirmed;
+    }
+  }
 
-  const std::vector<TuneResult> order = ranked(done);
+  const std::vector<TuneResult> order = ranked(merged(done));
   fmt::print("\n{}", tune_table(order, grid, full));
   if (order.empty() || order.front().status != TuneResult::Status::Ok) {
     fmt::print(stderr, "accel tune: no candidate fits and runs{}; logs in {}\n",
@@ -308,15 +336,17 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M", std::localtime(&now));
   std::string cmdline = remaining[0];
   for (const auto& w : prog_args) cmdline += " " + w;
-  how.push_back(fmt::format("Chosen by accel tune, {}: the fastest of {} measured run(s) of {} at {} rank(s)", date,
-                            done.size(), cmdline, full.num_processes));
-  how.push_back(fmt::format(
-      "({} warm-up + {} measured optimizer steps each; {} search; {} of {} candidates pruned "
-      "before running; {:.0f} s of a {} min limit{}).",
-      a.warmup, a.steps, a.exhaustive ? "exhaustive" : "staged", grid.pruned.size(),
-      grid.pruned.size() + grid.runnable.size(), elapsed(), a.time_limit_min, stopped.empty() ? "" : "; " + stopped));
-  how.push_back(fmt::format("Winner: {}: {:.1f} samples/s, {:.1f} ms a step, peak {:.2f} GB per rank.",
-                            best.candidate.label(), best.samples_per_s, best.step_ms, best.peak_bytes / 1e9));
+  how.push_back(fmt::format("Chosen by accel tune, {}: the fastest of {} measured candidate(s) of {} at {} rank(s)",
+                            date, order.size(), cmdline, full.num_processes));
+  how.push_back(
+      fmt::format("({} warm-up + {} measured optimizer steps a run; {} search; {} of {} candidates pruned "
+                  "before running; the {} fastest measured twice, ranked by the mean{}; {:.0f} s of a {} min limit{}).",
+                  a.warmup, a.steps, a.exhaustive ? "exhaustive" : "staged", grid.pruned.size(),
+                  grid.pruned.size() + grid.runnable.size(), confirmed, confirm_note, elapsed(), a.time_limit_min,
+                  stopped.empty() ? "" : "; " + stopped));
+  how.push_back(fmt::format("Winner: {}: {:.1f} samples/s, {:.1f} ms a step, peak {:.2f} GB per rank ({} run(s)).",
+                            best.candidate.label(), best.samples_per_s, best.step_ms, best.peak_bytes / 1e9,
+                            best.runs));
   if (order.size() > 1 && order[1].status == TuneResult::Status::Ok)
     how.push_back(fmt::format("Runner-up: {}: {:.1f} samples/s.", order[1].candidate.label(), order[1].samples_per_s));
   std::string bws;
@@ -376,6 +406,9 @@ void add_tune_command(CLI::App& app, int& exit_code) {
                   "ranks [\"--batch {per_step}\"]");
   cmd->add_option("--warmup", a->warmup, "Unmeasured optimizer steps per run, >= 1 [2]");
   cmd->add_option("--steps", a->steps, "Measured optimizer steps per run [5]");
+  cmd->add_option("--confirm", a->confirm,
+                  "Measure this many of the fastest (those within 10% of the best) once more and rank by the mean "
+                  "(0: no second measurement) [3]");
   cmd->add_flag("--exhaustive", a->exhaustive, "Run every candidate that is not pruned (to compare with the search)");
   cmd->add_option("--out", a->out, "The config to write [accel_tuned.yaml]");
   cmd->add_option("--dialect", a->dialect, "accelerate (the YAML) or deepspeed (the JSON) [accelerate]");

@@ -282,6 +282,47 @@ std::vector<TuneResult> ranked(std::vector<TuneResult> results) {
   return results;
 }
 
+std::vector<TuneResult> merged(const std::vector<TuneResult>& runs) {
+  std::vector<TuneResult> out;
+  for (const auto& r : runs) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const TuneResult& m) { return m.candidate == r.candidate; });
+    if (it == out.end()) {
+      out.push_back(r);
+      out.back().runs = 1;
+      continue;
+    }
+    TuneResult& m = *it;
+    const bool was_ok = m.status == TuneResult::Status::Ok;
+    const int n = m.runs;
+    m.runs = n + 1;
+    m.wall_s += r.wall_s;
+    m.peak_bytes = std::max(m.peak_bytes, r.peak_bytes);
+    if (!was_ok) continue;  // (the first run that did not end ok stands)
+    if (r.status != TuneResult::Status::Ok) {
+      m.status = r.status;
+      m.detail = r.detail;
+      m.samples_per_s = m.step_ms = 0;
+      continue;
+    }
+    m.samples_per_s = (m.samples_per_s * n + r.samples_per_s) / (n + 1);
+    m.step_ms = (m.step_ms * n + r.step_ms) / (n + 1);
+  }
+  return out;
+}
+
+std::vector<TuneCandidate> confirm_candidates(const std::vector<TuneResult>& runs, int k) {
+  const std::vector<TuneResult> order = ranked(merged(runs));
+  std::vector<TuneCandidate> out;
+  if (order.empty() || order.front().status != TuneResult::Status::Ok) return out;
+  const double best = order.front().samples_per_s;
+  for (const auto& m : order)
+    if (static_cast<int>(out.size()) < k && m.status == TuneResult::Status::Ok &&
+        m.samples_per_s >= (1 - kConfirmWithin) * best)
+      out.push_back(m.candidate);
+  if (out.size() < 2) out.clear();
+  return out;
+}
+
 bool candidate_is_json(const TuneCandidate& c) { return c.strategy != "HYBRID_SHARD"; }
 
 namespace {
@@ -386,14 +427,14 @@ std::string tune_table(const std::vector<TuneResult>& results, const TuneGrid& g
     return std::string("?");
   };
   std::string s = fmt::format(
-      "| rank | candidate | samples/s | step ms | peak / rank | model states / rank (estimate) | run s | result |\n"
-      "|---:|---|---:|---:|---:|---:|---:|---|\n");
+      "| rank | candidate | samples/s | step ms | runs | peak / rank | model states / rank (estimate) | run s | result "
+      "|\n|---:|---|---:|---:|---:|---:|---:|---:|---|\n");
   int rank = 0;
   for (const auto& d : results) {
     const bool ok = d.status == TuneResult::Status::Ok;
-    s += fmt::format("| {} | {} | {} | {} | {} | {} | {:.1f} | {}{} |\n", ok ? std::to_string(++rank) : "",
+    s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {:.1f} | {}{} |\n", ok ? std::to_string(++rank) : "",
                      d.candidate.label(), ok ? fmt::format("{:.1f}", d.samples_per_s) : "",
-                     ok ? fmt::format("{:.1f}", d.step_ms) : "", d.peak_bytes > 0 ? gb_text(d.peak_bytes) : "",
+                     ok ? fmt::format("{:.1f}", d.step_ms) : "", d.runs, d.peak_bytes > 0 ? gb_text(d.peak_bytes) : "",
                      estimate(d.candidate), d.wall_s, to_string(d.status), d.detail.empty() ? "" : ": " + d.detail);
   }
   if (!grid.pruned.empty()) {

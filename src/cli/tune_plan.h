@@ -20,7 +20,9 @@
 //   2. the two fastest strategies' micro batch, climbed: the micro batches next to each one's best,
 //      then next to a faster neighbour, until both neighbours are slower or do not fit;
 //   3. the two fastest strategies' best with each other bucket size; the fastest so far with
-//      checkpointing toggled, and with the other offloads, where those are in the grid.
+//      checkpointing toggled, and with the other offloads, where those are in the grid;
+// then (confirm_candidates) the fastest few, those within 10% of the best, are measured again and the
+// winner is the fastest by the mean of its runs.
 // A candidate that ran out of memory or over the budget counts as "does not fit": larger micro batches
 // of that strategy (at the same checkpointing and offload) are not tried after it.
 //
@@ -97,6 +99,7 @@ struct TuneResult {
   double step_ms = 0, samples_per_s = 0, peak_bytes = 0;  // peak: the device's (CUDA) or the resident set's
   double wall_s = 0;                                      // the whole run, start-up included
   std::string detail;                                     // why it failed
+  int runs = 1;                                           // > 1: merged() of a re-measured candidate
 };
 const char* to_string(TuneResult::Status s);
 
@@ -118,6 +121,18 @@ class TuneSearch {
 // Results, fastest first (those that did not run to the end last, in the order they ran).
 std::vector<TuneResult> ranked(std::vector<TuneResult> results);
 
+// One entry per candidate, in the order each first ran: a candidate measured more than once has the
+// mean of its runs' throughput and step time, the largest peak, the summed wall time and `runs`; if one
+// of its runs did not end ok, the entry is that run's (a candidate that fits only sometimes does not fit).
+std::vector<TuneResult> merged(const std::vector<TuneResult>& runs);
+
+// Before choosing, the fastest candidates are measured once more and ranked by their mean, because
+// candidates a few percent apart are within one run's noise of each other (and the fastest of many noisy
+// figures is biased upwards): up to k of the merged results' fastest, those within kConfirmWithin of the
+// best's throughput, fastest first; none when fewer than two are that close (nothing to decide).
+inline constexpr double kConfirmWithin = 0.10;
+std::vector<TuneCandidate> confirm_candidates(const std::vector<TuneResult>& runs, int k);
+
 // A candidate's config: DeepSpeed JSON for stages 0-3, Accelerate YAML for HYBRID_SHARD.
 bool candidate_is_json(const TuneCandidate& c);
 std::string candidate_config(const TuneCandidate& c, const TuneRequest& r);
@@ -130,8 +145,8 @@ WinnerFiles winner_accelerate(const TuneCandidate& c, const TuneRequest& r, cons
                               const std::vector<std::string>& how_chosen);
 std::string winner_deepspeed(const TuneCandidate& c, const TuneRequest& r, const std::vector<std::string>& how_chosen);
 
-// The ranked table (Markdown): rank, candidate, samples/s, step ms, peak, estimate, status; then the
-// pruned candidates with why.
+// The ranked table (Markdown) of merged results: rank, candidate, samples/s, step ms, runs, peak, estimate,
+// status; then the pruned candidates with why.
 std::string tune_table(const std::vector<TuneResult>& ranked_results, const TuneGrid& grid, const TuneRequest& r);
 
 }  // namespace accel::cli

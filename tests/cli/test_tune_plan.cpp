@@ -204,6 +204,63 @@ TEST(TunePlan, TheStagedSearchFindsTheExhaustiveBestInAThirdOfTheRuns) {
       << done.size() << " staged runs against " << exhaustive_runs;
 }
 
+// Re-measuring: a candidate run twice is one row with the mean of its runs; the fastest few within 10%
+// of the best are re-measured (never one alone, never one further off), and a candidate whose second run
+// ran out of memory does not fit.
+TEST(TunePlan, TheFastestAreMeasuredAgainAndRankedByTheirMean) {
+  auto run = [](const std::string& strategy, double samples_per_s, double peak,
+                TuneResult::Status status = TuneResult::Status::Ok) {
+    TuneResult t;
+    t.candidate.strategy = strategy;
+    t.status = status;
+    t.samples_per_s = samples_per_s;
+    t.step_ms = samples_per_s > 0 ? 1000 * 16 / samples_per_s : 0;
+    t.peak_bytes = peak;
+    t.wall_s = 10;
+    return t;
+  };
+  std::vector<TuneResult> runs = {run("DDP", 30.0, 5e9), run("ZERO_1", 32.0, 4e9), run("ZERO_2", 29.5, 3e9),
+                                  run("ZERO_3", 28.0, 2e9), run("DDP", 0, 0, TuneResult::Status::OutOfMemory)};
+  runs.back().candidate.micro_batch = 8;
+  // Within 10% of 32: ZERO_1 (32), DDP (30), ZERO_2 (29.5); ZERO_3 (28 < 28.8) is not, nor the run
+  // that did not fit.
+  const std::vector<TuneCandidate> again = confirm_candidates(runs, 3);
+  ASSERT_EQ(again.size(), 3u);
+  EXPECT_EQ(again[0].strategy, "ZERO_1");
+  EXPECT_EQ(again[1].strategy, "DDP");
+  EXPECT_EQ(again[2].strategy, "ZERO_2");
+  EXPECT_EQ(confirm_candidates(runs, 2).size(), 2u);
+  EXPECT_TRUE(confirm_candidates({run("DDP", 30.0, 1), run("ZERO_3", 20.0, 1)}, 3).empty());  // nothing close
+  EXPECT_TRUE(confirm_candidates(runs, 0).empty());
+
+  // Second runs: ZERO_1 was lucky (27.0 now: mean 29.5), DDP steady (31.0: mean 30.5), ZERO_2's second
+  // run out of memory.
+  runs.push_back(run("ZERO_1", 27.0, 4.5e9));
+  runs.push_back(run("DDP", 31.0, 5e9));
+  runs.push_back(run("ZERO_2", 0, 3.2e9, TuneResult::Status::OutOfMemory));
+  const std::vector<TuneResult> m = merged(runs);
+  ASSERT_EQ(m.size(), 5u);  // DDP, ZERO_1, ZERO_2, ZERO_3, DDP mb 8: in the order each first ran
+  EXPECT_EQ(m[0].runs, 2);
+  EXPECT_DOUBLE_EQ(m[0].samples_per_s, 30.5);
+  EXPECT_DOUBLE_EQ(m[0].step_ms, (1000 * 16 / 30.0 + 1000 * 16 / 31.0) / 2);
+  EXPECT_DOUBLE_EQ(m[1].samples_per_s, 29.5);
+  EXPECT_DOUBLE_EQ(m[1].peak_bytes, 4.5e9);  // the larger peak
+  EXPECT_DOUBLE_EQ(m[1].wall_s, 20);
+  EXPECT_EQ(m[2].status, TuneResult::Status::OutOfMemory);
+  EXPECT_EQ(m[2].runs, 2);
+  EXPECT_EQ(m[3].runs, 1);
+  const std::vector<TuneResult> order = ranked(m);
+  EXPECT_EQ(order[0].candidate.strategy, "DDP");  // by the mean: 30.5 > 29.5 > 28
+  EXPECT_EQ(order[1].candidate.strategy, "ZERO_1");
+  EXPECT_EQ(order[2].candidate.strategy, "ZERO_3");
+  EXPECT_NE(order[3].status, TuneResult::Status::Ok);
+  EXPECT_NE(order[4].status, TuneResult::Status::Ok);
+  // The table says how many runs each figure is the mean of.
+  TuneGrid grid;
+  const std::string table = tune_table(order, grid, tune_request(1e6, 2, 16));
+  EXPECT_NE(table.find("| 1 | DDP mb 1 x acc 1, bucket 25 MiB | 30.5 | 524.7 | 2 |"), std::string::npos) << table;
+}
+
 TEST(TunePlan, CandidateConfigsSayWhatTheCandidateIs) {
   TuneRequest r = with_defaults(tune_request(1e6, 2, 16));
   r.precision = "bf16";
