@@ -5,7 +5,8 @@
 #      tensors (accel_tests *CUDA*: every dtype and op over the transport ACCEL_CUDA_COMM picks, NCCL with
 #      a GPU per rank, staged through host memory where ranks share one, and the staged path against the
 #      CPU path's bits) and training on the device (cuda_tests: every strategy against plain libtorch,
-#      bf16 and fp16 autocast with overflow skipping on every rank, fp8 through at::_scaled_mm, ranks
+#      bf16 and fp16 autocast with overflow skipping on every rank, fp8 through at::_scaled_mm, the fused
+#      fp8 casts (kernels/fp8_cast.cu) against the composite path bit for bit, ranks
 #      sharing a GPU refused under ACCEL_CUDA_COMM=nccl), and step_bench --device_memory (a cap on the
 #      caching allocator that a model over it runs out of);
 #   2b. the sharding engine on the device (ACCEL_TEST_DEVICE=cuda): the parity suite (every strategy

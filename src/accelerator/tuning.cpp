@@ -139,9 +139,9 @@ void TuneRun::after_step() {
   const double dev = max_over(*world_, device_peak_bytes(device_));
   end(fmt::format(R"({{"status": "ok", "step_ms": {:.3f}, "samples_per_s": {:.3f}, "global_batch": {}, )"
                   R"("peak_rss": {:.0f}, "counted_peak": {:.0f}, "device_peak": {:.0f}, "params": {}, "ranks": {}, )"
-                  R"("steps": {}, "device": "{}"}})",
+                  R"("nodes": {}, "steps": {}, "device": "{}"}})",
                   median * 1e3, static_cast<double>(global_batch_) / median, global_batch_, rss, counted, dev, params_,
-                  world_->size(), spec_.steps, device_.str()),
+                  world_->size(), world_->topology().num_nodes, spec_.steps, device_.str()),
       0);
 }
 

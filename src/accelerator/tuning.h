@@ -9,7 +9,8 @@
 //       prepare()) and S measured optimizer steps, the main process writes one JSON line to
 //       PATH: the median step time (rank 0's clock), samples per second (the global batch over the
 //       median), the peak memory (the largest over ranks: resident set, the counting allocator's
-//       peak over the measured steps, the device's caching allocator peak) and the parameter count;
+//       peak over the measured steps, the device's caching allocator peak), the parameter count and the
+//       ranks and nodes it ran on;
 //       then every rank ends (exit code 0). With a budget, a step after which some rank's resident
 //       peak is over it ends the run at once with {"status": "over_budget"} and exit code 3.
 // Every rank agrees on when to end (one all-reduce per step).

@@ -340,10 +340,12 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
                             date, order.size(), cmdline, full.num_processes));
   how.push_back(
       fmt::format("({} warm-up + {} measured optimizer steps a run; {} search; {} of {} candidates pruned "
-                  "before running; the {} fastest measured twice, ranked by the mean{}; {:.0f} s of a {} min limit{}).",
+                  "before running; {}{}; {:.0f} s of a {} min limit{}).",
                   a.warmup, a.steps, a.exhaustive ? "exhaustive" : "staged", grid.pruned.size(),
-                  grid.pruned.size() + grid.runnable.size(), confirmed, confirm_note, elapsed(), a.time_limit_min,
-                  stopped.empty() ? "" : "; " + stopped));
+                  grid.pruned.size() + grid.runnable.size(),
+                  confirmed > 0 ? fmt::format("the {} fastest measured twice, ranked by the mean", confirmed)
+                                : std::string("each measured once"),
+                  confirm_note, elapsed(), a.time_limit_min, stopped.empty() ? "" : "; " + stopped));
   how.push_back(fmt::format("Winner: {}: {:.1f} samples/s, {:.1f} ms a step, peak {:.2f} GB per rank ({} run(s)).",
                             best.candidate.label(), best.samples_per_s, best.step_ms, best.peak_bytes / 1e9,
                             best.runs));

@@ -2,9 +2,14 @@
 #include "base/error.h"
 
 #include "comm/communicator.h"
+#include "kernels/fp8_cast.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#if ACCEL_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <cmath>
 #include <limits>
@@ -37,7 +42,63 @@ at::Tensor broadcast_scale(const at::Tensor& scale, const at::Tensor& x) {
   }
   return as_scalar_scale(scale, x.device());
 }
+
+kernels::fp8::InDtype kernel_dtype(const at::Tensor& x) {
+  return x.scalar_type() == at::kFloat  ? kernels::fp8::InDtype::Float32
+         : x.scalar_type() == at::kHalf ? kernels::fp8::InDtype::Float16
+                                        : kernels::fp8::InDtype::BFloat16;
+}
+kernels::fp8::OutFormat kernel_format(Fp8Format f) {
+  return f == Fp8Format::E4M3 ? kernels::fp8::OutFormat::E4M3 : kernels::fp8::OutFormat::E5M2;
+}
+
+// The fused casts on x's device and current stream (fused_fp8_casts(x) holds).
+Fp8Tensor fused_tensorwise(const at::Tensor& x_in, Fp8Format f, int margin) {
+#if ACCEL_WITH_CUDA_KERNELS
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  const auto fopts = x.options().dtype(at::kFloat);
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(fp8_dtype(f)));
+  at::Tensor scale = at::empty({}, fopts), inverse = at::empty({}, fopts);
+  at::Tensor amax_bits = at::empty({1}, x.options().dtype(at::kInt));
+  kernels::fp8::quantize_tensorwise(x.const_data_ptr(), kernel_dtype(x), x.numel(), kernel_format(f), margin,
+                                    reinterpret_cast<std::uint32_t*>(amax_bits.mutable_data_ptr()),
+                                    static_cast<std::uint8_t*>(out.mutable_data_ptr()), scale.mutable_data_ptr<float>(),
+                                    inverse.mutable_data_ptr<float>(),
+                                    c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  return Fp8Tensor{out, scale, f, inverse};
+#else
+  (void)x_in, (void)f, (void)margin;
+  throw accel::LogicError("fp8: fused casts called in a build without them");
+#endif
+}
+
+Fp8Tensor fused_axiswise(const at::Tensor& x_in, std::int64_t dim, Fp8Format f, int margin) {
+#if ACCEL_WITH_CUDA_KERNELS
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  const auto fopts = x.options().dtype(at::kFloat);
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(fp8_dtype(f)));
+  const std::vector<std::int64_t> shape =
+      dim == 1 ? std::vector<std::int64_t>{x.size(0), 1} : std::vector<std::int64_t>{1, x.size(1)};
+  at::Tensor scale = at::empty(shape, fopts), inverse = at::empty(shape, fopts);
+  kernels::fp8::quantize_axiswise(x.const_data_ptr(), kernel_dtype(x), x.size(0), x.size(1), static_cast<int>(dim),
+                                  kernel_format(f), margin, static_cast<std::uint8_t*>(out.mutable_data_ptr()),
+                                  scale.mutable_data_ptr<float>(), inverse.mutable_data_ptr<float>(),
+                                  c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  return Fp8Tensor{out, scale, f, inverse};
+#else
+  (void)x_in, (void)dim, (void)f, (void)margin;
+  throw accel::LogicError("fp8: fused casts called in a build without them");
+#endif
+}
 }  // namespace
+
+bool fused_fp8_casts(const at::Tensor& x) {
+  const auto t = x.scalar_type();
+  return kernels::fp8::available() && x.is_cuda() && x.numel() > 0 &&
+         (t == at::kFloat || t == at::kHalf || t == at::kBFloat16);
+}
 
 at::ScalarType fp8_dtype(Fp8Format f) { return f == Fp8Format::E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2; }
 double fp8_max(Fp8Format f) { return f == Fp8Format::E4M3 ? 448.0 : 57344.0; }
@@ -89,19 +150,38 @@ at::Tensor dequantize(const at::Tensor& q, double scale, at::ScalarType dtype) {
 
 at::Tensor Fp8Tensor::dequantize(at::ScalarType dtype) const { return mixed_precision::dequantize(data, scale, dtype); }
 
-at::Tensor Fp8Tensor::inv_scale() const { return at::reciprocal(scale.to(at::kFloat)); }
+at::Tensor Fp8Tensor::inv_scale() const { return inverse.defined() ? inverse : at::reciprocal(scale.to(at::kFloat)); }
 
-Fp8Tensor quantize_dynamic(const at::Tensor& x, Fp8Format f, int margin) {
+Fp8Tensor quantize_dynamic_composite(const at::Tensor& x, Fp8Format f, int margin) {
   at::Tensor s = scale_from_amax(abs_max(x), f, margin);
   return Fp8Tensor{quantize(x, s, f), s, f};
 }
 
-Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin) {
+Fp8Tensor quantize_dynamic(const at::Tensor& x, Fp8Format f, int margin) {
+  check_margin(margin);
+  if (fused_fp8_casts(x)) return fused_tensorwise(x, f, margin);
+  return quantize_dynamic_composite(x, f, margin);
+}
+
+namespace {
+void check_axiswise(const at::Tensor& x, std::int64_t dim) {
   if (x.dim() != 2 || (dim != 0 && dim != 1))
     throw accel::InvalidArgumentError("fp8 axiswise quantize: expected a 2-D tensor and dim 0 or 1");
-  if (x.numel() == 0) return quantize_dynamic(x, f, margin);
+}
+}  // namespace
+
+Fp8Tensor quantize_dynamic_axiswise_composite(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin) {
+  check_axiswise(x, dim);
+  if (x.numel() == 0) return quantize_dynamic_composite(x, f, margin);
   at::Tensor s = scale_from_amax(x.abs().amax({dim}, /*keepdim=*/true).to(at::kFloat), f, margin);
   return Fp8Tensor{quantize(x, s, f), s, f};
+}
+
+Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin) {
+  check_axiswise(x, dim);
+  check_margin(margin);
+  if (fused_fp8_casts(x)) return fused_axiswise(x, dim, f, margin);
+  return quantize_dynamic_axiswise_composite(x, dim, f, margin);
 }
 
 at::Tensor local_amaxes(const std::vector<at::Tensor>& shards) {

@@ -59,17 +59,26 @@ struct Fp8Tensor {
   at::Tensor data;   // fp8_dtype(format)
   at::Tensor scale;  // 0-dim fp32, or [R, 1] / [1, C] fp32 (axiswise)
   Fp8Format format = Fp8Format::E4M3;
+  at::Tensor inverse = at::Tensor();  // 1 / scale where the quantizer computed it (the fused casts), else undefined
 
   at::Tensor dequantize(at::ScalarType dtype = at::kFloat) const;
-  at::Tensor inv_scale() const;  // 1 / scale: what at::_scaled_mm takes
+  at::Tensor inv_scale() const;  // 1 / scale: what at::_scaled_mm takes (`inverse` when there is one)
 };
 
-// Dynamic tensorwise quantization: scale from this tensor's own amax.
+// Dynamic tensorwise quantization: scale from this tensor's own amax. On a CUDA device, for fp32, fp16
+// and bf16, through the fused kernels (kernels/fp8_cast.h: two launches, no host synchronization) where
+// the build has them; elsewhere through the composite path below. The same bits either way.
 Fp8Tensor quantize_dynamic(const at::Tensor& x, Fp8Format f, int margin = 0);
 // Dynamic axiswise quantization of a 2-D x (torchao's rowwise recipe): the amax over `dim`, so one scale
 // per row for dim 1 ([R, 1]) or per column for dim 0 ([1, C]); an outlier then coarsens its own row or
-// column only. The dim reduced is the matmul's inner one.
+// column only. The dim reduced is the matmul's inner one. Fused on CUDA as quantize_dynamic (one launch).
 Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin = 0);
+// The composite ATen path of the two (abs_max or amax, scale_from_amax, quantize: about a dozen small
+// kernels on a device): what the CPU runs, and the reference the fused kernels are tested against.
+Fp8Tensor quantize_dynamic_composite(const at::Tensor& x, Fp8Format f, int margin = 0);
+Fp8Tensor quantize_dynamic_axiswise_composite(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin = 0);
+// Whether quantize_dynamic(x, ...) takes the fused kernels for this tensor.
+bool fused_fp8_casts(const at::Tensor& x);
 
 // ---- fp8 all-gather codec (ZeRO-3 / FULL_SHARD units) -------------------------------------------
 //

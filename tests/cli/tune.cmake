@@ -33,3 +33,13 @@ if(TARGET gpt_lm)
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tune_gpt.sh ${ACCEL_CLI} $<TARGET_FILE:gpt_lm> ${_tune_dir}/gpt)
   set_tests_properties(cli_tune_gpt_np2 PROPERTIES ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 600)
 endif()
+# Across two hosts made of network namespaces (tests/cli/multinode.cmake has the others): HYBRID_SHARD
+# joins the grid and every run reports 2 nodes. Root and iproute2, else skipped. About 30 s.
+if(TARGET gpt_lm)
+  add_test(NAME cli_tune_multinode_netns
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/multinode_netns.sh
+                   bash ${CMAKE_CURRENT_SOURCE_DIR}/tune_multinode.sh ${ACCEL_CLI} $<TARGET_FILE:gpt_lm>
+                   ${_tune_dir}/multinode)
+  set_tests_properties(cli_tune_multinode_netns PROPERTIES
+                       ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600 SKIP_RETURN_CODE 77 LABELS multinode)
+endif()

@@ -1,0 +1,290 @@
+// The fused fp8 casts (fp8_cast.h). Each thread reads whole 16-byte packs where x and out are aligned
+// for it (a scalar loop otherwise, and for the tail).
+//
+// amax as bits: |x| is non-negative, so its fp32 bit patterns order as unsigned integers, +inf above every
+// finite value and a nan (fabsf clears the sign: 0x7f800001 and up) above +inf. One unsigned max over
+// the bits (warp shuffles, then atomicMax across blocks) is therefore max|x| with nan propagating, as
+// at::linalg_vector_norm(x, inf) and at::amax give it.
+#include "kernels/fp8_cast.h"
+
+#include "base/error.h"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+#include <c10/util/Half.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace accel::kernels::fp8 {
+namespace {
+
+constexpr double kMinAmax = 1e-12;  // fp8.cpp's (torchao's EPS)
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(c10::Half v) { return static_cast<float>(v); }
+__device__ __forceinline__ float to_f32(c10::BFloat16 v) { return static_cast<float>(v); }
+
+__device__ __forceinline__ std::uint32_t abs_bits(float v) { return __float_as_uint(fabsf(v)); }
+
+// scale_from_amax (fp8.cpp), in fp64 then rounded to fp32: qmax = fp8_max * 2^-margin.
+__device__ __forceinline__ float scale_of(std::uint32_t amax_bits, double qmax) {
+  const double a = static_cast<double>(__uint_as_float(amax_bits));
+  if (!isfinite(a)) return __int_as_float(0x7fc00000);
+  if (a == 0) return 1.0f;
+  return static_cast<float>(qmax / fmax(a, kMinAmax));
+}
+
+// fp8(clamp(fp32(x) * scale, -max, max)) with c10's conversion (round to nearest even). The clamp
+// keeps a nan (comparisons with it are false), as at::clamp does.
+template <OutFormat F>
+__device__ __forceinline__ std::uint8_t cast(float v, float scale, float max) {
+  float y = v * scale;
+  y = y > max ? max : (y < -max ? -max : y);
+  if constexpr (F == OutFormat::E4M3)
+    return c10::Float8_e4m3fn(y).x;
+  else
+    return c10::Float8_e5m2(y).x;
+}
+
+template <OutFormat F>
+constexpr float fp8_max() {
+  return F == OutFormat::E4M3 ? 448.0f : 57344.0f;
+}
+
+// Block-wide unsigned max; every thread gets it. blockDim.x a multiple of 32, at most 1024.
+__device__ std::uint32_t block_max(std::uint32_t m) {
+  __shared__ std::uint32_t warps[32];
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_down_sync(0xffffffffu, m, o));
+  __syncthreads();  // (warps[] may still be read from an earlier call)
+  if ((threadIdx.x & 31) == 0) warps[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = threadIdx.x < (blockDim.x >> 5) ? warps[threadIdx.x] : 0u;
+  if (threadIdx.x < 32)
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_down_sync(0xffffffffu, m, o));
+  if (threadIdx.x == 0) warps[0] = m;
+  __syncthreads();
+  return warps[0];
+}
+
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kN = 16 / sizeof(T);
+  T v[kN];
+};
+template <int N>
+struct alignas(N) Bytes {
+  std::uint8_t v[N];
+};
+
+template <typename T, bool kPacked>
+__global__ void amax_kernel(const T* __restrict__ x, std::int64_t n, std::uint32_t* __restrict__ amax_bits) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  std::uint32_t m = 0;
+  std::int64_t done = 0;
+  if constexpr (kPacked) {
+    constexpr int kN = Pack<T>::kN;
+    const std::int64_t packs = n / kN;
+    const auto* p = reinterpret_cast<const Pack<T>*>(x);
+    for (std::int64_t i = first; i < packs; i += stride) {
+      const Pack<T> v = p[i];
+#pragma unroll
+      for (int j = 0; j < kN; ++j) m = max(m, abs_bits(to_f32(v.v[j])));
+    }
+    done = packs * kN;
+  }
+  for (std::int64_t i = done + first; i < n; i += stride) m = max(m, abs_bits(to_f32(x[i])));
+  m = block_max(m);
+  if (threadIdx.x == 0 && m != 0) atomicMax(amax_bits, m);
+}
+
+template <typename T, OutFormat F, bool kPacked>
+__global__ void quantize_kernel(const T* __restrict__ x, std::int64_t n, const std::uint32_t* __restrict__ amax_bits,
+                                double qmax, std::uint8_t* __restrict__ out, float* __restrict__ scale_out,
+                                float* __restrict__ inv_out) {
+  const float scale = scale_of(*amax_bits, qmax);
+  constexpr float kMax = fp8_max<F>();
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (first == 0) {
+    *scale_out = scale;
+    *inv_out = 1.0f / scale;
+  }
+  std::int64_t done = 0;
+  if constexpr (kPacked) {
+    constexpr int kN = Pack<T>::kN;
+    const std::int64_t packs = n / kN;
+    const auto* p = reinterpret_cast<const Pack<T>*>(x);
+    auto* q = reinterpret_cast<Bytes<kN>*>(out);
+    for (std::int64_t i = first; i < packs; i += stride) {
+      const Pack<T> v = p[i];
+      Bytes<kN> b;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) b.v[j] = cast<F>(to_f32(v.v[j]), scale, kMax);
+      q[i] = b;
+    }
+    done = packs * kN;
+  }
+  for (std::int64_t i = done + first; i < n; i += stride) out[i] = cast<F>(to_f32(x[i]), scale, kMax);
+}
+
+// dim 1: one block per row, two passes over it (its amax, then its cast).
+template <typename T, OutFormat F>
+__global__ void rowwise_kernel(const T* __restrict__ x, std::int64_t cols, double qmax, std::uint8_t* __restrict__ out,
+                               float* __restrict__ scale_out, float* __restrict__ inv_out) {
+  const std::int64_t row = blockIdx.x;
+  const T* xr = x + row * cols;
+  std::uint8_t* qr = out + row * cols;
+  std::uint32_t m = 0;
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = max(m, abs_bits(to_f32(xr[c])));
+  m = block_max(m);
+  const float scale = scale_of(m, qmax);
+  constexpr float kMax = fp8_max<F>();
+  if (threadIdx.x == 0) {
+    scale_out[row] = scale;
+    inv_out[row] = 1.0f / scale;
+  }
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) qr[c] = cast<F>(to_f32(xr[c]), scale, kMax);
+}
+
+// dim 0: a block of 32 x 8 threads per 32 columns; thread (tx, ty) walks column tx's rows ty, ty + 8, ...
+// (a warp reads 32 neighbouring columns of one row), the 8 partial maxima of a column meet in shared
+// memory, then the same walk casts.
+constexpr int kColTile = 32, kColRows = 8;
+template <typename T, OutFormat F>
+__global__ void colwise_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols, double qmax,
+                               std::uint8_t* __restrict__ out, float* __restrict__ scale_out,
+                               float* __restrict__ inv_out) {
+  __shared__ std::uint32_t part[kColRows][kColTile];
+  __shared__ float scales[kColTile];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * kColTile + tx;
+  std::uint32_t m = 0;
+  if (col < cols)
+    for (std::int64_t r = ty; r < rows; r += kColRows) m = max(m, abs_bits(to_f32(x[r * cols + col])));
+  part[ty][tx] = m;
+  __syncthreads();
+  if (ty == 0) {
+    for (int k = 1; k < kColRows; ++k) m = max(m, part[k][tx]);
+    scales[tx] = scale_of(m, qmax);
+    if (col < cols) {
+      scale_out[col] = scales[tx];
+      inv_out[col] = 1.0f / scales[tx];
+    }
+  }
+  __syncthreads();
+  const float scale = scales[tx];
+  constexpr float kMax = fp8_max<F>();
+  if (col < cols)
+    for (std::int64_t r = ty; r < rows; r += kColRows)
+      out[r * cols + col] = cast<F>(to_f32(x[r * cols + col]), scale, kMax);
+}
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw accel::RuntimeError(std::string("fp8 cast kernel (") + what + "): " + cudaGetErrorString(e));
+}
+
+double qmax_of(OutFormat f, int margin) {
+  if (margin < 0) throw accel::InvalidArgumentError("fp8: margin must be >= 0, got " + std::to_string(margin));
+  return (f == OutFormat::E4M3 ? 448.0 : 57344.0) * std::ldexp(1.0, -margin);
+}
+
+int blocks_for(std::int64_t work) {
+  static int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      n = 80;
+    return n;
+  }();
+  const std::int64_t want = (work + kThreads - 1) / kThreads;
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(want, 8LL * sms)));
+}
+
+template <typename T, OutFormat F>
+void tensorwise(const T* x, std::int64_t n, double qmax, std::uint32_t* amax_bits, std::uint8_t* out, float* scale,
+                float* inv, cudaStream_t s) {
+  if (cudaMemsetAsync(amax_bits, 0, sizeof(std::uint32_t), s) != cudaSuccess) check_launch("zero the amax");
+  const bool packed =
+      reinterpret_cast<std::uintptr_t>(x) % 16 == 0 && reinterpret_cast<std::uintptr_t>(out) % Pack<T>::kN == 0;
+  const int grid = blocks_for(packed ? n / Pack<T>::kN + 1 : n);
+  if (packed) {
+    amax_kernel<T, true><<<grid, kThreads, 0, s>>>(x, n, amax_bits);
+    check_launch("amax");
+    quantize_kernel<T, F, true><<<grid, kThreads, 0, s>>>(x, n, amax_bits, qmax, out, scale, inv);
+  } else {
+    amax_kernel<T, false><<<grid, kThreads, 0, s>>>(x, n, amax_bits);
+    check_launch("amax");
+    quantize_kernel<T, F, false><<<grid, kThreads, 0, s>>>(x, n, amax_bits, qmax, out, scale, inv);
+  }
+  check_launch("quantize");
+}
+
+template <typename T, OutFormat F>
+void axiswise(const T* x, std::int64_t rows, std::int64_t cols, int dim, double qmax, std::uint8_t* out, float* scale,
+              float* inv, cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  if (dim == 1) {
+    if (rows > 0x7fffffffLL) throw accel::InvalidArgumentError("fp8 rowwise cast: more than 2^31 - 1 rows");
+    rowwise_kernel<T, F><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, cols, qmax, out, scale, inv);
+  } else {
+    const std::int64_t tiles = (cols + kColTile - 1) / kColTile;
+    if (tiles > 0x7fffffffLL) throw accel::InvalidArgumentError("fp8 columnwise cast: too many columns");
+    colwise_kernel<T, F>
+        <<<static_cast<unsigned>(tiles), dim3(kColTile, kColRows), 0, s>>>(x, rows, cols, qmax, out, scale, inv);
+  }
+  check_launch(dim == 1 ? "rowwise" : "columnwise");
+}
+
+// Calls fn with a typed null pointer of x's element type and the format as a template value.
+template <typename Fn>
+void dispatch(InDtype dtype, OutFormat fmt, Fn&& fn) {
+  auto with_format = [&](auto tag) {
+    if (fmt == OutFormat::E4M3)
+      fn(tag, std::integral_constant<OutFormat, OutFormat::E4M3>{});
+    else
+      fn(tag, std::integral_constant<OutFormat, OutFormat::E5M2>{});
+  };
+  switch (dtype) {
+    case InDtype::Float32: with_format(static_cast<const float*>(nullptr)); return;
+    case InDtype::Float16: with_format(static_cast<const c10::Half*>(nullptr)); return;
+    case InDtype::BFloat16: with_format(static_cast<const c10::BFloat16*>(nullptr)); return;
+  }
+  throw accel::InvalidArgumentError("fp8 cast kernels: an input dtype other than fp32, fp16 and bf16");
+}
+
+}  // namespace
+
+bool available() { return true; }
+
+void quantize_tensorwise(const void* x, InDtype dtype, std::int64_t n, OutFormat fmt, int margin,
+                         std::uint32_t* amax_bits, std::uint8_t* out, float* scale, float* inv_scale, void* stream) {
+  const double qmax = qmax_of(fmt, margin);
+  dispatch(dtype, fmt, [&](auto tag, auto f) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    tensorwise<T, decltype(f)::value>(static_cast<const T*>(x), n, qmax, amax_bits, out, scale, inv_scale,
+                                      static_cast<cudaStream_t>(stream));
+  });
+}
+
+void quantize_axiswise(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, int dim, OutFormat fmt,
+                       int margin, std::uint8_t* out, float* scale, float* inv_scale, void* stream) {
+  if (dim != 0 && dim != 1) throw accel::InvalidArgumentError("fp8 axiswise cast: dim must be 0 or 1");
+  const double qmax = qmax_of(fmt, margin);
+  dispatch(dtype, fmt, [&](auto tag, auto f) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    axiswise<T, decltype(f)::value>(static_cast<const T*>(x), rows, cols, dim, qmax, out, scale, inv_scale,
+                                    static_cast<cudaStream_t>(stream));
+  });
+}
+
+}  // namespace accel::kernels::fp8

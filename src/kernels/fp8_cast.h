@@ -1,0 +1,34 @@
+// accel::kernels fp8 casts on CUDA — the amax, scale and cast in front of each fp8 product fused into
+// two kernels (tensorwise) or one (axiswise), instead of the dozen small ATen kernels of the composite
+// path (mixed_precision/fp8.h: abs_max, scale_from_amax, quantize). Raw pointers, no ATen: this header
+// is plain C++ and the kernels (fp8_cast.cu) are compiled by nvcc; mixed_precision/fp8.cpp wraps them
+// for tensors. Built when the CUDA toolkit is found (ACCEL_WITH_CUDA_KERNELS); `available()` says so.
+//
+// The numbers are the composite path's, bit for bit (tests/mixed_precision/test_fp8_cuda.cpp, a
+// *_CUDA test): amax = max|x| (nan propagates), scale = fp32(fp8_max * 2^-margin / max(amax, 1e-12))
+// computed in fp64 (amax 0 -> 1, non-finite -> nan), q = fp8(clamp(fp32(x) * scale, -max, max)) with
+// c10's round-to-nearest-even conversion, inv_scale = 1 / scale in fp32.
+#pragma once
+
+#include <cstdint>
+
+namespace accel::kernels::fp8 {
+
+enum class InDtype { Float32 = 0, Float16 = 1, BFloat16 = 2 };
+enum class OutFormat { E4M3 = 0, E5M2 = 1 };
+
+// Whether this build has the kernels (false: every launch below throws).
+bool available();
+
+// Tensorwise, two kernels on `stream` (a cudaStream_t), no host synchronization:
+//   amax_bits: one uint32 of device memory, scratch (zeroed here first);
+//   x: n contiguous elements; out: n bytes; scale, inv_scale: one float each, written.
+void quantize_tensorwise(const void* x, InDtype dtype, std::int64_t n, OutFormat fmt, int margin,
+                         std::uint32_t* amax_bits, std::uint8_t* out, float* scale, float* inv_scale, void* stream);
+
+// Axiswise over a row-major [rows, cols] x, one kernel: dim 1 gives one scale per row (scale and
+// inv_scale: rows floats), dim 0 one per column (cols floats); out: rows * cols bytes, row-major.
+void quantize_axiswise(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, int dim, OutFormat fmt,
+                       int margin, std::uint8_t* out, float* scale, float* inv_scale, void* stream);
+
+}  // namespace accel::kernels::fp8

@@ -1,0 +1,21 @@
+// fp8_cast.h in a build without the CUDA toolkit: no kernels; mixed_precision/fp8.cpp then takes the
+// composite ATen path everywhere.
+#include "kernels/fp8_cast.h"
+
+#include "base/error.h"
+
+namespace accel::kernels::fp8 {
+
+bool available() { return false; }
+
+void quantize_tensorwise(const void*, InDtype, std::int64_t, OutFormat, int, std::uint32_t*, std::uint8_t*, float*,
+                         float*, void*) {
+  throw accel::RuntimeError("fp8 cast kernels: this build has none (no CUDA toolkit when it was configured)");
+}
+
+void quantize_axiswise(const void*, InDtype, std::int64_t, std::int64_t, int, OutFormat, int, std::uint8_t*, float*,
+                       float*, void*) {
+  throw accel::RuntimeError("fp8 cast kernels: this build has none (no CUDA toolkit when it was configured)");
+}
+
+}  // namespace accel::kernels::fp8

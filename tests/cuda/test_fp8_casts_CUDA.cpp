@@ -1,0 +1,131 @@
+// The fused fp8 casts on CUDA (kernels/fp8_cast.cu through mixed_precision::quantize_dynamic and
+// quantize_dynamic_axiswise) against the composite ATen path on the same device, bit for bit: the fp8
+// bytes, the scales and 1/scale, for fp32, fp16 and bf16 inputs, e4m3 and e5m2, sizes with and without
+// a tail past the 16-byte packs, inputs that are not 16-byte aligned, a margin, all-zero tensors and
+// tensors holding inf or nan (every element nan, as the composite path documents). Without a device
+// (or in a build without the kernels) every case skips.
+#include "comm/cuda_comm.h"
+#include "mixed_precision/fp8.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace accel::mixed_precision {
+namespace {
+
+#define SKIP_WITHOUT_FUSED_CASTS()                                                                                    \
+  do {                                                                                                                \
+    if (comm::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";                                             \
+    if (!fused_fp8_casts(at::ones({1}, at::TensorOptions().device(at::kCUDA)))) GTEST_SKIP() << "no fused fp8 casts"; \
+  } while (0)
+
+// The fp8 bytes as uint8 (nan bytes compared as "both nan": the sign of a nan is not part of the contract).
+void expect_same_fp8(const at::Tensor& fused, const at::Tensor& composite, const std::string& what) {
+  ASSERT_EQ(fused.scalar_type(), composite.scalar_type()) << what;
+  ASSERT_EQ(fused.sizes(), composite.sizes()) << what;
+  const at::Tensor a = fused.to(at::kFloat).cpu(), b = composite.to(at::kFloat).cpu();
+  const at::Tensor both_nan = a.isnan() & b.isnan();
+  const at::Tensor same = (fused.view(at::kByte).cpu() == composite.view(at::kByte).cpu()) | both_nan;
+  const std::int64_t differ = (~same).sum().item<std::int64_t>();
+  EXPECT_EQ(differ, 0) << what << ": " << differ << " of " << fused.numel() << " bytes differ";
+}
+
+void expect_same_scale(const at::Tensor& fused, const at::Tensor& composite, const std::string& what) {
+  const at::Tensor a = fused.cpu().to(at::kFloat).reshape({-1}), b = composite.cpu().to(at::kFloat).reshape({-1});
+  ASSERT_EQ(a.numel(), b.numel()) << what;
+  EXPECT_TRUE(at::equal(a.view(at::kInt), b.view(at::kInt)) ||
+              (a.isnan().all().item<bool>() && b.isnan().all().item<bool>()))
+      << what << ": scale " << a.slice(0, 0, 4) << " vs " << b.slice(0, 0, 4);
+}
+
+// Values over many binades (subnormal e4m3 results included), a few outliers, both signs.
+at::Tensor values(std::int64_t n, at::ScalarType dtype, int seed) {
+  at::manual_seed(seed);
+  at::Tensor x = at::randn({n}) * at::exp2(at::randint(-12, 6, {n}).to(at::kFloat));
+  if (n > 10) {
+    x[3] = 3e3f;
+    x[n / 2] = -7e3f;
+  }
+  return x.to(at::TensorOptions().dtype(dtype).device(at::kCUDA));
+}
+
+TEST(Fp8Casts_CUDA, TensorwiseEqualsTheCompositePathBitForBit) {
+  SKIP_WITHOUT_FUSED_CASTS();
+  int cases = 0;
+  for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16})
+    for (auto format : {Fp8Format::E4M3, Fp8Format::E5M2})
+      for (std::int64_t n : {1LL, 3LL, 16LL, 4097LL, (1LL << 20) + 5})
+        for (int offset : {0, 1})  // 1: x starts one element past the 16-byte alignment
+          for (int margin : {0, 2}) {
+            const at::Tensor base = values(n + offset, dtype, cases);
+            const at::Tensor x = base.slice(0, offset);
+            const std::string what = std::string(c10::toString(dtype)) + " " + to_string(format) +
+                                     " n=" + std::to_string(n) + " offset=" + std::to_string(offset) +
+                                     " margin=" + std::to_string(margin);
+            ASSERT_TRUE(fused_fp8_casts(x)) << what;
+            const Fp8Tensor fused = quantize_dynamic(x, format, margin);
+            const Fp8Tensor ref = quantize_dynamic_composite(x, format, margin);
+            ASSERT_TRUE(fused.inverse.defined()) << what << ": not the fused path";
+            expect_same_fp8(fused.data, ref.data, what);
+            expect_same_scale(fused.scale, ref.scale, what);
+            expect_same_scale(fused.inv_scale(), at::reciprocal(ref.scale), what + " (1/scale)");
+            EXPECT_EQ(fused.scale.dim(), 0) << what;
+            ++cases;
+          }
+  EXPECT_EQ(cases, 3 * 2 * 5 * 2 * 2);
+}
+
+TEST(Fp8Casts_CUDA, TensorwiseEdgesZeroInfAndNan) {
+  SKIP_WITHOUT_FUSED_CASTS();
+  const auto opts = at::TensorOptions().device(at::kCUDA);
+  const Fp8Tensor zeros = quantize_dynamic(at::zeros({1000}, opts), Fp8Format::E4M3);
+  EXPECT_EQ(zeros.scale.item<float>(), 1.0f);  // amax 0: scale 1
+  EXPECT_EQ(zeros.data.view(at::kByte).sum().item<std::int64_t>(), 0);
+  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    at::Tensor x = at::randn({1000}, opts);
+    x[517] = bad;
+    const Fp8Tensor fused = quantize_dynamic(x, Fp8Format::E4M3);
+    const Fp8Tensor ref = quantize_dynamic_composite(x, Fp8Format::E4M3);
+    EXPECT_TRUE(std::isnan(fused.scale.item<float>())) << bad;
+    EXPECT_TRUE(fused.data.to(at::kFloat).isnan().all().item<bool>())
+        << bad << ": every element nan, as the composite path";
+    expect_same_fp8(fused.data, ref.data, "with " + std::to_string(bad));
+  }
+}
+
+TEST(Fp8Casts_CUDA, AxiswiseEqualsTheCompositePathBitForBit) {
+  SKIP_WITHOUT_FUSED_CASTS();
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
+      {1, 1}, {7, 33}, {128, 4096}, {4097, 24}, {3, 70000}};
+  int cases = 0;
+  for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16})
+    for (auto format : {Fp8Format::E4M3, Fp8Format::E5M2})
+      for (const auto& [rows, cols] : shapes)
+        for (std::int64_t dim : {0, 1}) {
+          at::Tensor x = values(rows * cols, dtype, 100 + cases).view({rows, cols});
+          if (rows > 1) x.select(0, rows - 1).zero_();  // an all-zero row: its scale 1 (dim 1)
+          if (cols > 1) x.select(1, cols - 1).zero_();  // and an all-zero column (dim 0)
+          const std::string what = std::string(c10::toString(dtype)) + " " + to_string(format) + " [" +
+                                   std::to_string(rows) + ", " + std::to_string(cols) + "] dim " + std::to_string(dim);
+          const Fp8Tensor fused = quantize_dynamic_axiswise(x, dim, format);
+          const Fp8Tensor ref = quantize_dynamic_axiswise_composite(x, dim, format);
+          ASSERT_TRUE(fused.inverse.defined()) << what << ": not the fused path";
+          EXPECT_EQ(fused.scale.sizes(), ref.scale.sizes()) << what;
+          expect_same_fp8(fused.data, ref.data, what);
+          expect_same_scale(fused.scale, ref.scale, what);
+          expect_same_scale(fused.inv_scale(), at::reciprocal(ref.scale), what + " (1/scale)");
+          ++cases;
+        }
+  EXPECT_EQ(cases, 3 * 2 * 5 * 2);
+  // A transposed (non-contiguous) input: quantized as its contiguous copy.
+  const at::Tensor w = values(64 * 48, at::kBFloat16, 7).view({64, 48}).t();
+  expect_same_fp8(quantize_dynamic_axiswise(w, 1, Fp8Format::E4M3).data,
+                  quantize_dynamic_axiswise_composite(w, 1, Fp8Format::E4M3).data, "transposed");
+}
+
+}  // namespace
+}  // namespace accel::mixed_precision
