@@ -29,6 +29,12 @@
 # parameters copied back: DeepSpeed's bf16 recipe); FSDP2 and FSDP2_NO_RESHARD use
 # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32). DDP has no such recipe (autocast over fp32
 # parameters is another computation) and refuses it. The loss is computed in fp32, as step_bench does.
+# --precision fp8 is step_bench --precision fp8's twin in torchao's float8 training: bf16 with fp32 masters
+# as above, every nn.Linear of the blocks converted by torchao.float8.convert_to_float8_training
+# (--fp8-recipe tensorwise or rowwise, torchao's recipe names, as fp8_config.recipe), the embedding,
+# norms and attention in bf16. --compile wraps the model in torch.compile, which is how torchao fuses
+# its amax/scale/cast kernels (its published speed-ups are with it). plain, FSDP2 and FSDP2_NO_RESHARD
+# (without torchao's float8 all-gather). Needs torchao (scripts/setup.sh installs it; exit 77 without).
 # --profile: after the timed steps, 3 more under torch.profiler; rank 0 prints the top ops by device
 # time (CPU time on the CPU) on stderr, and the share of the step the device was busy.
 # Output: one table row like step_bench's (strategy, precision, ranks, step ms, peak RSS MiB), or with
@@ -173,12 +179,24 @@ def main():
     ap.add_argument("--backend", default=None, help="gloo (CPU default) or nccl (CUDA default)")
     ap.add_argument("--show-loss", action="store_true", help="rank 0's loss of every step on stderr")
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table row")
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp8"])
+    ap.add_argument("--fp8-recipe", "--fp8_recipe", dest="fp8_recipe", default="tensorwise",
+                    choices=["tensorwise", "rowwise"], help="torchao's float8 recipe (with --precision fp8)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (fuses torchao's casts)")
     ap.add_argument("--profile", action="store_true", help="3 more steps under torch.profiler (see above)")
     a = ap.parse_args()
-    bf16 = a.precision == "bf16"
+    fp8 = a.precision == "fp8"
+    bf16 = a.precision in ("bf16", "fp8")  # fp8: bf16 compute, products in fp8
     if bf16 and a.strategy == "DDP":
-        sys.exit("torch_anchor: --precision bf16 runs with plain, FSDP2 or FSDP2_NO_RESHARD (DDP has no fp32 masters)")
+        sys.exit(f"torch_anchor: --precision {a.precision} runs with plain, FSDP2 or FSDP2_NO_RESHARD "
+                 "(DDP has no fp32 masters)")
+    if fp8:
+        try:
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        except ImportError as e:
+            print(f"SKIP: torch_anchor --precision fp8 needs torchao ({e}); scripts/setup.sh installs it",
+                  file=sys.stderr)
+            sys.exit(77)
 
     rank, world, local_rank, local_world, init_method = rendezvous()
     if a.strategy == "plain" and world != 1:
@@ -201,6 +219,8 @@ def main():
     sdpa = a.attention == "sdpa" or (a.attention == "auto" and use_cuda)
     model = GPT(a.vocab, a.d, a.heads, a.layers, a.seq, sdpa).to(device)
     params = sum(p.numel() for p in model.parameters())
+    if fp8:  # the blocks' linear layers (the head is the tied embedding), as accel's GPT with GPTConfig::fp8
+        convert_to_float8_training(model.blocks, config=Float8LinearConfig.from_recipe_name(a.fp8_recipe))
     if a.strategy == "DDP":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -224,6 +244,8 @@ def main():
         for m in masters:
             m.grad = torch.zeros_like(m)
         model.to(torch.bfloat16)
+    if a.compile:  # after the wrapping and the dtype: what runs is compiled
+        model = torch.compile(model)
     opt = torch.optim.AdamW(masters if masters is not None else model.parameters(), lr=1e-4)
 
     def step():

@@ -12,6 +12,7 @@
 #          absolute paths, for gpu_check.sh --bundle to copy into / where nothing is there yet
 #          (plugins for InfiniBand, UCX, libfabric and PSM are left out: they need libraries this
 #          machine's Open MPI only suggests, and a single node does not use them);
+#   py/    torchao's Python files, where the venv has torchao (for torch_anchor.py --precision fp8);
 #   MANIFEST  the commit it was built from, the package versions and the sizes.
 # Usage:
 #   bash scripts/gpu_bundle.sh [DIR]     (DIR default: .gpu_bundle in the checkout, ignored by git)
@@ -63,6 +64,20 @@ done
 ln -sf mpirun.openmpi "$OUT/root/usr/bin/mpirun"
 ln -sf mpiexec.openmpi "$OUT/root/usr/bin/mpiexec"
 
+# py/: torchao's Python files where this machine's venv has torchao (its float8 training is Python over
+# torch._scaled_mm; the compiled extensions are left out), for torch_anchor.py --precision fp8 on a GPU
+# machine whose Python lacks it (gpu_check.sh --bundle puts py/ on PYTHONPATH then).
+VENV_PY=$(sed -n 's/^ACCEL_PYTHON:FILEPATH=//p' "$BUILD/CMakeCache.txt")
+"${VENV_PY:-python3}" - "$OUT/py" <<'PYEOF' || true
+import os, shutil, sys
+try:
+    import torchao
+except Exception:
+    sys.exit(0)
+shutil.copytree(os.path.dirname(torchao.__file__), os.path.join(sys.argv[1], "torchao"),
+                ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+PYEOF
+
 {
   echo "accel GPU bundle, made $(date -u +%Y-%m-%dT%H:%MZ) on $(uname -m)"
   echo "commit $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
@@ -70,9 +85,10 @@ ln -sf mpiexec.openmpi "$OUT/root/usr/bin/mpiexec"
   echo "torch (built against) $("${py:-python3}" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo unknown)"
   need() { for f in "$OUT"/bin/* "$OUT"/lib/*; do objdump -T "$f" 2>/dev/null | grep -o "$1[0-9.]*"; done | sort -uV | tail -1; }
   echo "needs on the GPU machine: $(need 'GLIBC_2\.') and $(need 'GLIBCXX_3\.4\.') (ldd there says so if not)"
+  echo "torchao (py/) $("${VENV_PY:-python3}" -c 'import torchao; print(torchao.__version__)' 2>/dev/null || echo 'none: torch_anchor.py --precision fp8 skips where the GPU machine has none')"
   echo "packages:"; for p in "${MPI_PKGS[@]}"; do echo "  $p $(dpkg-query -W -f='${Version}' "$p")"; done
   echo "lib/:"; (cd "$OUT/lib" && ls | sed 's/^/  /')
-  echo "size: bin $(du -sh "$OUT/bin" | cut -f1), lib $(du -sh "$OUT/lib" | cut -f1), root $(du -sh "$OUT/root" | cut -f1), all $(du -sh "$OUT" | cut -f1)"
+  echo "size: bin $(du -sh "$OUT/bin" | cut -f1), py $(du -sh "$OUT/py" 2>/dev/null | cut -f1), lib $(du -sh "$OUT/lib" | cut -f1), root $(du -sh "$OUT/root" | cut -f1), all $(du -sh "$OUT" | cut -f1)"
 } > "$OUT/MANIFEST"
 cat "$OUT/MANIFEST"
 bytes=$(du -sb "$OUT" | cut -f1)

@@ -57,9 +57,10 @@ fi
 # Kept outside the checkout so fresh clones (and CI) reuse it. '.complete' is written last, so an
 # interrupted install is redone, never trusted. Besides torch: the readers the tests check accel's
 # files with (safetensors, tensorboard), transformers for the Llama interop tests, matplotlib for
-# `accel bench`'s plots. A venv made before a package joined the list gets the missing ones added.
-PY_PKGS=(safetensors tensorboard numpy "matplotlib==3.11.2" "transformers==5.24.0")
-PY_MODULES=(safetensors tensorboard numpy matplotlib transformers)
+# `accel bench`'s plots, torchao for the fp8 anchor (benchmarks/torch_anchor.py --precision fp8). A venv
+# made before a package joined the list gets the missing ones added.
+PY_PKGS=(safetensors tensorboard numpy "matplotlib==3.11.2" "transformers==5.24.0" "torchao==0.18.0")
+PY_MODULES=(safetensors tensorboard numpy matplotlib transformers torchao)
 if [ -f "$VENV/.complete" ] && "$VENV/bin/python" -c "import torch,sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
   say "venv: reusing $VENV (torch $TORCH_VERSION)"
   absent=()

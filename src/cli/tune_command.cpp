@@ -256,8 +256,8 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
       r.step_ms = (*j)["step_ms"].get<double>();
       r.samples_per_s = (*j)["samples_per_s"].get<double>();
       r.peak_bytes = full.device_cuda ? (*j)["device_peak"].get<double>() : (*j)["peak_rss"].get<double>();
-      fmt::print(stderr, "{:.1f} samples/s, {:.1f} ms a step, peak {:.2f} GB ({:.1f} s)\n", r.samples_per_s, r.step_ms,
-                 r.peak_bytes / 1e9, r.wall_s);
+      fmt::print(stderr, "{} samples/s, {:.1f} ms a step, peak {:.2f} GB ({:.1f} s)\n", samples_text(r.samples_per_s),
+                 r.step_ms, r.peak_bytes / 1e9, r.wall_s);
     } else if (j && (*j)["status"] == "over_budget") {
       r.status = TuneResult::Status::OverBudget;
       r.peak_bytes = (*j)["peak"].get<double>();
@@ -346,11 +346,12 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
                   confirmed > 0 ? fmt::format("the {} fastest measured twice, ranked by the mean", confirmed)
                                 : std::string("each measured once"),
                   confirm_note, elapsed(), a.time_limit_min, stopped.empty() ? "" : "; " + stopped));
-  how.push_back(fmt::format("Winner: {}: {:.1f} samples/s, {:.1f} ms a step, peak {:.2f} GB per rank ({} run(s)).",
-                            best.candidate.label(), best.samples_per_s, best.step_ms, best.peak_bytes / 1e9,
-                            best.runs));
+  how.push_back(fmt::format("Winner: {}: {} samples/s, {:.1f} ms a step, peak {:.2f} GB per rank ({} run(s)).",
+                            best.candidate.label(), samples_text(best.samples_per_s), best.step_ms,
+                            best.peak_bytes / 1e9, best.runs));
   if (order.size() > 1 && order[1].status == TuneResult::Status::Ok)
-    how.push_back(fmt::format("Runner-up: {}: {:.1f} samples/s.", order[1].candidate.label(), order[1].samples_per_s));
+    how.push_back(
+        fmt::format("Runner-up: {}: {} samples/s.", order[1].candidate.label(), samples_text(order[1].samples_per_s)));
   std::string bws;
   for (const auto& w : batch_words(a.batch_args, best.candidate.micro_batch, full.num_processes)) bws += " " + w;
   how.push_back(fmt::format(

@@ -76,6 +76,8 @@ const char* to_string(TuneResult::Status s) {
   return "?";
 }
 
+std::string samples_text(double v) { return fmt::format("{:.{}f}", v, v >= 100 ? 1 : v >= 10 ? 2 : 3); }
+
 TuneRequest with_defaults(TuneRequest r) {
   if (r.num_processes < 1) throw TuneError("--num_processes must be >= 1");
   if (r.num_machines < 1 || r.num_processes % r.num_machines != 0)
@@ -433,7 +435,7 @@ std::string tune_table(const std::vector<TuneResult>& results, const TuneGrid& g
   for (const auto& d : results) {
     const bool ok = d.status == TuneResult::Status::Ok;
     s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {:.1f} | {}{} |\n", ok ? std::to_string(++rank) : "",
-                     d.candidate.label(), ok ? fmt::format("{:.1f}", d.samples_per_s) : "",
+                     d.candidate.label(), ok ? samples_text(d.samples_per_s) : "",
                      ok ? fmt::format("{:.1f}", d.step_ms) : "", d.runs, d.peak_bytes > 0 ? gb_text(d.peak_bytes) : "",
                      estimate(d.candidate), d.wall_s, to_string(d.status), d.detail.empty() ? "" : ": " + d.detail);
   }

@@ -102,6 +102,9 @@ struct TuneResult {
   int runs = 1;                                           // > 1: merged() of a re-measured candidate
 };
 const char* to_string(TuneResult::Status s);
+// Samples per second with three or four significant digits (1.456, 35.12, 1289.2): a 0.5B model's
+// candidates differ in the second decimal.
+std::string samples_text(double samples_per_s);
 
 class TuneSearch {
  public:

@@ -258,7 +258,7 @@ TEST(TunePlan, TheFastestAreMeasuredAgainAndRankedByTheirMean) {
   // The table says how many runs each figure is the mean of.
   TuneGrid grid;
   const std::string table = tune_table(order, grid, tune_request(1e6, 2, 16));
-  EXPECT_NE(table.find("| 1 | DDP mb 1 x acc 1, bucket 25 MiB | 30.5 | 524.7 | 2 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 1 | DDP mb 1 x acc 1, bucket 25 MiB | 30.50 | 524.7 | 2 |"), std::string::npos) << table;
 }
 
 TEST(TunePlan, CandidateConfigsSayWhatTheCandidateIs) {
