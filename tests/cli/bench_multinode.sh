@@ -13,14 +13,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 unset ACCEL_RANKS_PER_NODE  # real nodes: the topology comes from Open MPI
 rm -rf "$OUT"
 mkdir -p "$OUT"
-printf '%s slots=2\n%s slots=2\n' "$ACCEL_MN_IP0" "$ACCEL_MN_IP1" > "$OUT/hostfile"
-mpi_env=(
-  OMPI_MCA_plm_rsh_agent="$HERE/multinode_rsh_agent.sh"
-  OMPI_MCA_oob_tcp_if_include="$ACCEL_MN_SUBNET"
-  OMPI_MCA_btl_tcp_if_include="$ACCEL_MN_SUBNET"
-  OMPI_MCA_pml=ob1
-  OMPI_MCA_btl=self,vader,tcp
-)
+source "$HERE/multinode_mpi_env.sh"
+mn_hostfile "$OUT/hostfile"
+mpi_env=("${mn_mpi_env[@]}")
 cmd=("$CLI" bench --hostfile "$OUT/hostfile" --num_processes 1,2,4 --strategies DDP,ZERO_3 --layers 2 --d_model 64
      --heads 4 --seq 16 --vocab 256 --steps 2 --warmup 1 --python "$PY" --out "$OUT/report")
 echo "multinode_enter.sh $ACCEL_MN_NS0 env ${mpi_env[*]} ${cmd[*]}"

@@ -40,16 +40,9 @@ fail() {
 }
 
 # --- 1. two hosts, 2 x 2 ranks --------------------------------------------------------------------
-printf '%s slots=2\n%s slots=2\n' "$ACCEL_MN_IP0" "$ACCEL_MN_IP1" > "$OUT/hostfile"
-mpi_env=(
-  OMPI_MCA_plm_rsh_agent="$HERE/multinode_rsh_agent.sh"  # "ssh" = enter the host's namespace
-  OMPI_MCA_oob_tcp_if_include="$ACCEL_MN_SUBNET"           # runtime and MPI traffic: the veth only
-                                                           # (the namespaces have only it and lo; explicit anyway)
-  OMPI_MCA_btl_tcp_if_include="$ACCEL_MN_SUBNET"
-  OMPI_MCA_pml=ob1                                         # no UCX/OFI/openib probing: shared memory within
-                                                           # a host, TCP between hosts
-  OMPI_MCA_btl=self,vader,tcp
-)
+source "$HERE/multinode_mpi_env.sh"  # mn_hostfile, mn_mpi_env (what each setting is for: there)
+mn_hostfile "$OUT/hostfile"
+mpi_env=("${mn_mpi_env[@]}")
 tx() { ip netns exec "$1" cat "/sys/class/net/$ACCEL_MN_IF/statistics/tx_bytes"; }
 tx0_before=$(tx "$ACCEL_MN_NS0") tx1_before=$(tx "$ACCEL_MN_NS1")
 train_args=(--steps "$STEPS" --seed 3)

@@ -36,9 +36,9 @@ if ! timeout "$RUN_TIMEOUT" "$ACCEL_CLI" launch -n 4 "$GPT" "${train[@]}" --log_
 fi
 
 echo "== 2 hosts x 2 ranks, --max_restarts 1 --min_nodes 1 --auto_resume; host 1 killed after step $KILL_AT"
-printf '%s slots=2\n%s slots=2\n' "$ACCEL_MN_IP0" "$ACCEL_MN_IP1" > hostfile
-mpi_env=(OMPI_MCA_plm_rsh_agent="$HERE/multinode_rsh_agent.sh" OMPI_MCA_oob_tcp_if_include="$ACCEL_MN_SUBNET"
-         OMPI_MCA_btl_tcp_if_include="$ACCEL_MN_SUBNET" OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp)
+source "$HERE/multinode_mpi_env.sh"
+mn_hostfile hostfile
+mpi_env=("${mn_mpi_env[@]}")
 t0=$(date +%s)
 "$HERE/multinode_enter.sh" "$ACCEL_MN_NS0" env "${mpi_env[@]}" timeout "$RUN_TIMEOUT" \
   "$ACCEL_CLI" launch --hostfile hostfile --num_machines 2 --num_processes 4 --max_restarts 1 --min_nodes 1 --auto_resume \

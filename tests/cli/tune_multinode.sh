@@ -11,14 +11,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 : "${ACCEL_MN_NS0:?run under multinode_netns.sh}"
 unset ACCEL_RANKS_PER_NODE  # real nodes: the topology comes from Open MPI
 rm -rf "$OUT" && mkdir -p "$OUT"
-printf '%s slots=2\n%s slots=2\n' "$ACCEL_MN_IP0" "$ACCEL_MN_IP1" > "$OUT/hostfile"
-mpi_env=(
-  OMPI_MCA_plm_rsh_agent="$HERE/multinode_rsh_agent.sh"
-  OMPI_MCA_oob_tcp_if_include="$ACCEL_MN_SUBNET"
-  OMPI_MCA_btl_tcp_if_include="$ACCEL_MN_SUBNET"
-  OMPI_MCA_pml=ob1
-  OMPI_MCA_btl=self,vader,tcp
-)
+source "$HERE/multinode_mpi_env.sh"
+mn_hostfile "$OUT/hostfile"
+mpi_env=("${mn_mpi_env[@]}")
 cmd=("$CLI" tune --hostfile "$OUT/hostfile" -n 4 --num_machines 2 --strategies zero3,hybrid_shard --micro_batches 1
      --checkpointing off --warmup 1 --steps 2 --confirm 0 --time_limit 5 --work_dir "$OUT/work" --out "$OUT/tuned.yaml"
      "$GPT" --layers 2 --d_model 64 --heads 4 --seq 32 --batch 8)
