@@ -56,6 +56,7 @@
 #include "mixed_precision/loss_scaler.h"
 #include "models/gpt.h"
 #include "sharding/sharded_init.h"
+#include "step_profile.h"
 #include "zero/plan.h"
 #include "zero/sharded_optimizer.h"
 
@@ -221,6 +222,7 @@ int run_bench(int argc, char** argv) {
   int steps = 6, warmup = 2, batch = 4, seq = 64, pss_every_ms = 0;
   double device_memory_gb = 0;
   bool show_loss = false, checkpoint = false, json = false;
+  std::string profile_trace;  // --profile: "-" without a trace file
   const bool cuda_usable = at::detail::getCUDAHooks().hasCUDA() && std::getenv("ACCEL_USE_CPU") == nullptr;
   std::string device_name = cuda_usable ? "cuda" : "cpu";
   examples::GPTConfig cfg{4096, 384, 6, 10, 64};
@@ -257,6 +259,10 @@ int run_bench(int argc, char** argv) {
                "activation checkpointing of every block (ShardingSpec::activation_checkpointing)");
   app.add_option("--device", device_name, "cpu | cuda (default: cuda where usable and ACCEL_USE_CPU is unset)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_flag("--profile{-}", profile_trace,
+               "after the measured steps, 3 more of each run under libtorch's profiler: rank 0 prints the device's "
+               "kernels a step, its busy share, the top kernels, accel's scopes and the top host ops on stderr "
+               "(--profile=TRACE.json also writes the Chrome trace)");
   app.add_flag("--json", json, "print one JSON line (bytes, peak RSS) instead of the table row");
   app.add_option("--device_memory,--device-memory", device_memory_gb,
                  "with --device cuda: cap each rank's CUDA caching allocator at this many GB (1e9 bytes), as on a "
@@ -446,6 +452,29 @@ int run_bench(int argc, char** argv) {
   const double rss_built = peak_rss_bytes();
   at::manual_seed(100 + r);
   at::Tensor x = at::randint(cfg.vocab, {batch, seq}).to(device), y = at::randint(cfg.vocab, {batch, seq}).to(device);
+  // One training step of a run: forward, the loss in fp32, backward, the optimizer step; the loss.
+  auto train_step = [&](Run& run) {
+    at::Tensor logits = run.model->forward(x);
+    if (run.prec.low()) logits = logits.to(at::kFloat);  // the loss in fp32
+    at::Tensor loss = examples::lm_loss(logits, y);
+    if (run.prec.loss_scale > 0) loss = loss * run.prec.loss_scale;
+    if (run.name == "plain")
+      loss.backward();
+    else
+      run.prepared.engine->backward(loss);
+    if (run.prec.loss_scale > 0) {
+      // Unscale the master gradients (the ones the step reads); the norm's partial sums are
+      // all-reduced over the shard group where gradients or optimizer state are sharded.
+      auto& engine = *run.prepared.engine;
+      std::vector<at::Tensor> grads = engine.step_grads();
+      comm::Communicator* sg = engine.plan().state_split ? engine.shard_group().get() : nullptr;
+      mixed_precision::unscale_and_clip(grads, run.prec.loss_scale, std::nullopt, sg);
+      engine.grads_scaled(1.0 / run.prec.loss_scale);
+    }
+    run.opt->step();
+    run.opt->zero_grad();
+    return loss;
+  };
   for (int s = 0; s < warmup + steps; ++s)
     for (auto& run : runs) {
       if (s == warmup) {
@@ -473,25 +502,7 @@ int run_bench(int argc, char** argv) {
       const std::uint64_t read0 = disk(true), written0 = disk(false);
       sync_device();
       auto t0 = Clock::now();
-      at::Tensor logits = run.model->forward(x);
-      if (run.prec.low()) logits = logits.to(at::kFloat);  // the loss in fp32
-      at::Tensor loss = examples::lm_loss(logits, y);
-      if (run.prec.loss_scale > 0) loss = loss * run.prec.loss_scale;
-      if (run.name == "plain")
-        loss.backward();
-      else
-        run.prepared.engine->backward(loss);
-      if (run.prec.loss_scale > 0) {
-        // Unscale the master gradients (the ones the step reads); the norm's partial sums are
-        // all-reduced over the shard group where gradients or optimizer state are sharded.
-        auto& engine = *run.prepared.engine;
-        std::vector<at::Tensor> grads = engine.step_grads();
-        comm::Communicator* sg = engine.plan().state_split ? engine.shard_group().get() : nullptr;
-        mixed_precision::unscale_and_clip(grads, run.prec.loss_scale, std::nullopt, sg);
-        engine.grads_scaled(1.0 / run.prec.loss_scale);
-      }
-      run.opt->step();
-      run.opt->zero_grad();
+      at::Tensor loss = train_step(run);
       sync_device();
       double t = std::chrono::duration<double>(Clock::now() - t0).count();
       if (show_loss && r == 0)
@@ -511,6 +522,32 @@ int run_bench(int argc, char** argv) {
         run.waits.push_back(mean_over_ranks(*world, waited));
       }
     }
+  // --profile: kProfiledSteps more steps of each run under the profiler (benchmarks/step_profile.h); every
+  // rank steps, rank 0 records and prints.
+  if (!profile_trace.empty()) {
+    constexpr int kProfiledSteps = 3;
+    for (auto& run : runs) {
+      std::string trace = profile_trace == "-" ? "" : profile_trace;
+      if (!trace.empty() && runs.size() > 1) {
+        std::string tag = run.name + "_" + run.prec.name;
+        const std::size_t dot = trace.rfind('.');
+        trace = dot != std::string::npos && trace.find('/', dot) == std::string::npos
+                    ? trace.substr(0, dot) + "." + tag + trace.substr(dot)
+                    : trace + "." + tag;
+      }
+      world->barrier();
+      sync_device();
+      std::optional<bench::StepProfile> p;
+      if (r == 0) p.emplace(on_cuda);
+      const auto t0 = Clock::now();
+      for (int k = 0; k < kProfiledSteps; ++k) train_step(run);
+      sync_device();
+      const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (p)
+        fmt::print(stderr, "{}", p->finish("profile " + run.name + " " + run.prec.name, kProfiledSteps, wall, trace));
+      world->barrier();
+    }
+  }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];

@@ -17,7 +17,8 @@
 #      FULL_SHARD at 2;
 #   3. step_bench on the GPU (every strategy in fp32, then fp32/bf16/fp16/fp8 interleaved, 2 ranks
 #      sharing the GPU, then a wider GPT in bf16; fp8 against bf16 and torchao float8 + torch.compile
-#      at a product-bound shape) and, where benchmarks/torch_anchor.py exists,
+#      at a product-bound shape; accel's default step under the profiler) and, where
+#      benchmarks/torch_anchor.py exists,
 #      PyTorch on the same GPU and model (fp32, and the wide GPT in bf16 with fp32 masters), then
 #      PyTorch's wide bf16 step under
 #      torch.profiler: its top kernels and the share of the step the GPU was busy.
@@ -220,6 +221,10 @@ WIDE=(--d-model 1024 --heads 16 --layers 12 --seq 512 --vocab 32000 --batch 8)
 step step_bench_wide_bf16 "${SB[@]}" --strategy DDP,ZERO_3,FULL_SHARD --precision bf16,fp8 "${WIDE[@]}"
 step step_bench_wide_plain "${SB[@]}" --strategy plain "${WIDE[@]}"
 for s in DDP ZERO_3; do step "step_bench_wide_${s}" "${SB[@]}" --strategy "$s" --precision bf16 "${WIDE[@]}"; done
+# Where accel's step goes on the device (step_bench --profile: kernels a step, the device's busy share,
+# top kernels, the engine's hooks as accel::* scopes, top host ops; Chrome traces in $OUTDIR): the
+# default GPT, whose step is launches (issue 33's launch overhead), under DDP and ZeRO-3.
+step profile_accel_default "${SB[@]}" --strategy DDP,ZERO_3 --profile="$OUTDIR/trace_accel_default.json"
 # fp8 where it should pay: a product-bound shape (0.94B, d 4096), one rank, accel's bf16 and fp8 steps
 # (the fused casts) against torchao's float8 training of the same model under torch.compile (where the
 # Python has torchao: torch_anchor.py exits 77 without it, a SKIP), alternating, FP8_ROUNDS runs each.

@@ -7,6 +7,7 @@
 #include "base/memory.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/engine.h>
@@ -31,6 +32,7 @@ void Engine::begin_backward() {
 }
 
 void Engine::on_grad_accumulated(std::size_t fi, std::size_t i) {
+  RECORD_USER_SCOPE("accel::grad_accumulated");
   begin_backward();
   Flat& f = flats_[fi];
   if (plan_.params_sharded && sync_ && reducer_index_[fi] != npos && reducer_->launched(reducer_index_[fi]))
@@ -80,6 +82,7 @@ void Engine::end_units_started_after(std::int64_t call_end) {
 }
 
 void Engine::end_unit(std::size_t unit) {
+  RECORD_USER_SCOPE("accel::end_unit");
   units_[unit].ended = true;
   for (auto fi : units_[unit].flats)
     if (reducer_index_[fi] != npos) mark_complete(fi);
@@ -134,8 +137,7 @@ void Engine::set_master_grad(Flat& f, bool defer_sync) {
   if (host_master(f)) {
     // Offload to host memory: the pinned buffer, filled on the side stream (already queued when the
     // reduced gradient is the very tensor the reducer handed over, unchanged since).
-    const bool queued =
-        f.host_grad_src == f.grad.unsafeGetTensorImpl() && f.host_grad_src_version == f.grad._version();
+    const bool queued = f.host_grad_src == f.grad.unsafeGetTensorImpl() && f.host_grad_src_version == f.grad._version();
     if (!queued && !f.grad.is_same(f.host_grad)) grad_to_host(f, f.grad);
     f.host_grad_src = nullptr;
     f.master.mutable_grad() = f.host_grad;
@@ -256,6 +258,7 @@ void Engine::backward(const at::Tensor& loss) {
 }
 
 void Engine::finalize_backward() {
+  RECORD_USER_SCOPE("accel::finalize_backward");
   in_backward_ = false;
   ++finalize_count_;
   if (!cur_order_.empty()) {

@@ -5,6 +5,7 @@
 #include "base/memory.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 
 namespace accel::zero {
@@ -132,6 +133,7 @@ void Engine::prefetch(std::size_t unit) {
 }
 
 void Engine::pre_forward(std::size_t unit) {
+  RECORD_USER_SCOPE("accel::pre_forward");         // (profiler scopes: step_bench --profile shows the hooks' share)
   if (cur_order_.empty()) drop_discarded_grads();  // the first unit of a forward
   memory::set_forward_active(true);                // until backward or the step begins
   bool seen = false;
@@ -152,6 +154,7 @@ void Engine::pre_forward(std::size_t unit) {
 }
 
 void Engine::post_forward(std::size_t unit, std::vector<at::Tensor>& outputs, bool tracked) {
+  RECORD_USER_SCOPE("accel::post_forward");
   const std::int64_t call_end = ++tick_;
   if (!unit_sharded(unit)) return;
   for (auto& t : outputs)
@@ -167,6 +170,7 @@ void Engine::post_forward(std::size_t unit, std::vector<at::Tensor>& outputs, bo
 }
 
 void Engine::pre_backward(std::size_t unit, std::int64_t call_end) {
+  RECORD_USER_SCOPE("accel::pre_backward");
   begin_backward();
   // Every unit call that began after this one ended has finished its backward: reduce those units
   // now, before this unit gathers (the same point of backward on every rank).

@@ -6,6 +6,7 @@
 #include "base/memory.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
@@ -94,6 +95,7 @@ void Engine::close_step() {
 }
 
 void Engine::before_step() {
+  RECORD_USER_SCOPE("accel::before_step");
   memory::set_forward_active(false);
   if (in_backward_) throw accel::LogicError("accel: optimizer step during backward");
   wait_host_copies();  // (the last step's copies to the device read the masters the step writes)
@@ -117,6 +119,7 @@ std::pair<std::int64_t, std::int64_t> Engine::master_range(const Flat& f) const 
 }
 
 void Engine::after_step() {
+  RECORD_USER_SCOPE("accel::after_step");
   if (plan_.passthrough) return;
   write_params(/*offloaded_done=*/true);
   close_step();

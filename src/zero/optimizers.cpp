@@ -4,6 +4,7 @@
 #include "optim/fused_step.h"
 #include "zero/engine.h"
 
+#include <ATen/record_function.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -27,6 +28,7 @@ class Sharded final : public Opt {
       : Opt(groups, defaults), engine_(std::move(engine)) {}
 
   at::Tensor step(optim::Optimizer::LossClosure closure = nullptr) override {
+    RECORD_USER_SCOPE("accel::optimizer_step");  // (the engine's before/after and the sharded step)
     engine_->before_step();
     try {
       return sharded_step(std::move(closure));

@@ -21,4 +21,9 @@ if(ACCEL_BUILD_BENCHMARKS AND ACCEL_PYTHON)
   add_test(NAME cli_step_bench_mfu
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mfu_check.sh ${ACCEL_CLI} $<TARGET_FILE:step_bench> ${ACCEL_PYTHON})
   set_tests_properties(cli_step_bench_mfu PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 300)
+  # step_bench --profile: the engine's scopes counted per step and the Chrome traces (step_bench_profile.sh).
+  add_test(NAME cli_step_bench_profile_np2
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/step_bench_profile.sh ${ACCEL_CLI} $<TARGET_FILE:step_bench>
+                   ${ACCEL_PYTHON} ${CMAKE_BINARY_DIR}/step_bench_profile)
+  set_tests_properties(cli_step_bench_profile_np2 PROPERTIES ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 300)
 endif()
