@@ -34,7 +34,7 @@ if(TARGET gpt_lm)
   set_tests_properties(cli_tune_gpt_np2 PROPERTIES ENVIRONMENT "${ACCEL_LAUNCH_TEST_ENV}" TIMEOUT 600)
 endif()
 # Across two hosts made of network namespaces (tests/cli/multinode.cmake has the others): HYBRID_SHARD
-# joins the grid and every run reports 2 nodes. Root and iproute2, else skipped. About 30 s.
+# joins the grid and every run reports 2 nodes. Root and iproute2, else skipped. About 10 s.
 if(TARGET gpt_lm)
   add_test(NAME cli_tune_multinode_netns
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/multinode_netns.sh
