@@ -230,7 +230,8 @@ step profile_accel_default "${SB[@]}" --strategy DDP,ZERO_3 --profile="$OUTDIR/t
 # Python has torchao: torch_anchor.py exits 77 without it, a SKIP), alternating, FP8_ROUNDS runs each.
 FP8SHAPE=(--d-model 4096 --heads 32 --layers 4 --seq 1024 --vocab 32000 --batch 8 --steps 10 --warmup 3)
 for i in $(seq "${FP8_ROUNDS:-2}"); do
-  step "fp8_bound_accel_$i" "${SB[@]}" --strategy plain --precision bf16,fp8 "${FP8SHAPE[@]}"
+  # (DDP at one rank: step_bench's plain is fp32 only; one precision a run, so each prints its table row.)
+  for p in bf16 fp8; do step "fp8_bound_accel_${p}_$i" "${SB[@]}" --strategy DDP --precision "$p" "${FP8SHAPE[@]}"; done
   if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
     step "fp8_bound_torchao_$i" "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy plain --precision fp8 \
       --compile "${FP8SHAPE[@]}"
