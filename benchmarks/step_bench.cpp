@@ -48,6 +48,7 @@
 //   bash benchmarks/run_step_bench.sh      # docs/performance.md's table: every strategy at 1, 2 and 4 ranks
 //   bash benchmarks/run_step_bench.sh --precision-table   # DDP and ZERO_3 at 2 ranks, each precision
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3 --checkpoint --d-model 1024 --json
+#include "base/files.h"
 #include "base/memory.h"
 #include "comm/communicator.h"
 #include "comm/transport/nccl/nccl_backend.h"
@@ -528,13 +529,8 @@ int run_bench(int argc, char** argv) {
     constexpr int kProfiledSteps = 3;
     for (auto& run : runs) {
       std::string trace = profile_trace == "-" ? "" : profile_trace;
-      if (!trace.empty() && runs.size() > 1) {
-        std::string tag = run.name + "_" + run.prec.name;
-        const std::size_t dot = trace.rfind('.');
-        trace = dot != std::string::npos && trace.find('/', dot) == std::string::npos
-                    ? trace.substr(0, dot) + "." + tag + trace.substr(dot)
-                    : trace + "." + tag;
-      }
+      if (!trace.empty() && runs.size() > 1)  // trace.json -> trace.ZERO_3_fp32.json
+        trace = files::without_extension(trace) + "." + run.name + "_" + run.prec.name + files::extension(trace);
       world->barrier();
       sync_device();
       std::optional<bench::StepProfile> p;

@@ -116,6 +116,16 @@ std::string parent_dir(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+namespace {
+std::size_t extension_dot(const std::string& path) {
+  const std::size_t dot = path.rfind('.');
+  return dot != std::string::npos && path.find('/', dot) == std::string::npos ? dot : path.size();
+}
+}  // namespace
+
+std::string without_extension(const std::string& path) { return path.substr(0, extension_dot(path)); }
+std::string extension(const std::string& path) { return path.substr(extension_dot(path)); }
+
 std::string working_dir() {
   char buf[PATH_MAX];
   return ::getcwd(buf, sizeof buf) ? std::string(buf) : std::string(".");

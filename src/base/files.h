@@ -26,6 +26,11 @@ bool is_file(const std::string& path);
 bool is_dir(const std::string& path);
 // The directory part of a path: "a/b" -> "a", "/b" -> "/", "b" -> ".".
 std::string parent_dir(const std::string& path);
+// A path without its file name's extension: "a/b.yaml" -> "a/b", "a.d/b" -> "a.d/b"; and the extension
+// with its dot ("" when the file name has none). Where a sibling file of another kind, or a variant of
+// the same file, is named after it.
+std::string without_extension(const std::string& path);
+std::string extension(const std::string& path);
 // The working directory (getcwd), or "." when it cannot be read.
 std::string working_dir();
 // fsyncs a directory (makes a rename or a new file in it durable); errors are ignored.

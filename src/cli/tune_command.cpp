@@ -364,11 +364,7 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
     files::write_file_atomic(a.out, json.data(), json.size());
     written = a.out;
   } else {
-    std::string json_path = a.out;
-    const std::size_t dot = json_path.rfind('.');
-    json_path = (dot != std::string::npos && json_path.find('/', dot) == std::string::npos ? json_path.substr(0, dot)
-                                                                                           : json_path) +
-                ".json";
+    const std::string json_path = files::without_extension(a.out) + ".json";
     const WinnerFiles w = winner_accelerate(best.candidate, full, files::absolute_path(json_path), how);
     if (!w.json.empty()) files::write_file_atomic(json_path, w.json.data(), w.json.size());
     files::write_file_atomic(a.out, w.yaml.data(), w.yaml.size());

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -52,40 +53,30 @@ kernels::fp8::OutFormat kernel_format(Fp8Format f) {
   return f == Fp8Format::E4M3 ? kernels::fp8::OutFormat::E4M3 : kernels::fp8::OutFormat::E5M2;
 }
 
-// The fused casts on x's device and current stream (fused_fp8_casts(x) holds).
-Fp8Tensor fused_tensorwise(const at::Tensor& x_in, Fp8Format f, int margin) {
+// The fused casts on x's device and current stream (fused_fp8_casts(x) holds): tensorwise without a
+// dim, else axiswise along it (a 2-D x).
+Fp8Tensor fused_quantize(const at::Tensor& x_in, std::optional<std::int64_t> dim, Fp8Format f, int margin) {
 #if ACCEL_WITH_CUDA_KERNELS
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
   const auto fopts = x.options().dtype(at::kFloat);
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(fp8_dtype(f)));
-  at::Tensor scale = at::empty({}, fopts), inverse = at::empty({}, fopts);
-  at::Tensor amax_bits = at::empty({1}, x.options().dtype(at::kInt));
-  kernels::fp8::quantize_tensorwise(x.const_data_ptr(), kernel_dtype(x), x.numel(), kernel_format(f), margin,
-                                    reinterpret_cast<std::uint32_t*>(amax_bits.mutable_data_ptr()),
-                                    static_cast<std::uint8_t*>(out.mutable_data_ptr()), scale.mutable_data_ptr<float>(),
-                                    inverse.mutable_data_ptr<float>(),
-                                    c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
-  return Fp8Tensor{out, scale, f, inverse};
-#else
-  (void)x_in, (void)f, (void)margin;
-  throw accel::LogicError("fp8: fused casts called in a build without them");
-#endif
-}
-
-Fp8Tensor fused_axiswise(const at::Tensor& x_in, std::int64_t dim, Fp8Format f, int margin) {
-#if ACCEL_WITH_CUDA_KERNELS
-  const c10::cuda::CUDAGuard guard(x_in.device());
-  const at::Tensor x = x_in.contiguous();
-  const auto fopts = x.options().dtype(at::kFloat);
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(fp8_dtype(f)));
-  const std::vector<std::int64_t> shape =
-      dim == 1 ? std::vector<std::int64_t>{x.size(0), 1} : std::vector<std::int64_t>{1, x.size(1)};
+  const std::vector<std::int64_t> shape = !dim        ? std::vector<std::int64_t>{}
+                                          : *dim == 1 ? std::vector<std::int64_t>{x.size(0), 1}
+                                                      : std::vector<std::int64_t>{1, x.size(1)};
   at::Tensor scale = at::empty(shape, fopts), inverse = at::empty(shape, fopts);
-  kernels::fp8::quantize_axiswise(x.const_data_ptr(), kernel_dtype(x), x.size(0), x.size(1), static_cast<int>(dim),
-                                  kernel_format(f), margin, static_cast<std::uint8_t*>(out.mutable_data_ptr()),
-                                  scale.mutable_data_ptr<float>(), inverse.mutable_data_ptr<float>(),
-                                  c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  auto* q = static_cast<std::uint8_t*>(out.mutable_data_ptr());
+  void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  if (!dim) {
+    at::Tensor amax_bits = at::empty({1}, x.options().dtype(at::kInt));
+    kernels::fp8::quantize_tensorwise(x.const_data_ptr(), kernel_dtype(x), x.numel(), kernel_format(f), margin,
+                                      reinterpret_cast<std::uint32_t*>(amax_bits.mutable_data_ptr()), q,
+                                      scale.mutable_data_ptr<float>(), inverse.mutable_data_ptr<float>(), stream);
+  } else {
+    kernels::fp8::quantize_axiswise(x.const_data_ptr(), kernel_dtype(x), x.size(0), x.size(1), static_cast<int>(*dim),
+                                    kernel_format(f), margin, q, scale.mutable_data_ptr<float>(),
+                                    inverse.mutable_data_ptr<float>(), stream);
+  }
   return Fp8Tensor{out, scale, f, inverse};
 #else
   (void)x_in, (void)dim, (void)f, (void)margin;
@@ -159,7 +150,7 @@ Fp8Tensor quantize_dynamic_composite(const at::Tensor& x, Fp8Format f, int margi
 
 Fp8Tensor quantize_dynamic(const at::Tensor& x, Fp8Format f, int margin) {
   check_margin(margin);
-  if (fused_fp8_casts(x)) return fused_tensorwise(x, f, margin);
+  if (fused_fp8_casts(x)) return fused_quantize(x, std::nullopt, f, margin);
   return quantize_dynamic_composite(x, f, margin);
 }
 
@@ -180,7 +171,7 @@ Fp8Tensor quantize_dynamic_axiswise_composite(const at::Tensor& x, std::int64_t 
 Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin) {
   check_axiswise(x, dim);
   check_margin(margin);
-  if (fused_fp8_casts(x)) return fused_axiswise(x, dim, f, margin);
+  if (fused_fp8_casts(x)) return fused_quantize(x, dim, f, margin);
   return quantize_dynamic_axiswise_composite(x, dim, f, margin);
 }
 

@@ -182,4 +182,13 @@ TEST(FilesParentDir, TheDirectoryPart) {
   EXPECT_EQ(files::parent_dir("b"), ".");
 }
 
+TEST(FilesExtension, OfTheFileNameOnly) {
+  EXPECT_EQ(files::without_extension("a/b.yaml"), "a/b");
+  EXPECT_EQ(files::extension("a/b.yaml"), ".yaml");
+  EXPECT_EQ(files::without_extension("t.tar.gz"), "t.tar");
+  EXPECT_EQ(files::without_extension("a.d/b"), "a.d/b");  // a dot in a directory is not an extension
+  EXPECT_EQ(files::extension("a.d/b"), "");
+  EXPECT_EQ(files::without_extension("b") + files::extension("b"), "b");
+}
+
 }  // namespace
