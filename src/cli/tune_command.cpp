@@ -359,6 +359,7 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
       "batch {}); {}.",
       bws, best.candidate.micro_batch, best.candidate.accumulation, full.num_processes, full.global_batch, base_note));
   std::string written;
+  files::make_dirs(files::parent_dir(a.out));  // (a search's result is never lost to a missing directory)
   if (a.dialect == "deepspeed") {
     const std::string json = winner_deepspeed(best.candidate, full, how);
     files::write_file_atomic(a.out, json.data(), json.size());

@@ -19,7 +19,7 @@ mb=$(sed -n 's/^# Run the program with --batch \([0-9]*\) .*/\1/p' "$OUT/tuned.y
 "$CLI" launch --config_file "$OUT/tuned.yaml" "$GPT" "${MODEL[@]}" --steps 3 --batch "$mb" --log_file "$OUT/train.log"
 [ "$(wc -l < "$OUT/train.log")" -ge 3 ] || { echo "FAILED: the tuned config did not train 3 steps"; cat "$OUT/train.log"; exit 1; }
 "$CLI" tune -n 2 --time_limit 5 --strategies zero3 --micro_batches 2 --checkpointing on --warmup 1 --steps 2 \
-  --dialect deepspeed --work_dir "$OUT/work_ds" --out "$OUT/tuned.json" "$GPT" "${MODEL[@]}" --batch 4
-grep -q '"_comment"' "$OUT/tuned.json"
-"$CLI" config explain "$OUT/tuned.json" | grep "ZeRO stage 3"
+  --dialect deepspeed --work_dir "$OUT/work_ds" --out "$OUT/not_yet/tuned.json" "$GPT" "${MODEL[@]}" --batch 4
+grep -q '"_comment"' "$OUT/not_yet/tuned.json"  # (--out in a directory that did not exist)
+"$CLI" config explain "$OUT/not_yet/tuned.json" | grep "ZeRO stage 3"
 echo "PASS: tuned, written, explained and trained"
