@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   std::string comm_stats, log_with;
   std::int64_t histogram_every = 0;
   bool float64 = false;
-  double dropout = 0;
+  double dropout = 0, lr = 3e-3;
   app.add_option("--layers", layers, "transformer blocks");
   app.add_option("--d_model", d_model, "model width")->check(CLI::PositiveNumber);
   app.add_option("--heads", heads, "attention heads (must divide --d_model)")->check(CLI::PositiveNumber);
@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "eager", "sdpa"}));
   app.add_option("--dropout", dropout, "residual dropout in each block while training (0: none)")
       ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--lr", lr, "AdamW's learning rate")->check(CLI::PositiveNumber);
   app.add_flag("--float64", float64,
                "parameters, compute and loss in float64 (for exact comparisons; not with mixed precision)");
   CLI11_PARSE(app, argc, argv);
@@ -113,7 +114,7 @@ int main(int argc, char** argv) {
       c10::NoGradGuard no_grad;  // small embeddings (GPT-2's 0.02): the tied head starts near uniform
       model->tok->weight.normal_(0.0, 0.02);
     }
-    torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.01));
+    torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(lr).weight_decay(0.01));
     DataLoader<CharCorpus> loader(
         corpus, {.batch_size = args.batch, .shuffle = true, .split_batches = true, .seed = args.seed});
     auto opt = acc.prepare(model, adamw, loader);

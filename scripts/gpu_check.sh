@@ -26,6 +26,8 @@
 #   bash scripts/gpu_check.sh                 build, then run everything (needs what setup.sh needs)
 #   bash scripts/gpu_check.sh --no-build      use the binaries in $ACCEL_BIN (default build/bin)
 #   bash scripts/gpu_check.sh --no-bench ...  the tests only (steps 1-2b), not step 3
+#   bash scripts/gpu_check.sh --only REGEX    only the steps whose names match REGEX (grep -E), for a
+#                                             short device lease: --only 'fp8_bound|vs_torch_default'
 #   bash scripts/gpu_check.sh --bundle DIR    a machine that cannot build (no network, no Open MPI):
 #                                             the programs and libraries scripts/gpu_bundle.sh packed
 #                                             into DIR on a machine that can, with this machine's own
@@ -35,15 +37,16 @@
 #                                             only that, GPU or not; prints the LD_LIBRARY_PATH to export
 #                                             for running the bundle's programs by hand
 # Environment: ACCEL_BIN (binaries), PYTHON (the Python with torch, default: the setup venv's, else
-# python3), GPU_CHECK_OUT (a folder for the full logs; default a temporary one). Every step runs even
-# when an earlier one failed; the summary at the end lists each with PASS, FAIL or SKIP, and the exit
-# status is 1 when any failed.
+# python3), GPU_CHECK_OUT (a folder for the full logs; default a temporary one), FP8_ROUNDS (runs of
+# each at the fp8-bound shape, default 2). Every step runs even when an earlier one failed; the
+# summary at the end lists each with PASS, FAIL or SKIP, and the exit status is 1 when any failed.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=1
 BUNDLE=""
 SETUP_ONLY=0
 BENCH=1
+ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) BUILD=0 ;;
@@ -51,8 +54,10 @@ while [ $# -gt 0 ]; do
     --bundle=*) BUNDLE=${1#--bundle=}; BUILD=0 ;;
     --setup-only) SETUP_ONLY=1 ;;
     --no-bench) BENCH=0 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
-    *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --no-bench, --bundle DIR [--setup-only], --help)" >&2; exit 2 ;;
+    --only) ONLY=${2:-}; shift ;;
+    --only=*) ONLY=${1#--only=} ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --no-bench, --only REGEX, --bundle DIR [--setup-only], --help)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -70,6 +75,7 @@ FAILED=0
 # run whose tests all skipped counts as SKIP.
 step() {
   local name=$1; shift
+  if [ -n "$ONLY" ] && ! grep -qE -- "$ONLY" <<<"$name"; then return 0; fi
   printf '\n== %s: %s\n' "$name" "$*"
   local t0=$(date +%s)
   "$@" 2>&1 | tee "$OUTDIR/$name.log"
@@ -228,13 +234,13 @@ step profile_accel_default "${SB[@]}" --strategy DDP,ZERO_3 --profile="$OUTDIR/t
 # fp8 where it should pay: a product-bound shape (0.94B, d 4096), one rank, accel's bf16 and fp8 steps
 # (the fused casts) against torchao's float8 training of the same model under torch.compile (where the
 # Python has torchao: torch_anchor.py exits 77 without it, a SKIP), alternating, FP8_ROUNDS runs each.
-FP8SHAPE=(--d-model 4096 --heads 32 --layers 4 --seq 1024 --vocab 32000 --batch 8 --steps 10 --warmup 3)
+FP8SHAPE=(--d-model 4096 --heads 32 --layers 4 --seq 1024 --vocab 32000 --batch 8)
 for i in $(seq "${FP8_ROUNDS:-2}"); do
   # (DDP at one rank: step_bench's plain is fp32 only; one precision a run, so each prints its table row.)
   for p in bf16 fp8; do step "fp8_bound_accel_${p}_$i" "${SB[@]}" --strategy DDP --precision "$p" "${FP8SHAPE[@]}"; done
   if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
     step "fp8_bound_torchao_$i" "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy plain --precision fp8 \
-      --compile "${FP8SHAPE[@]}"
+      --compile --steps 10 --warmup 3 "${FP8SHAPE[@]}"
   fi
 done
 # PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate, three

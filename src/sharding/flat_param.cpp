@@ -181,23 +181,28 @@ void FlatParam::move_to(c10::Device device, const std::string& freed_shard_messa
   c10::NoGradGuard no_grad;
   const at::TensorOptions on = full_.options().device(device);
   // A freed buffer arrives freed: a storage of its size without memory, never allocated on the device.
-  auto freed = [&](std::int64_t numel, std::string message) {
+  // Its access guard comes after the parameters' views are made (on CUDA, set_ reads the storage's
+  // data pointer, which a guarded storage refuses); the views share the storage and so the guard.
+  auto freed = [&](std::int64_t numel) {
     at::Tensor t = at::empty({0}, on);
     t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
-    free_storage(t, std::move(message));
+    free_storage(t, std::nullopt);
     t.storage().unsafeGetStorageImpl()->set_nbytes(static_cast<std::size_t>(numel) * t.element_size());
     return t;
   };
   auto [begin, end] = layout_.shard_range(opts_.rank);
-  at::Tensor full =
-      storage_allocated(full_) ? full_.to(on) : freed(layout_.padded(), freed_parameter_message(name_, names_));
-  at::Tensor shard = !opts_.sharded              ? full.narrow(0, begin, end - begin)
-                     : storage_allocated(shard_) ? shard_.to(on)
-                                                 : freed(end - begin, freed_shard_message);
+  const bool full_freed = !storage_allocated(full_);
+  const bool shard_freed = opts_.sharded && !storage_allocated(shard_);
+  at::Tensor full = full_freed ? freed(layout_.padded()) : full_.to(on);
+  at::Tensor shard = !opts_.sharded ? full.narrow(0, begin, end - begin)
+                     : shard_freed  ? freed(end - begin)
+                                    : shard_.to(on);
   full_ = full;
   shard_ = shard;
   for (std::size_t i = 0; i < params_.size(); ++i)
     params_[i].set_data(storage_alias(full_).narrow(0, layout_.offset(i), params_[i].numel()).view(params_[i].sizes()));
+  if (full_freed) free_storage(full_, freed_parameter_message(name_, names_));
+  if (shard_freed) free_storage(shard_, freed_shard_message);
 }
 
 bool FlatParam::gathered() const { return storage_allocated(full_) || layout_.padded() == 0; }

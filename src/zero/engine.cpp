@@ -92,12 +92,14 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const torch::optim::Opt
     : spec_(std::move(spec)), world_(std::move(world)), model_(std::move(model)) {
   spec_.validate();
   // Both process-wide settings below are for models on the CPU: an engine over a CUDA model leaves the
-  // process's CPU matmuls and CPU allocator as they are.
+  // process's CPU matmuls and CPU allocator as they are, also when it is handed over on the host to be
+  // moved there (ShardingSpec::device).
   bool cpu_model = true;
   for (const auto& p : model_->parameters()) {
     cpu_model = p.device().is_cpu();
     break;
   }
+  if (spec_.device) cpu_model = spec_.device->is_cpu();
   if (cpu_model) install_cpu_gemm();  // float32 CPU matmuls through oneDNN where that is faster (ACCEL_CPU_GEMM)
   Groups groups = groups_for(spec_, world_);
   shard_ = std::move(groups.shard);
