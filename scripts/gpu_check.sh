@@ -17,10 +17,9 @@
 #      FULL_SHARD at 2;
 #   3. step_bench on the GPU (every strategy in fp32, then fp32/bf16/fp16/fp8 interleaved, 2 ranks
 #      sharing the GPU, then a wider GPT in bf16; fp8 against bf16 and torchao float8 + torch.compile
-#      at a product-bound shape; accel's default step under the profiler) and, where
-#      benchmarks/torch_anchor.py exists,
-#      PyTorch on the same GPU and model (fp32, and the wide GPT in bf16 with fp32 masters), then
-#      PyTorch's wide bf16 step under
+#      at a product-bound shape, and both under the profiler; accel's default step under the
+#      profiler) and, where benchmarks/torch_anchor.py exists, PyTorch on the same GPU and model
+#      (fp32, and the wide GPT in bf16 with fp32 masters), then PyTorch's wide bf16 step under
 #      torch.profiler: its top kernels and the share of the step the GPU was busy.
 # Usage:
 #   bash scripts/gpu_check.sh                 build, then run everything (needs what setup.sh needs)
@@ -56,7 +55,7 @@ while [ $# -gt 0 ]; do
     --no-bench) BENCH=0 ;;
     --only) ONLY=${2:-}; shift ;;
     --only=*) ONLY=${1#--only=} ;;
-    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --no-bench, --only REGEX, --bundle DIR [--setup-only], --help)" >&2; exit 2 ;;
   esac
   shift
@@ -243,6 +242,9 @@ for i in $(seq "${FP8_ROUNDS:-2}"); do
       --compile --steps 10 --warmup 3 "${FP8SHAPE[@]}"
   fi
 done
+# Where the fp8 step's time goes against bf16's at that shape (top kernels: the products, the casts,
+# the transposed copies for backward's operands).
+step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8SHAPE[@]}" --profile
 # PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate, three
 # runs each, so the medians of the runs compare under the same conditions.
 if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then

@@ -43,13 +43,15 @@ void check_axiswise_scales(const Fp8Tensor& a, const Fp8Tensor& b) {
         "float8_mm: axiswise scales must be a's [M, 1] and b's [1, N] (the inner dim is the one reduced)");
 }
 
-at::Tensor emulated_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype) {
+at::Tensor emulated_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype, const at::Tensor& bias) {
   at::Tensor acc = at::mm(a.data.to(at::kFloat), b.data.to(at::kFloat));
   acc.mul_(combined_inv_scale(a, b));
+  if (bias.defined()) acc.add_(bias.to(out_dtype).to(at::kFloat));  // (the device's epilogue takes it in out_dtype)
   return acc.to(out_dtype);
 }
 
-at::Tensor scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype) {
+at::Tensor scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype, const at::Tensor& bias,
+                     bool fast_accum) {
   // cuBLASLt wants a row-major, b column-major.
   at::Tensor A = a.data.contiguous();
   at::Tensor B = b.data.t().contiguous().t();
@@ -57,7 +59,14 @@ at::Tensor scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
   at::Tensor sa = axiswise(a) ? a.inv_scale().contiguous() : a.inv_scale().reshape({}).contiguous();
   at::Tensor sb =
       axiswise(b) ? b.inv_scale().to(A.device()).contiguous() : b.inv_scale().to(A.device()).reshape({}).contiguous();
-  return at::_scaled_mm(A, B, sa, sb, c10::nullopt, c10::nullopt, out_dtype, /*use_fast_accum=*/false);
+  // cuBLASLt adds a bias of the output's dtype in its epilogue, in fp32 before the rounding (tensorwise
+  // scales, bf16/fp16 outputs); any other bias is added to the output.
+  const bool half_out = out_dtype == at::kBFloat16 || out_dtype == at::kHalf;
+  const bool epilogue = bias.defined() && half_out && !axiswise(a) && !axiswise(b);
+  at::Tensor out = at::_scaled_mm(A, B, sa, sb, epilogue ? std::optional<at::Tensor>(bias.to(out_dtype)) : std::nullopt,
+                                  std::nullopt, out_dtype, fast_accum);
+  if (bias.defined() && !epilogue) out.add_(bias.to(out_dtype));
+  return out;
 }
 
 bool shapes_fit_scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b) {
@@ -67,9 +76,12 @@ bool shapes_fit_scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b) {
 
 }  // namespace
 
-at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype, Float8MatmulBackend backend) {
+at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype, Float8MatmulBackend backend,
+                     const at::Tensor& bias, bool fast_accum) {
   if (a.data.dim() != 2 || b.data.dim() != 2 || a.data.size(1) != b.data.size(0))
     throw accel::InvalidArgumentError("float8_mm: expected a [M, K] and b [K, N]");
+  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != b.data.size(1)))
+    throw accel::InvalidArgumentError("float8_mm: the bias must be [N], one value per output column");
   check_axiswise_scales(a, b);
   if (a.format == Fp8Format::E5M2 && b.format == Fp8Format::E5M2)
     backend = Float8MatmulBackend::Emulated;  // no e5m2 x e5m2 GEMM in cuBLASLt; never used by Float8Linear
@@ -77,19 +89,19 @@ at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
   if (backend == Float8MatmulBackend::Auto && (axiswise(a) || axiswise(b)) && out_dtype != at::kBFloat16)
     backend = Float8MatmulBackend::Emulated;
   switch (backend) {
-    case Float8MatmulBackend::Emulated: return emulated_mm(a, b, out_dtype);
-    case Float8MatmulBackend::ScaledMM: return scaled_mm(a, b, out_dtype);
+    case Float8MatmulBackend::Emulated: return emulated_mm(a, b, out_dtype, bias);
+    case Float8MatmulBackend::ScaledMM: return scaled_mm(a, b, out_dtype, bias, fast_accum);
     case Float8MatmulBackend::Auto: break;
   }
-  if (!a.data.is_cuda() || !shapes_fit_scaled_mm(a, b)) return emulated_mm(a, b, out_dtype);
+  if (!a.data.is_cuda() || !shapes_fit_scaled_mm(a, b)) return emulated_mm(a, b, out_dtype, bias);
   const int dev = a.data.get_device();
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = g_cuda_scaled_mm_ok.find(dev);
-    if (it != g_cuda_scaled_mm_ok.end() && !it->second) return emulated_mm(a, b, out_dtype);
+    if (it != g_cuda_scaled_mm_ok.end() && !it->second) return emulated_mm(a, b, out_dtype, bias);
   }
   try {
-    at::Tensor out = scaled_mm(a, b, out_dtype);
+    at::Tensor out = scaled_mm(a, b, out_dtype, bias, fast_accum);
     std::lock_guard<std::mutex> lock(g_mu);
     g_cuda_scaled_mm_ok[dev] = true;
     return out;
@@ -103,7 +115,7 @@ at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
     TORCH_WARN("accel Float8Linear: at::_scaled_mm is unavailable on cuda:", dev,
                " (it needs compute capability >= 8.9); using the fp32 emulation of the fp8 matmuls. ",
                e.what_without_backtrace());
-    return emulated_mm(a, b, out_dtype);
+    return emulated_mm(a, b, out_dtype, bias);
   }
 }
 
@@ -135,7 +147,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias_opt, const std::optional<at::Tensor>& weight_fp8_data,
                             const std::optional<at::Tensor>& weight_fp8_scale, int64_t backend_i, bool rowwise,
-                            bool e4m3_grads) {
+                            bool e4m3_grads, bool fast_accum) {
     // (Optional tensors: a C++ autograd Function rejects undefined at::Tensor inputs.)
     const at::Tensor bias = bias_opt ? *bias_opt : at::Tensor();
     const auto backend = static_cast<Float8MatmulBackend>(backend_i);
@@ -147,7 +159,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       using mixed_precision::quantize_dynamic_axiswise;
       const Fp8Tensor xq = quantize_dynamic_axiswise(x2, 1, Fp8Format::E4M3);
       const Fp8Tensor wq = quantize_dynamic_axiswise(weight, 1, Fp8Format::E4M3);
-      out = mixed_precision::float8_mm(xq, transposed(wq), input.scalar_type(), backend);
+      out = mixed_precision::float8_mm(xq, transposed(wq), input.scalar_type(), backend, bias, fast_accum);
       const Fp8Tensor xc = quantize_dynamic_axiswise(x2, 0, Fp8Format::E4M3);      // for grad_weight
       const Fp8Tensor wc = quantize_dynamic_axiswise(weight, 0, Fp8Format::E4M3);  // for grad_input
       ctx->saved_data["xq"] = xc.data;
@@ -159,13 +171,12 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       const Fp8Tensor wq =
           weight_fp8_data ? Fp8Tensor{*weight_fp8_data, weight_fp8_scale->to(at::kFloat).reshape({}), Fp8Format::E4M3}
                           : mixed_precision::quantize_dynamic(weight, Fp8Format::E4M3);
-      out = mixed_precision::float8_mm(xq, transposed(wq), input.scalar_type(), backend);
+      out = mixed_precision::float8_mm(xq, transposed(wq), input.scalar_type(), backend, bias, fast_accum);
       ctx->saved_data["xq"] = xq.data;
       ctx->saved_data["xs"] = xq.scale;
       ctx->saved_data["wq"] = wq.data;
       ctx->saved_data["ws"] = wq.scale;
     }
-    if (bias.defined()) out.add_(bias.to(out.scalar_type()));
 
     ctx->saved_data["input_sizes"] = input.sizes().vec();
     ctx->saved_data["input_dtype"] = static_cast<int64_t>(input.scalar_type());
@@ -213,8 +224,10 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       if (ctx->needs_input_grad(1))  // [N, M] @ [M, K]
         grad_weight = mixed_precision::float8_mm(transposed(gq), xq, weight_dtype, backend);
     }
-    if (has_bias && ctx->needs_input_grad(2)) grad_bias = go.to(at::kFloat).sum(0).to(bias_dtype);
-    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (has_bias && ctx->needs_input_grad(2))  // (summed in fp32 without an fp32 copy of the gradient)
+      grad_bias = go.sum(0, /*keepdim=*/false, at::kFloat).to(bias_dtype);
+    return {grad_input,   grad_weight,  grad_bias,    at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -268,7 +281,8 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
     ws = weight_fp8->scale;
   }
   return Float8LinearFunction::apply(input, weight, b, wd, ws, static_cast<int64_t>(backend),
-                                     recipe == mixed_precision::Float8Recipe::Rowwise, grad_format == Fp8Format::E4M3);
+                                     recipe == mixed_precision::Float8Recipe::Rowwise, grad_format == Fp8Format::E4M3,
+                                     fast_accum_output);
 }
 
 int set_float8_recipe(torch::nn::Module& model, mixed_precision::Float8Recipe recipe, Fp8Format grad_format) {

@@ -55,9 +55,15 @@ enum class Float8MatmulBackend {
 };
 
 // a [M, K] @ b [K, N] for fp8 operands with their scales (tensorwise, or a's [M, 1] and b's [1, N]):
-// (float(a.data) @ float(b.data)) * (1/a.scale) * (1/b.scale), returned in out_dtype. Any strides.
+// (float(a.data) @ float(b.data)) * (1/a.scale) * (1/b.scale) [+ bias], returned in out_dtype. Any
+// strides. A bias ([N]) is added in fp32 before the rounding to out_dtype, as cuBLASLt's epilogue does
+// (at::_scaled_mm takes it for tensorwise scales and a bf16/fp16 output; other products on the device
+// add it to their output).
+// fast_accum: cuBLASLt's fast fp8 accumulation (use_fast_accum), which torchao's float8 training uses
+// for the forward product; the emulation always accumulates in fp32.
 at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype,
-                     Float8MatmulBackend backend = Float8MatmulBackend::Auto);
+                     Float8MatmulBackend backend = Float8MatmulBackend::Auto, const at::Tensor& bias = {},
+                     bool fast_accum = false);
 
 }  // namespace accel::mixed_precision
 
@@ -87,6 +93,10 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
   // The gradients' format under the tensorwise recipe: E5M2 (HYBRID, the default) or E4M3
   // (fp8_config fp8_format E4M3). The rowwise recipe is e4m3 throughout.
   mixed_precision::Fp8Format grad_format = mixed_precision::Fp8Format::E5M2;
+  // The forward product with cuBLASLt's fast fp8 accumulation, as torchao's float8 training does
+  // (Float8LinearConfig's gemm_config_output); the two backward products always accumulate exactly.
+  // Only at::_scaled_mm sees it: the emulation accumulates in fp32.
+  bool fast_accum_output = true;
   // The weight already in e4m3 with its scale (what an fp8 all-gather of the unit delivers: see
   // fp8.h). When set, forward uses it instead of quantizing `weight`, which must then hold the
   // matching values (dequantized); grad_weight still goes to `weight`. The owner sets it for each

@@ -153,6 +153,30 @@ TEST(Float8Linear, ForwardEqualsTheExplicitRecipe) {
 // subnormal spacing in scaled units), so each output element is within
 //   ex @ (|w| + ew)^T + |x| @ ew^T   (+ 1e-5 |x| @ |w|^T for fp32 summation)
 // of Linear's. In aggregate (Gaussian data) the relative Frobenius error is a few %: < 6%.
+
+// A bf16 layer's bias joins the product in fp32, before the one rounding to bf16 (as cuBLASLt's
+// epilogue adds it inside at::_scaled_mm on the device), not after it; float8_mm checks its shape.
+TEST(Float8Linear, Bf16BiasJoinsTheProductBeforeTheRounding) {
+  at::manual_seed(12);
+  Float8Linear f8(32, 48);
+  f8->to(at::kBFloat16);
+  f8->backend = Float8MatmulBackend::Emulated;
+  const at::Tensor x = at::randn({20, 32}).to(at::kBFloat16);
+  const at::Tensor out = f8->forward(x).detach();
+  ASSERT_EQ(out.scalar_type(), at::kBFloat16);
+  const Q qx = e4m3(x), qw = e4m3(f8->weight.detach());
+  const at::Tensor product = recipe_mm(qx.q.to(at::kFloat), qw.q.to(at::kFloat).t(), qx.s, qw.s);
+  const at::Tensor bias = f8->bias.detach().to(at::kFloat);
+  const at::Tensor once = (product + bias).to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(out, once)) << (out.to(at::kFloat) - once.to(at::kFloat)).abs().max().item<double>();
+  const at::Tensor twice = product.to(at::kBFloat16) + bias.to(at::kBFloat16);
+  EXPECT_FALSE(at::equal(out, twice)) << "no output rounded twice differs: the test cannot tell the two apart";
+
+  const mixed_precision::Fp8Tensor a{qx.q, at::full({}, qx.s), mixed_precision::Fp8Format::E4M3};
+  const mixed_precision::Fp8Tensor b{qw.q.t(), at::full({}, qw.s), mixed_precision::Fp8Format::E4M3};
+  EXPECT_THROW(mixed_precision::float8_mm(a, b, at::kBFloat16, Float8MatmulBackend::Emulated, at::zeros({47})),
+               std::invalid_argument);
+}
 TEST(Float8Linear, CloseToLinearWithinTheFormatsBound) {
   at::manual_seed(5);
   torch::nn::Linear lin(64, 32);
