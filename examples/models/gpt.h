@@ -62,7 +62,10 @@ struct BlockImpl : torch::nn::Module {
   at::Tensor forward(at::Tensor x) {  // x: [B, T, d]
     const int64_t B = x.size(0), T = x.size(1), d = x.size(2), hd = d / heads;
     auto qkv_out = qkv.forward(ln1(x)).view({B, T, 3, heads, hd}).permute({2, 0, 3, 1, 4});  // 3,B,H,T,hd
-    at::Tensor q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];
+    // unbind, not three selects: its backward is one stack, where each select's is a zero-filled
+    // buffer, a copy into it and an add (the same values, six kernels fewer per block).
+    const std::vector<at::Tensor> qkv3 = qkv_out.unbind(0);
+    const at::Tensor &q = qkv3[0], &k = qkv3[1], &v = qkv3[2];
     at::Tensor y;
     if (attention == Attention::Sdpa || (attention == Attention::Auto && x.is_cuda())) {
       y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
