@@ -25,6 +25,7 @@
 #   bash scripts/gpu_check.sh                 build, then run everything (needs what setup.sh needs)
 #   bash scripts/gpu_check.sh --no-build      use the binaries in $ACCEL_BIN (default build/bin)
 #   bash scripts/gpu_check.sh --no-bench ...  the tests only (steps 1-2b), not step 3
+#   bash scripts/gpu_check.sh --bench-only    step 3 only (with --no-bench before it: one device call each)
 #   bash scripts/gpu_check.sh --only REGEX    only the steps whose names match REGEX (grep -E), for a
 #                                             short device lease: --only 'fp8_bound|vs_torch_default'
 #   bash scripts/gpu_check.sh --bundle DIR    a machine that cannot build (no network, no Open MPI):
@@ -37,7 +38,8 @@
 #                                             for running the bundle's programs by hand
 # Environment: ACCEL_BIN (binaries), PYTHON (the Python with torch, default: the setup venv's, else
 # python3), GPU_CHECK_OUT (a folder for the full logs; default a temporary one), FP8_ROUNDS (runs of
-# each at the fp8-bound shape, default 2). Every step runs even when an earlier one failed; the
+# each at the fp8-bound shape, default 2), VS_ROUNDS (alternating runs of accel and PyTorch, default 5,
+# the medians compared). Every step runs even when an earlier one failed; the
 # summary at the end lists each with PASS, FAIL or SKIP, and the exit status is 1 when any failed.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -45,6 +47,7 @@ BUILD=1
 BUNDLE=""
 SETUP_ONLY=0
 BENCH=1
+TESTS=1
 ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -53,10 +56,11 @@ while [ $# -gt 0 ]; do
     --bundle=*) BUNDLE=${1#--bundle=}; BUILD=0 ;;
     --setup-only) SETUP_ONLY=1 ;;
     --no-bench) BENCH=0 ;;
+    --bench-only) TESTS=0 ;;
     --only) ONLY=${2:-}; shift ;;
     --only=*) ONLY=${1#--only=} ;;
-    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
-    *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --no-bench, --only REGEX, --bundle DIR [--setup-only], --help)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --no-bench, --bench-only, --only REGEX, --bundle DIR [--setup-only], --help)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -69,12 +73,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 GTEST_COLOR=no
 unset ACCEL_USE_CPU
 
 declare -a SUMMARY
+PHASE=setup
 FAILED=0
 # step NAME CMD...: runs CMD with its output in $OUTDIR/NAME.log (and on the terminal); a GoogleTest
 # run whose tests all skipped counts as SKIP.
 step() {
   local name=$1; shift
   if [ -n "$ONLY" ] && ! grep -qE -- "$ONLY" <<<"$name"; then return 0; fi
+  if [ "$TESTS" = 0 ] && [ "$PHASE" = tests ]; then return 0; fi
   printf '\n== %s: %s\n' "$name" "$*"
   local t0=$(date +%s)
   "$@" 2>&1 | tee "$OUTDIR/$name.log"
@@ -131,6 +137,7 @@ PYEOF
     exit 0
   fi
 fi
+PHASE=tests
 step accel_env "$BIN/accel" env
 
 # --- the CUDA tests ------------------------------------------------------------------------------
@@ -213,6 +220,7 @@ if [ "$BENCH" = 0 ]; then
 fi
 
 # --- step_bench on the GPU, and PyTorch beside it ---------------------------------------------------
+PHASE=bench
 SB=("$BIN/step_bench" --device cuda --steps 10 --warmup 3)
 step step_bench_strategies "${SB[@]}" --strategy plain,DDP,ZERO_2,ZERO_3,FULL_SHARD
 step step_bench_precisions "${SB[@]}" --strategy DDP,ZERO_3 --precision fp32,bf16,fp16,fp8
@@ -245,12 +253,12 @@ done
 # Where the fp8 step's time goes against bf16's at that shape (top kernels: the products, the casts,
 # the transposed copies for backward's operands).
 step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8SHAPE[@]}" --profile
-# PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate, three
-# runs each, so the medians of the runs compare under the same conditions.
+# PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate,
+# VS_ROUNDS runs each, so the medians of the runs compare under the same conditions.
 if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
   for model in default wide; do
     args=(--steps 10 --warmup 3); [ "$model" = wide ] && args+=("${WIDE[@]}")
-    for i in 1 2 3; do
+    for i in $(seq "${VS_ROUNDS:-5}"); do
       for s in plain DDP; do
         step "vs_torch_${model}_${s}_accel_$i" "$BIN/step_bench" --device cuda --strategy "$s" "${args[@]}"
         step "vs_torch_${model}_${s}_torch_$i" "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy "$s" "${args[@]}"
@@ -259,7 +267,7 @@ if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
   done
   # bf16 on the wide GPT: accel's DDP at 1 rank (bf16 parameters, fp32 masters) against PyTorch's model in
   # bf16 with fp32 masters kept by hand, and FULL_SHARD against FSDP2 with MixedPrecisionPolicy.
-  for i in 1 2 3; do
+  for i in $(seq "${VS_ROUNDS:-5}"); do
     for pair in DDP:plain FULL_SHARD:FSDP2; do
       step "vs_torch_bf16_${pair%%:*}_accel_$i" "$BIN/step_bench" --device cuda --strategy "${pair%%:*}" --precision bf16 --steps 10 --warmup 3 "${WIDE[@]}"
       step "vs_torch_bf16_${pair%%:*}_torch_$i" "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy "${pair##*:}" --precision bf16 --steps 10 --warmup 3 "${WIDE[@]}"
@@ -272,7 +280,7 @@ fi
 # The step time of a table row (| strategy | precision | ranks | step ms | ...), median over runs.
 median_ms() { cat "$@" 2>/dev/null | awk -F'|' '/^\|/ && $5+0 > 0 {print $5+0}' | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}'; }
 if ls "$OUTDIR"/vs_torch_* >/dev/null 2>&1; then
-  printf '\n== accel / PyTorch on this GPU (fp32, 1 rank, median of 3 alternating runs each)\n'
+  printf '\n== accel / PyTorch on this GPU (fp32, 1 rank, median of the alternating runs)\n'
   printf '| model | strategy | accel ms | PyTorch ms | ratio |\n|---|---|---:|---:|---:|\n'
   for model in default wide; do
     for s in plain DDP; do
@@ -280,7 +288,7 @@ if ls "$OUTDIR"/vs_torch_* >/dev/null 2>&1; then
       [ -n "$a" ] && [ -n "$t" ] && printf '| %s | %s | %s | %s | %.2f |\n' "$model" "$s" "$a" "$t" "$(awk -v a="$a" -v t="$t" 'BEGIN {print a / t}')"
     done
   done
-  printf '\n== accel / PyTorch, wide GPT in bf16 with fp32 masters (1 rank, median of 3 alternating runs each)\n'
+  printf '\n== accel / PyTorch, wide GPT in bf16 with fp32 masters (1 rank, median of the alternating runs)\n'
   printf '| accel | PyTorch | accel ms | PyTorch ms | ratio |\n|---|---|---:|---:|---:|\n'
   for pair in DDP:plain FULL_SHARD:FSDP2; do
     a=$(median_ms "$OUTDIR"/vs_torch_bf16_${pair%%:*}_accel_*.log); t=$(median_ms "$OUTDIR"/vs_torch_bf16_${pair%%:*}_torch_*.log)
