@@ -42,7 +42,8 @@
 #                          ZeRO-Offload), ZERO_3+ckpt+opt+param (with parameter shards in host memory
 #                          and checkpointing, ZeRO-Infinity) and, with --offload DIR, ZERO_3+ckpt+opt+nvme
 #                          (parameter shards in files under DIR); the table gives each one's size
-#                          against no offload's, the device's peak and the host's
+#                          against no offload's, the device's peak and the host's, and the share of
+#                          the step the GPU was busy at that size (one more run, under --profile)
 #   --device-memory GB     the per-rank device cap with --device cuda [8]
 # Small-scale trial (minutes, ~2 GB):
 #   bash benchmarks/largest_model.sh --layers 2 --seq 32 --heads 4 --cap 2.5 --resolution 64
@@ -126,6 +127,7 @@ cleanup() { [ -n "$CGROUP" ] && rmdir "$CGROUP" 2>/dev/null; }
 trap cleanup EXIT
 echo "cap: $CAP_GB GB for $RANKS ranks ($([ -n "$CGROUP" ] && echo "cgroup v2 memory.max + PSS watchdog" || echo "PSS watchdog"))" >&2
 
+RUN_EXTRA=()  # (more step_bench arguments for every run: the profiled rerun on a GPU)
 # run D STRATEGY: one step_bench run; prints its JSON line and returns 0, or returns 1 (too big / failed).
 run() {
   local d=$1 s=$2 extra=() name=$2
@@ -139,7 +141,7 @@ run() {
     ZERO_3+ckpt+opt+param) name=ZERO_3; extra=(--checkpoint --offload-optimizer cpu --offload-param cpu) ;;
     ZERO_3+ckpt+opt+nvme) name=ZERO_3; extra=(--checkpoint --offload-optimizer cpu --offload-param "$OFFLOAD") ;;
   esac
-  extra+=("${DEVICE_ARGS[@]}")
+  extra+=("${DEVICE_ARGS[@]}" "${RUN_EXTRA[@]}")
   # Sizes predicted far past the cap are not tried (the watchdog would kill them anyway).
   local p
   p=$(predict "$d" "$s")
@@ -304,30 +306,49 @@ for s in $STRATEGIES; do
 done
 
 if [ "$DEVICE" = cuda ]; then
+  # The share of the step the GPU was busy, at each strategy's largest size: one more run of it with
+  # step_bench --profile (3 more steps under the profiler), its JSON's device_busy_share (kernels and
+  # copies) and device_compute_share (kernels alone).
+  declare -A BUSY
+  RUN_EXTRA=(--profile)
+  for s in $STRATEGIES; do
+    IFS='|' read -r json pred runs <<<"${BEST[$s]}"
+    [ "$json" = none ] && continue
+    d=$(echo "$json" | python3 -c 'import json, sys; print(json.load(sys.stdin)["d_model"])')
+    echo "$s: profiling d_model $d for the GPU's busy share" >&2
+    if line=$(run "$d" "$s"); then
+      BUSY[$s]=$(echo "$line" | python3 -c 'import json, sys
+j = json.load(sys.stdin)
+pct = lambda k: "%.0f%%" % (100 * j[k]) if j.get(k) is not None else "?"
+print(pct("device_busy_share") + " / " + pct("device_compute_share"))')
+    fi
+  done
+  RUN_EXTRA=()
   echo
   echo "$RANKS rank(s) on a GPU capped at $DEVICE_GB GB each, GPT --layers $LAYERS --heads $HEADS --seq $SEQ --batch $BATCH --vocab $VOCAB, fp32 AdamW, 2 optimizer steps; host cap $CAP_GB GB; d_model to $RES"
   echo
-  echo "| strategy | d_model | parameters | × first row | device peak / rank | host peak RSS / rank | host peak PSS / rank | step s | runs |"
-  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| strategy | d_model | parameters | × first row | device peak / rank | host peak RSS / rank | host peak PSS / rank | step s | GPU busy / computing | runs |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   first=""
   for s in $STRATEGIES; do
     IFS='|' read -r json pred runs <<<"${BEST[$s]}"
     if [ "$json" = none ]; then
-      echo "| $s | none fits from $MIN_D | | | | | | | $pred |"
+      echo "| $s | none fits from $MIN_D | | | | | | | | $pred |"
       continue
     fi
     [ -z "$first" ] && first=$(echo "$json" | python3 -c 'import json, sys; print(json.load(sys.stdin)["params"])')
-    python3 - "$s" "$json" "$runs" "$RANKS" "$first" <<'EOF'
+    python3 - "$s" "$json" "$runs" "$RANKS" "$first" "${BUSY[$s]:-?}" <<'EOF'
 import json, sys
-s, j, runs, ranks, first = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+s, j, runs, ranks, first, busy = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
 gb = lambda b: f"{b / 1e9:.2f} GB"
 print(f"| {s} | {j['d_model']} | {j['params'] / 1e9:.3f}B | {j['params'] / first:.2f} | {gb(j['cuda_peak'])} | "
-      f"{gb(j['peak_rss'])} | {gb(j['session_peak_pss'] / ranks)} | {j['step_ms'] / 1e3:.2f} | {runs} |")
+      f"{gb(j['peak_rss'])} | {gb(j['session_peak_pss'] / ranks)} | {j['step_ms'] / 1e3:.2f} | {busy} | {runs} |")
 EOF
   done
   echo
   echo "GB = 1e9 bytes; device peak = the caching allocator's peak of allocated bytes (largest over ranks);"
-  echo "× first row = parameters against the first strategy's (no offload). Every run: $LOG"
+  echo "× first row = parameters against the first strategy's (no offload); GPU busy / computing = the share of"
+  echo "3 profiled steps' wall time the device ran kernels or copies / kernels alone (? where that run failed). Every run: $LOG"
   exit 0
 fi
 

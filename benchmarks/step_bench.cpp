@@ -263,7 +263,8 @@ int run_bench(int argc, char** argv) {
   app.add_flag("--profile{-}", profile_trace,
                "after the measured steps, 3 more of each run under libtorch's profiler: rank 0 prints the device's "
                "kernels a step, its busy share, the top kernels, accel's scopes and the top host ops on stderr "
-               "(--profile=TRACE.json also writes the Chrome trace)");
+               "(--profile=TRACE.json also writes the Chrome trace); with --json on CUDA, \"device_busy_share\" and "
+               "\"device_compute_share\" (kernels alone, no copies) of those steps' wall time");
   app.add_flag("--json", json, "print one JSON line (bytes, peak RSS) instead of the table row");
   app.add_option("--device_memory,--device-memory", device_memory_gb,
                  "with --device cuda: cap each rank's CUDA caching allocator at this many GB (1e9 bytes), as on a "
@@ -377,6 +378,7 @@ int run_bench(int argc, char** argv) {
     torch::optim::Optimizer* opt = nullptr;
     std::vector<double> times, waits;
     double moved = 0, disk_read = 0, disk_written = 0;
+    double busy_share = -1, compute_share = -1;  // --profile on CUDA (bench::StepProfile)
   };
   std::vector<Run> runs;
   std::int64_t psi = 0;
@@ -539,8 +541,11 @@ int run_bench(int argc, char** argv) {
       for (int k = 0; k < kProfiledSteps; ++k) train_step(run);
       sync_device();
       const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (p)
+      if (p) {
         fmt::print(stderr, "{}", p->finish("profile " + run.name + " " + run.prec.name, kProfiledSteps, wall, trace));
+        run.busy_share = p->busy_share();
+        run.compute_share = p->compute_share();
+      }
       world->barrier();
     }
   }
@@ -570,6 +575,7 @@ int run_bench(int argc, char** argv) {
     const double peak = peak_of(run);
     return peak > 0 && step_s > 0 ? model_flops / step_s / (peak * 1e12 * devices) : -1.0;
   };
+  auto share_text = [](double share) { return share >= 0 ? fmt::format("{:.4f}", share) : std::string("null"); };
   // The strategy alone when every run is fp32 (the original lines), else "strategy precision".
   const bool show_prec = precisions.size() > 1 || precisions[0].low();
   auto label = [&](const Run& run) { return show_prec ? run.name + " " + run.prec.name : run.name; };
@@ -641,7 +647,7 @@ int run_bench(int argc, char** argv) {
           "{}, \"cpu_gemm\": \"{}\", \"onednn_products\": {}, \"node_shared_bytes\": {}, "
           "\"node_shared_grad_bytes\": {}, \"pss\": {:.0f}, \"peak_pss\": {:.0f}, \"node_pss\": {:.0f}, "
           "\"node_counted_peak\": {:.0f}, \"model_flops\": {:.6e}, \"devices\": {}, \"device_name\": \"{}\", "
-          "\"peak_tflops\": {}, \"mfu\": {}}}\n",
+          "\"peak_tflops\": {}, \"mfu\": {}, \"device_busy_share\": {}, \"device_compute_share\": {}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
           batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad,
           b_opt, b_gath, b_act, b_other, device_name, cuda_peak, disk_bytes, disk_read, disk_written, moved,
@@ -650,7 +656,8 @@ int run_bench(int argc, char** argv) {
           run.prepared.engine ? run.prepared.engine->node_shared_grad_bytes() : 0, pss, peak_pss, node_pss,
           node_counted_peak, model_flops, devices, device_label,
           peak_of(run) > 0 ? fmt::format("{:.1f}", peak_of(run)) : std::string("null"),
-          mfu_of(run, step_ms / 1e3) >= 0 ? fmt::format("{:.5f}", mfu_of(run, step_ms / 1e3)) : std::string("null"));
+          mfu_of(run, step_ms / 1e3) >= 0 ? fmt::format("{:.5f}", mfu_of(run, step_ms / 1e3)) : std::string("null"),
+          share_text(run.busy_share), share_text(run.compute_share));
     return 0;
   }
   // On CUDA: the device's peak (the category columns count host memory only).

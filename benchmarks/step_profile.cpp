@@ -48,6 +48,23 @@ std::string top(const std::map<std::string, Total>& by_name, std::size_t n, int 
   return s;
 }
 
+// The length of the union of [start, end) intervals, in ns.
+double union_ns(std::vector<std::pair<std::uint64_t, std::uint64_t>> v) {
+  std::sort(v.begin(), v.end());
+  double ns = 0;
+  std::uint64_t open_start = 0, open_end = 0;
+  for (const auto& [s, t] : v) {
+    if (s > open_end) {
+      ns += static_cast<double>(open_end - open_start);
+      open_start = s;
+      open_end = t;
+    } else {
+      open_end = std::max(open_end, t);
+    }
+  }
+  return ns + static_cast<double>(open_end - open_start);
+}
+
 }  // namespace
 
 StepProfile::StepProfile(bool cuda) : cuda_(cuda) {
@@ -68,7 +85,8 @@ std::string StepProfile::finish(const std::string& label, int steps, double wall
   }
   steps = std::max(steps, 1);
   std::map<std::string, Total> kernels, host, scopes;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> busy;  // the device's activity intervals
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> busy;       // the device's activity intervals
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> computing;  // of them, kernels (no copies, memsets)
   std::int64_t device_events = 0;
   for (const auto& e : result->events()) {
     const std::string name = e.name();
@@ -78,6 +96,7 @@ std::string StepProfile::finish(const std::string& label, int steps, double wall
       kernels[name].ns += ns;
       ++kernels[name].calls;
       busy.emplace_back(e.startNs(), e.endNs());
+      if (name.rfind("Memcpy", 0) != 0 && name.rfind("Memset", 0) != 0) computing.emplace_back(e.startNs(), e.endNs());
     } else if (name.rfind("accel::", 0) == 0) {
       scopes[name].ns += ns;
       ++scopes[name].calls;
@@ -86,25 +105,16 @@ std::string StepProfile::finish(const std::string& label, int steps, double wall
       ++host[name].calls;
     }
   }
-  std::sort(busy.begin(), busy.end());
-  double busy_ns = 0;
-  std::uint64_t open_start = 0, open_end = 0;
-  for (const auto& [s, t] : busy) {
-    if (s > open_end) {
-      busy_ns += static_cast<double>(open_end - open_start);
-      open_start = s;
-      open_end = t;
-    } else {
-      open_end = std::max(open_end, t);
-    }
+  const double busy_ns = union_ns(busy), computing_ns = union_ns(computing);
+  if (cuda_) {
+    busy_share_ = busy_ns / 1e9 / std::max(wall_s, 1e-12);
+    compute_share_ = computing_ns / 1e9 / std::max(wall_s, 1e-12);
   }
-  busy_ns += static_cast<double>(open_end - open_start);
   const double step_ms = wall_s * 1e3 / steps;
   std::string s = fmt::format("{}: {} profiled step(s), {:.2f} ms a step", label, steps, step_ms);
   if (cuda_)
     s += fmt::format("; device: {:.1f} kernels and copies a step, busy {:.1f} ms a step = {:.1f}% of the step",
-                     static_cast<double>(device_events) / steps, busy_ns / 1e6 / steps,
-                     100 * busy_ns / 1e9 / std::max(wall_s, 1e-12));
+                     static_cast<double>(device_events) / steps, busy_ns / 1e6 / steps, 100 * busy_share_);
   s += fmt::format("{}\n", trace_path.empty() ? "" : "; trace " + trace_path);
   if (cuda_) s += fmt::format("{} top device kernels:\n{}", label, top(kernels, 12, steps, label));
   s += fmt::format("{} accel's scopes (inclusive):\n{}", label, top(scopes, 10, steps, label));

@@ -22,10 +22,15 @@ class StepProfile {
   // Stops, writes the Chrome trace to `trace_path` (nothing when empty) and returns the summary of
   // `steps` steps that took `wall_s` seconds in all, each line prefixed with `label`.
   std::string finish(const std::string& label, int steps, double wall_s, const std::string& trace_path);
+  // After finish, on CUDA: the share of the wall time the device was busy with kernels or copies, and
+  // with kernels alone (copies and memsets left out); negative without a device.
+  double busy_share() const { return busy_share_; }
+  double compute_share() const { return compute_share_; }
 
  private:
   bool cuda_;
   bool active_ = true;
+  double busy_share_ = -1, compute_share_ = -1;
 };
 
 }  // namespace accel::bench
