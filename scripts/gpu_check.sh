@@ -38,9 +38,10 @@
 #                                             for running the bundle's programs by hand
 # Environment: ACCEL_BIN (binaries), PYTHON (the Python with torch, default: the setup venv's, else
 # python3), GPU_CHECK_OUT (a folder for the full logs; default a temporary one), FP8_ROUNDS (runs of
-# each at the fp8-bound shape, default 2), VS_ROUNDS (alternating runs of accel and PyTorch, default 5,
-# the medians compared). Every step runs even when an earlier one failed; the
-# summary at the end lists each with PASS, FAIL or SKIP, and the exit status is 1 when any failed.
+# each at the fp8-bound shape, default 2; FP8_BATCH its batch, default 32), VS_ROUNDS (alternating
+# runs of accel and PyTorch, default 5, the medians compared). Every step runs even when an earlier
+# one failed; the summary at the end lists each with PASS, FAIL or SKIP, and the exit status is 1
+# when any failed.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=1
@@ -59,7 +60,7 @@ while [ $# -gt 0 ]; do
     --bench-only) TESTS=0 ;;
     --only) ONLY=${2:-}; shift ;;
     --only=*) ONLY=${1#--only=} ;;
-    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --no-bench, --bench-only, --only REGEX, --bundle DIR [--setup-only], --help)" >&2; exit 2 ;;
   esac
   shift
@@ -241,7 +242,10 @@ step profile_accel_default "${SB[@]}" --strategy DDP,ZERO_3 --profile="$OUTDIR/t
 # fp8 where it should pay: a product-bound shape (0.94B, d 4096), one rank, accel's bf16 and fp8 steps
 # (the fused casts) against torchao's float8 training of the same model under torch.compile (where the
 # Python has torchao: torch_anchor.py exits 77 without it, a SKIP), alternating, FP8_ROUNDS runs each.
-FP8SHAPE=(--d-model 4096 --heads 32 --layers 4 --seq 1024 --vocab 32000 --batch 8)
+# The batch as large as fits an 80 GB GPU with room (FP8_BATCH, default 32: at 8, 17 of the 22.6 GB
+# are model states and the optimizer step weighs on the comparison).
+FP8DIMS=(--d-model 4096 --heads 32 --layers 4 --seq 1024 --vocab 32000)
+FP8SHAPE=("${FP8DIMS[@]}" --batch "${FP8_BATCH:-32}")
 for i in $(seq "${FP8_ROUNDS:-2}"); do
   # (DDP at one rank: step_bench's plain is fp32 only; one precision a run, so each prints its table row.)
   for p in bf16 fp8; do step "fp8_bound_accel_${p}_$i" "${SB[@]}" --strategy DDP --precision "$p" "${FP8SHAPE[@]}"; done
@@ -251,8 +255,8 @@ for i in $(seq "${FP8_ROUNDS:-2}"); do
   fi
 done
 # Where the fp8 step's time goes against bf16's at that shape (top kernels: the products, the casts,
-# the transposed copies for backward's operands).
-step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8SHAPE[@]}" --profile
+# the transposed copies for backward's operands); batch 8, as both models share the GPU in this run.
+step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8DIMS[@]}" --batch 8 --profile
 # PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate,
 # VS_ROUNDS runs each, so the medians of the runs compare under the same conditions.
 if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
@@ -304,7 +308,7 @@ median_ms_of() {
     sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}'
 }
 if ls "$OUTDIR"/fp8_bound_accel_* >/dev/null 2>&1; then
-  printf '\n== fp8 at a product-bound shape (d 4096, 4 layers, seq 1024, batch 8; 1 rank; median of the runs)\n'
+  printf '\n== fp8 at a product-bound shape (d 4096, 4 layers, seq 1024, batch %s; 1 rank; median of the runs)\n' "${FP8_BATCH:-32}"
   b=$(median_ms_of bf16 "$OUTDIR"/fp8_bound_accel_*.log); f=$(median_ms_of fp8 "$OUTDIR"/fp8_bound_accel_*.log)
   t=$(median_ms_of fp8 "$OUTDIR"/fp8_bound_torchao_*.log)
   printf '| accel bf16 ms | accel fp8 ms | torchao fp8 + compile ms | bf16 / fp8 (>= 1.2 asked) | accel fp8 / torchao |\n'
