@@ -41,6 +41,10 @@ __device__ __forceinline__ float scale_of(std::uint32_t amax_bits, double qmax) 
   return static_cast<float>(qmax / fmax(a, kMinAmax));
 }
 
+// The scale rounded down to a power of two, 2^floor(log2(scale)) in fp32 as torchao computes it
+// (round_scales_to_power_of_2); nan stays nan.
+__device__ __forceinline__ float pow2_floor(float scale) { return exp2f(floorf(log2f(scale))); }
+
 // fp8(clamp(fp32(x) * scale, -max, max)) with c10's conversion (round to nearest even). The clamp
 // keeps a nan (comparisons with it are false), as at::clamp does.
 template <OutFormat F>
@@ -137,15 +141,16 @@ __global__ void quantize_kernel(const T* __restrict__ x, std::int64_t n, const s
 
 // dim 1: one block per row, two passes over it (its amax, then its cast).
 template <typename T, OutFormat F>
-__global__ void rowwise_kernel(const T* __restrict__ x, std::int64_t cols, double qmax, std::uint8_t* __restrict__ out,
-                               float* __restrict__ scale_out, float* __restrict__ inv_out) {
+__global__ void rowwise_kernel(const T* __restrict__ x, std::int64_t cols, double qmax, bool pow2,
+                               std::uint8_t* __restrict__ out, float* __restrict__ scale_out,
+                               float* __restrict__ inv_out) {
   const std::int64_t row = blockIdx.x;
   const T* xr = x + row * cols;
   std::uint8_t* qr = out + row * cols;
   std::uint32_t m = 0;
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = max(m, abs_bits(to_f32(xr[c])));
   m = block_max(m);
-  const float scale = scale_of(m, qmax);
+  const float scale = pow2 ? pow2_floor(scale_of(m, qmax)) : scale_of(m, qmax);
   constexpr float kMax = fp8_max<F>();
   if (threadIdx.x == 0) {
     scale_out[row] = scale;
@@ -159,7 +164,7 @@ __global__ void rowwise_kernel(const T* __restrict__ x, std::int64_t cols, doubl
 // memory, then the same walk casts.
 constexpr int kColTile = 32, kColRows = 8;
 template <typename T, OutFormat F>
-__global__ void colwise_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols, double qmax,
+__global__ void colwise_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols, double qmax, bool pow2,
                                std::uint8_t* __restrict__ out, float* __restrict__ scale_out,
                                float* __restrict__ inv_out) {
   __shared__ std::uint32_t part[kColRows][kColTile];
@@ -173,7 +178,7 @@ __global__ void colwise_kernel(const T* __restrict__ x, std::int64_t rows, std::
   __syncthreads();
   if (ty == 0) {
     for (int k = 1; k < kColRows; ++k) m = max(m, part[k][tx]);
-    scales[tx] = scale_of(m, qmax);
+    scales[tx] = pow2 ? pow2_floor(scale_of(m, qmax)) : scale_of(m, qmax);
     if (col < cols) {
       scale_out[col] = scales[tx];
       inv_out[col] = 1.0f / scales[tx];
@@ -230,17 +235,17 @@ void tensorwise(const T* x, std::int64_t n, double qmax, std::uint32_t* amax_bit
 }
 
 template <typename T, OutFormat F>
-void axiswise(const T* x, std::int64_t rows, std::int64_t cols, int dim, double qmax, std::uint8_t* out, float* scale,
-              float* inv, cudaStream_t s) {
+void axiswise(const T* x, std::int64_t rows, std::int64_t cols, int dim, double qmax, bool pow2, std::uint8_t* out,
+              float* scale, float* inv, cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
   if (dim == 1) {
     if (rows > 0x7fffffffLL) throw accel::InvalidArgumentError("fp8 rowwise cast: more than 2^31 - 1 rows");
-    rowwise_kernel<T, F><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, cols, qmax, out, scale, inv);
+    rowwise_kernel<T, F><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, cols, qmax, pow2, out, scale, inv);
   } else {
     const std::int64_t tiles = (cols + kColTile - 1) / kColTile;
     if (tiles > 0x7fffffffLL) throw accel::InvalidArgumentError("fp8 columnwise cast: too many columns");
     colwise_kernel<T, F>
-        <<<static_cast<unsigned>(tiles), dim3(kColTile, kColRows), 0, s>>>(x, rows, cols, qmax, out, scale, inv);
+        <<<static_cast<unsigned>(tiles), dim3(kColTile, kColRows), 0, s>>>(x, rows, cols, qmax, pow2, out, scale, inv);
   }
   check_launch(dim == 1 ? "rowwise" : "columnwise");
 }
@@ -277,13 +282,13 @@ void quantize_tensorwise(const void* x, InDtype dtype, std::int64_t n, OutFormat
 }
 
 void quantize_axiswise(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, int dim, OutFormat fmt,
-                       int margin, std::uint8_t* out, float* scale, float* inv_scale, void* stream) {
+                       int margin, bool pow2_scales, std::uint8_t* out, float* scale, float* inv_scale, void* stream) {
   if (dim != 0 && dim != 1) throw accel::InvalidArgumentError("fp8 axiswise cast: dim must be 0 or 1");
   const double qmax = qmax_of(fmt, margin);
   dispatch(dtype, fmt, [&](auto tag, auto f) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-    axiswise<T, decltype(f)::value>(static_cast<const T*>(x), rows, cols, dim, qmax, out, scale, inv_scale,
-                                    static_cast<cudaStream_t>(stream));
+    axiswise<T, decltype(f)::value>(static_cast<const T*>(x), rows, cols, dim, qmax, pow2_scales, out, scale,
+                                    inv_scale, static_cast<cudaStream_t>(stream));
   });
 }
 

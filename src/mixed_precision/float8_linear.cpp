@@ -139,6 +139,9 @@ using mixed_precision::Fp8Tensor;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// The rowwise recipe's scales are powers of two (torchao's rowwise recipe, round_scales_to_power_of_2).
+constexpr bool kPow2 = true;
+
 Fp8Tensor transposed(const Fp8Tensor& t) {
   return Fp8Tensor{t.data.t(), t.scale.dim() == 2 ? t.scale.t() : t.scale, t.format};
 }
@@ -157,11 +160,11 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     if (rowwise) {
       // Forward along the rows; backward's operands quantized here along their own axis (saved fp8).
       using mixed_precision::quantize_dynamic_axiswise;
-      const Fp8Tensor xq = quantize_dynamic_axiswise(x2, 1, Fp8Format::E4M3);
-      const Fp8Tensor wq = quantize_dynamic_axiswise(weight, 1, Fp8Format::E4M3);
+      const Fp8Tensor xq = quantize_dynamic_axiswise(x2, 1, Fp8Format::E4M3, 0, kPow2);
+      const Fp8Tensor wq = quantize_dynamic_axiswise(weight, 1, Fp8Format::E4M3, 0, kPow2);
       out = mixed_precision::float8_mm(xq, transposed(wq), input.scalar_type(), backend, bias, fast_accum);
-      const Fp8Tensor xc = quantize_dynamic_axiswise(x2, 0, Fp8Format::E4M3);      // for grad_weight
-      const Fp8Tensor wc = quantize_dynamic_axiswise(weight, 0, Fp8Format::E4M3);  // for grad_input
+      const Fp8Tensor xc = quantize_dynamic_axiswise(x2, 0, Fp8Format::E4M3, 0, kPow2);      // for grad_weight
+      const Fp8Tensor wc = quantize_dynamic_axiswise(weight, 0, Fp8Format::E4M3, 0, kPow2);  // for grad_input
       ctx->saved_data["xq"] = xc.data;
       ctx->saved_data["xs"] = xc.scale;
       ctx->saved_data["wq"] = wc.data;
@@ -211,12 +214,12 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     if (rowwise) {  // e4m3, each along the inner dim of its product
       using mixed_precision::quantize_dynamic_axiswise;
       if (ctx->needs_input_grad(0))  // [M, N] @ [N, K]: grad_out per row, weight per column (saved)
-        grad_input =
-            mixed_precision::float8_mm(quantize_dynamic_axiswise(go, 1, Fp8Format::E4M3), wq, input_dtype, backend)
-                .reshape(input_sizes);
+        grad_input = mixed_precision::float8_mm(quantize_dynamic_axiswise(go, 1, Fp8Format::E4M3, 0, kPow2), wq,
+                                                input_dtype, backend)
+                         .reshape(input_sizes);
       if (ctx->needs_input_grad(1))  // [N, M] @ [M, K]: grad_out per column, input per column (saved)
-        grad_weight = mixed_precision::float8_mm(transposed(quantize_dynamic_axiswise(go, 0, Fp8Format::E4M3)), xq,
-                                                 weight_dtype, backend);
+        grad_weight = mixed_precision::float8_mm(
+            transposed(quantize_dynamic_axiswise(go, 0, Fp8Format::E4M3, 0, kPow2)), xq, weight_dtype, backend);
     } else {
       const Fp8Tensor gq = mixed_precision::quantize_dynamic(go, grad_format);
       if (ctx->needs_input_grad(0))  // [M, N] @ [N, K]

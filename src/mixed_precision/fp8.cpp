@@ -55,7 +55,8 @@ kernels::fp8::OutFormat kernel_format(Fp8Format f) {
 
 // The fused casts on x's device and current stream (fused_fp8_casts(x) holds): tensorwise without a
 // dim, else axiswise along it (a 2-D x).
-Fp8Tensor fused_quantize(const at::Tensor& x_in, std::optional<std::int64_t> dim, Fp8Format f, int margin) {
+Fp8Tensor fused_quantize(const at::Tensor& x_in, std::optional<std::int64_t> dim, Fp8Format f, int margin,
+                         bool pow2_scales) {
 #if ACCEL_WITH_CUDA_KERNELS
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
@@ -74,12 +75,12 @@ Fp8Tensor fused_quantize(const at::Tensor& x_in, std::optional<std::int64_t> dim
                                       scale.mutable_data_ptr<float>(), inverse.mutable_data_ptr<float>(), stream);
   } else {
     kernels::fp8::quantize_axiswise(x.const_data_ptr(), kernel_dtype(x), x.size(0), x.size(1), static_cast<int>(*dim),
-                                    kernel_format(f), margin, q, scale.mutable_data_ptr<float>(),
+                                    kernel_format(f), margin, pow2_scales, q, scale.mutable_data_ptr<float>(),
                                     inverse.mutable_data_ptr<float>(), stream);
   }
   return Fp8Tensor{out, scale, f, inverse};
 #else
-  (void)x_in, (void)dim, (void)f, (void)margin;
+  (void)x_in, (void)dim, (void)f, (void)margin, (void)pow2_scales;
   throw accel::LogicError("fp8: fused casts called in a build without them");
 #endif
 }
@@ -150,7 +151,7 @@ Fp8Tensor quantize_dynamic_composite(const at::Tensor& x, Fp8Format f, int margi
 
 Fp8Tensor quantize_dynamic(const at::Tensor& x, Fp8Format f, int margin) {
   check_margin(margin);
-  if (fused_fp8_casts(x)) return fused_quantize(x, std::nullopt, f, margin);
+  if (fused_fp8_casts(x)) return fused_quantize(x, std::nullopt, f, margin, false);
   return quantize_dynamic_composite(x, f, margin);
 }
 
@@ -161,18 +162,20 @@ void check_axiswise(const at::Tensor& x, std::int64_t dim) {
 }
 }  // namespace
 
-Fp8Tensor quantize_dynamic_axiswise_composite(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin) {
+Fp8Tensor quantize_dynamic_axiswise_composite(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin,
+                                              bool pow2_scales) {
   check_axiswise(x, dim);
   if (x.numel() == 0) return quantize_dynamic_composite(x, f, margin);
   at::Tensor s = scale_from_amax(x.abs().amax({dim}, /*keepdim=*/true).to(at::kFloat), f, margin);
+  if (pow2_scales) s = at::exp2(at::floor(at::log2(s)));  // (fp32, torchao's _round_scale_down_to_power_of_2)
   return Fp8Tensor{quantize(x, s, f), s, f};
 }
 
-Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin) {
+Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin, bool pow2_scales) {
   check_axiswise(x, dim);
   check_margin(margin);
-  if (fused_fp8_casts(x)) return fused_quantize(x, dim, f, margin);
-  return quantize_dynamic_axiswise_composite(x, dim, f, margin);
+  if (fused_fp8_casts(x)) return fused_quantize(x, dim, f, margin, pow2_scales);
+  return quantize_dynamic_axiswise_composite(x, dim, f, margin, pow2_scales);
 }
 
 at::Tensor local_amaxes(const std::vector<at::Tensor>& shards) {

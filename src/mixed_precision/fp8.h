@@ -72,11 +72,15 @@ Fp8Tensor quantize_dynamic(const at::Tensor& x, Fp8Format f, int margin = 0);
 // Dynamic axiswise quantization of a 2-D x (torchao's rowwise recipe): the amax over `dim`, so one scale
 // per row for dim 1 ([R, 1]) or per column for dim 0 ([1, C]); an outlier then coarsens its own row or
 // column only. The dim reduced is the matmul's inner one. Fused on CUDA as quantize_dynamic (one launch).
-Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin = 0);
+// pow2_scales: each scale rounded down to a power of two, 2^floor(log2(scale)) computed in fp32 as
+// torchao does (round_scales_to_power_of_2, on in its rowwise recipe): the scaling is then exact.
+Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin = 0,
+                                    bool pow2_scales = false);
 // The composite ATen path of the two (abs_max or amax, scale_from_amax, quantize: about a dozen small
 // kernels on a device): what the CPU runs, and the reference the fused kernels are tested against.
 Fp8Tensor quantize_dynamic_composite(const at::Tensor& x, Fp8Format f, int margin = 0);
-Fp8Tensor quantize_dynamic_axiswise_composite(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin = 0);
+Fp8Tensor quantize_dynamic_axiswise_composite(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin = 0,
+                                              bool pow2_scales = false);
 // Whether quantize_dynamic(x, ...) takes the fused kernels for this tensor.
 bool fused_fp8_casts(const at::Tensor& x);
 

@@ -105,22 +105,24 @@ TEST(Fp8Casts_CUDA, AxiswiseEqualsTheCompositePathBitForBit) {
   for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16})
     for (auto format : {Fp8Format::E4M3, Fp8Format::E5M2})
       for (const auto& [rows, cols] : shapes)
-        for (std::int64_t dim : {0, 1}) {
-          at::Tensor x = values(rows * cols, dtype, 100 + cases).view({rows, cols});
-          if (rows > 1) x.select(0, rows - 1).zero_();  // an all-zero row: its scale 1 (dim 1)
-          if (cols > 1) x.select(1, cols - 1).zero_();  // and an all-zero column (dim 0)
-          const std::string what = std::string(c10::toString(dtype)) + " " + to_string(format) + " [" +
-                                   std::to_string(rows) + ", " + std::to_string(cols) + "] dim " + std::to_string(dim);
-          const Fp8Tensor fused = quantize_dynamic_axiswise(x, dim, format);
-          const Fp8Tensor ref = quantize_dynamic_axiswise_composite(x, dim, format);
-          ASSERT_TRUE(fused.inverse.defined()) << what << ": not the fused path";
-          EXPECT_EQ(fused.scale.sizes(), ref.scale.sizes()) << what;
-          expect_same_fp8(fused.data, ref.data, what);
-          expect_same_scale(fused.scale, ref.scale, what);
-          expect_same_scale(fused.inv_scale(), at::reciprocal(ref.scale), what + " (1/scale)");
-          ++cases;
-        }
-  EXPECT_EQ(cases, 3 * 2 * 5 * 2);
+        for (std::int64_t dim : {0, 1})
+          for (bool pow2 : {false, true}) {  // (pow2: scales rounded down to powers of two, the rowwise recipe's)
+            at::Tensor x = values(rows * cols, dtype, 100 + cases).view({rows, cols});
+            if (rows > 1) x.select(0, rows - 1).zero_();  // an all-zero row: its scale 1 (dim 1)
+            if (cols > 1) x.select(1, cols - 1).zero_();  // and an all-zero column (dim 0)
+            const std::string what = std::string(c10::toString(dtype)) + " " + to_string(format) + " [" +
+                                     std::to_string(rows) + ", " + std::to_string(cols) + "] dim " +
+                                     std::to_string(dim) + (pow2 ? " pow2" : "");
+            const Fp8Tensor fused = quantize_dynamic_axiswise(x, dim, format, 0, pow2);
+            const Fp8Tensor ref = quantize_dynamic_axiswise_composite(x, dim, format, 0, pow2);
+            ASSERT_TRUE(fused.inverse.defined()) << what << ": not the fused path";
+            EXPECT_EQ(fused.scale.sizes(), ref.scale.sizes()) << what;
+            expect_same_fp8(fused.data, ref.data, what);
+            expect_same_scale(fused.scale, ref.scale, what);
+            expect_same_scale(fused.inv_scale(), at::reciprocal(ref.scale), what + " (1/scale)");
+            ++cases;
+          }
+  EXPECT_EQ(cases, 3 * 2 * 5 * 2 * 2);
   // A transposed (non-contiguous) input: quantized as its contiguous copy.
   const at::Tensor w = values(64 * 48, at::kBFloat16, 7).view({64, 48}).t();
   expect_same_fp8(quantize_dynamic_axiswise(w, 1, Fp8Format::E4M3).data,

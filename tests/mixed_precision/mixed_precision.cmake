@@ -8,8 +8,10 @@ accel_test_binary(mixed_precision_tests
 )
 target_compile_definitions(mixed_precision_tests PRIVATE
   ACCEL_MP_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
+target_link_libraries(mixed_precision_tests PRIVATE accel_test_support)
 if(ACCEL_PYTHON)
-  # loss_scaler_reference.py (DeepSpeed's update_scale in Python) is the independent reference.
+  # loss_scaler_reference.py (DeepSpeed's update_scale in Python) and float8_torchao_reference.py
+  # (torchao's float8 training of one layer) are the independent references.
   target_compile_definitions(mixed_precision_tests PRIVATE ACCEL_PYTHON="${ACCEL_PYTHON}")
 endif()
 accel_add_mpi_test(NAME mixed_precision TARGET mixed_precision_tests NP 1 2 3)
