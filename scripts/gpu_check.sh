@@ -77,7 +77,8 @@ declare -a SUMMARY
 PHASE=setup
 FAILED=0
 # step NAME CMD...: runs CMD with its output in $OUTDIR/NAME.log (and on the terminal); a GoogleTest
-# run whose tests all skipped counts as SKIP.
+# run whose tests all skipped counts as SKIP. Left out (not in the summary): a name --only does not
+# match, and the tests under --bench-only.
 step() {
   local name=$1; shift
   if [ -n "$ONLY" ] && ! grep -qE -- "$ONLY" <<<"$name"; then return 0; fi
