@@ -45,6 +45,10 @@
 #                          against no offload's, the device's peak and the host's, and the share of
 #                          the step the GPU was busy at that size (one more run, under --profile)
 #   --device-memory GB     the per-rank device cap with --device cuda [8]
+#   --start "S=D ..."      where strategy S's search starts (instead of estimate-memory's prediction):
+#                          at a known answer it takes two runs, D passing and D + --resolution failing
+#                          (a short device lease: --start "ZERO_3=1280 ZERO_3+opt=2304 ZERO_3+ckpt+opt+param=3200"
+#                          with --resolution 128, the H100/H200 answers at an 8 GB cap)
 # Small-scale trial (minutes, ~2 GB):
 #   bash benchmarks/largest_model.sh --layers 2 --seq 32 --heads 4 --cap 2.5 --resolution 64
 # The full table (the machine alone, ~20 GB, about an hour):
@@ -62,7 +66,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 STRATEGIES="DDP ZERO_1 ZERO_2 ZERO_3 ZERO_3+ckpt"
 RANKS=2 LAYERS=20 HEADS=16 SEQ=64 BATCH=1 VOCAB=4096 RES=128 MIN_D="" CAP_GB="" LOG=largest_model.log
-OFFLOAD="" FIXED_D="" SUB_GROUP=100000000 DEVICE=cpu DEVICE_GB=8 RANKS_SET="" SEQ_SET="" STRATEGIES_SET=""
+OFFLOAD="" FIXED_D="" SUB_GROUP=100000000 DEVICE=cpu DEVICE_GB=8 RANKS_SET="" SEQ_SET="" STRATEGIES_SET="" START=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --strategies) STRATEGIES=$2; STRATEGIES_SET=1; shift 2 ;;
@@ -81,6 +85,7 @@ while [ $# -gt 0 ]; do
     --offload) OFFLOAD=$2; shift 2 ;;
     --d-model) FIXED_D=$2; shift 2 ;;
     --sub-group-size) SUB_GROUP=$2; shift 2 ;;
+    --start) START=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "largest_model.sh: unknown option '$1' (--help)" >&2; exit 2 ;;
   esac
@@ -98,6 +103,13 @@ case "$DEVICE" in
   *) echo "largest_model.sh: --device cpu or cuda, not '$DEVICE'" >&2; exit 2 ;;
 esac
 if (( RES % HEADS != 0 )); then echo "largest_model.sh: --resolution $RES is not a multiple of --heads $HEADS" >&2; exit 2; fi
+for kv in $START; do
+  d=${kv#*=}
+  if [[ "$kv" != *=* || ! "$d" =~ ^[0-9]+$ ]] || (( d % HEADS != 0 )) || [[ " $STRATEGIES " != *" ${kv%%=*} "* ]]; then
+    echo "largest_model.sh: --start '$kv' must be STRATEGY=D with a strategy of '$STRATEGIES' and D a multiple of --heads $HEADS" >&2
+    exit 2
+  fi
+done
 MIN_D=${MIN_D:-$RES}
 if [ -z "$CAP_GB" ]; then
   CAP_GB=$(awk '/MemAvailable/ {printf "%.1f", $2 * 1024 * 0.9 / 1e9}' /proc/meminfo)
@@ -273,6 +285,12 @@ for s in $STRATEGIES; do
   # On a GPU, offload has no estimate: it fits at least what the first strategy (no offload) fit.
   if [ "$DEVICE" = cuda ] && [ -n "$BASE_D" ] && [ -z "$(predict "$BASE_D" "$s")" ]; then d0=$BASE_D; fi
   echo "$s: estimate-memory predicts d_model $d0 fits $((PER_RANK_BYTES / 1000000)) MB per rank" >&2
+  for kv in $START; do
+    if [ "${kv%%=*}" = "$s" ]; then
+      d0=${kv#*=}
+      echo "$s: starting at d_model $d0 (--start)" >&2
+    fi
+  done
   lo="" hi="" best="" runs=0
   # Gallop from the prediction until a pass and a failure bracket the answer.
   step=$RES d=$d0
