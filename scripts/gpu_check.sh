@@ -39,9 +39,10 @@
 # Environment: ACCEL_BIN (binaries), PYTHON (the Python with torch, default: the setup venv's, else
 # python3), GPU_CHECK_OUT (a folder for the full logs; default a temporary one), FP8_ROUNDS (runs of
 # each at the fp8-bound shape, default 2; FP8_BATCH its batch, default 32), VS_ROUNDS (alternating
-# runs of accel and PyTorch, default 5, the medians compared). Every step runs even when an earlier
-# one failed; the summary at the end lists each with PASS, FAIL or SKIP, and the exit status is 1
-# when any failed.
+# runs of accel and PyTorch, default 5, the medians compared), GPU_CHECK_TAR (a .tar.gz to pack the
+# logs into at the end, e.g. $OUT/gpu_check_logs.tgz on a lent device). Every step runs even when
+# an earlier one failed; the summary at the end lists each with PASS, FAIL or SKIP, and the exit
+# status is 1 when any failed.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=1
@@ -60,7 +61,7 @@ while [ $# -gt 0 ]; do
     --bench-only) TESTS=0 ;;
     --only) ONLY=${2:-}; shift ;;
     --only=*) ONLY=${1#--only=} ;;
-    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --no-bench, --bench-only, --only REGEX, --bundle DIR [--setup-only], --help)" >&2; exit 2 ;;
   esac
   shift
@@ -91,6 +92,17 @@ step() {
   elif [ "$rc" -ne 0 ]; then verdict=FAIL; FAILED=1
   elif grep -q '^\[  SKIPPED \]' "$OUTDIR/$name.log" && ! grep -q '^\[       OK \]' "$OUTDIR/$name.log"; then verdict=SKIP; fi
   SUMMARY+=("$(printf '%-28s %-4s %4ss  %s' "$name" "$verdict" "$(( $(date +%s) - t0 ))" "$OUTDIR/$name.log")")
+}
+
+# The summary, the logs packed into $GPU_CHECK_TAR where set (one file: the device tool brings back
+# only a few), and the exit status.
+finish() {
+  printf '\n== summary (logs in %s)\n' "$OUTDIR"
+  printf '%s\n' "${SUMMARY[@]}"
+  if [ -n "${GPU_CHECK_TAR:-}" ]; then
+    tar czf "$GPU_CHECK_TAR" -C "$(dirname "$OUTDIR")" "$(basename "$OUTDIR")" && echo "logs packed into $GPU_CHECK_TAR"
+  fi
+  exit $FAILED
 }
 
 if [ "$SETUP_ONLY" = 1 ] && [ -z "$BUNDLE" ]; then echo "gpu_check.sh: --setup-only goes with --bundle DIR" >&2; exit 2; fi
@@ -217,11 +229,7 @@ if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
 else
   SUMMARY+=("$(printf '%-28s %-4s  (accel launch cannot start 2 ranks here)' np2_tests SKIP)")
 fi
-if [ "$BENCH" = 0 ]; then
-  printf '\n== summary (logs in %s)\n' "$OUTDIR"
-  printf '%s\n' "${SUMMARY[@]}"
-  exit $FAILED
-fi
+if [ "$BENCH" = 0 ]; then finish; fi
 
 # --- step_bench on the GPU, and PyTorch beside it ---------------------------------------------------
 PHASE=bench
@@ -321,6 +329,4 @@ if ls "$OUTDIR"/fp8_bound_accel_* >/dev/null 2>&1; then
     "$([ -n "$f" ] && [ -n "$t" ] && awk -v f="$f" -v t="$t" 'BEGIN {printf "%.2f", f / t}')"
 fi
 
-printf '\n== summary (logs in %s)\n' "$OUTDIR"
-printf '%s\n' "${SUMMARY[@]}"
-exit $FAILED
+finish
