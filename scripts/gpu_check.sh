@@ -266,6 +266,12 @@ for i in $(seq "${FP8_ROUNDS:-2}"); do
       --compile --steps 10 --warmup 3 "${FP8SHAPE[@]}"
   fi
 done
+# The rowwise recipe at that shape (batch 8) under both per-column cast kernels (ACCEL_FP8_COLWISE:
+# single, one block per 32 columns; chunked, the rows split among blocks too): which one to default to.
+for mode in single chunked; do
+  step "fp8_bound_rowwise_$mode" env ACCEL_FP8_COLWISE=$mode "${SB[@]}" --strategy DDP --precision fp8 \
+    --fp8-recipe rowwise "${FP8DIMS[@]}" --batch 8
+done
 # Where the fp8 step's time goes against bf16's at that shape (top kernels: the products, the casts,
 # the transposed copies for backward's operands); batch 8, as both models share the GPU in this run.
 step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8DIMS[@]}" --batch 8 --profile

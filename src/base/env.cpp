@@ -49,6 +49,10 @@ const std::vector<Variable>& table() {
        "float32 CPU matrix products (mm, addmm: linear layers forward and backward) once an engine is built: "
        "onednn sends those of >= 2^20 multiply-adds to oneDNN's matmul, libtorch leaves them to libtorch's BLAS "
        "(MKL), auto picks onednn on CPUs with AVX-512 that are not Intel's (where MKL runs its AVX2 kernels)"},
+      {"ACCEL_FP8_COLWISE", "single",
+       "the fused fp8 casts on CUDA with one scale per column (the rowwise recipe's backward operands): single "
+       "(one kernel, a block per 32 columns walking every row) or chunked (two kernels, the rows split among "
+       "blocks too, the column maxima met by atomics: more parallel where columns are few); the same bytes"},
       {"ACCEL_RANKS_PER_NODE", "",
        "simulate nodes of this many ranks on one machine (node_rank = rank / k); must divide the "
        "world size"},

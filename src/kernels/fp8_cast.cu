@@ -192,6 +192,49 @@ __global__ void colwise_kernel(const T* __restrict__ x, std::int64_t rows, std::
       out[r * cols + col] = cast<F>(to_f32(x[r * cols + col]), scale, kMax);
 }
 
+// dim 0, chunked (a column_amax scratch given): the rows split among blocks as well, so that a few
+// columns still fill the device. Block (tile, chunk) of 32 x 8 threads walks its 32 columns over its
+// chunk's rows; the column's maximum goes to column_amax[col] by atomicMax (zeroed before), then a
+// second kernel of the same shape reads it, scales and casts. The numbers are colwise_kernel's.
+template <typename T>
+__global__ void column_amax_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols,
+                                   std::int64_t chunk_rows, std::uint32_t* __restrict__ column_amax) {
+  __shared__ std::uint32_t part[kColRows][kColTile];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * kColTile + tx;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * chunk_rows;
+  const std::int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+  std::uint32_t m = 0;
+  if (col < cols)
+    for (std::int64_t r = r0 + ty; r < r1; r += kColRows) m = max(m, abs_bits(to_f32(x[r * cols + col])));
+  part[ty][tx] = m;
+  __syncthreads();
+  if (ty == 0 && col < cols) {
+    for (int k = 1; k < kColRows; ++k) m = max(m, part[k][tx]);
+    if (m != 0) atomicMax(column_amax + col, m);
+  }
+}
+
+template <typename T, OutFormat F>
+__global__ void column_cast_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols,
+                                   std::int64_t chunk_rows, const std::uint32_t* __restrict__ column_amax, double qmax,
+                                   bool pow2, std::uint8_t* __restrict__ out, float* __restrict__ scale_out,
+                                   float* __restrict__ inv_out) {
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * kColTile + tx;
+  if (col >= cols) return;
+  const float scale = pow2 ? pow2_floor(scale_of(column_amax[col], qmax)) : scale_of(column_amax[col], qmax);
+  if (blockIdx.y == 0 && ty == 0) {
+    scale_out[col] = scale;
+    inv_out[col] = 1.0f / scale;
+  }
+  constexpr float kMax = fp8_max<F>();
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * chunk_rows;
+  const std::int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+  for (std::int64_t r = r0 + ty; r < r1; r += kColRows)
+    out[r * cols + col] = cast<F>(to_f32(x[r * cols + col]), scale, kMax);
+}
+
 void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
@@ -203,7 +246,8 @@ double qmax_of(OutFormat f, int margin) {
   return (f == OutFormat::E4M3 ? 448.0 : 57344.0) * std::ldexp(1.0, -margin);
 }
 
-int blocks_for(std::int64_t work) {
+// The blocks that fill the device: 8 a multiprocessor (of the first device asked).
+std::int64_t device_blocks() {
   static int sms = [] {
     int dev = 0, n = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -211,8 +255,12 @@ int blocks_for(std::int64_t work) {
       n = 80;
     return n;
   }();
+  return 8LL * sms;
+}
+
+int blocks_for(std::int64_t work) {
   const std::int64_t want = (work + kThreads - 1) / kThreads;
-  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(want, 8LL * sms)));
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(want, device_blocks())));
 }
 
 template <typename T, OutFormat F>
@@ -235,9 +283,29 @@ void tensorwise(const T* x, std::int64_t n, double qmax, std::uint32_t* amax_bit
 }
 
 template <typename T, OutFormat F>
-void axiswise(const T* x, std::int64_t rows, std::int64_t cols, int dim, double qmax, bool pow2, std::uint8_t* out,
-              float* scale, float* inv, cudaStream_t s) {
+void axiswise(const T* x, std::int64_t rows, std::int64_t cols, int dim, double qmax, bool pow2,
+              std::uint32_t* column_amax, std::uint8_t* out, float* scale, float* inv, cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
+  if (dim == 0 && column_amax) {
+    const std::int64_t tiles = (cols + kColTile - 1) / kColTile;
+    if (tiles > 0x7fffffffLL) throw accel::InvalidArgumentError("fp8 columnwise cast: too many columns");
+    // Enough (tile, chunk) blocks to fill the device, each chunk a multiple of the block's 8 rows and at
+    // least 64 rows.
+    const std::int64_t want = std::max<std::int64_t>(1, device_blocks() / tiles);
+    std::int64_t chunk_rows = (rows + want - 1) / want;
+    chunk_rows = std::max<std::int64_t>(64, (chunk_rows + kColRows - 1) / kColRows * kColRows);
+    const std::int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+    if (chunks > 65535) throw accel::InvalidArgumentError("fp8 columnwise cast: too many row chunks");
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks)), block(kColTile, kColRows);
+    if (cudaMemsetAsync(column_amax, 0, static_cast<std::size_t>(cols) * sizeof(std::uint32_t), s) != cudaSuccess)
+      check_launch("zero the column amaxes");
+    column_amax_kernel<T><<<grid, block, 0, s>>>(x, rows, cols, chunk_rows, column_amax);
+    check_launch("column amax");
+    column_cast_kernel<T, F>
+        <<<grid, block, 0, s>>>(x, rows, cols, chunk_rows, column_amax, qmax, pow2, out, scale, inv);
+    check_launch("column cast");
+    return;
+  }
   if (dim == 1) {
     if (rows > 0x7fffffffLL) throw accel::InvalidArgumentError("fp8 rowwise cast: more than 2^31 - 1 rows");
     rowwise_kernel<T, F><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, cols, qmax, pow2, out, scale, inv);
@@ -282,13 +350,14 @@ void quantize_tensorwise(const void* x, InDtype dtype, std::int64_t n, OutFormat
 }
 
 void quantize_axiswise(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, int dim, OutFormat fmt,
-                       int margin, bool pow2_scales, std::uint8_t* out, float* scale, float* inv_scale, void* stream) {
+                       int margin, bool pow2_scales, std::uint32_t* column_amax, std::uint8_t* out, float* scale,
+                       float* inv_scale, void* stream) {
   if (dim != 0 && dim != 1) throw accel::InvalidArgumentError("fp8 axiswise cast: dim must be 0 or 1");
   const double qmax = qmax_of(fmt, margin);
   dispatch(dtype, fmt, [&](auto tag, auto f) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-    axiswise<T, decltype(f)::value>(static_cast<const T*>(x), rows, cols, dim, qmax, pow2_scales, out, scale,
-                                    inv_scale, static_cast<cudaStream_t>(stream));
+    axiswise<T, decltype(f)::value>(static_cast<const T*>(x), rows, cols, dim, qmax, pow2_scales, column_amax, out,
+                                    scale, inv_scale, static_cast<cudaStream_t>(stream));
   });
 }
 

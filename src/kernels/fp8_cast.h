@@ -26,10 +26,13 @@ bool available();
 void quantize_tensorwise(const void* x, InDtype dtype, std::int64_t n, OutFormat fmt, int margin,
                          std::uint32_t* amax_bits, std::uint8_t* out, float* scale, float* inv_scale, void* stream);
 
-// Axiswise over a row-major [rows, cols] x, one kernel: dim 1 gives one scale per row (scale and
-// inv_scale: rows floats), dim 0 one per column (cols floats); out: rows * cols bytes, row-major.
+// Axiswise over a row-major [rows, cols] x: dim 1 gives one scale per row (scale and inv_scale: rows
+// floats), dim 0 one per column (cols floats); out: rows * cols bytes, row-major. One kernel, a block
+// per row or per 32 columns; for dim 0 with column_amax (cols uint32 of device memory, scratch,
+// zeroed here) the rows are split among blocks too: two kernels, the same numbers (null: one kernel).
 // pow2_scales: each scale rounded down to a power of two, 2^floor(log2(scale)) (torchao's rowwise).
 void quantize_axiswise(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, int dim, OutFormat fmt,
-                       int margin, bool pow2_scales, std::uint8_t* out, float* scale, float* inv_scale, void* stream);
+                       int margin, bool pow2_scales, std::uint32_t* column_amax, std::uint8_t* out, float* scale,
+                       float* inv_scale, void* stream);
 
 }  // namespace accel::kernels::fp8

@@ -1,4 +1,5 @@
 #include "mixed_precision/fp8.h"
+#include "base/env.h"
 #include "base/error.h"
 
 #include "comm/communicator.h"
@@ -53,6 +54,14 @@ kernels::fp8::OutFormat kernel_format(Fp8Format f) {
   return f == Fp8Format::E4M3 ? kernels::fp8::OutFormat::E4M3 : kernels::fp8::OutFormat::E5M2;
 }
 
+// ACCEL_FP8_COLWISE: single or chunked (checked).
+[[maybe_unused]] std::string column_cast_mode() {
+  std::string m = env::get("ACCEL_FP8_COLWISE");
+  if (m != "single" && m != "chunked")
+    throw accel::InvalidArgumentError("ACCEL_FP8_COLWISE must be single or chunked, got '" + m + "'");
+  return m;
+}
+
 // The fused casts on x's device and current stream (fused_fp8_casts(x) holds): tensorwise without a
 // dim, else axiswise along it (a 2-D x).
 Fp8Tensor fused_quantize(const at::Tensor& x_in, std::optional<std::int64_t> dim, Fp8Format f, int margin,
@@ -74,9 +83,13 @@ Fp8Tensor fused_quantize(const at::Tensor& x_in, std::optional<std::int64_t> dim
                                       reinterpret_cast<std::uint32_t*>(amax_bits.mutable_data_ptr()), q,
                                       scale.mutable_data_ptr<float>(), inverse.mutable_data_ptr<float>(), stream);
   } else {
-    kernels::fp8::quantize_axiswise(x.const_data_ptr(), kernel_dtype(x), x.size(0), x.size(1), static_cast<int>(*dim),
-                                    kernel_format(f), margin, pow2_scales, q, scale.mutable_data_ptr<float>(),
-                                    inverse.mutable_data_ptr<float>(), stream);
+    // Per column: one kernel a 32 columns (single), or the rows split among blocks too (chunked).
+    at::Tensor column_amax;
+    if (*dim == 0 && column_cast_mode() == "chunked") column_amax = at::empty({x.size(1)}, x.options().dtype(at::kInt));
+    kernels::fp8::quantize_axiswise(
+        x.const_data_ptr(), kernel_dtype(x), x.size(0), x.size(1), static_cast<int>(*dim), kernel_format(f), margin,
+        pow2_scales, column_amax.defined() ? reinterpret_cast<std::uint32_t*>(column_amax.mutable_data_ptr()) : nullptr,
+        q, scale.mutable_data_ptr<float>(), inverse.mutable_data_ptr<float>(), stream);
   }
   return Fp8Tensor{out, scale, f, inverse};
 #else

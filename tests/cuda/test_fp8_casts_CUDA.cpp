@@ -6,6 +6,7 @@
 // (or in a build without the kernels) every case skips.
 #include "comm/cuda_comm.h"
 #include "mixed_precision/fp8.h"
+#include "support/scoped_env.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -76,7 +77,7 @@ TEST(Fp8Casts_CUDA, TensorwiseEqualsTheCompositePathBitForBit) {
             EXPECT_EQ(fused.scale.dim(), 0) << what;
             ++cases;
           }
-  EXPECT_EQ(cases, 3 * 2 * 5 * 2 * 2);
+  EXPECT_EQ(cases, 3 * 2 * 6 * 2 * 2);
 }
 
 TEST(Fp8Casts_CUDA, TensorwiseEdgesZeroInfAndNan) {
@@ -97,10 +98,15 @@ TEST(Fp8Casts_CUDA, TensorwiseEdgesZeroInfAndNan) {
   }
 }
 
-TEST(Fp8Casts_CUDA, AxiswiseEqualsTheCompositePathBitForBit) {
+// Per row and per column, under both column kernels (ACCEL_FP8_COLWISE single and chunked: the rows
+// split among blocks, their maxima met by atomics), with and without power-of-two scales.
+class AxiswiseCasts : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(AxiswiseCasts, EqualTheCompositePathBitForBit) {
   SKIP_WITHOUT_FUSED_CASTS();
-  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
-      {1, 1}, {7, 33}, {128, 4096}, {4097, 24}, {3, 70000}};
+  const test::ScopedEnv mode("ACCEL_FP8_COLWISE", std::string(GetParam()));
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{1, 1},     {7, 33},    {128, 4096},
+                                                                     {4097, 24}, {3, 70000}, {20000, 40}};
   int cases = 0;
   for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16})
     for (auto format : {Fp8Format::E4M3, Fp8Format::E5M2})
@@ -122,12 +128,15 @@ TEST(Fp8Casts_CUDA, AxiswiseEqualsTheCompositePathBitForBit) {
             expect_same_scale(fused.inv_scale(), at::reciprocal(ref.scale), what + " (1/scale)");
             ++cases;
           }
-  EXPECT_EQ(cases, 3 * 2 * 5 * 2 * 2);
+  EXPECT_EQ(cases, 3 * 2 * 6 * 2 * 2);
   // A transposed (non-contiguous) input: quantized as its contiguous copy.
   const at::Tensor w = values(64 * 48, at::kBFloat16, 7).view({64, 48}).t();
-  expect_same_fp8(quantize_dynamic_axiswise(w, 1, Fp8Format::E4M3).data,
-                  quantize_dynamic_axiswise_composite(w, 1, Fp8Format::E4M3).data, "transposed");
+  for (std::int64_t dim : {0, 1})
+    expect_same_fp8(quantize_dynamic_axiswise(w, dim, Fp8Format::E4M3).data,
+                    quantize_dynamic_axiswise_composite(w, dim, Fp8Format::E4M3).data, "transposed");
 }
+
+INSTANTIATE_TEST_SUITE_P(Fp8Casts_CUDA, AxiswiseCasts, ::testing::Values("single", "chunked"));
 
 }  // namespace
 }  // namespace accel::mixed_precision
