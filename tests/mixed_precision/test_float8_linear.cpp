@@ -172,10 +172,8 @@ std::map<std::string, double> against_torchao(mixed_precision::Float8Recipe reci
   const auto [rc, out] = test::run_python(
       ACCEL_PYTHON, std::string(ACCEL_MP_TEST_DIR) + "/float8_torchao_reference.py",
       "'" + dir + "/in.safetensors' '" + dir + "/out.safetensors' " + mixed_precision::to_string(recipe));
-  if (rc == 77) {  // (no torchao)
-    files::remove_tree(dir);
-    return err;
-  }
+  if (rc != 0) files::remove_tree(dir);
+  if (rc == 77) return err;  // (no torchao)
   EXPECT_EQ(rc, 0) << out;
   if (rc != 0) return {{"python failed", 1.0}};
   const auto ref = checkpoint::SafetensorsFile::open(dir + "/out.safetensors");
