@@ -202,9 +202,13 @@ void log_start(comm::Communicator& world, c10::Device device) {
   log::info("environment: " + (set_vars.empty() ? std::string("no ACCEL_* variable set (every default)") : set_vars));
 }
 
-std::string offload_text(zero::OffloadDevice d, const std::string& path, std::uint64_t bytes) {
+std::string offload_text(zero::OffloadDevice d, const std::string& path, std::uint64_t bytes,
+                         std::uint64_t owned_bytes) {
   if (d == zero::OffloadDevice::None) return "none";
-  if (path.empty()) return zero::to_string(d);
+  if (path.empty() && bytes == 0) return zero::to_string(d);
+  if (path.empty())  // host memory: the shards whose master is the same bytes keep no copy
+    return fmt::format("{} ({:.1f} MiB per rank pinned, {:.1f} MiB of it the host masters')", zero::to_string(d),
+                       static_cast<double>(bytes) / 1048576, static_cast<double>(bytes - owned_bytes) / 1048576);
   return fmt::format("{} ({}, {:.1f} MiB per rank)", zero::to_string(d), path, static_cast<double>(bytes) / 1048576);
 }
 
@@ -234,8 +238,8 @@ void log_plan(const AcceleratorConfig& cfg, const zero::Engine& e, c10::Device d
       strategy_name(cfg), e.world().size(), device.str(), e.shard_group()->size(), spec.substr(spec.find(": ") + 2),
       static_cast<double>(e.node_shared_bytes()) / 1048576 / std::max(1, e.shard_group()->size()),
       static_cast<double>(e.node_shared_grad_bytes()) / 1048576,
-      offload_text(cfg.spec.offload.optimizer, oo ? oo->path() : "", oo ? oo->bytes() : 0),
-      offload_text(cfg.spec.offload.param, po ? po->path() : "", po ? po->bytes() : 0)));
+      offload_text(cfg.spec.offload.optimizer, oo ? oo->path() : "", oo ? oo->bytes() : 0, oo ? oo->bytes() : 0),
+      offload_text(cfg.spec.offload.param, po ? po->path() : "", po ? po->bytes() : 0, po ? po->owned_bytes() : 0)));
 }
 }  // namespace
 

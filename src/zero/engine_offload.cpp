@@ -32,9 +32,12 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
     throw accel::InvalidArgumentError(
         "offload_param cannot be combined with fp8 all-gather (fp8 shards stay in the device's memory)");
   c10::NoGradGuard ng;
-  if (os.optimizer == OffloadDevice::Cpu && !device_.is_cpu())
+  // The side stream between the device and pinned host memory: for host masters (offload_optimizer
+  // cpu) and for parameter shards kept in host memory (offload_param cpu).
+  const bool params_in_host_memory = os.param == OffloadDevice::Cpu && plan_.params_sharded;
+  if (!device_.is_cpu() && (os.optimizer == OffloadDevice::Cpu || params_in_host_memory))
     for (const auto& f : flats_)
-      if (f.master.defined() && f.master.device().is_cpu()) {
+      if (params_in_host_memory || (f.master.defined() && f.master.device().is_cpu())) {
         host_copies_ = std::make_unique<HostCopies>(device_);
         break;
       }
@@ -80,6 +83,7 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
   // Parameter shards to disk, or (a model on a device) to pinned host memory.
   if ((os.param_on_disk() || (os.param == OffloadDevice::Cpu && !device_.is_cpu())) && plan_.params_sharded) {
     std::vector<sharding::FlatParam*> slots;
+    std::vector<at::Tensor> twins;  // host masters that can serve as the shards' pinned copies
     for (std::size_t fi = 0; fi < flats_.size(); ++fi) {
       Flat& f = flats_[fi];
       if (f.persistent || !f.flat_param->options().sharded) continue;
@@ -91,8 +95,16 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
       }
       f.param_slot = slots.size();
       slots.push_back(f.flat_param.get());
+      // fp32 compute over fp32 host masters: after each step the shard's values are the master's bytes.
+      // (host_master() would ask where the shard is: a model built on the host is not on the device yet.)
+      const at::Tensor& shard = f.flat_param->shard();
+      const bool twin = !os.param_on_disk() && host_copies_ && f.master.defined() && f.master.is_cpu() &&
+                        f.master.scalar_type() == shard.scalar_type() && f.master.numel() == shard.numel() &&
+                        f.master.is_contiguous();
+      twins.push_back(twin ? f.master : at::Tensor());
     }
-    param_offload_ = std::make_unique<ParamOffload>(os, world_->rank(), std::move(slots));
+    param_offload_ = std::make_unique<ParamOffload>(os, world_->rank(), std::move(slots),
+                                                    os.param_on_disk() ? nullptr : host_copies_.get(), twins);
   }
 }
 

@@ -111,7 +111,10 @@ void Engine::sync_node_shared() {
   if (node_shared()) gather_->barrier();
 }
 
-void Engine::before_param_writes() { sync_node_shared(); }
+void Engine::before_param_writes() {
+  wait_host_copies();  // no copy to the device still reads the host masters written next
+  sync_node_shared();
+}
 
 std::pair<std::int64_t, std::int64_t> Engine::master_range(const Flat& f) const {
   if (plan_.masters_are_shards) return f.flat_param->layout().shard_range(f.flat_param->options().rank);

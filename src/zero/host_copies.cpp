@@ -36,11 +36,17 @@ void HostCopies::queue(const at::Tensor& dst, const at::Tensor& src, const at::T
 
 void HostCopies::to_host(const at::Tensor& dst, const at::Tensor& src) { queue(dst, src, src); }
 
-void HostCopies::to_device(const at::Tensor& dst, const at::Tensor& src) {
+void HostCopies::to_device(const at::Tensor& dst, const at::Tensor& src) { current_waits(to_device_async(dst, src)); }
+
+c10::Event HostCopies::to_device_async(const at::Tensor& dst, const at::Tensor& src) {
   queue(dst, src, dst);
-  c10::impl::VirtualGuardImpl impl(device_.type());
   c10::Event done(device_.type());
   done.record(side_);
+  return done;
+}
+
+void HostCopies::current_waits(const c10::Event& done) const {
+  c10::impl::VirtualGuardImpl impl(device_.type());
   done.block(impl.getStream(device_));
 }
 

@@ -10,6 +10,9 @@
 //     still reads dst); the current stream then waits for it (a device-side wait: the host does not
 //     block), so every kernel queued afterwards sees the new values. The host must not write src
 //     before synchronize().
+//   * to_device_async(dst, src): the same copy, but nothing waits for it yet: it returns the event
+//     that marks it done, and current_waits(event) makes the current stream wait for it when the
+//     values are needed (a prefetch: the copy runs while the kernels queued after it compute).
 //   * Device tensors used on the side stream are recorded on it, so the caching allocator does not
 //     hand their memory out again while a copy is in flight.
 // Written against c10's device-generic stream and event interfaces, so it compiles (and is never
@@ -18,6 +21,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
 namespace accel::zero {
@@ -27,6 +31,8 @@ class HostCopies {
   explicit HostCopies(c10::Device device);
   void to_host(const at::Tensor& dst, const at::Tensor& src);
   void to_device(const at::Tensor& dst, const at::Tensor& src);
+  c10::Event to_device_async(const at::Tensor& dst, const at::Tensor& src);
+  void current_waits(const c10::Event& done) const;
   // Blocks until every copy queued so far has finished (a no-op when none is pending).
   void synchronize();
   const c10::Device& device() const { return device_; }

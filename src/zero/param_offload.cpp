@@ -4,6 +4,7 @@
 #include "base/memory.h"
 #include "offload/async_file.h"
 #include "sharding/flat_param.h"
+#include "zero/host_copies.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -24,20 +25,36 @@ std::string offloaded_message(const sharding::FlatParam& f, bool on_disk) {
 
 }  // namespace
 
-ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<sharding::FlatParam*> flats) : spec_(spec) {
-  if (!spec_.param_on_disk()) {  // pinned host memory, one copy per shard
-    for (auto* f : flats) {
+ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<sharding::FlatParam*> flats,
+                           HostCopies* copies, const std::vector<at::Tensor>& masters)
+    : spec_(spec) {
+  if (!spec_.param_on_disk()) {  // pinned host memory: one copy per shard, or the shard's master
+    for (std::size_t k = 0; k < flats.size(); ++k) {
+      auto* f = flats[k];
+      const at::Tensor& shard = f->shard();
       Slot s;
       s.flat = f;
-      s.bytes = static_cast<std::uint64_t>(f->shard().numel()) * f->shard().element_size();
-      s.host =
-          at::empty({static_cast<std::int64_t>(s.bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      s.bytes = static_cast<std::uint64_t>(shard.numel()) * shard.element_size();
+      const at::Tensor master = k < masters.size() ? masters[k] : at::Tensor();
+      if (master.defined()) {
+        if (!master.is_cpu() || !master.is_contiguous() || master.scalar_type() != shard.scalar_type() ||
+            master.numel() != shard.numel())
+          throw accel::LogicError(
+              fmt::format("ParamOffload: the master given for {} is not its shard's host twin", f->name()));
+        s.host = master;
+        s.aliased = true;
+      } else {
+        s.host =
+            at::empty({static_cast<std::int64_t>(s.bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+        owned_bytes_ += s.bytes;
+      }
       s.resident = true;
       bytes_ += s.bytes;
       slots_.push_back(std::move(s));
-      store(slots_.size() - 1, 0, f->shard());
+      if (!slots_.back().aliased) store(slots_.size() - 1, 0, shard);  // (a master holds these values already)
       release(slots_.size() - 1);
     }
+    copies_ = copies;
     return;
   }
   std::uint64_t offset = 0, largest = 0;
@@ -49,9 +66,9 @@ ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<shardi
     s.padded = offload::align_up(s.bytes);
     offset += s.padded;
     largest = std::max(largest, s.padded);
-    slots_.push_back(s);
+    slots_.push_back(std::move(s));
   }
-  bytes_ = offset;
+  bytes_ = owned_bytes_ = offset;
   scratch_ = std::make_unique<offload::ScratchFile>(
       spec_.param_nvme_path, fmt::format("accel-param-rank{}-pid{}.swp", rank, static_cast<long>(getpid())), bytes_,
       spec_.aio, "offload_param.nvme_path");
@@ -93,7 +110,18 @@ int ParamOffload::take_buffer() {
 
 void ParamOffload::fetch_async(std::size_t i) {
   Slot& s = slots_.at(i);
-  if (s.resident || s.buffer >= 0 || !file_) return;  // (host memory: fetch() copies it)
+  if (s.resident || s.buffer >= 0) return;
+  if (!file_) {  // host memory: to a device on the side stream; to the host, fetch() copies it
+    const at::Tensor& shard = s.flat->shard();
+    if (!copies_ || shard.is_cpu()) return;
+    {
+      memory::CategoryScope cat(memory::Category::Parameters);
+      sharding::alloc_storage(shard, s.bytes);
+    }
+    s.arriving = copies_->to_device_async(shard, s.host.view(shard.scalar_type()));
+    s.resident = true;
+    return;
+  }
   const int b = take_buffer();
   s.buffer = b;
   buffer_owner_[b] = static_cast<int>(i);
@@ -122,15 +150,20 @@ void ParamOffload::land(std::size_t i) {
 
 void ParamOffload::fetch(std::size_t i) {
   Slot& s = slots_.at(i);
-  if (s.resident) return;
-  if (s.buffer < 0) fetch_async(i);
-  land(i);
+  if (!s.resident && s.buffer < 0) fetch_async(i);
+  if (!s.resident) land(i);
+  if (s.arriving) {  // the compute stream waits for the copy; the host goes on
+    copies_->current_waits(*s.arriving);
+    s.arriving.reset();
+  }
 }
 
 void ParamOffload::release(std::size_t i) {
   Slot& s = slots_.at(i);
   if (!s.resident) return;
+  // (A copy still arriving into it: the allocator keeps the memory until the side stream is past it.)
   sharding::free_storage(s.flat->shard(), offloaded_message(*s.flat, file_ != nullptr));
+  s.arriving.reset();
   s.resident = false;
 }
 
@@ -145,7 +178,15 @@ void ParamOffload::store(std::size_t i, std::int64_t begin, const at::Tensor& va
     throw accel::LogicError(fmt::format("ParamOffload::store: elements [{}, {}) of {} ({} elements)", begin,
                                         begin + v.numel(), s.flat->name(), shard.numel()));
   if (!file_) {
-    std::memcpy(static_cast<char*>(s.host.data_ptr()) + first, v.data_ptr(), bytes);
+    char* host = static_cast<char*>(s.host.data_ptr()) + first;
+    if (v.data_ptr() != host) {             // (the master of an aliased slot: already there)
+      if (copies_) copies_->synchronize();  // no copy to the device still reads these bytes
+      std::memcpy(host, v.data_ptr(), bytes);
+    }
+    if (s.arriving) {  // what arrives is overwritten below, after it on the compute stream
+      copies_->current_waits(*s.arriving);
+      s.arriving.reset();
+    }
     if (s.resident) shard.narrow(0, begin, v.numel()).copy_(v);
     return;
   }

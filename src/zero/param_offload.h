@@ -8,15 +8,22 @@
 // them once the gather has completed; the gathered parameters then live as long as the strategy keeps
 // them. After each step the updated values are store()d to the file. Reads land in buffer_count
 // aligned staging buffers (O_DIRECT) and are copied into the shard's own storage (on the device:
-// copied there). In host memory, each shard has a pinned copy that fetch() copies to the device.
+// copied there). In host memory, each shard has a pinned copy that fetch_async() starts copying to
+// the device on HostCopies' side stream (after the work queued so far; the host does not wait), and
+// fetch() makes the compute stream wait for (on the device: the host goes on queueing). A shard whose
+// host master is the same bytes (fp32 compute over fp32 masters in pinned host memory, offload_optimizer
+// device cpu) keeps no copy of its own: the master is its pinned copy, and store() of the master
+// writes nothing.
 #pragma once
 
 #include "zero/spec.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,18 +38,25 @@ class FlatParam;
 
 namespace accel::zero {
 
+class HostCopies;
+
 class ParamOffload {
  public:
   // Checks the directory, creates and reserves this rank's file, writes each flat's shard there and
-  // frees its storage.
-  ParamOffload(const OffloadSpec& spec, int rank, std::vector<sharding::FlatParam*> flats);
+  // frees its storage. In host memory: `copies` moves the shards of a device (nullptr: copied on the
+  // current stream, the host waiting), and masters[i], where defined, is flat i's pinned host master
+  // in the shard's dtype and size, which then serves as its pinned copy (the engine keeps it current).
+  ParamOffload(const OffloadSpec& spec, int rank, std::vector<sharding::FlatParam*> flats, HostCopies* copies = nullptr,
+               const std::vector<at::Tensor>& masters = {});
   ~ParamOffload();
   ParamOffload(const ParamOffload&) = delete;
   ParamOffload& operator=(const ParamOffload&) = delete;
 
-  // Starts reading flat i's shard (no-op when resident or already on its way).
+  // Starts reading flat i's shard (no-op when resident or already on its way); in host memory for a
+  // device, its copy starts on the side stream.
   void fetch_async(std::size_t i);
-  // Flat i's shard is resident when this returns (reads it now if nobody asked before).
+  // Flat i's shard is resident when this returns (reads it now if nobody asked before); a copy to a
+  // device is waited for by the current stream, not by the host.
   void fetch(std::size_t i);
   // Frees flat i's shard storage (the file holds its values). No-op when not resident.
   void release(std::size_t i);
@@ -55,6 +69,8 @@ class ParamOffload {
   const std::string& path() const;  // the file; empty when the shards are in host memory
   bool in_host_memory() const { return !scratch_; }
   std::uint64_t bytes() const { return bytes_; }
+  // Of bytes(), those in buffers of its own (in host memory, the rest are the masters' bytes).
+  std::uint64_t owned_bytes() const { return owned_bytes_; }
   std::uint64_t bytes_read() const;
   std::uint64_t bytes_written() const;
 
@@ -65,7 +81,9 @@ class ParamOffload {
     bool resident = false;
     int buffer = -1;  // staging buffer a read is landing in, -1: none
     std::uint64_t ticket = 0;
-    at::Tensor host;  // in host memory: the shard's pinned bytes
+    at::Tensor host;                     // in host memory: the shard's pinned bytes (its own, or the master's)
+    bool aliased = false;                // host is the master
+    std::optional<c10::Event> arriving;  // in host memory for a device: the copy queued by fetch_async
   };
   int take_buffer();
   void land(std::size_t i);
@@ -76,7 +94,8 @@ class ParamOffload {
   // After the buffers: destroyed first, it waits for reads still landing in them.
   std::unique_ptr<offload::ScratchFile> scratch_;
   offload::AsyncFile* file_ = nullptr;  // scratch_'s
-  std::uint64_t bytes_ = 0, largest_ = 0;
+  HostCopies* copies_ = nullptr;
+  std::uint64_t bytes_ = 0, owned_bytes_ = 0, largest_ = 0;
 };
 
 }  // namespace accel::zero

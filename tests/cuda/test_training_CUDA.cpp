@@ -24,6 +24,7 @@
 #include "kernels/cpu_gemm.h"
 #include "mixed_precision/float8_linear.h"
 #include "optim/fused_step.h"
+#include "sharding/flat_param.h"
 #include "support/models.h"
 #include "support/scoped_env.h"
 #include "test_world.h"
@@ -434,6 +435,9 @@ TEST(CudaTraining_CUDA, OffloadParamsToHostMemoryAndNvmeTrainsLikeTheDevice) {
       const auto* po = acc.engine()->param_offload();
       ASSERT_NE(po, nullptr) << "no parameter offload";
       EXPECT_EQ(po->in_host_memory(), c.host);
+      // fp32 shards over fp32 host masters (both_cpu): the masters are their pinned copies.
+      const bool twins = c.host && std::string(c.name) == "both_cpu";
+      EXPECT_EQ(po->owned_bytes(), twins ? 0 : po->bytes()) << "host bytes of the parameter shards' own";
       offloaded = true;
     });
     EXPECT_TRUE(offloaded);
@@ -485,6 +489,87 @@ TEST(HostCopies_CUDA, CopiesQueueBehindTheComputeStreamWithoutBlockingTheHost) {
   const at::Tensor seen = back.clone();  // on the compute stream, which waits for the copy
   EXPECT_TRUE(at::equal(seen.cpu(), at::arange(n, at::kFloat))) << "the compute stream did not wait for to_device";
   copies.synchronize();
+}
+
+// A prefetch (to_device_async): queued behind the compute stream's work (it overwrites what that work
+// wrote), returned before that work is done, and seen by the kernels queued after current_waits.
+TEST(HostCopies_CUDA, AnAsyncCopyToTheDeviceIsWaitedForOnlyByTheDevice) {
+  SKIP_WITHOUT_CUDA();
+  const c10::Device dev = my_device();
+  c10::DeviceGuard on_device(dev);
+  c10::impl::VirtualGuardImpl impl(c10::kCUDA);
+  const int64_t n = 1 << 22;
+  const at::Tensor w = at::randn({4096, 4096}, at::TensorOptions().device(dev)) * (1.0 / 64);
+  const at::Tensor host = at::arange(n, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
+  at::Tensor dst = at::zeros({n}, at::TensorOptions().device(dev));
+  impl.synchronizeDevice(dev.index());
+  zero::HostCopies copies(dev);
+  at::Tensor acc = w;
+  for (int i = 0; i < 100; ++i) acc = at::mm(acc, w);
+  dst.fill_(-1);  // behind the matmuls: the copy lands after it
+  c10::Event done = copies.to_device_async(dst, host);
+  c10::Event queued(c10::kCUDA);
+  queued.record(impl.getStream(dev));
+  EXPECT_FALSE(queued.query()) << "to_device_async blocked the host";
+  copies.current_waits(done);
+  const at::Tensor seen = dst.clone();  // on the compute stream, after the copy
+  EXPECT_TRUE(at::equal(seen.cpu(), host)) << "the copy ran before the compute stream's fill, or was not waited for";
+  copies.synchronize();
+}
+
+// Parameter shards in pinned host memory for a device (offload_param cpu): fetch_async starts the
+// copy without blocking the host; fetch makes the device wait; a shard twinned with its host master
+// keeps no copy of its own and follows the master; store() of other values lands in both.
+TEST(ParamOffload_CUDA, ShardsInHostMemoryArriveOnTheSideStream) {
+  SKIP_WITHOUT_CUDA();
+  const c10::Device dev = my_device();
+  c10::DeviceGuard on_device(dev);
+  c10::impl::VirtualGuardImpl impl(c10::kCUDA);
+  const int64_t n = 1 << 20;
+  sharding::FlatParam::Options o;
+  o.sharded = true;  // a world of one: the shard is the whole buffer
+  const at::Tensor a0 = at::randn({n}, at::TensorOptions().device(dev)), b0 = at::randn({n}, a0.options());
+  sharding::FlatParam fa("a", {a0.clone().requires_grad_()}, {"a"}, o),
+      fb("b", {b0.clone().requires_grad_()}, {"b"}, o);
+  const at::Tensor master_b = at::empty({fb.shard().numel()}, at::TensorOptions().pinned_memory(true));
+  master_b.copy_(fb.shard());
+  zero::OffloadSpec spec;
+  spec.param = zero::OffloadDevice::Cpu;
+  zero::HostCopies copies(dev);
+  zero::ParamOffload po(spec, 0, {&fa, &fb}, &copies, {at::Tensor(), master_b});
+  EXPECT_EQ(po.bytes(), 2 * fa.shard().nbytes());
+  EXPECT_EQ(po.owned_bytes(), fa.shard().nbytes()) << "b's master is its pinned copy";
+  EXPECT_FALSE(po.resident(0));
+  EXPECT_THROW(fa.shard().sum(), std::exception) << "an offloaded shard has no storage";
+
+  const at::Tensor w = at::randn({4096, 4096}, a0.options()) * (1.0 / 64);
+  impl.synchronizeDevice(dev.index());
+  at::Tensor acc = w;
+  for (int i = 0; i < 100; ++i) acc = at::mm(acc, w);
+  po.fetch_async(0);
+  po.fetch_async(1);
+  c10::Event queued(c10::kCUDA);
+  queued.record(impl.getStream(dev));
+  EXPECT_FALSE(queued.query()) << "fetch_async blocked the host";
+  po.fetch(0);
+  po.fetch(1);
+  EXPECT_TRUE(at::equal(fa.shard().narrow(0, 0, n), a0));
+  EXPECT_TRUE(at::equal(fb.shard().narrow(0, 0, n), b0));
+  po.release(0);
+  po.release(1);
+
+  // The step writes b's master in place: the next fetch brings those values.
+  master_b.mul_(2);
+  po.store(1, 0, master_b);  // (the engine's write_params: nothing to copy)
+  po.fetch(1);
+  EXPECT_TRUE(at::equal(fb.shard().narrow(0, 0, n), b0 * 2));
+  po.release(1);
+  // Other values stored into a twinned slot are the master's new values too.
+  po.store(1, 0, at::zeros({fb.shard().numel()}));
+  EXPECT_EQ(master_b.abs().sum().item<float>(), 0.0f);
+  po.store(0, 0, at::ones({fa.shard().numel()}));
+  po.fetch(0);
+  EXPECT_TRUE(at::equal(fa.shard().cpu(), at::ones({fa.shard().numel()})));
 }
 
 TEST(CudaTraining_CUDA, Bf16AutocastOnTheDeviceFollowsFp32) {
