@@ -39,7 +39,8 @@
 # Environment: ACCEL_BIN (binaries), PYTHON (the Python with torch, default: the setup venv's, else
 # python3), GPU_CHECK_OUT (a folder for the full logs; default a temporary one), FP8_ROUNDS (runs of
 # each at the fp8-bound shape, default 2; FP8_BATCH its batch, default 32), VS_ROUNDS (alternating
-# runs of accel and PyTorch, default 5, the medians compared), GPU_CHECK_TAR (a .tar.gz to pack the
+# runs of accel and PyTorch, default 5, the medians compared), OFFLOAD_BATCHES and OFFLOAD_D (the
+# offloaded step's GPU-busy sweep: batches, default "1 8 32", at d_model, default 2048), GPU_CHECK_TAR (a .tar.gz to pack the
 # logs into at the end, e.g. $OUT/gpu_check_logs.tgz on a lent device). Every step runs even when
 # an earlier one failed; the summary at the end lists each with PASS, FAIL or SKIP, and the exit
 # status is 1 when any failed.
@@ -275,6 +276,17 @@ done
 # Where the fp8 step's time goes against bf16's at that shape (top kernels: the products, the casts,
 # the transposed copies for backward's operands); batch 8, as both models share the GPU in this run.
 step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8DIMS[@]}" --batch 8 --profile
+# The offloaded step's GPU-busy share (issue 32 asks >= 50%) against the batch: ZeRO-Infinity (optimizer
+# and parameters in host memory, checkpointing) under the 8 GB cap, at a size whose host step and device
+# work both grow with the parameters (OFFLOAD_D, default 2048: 1.0B), so the batch where the share
+# passes 50% carries over to the largest-model table's size. step_bench --json --profile prints
+# device_busy_share (kernels and copies) and device_compute_share (kernels); the text line before it
+# gives the top host ops (the CPU optimizer step among them).
+for b in ${OFFLOAD_BATCHES:-1 8 32}; do
+  step "offload_busy_b$b" "$BIN/step_bench" --device cuda --device_memory 8 --strategy ZERO_3 --layers 20 --heads 16 \
+    --seq 512 --vocab 4096 --d-model "${OFFLOAD_D:-2048}" --batch "$b" --checkpoint --offload-optimizer cpu \
+    --offload-param cpu --steps 2 --warmup 1 --json --profile
+done
 # PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate,
 # VS_ROUNDS runs each, so the medians of the runs compare under the same conditions.
 if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
@@ -334,6 +346,18 @@ if ls "$OUTDIR"/fp8_bound_accel_* >/dev/null 2>&1; then
   printf '| %s | %s | %s | %s | %s |\n' "${b:-?}" "${f:-?}" "${t:-n/a}" \
     "$([ -n "$b" ] && [ -n "$f" ] && awk -v b="$b" -v f="$f" 'BEGIN {printf "%.2f", b / f}')" \
     "$([ -n "$f" ] && [ -n "$t" ] && awk -v f="$f" -v t="$t" 'BEGIN {printf "%.2f", f / t}')"
+fi
+
+if ls "$OUTDIR"/offload_busy_b*.log >/dev/null 2>&1; then
+  printf '\n== ZeRO-Infinity at an 8 GB cap (d %s, 20 layers, seq 512): the GPU-busy share of the step against the batch (issue 32 asks >= 50%%)\n' "${OFFLOAD_D:-2048}"
+  printf '| batch | parameters | step ms | GPU busy | GPU computing | MFU |\n|---:|---:|---:|---:|---:|---:|\n'
+  for f in $(ls -v "$OUTDIR"/offload_busy_b*.log); do
+    grep -h '^{' "$f" | tail -1 | "$PY" -c 'import json, sys
+r = json.loads(sys.stdin.read())
+pct = lambda v: "?" if v is None else "%.1f%%" % (100 * v)
+print("| %d | %.3fB | %.0f | %s | %s | %s |" % (r["batch"], r["params"] / 1e9, r["step_ms"], pct(r.get("device_busy_share")),
+      pct(r.get("device_compute_share")), pct(r.get("mfu"))))' 2>/dev/null
+  done
 fi
 
 finish

@@ -14,34 +14,33 @@ c10::Stream side_stream(c10::Device device) {
 }
 }  // namespace
 
-HostCopies::HostCopies(c10::Device device) : device_(device), side_(side_stream(device)) {}
+// Two side streams, one per direction: a gradient on its way to the host and a parameter shard on
+// its way to the device share the bus (both directions at once), not a queue.
+HostCopies::HostCopies(c10::Device device)
+    : device_(device), to_host_(side_stream(device)), to_device_(side_stream(device)) {}
 
-void HostCopies::after_current() {
+void HostCopies::queue(const c10::Stream& side, const at::Tensor& dst, const at::Tensor& src,
+                       const at::Tensor& on_device) {
   c10::impl::VirtualGuardImpl impl(device_.type());
-  c10::Event ready(device_.type());
+  c10::Event ready(device_.type());  // the side stream waits for the current stream's queued work
   ready.record(impl.getStream(device_));
-  ready.block(side_);
-}
-
-void HostCopies::queue(const at::Tensor& dst, const at::Tensor& src, const at::Tensor& on_device) {
-  after_current();
+  ready.block(side);
   {
-    c10::StreamGuard guard(side_);
+    c10::StreamGuard guard(side);
     dst.copy_(src, /*non_blocking=*/true);
   }
-  c10::impl::VirtualGuardImpl impl(device_.type());
-  impl.recordDataPtrOnStream(on_device.storage().data_ptr(), side_);
+  impl.recordDataPtrOnStream(on_device.storage().data_ptr(), side);
   pending_ = true;
 }
 
-void HostCopies::to_host(const at::Tensor& dst, const at::Tensor& src) { queue(dst, src, src); }
+void HostCopies::to_host(const at::Tensor& dst, const at::Tensor& src) { queue(to_host_, dst, src, src); }
 
 void HostCopies::to_device(const at::Tensor& dst, const at::Tensor& src) { current_waits(to_device_async(dst, src)); }
 
 c10::Event HostCopies::to_device_async(const at::Tensor& dst, const at::Tensor& src) {
-  queue(dst, src, dst);
+  queue(to_device_, dst, src, dst);
   c10::Event done(device_.type());
-  done.record(side_);
+  done.record(to_device_);
   return done;
 }
 
@@ -52,7 +51,8 @@ void HostCopies::current_waits(const c10::Event& done) const {
 
 void HostCopies::synchronize() {
   if (!pending_) return;
-  side_.synchronize();
+  to_host_.synchronize();
+  to_device_.synchronize();
   pending_ = false;
 }
 

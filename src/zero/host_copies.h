@@ -1,12 +1,13 @@
-// accel::zero::HostCopies — the side stream that moves data between a device and pinned host memory
-// for optimizer offload to host memory (offload_optimizer.device cpu, ZeRO-Offload): reduced
-// gradient shards device -> host as each bucket finishes, updated master shards host -> device after
-// the CPU step, both off the compute stream.
+// accel::zero::HostCopies — the side streams that move data between a device and pinned host memory
+// for offload to host memory: reduced gradient shards device -> host as each bucket finishes and
+// updated master shards host -> device after the CPU step (offload_optimizer.device cpu,
+// ZeRO-Offload), parameter shards host -> device ahead of their gathers (offload_param.device cpu),
+// all off the compute stream, one side stream per direction (both directions of the bus at once).
 //
 // Contract (all calls from the host thread that drives the engine):
-//   * to_host(dst, src): queued on the side stream after everything queued so far on the device's
+//   * to_host(dst, src): queued on the to-host side stream after everything queued so far on the device's
 //     current stream (src is ready there). The host must not read dst before synchronize().
-//   * to_device(dst, src): queued on the side stream after the current stream's work (nothing there
+//   * to_device(dst, src): queued on the to-device side stream after the current stream's work (nothing there
 //     still reads dst); the current stream then waits for it (a device-side wait: the host does not
 //     block), so every kernel queued afterwards sees the new values. The host must not write src
 //     before synchronize().
@@ -38,11 +39,10 @@ class HostCopies {
   const c10::Device& device() const { return device_; }
 
  private:
-  void after_current();  // the side stream waits for the current stream's queued work
-  void queue(const at::Tensor& dst, const at::Tensor& src, const at::Tensor& on_device);
+  void queue(const c10::Stream& side, const at::Tensor& dst, const at::Tensor& src, const at::Tensor& on_device);
 
   c10::Device device_;
-  c10::Stream side_;
+  c10::Stream to_host_, to_device_;  // one side stream per direction
   bool pending_ = false;
 };
 
