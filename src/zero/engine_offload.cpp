@@ -32,12 +32,12 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
     throw accel::InvalidArgumentError(
         "offload_param cannot be combined with fp8 all-gather (fp8 shards stay in the device's memory)");
   c10::NoGradGuard ng;
-  // The side stream between the device and pinned host memory: for host masters (offload_optimizer
-  // cpu) and for parameter shards kept in host memory (offload_param cpu).
-  const bool params_in_host_memory = os.param == OffloadDevice::Cpu && plan_.params_sharded;
-  if (!device_.is_cpu() && (os.optimizer == OffloadDevice::Cpu || params_in_host_memory))
+  // The side streams between the device and pinned host memory: for host masters (offload_optimizer
+  // cpu) and for parameter shards kept in host memory or read from a file (offload_param).
+  const bool params_leave = os.param_offloaded() && plan_.params_sharded;
+  if (!device_.is_cpu() && (os.optimizer == OffloadDevice::Cpu || params_leave))
     for (const auto& f : flats_)
-      if (params_in_host_memory || (f.master.defined() && f.master.device().is_cpu())) {
+      if (params_leave || (f.master.defined() && f.master.device().is_cpu())) {
         host_copies_ = std::make_unique<HostCopies>(device_);
         break;
       }
@@ -103,8 +103,7 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
                         f.master.is_contiguous();
       twins.push_back(twin ? f.master : at::Tensor());
     }
-    param_offload_ = std::make_unique<ParamOffload>(os, world_->rank(), std::move(slots),
-                                                    os.param_on_disk() ? nullptr : host_copies_.get(), twins);
+    param_offload_ = std::make_unique<ParamOffload>(os, world_->rank(), std::move(slots), host_copies_.get(), twins);
   }
 }
 

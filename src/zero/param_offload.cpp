@@ -57,6 +57,7 @@ ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<shardi
     copies_ = copies;
     return;
   }
+  copies_ = copies;
   std::uint64_t offset = 0, largest = 0;
   for (auto* f : flats) {
     Slot s;
@@ -92,20 +93,42 @@ std::uint64_t ParamOffload::bytes_read() const { return file_ ? file_->bytes_rea
 std::uint64_t ParamOffload::bytes_written() const { return file_ ? file_->bytes_written() : 0; }
 bool ParamOffload::resident(std::size_t i) const { return slots_.at(i).resident; }
 
+void* ParamOffload::staging(int b) const {
+  if (!pinned_[b].defined()) return buffers_[b].data();
+  const auto p = reinterpret_cast<std::uintptr_t>(pinned_[b].data_ptr());
+  return reinterpret_cast<void*>(offload::align_up(p));
+}
+
 int ParamOffload::take_buffer() {
-  for (std::size_t b = 0; b < buffer_owner_.size(); ++b)
-    if (buffer_owner_[b] < 0) return static_cast<int>(b);
-  if (buffers_.size() < static_cast<std::size_t>(spec_.param_buffer_count)) {
-    buffers_.emplace_back(largest_);
+  int b = -1;
+  for (std::size_t k = 0; k < buffer_owner_.size() && b < 0; ++k)
+    if (buffer_owner_[k] < 0) b = static_cast<int>(k);
+  if (b < 0 && buffers_.size() < static_cast<std::size_t>(spec_.param_buffer_count)) {
+    if (copies_) {  // (a device: pinned, so that its copy there runs on the side stream)
+      buffers_.emplace_back();
+      pinned_.push_back(at::empty({static_cast<std::int64_t>(largest_ + offload::kAlignment)},
+                                  at::TensorOptions().dtype(at::kByte).pinned_memory(true)));
+    } else {
+      buffers_.emplace_back(largest_);
+      pinned_.emplace_back();
+    }
+    buffer_copy_.emplace_back();
     buffer_owner_.push_back(-1);
-    return static_cast<int>(buffers_.size() - 1);
+    b = static_cast<int>(buffers_.size() - 1);
   }
-  // All in use by reads nobody waited for yet: land the one issued first.
-  std::size_t oldest = 0;
-  for (std::size_t b = 1; b < buffer_owner_.size(); ++b)
-    if (slots_[buffer_owner_[b]].ticket < slots_[buffer_owner_[oldest]].ticket) oldest = b;
-  land(static_cast<std::size_t>(buffer_owner_[oldest]));
-  return static_cast<int>(oldest);
+  if (b < 0) {
+    // All in use by reads nobody waited for yet: land the one issued first.
+    std::size_t oldest = 0;
+    for (std::size_t k = 1; k < buffer_owner_.size(); ++k)
+      if (slots_[buffer_owner_[k]].ticket < slots_[buffer_owner_[oldest]].ticket) oldest = k;
+    land(static_cast<std::size_t>(buffer_owner_[oldest]));
+    b = static_cast<int>(oldest);
+  }
+  if (buffer_copy_[b]) {  // its last copy to the device still reads it
+    buffer_copy_[b]->synchronize();
+    buffer_copy_[b].reset();
+  }
+  return b;
 }
 
 void ParamOffload::fetch_async(std::size_t i) {
@@ -118,14 +141,14 @@ void ParamOffload::fetch_async(std::size_t i) {
       memory::CategoryScope cat(memory::Category::Parameters);
       sharding::alloc_storage(shard, s.bytes);
     }
-    s.arriving = copies_->to_device_async(shard, s.host.view(shard.scalar_type()));
+    s.arriving = std::make_shared<c10::Event>(copies_->to_device_async(shard, s.host.view(shard.scalar_type())));
     s.resident = true;
     return;
   }
   const int b = take_buffer();
   s.buffer = b;
   buffer_owner_[b] = static_cast<int>(i);
-  s.ticket = file_->read_async(buffers_[b].data(), s.padded, s.offset);
+  s.ticket = file_->read_async(staging(b), s.padded, s.offset);
 }
 
 void ParamOffload::land(std::size_t i) {
@@ -139,9 +162,17 @@ void ParamOffload::land(std::size_t i) {
   if (!file_) {
     shard.copy_(s.host.view(shard.scalar_type()));
   } else if (shard.is_cpu()) {
-    std::memcpy(shard.data_ptr(), buffers_[s.buffer].data(), s.bytes);
+    std::memcpy(shard.data_ptr(), staging(s.buffer), s.bytes);
+  } else if (pinned_[s.buffer].defined()) {
+    // A device's shard from pinned staging: on the side stream; the buffer's next read waits for it.
+    const at::Tensor& pinned = pinned_[s.buffer];
+    const auto skip =
+        static_cast<std::int64_t>(static_cast<char*>(staging(s.buffer)) - static_cast<char*>(pinned.data_ptr()));
+    s.arriving = std::make_shared<c10::Event>(copies_->to_device_async(
+        shard, pinned.narrow(0, skip, static_cast<std::int64_t>(s.bytes)).view(shard.scalar_type())));
+    buffer_copy_[s.buffer] = s.arriving;
   } else {  // (a device's shard: from the staging buffer, which is reused once this returns)
-    shard.copy_(at::from_blob(buffers_[s.buffer].data(), {shard.numel()}, shard.options().device(at::kCPU)));
+    shard.copy_(at::from_blob(staging(s.buffer), {shard.numel()}, shard.options().device(at::kCPU)));
   }
   if (s.buffer >= 0) buffer_owner_[s.buffer] = -1;
   s.buffer = -1;
@@ -193,6 +224,10 @@ void ParamOffload::store(std::size_t i, std::int64_t begin, const at::Tensor& va
   offload::AlignedBuffer tmp(offload::align_up(bytes));
   std::memcpy(tmp.data(), v.data_ptr(), bytes);
   file_->write(tmp.data(), offload::align_up(bytes), s.offset + first);
+  if (s.arriving) {
+    copies_->current_waits(*s.arriving);
+    s.arriving.reset();
+  }
   if (s.resident && !(shard.is_cpu() && shard.data_ptr() == v.data_ptr())) shard.narrow(0, begin, v.numel()).copy_(v);
 }
 

@@ -8,7 +8,9 @@
 // them once the gather has completed; the gathered parameters then live as long as the strategy keeps
 // them. After each step the updated values are store()d to the file. Reads land in buffer_count
 // aligned staging buffers (O_DIRECT) and are copied into the shard's own storage (on the device:
-// copied there). In host memory, each shard has a pinned copy that fetch_async() starts copying to
+// copied there; for a device, the staging buffers are pinned and the copy is queued on HostCopies'
+// to-device side stream, which the compute stream waits for). In host memory, each shard has a
+// pinned copy that fetch_async() starts copying to
 // the device on HostCopies' side stream (after the work queued so far; the host does not wait), and
 // fetch() makes the compute stream wait for (on the device: the host goes on queueing). A shard whose
 // host master is the same bytes (fp32 compute over fp32 masters in pinned host memory, offload_optimizer
@@ -23,7 +25,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,15 +82,20 @@ class ParamOffload {
     bool resident = false;
     int buffer = -1;  // staging buffer a read is landing in, -1: none
     std::uint64_t ticket = 0;
-    at::Tensor host;                     // in host memory: the shard's pinned bytes (its own, or the master's)
-    bool aliased = false;                // host is the master
-    std::optional<c10::Event> arriving;  // in host memory for a device: the copy queued by fetch_async
+    at::Tensor host;                       // in host memory: the shard's pinned bytes (its own, or the master's)
+    bool aliased = false;                  // host is the master
+    std::shared_ptr<c10::Event> arriving;  // for a device: its copy there, not yet waited for
   };
   int take_buffer();
   void land(std::size_t i);
   OffloadSpec spec_;
   std::vector<Slot> slots_;
+  void* staging(int b) const;  // buffer b's bytes
   std::vector<offload::AlignedBuffer> buffers_;
+  // For a device: the staging buffers in pinned memory instead (each aligned inside its tensor), and
+  // the copy to the device still reading each, which a new read into it waits for.
+  std::vector<at::Tensor> pinned_;
+  std::vector<std::shared_ptr<c10::Event>> buffer_copy_;
   std::vector<int> buffer_owner_;  // slot whose read is landing in it, -1: free
   // After the buffers: destroyed first, it waits for reads still landing in them.
   std::unique_ptr<offload::ScratchFile> scratch_;

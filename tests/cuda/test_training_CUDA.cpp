@@ -572,6 +572,48 @@ TEST(ParamOffload_CUDA, ShardsInHostMemoryArriveOnTheSideStream) {
   EXPECT_TRUE(at::equal(fa.shard().cpu(), at::ones({fa.shard().numel()})));
 }
 
+// Parameter shards in a file for a device (offload_param nvme): the reads land in pinned staging
+// buffers and go on to the device on the side stream; a read into a buffer whose copy is still
+// queued waits for that copy first (one buffer: every fetch reuses it).
+TEST(ParamOffload_CUDA, ShardsOnDiskReachTheDeviceThroughPinnedStaging) {
+  SKIP_WITHOUT_CUDA();
+  const c10::Device dev = my_device();
+  c10::DeviceGuard on_device(dev);
+  c10::impl::VirtualGuardImpl impl(c10::kCUDA);
+  const int64_t n = (1 << 20) + 7;  // (not a multiple of the 4 KiB alignment)
+  sharding::FlatParam::Options o;
+  o.sharded = true;
+  const at::Tensor a0 = at::randn({n}, at::TensorOptions().device(dev)), b0 = at::randn({n}, a0.options());
+  sharding::FlatParam fa("a", {a0.clone().requires_grad_()}, {"a"}, o),
+      fb("b", {b0.clone().requires_grad_()}, {"b"}, o);
+  zero::OffloadSpec spec;
+  spec.param = zero::OffloadDevice::Nvme;
+  spec.param_nvme_path = fs::path(write_config("nvme_dir_marker", "")).parent_path().string();
+  spec.param_buffer_count = 1;
+  zero::HostCopies copies(dev);
+  {
+    zero::ParamOffload po(spec, 0, {&fa, &fb}, &copies);
+    EXPECT_FALSE(po.in_host_memory());
+    const at::Tensor w = at::randn({4096, 4096}, a0.options()) * (1.0 / 64);
+    for (int round = 0; round < 2; ++round) {
+      at::Tensor acc = w;
+      for (int i = 0; i < 50; ++i) acc = at::mm(acc, w);  // the side stream's copies queue behind these
+      po.fetch(0);
+      po.fetch_async(1);  // the one buffer: waits for a's copy, then reads b
+      po.fetch(1);
+      EXPECT_TRUE(at::equal(fa.shard().narrow(0, 0, n), a0)) << "round " << round;
+      EXPECT_TRUE(at::equal(fb.shard().narrow(0, 0, n), b0)) << "round " << round;
+      po.release(0);
+      po.release(1);
+    }
+    po.store(1, 0, at::zeros({fb.shard().numel()}));
+    po.fetch(1);
+    EXPECT_EQ(fb.shard().abs().sum().item<float>(), 0.0f);
+    po.release(1);
+    copies.synchronize();
+  }
+}
+
 TEST(CudaTraining_CUDA, Bf16AutocastOnTheDeviceFollowsFp32) {
   SKIP_WITHOUT_CUDA();
   const int steps = 12;
