@@ -451,6 +451,39 @@ TEST(CudaTraining_CUDA, OffloadParamsToHostMemoryAndNvmeTrainsLikeTheDevice) {
   }
 }
 
+// Queues `count` 4096 x 4096 matmuls on the current stream: work a side stream's copy must queue
+// behind, long enough that the host gets past the copy's call before the device is done.
+void queue_matmuls(const c10::Device& dev, int count) {
+  const at::Tensor w = at::randn({4096, 4096}, at::TensorOptions().device(dev)) * (1.0 / 64);
+  at::Tensor acc = w;
+  for (int i = 0; i < count; ++i) acc = at::mm(acc, w);
+}
+
+// Whether the current stream has already done all that is queued on it (false: the host got here
+// before the device finished, so nothing since made the host wait for it).
+bool current_stream_done(const c10::Device& dev) {
+  c10::Event now(c10::kCUDA);
+  now.record(c10::impl::VirtualGuardImpl(c10::kCUDA).getStream(dev));
+  return now.query();
+}
+
+// Two flat parameters of n elements on the device, sharded over a world of one (the shard is the
+// whole buffer), with the values they started from.
+struct TwoFlats {
+  TwoFlats(const c10::Device& dev, int64_t n)
+      : a0(at::randn({n}, at::TensorOptions().device(dev))),
+        b0(at::randn({n}, a0.options())),
+        a("a", {a0.clone().requires_grad_()}, {"a"}, options()),
+        b("b", {b0.clone().requires_grad_()}, {"b"}, options()) {}
+  static sharding::FlatParam::Options options() {
+    sharding::FlatParam::Options o;
+    o.sharded = true;
+    return o;
+  }
+  at::Tensor a0, b0;
+  sharding::FlatParam a, b;
+};
+
 // The side stream of offload to host memory (zero/host_copies.h): a copy queues behind what the
 // current stream has queued (it sees the values written there) and returns before that work is done;
 // the current stream's next kernels see what to_device wrote.
@@ -458,34 +491,23 @@ TEST(HostCopies_CUDA, CopiesQueueBehindTheComputeStreamWithoutBlockingTheHost) {
   SKIP_WITHOUT_CUDA();
   const c10::Device dev = my_device();
   c10::DeviceGuard on_device(dev);
-  c10::impl::VirtualGuardImpl impl(c10::kCUDA);
   const int64_t n = 1 << 22;
-  const at::Tensor w = at::randn({4096, 4096}, at::TensorOptions().device(dev)) * (1.0 / 64);
-  auto busy = [&] {  // ~0.3 s of matmuls on the current stream (the product itself is not used)
-    at::Tensor acc = w;
-    for (int i = 0; i < 100; ++i) acc = at::mm(acc, w);
-  };
   at::Tensor src = at::zeros({n}, at::TensorOptions().device(dev));
   const at::Tensor host = at::empty({n}, at::TensorOptions().pinned_memory(true));
-  impl.synchronizeDevice(dev.index());
   zero::HostCopies copies(dev);
 
-  busy();
-  src.fill_(7);  // queued behind the matmuls: the copy must wait for it
+  queue_matmuls(dev, 100);  // ~0.3 s on the current stream
+  src.fill_(7);             // queued behind the matmuls: the copy must wait for it
   copies.to_host(host, src);
-  c10::Event queued(c10::kCUDA);
-  queued.record(impl.getStream(dev));
-  EXPECT_FALSE(queued.query()) << "to_host returned only after the compute stream's work was done";
+  EXPECT_FALSE(current_stream_done(dev)) << "to_host returned only after the compute stream's work was done";
   copies.synchronize();
   EXPECT_TRUE(at::equal(host, at::full({n}, 7.0f))) << "to_host copied before the compute stream wrote src";
 
   const at::Tensor back = at::zeros({n}, at::TensorOptions().device(dev));
   host.copy_(at::arange(n, at::kFloat));
-  busy();
+  queue_matmuls(dev, 100);
   copies.to_device(back, host);
-  c10::Event queued2(c10::kCUDA);
-  queued2.record(impl.getStream(dev));
-  EXPECT_FALSE(queued2.query()) << "to_device blocked the host";
+  EXPECT_FALSE(current_stream_done(dev)) << "to_device blocked the host";
   const at::Tensor seen = back.clone();  // on the compute stream, which waits for the copy
   EXPECT_TRUE(at::equal(seen.cpu(), at::arange(n, at::kFloat))) << "the compute stream did not wait for to_device";
   copies.synchronize();
@@ -497,20 +519,14 @@ TEST(HostCopies_CUDA, AnAsyncCopyToTheDeviceIsWaitedForOnlyByTheDevice) {
   SKIP_WITHOUT_CUDA();
   const c10::Device dev = my_device();
   c10::DeviceGuard on_device(dev);
-  c10::impl::VirtualGuardImpl impl(c10::kCUDA);
   const int64_t n = 1 << 22;
-  const at::Tensor w = at::randn({4096, 4096}, at::TensorOptions().device(dev)) * (1.0 / 64);
   const at::Tensor host = at::arange(n, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
   at::Tensor dst = at::zeros({n}, at::TensorOptions().device(dev));
-  impl.synchronizeDevice(dev.index());
   zero::HostCopies copies(dev);
-  at::Tensor acc = w;
-  for (int i = 0; i < 100; ++i) acc = at::mm(acc, w);
+  queue_matmuls(dev, 100);
   dst.fill_(-1);  // behind the matmuls: the copy lands after it
   c10::Event done = copies.to_device_async(dst, host);
-  c10::Event queued(c10::kCUDA);
-  queued.record(impl.getStream(dev));
-  EXPECT_FALSE(queued.query()) << "to_device_async blocked the host";
+  EXPECT_FALSE(current_stream_done(dev)) << "to_device_async blocked the host";
   copies.current_waits(done);
   const at::Tensor seen = dst.clone();  // on the compute stream, after the copy
   EXPECT_TRUE(at::equal(seen.cpu(), host)) << "the copy ran before the compute stream's fill, or was not waited for";
@@ -524,13 +540,10 @@ TEST(ParamOffload_CUDA, ShardsInHostMemoryArriveOnTheSideStream) {
   SKIP_WITHOUT_CUDA();
   const c10::Device dev = my_device();
   c10::DeviceGuard on_device(dev);
-  c10::impl::VirtualGuardImpl impl(c10::kCUDA);
   const int64_t n = 1 << 20;
-  sharding::FlatParam::Options o;
-  o.sharded = true;  // a world of one: the shard is the whole buffer
-  const at::Tensor a0 = at::randn({n}, at::TensorOptions().device(dev)), b0 = at::randn({n}, a0.options());
-  sharding::FlatParam fa("a", {a0.clone().requires_grad_()}, {"a"}, o),
-      fb("b", {b0.clone().requires_grad_()}, {"b"}, o);
+  TwoFlats t(dev, n);
+  sharding::FlatParam &fa = t.a, &fb = t.b;
+  const at::Tensor &a0 = t.a0, &b0 = t.b0;
   const at::Tensor master_b = at::empty({fb.shard().numel()}, at::TensorOptions().pinned_memory(true));
   master_b.copy_(fb.shard());
   zero::OffloadSpec spec;
@@ -542,15 +555,10 @@ TEST(ParamOffload_CUDA, ShardsInHostMemoryArriveOnTheSideStream) {
   EXPECT_FALSE(po.resident(0));
   EXPECT_THROW(fa.shard().sum(), std::exception) << "an offloaded shard has no storage";
 
-  const at::Tensor w = at::randn({4096, 4096}, a0.options()) * (1.0 / 64);
-  impl.synchronizeDevice(dev.index());
-  at::Tensor acc = w;
-  for (int i = 0; i < 100; ++i) acc = at::mm(acc, w);
+  queue_matmuls(dev, 100);
   po.fetch_async(0);
   po.fetch_async(1);
-  c10::Event queued(c10::kCUDA);
-  queued.record(impl.getStream(dev));
-  EXPECT_FALSE(queued.query()) << "fetch_async blocked the host";
+  EXPECT_FALSE(current_stream_done(dev)) << "fetch_async blocked the host";
   po.fetch(0);
   po.fetch(1);
   EXPECT_TRUE(at::equal(fa.shard().narrow(0, 0, n), a0));
@@ -579,13 +587,10 @@ TEST(ParamOffload_CUDA, ShardsOnDiskReachTheDeviceThroughPinnedStaging) {
   SKIP_WITHOUT_CUDA();
   const c10::Device dev = my_device();
   c10::DeviceGuard on_device(dev);
-  c10::impl::VirtualGuardImpl impl(c10::kCUDA);
   const int64_t n = (1 << 20) + 7;  // (not a multiple of the 4 KiB alignment)
-  sharding::FlatParam::Options o;
-  o.sharded = true;
-  const at::Tensor a0 = at::randn({n}, at::TensorOptions().device(dev)), b0 = at::randn({n}, a0.options());
-  sharding::FlatParam fa("a", {a0.clone().requires_grad_()}, {"a"}, o),
-      fb("b", {b0.clone().requires_grad_()}, {"b"}, o);
+  TwoFlats t(dev, n);
+  sharding::FlatParam &fa = t.a, &fb = t.b;
+  const at::Tensor &a0 = t.a0, &b0 = t.b0;
   zero::OffloadSpec spec;
   spec.param = zero::OffloadDevice::Nvme;
   spec.param_nvme_path = fs::path(write_config("nvme_dir_marker", "")).parent_path().string();
@@ -594,10 +599,8 @@ TEST(ParamOffload_CUDA, ShardsOnDiskReachTheDeviceThroughPinnedStaging) {
   {
     zero::ParamOffload po(spec, 0, {&fa, &fb}, &copies);
     EXPECT_FALSE(po.in_host_memory());
-    const at::Tensor w = at::randn({4096, 4096}, a0.options()) * (1.0 / 64);
     for (int round = 0; round < 2; ++round) {
-      at::Tensor acc = w;
-      for (int i = 0; i < 50; ++i) acc = at::mm(acc, w);  // the side stream's copies queue behind these
+      queue_matmuls(dev, 50);  // the side stream's copies queue behind these
       po.fetch(0);
       po.fetch_async(1);  // the one buffer: waits for a's copy, then reads b
       po.fetch(1);
