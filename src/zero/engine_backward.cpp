@@ -141,7 +141,7 @@ void Engine::set_master_grad(Flat& f, bool defer_sync) {
     if (!queued && !f.grad.is_same(f.host_grad)) grad_to_host(f, f.grad);
     f.host_grad_src = nullptr;
     f.master.mutable_grad() = f.host_grad;
-    if (!defer_sync) host_copies_->synchronize();
+    if (!defer_sync) host_copies_->synchronize_to_host();
     note_master_grad(f);
     return;
   }
@@ -306,8 +306,9 @@ void Engine::finalize_backward() {
       }
       set_master_grad(f, /*defer_sync=*/true);
     }
-    // The host reads the offloaded masters' gradients from here on (clipping, unscaling, the step).
-    wait_host_copies();
+    // The host reads the offloaded masters' gradients from here on (clipping, unscaling, the step);
+    // parameter shards on their way to the device go on.
+    if (host_copies_) host_copies_->synchronize_to_host();
   } else {
     // Accumulating: keep the parameters' .grad on their flat views so the next backward adds in place.
     for (auto& f : flats_)

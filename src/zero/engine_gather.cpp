@@ -93,11 +93,14 @@ at::Tensor Engine::whole_values(const Flat& f, Source source) const {
   const bool exact =
       f.flat_param->gathered() && units_[static_cast<std::size_t>(f.unit)].inflight.empty() && !fp8_gathered(f);
   if (exact) return f.flat_param->full();
-  if (f.param_slot != npos && !param_offload_->resident(f.param_slot)) {
-    param_offload_->fetch(f.param_slot);
-    at::Tensor out = whole(f, f.flat_param->shard()).clone();
-    param_offload_->release(f.param_slot);
-    return out;
+  if (f.param_slot != npos) {
+    const bool was_resident = param_offload_->resident(f.param_slot);
+    param_offload_->fetch(f.param_slot);  // (resident: the device waits for a copy still arriving)
+    if (!was_resident) {
+      at::Tensor out = whole(f, f.flat_param->shard()).clone();
+      param_offload_->release(f.param_slot);
+      return out;
+    }
   }
   return whole(f, f.flat_param->shard());
 }

@@ -30,7 +30,7 @@ void HostCopies::queue(const c10::Stream& side, const at::Tensor& dst, const at:
     dst.copy_(src, /*non_blocking=*/true);
   }
   impl.recordDataPtrOnStream(on_device.storage().data_ptr(), side);
-  pending_ = true;
+  (side == to_host_ ? pending_host_ : pending_device_) = true;
 }
 
 void HostCopies::to_host(const at::Tensor& dst, const at::Tensor& src) { queue(to_host_, dst, src, src); }
@@ -50,10 +50,16 @@ void HostCopies::current_waits(const c10::Event& done) const {
 }
 
 void HostCopies::synchronize() {
-  if (!pending_) return;
-  to_host_.synchronize();
+  synchronize_to_host();
+  if (!pending_device_) return;
   to_device_.synchronize();
-  pending_ = false;
+  pending_device_ = false;
+}
+
+void HostCopies::synchronize_to_host() {
+  if (!pending_host_) return;
+  to_host_.synchronize();
+  pending_host_ = false;
 }
 
 }  // namespace accel::zero

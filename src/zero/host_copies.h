@@ -36,6 +36,9 @@ class HostCopies {
   void current_waits(const c10::Event& done) const;
   // Blocks until every copy queued so far has finished (a no-op when none is pending).
   void synchronize();
+  // Blocks until the copies to the host queued so far have finished (the host reads what they wrote;
+  // copies to the device, parameter prefetches among them, go on).
+  void synchronize_to_host();
   const c10::Device& device() const { return device_; }
 
  private:
@@ -43,7 +46,7 @@ class HostCopies {
 
   c10::Device device_;
   c10::Stream to_host_, to_device_;  // one side stream per direction
-  bool pending_ = false;
+  bool pending_host_ = false, pending_device_ = false;
 };
 
 }  // namespace accel::zero

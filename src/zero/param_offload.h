@@ -54,13 +54,15 @@ class ParamOffload {
   ParamOffload& operator=(const ParamOffload&) = delete;
 
   // Starts reading flat i's shard (no-op when resident or already on its way); in host memory for a
-  // device, its copy starts on the side stream.
+  // device, its copy starts on the side stream (the device's storage is taken now, and held until
+  // release(): a shard fetched ahead for a unit that is not gathered after all stays until then).
   void fetch_async(std::size_t i);
   // Flat i's shard is resident when this returns (reads it now if nobody asked before); a copy to a
   // device is waited for by the current stream, not by the host.
   void fetch(std::size_t i);
   // Frees flat i's shard storage (the file holds its values). No-op when not resident.
   void release(std::size_t i);
+  // The shard has storage, and its values or a copy of them on its way (fetch() waits for that).
   bool resident(std::size_t i) const;
   // Writes `values` (converted to the flat's dtype) at element `begin` of flat i's shard in the file,
   // and into the resident shard if it is resident. begin is a multiple of 4096 elements; values

@@ -467,6 +467,16 @@ bool current_stream_done(const c10::Device& dev) {
   return now.query();
 }
 
+// Queues a 512 MiB copy on `copies`' to-device stream, so that what is queued there next lands tens
+// of milliseconds after the compute stream's queued work ends: a kernel the compute stream runs
+// without waiting for it reads the bytes from before.
+void delay_copies_to_device(zero::HostCopies& copies, const c10::Device& dev) {
+  const int64_t bytes = int64_t{1} << 29;
+  const at::Tensor src = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  const at::Tensor dst = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(dev));
+  (void)copies.to_device_async(dst, src);
+}
+
 // Two flat parameters of n elements on the device, sharded over a world of one (the shard is the
 // whole buffer), with the values they started from.
 struct TwoFlats {
@@ -556,13 +566,17 @@ TEST(ParamOffload_CUDA, ShardsInHostMemoryArriveOnTheSideStream) {
   EXPECT_THROW(fa.shard().sum(), std::exception) << "an offloaded shard has no storage";
 
   queue_matmuls(dev, 100);
+  delay_copies_to_device(copies, dev);
   po.fetch_async(0);
   po.fetch_async(1);
   EXPECT_FALSE(current_stream_done(dev)) << "fetch_async blocked the host";
   po.fetch(0);
   po.fetch(1);
-  EXPECT_TRUE(at::equal(fa.shard().narrow(0, 0, n), a0));
-  EXPECT_TRUE(at::equal(fb.shard().narrow(0, 0, n), b0));
+  // On the compute stream: after the copies only because fetch made it wait for them.
+  fa.shard().mul_(2);
+  fb.shard().mul_(2);
+  EXPECT_TRUE(at::equal(fa.shard().narrow(0, 0, n), a0 * 2)) << "the compute stream did not wait for the copy";
+  EXPECT_TRUE(at::equal(fb.shard().narrow(0, 0, n), b0 * 2)) << "the compute stream did not wait for the copy";
   po.release(0);
   po.release(1);
 
@@ -601,11 +615,15 @@ TEST(ParamOffload_CUDA, ShardsOnDiskReachTheDeviceThroughPinnedStaging) {
     EXPECT_FALSE(po.in_host_memory());
     for (int round = 0; round < 2; ++round) {
       queue_matmuls(dev, 50);  // the side stream's copies queue behind these
+      delay_copies_to_device(copies, dev);
       po.fetch(0);
-      po.fetch_async(1);  // the one buffer: waits for a's copy, then reads b
+      fa.shard().mul_(2);  // (on the compute stream: after a's copy only if fetch made it wait)
+      po.fetch_async(1);   // the one buffer: waits for a's copy, then reads b
+      delay_copies_to_device(copies, dev);
       po.fetch(1);
-      EXPECT_TRUE(at::equal(fa.shard().narrow(0, 0, n), a0)) << "round " << round;
-      EXPECT_TRUE(at::equal(fb.shard().narrow(0, 0, n), b0)) << "round " << round;
+      fb.shard().mul_(2);
+      EXPECT_TRUE(at::equal(fa.shard().narrow(0, 0, n), a0 * 2)) << "round " << round;
+      EXPECT_TRUE(at::equal(fb.shard().narrow(0, 0, n), b0 * 2)) << "round " << round;
       po.release(0);
       po.release(1);
     }
