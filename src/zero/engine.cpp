@@ -110,6 +110,12 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const torch::optim::Opt
 
 Engine::~Engine() {
   uninstall_hooks();
+  // No copy between the device and host memory may outlive the buffers it reads or writes (the
+  // page-locked masters, gradients and parameter shards go with the engine).
+  try {
+    wait_host_copies();
+  } catch (...) {  // (a device already in error: nothing to wait for)
+  }
   // Without unshard(), the model outlives the engine as a private sharded one does: what is gathered
   // now (the root unit) becomes this rank's own copy, the rest throws when touched. Never parameters
   // in a buffer the other ranks write. (Not collective: a destructor may run while a peer is gone; at
@@ -271,7 +277,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
       auto [b, e] = layout.shard_range(o.rank);
       const at::Tensor mine = plan_.masters_are_shards ? flat.narrow(0, b, e - b) : flat;
       if (on_host)
-        original = at::empty(mine.sizes(), mine.options().device(at::kCPU).pinned_memory(true)).copy_(mine);
+        original = HostCopies::pinned_empty(mine.numel(), mine.scalar_type()).view(mine.sizes()).copy_(mine);
       else if (device_ != mine.device())  // (built on the host for a device)
         original = mine.to(device_);
       else

@@ -1,9 +1,13 @@
 #include "zero/host_copies.h"
 
+#include "kernels/pinned_host.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <cstdlib>
 
 namespace accel::zero {
 
@@ -47,6 +51,25 @@ c10::Event HostCopies::to_device_async(const at::Tensor& dst, const at::Tensor& 
 void HostCopies::current_waits(const c10::Event& done) const {
   c10::impl::VirtualGuardImpl impl(device_.type());
   done.block(impl.getStream(device_));
+}
+
+at::Tensor HostCopies::pinned_empty(std::int64_t numel, c10::ScalarType dtype) {
+  constexpr std::size_t kPage = 4096;
+  const std::size_t bytes = static_cast<std::size_t>(numel) * c10::elementSize(dtype);
+  const std::size_t rounded = std::max<std::size_t>(kPage, (bytes + kPage - 1) / kPage * kPage);
+  void* p = nullptr;
+  if (posix_memalign(&p, kPage, rounded) == 0) {
+    if (kernels::pinned::register_range(p, rounded, nullptr))
+      return at::from_blob(
+          p, {numel},
+          [](void* q) {
+            kernels::pinned::unregister_range(q);
+            std::free(q);
+          },
+          at::TensorOptions().dtype(dtype));
+    std::free(p);
+  }
+  return at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(true));
 }
 
 void HostCopies::synchronize() {

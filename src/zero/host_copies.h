@@ -34,6 +34,12 @@ class HostCopies {
   void to_device(const at::Tensor& dst, const at::Tensor& src);
   c10::Event to_device_async(const at::Tensor& dst, const at::Tensor& src);
   void current_waits(const c10::Event& done) const;
+  // numel elements of host memory page-locked for the devices (copies from and to it run on the side
+  // streams without the host), taking the bytes it asks for rounded up to a page: PyTorch's pinned
+  // allocator would round them up to a power of two. Where that cannot be had (a build without the
+  // CUDA runtime of its own), PyTorch's pinned memory. Freed with the tensor: the caller keeps it
+  // alive until no copy from or to it is in flight.
+  static at::Tensor pinned_empty(std::int64_t numel, c10::ScalarType dtype);
   // Blocks until every copy queued so far has finished (a no-op when none is pending).
   void synchronize();
   // Blocks until the copies to the host queued so far have finished (the host reads what they wrote;

@@ -44,8 +44,7 @@ ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<shardi
         s.host = master;
         s.aliased = true;
       } else {
-        s.host =
-            at::empty({static_cast<std::int64_t>(s.bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+        s.host = HostCopies::pinned_empty(static_cast<std::int64_t>(s.bytes), at::kByte);
         owned_bytes_ += s.bytes;
       }
       s.resident = true;
@@ -106,8 +105,7 @@ int ParamOffload::take_buffer() {
   if (b < 0 && buffers_.size() < static_cast<std::size_t>(spec_.param_buffer_count)) {
     if (copies_) {  // (a device: pinned, so that its copy there runs on the side stream)
       buffers_.emplace_back();
-      pinned_.push_back(at::empty({static_cast<std::int64_t>(largest_ + offload::kAlignment)},
-                                  at::TensorOptions().dtype(at::kByte).pinned_memory(true)));
+      pinned_.push_back(HostCopies::pinned_empty(static_cast<std::int64_t>(largest_ + offload::kAlignment), at::kByte));
     } else {
       buffers_.emplace_back(largest_);
       pinned_.emplace_back();

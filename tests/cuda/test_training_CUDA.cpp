@@ -33,6 +33,7 @@
 
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -540,6 +541,30 @@ TEST(HostCopies_CUDA, AnAsyncCopyToTheDeviceIsWaitedForOnlyByTheDevice) {
   copies.current_waits(done);
   const at::Tensor seen = dst.clone();  // on the compute stream, after the copy
   EXPECT_TRUE(at::equal(seen.cpu(), host)) << "the copy ran before the compute stream's fill, or was not waited for";
+  copies.synchronize();
+}
+
+// HostCopies::pinned_empty: page-locked host memory of the size asked (no power-of-two rounding),
+// from which a copy to the device runs on the side stream without the host.
+TEST(HostCopies_CUDA, PinnedEmptyIsPageLockedAndCopiesWithoutTheHost) {
+  SKIP_WITHOUT_CUDA();
+  const c10::Device dev = my_device();
+  c10::DeviceGuard on_device(dev);
+  const int64_t n = 157'286'400 / 4 + 3;  // 150 MiB and 12 bytes: PyTorch's allocator would take 256 MiB
+  const at::Tensor host = zero::HostCopies::pinned_empty(n, at::kFloat);
+  ASSERT_EQ(host.numel(), n);
+  EXPECT_TRUE(host.is_pinned()) << "not page-locked";
+  const auto stats_before = at::getHostAllocator(at::kCUDA)->get_stats();
+  const at::Tensor other = zero::HostCopies::pinned_empty(n, at::kFloat);
+  EXPECT_EQ(at::getHostAllocator(at::kCUDA)->get_stats().allocated_bytes.current, stats_before.allocated_bytes.current)
+      << "taken from PyTorch's pinned allocator (rounded up to a power of two)";
+  host.copy_(at::arange(n, at::kFloat));
+  at::Tensor dst = at::zeros({n}, at::TensorOptions().device(dev));
+  zero::HostCopies copies(dev);
+  queue_matmuls(dev, 100);
+  copies.to_device(dst, host);
+  EXPECT_FALSE(current_stream_done(dev)) << "the copy from pinned_empty's memory blocked the host";
+  EXPECT_TRUE(at::equal(dst.cpu(), host));
   copies.synchronize();
 }
 
