@@ -40,7 +40,7 @@
 # python3), GPU_CHECK_OUT (a folder for the full logs; default a temporary one), FP8_ROUNDS (runs of
 # each at the fp8-bound shape, default 2; FP8_BATCH its batch, default 32), VS_ROUNDS (alternating
 # runs of accel and PyTorch, default 5, the medians compared), OFFLOAD_BATCHES and OFFLOAD_D (the
-# offloaded step's GPU-busy sweep: batches, default "1 8 32", at d_model, default 2048), GPU_CHECK_TAR (a .tar.gz to pack the
+# offloaded step's GPU-busy sweep: batches, default "1 4 16", at d_model, default 2048), GPU_CHECK_TAR (a .tar.gz to pack the
 # logs into at the end, e.g. $OUT/gpu_check_logs.tgz on a lent device). Every step runs even when
 # an earlier one failed; the summary at the end lists each with PASS, FAIL or SKIP, and the exit
 # status is 1 when any failed.
@@ -280,9 +280,10 @@ step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8DIMS
 # and parameters in host memory, checkpointing) under the 8 GB cap, at a size whose host step and device
 # work both grow with the parameters (OFFLOAD_D, default 2048: 1.0B), so the batch where the share
 # passes 50% carries over to the largest-model table's size. step_bench --json --profile prints
-# device_busy_share (kernels and copies) and device_compute_share (kernels); the text line before it
-# gives the top host ops (the CPU optimizer step among them).
-for b in ${OFFLOAD_BATCHES:-1 8 32}; do
+# device_busy_share (kernels and copies) and device_compute_share (kernels); the text lines before it
+# give the engine's scopes (accel::optimizer_step: the CPU AdamW) and the top host ops. (Batch 16 keeps
+# the checkpointed activations, about 4 GB at d 2048, inside the cap; 32 would not fit.)
+for b in ${OFFLOAD_BATCHES:-1 4 16}; do
   step "offload_busy_b$b" "$BIN/step_bench" --device cuda --device_memory 8 --strategy ZERO_3 --layers 20 --heads 16 \
     --seq 512 --vocab 4096 --d-model "${OFFLOAD_D:-2048}" --batch "$b" --checkpoint --offload-optimizer cpu \
     --offload-param cpu --steps 2 --warmup 1 --json --profile

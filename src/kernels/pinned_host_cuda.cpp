@@ -4,8 +4,9 @@
 
 namespace accel::kernels::pinned {
 
-bool register_range(void* ptr, std::size_t bytes, std::string* why) {
-  const cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+bool register_range(void* ptr, std::size_t bytes, const char** why) {
+  // (Portable: page-locked for every context, whichever device is current on this thread.)
+  const cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
   if (e == cudaSuccess) return true;
   (void)cudaGetLastError();  // (not sticky: clear it, so the next CUDA call does not report it)
   if (why) *why = cudaGetErrorString(e);

@@ -1,5 +1,6 @@
 #include "zero/host_copies.h"
 
+#include "base/log.h"
 #include "kernels/pinned_host.h"
 
 #include <ATen/ATen.h>
@@ -7,7 +8,10 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <fmt/format.h>
+
 #include <cstdlib>
+#include <mutex>
 
 namespace accel::zero {
 
@@ -58,8 +62,9 @@ at::Tensor HostCopies::pinned_empty(std::int64_t numel, c10::ScalarType dtype) {
   const std::size_t bytes = static_cast<std::size_t>(numel) * c10::elementSize(dtype);
   const std::size_t rounded = std::max<std::size_t>(kPage, (bytes + kPage - 1) / kPage * kPage);
   void* p = nullptr;
+  const char* why = "posix_memalign refused";
   if (posix_memalign(&p, kPage, rounded) == 0) {
-    if (kernels::pinned::register_range(p, rounded, nullptr))
+    if (kernels::pinned::register_range(p, rounded, &why))
       return at::from_blob(
           p, {numel},
           [](void* q) {
@@ -69,6 +74,13 @@ at::Tensor HostCopies::pinned_empty(std::int64_t numel, c10::ScalarType dtype) {
           at::TensorOptions().dtype(dtype));
     std::free(p);
   }
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    log::warning(
+        fmt::format("accel: host memory could not be page-locked as asked ({}): PyTorch's pinned "
+                    "allocator instead, which rounds each buffer up to a power of two",
+                    why));
+  });
   return at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(true));
 }
 

@@ -82,7 +82,13 @@ ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<shardi
   }
 }
 
-ParamOffload::~ParamOffload() = default;
+ParamOffload::~ParamOffload() {
+  // The page-locked buffers go with this object: no copy to the device may still read them.
+  for (auto& s : slots_)
+    if (s.arriving) s.arriving->synchronize();
+  for (auto& e : buffer_copy_)
+    if (e) e->synchronize();
+}
 
 const std::string& ParamOffload::path() const {
   static const std::string none;

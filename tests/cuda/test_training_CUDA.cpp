@@ -551,16 +551,16 @@ TEST(HostCopies_CUDA, PinnedEmptyIsPageLockedAndCopiesWithoutTheHost) {
   const c10::Device dev = my_device();
   c10::DeviceGuard on_device(dev);
   const int64_t n = 157'286'400 / 4 + 3;  // 150 MiB and 12 bytes: PyTorch's allocator would take 256 MiB
+  at::Tensor dst = at::zeros({n}, at::TensorOptions().device(dev));  // (ATen's CUDA state up: is_pinned asks it)
+  zero::HostCopies copies(dev);
   const at::Tensor host = zero::HostCopies::pinned_empty(n, at::kFloat);
   ASSERT_EQ(host.numel(), n);
   EXPECT_TRUE(host.is_pinned()) << "not page-locked";
-  const auto stats_before = at::getHostAllocator(at::kCUDA)->get_stats();
-  const at::Tensor other = zero::HostCopies::pinned_empty(n, at::kFloat);
-  EXPECT_EQ(at::getHostAllocator(at::kCUDA)->get_stats().allocated_bytes.current, stats_before.allocated_bytes.current)
-      << "taken from PyTorch's pinned allocator (rounded up to a power of two)";
+  c10::impl::VirtualGuardImpl impl(c10::kCUDA);
+  EXPECT_FALSE(at::getHostAllocator(at::kCUDA)->record_event(host.data_ptr(), host.storage().data_ptr().get_context(),
+                                                             impl.getStream(dev)))
+      << "a block of PyTorch's pinned allocator (rounded up to a power of two)";
   host.copy_(at::arange(n, at::kFloat));
-  at::Tensor dst = at::zeros({n}, at::TensorOptions().device(dev));
-  zero::HostCopies copies(dev);
   queue_matmuls(dev, 100);
   copies.to_device(dst, host);
   EXPECT_FALSE(current_stream_done(dev)) << "the copy from pinned_empty's memory blocked the host";
