@@ -196,9 +196,13 @@ void ParamOffload::fetch(std::size_t i) {
 void ParamOffload::release(std::size_t i) {
   Slot& s = slots_.at(i);
   if (!s.resident) return;
-  // (A copy still arriving into it: the allocator keeps the memory until the side stream is past it.)
+  // A copy fetched ahead and never waited for (the unit was not gathered after all): the host waits
+  // for it here, a rare path, so that no copy from this slot is left behind untracked.
+  if (s.arriving) {
+    s.arriving->synchronize();
+    s.arriving.reset();
+  }
   sharding::free_storage(s.flat->shard(), offloaded_message(*s.flat, file_ != nullptr));
-  s.arriving.reset();
   s.resident = false;
 }
 
