@@ -1,5 +1,5 @@
 // accel::kernels::pinned — page-locking host memory for the CUDA devices without PyTorch's pinned
-// allocator, which rounds every allocation up to a power of two (a 614 MB master shard would take
+// allocator, which rounds every allocation up to a power of two (a 588 MiB master shard would take
 // 1 GiB of page-locked memory). Plain C++: pinned_host_cuda.cpp calls the CUDA runtime
 // (cudaHostRegister) in a build that finds the CUDA toolkit (nvcc or not); pinned_host_unavailable.cpp
 // answers false without.
