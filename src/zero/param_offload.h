@@ -10,12 +10,11 @@
 // aligned staging buffers (O_DIRECT) and are copied into the shard's own storage (on the device:
 // copied there; for a device, the staging buffers are pinned and the copy is queued on HostCopies'
 // to-device side stream, which the compute stream waits for). In host memory, each shard has a
-// pinned copy that fetch_async() starts copying to
-// the device on HostCopies' side stream (after the work queued so far; the host does not wait), and
-// fetch() makes the compute stream wait for (on the device: the host goes on queueing). A shard whose
-// host master is the same bytes (fp32 compute over fp32 masters in pinned host memory, offload_optimizer
-// device cpu) keeps no copy of its own: the master is its pinned copy, and store() of the master
-// writes nothing.
+// pinned copy that fetch_async() starts copying to the device on HostCopies' side stream (after the
+// work queued so far; the host does not wait), and fetch() makes the compute stream wait for that
+// copy (on the device: the host goes on queueing). A shard whose host master is the same bytes (fp32
+// compute over fp32 masters in pinned host memory, offload_optimizer device cpu) keeps no copy of
+// its own: the master is its pinned copy, and store() of the master writes nothing.
 #pragma once
 
 #include "zero/spec.h"
