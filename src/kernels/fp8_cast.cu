@@ -45,6 +45,12 @@ __device__ __forceinline__ float scale_of(std::uint32_t amax_bits, double qmax) 
 // (round_scales_to_power_of_2); nan stays nan.
 __device__ __forceinline__ float pow2_floor(float scale) { return exp2f(floorf(log2f(scale))); }
 
+// An axis's scale from its amax, rounded down to a power of two under pow2.
+__device__ __forceinline__ float axis_scale(std::uint32_t amax_bits, double qmax, bool pow2) {
+  const float scale = scale_of(amax_bits, qmax);
+  return pow2 ? pow2_floor(scale) : scale;
+}
+
 // fp8(clamp(fp32(x) * scale, -max, max)) with c10's conversion (round to nearest even). The clamp
 // keeps a nan (comparisons with it are false), as at::clamp does.
 template <OutFormat F>
@@ -150,7 +156,7 @@ __global__ void rowwise_kernel(const T* __restrict__ x, std::int64_t cols, doubl
   std::uint32_t m = 0;
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = max(m, abs_bits(to_f32(xr[c])));
   m = block_max(m);
-  const float scale = pow2 ? pow2_floor(scale_of(m, qmax)) : scale_of(m, qmax);
+  const float scale = axis_scale(m, qmax, pow2);
   constexpr float kMax = fp8_max<F>();
   if (threadIdx.x == 0) {
     scale_out[row] = scale;
@@ -178,7 +184,7 @@ __global__ void colwise_kernel(const T* __restrict__ x, std::int64_t rows, std::
   __syncthreads();
   if (ty == 0) {
     for (int k = 1; k < kColRows; ++k) m = max(m, part[k][tx]);
-    scales[tx] = pow2 ? pow2_floor(scale_of(m, qmax)) : scale_of(m, qmax);
+    scales[tx] = axis_scale(m, qmax, pow2);
     if (col < cols) {
       scale_out[col] = scales[tx];
       inv_out[col] = 1.0f / scales[tx];
@@ -223,7 +229,7 @@ __global__ void column_cast_kernel(const T* __restrict__ x, std::int64_t rows, s
   const int tx = threadIdx.x, ty = threadIdx.y;
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * kColTile + tx;
   if (col >= cols) return;
-  const float scale = pow2 ? pow2_floor(scale_of(column_amax[col], qmax)) : scale_of(column_amax[col], qmax);
+  const float scale = axis_scale(column_amax[col], qmax, pow2);
   if (blockIdx.y == 0 && ty == 0) {
     scale_out[col] = scale;
     inv_out[col] = 1.0f / scale;

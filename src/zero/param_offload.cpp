@@ -42,7 +42,6 @@ ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<shardi
           throw accel::LogicError(
               fmt::format("ParamOffload: the master given for {} is not its shard's host twin", f->name()));
         s.host = master;
-        s.aliased = true;
       } else {
         s.host = HostCopies::pinned_empty(static_cast<std::int64_t>(s.bytes), at::kByte);
         owned_bytes_ += s.bytes;
@@ -50,7 +49,7 @@ ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<shardi
       s.resident = true;
       bytes_ += s.bytes;
       slots_.push_back(std::move(s));
-      if (!slots_.back().aliased) store(slots_.size() - 1, 0, shard);  // (a master holds these values already)
+      if (!master.defined()) store(slots_.size() - 1, 0, shard);  // (a master holds these values already)
       release(slots_.size() - 1);
     }
     copies_ = copies;
@@ -187,10 +186,13 @@ void ParamOffload::fetch(std::size_t i) {
   Slot& s = slots_.at(i);
   if (!s.resident && s.buffer < 0) fetch_async(i);
   if (!s.resident) land(i);
-  if (s.arriving) {  // the compute stream waits for the copy; the host goes on
-    copies_->current_waits(*s.arriving);
-    s.arriving.reset();
-  }
+  arrived(s);  // (on the device: the host goes on)
+}
+
+void ParamOffload::arrived(Slot& s) {
+  if (!s.arriving) return;
+  copies_->current_waits(*s.arriving);
+  s.arriving.reset();
 }
 
 void ParamOffload::release(std::size_t i) {
@@ -218,24 +220,18 @@ void ParamOffload::store(std::size_t i, std::int64_t begin, const at::Tensor& va
                                         begin + v.numel(), s.flat->name(), shard.numel()));
   if (!file_) {
     char* host = static_cast<char*>(s.host.data_ptr()) + first;
-    if (v.data_ptr() != host) {             // (the master of an aliased slot: already there)
+    if (v.data_ptr() != host) {             // (a slot whose pinned copy is its master, given it: already there)
       if (copies_) copies_->synchronize();  // no copy to the device still reads these bytes
       std::memcpy(host, v.data_ptr(), bytes);
     }
-    if (s.arriving) {  // what arrives is overwritten below, after it on the compute stream
-      copies_->current_waits(*s.arriving);
-      s.arriving.reset();
-    }
+    arrived(s);  // (what arrives is overwritten below, after it on the compute stream)
     if (s.resident) shard.narrow(0, begin, v.numel()).copy_(v);
     return;
   }
   offload::AlignedBuffer tmp(offload::align_up(bytes));
   std::memcpy(tmp.data(), v.data_ptr(), bytes);
   file_->write(tmp.data(), offload::align_up(bytes), s.offset + first);
-  if (s.arriving) {
-    copies_->current_waits(*s.arriving);
-    s.arriving.reset();
-  }
+  arrived(s);
   if (s.resident && !(shard.is_cpu() && shard.data_ptr() == v.data_ptr())) shard.narrow(0, begin, v.numel()).copy_(v);
 }
 

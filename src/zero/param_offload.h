@@ -84,10 +84,10 @@ class ParamOffload {
     int buffer = -1;  // staging buffer a read is landing in, -1: none
     std::uint64_t ticket = 0;
     at::Tensor host;                       // in host memory: the shard's pinned bytes (its own, or the master's)
-    bool aliased = false;                  // host is the master
     std::shared_ptr<c10::Event> arriving;  // for a device: its copy there, not yet waited for
   };
   int take_buffer();
+  void arrived(Slot& s);  // the current stream waits for s's copy still arriving, if any
   void land(std::size_t i);
   OffloadSpec spec_;
   std::vector<Slot> slots_;
