@@ -252,6 +252,10 @@ Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
   cfg_ = resolve_config(ov);
   world_ = comm::Communicator::world();
   device_ = pick_device(cfg_, world_->topology());
+  // No config (or distributed_type NO) but several ranks: they train as DDP, so say so (Accelerate's
+  // PartialState turns a world of more than one process into MULTI_CPU / MULTI_GPU the same way).
+  if (cfg_.distributed_type == DistributedType::No && world_->size() > 1)
+    cfg_.distributed_type = device_.is_cuda() ? DistributedType::MultiGpu : DistributedType::MultiCpu;
   check_supported(cfg_, device_);
   apply_precision_policy(cfg_);
   shrink_factor_ = shrink_factor(world_->size());

@@ -243,6 +243,18 @@ std::vector<std::string> probe_hosts(const LaunchRequest& r, const std::vector<H
   return why;
 }
 
+// The config a program is given on its own command line (--config_file X, --config-file=X), which the
+// launcher does not read: named in its first line instead of "no config file".
+std::string program_config_arg(const std::vector<std::string>& program) {
+  for (std::size_t i = 1; i < program.size(); ++i)
+    for (const char* flag : {"--config_file", "--config-file"}) {
+      const std::string f = flag;
+      if (program[i] == f && i + 1 < program.size()) return program[i + 1];
+      if (program[i].rfind(f + "=", 0) == 0) return program[i].substr(f.size() + 1);
+    }
+  return "";
+}
+
 int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   if (program.empty()) throw LaunchError("no program given: accel launch [flags] PROGRAM [ARGS...]");
   if (program[0].size() > 1 && program[0][0] == '-')
@@ -259,10 +271,11 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   // hostfile's machines are taken to have as many.
   req.cores_per_machine = physical_cores(affinity_cpus());
 
-  // The config: --config_file, else the default one when it exists. It is read here to check it
-  // before anything starts, and each rank reads it again (ACCEL_CONFIG_FILE).
+  // The config: --config_file, else ACCEL_CONFIG_FILE, else the default one when it exists. It is read
+  // here to check it before anything starts, and each rank reads it again (ACCEL_CONFIG_FILE).
   int config_restarts = 0;  // the config's max_restarts (--max_restarts wins)
   std::string config_path = args.config_file;
+  if (const char* env_file = std::getenv("ACCEL_CONFIG_FILE"); config_path.empty() && env_file) config_path = env_file;
   if (config_path.empty() && access(default_config_path().c_str(), R_OK) == 0) config_path = default_config_path();
   if (!config_path.empty()) {
     const AcceleratorConfig file = load_config_file(config_path);
@@ -404,9 +417,16 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
     const std::string where = plan.num_machines == 1
                                   ? std::string("1 machine")
                                   : fmt::format("{} machines ({} per machine)", plan.num_machines, plan.per_machine);
-    if (first)
+    if (first) {
+      std::string config = fmt::format("config {}", config_path);
+      if (config_path.empty()) {
+        const std::string given = program_config_arg(program);
+        config =
+            given.empty() ? std::string("no config file") : fmt::format("the program's own --config_file {}", given);
+      }
       fmt::print(stderr, "accel launch: {} rank(s) on {} via {}; {}\n", plan.num_processes, where, plan.launcher,
-                 config_path.empty() ? std::string("no config file") : fmt::format("config {}", config_path));
+                 config);
+    }
     const std::string threads = plan.threads_per_rank > 0
                                     ? fmt::format("{} intra-op thread(s) per rank{}", plan.threads_per_rank,
                                                   plan.threads_from_user ? " (your OMP_NUM_THREADS)" : "")

@@ -113,6 +113,16 @@ dry_run)  # the mpirun command for a hostfile: one app context per machine
   grep -Eq -- "-np 2 --host node-a:2 .*/accel-rank --node_rank 0 --num_nodes 2 -- true : -np 2 --host node-b:2 .*--node_rank 1" <<<"$out" \
     && pass "two app contexts" || { fail "unexpected command"; echo "$out"; }
   grep -q "accel launch: 4 rank(s) on 2 machines (2 per machine) via mpirun" <<<"$out" && pass "summary line" || fail "no summary line"
+  # A config the program gets on its own command line, or through ACCEL_CONFIG_FILE, is named, not "no config file".
+  export ACCEL_HOME=$WORK/empty_home  # (no default config there)
+  out=$("$ACCEL" launch --dry_run -n 2 true --steps 3 --config_file my.yaml 2>&1) || fail "dry run exited $?"
+  grep -q "via mpirun; the program's own --config_file my.yaml" <<<"$out" && pass "the program's --config_file named" \
+    || { fail "the program's --config_file not named"; echo "$out"; }
+  out=$(ACCEL_CONFIG_FILE=$SRC/configs/ddp.yaml "$ACCEL" launch --dry_run -n 2 true 2>&1) || fail "dry run exited $?"
+  grep -q "via mpirun; config $SRC/configs/ddp.yaml" <<<"$out" && pass "ACCEL_CONFIG_FILE named" \
+    || { fail "ACCEL_CONFIG_FILE not named"; echo "$out"; }
+  out=$("$ACCEL" launch --dry_run -n 2 true 2>&1) || fail "dry run exited $?"
+  grep -q "via mpirun; no config file" <<<"$out" && pass "no config file" || { fail "no config: line"; echo "$out"; }
   ;;
 config_flow)  # config (questions on stdin) -> default location -> explain -> launch picks it up
   export ACCEL_HOME=$WORK/home
