@@ -21,6 +21,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 
 #include <sched.h>
@@ -252,6 +253,10 @@ Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
   cfg_ = resolve_config(ov);
   world_ = comm::Communicator::world();
   device_ = pick_device(cfg_, world_->topology());
+  // This rank's GPU becomes the current device (as Accelerate's PartialState does with
+  // torch.cuda.set_device): what the program allocates on "cuda", and every allocator that goes by the
+  // current device, lands on it rather than on GPU 0.
+  if (device_.is_cuda()) c10::impl::VirtualGuardImpl(c10::kCUDA).setDevice(device_);
   // No config (or distributed_type NO) but several ranks: they train as DDP, so say so (Accelerate's
   // PartialState turns a world of more than one process into MULTI_CPU / MULTI_GPU the same way).
   if (cfg_.distributed_type == DistributedType::No && world_->size() > 1)

@@ -3,6 +3,7 @@
 #include "base/error.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/variable.h>
@@ -60,6 +61,8 @@ void alloc_storage(const at::Tensor& t, std::size_t nbytes) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   ACCEL_CHECK(s->resizable() && s->allocator(), "cannot re-allocate a storage that is not resizable");
   s->*throw_flag() = false;  // before set_data_ptr_noswap, which then re-derives the storage's fast-path check
+  // (The CUDA allocator allocates on the current device: the tensor's, whichever this thread has.)
+  const c10::DeviceGuard on_device(t.device());
   s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
   s->set_nbytes(nbytes);
 }

@@ -4,14 +4,18 @@
 #include "kernels/pinned_host.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 
 namespace accel::zero {
 
@@ -57,10 +61,17 @@ void HostCopies::current_waits(const c10::Event& done) const {
   done.block(impl.getStream(device_));
 }
 
-at::Tensor HostCopies::pinned_empty(std::int64_t numel, c10::ScalarType dtype) {
-  constexpr std::size_t kPage = 4096;
+at::Tensor HostCopies::pinned_empty(std::int64_t numel, c10::ScalarType dtype, c10::Device device) {
+  // Whole pages (64 KiB on some aarch64 systems): no two buffers share one, which registering both
+  // would refuse.
+  static const std::size_t kPage = [] {
+    const long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? static_cast<std::size_t>(p) : std::size_t{4096};
+  }();
   const std::size_t bytes = static_cast<std::size_t>(numel) * c10::elementSize(dtype);
   const std::size_t rounded = std::max<std::size_t>(kPage, (bytes + kPage - 1) / kPage * kPage);
+  std::optional<c10::DeviceGuard> on_device;
+  if (!device.is_cpu()) on_device.emplace(device);
   void* p = nullptr;
   const char* why = "posix_memalign refused";
   if (posix_memalign(&p, kPage, rounded) == 0) {

@@ -43,7 +43,8 @@ ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<shardi
               fmt::format("ParamOffload: the master given for {} is not its shard's host twin", f->name()));
         s.host = master;
       } else {
-        s.host = HostCopies::pinned_empty(static_cast<std::int64_t>(s.bytes), at::kByte);
+        s.host = HostCopies::pinned_empty(static_cast<std::int64_t>(s.bytes), at::kByte,
+                                          copies ? copies->device() : c10::Device(c10::kCPU));
         owned_bytes_ += s.bytes;
       }
       s.resident = true;
@@ -82,11 +83,16 @@ ParamOffload::ParamOffload(const OffloadSpec& spec, int rank, std::vector<shardi
 }
 
 ParamOffload::~ParamOffload() {
-  // The page-locked buffers go with this object: no copy to the device may still read them.
-  for (auto& s : slots_)
-    if (s.arriving) s.arriving->synchronize();
-  for (auto& e : buffer_copy_)
-    if (e) e->synchronize();
+  // The page-locked buffers go with this object: no copy to the device may still read them, waited
+  // for by the device or not. (A device in an error state throws from synchronize: nothing is left to
+  // protect then, and a destructor must not throw.)
+  try {
+    for (auto& s : slots_)
+      if (s.last_copy) s.last_copy->synchronize();
+    for (auto& e : buffer_copy_)
+      if (e) e->synchronize();
+  } catch (...) {
+  }
 }
 
 const std::string& ParamOffload::path() const {
@@ -110,7 +116,8 @@ int ParamOffload::take_buffer() {
   if (b < 0 && buffers_.size() < static_cast<std::size_t>(spec_.param_buffer_count)) {
     if (copies_) {  // (a device: pinned, so that its copy there runs on the side stream)
       buffers_.emplace_back();
-      pinned_.push_back(HostCopies::pinned_empty(static_cast<std::int64_t>(largest_ + offload::kAlignment), at::kByte));
+      pinned_.push_back(HostCopies::pinned_empty(static_cast<std::int64_t>(largest_ + offload::kAlignment), at::kByte,
+                                                 copies_->device()));
     } else {
       buffers_.emplace_back(largest_);
       pinned_.emplace_back();
@@ -145,6 +152,7 @@ void ParamOffload::fetch_async(std::size_t i) {
       sharding::alloc_storage(shard, s.bytes);
     }
     s.arriving = std::make_shared<c10::Event>(copies_->to_device_async(shard, s.host.view(shard.scalar_type())));
+    s.last_copy = s.arriving;
     s.resident = true;
     return;
   }

@@ -85,6 +85,9 @@ class ParamOffload {
     std::uint64_t ticket = 0;
     at::Tensor host;                       // in host memory: the shard's pinned bytes (its own, or the master's)
     std::shared_ptr<c10::Event> arriving;  // for a device: its copy there, not yet waited for
+    // Its last copy from host memory to the device, waited for or not: the destructor waits for it
+    // before the pinned bytes it reads go.
+    std::shared_ptr<c10::Event> last_copy;
   };
   int take_buffer();
   void arrived(Slot& s);  // the current stream waits for s's copy still arriving, if any

@@ -34,6 +34,7 @@
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/CachingHostAllocator.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -178,6 +179,8 @@ Trained accelerated(const std::string& config, int steps, const std::function<vo
   auto p = acc.prepare(model, adamw, loader);
   Trained t;
   t.device = acc.device();
+  if (t.device.is_cuda())  // this rank's GPU is the current device, as Accelerate's set_device makes it
+    EXPECT_EQ(c10::impl::VirtualGuardImpl(c10::kCUDA).getDevice(), t.device);
   for (int k = 0; k < steps; ++k) {
     Batch b = my_rows(global_batch(k, acc.device()), acc.process_index(), acc.num_processes());
     at::Tensor loss;
@@ -452,6 +455,22 @@ TEST(CudaTraining_CUDA, OffloadParamsToHostMemoryAndNvmeTrainsLikeTheDevice) {
   }
 }
 
+// A sharded flat's storage, freed and allocated again between uses (alloc_storage), lands on the
+// tensor's own device whichever device this thread has current (the CUDA allocator goes by the
+// current one). Needs two GPUs.
+TEST(FlatParam_CUDA, StorageIsAllocatedAgainOnTheTensorsDevice) {
+  SKIP_WITHOUT_CUDA();
+  if (at::detail::getCUDAHooks().deviceCount() < 2) GTEST_SKIP() << "needs two GPUs";
+  const c10::Device second(c10::kCUDA, 1);
+  const at::Tensor t = at::arange(1 << 20, at::TensorOptions().dtype(at::kFloat).device(second));
+  sharding::free_storage(t);
+  c10::DeviceGuard first(c10::Device(c10::kCUDA, 0));
+  sharding::alloc_storage(t, static_cast<std::size_t>(t.numel()) * sizeof(float));
+  // The allocator's record of where the memory is (the device current when it allocated), not the tensor's claim.
+  EXPECT_EQ(t.storage().data_ptr().device(), second);
+  EXPECT_EQ(t.fill_(3).cpu().sum().item<double>(), 3.0 * t.numel());
+}
+
 // Queues `count` 4096 x 4096 matmuls on the current stream: work a side stream's copy must queue
 // behind, long enough that the host gets past the copy's call before the device is done.
 void queue_matmuls(const c10::Device& dev, int count) {
@@ -468,15 +487,18 @@ bool current_stream_done(const c10::Device& dev) {
   return now.query();
 }
 
-// Queues a 512 MiB copy on `copies`' to-device stream, so that what is queued there next lands tens
+// A 512 MiB copy to queue on `copies`' to-device stream, so that what is queued there next lands tens
 // of milliseconds after the compute stream's queued work ends: a kernel the compute stream runs
-// without waiting for it reads the bytes from before.
-void delay_copies_to_device(zero::HostCopies& copies, const c10::Device& dev) {
-  const int64_t bytes = int64_t{1} << 29;
-  const at::Tensor src = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-  const at::Tensor dst = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(dev));
-  (void)copies.to_device_async(dst, src);
-}
+// without waiting for it reads the bytes from before. Its buffers are allocated when it is made,
+// before any work is queued: allocating device or page-locked memory may make the host wait for the
+// device, which would hide the very waits the tests look for.
+struct CopyDelay {
+  at::Tensor src, dst;
+  explicit CopyDelay(const c10::Device& dev)
+      : src(at::empty({int64_t{1} << 29}, at::TensorOptions().dtype(at::kByte).pinned_memory(true))),
+        dst(at::empty({int64_t{1} << 29}, at::TensorOptions().dtype(at::kByte).device(dev))) {}
+  void queue(zero::HostCopies& copies) const { (void)copies.to_device_async(dst, src); }
+};
 
 // Two flat parameters of n elements on the device, sharded over a world of one (the shard is the
 // whole buffer), with the values they started from.
@@ -553,7 +575,7 @@ TEST(HostCopies_CUDA, PinnedEmptyIsPageLockedAndCopiesWithoutTheHost) {
   const int64_t n = 157'286'400 / 4 + 3;  // 150 MiB and 12 bytes: PyTorch's allocator would take 256 MiB
   at::Tensor dst = at::zeros({n}, at::TensorOptions().device(dev));  // (ATen's CUDA state up: is_pinned asks it)
   zero::HostCopies copies(dev);
-  const at::Tensor host = zero::HostCopies::pinned_empty(n, at::kFloat);
+  const at::Tensor host = zero::HostCopies::pinned_empty(n, at::kFloat, dev);
   ASSERT_EQ(host.numel(), n);
   EXPECT_TRUE(host.is_pinned()) << "not page-locked";
   c10::impl::VirtualGuardImpl impl(c10::kCUDA);
@@ -590,8 +612,9 @@ TEST(ParamOffload_CUDA, ShardsInHostMemoryArriveOnTheSideStream) {
   EXPECT_FALSE(po.resident(0));
   EXPECT_THROW(fa.shard().sum(), std::exception) << "an offloaded shard has no storage";
 
+  const CopyDelay delay(dev);
   queue_matmuls(dev, 100);
-  delay_copies_to_device(copies, dev);
+  delay.queue(copies);
   po.fetch_async(0);
   po.fetch_async(1);
   EXPECT_FALSE(current_stream_done(dev)) << "fetch_async blocked the host";
@@ -638,13 +661,14 @@ TEST(ParamOffload_CUDA, ShardsOnDiskReachTheDeviceThroughPinnedStaging) {
   {
     zero::ParamOffload po(spec, 0, {&fa, &fb}, &copies);
     EXPECT_FALSE(po.in_host_memory());
+    const CopyDelay delay(dev);
     for (int round = 0; round < 2; ++round) {
       queue_matmuls(dev, 50);  // the side stream's copies queue behind these
-      delay_copies_to_device(copies, dev);
+      delay.queue(copies);
       po.fetch(0);
       fa.shard().mul_(2);  // (on the compute stream: after a's copy only if fetch made it wait)
       po.fetch_async(1);   // the one buffer: waits for a's copy, then reads b
-      delay_copies_to_device(copies, dev);
+      delay.queue(copies);
       po.fetch(1);
       fb.shard().mul_(2);
       EXPECT_TRUE(at::equal(fa.shard().narrow(0, 0, n), a0 * 2)) << "round " << round;
