@@ -274,6 +274,10 @@ int run_bench(int argc, char** argv) {
                  "sample this rank's PSS (/proc/self/smaps_rollup) every N ms for the JSON's peak_pss (0: do not)")
       ->check(CLI::NonNegativeNumber);
   std::string offload_optimizer, offload_param;
+  bool step_in_backward = false;
+  app.add_flag("--step-in-backward,--step_in_backward", step_in_backward,
+               "the optimizer steps each shard's master as its gradient is final, during backward "
+               "(ShardingSpec::step_in_backward; sharded strategies, fp32 masters of their own or in host memory)");
   std::int64_t sub_group_size = 100'000'000;
   app.add_option("--offload-optimizer", offload_optimizer,
                  "DIR: the optimizer's masters and state in files under DIR (offload_optimizer.device nvme); cpu: "
@@ -425,6 +429,7 @@ int run_bench(int argc, char** argv) {
         else if (!offload_param.empty())
           spec->offload.param = zero::OffloadDevice::Nvme, spec->offload.param_nvme_path = offload_param;
         spec->offload.sub_group_size = sub_group_size;
+        spec->step_in_backward = step_in_backward;
         if (on_cuda) {
           run.model = std::make_shared<examples::GPTImpl>(c);  // sharded construction is CPU-only
         } else {

@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   std::string comm_stats, log_with;
   std::int64_t histogram_every = 0;
   bool float64 = false;
-  double dropout = 0, lr = 3e-3;
+  double dropout = 0, lr = 3e-3, max_grad_norm = 1.0;
   app.add_option("--layers", layers, "transformer blocks");
   app.add_option("--d_model", d_model, "model width")->check(CLI::PositiveNumber);
   app.add_option("--heads", heads, "attention heads (must divide --d_model)")->check(CLI::PositiveNumber);
@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
   app.add_option("--dropout", dropout, "residual dropout in each block while training (0: none)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--lr", lr, "AdamW's learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--max_grad_norm", max_grad_norm, "clip the gradients to this global norm before each step (0: none)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--float64", float64,
                "parameters, compute and loss in float64 (for exact comparisons; not with mixed precision)");
   CLI11_PARSE(app, argc, argv);
@@ -149,7 +151,7 @@ int main(int argc, char** argv) {
         }
         acc.backward(loss);
         window_loss += acc.reduce(loss.detach(), "mean").item<double>() / acc.gradient_accumulation_steps();
-        if (acc.sync_gradients()) acc.clip_grad_norm_(1.0);
+        if (acc.sync_gradients() && max_grad_norm > 0) acc.clip_grad_norm_(max_grad_norm);
         opt->step();
         opt->zero_grad();
         if (!acc.sync_gradients()) continue;

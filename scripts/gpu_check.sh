@@ -282,11 +282,15 @@ step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8DIMS
 # passes 50% carries over to the largest-model table's size. step_bench --json --profile prints
 # device_busy_share (kernels and copies) and device_compute_share (kernels); the text lines before it
 # give the engine's scopes (accel::optimizer_step: the CPU AdamW) and the top host ops. (Batch 16 keeps
-# the checkpointed activations, about 4 GB at d 2048, inside the cap; 32 would not fit.)
+# the checkpointed activations, about 4 GB at d 2048, inside the cap; 32 would not fit.) Each batch runs
+# twice: the step in optimizer.step(), then in backward (--step-in-backward: each shard's CPU AdamW as
+# its gradient reaches the host, overlapping the device's backward; the same bits).
 for b in ${OFFLOAD_BATCHES:-1 4 16}; do
-  step "offload_busy_b$b" "$BIN/step_bench" --device cuda --device_memory 8 --strategy ZERO_3 --layers 20 --heads 16 \
-    --seq 512 --vocab 4096 --d-model "${OFFLOAD_D:-2048}" --batch "$b" --checkpoint --offload-optimizer cpu \
-    --offload-param cpu --steps 2 --warmup 1 --json --profile
+  for sib in "" 1; do
+    step "offload_busy_b$b${sib:+_sib}" "$BIN/step_bench" --device cuda --device_memory 8 --strategy ZERO_3 --layers 20 \
+      --heads 16 --seq 512 --vocab 4096 --d-model "${OFFLOAD_D:-2048}" --batch "$b" --checkpoint --offload-optimizer cpu \
+      --offload-param cpu --steps 2 --warmup 1 --json --profile ${sib:+--step-in-backward}
+  done
 done
 # PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate,
 # VS_ROUNDS runs each, so the medians of the runs compare under the same conditions.
@@ -351,13 +355,14 @@ fi
 
 if ls "$OUTDIR"/offload_busy_b*.log >/dev/null 2>&1; then
   printf '\n== ZeRO-Infinity at an 8 GB cap (d %s, 20 layers, seq 512): the GPU-busy share of the step against the batch (issue 32 asks >= 50%%)\n' "${OFFLOAD_D:-2048}"
-  printf '| batch | parameters | step ms | GPU busy | GPU computing | MFU |\n|---:|---:|---:|---:|---:|---:|\n'
+  printf '| batch | step | parameters | step ms | GPU busy | GPU computing | MFU |\n|---:|---|---:|---:|---:|---:|---:|\n'
   for f in $(ls -v "$OUTDIR"/offload_busy_b*.log); do
-    grep -h '^{' "$f" | tail -1 | "$PY" -c 'import json, sys
+    case "$f" in *_sib.log) when="in backward" ;; *) when="in step()" ;; esac
+    grep -h '^{' "$f" | tail -1 | WHEN=$when "$PY" -c 'import json, os, sys
 r = json.loads(sys.stdin.read())
 pct = lambda v: "?" if v is None else "%.1f%%" % (100 * v)
-print("| %d | %.3fB | %.0f | %s | %s | %s |" % (r["batch"], r["params"] / 1e9, r["step_ms"], pct(r.get("device_busy_share")),
-      pct(r.get("device_compute_share")), pct(r.get("mfu"))))' 2>/dev/null
+print("| %d | %s | %.3fB | %.0f | %s | %s | %s |" % (r["batch"], os.environ["WHEN"], r["params"] / 1e9, r["step_ms"],
+      pct(r.get("device_busy_share")), pct(r.get("device_compute_share")), pct(r.get("mfu"))))' 2>/dev/null
   done
 fi
 

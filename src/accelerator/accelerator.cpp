@@ -343,6 +343,19 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
     nn::set_float8_recipe(
         *model, mixed_precision::float8_recipe_from_string(cfg_.fp8.recipe),
         cfg_.fp8.fp8_format == "E4M3" ? mixed_precision::Fp8Format::E4M3 : mixed_precision::Fp8Format::E5M2);
+  if (env::get("ACCEL_STEP_IN_BACKWARD") == "1") {
+    // The step runs as each gradient is final: nothing may change the gradients between backward and step.
+    if (cfg_.mixed_precision == MixedPrecision::Fp16)
+      throw ConfigError(
+          "ACCEL_STEP_IN_BACKWARD=1 steps the optimizer during backward, before fp16's loss scaler could check "
+          "the gradients for overflow: use bf16, or turn it off");
+    if (cfg_.gradient_clipping && *cfg_.gradient_clipping > 0)
+      throw ConfigError(fmt::format(
+          "{}: gradient_clipping {} clips the gradients before the step, and ACCEL_STEP_IN_BACKWARD=1 steps during "
+          "backward: turn one of them off",
+          where(cfg_), *cfg_.gradient_clipping));
+    spec.step_in_backward = true;
+  }
   zero::EngineAndOptimizer p = zero::prepare(model, optimizer, spec, world_);
   model_ = std::move(model);
   engine_ = p.engine;

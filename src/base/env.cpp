@@ -53,6 +53,12 @@ const std::vector<Variable>& table() {
        "the fused fp8 casts on CUDA with one scale per column (the rowwise recipe's backward operands): single "
        "(one kernel, a block per 32 columns walking every row) or chunked (two kernels, the rows split among "
        "blocks too, the column maxima met by atomics: more parallel where columns are few); the same bytes"},
+      {"ACCEL_STEP_IN_BACKWARD", "0",
+       "1: under sharded optimizer state (ZeRO-1/2/3, FSDP's sharded strategies) the optimizer (Adam, AdamW, "
+       "SGD) steps each fp32 master of its own as soon as its reduced gradient is final, on a worker thread while "
+       "backward goes on (a device's masters in host memory, ZeRO-Offload: once the gradient has reached the "
+       "host), instead of all of them in optimizer.step(); the same bits; refused with fp16 loss scaling and "
+       "with gradient_clipping, and clipping by hand then throws"},
       {"ACCEL_RANKS_PER_NODE", "",
        "simulate nodes of this many ranks on one machine (node_rank = rank / k); must divide the "
        "world size"},

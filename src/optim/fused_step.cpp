@@ -203,12 +203,13 @@ void bump(const at::Tensor& t) {
 
 // Whether every parameter the step touches (gradient defined), its gradient and its existing state
 // are flat_f32 (the state of the optimizer's own type): then the fused step does all of it, else none.
+// `only`: when set, the step looks at that parameter alone (fused_step_param).
 template <class Options, class State>
-bool fusable(torch::optim::Optimizer& opt) {
+bool fusable(torch::optim::Optimizer& opt, const c10::TensorImpl* only) {
   for (auto& group : opt.param_groups()) {
     for (auto& p : group.params()) {
       const at::Tensor& g = p.grad();
-      if (!g.defined()) continue;
+      if (!g.defined() || (only && p.unsafeGetTensorImpl() != only)) continue;
       if (!flat_f32(p, p.numel()) || !flat_f32(g, p.numel())) return false;
       auto it = opt.state().find(p.unsafeGetTensorImpl());
       if (it == opt.state().end()) continue;
@@ -228,8 +229,8 @@ bool fusable(torch::optim::Optimizer& opt) {
 }
 
 template <class Options, class State>
-bool adam_like(torch::optim::Optimizer& opt, bool decoupled) {
-  if (!fusable<Options, State>(opt)) return false;
+bool adam_like(torch::optim::Optimizer& opt, bool decoupled, const c10::TensorImpl* only) {
+  if (!fusable<Options, State>(opt, only)) return false;
   at::NoGradGuard no_grad;
   for (auto& group : opt.param_groups()) {
     const auto& o = static_cast<const Options&>(group.options());
@@ -242,7 +243,7 @@ bool adam_like(torch::optim::Optimizer& opt, bool decoupled) {
     h.amsgrad = o.amsgrad();
     h.decoupled_weight_decay = decoupled;
     for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
+      if (!p.grad().defined() || (only && p.unsafeGetTensorImpl() != only)) continue;
       auto& st = detail::adam_state<State>(opt, p, h.amsgrad);
       st.step(st.step() + 1);
       at::Tensor vmax = h.amsgrad ? st.max_exp_avg_sq() : at::Tensor();
@@ -258,8 +259,8 @@ bool adam_like(torch::optim::Optimizer& opt, bool decoupled) {
   return true;
 }
 
-bool sgd(torch::optim::SGD& opt) {
-  if (!fusable<torch::optim::SGDOptions, torch::optim::SGDParamState>(opt)) return false;
+bool sgd(torch::optim::SGD& opt, const c10::TensorImpl* only) {
+  if (!fusable<torch::optim::SGDOptions, torch::optim::SGDParamState>(opt, only)) return false;
   at::NoGradGuard no_grad;
   for (auto& group : opt.param_groups()) {
     const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
@@ -271,7 +272,7 @@ bool sgd(torch::optim::SGD& opt) {
     h.nesterov = o.nesterov();
     for (auto& p : group.params()) {
       const at::Tensor& g = p.grad();
-      if (!g.defined()) continue;
+      if (!g.defined() || (only && p.unsafeGetTensorImpl() != only)) continue;
       at::Tensor buf;
       bool first = false;
       if (h.momentum != 0) {
@@ -349,14 +350,29 @@ std::uint64_t fused_steps() { return g_fused_steps.load(std::memory_order_relaxe
 
 bool fused_step_as(torch::optim::Optimizer& opt, const std::type_info& type) {
   if (type == typeid(torch::optim::AdamW) &&
-      adam_like<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, true))
+      adam_like<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, true, nullptr))
     return counted(true);
   if (type == typeid(torch::optim::Adam) &&
-      adam_like<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, false))
+      adam_like<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, false, nullptr))
     return counted(true);
-  if (type == typeid(torch::optim::SGD) && sgd(dynamic_cast<torch::optim::SGD&>(opt))) return counted(true);
+  if (type == typeid(torch::optim::SGD) && sgd(dynamic_cast<torch::optim::SGD&>(opt), nullptr)) return counted(true);
   // Not CPU float32: parameters on a device go through PyTorch's fused multi-tensor kernels.
   return counted(multi_tensor_step(opt, type));
+}
+
+bool fused_step_param(torch::optim::Optimizer& opt, const std::type_info& type, const at::Tensor& param) {
+  if (!param.defined() || !param.grad().defined()) return false;
+  const c10::TensorImpl* only = param.unsafeGetTensorImpl();
+  bool known = false;  // one of opt's parameters
+  for (const auto& group : opt.param_groups())
+    for (const auto& p : group.params()) known = known || p.unsafeGetTensorImpl() == only;
+  if (!known) return false;
+  if (type == typeid(torch::optim::AdamW))
+    return adam_like<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, true, only);
+  if (type == typeid(torch::optim::Adam))
+    return adam_like<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, false, only);
+  if (type == typeid(torch::optim::SGD)) return sgd(dynamic_cast<torch::optim::SGD&>(opt), only);
+  return false;
 }
 
 }  // namespace accel::optim

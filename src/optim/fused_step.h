@@ -18,6 +18,9 @@
 #include <cstdint>
 #include <typeinfo>
 
+namespace at {
+class Tensor;
+}
 namespace torch::optim {
 class Optimizer;
 }
@@ -63,6 +66,13 @@ bool fused_step(torch::optim::Optimizer& opt);
 // The same for a subclass of `type` (one of those three) whose step arithmetic is the base's own:
 // zero/'s sharded optimizers derive from the user's optimizer type only to bracket its step.
 bool fused_step_as(torch::optim::Optimizer& opt, const std::type_info& type);
+// The same step for one of opt's parameters alone (CPU float32 with its gradient): its state, its step
+// counter and its param group's options, as fused_step_as would step it among the others (every
+// element is computed on its own, so stepping the parameters one at a time gives the same bits).
+// False, having changed nothing, where fused_step_as would not take the CPU kernels for it. Not
+// counted in fused_steps(). zero/ steps a shard this way as soon as its gradient is final
+// (ShardingSpec::step_in_backward).
+bool fused_step_param(torch::optim::Optimizer& opt, const std::type_info& type, const at::Tensor& param);
 // Steps taken through the fused kernels in this process (fused_step / fused_step_as returning true):
 // what tests and benchmarks check to know the fast path ran.
 std::uint64_t fused_steps();

@@ -11,6 +11,7 @@
 #include "base/memory.h"
 #include "kernels/cpu_gemm.h"
 #include "sharding/sharded_init.h"
+#include "zero/step_worker.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -105,11 +106,17 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const torch::optim::Opt
   shard_ = std::move(groups.shard);
   replicate_ = std::move(groups.replicate);
   build(*model_, optimizer);
+  if (spec_.step_in_backward && !plan_.passthrough && !plan_.masters_are_shards)
+    throw accel::InvalidArgumentError(fmt::format(
+        "step_in_backward steps each rank's optimizer shard as its reduction finishes: it needs sharded optimizer "
+        "state (ZeRO-1/2/3, FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD), not {}",
+        to_string(spec_.strategy)));
   if (cpu_model && plan_.churns_memory && env::get_int("ACCEL_CPU_MALLOC_CACHE")) memory::keep_freed_cpu_memory();
 }
 
 Engine::~Engine() {
   uninstall_hooks();
+  step_worker_.reset();  // (waits for steps still running: they read the pinned gradients)
   // No copy between the device and host memory may outlive the buffers it reads or writes (the
   // page-locked masters, gradients and parameter shards go with the engine).
   try {
@@ -354,12 +361,16 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // finishes, while backward goes on (unless a pending gradient is still to be added to it), and the
   // device lets go of it there: the pinned copy is the pending gradient (ZeRO-Offload keeps no
   // gradient on the device between its reduction and the step).
-  if (host_copies_)
+  // The step in backward (spec.step_in_backward): the master's step is posted to a worker as soon
+  // as its gradient is final (on a device, once its copy to the host is queued).
+  if (host_copies_ || spec_.step_in_backward)
     reducer_->set_on_reduced([this](std::size_t i, const at::Tensor& g) {
       Flat& f = flats_[reduce_order_[i]];
-      if (!host_master(f) || f.grad.defined()) return false;
-      grad_to_host(f, g);
-      return true;
+      if (f.grad.defined()) return false;  // a pending gradient to add first: at the end of backward
+      const bool taken = host_master(f);
+      if (taken) grad_to_host(f, g);
+      if (steps_in_backward(f)) step_in_backward(f, g);
+      return taken;
     });
 }
 

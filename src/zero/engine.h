@@ -37,6 +37,7 @@
 #include "zero/plan.h"
 #include "zero/spec.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -50,6 +51,8 @@ class Optimizer;
 }
 
 namespace accel::zero {
+
+class StepWorker;
 
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
@@ -83,6 +86,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     bool grad_live = false;     // grad_full holds this accumulation window's gradients
     std::vector<char> touched;  // per parameter: its region of grad_full written in this window
     bool ready = false;
+    bool stepped_in_backward = false;        // spec.step_in_backward: its step was posted as its gradient was final
     bool master_grad_set = false;            // master.grad was set by us (reduction or placeholder), not stepped on
     const void* master_grad_impl = nullptr;  // ... that tensor, and its version then: a zero_grad()
     std::int64_t master_grad_version = 0;    // (to none, or in place) changes one of them
@@ -170,6 +174,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Instead of a step (fp16 overflow): this step's gradients are dropped, parameters and optimizer
   // state stay as they are, and the next backward starts a new accumulation window. Local.
   void skip_step();
+
+  // --- the step in backward (spec.step_in_backward) -------------------------------------------
+  // The sharded optimizer hands over how to step one of its masters alone (its fused CPU step of that
+  // parameter; false where it cannot), or nullptr to take it back (after waiting for posted steps).
+  void set_step_one(std::function<bool(const at::Tensor& master)> step_one);
+  // The masters the last backward stepped (their steps are done once backward returns): the
+  // optimizer's step leaves them out.
+  std::vector<at::Tensor> stepped_in_backward() const;
 
   // --- offload (spec.offload) ------------------------------------------------------------------
   const OptimizerOffload* optimizer_offload() const { return opt_offload_.get(); }
@@ -298,6 +310,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void sync_node_shared();  // a barrier of the gather group, when any flat is node-shared
   bool in_backward_ = false;
   std::size_t finalize_count_ = 0;
+  // spec.step_in_backward: the step of one master, and the thread that runs it while backward goes on.
+  std::function<bool(const at::Tensor&)> step_one_;
+  std::unique_ptr<StepWorker> step_worker_;
+  bool aborting_backward_ = false;                      // abort_backward's flush: its results are thrown away
+  bool steps_in_backward(const Flat& f) const;          // f's master can take its step as its gradient is final
+  void step_in_backward(Flat& f, const at::Tensor& g);  // master.grad := g (or the pinned copy); post its step
+  void wait_steps_in_backward();                        // every posted step done (rethrows a step's error)
+  void refuse_after_step_in_backward(const char* what) const;
 };
 
 }  // namespace accel::zero

@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "zero/engine.h"
 
+#include "base/log.h"
 #include "base/memory.h"
 
 #include <ATen/ATen.h>
@@ -23,8 +24,10 @@ using memory::CategoryScope;
 void Engine::begin_backward() {
   memory::set_forward_active(false);
   if (in_backward_) return;
-  in_backward_ = true;
   drop_discarded_grads();
+  // (step_in_backward: the last backward's steps are taken; this one's gradients would go nowhere.)
+  refuse_after_step_in_backward("a second backward before optimizer.step()");
+  in_backward_ = true;
   std::weak_ptr<Engine> self = weak_from_this();
   torch::autograd::Engine::get_default_engine().queue_callback([self] {
     if (auto e = self.lock()) e->finalize_backward();
@@ -133,6 +136,7 @@ void Engine::zero_untouched(Flat& f) {
 
 void Engine::set_master_grad(Flat& f, bool defer_sync) {
   if (!f.master.defined() || !f.grad.defined()) return;
+  if (f.stepped_in_backward) return;  // master.grad was set when its step was posted (the worker reads it)
   CategoryScope cat(Category::Gradients);
   if (host_master(f)) {
     // Offload to host memory: the pinned buffer, filled on the side stream (already queued when the
@@ -182,16 +186,37 @@ void Engine::abort_backward() {
   in_backward_ = false;
   cur_order_.clear();
   forget_unit_calls();
+  // step_in_backward: the shards whose steps were already posted keep them (a step cannot be taken
+  // back); their gradients go, so that no later step takes them twice.
+  try {
+    wait_steps_in_backward();
+  } catch (...) {  // (the backward's own error is what propagates)
+  }
+  std::size_t stepped = 0;
+  for (auto& f : flats_)
+    if (f.stepped_in_backward) {
+      ++stepped;
+      f.stepped_in_backward = false;
+      f.master.mutable_grad() = at::Tensor();
+      f.master_grad_set = false;
+    }
+  if (stepped)
+    log::warning(
+        fmt::format("accel: a backward that failed had already stepped {} optimizer shard(s) of this rank "
+                    "(step_in_backward); they keep that step",
+                    stepped));
   if (reducer_ && sync_) {
     // Issue every remaining bucket, as a finished backward would: a rank that had launched some
     // earlier (its gradients were ready sooner) then never waits for a collective the others skip.
-    // The results are thrown away.
+    // The results are thrown away (and no step is taken on them).
+    aborting_backward_ = true;
     try {
       for (auto fi : reduce_order_) mark_complete(fi);
       reducer_->flush();
     } catch (...) {
       reducer_->abandon();
     }
+    aborting_backward_ = false;
   }
   for (std::size_t u = 0; u < units_.size(); ++u) {
     for (auto& w : units_[u].inflight) {
@@ -233,6 +258,7 @@ void Engine::settle_pending() {
 void Engine::backward(const at::Tensor& loss) {
   memory::set_forward_active(false);
   drop_discarded_grads();
+  refuse_after_step_in_backward("a second backward before optimizer.step()");  // (before autograd runs)
   settle_pending();
   // Passthrough keeps gradients in .grad, where a throwing backward would leave part of its own:
   // copy what is there first (only when something is: the usual step starts from none).
@@ -309,6 +335,7 @@ void Engine::finalize_backward() {
     // The host reads the offloaded masters' gradients from here on (clipping, unscaling, the step);
     // parameter shards on their way to the device go on.
     if (host_copies_) host_copies_->synchronize_to_host();
+    wait_steps_in_backward();  // (step_in_backward: the masters are the optimizer's again)
   } else {
     // Accumulating: keep the parameters' .grad on their flat views so the next backward adds in place.
     for (auto& f : flats_)

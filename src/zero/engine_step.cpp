@@ -4,6 +4,7 @@
 #include "zero/engine.h"
 
 #include "base/memory.h"
+#include "zero/step_worker.h"
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
@@ -17,6 +18,7 @@ namespace accel::zero {
 
 void Engine::clip_grad_value(double clip_value) {
   if (!(clip_value >= 0)) throw accel::InvalidArgumentError("clip_grad_value: clip_value must be >= 0");
+  refuse_after_step_in_backward("clip_grad_value");
   if (plan_.state_split)
     throw accel::LogicError(fmt::format(
         "clip_grad_value: the gradients are sharded across ranks under {}; clip by norm instead (clip_grad_norm)",
@@ -34,6 +36,7 @@ void Engine::clip_grad_value(double clip_value) {
 double Engine::clip_grad_norm(double max_norm, double norm_type) {
   const bool inf = std::isinf(norm_type);
   if (!inf && norm_type < 1.0) throw accel::InvalidArgumentError("clip_grad_norm: norm_type must be >= 1 or inf");
+  refuse_after_step_in_backward("clip_grad_norm");
   double local = 0.0;
   std::vector<at::Tensor> grads;
   for (const auto& group : group_params_)
@@ -70,6 +73,7 @@ std::vector<at::Tensor> Engine::step_grads() const {
 }
 
 void Engine::grads_scaled(double coef) {
+  refuse_after_step_in_backward("scaling the gradients (unscaling, clipping)");
   for (auto& f : flats_)
     if (f.master_grad_set && f.master.grad().defined()) note_master_grad(f);
   for (auto& f : flats_)  // the reduced gradient where the master's is a converted copy
@@ -79,6 +83,7 @@ void Engine::grads_scaled(double coef) {
 
 void Engine::skip_step() {
   if (in_backward_) throw accel::LogicError("accel: optimizer step during backward");
+  refuse_after_step_in_backward("skipping the step");
   for (const auto& group : group_params_)
     for (const auto& p : group) p.mutable_grad() = at::Tensor();
   close_step();
@@ -91,6 +96,7 @@ void Engine::close_step() {
     f.flat_param->detach_grads();
     f.grad = at::Tensor();  // after a step, master.grad keeps it until zero_grad
     f.master_grad_set = false;
+    f.stepped_in_backward = false;
   }
 }
 
@@ -99,7 +105,75 @@ void Engine::before_step() {
   memory::set_forward_active(false);
   if (in_backward_) throw accel::LogicError("accel: optimizer step during backward");
   wait_host_copies();  // (the last step's copies to the device read the masters the step writes)
+  wait_steps_in_backward();
   sync_node_shared();  // no peer still reads the node-shared parameters this step writes
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The step in backward (spec.step_in_backward)
+
+void Engine::set_step_one(std::function<bool(const at::Tensor& master)> step_one) {
+  wait_steps_in_backward();
+  step_one_ = std::move(step_one);
+}
+
+bool Engine::steps_in_backward(const Flat& f) const {
+  if (!spec_.step_in_backward || !step_one_ || !sync_ || aborting_backward_ || f.group < 0 || f.opt_region != npos ||
+      !f.master.defined())
+    return false;
+  const at::Tensor& m = f.master;
+  if (!m.is_cpu() || m.scalar_type() != at::kFloat || !m.is_contiguous()) return false;
+  if (host_master(f)) return true;  // a device's master in host memory: stepped once its gradient is there
+  // On the host: a master of its own (wider than the parameters), never the buffer the parameters
+  // (or a peer, node-shared) still read during this backward.
+  // (By storage object: a sharded flat's freed buffers throw on a look at their data.)
+  auto same = [&](const at::Tensor& t) {
+    return t.defined() && t.storage().unsafeGetStorageImpl() == m.storage().unsafeGetStorageImpl();
+  };
+  return !same(f.flat_param->shard()) && !same(f.flat_param->full());
+}
+
+void Engine::step_in_backward(Flat& f, const at::Tensor& g) {
+  std::shared_ptr<c10::Event> arrived;
+  if (host_master(f)) {
+    f.master.mutable_grad() = f.host_grad;  // (grad_to_host just queued the copy into it)
+    arrived = std::make_shared<c10::Event>(host_copies_->to_host_event());
+  } else {
+    // A copy of its own: the reduction's buffers are reused while the step reads it.
+    f.master.mutable_grad() = g.to(f.master.device(), f.master.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  }
+  note_master_grad(f);
+  f.stepped_in_backward = true;
+  if (!step_worker_) step_worker_ = std::make_unique<StepWorker>();
+  step_worker_->post([this, master = f.master, arrived, name = f.flat_param->name()] {
+    if (arrived) arrived->synchronize();  // the gradient is in host memory
+    memory::CategoryScope cat(memory::Category::OptimizerState);
+    if (!step_one_(master))
+      throw accel::LogicError(
+          fmt::format("step_in_backward: the master of {} could not take the optimizer's fused CPU step (its state or "
+                      "options changed to something those kernels do not do)",
+                      name));
+  });
+}
+
+void Engine::wait_steps_in_backward() {
+  if (step_worker_) step_worker_->wait();
+}
+
+std::vector<at::Tensor> Engine::stepped_in_backward() const {
+  std::vector<at::Tensor> out;
+  for (const auto& f : flats_)
+    if (f.stepped_in_backward) out.push_back(f.master);
+  return out;
+}
+
+void Engine::refuse_after_step_in_backward(const char* what) const {
+  for (const auto& f : flats_)
+    if (f.stepped_in_backward)
+      throw accel::LogicError(fmt::format(
+          "accel: {} after the optimizer already stepped {} in backward (step_in_backward, ACCEL_STEP_IN_BACKWARD): "
+          "the step would not see it; turn step_in_backward off to clip, unscale or skip steps",
+          what, f.flat_param->name()));
 }
 
 void Engine::step_failed(const std::string& what) {

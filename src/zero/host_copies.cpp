@@ -56,6 +56,12 @@ c10::Event HostCopies::to_device_async(const at::Tensor& dst, const at::Tensor& 
   return done;
 }
 
+c10::Event HostCopies::to_host_event() {
+  c10::Event done(device_.type());
+  done.record(to_host_);
+  return done;
+}
+
 void HostCopies::current_waits(const c10::Event& done) const {
   c10::impl::VirtualGuardImpl impl(device_.type());
   done.block(impl.getStream(device_));

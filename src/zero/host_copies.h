@@ -33,6 +33,8 @@ class HostCopies {
   void to_host(const at::Tensor& dst, const at::Tensor& src);
   void to_device(const at::Tensor& dst, const at::Tensor& src);
   c10::Event to_device_async(const at::Tensor& dst, const at::Tensor& src);
+  // An event that passes once every copy to the host queued so far has finished.
+  c10::Event to_host_event();
   void current_waits(const c10::Event& done) const;
   // numel elements of host memory page-locked for the devices (copies from and to it run on the side
   // streams without the host), taking the bytes it asks for rounded up to a page: PyTorch's pinned

@@ -1,15 +1,20 @@
 #include "zero/optimizers.h"
+#include "base/error.h"
 
 #include "base/memory.h"
 #include "optim/fused_step.h"
 #include "zero/engine.h"
 
 #include <ATen/record_function.h>
+#include <c10/util/Type.h>
+#include <fmt/format.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
+
+#include <type_traits>
 
 namespace accel::zero {
 namespace {
@@ -25,7 +30,27 @@ class Sharded final : public Opt {
  public:
   Sharded(const std::vector<optim::OptimizerParamGroup>& groups, const Options& defaults,
           std::shared_ptr<Engine> engine)
-      : Opt(groups, defaults), engine_(std::move(engine)) {}
+      : Opt(groups, defaults), engine_(std::move(engine)) {
+    if (!engine_->spec().step_in_backward) return;
+    // The engine steps each master alone as its gradient is final: the fused CPU kernels' step of one
+    // parameter, which exist for these three.
+    constexpr bool fused =
+        std::is_same_v<Opt, optim::Adam> || std::is_same_v<Opt, optim::AdamW> || std::is_same_v<Opt, optim::SGD>;
+    if (!fused)
+      throw InvalidArgumentError(fmt::format(
+          "step_in_backward steps each shard with accel's fused CPU kernels, which exist for Adam, AdamW and SGD; "
+          "the optimizer is {}",
+          c10::demangle(typeid(Opt).name())));
+    engine_->set_step_one(
+        [this](const at::Tensor& master) { return accel::optim::fused_step_param(*this, typeid(Opt), master); });
+  }
+  ~Sharded() override {
+    if (!engine_->spec().step_in_backward) return;
+    try {
+      engine_->set_step_one(nullptr);  // (after the steps still running on this optimizer)
+    } catch (...) {
+    }
+  }
 
   at::Tensor step(optim::Optimizer::LossClosure closure = nullptr) override {
     RECORD_USER_SCOPE("accel::optimizer_step");  // (the engine's before/after and the sharded step)
@@ -41,6 +66,19 @@ class Sharded final : public Opt {
  private:
   at::Tensor sharded_step(optim::Optimizer::LossClosure closure) {
     at::Tensor loss;
+    // The masters the engine stepped in backward (step_in_backward) are left out: without their
+    // gradients for the step, every optimizer skips them; the gradients are back afterwards.
+    struct Hidden {
+      std::vector<std::pair<at::Tensor, at::Tensor>> grads;
+      ~Hidden() {
+        for (auto& [m, g] : grads) m.mutable_grad() = g;
+      }
+    } hidden;
+    for (const at::Tensor& m : engine_->stepped_in_backward()) {
+      at::Tensor master = m;
+      hidden.grads.emplace_back(master, master.grad());
+      master.mutable_grad() = at::Tensor();
+    }
     {
       memory::CategoryScope cat(memory::Category::OptimizerState);
       if (engine_->optimizer_offload()) {

@@ -100,6 +100,14 @@ struct ShardingSpec {
   // parameter, agreed across the shard group after each step (one all-reduce of amaxes for all
   // units), and are dequantized into param_dtype on arrival. Half the gather bytes of bf16.
   bool fp8_all_gather = false;
+  // The optimizer steps each flat's fp32 master as soon as its reduced gradient is final, on a worker
+  // thread while backward goes on (a device's masters in host memory: once that gradient has reached
+  // the host), instead of all of them in optimizer.step(): the host's step overlaps the device's
+  // backward. The same arithmetic and bits as the step in step(). It takes a step after every sync
+  // backward with nothing changing the gradients in between (no clipping, no fp16 loss scaling),
+  // sharded optimizer state, and Adam, AdamW or SGD; masters that are the parameters themselves, or on
+  // disk, step in step() as before. (ACCEL_STEP_IN_BACKWARD=1 through the Accelerator.)
+  bool step_in_backward = false;
   OffloadSpec offload;
   // Where the model trains, when it is handed over somewhere else: the engine flattens and shards it
   // where it is (the host) and moves each flat's buffers there once its offloaded shard has left.

@@ -30,6 +30,7 @@
 #include "test_world.h"
 #include "zero/host_copies.h"
 #include "zero/param_offload.h"
+#include "zero/sharded_optimizer.h"
 
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/autocast_mode.h>
@@ -452,6 +453,52 @@ TEST(CudaTraining_CUDA, OffloadParamsToHostMemoryAndNvmeTrainsLikeTheDevice) {
       const auto ref = plain_reference(t.device, steps);
       for (const auto& [name, want] : ref) EXPECT_LE(rel_err(t.params.at(name), want), 1e-5) << name;
     }
+  }
+}
+
+// ShardingSpec::step_in_backward over a device's masters in host memory (ZeRO-Offload, and with the
+// parameter shards there too): each master's fused CPU step runs on the worker once its gradient's copy
+// to the host has arrived, while the device's backward goes on; the same bits as the step in step().
+TEST(StepInBackward_CUDA, HostMastersStepDuringBackwardWithTheSameBits) {
+  SKIP_WITHOUT_CUDA();
+  const c10::Device dev = my_device();
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  for (const bool params_too : {false, true}) {
+    SCOPED_TRACE(params_too ? "optimizer and parameters in host memory" : "optimizer in host memory");
+    std::vector<at::Tensor> masters[2];
+    std::vector<double> losses[2];
+    for (const bool in_backward : {false, true}) {
+      at::manual_seed(5);
+      auto mdl = std::make_shared<MLPImpl>(std::vector<int64_t>{64, 256, 256, 8});
+      mdl->to(dev);
+      torch::optim::AdamW user(mdl->parameters(), torch::optim::AdamWOptions(1e-2));
+      zero::ShardingSpec spec = zero::ShardingSpec::zero(3);
+      spec.offload.optimizer = zero::OffloadDevice::Cpu;
+      if (params_too) spec.offload.param = zero::OffloadDevice::Cpu;
+      spec.step_in_backward = in_backward;
+      auto p = zero::prepare(mdl, user, spec, world);
+      std::size_t optimized = 0;
+      for (const auto& f : p.engine->flats()) optimized += f.group >= 0 ? 1 : 0;
+      for (int step = 0; step < 3; ++step) {
+        at::manual_seed(100 + step);
+        const at::Tensor x = at::randn({8 * N, 64}).to(dev), y = at::randn({8 * N, 8}).to(dev);
+        const at::Tensor loss = at::mse_loss(mdl->forward(x.narrow(0, 8 * r, 8)), y.narrow(0, 8 * r, 8));
+        losses[in_backward].push_back(loss.item<double>());
+        p.engine->backward(loss);
+        EXPECT_EQ(p.engine->stepped_in_backward().size(), in_backward ? optimized : 0u);
+        p.optimizer->step();
+        p.optimizer->zero_grad();
+      }
+      for (const auto& f : p.engine->flats())
+        if (f.group >= 0) {
+          EXPECT_TRUE(f.master.is_cpu()) << "a host master";
+          masters[in_backward].push_back(f.master.clone());
+        }
+    }
+    ASSERT_EQ(masters[1].size(), masters[0].size());
+    for (std::size_t i = 0; i < masters[0].size(); ++i) EXPECT_TRUE(at::equal(masters[1][i], masters[0][i])) << i;
+    EXPECT_EQ(losses[1], losses[0]);
   }
 }
 

@@ -1,0 +1,58 @@
+#include "zero/step_worker.h"
+
+#include <utility>
+
+namespace accel::zero {
+
+StepWorker::StepWorker() : thread_([this] { run(); }) {}
+
+StepWorker::~StepWorker() {
+  try {
+    wait();
+  } catch (...) {
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void StepWorker::post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+}
+
+void StepWorker::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return tasks_.empty() && running_ == 0; });
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+void StepWorker::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+    if (tasks_.empty()) return;  // (stop_, nothing left)
+    std::function<void()> task = std::move(tasks_.front());
+    tasks_.pop_front();
+    ++running_;
+    lock.unlock();
+    std::exception_ptr err;
+    try {
+      task();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lock.lock();
+    --running_;
+    if (err && !error_) error_ = err;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace accel::zero
