@@ -63,6 +63,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #if __has_include(<c10/cuda/CUDACachingAllocator.h>) && __has_include(<cuda_runtime_api.h>)
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -311,10 +312,13 @@ int run_bench(int argc, char** argv) {
     if (r == 0) fmt::print(stderr, "step_bench: --device_memory caps a CUDA device: give --device cuda\n");
     return 2;
   }
+  // The Accelerator's rule: a simulated topology (ACCEL_RANKS_PER_NODE) puts every rank on this machine.
+  const auto& topo = world->topology();
   const c10::Device device =
-      on_cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world->topology().local_rank %
+      on_cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>((topo.simulated ? topo.rank : topo.local_rank) %
                                                                       at::detail::getCUDAHooks().deviceCount()))
               : c10::Device(c10::kCPU);
+  if (on_cuda) c10::impl::VirtualGuardImpl(c10::kCUDA).setDevice(device);  // (as the Accelerator does)
   auto sync_device = [&] {
     if (on_cuda) at::detail::getCUDAHooks().deviceSynchronize(device.index());
   };

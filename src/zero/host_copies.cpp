@@ -33,6 +33,9 @@ HostCopies::HostCopies(c10::Device device)
 
 void HostCopies::queue(const c10::Stream& side, const at::Tensor& dst, const at::Tensor& src,
                        const at::Tensor& on_device) {
+  // The device current while events are recorded and blocked (c10 switches back to the thread's device
+  // after them, which would make a context on GPU 0 for a thread that never chose one).
+  const c10::DeviceGuard on(device_);
   c10::impl::VirtualGuardImpl impl(device_.type());
   c10::Event ready(device_.type());  // the side stream waits for the current stream's queued work
   ready.record(impl.getStream(device_));
@@ -51,18 +54,21 @@ void HostCopies::to_device(const at::Tensor& dst, const at::Tensor& src) { curre
 
 c10::Event HostCopies::to_device_async(const at::Tensor& dst, const at::Tensor& src) {
   queue(to_device_, dst, src, dst);
+  const c10::DeviceGuard on(device_);
   c10::Event done(device_.type());
   done.record(to_device_);
   return done;
 }
 
 c10::Event HostCopies::to_host_event() {
+  const c10::DeviceGuard on(device_);
   c10::Event done(device_.type());
   done.record(to_host_);
   return done;
 }
 
 void HostCopies::current_waits(const c10::Event& done) const {
+  const c10::DeviceGuard on(device_);
   c10::impl::VirtualGuardImpl impl(device_.type());
   done.block(impl.getStream(device_));
 }

@@ -30,6 +30,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -115,17 +116,20 @@ ncclRedOp_t nccl_op(ReduceOp op, int rank, int device) {
 // Makes `device` current for the lifetime of the object without ever throwing (destructor paths).
 class NoThrowDeviceGuard {
  public:
-  explicit NoThrowDeviceGuard(int device) {
+  explicit NoThrowDeviceGuard(int device) : device_(device) {
     if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
     if (prev_ != device) (void)cudaSetDevice(device);
   }
   ~NoThrowDeviceGuard() {
-    if (prev_ >= 0) (void)cudaSetDevice(prev_);
+    // Back to the thread's device only where it has a context already: a thread that never chose one
+    // (device 0 by default) would otherwise get a context made on GPU 0 for it.
+    if (prev_ >= 0 && prev_ != device_) (void)c10::cuda::MaybeSetDevice(static_cast<c10::DeviceIndex>(prev_));
   }
   NoThrowDeviceGuard(const NoThrowDeviceGuard&) = delete;
   NoThrowDeviceGuard& operator=(const NoThrowDeviceGuard&) = delete;
 
  private:
+  int device_;
   int prev_ = -1;
 };
 

@@ -3,6 +3,7 @@
 #include "comm/transport/staged/staged_backend.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/StreamGuard.h>
@@ -46,6 +47,10 @@ class StagedBackend final : public Backend {
       if (t->device() != device_)
         throw InvalidArgument(fmt::format("{}: tensor on {} but this communicator stages {} (rank {})", name_,
                                           t->device().str(), device_.str(), rank()));
+    // This device current while events are recorded and streams blocked here: c10's event calls switch
+    // back to the thread's device after, which would make a context on GPU 0 for a thread that never
+    // chose one.
+    const c10::DeviceGuard on_device(device_);
     const at::Tensor in = r.input.view({-1}), out = r.output.view({-1});
     const bool broadcast = r.kind == Collective::Broadcast;
     // Pinned copies: in place for all_reduce and broadcast, as the host transport allows.
@@ -80,8 +85,13 @@ class StagedBackend final : public Backend {
     h.root = r.root;
     h.work =
         std::make_shared<Work>(r.work->what() + " (staged through host memory)", rank(), size(), default_timeout());
-    h.ready = [staged] { return staged->query(); };
+    // (Both run on the host transport's progress thread: the device guard again.)
+    h.ready = [staged, device = device_] {
+      const c10::DeviceGuard on_device(device);
+      return staged->query();
+    };
     h.then = [out, h_out, queued, done, copy_back, device = device_, stream = to_device_] {
+      const c10::DeviceGuard on_device(device);
       queued->block(stream);
       c10::StreamGuard on_copy_stream(stream);
       c10::NoGradGuard raw_bytes;
