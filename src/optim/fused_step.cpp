@@ -208,8 +208,9 @@ template <class Options, class State>
 bool fusable(torch::optim::Optimizer& opt, const c10::TensorImpl* only) {
   for (auto& group : opt.param_groups()) {
     for (auto& p : group.params()) {
+      if (only && p.unsafeGetTensorImpl() != only) continue;  // (before p.grad(): another thread may set it)
       const at::Tensor& g = p.grad();
-      if (!g.defined() || (only && p.unsafeGetTensorImpl() != only)) continue;
+      if (!g.defined()) continue;
       if (!flat_f32(p, p.numel()) || !flat_f32(g, p.numel())) return false;
       auto it = opt.state().find(p.unsafeGetTensorImpl());
       if (it == opt.state().end()) continue;
@@ -243,7 +244,7 @@ bool adam_like(torch::optim::Optimizer& opt, bool decoupled, const c10::TensorIm
     h.amsgrad = o.amsgrad();
     h.decoupled_weight_decay = decoupled;
     for (auto& p : group.params()) {
-      if (!p.grad().defined() || (only && p.unsafeGetTensorImpl() != only)) continue;
+      if ((only && p.unsafeGetTensorImpl() != only) || !p.grad().defined()) continue;
       auto& st = detail::adam_state<State>(opt, p, h.amsgrad);
       st.step(st.step() + 1);
       at::Tensor vmax = h.amsgrad ? st.max_exp_avg_sq() : at::Tensor();
@@ -271,8 +272,9 @@ bool sgd(torch::optim::SGD& opt, const c10::TensorImpl* only) {
     h.weight_decay = o.weight_decay();
     h.nesterov = o.nesterov();
     for (auto& p : group.params()) {
+      if (only && p.unsafeGetTensorImpl() != only) continue;
       const at::Tensor& g = p.grad();
-      if (!g.defined() || (only && p.unsafeGetTensorImpl() != only)) continue;
+      if (!g.defined()) continue;
       at::Tensor buf;
       bool first = false;
       if (h.momentum != 0) {
@@ -361,6 +363,7 @@ bool fused_step_as(torch::optim::Optimizer& opt, const std::type_info& type) {
 }
 
 bool fused_step_param(torch::optim::Optimizer& opt, const std::type_info& type, const at::Tensor& param) {
+  // (Only param's own gradient is looked at: another thread may be setting the others'.)
   if (!param.defined() || !param.grad().defined()) return false;
   const c10::TensorImpl* only = param.unsafeGetTensorImpl();
   bool known = false;  // one of opt's parameters

@@ -202,8 +202,8 @@ void Engine::abort_backward() {
     }
   if (stepped)
     log::warning(
-        fmt::format("accel: a backward that failed had already stepped {} optimizer shard(s) of this rank "
-                    "(step_in_backward); they keep that step",
+        fmt::format("accel: a backward that failed had already posted the steps of {} optimizer shard(s) of this "
+                    "rank (step_in_backward); those taken are kept",
                     stepped));
   if (reducer_ && sync_) {
     // Issue every remaining bucket, as a finished backward would: a rank that had launched some
@@ -335,7 +335,13 @@ void Engine::finalize_backward() {
     // The host reads the offloaded masters' gradients from here on (clipping, unscaling, the step);
     // parameter shards on their way to the device go on.
     if (host_copies_) host_copies_->synchronize_to_host();
-    wait_steps_in_backward();  // (step_in_backward: the masters are the optimizer's again)
+    // (step_in_backward: the masters are the optimizer's again. A step that failed fails the
+    // optimizer's step, as a step that throws there would: the reductions are all done and agreed.)
+    try {
+      wait_steps_in_backward();
+    } catch (...) {
+      step_error_ = std::current_exception();
+    }
   } else {
     // Accumulating: keep the parameters' .grad on their flat views so the next backward adds in place.
     for (auto& f : flats_)

@@ -9,10 +9,12 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 
 #include <cmath>
 #include <stdexcept>
+#include <utility>
 
 namespace accel::zero {
 
@@ -106,6 +108,15 @@ void Engine::before_step() {
   if (in_backward_) throw accel::LogicError("accel: optimizer step during backward");
   wait_host_copies();  // (the last step's copies to the device read the masters the step writes)
   wait_steps_in_backward();
+  if (step_error_) {
+    // A step taken in backward failed: this step fails with its error (the job ends, as for any step
+    // that throws), and the window's gradients go, so that nothing adds to them or steps them again.
+    const std::exception_ptr e = std::exchange(step_error_, nullptr);
+    for (auto& f : flats_)
+      if (f.stepped_in_backward) f.master.mutable_grad() = at::Tensor();
+    close_step();
+    std::rethrow_exception(e);
+  }
   sync_node_shared();  // no peer still reads the node-shared parameters this step writes
 }
 
@@ -144,7 +155,10 @@ void Engine::step_in_backward(Flat& f, const at::Tensor& g) {
   }
   note_master_grad(f);
   f.stepped_in_backward = true;
-  if (!step_worker_) step_worker_ = std::make_unique<StepWorker>();
+  if (!step_worker_)  // (its device current on its thread for good: c10's event calls switch back to it)
+    step_worker_ = std::make_unique<StepWorker>([device = device_] {
+      if (device.is_cuda()) c10::impl::VirtualGuardImpl(device.type()).setDevice(device);
+    });
   step_worker_->post([this, master = f.master, arrived, name = f.flat_param->name()] {
     if (arrived) arrived->synchronize();  // the gradient is in host memory
     memory::CategoryScope cat(memory::Category::OptimizerState);

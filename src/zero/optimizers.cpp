@@ -53,7 +53,11 @@ class Sharded final : public Opt {
   }
 
   at::Tensor step(optim::Optimizer::LossClosure closure = nullptr) override {
-    RECORD_USER_SCOPE("accel::optimizer_step");  // (the engine's before/after and the sharded step)
+    RECORD_USER_SCOPE("accel::optimizer_step");       // (the engine's before/after and the sharded step)
+    if (closure && engine_->spec().step_in_backward)  // (its backward would step the masters, then this again)
+      throw InvalidArgumentError(
+          "step(closure) with step_in_backward: the closure's backward already steps each shard; call backward, "
+          "then step() without a closure");
     engine_->before_step();
     try {
       return sharded_step(std::move(closure));

@@ -4,7 +4,18 @@
 
 namespace accel::zero {
 
-StepWorker::StepWorker() : thread_([this] { run(); }) {}
+StepWorker::StepWorker(std::function<void()> on_start)
+    : thread_([this, on_start = std::move(on_start)] {
+        if (on_start) {
+          try {
+            on_start();
+          } catch (...) {
+            std::lock_guard<std::mutex> lock(mu_);
+            error_ = std::current_exception();
+          }
+        }
+        run();
+      }) {}
 
 StepWorker::~StepWorker() {
   try {
@@ -38,16 +49,18 @@ void StepWorker::run() {
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
     if (tasks_.empty()) return;  // (stop_, nothing left)
-    std::function<void()> task = std::move(tasks_.front());
-    tasks_.pop_front();
-    ++running_;
-    lock.unlock();
     std::exception_ptr err;
-    try {
-      task();
-    } catch (...) {
-      err = std::current_exception();
-    }
+    {
+      std::function<void()> task = std::move(tasks_.front());
+      tasks_.pop_front();
+      ++running_;
+      lock.unlock();
+      try {
+        task();
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }  // (what the task holds goes before wait() returns)
     lock.lock();
     --running_;
     if (err && !error_) error_ = err;

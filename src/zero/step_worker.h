@@ -14,7 +14,8 @@ namespace accel::zero {
 
 class StepWorker {
  public:
-  StepWorker();
+  // on_start runs first on the worker's thread (the engine makes its device current there).
+  explicit StepWorker(std::function<void()> on_start = nullptr);
   ~StepWorker();  // waits for what is posted, then ends the thread (an error of a task is dropped)
   StepWorker(const StepWorker&) = delete;
   StepWorker& operator=(const StepWorker&) = delete;

@@ -125,8 +125,37 @@ TEST(EngineStepInBackward, WhatItCannotServeIsRefused) {
     p.optimizer->step();  // then training goes on
     p.optimizer->zero_grad();
     p.engine->backward(at::mse_loss(mdl->forward(x), y));
+    EXPECT_THROW(p.optimizer->step([&] { return at::mse_loss(mdl->forward(x), y); }), accel::InvalidArgumentError)
+        << "a closure's backward would step the shards, then step() again";
     p.optimizer->step();
   }
+}
+
+// A step in backward that fails (here: amsgrad switched on over state made without it, which the fused
+// kernels do not take) fails the optimizer's step with its error, and drops that window's gradients:
+// the next backward starts from none and steps in backward again. (One rank: at more, a failed step
+// ends the job.)
+TEST(EngineStepInBackward, AFailedStepFailsTheOptimizerStep) {
+  auto world = test::world();
+  if (world->size() != 1) GTEST_SKIP() << "a failed step ends a job of more than one rank";
+  auto mdl = bf16_mlp();
+  auto user = optimizer_of(0, *mdl);
+  auto p = zero::prepare(mdl, *user, with_bf16(ShardingSpec::zero(2), true), world);
+  std::size_t optimized = 0;
+  for (const auto& f : p.engine->flats()) optimized += f.group >= 0 ? 1 : 0;
+  auto [x, y] = make_batch(ModelKind::MLP, at::kBFloat16, 0, 0);
+  auto& options = static_cast<torch::optim::AdamWOptions&>(p.optimizer->param_groups()[0].options());
+  p.engine->backward(at::mse_loss(mdl->forward(x), y));
+  p.optimizer->step();
+  p.optimizer->zero_grad();
+  options.amsgrad(true);
+  p.engine->backward(at::mse_loss(mdl->forward(x), y));
+  EXPECT_THROW(p.optimizer->step(), accel::LogicError);
+  options.amsgrad(false);
+  p.optimizer->zero_grad();
+  p.engine->backward(at::mse_loss(mdl->forward(x), y));
+  EXPECT_EQ(p.engine->stepped_in_backward().size(), optimized) << "the failed window's gradients were kept";
+  p.optimizer->step();
 }
 
 }  // namespace
