@@ -470,7 +470,9 @@ TEST(StepInBackward_CUDA, HostMastersStepDuringBackwardWithTheSameBits) {
     std::vector<double> losses[2];
     for (const bool in_backward : {false, true}) {
       at::manual_seed(5);
-      auto mdl = std::make_shared<MLPImpl>(std::vector<int64_t>{64, 256, 256, 8});
+      // (Units of 8-16 MiB: each gradient's copy to the host takes long enough that a step not waiting
+      // for it would read a half-written gradient.)
+      auto mdl = std::make_shared<MLPImpl>(std::vector<int64_t>{512, 2048, 2048, 16});
       mdl->to(dev);
       torch::optim::AdamW user(mdl->parameters(), torch::optim::AdamWOptions(1e-2));
       zero::ShardingSpec spec = zero::ShardingSpec::zero(3);
@@ -482,7 +484,7 @@ TEST(StepInBackward_CUDA, HostMastersStepDuringBackwardWithTheSameBits) {
       for (const auto& f : p.engine->flats()) optimized += f.group >= 0 ? 1 : 0;
       for (int step = 0; step < 3; ++step) {
         at::manual_seed(100 + step);
-        const at::Tensor x = at::randn({8 * N, 64}).to(dev), y = at::randn({8 * N, 8}).to(dev);
+        const at::Tensor x = at::randn({8 * N, 512}).to(dev), y = at::randn({8 * N, 16}).to(dev);
         const at::Tensor loss = at::mse_loss(mdl->forward(x.narrow(0, 8 * r, 8)), y.narrow(0, 8 * r, 8));
         losses[in_backward].push_back(loss.item<double>());
         p.engine->backward(loss);
