@@ -45,6 +45,8 @@
 #                          against no offload's, the device's peak and the host's, and the share of
 #                          the step the GPU was busy at that size (one more run, under --profile)
 #   --device-memory GB     the per-rank device cap with --device cuda [8]
+#   --step-in-backward     with --device cuda: the offloaded strategies (+opt) step their host optimizer
+#                          during backward (step_bench --step-in-backward, ACCEL_STEP_IN_BACKWARD)
 #   --start "S=D ..."      where strategy S's search starts (instead of estimate-memory's prediction):
 #                          at a known answer it takes two runs, D passing and D + --resolution failing
 #                          (a short device lease: --start "ZERO_3=1280 ZERO_3+opt=2304 ZERO_3+ckpt+opt+param=3200"
@@ -66,7 +68,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 STRATEGIES="DDP ZERO_1 ZERO_2 ZERO_3 ZERO_3+ckpt"
 RANKS=2 LAYERS=20 HEADS=16 SEQ=64 BATCH=1 VOCAB=4096 RES=128 MIN_D="" CAP_GB="" LOG=largest_model.log
-OFFLOAD="" FIXED_D="" SUB_GROUP=100000000 DEVICE=cpu DEVICE_GB=8 RANKS_SET="" SEQ_SET="" STRATEGIES_SET="" START=""
+SIB="" OFFLOAD="" FIXED_D="" SUB_GROUP=100000000 DEVICE=cpu DEVICE_GB=8 RANKS_SET="" SEQ_SET="" STRATEGIES_SET="" START=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --strategies) STRATEGIES=$2; STRATEGIES_SET=1; shift 2 ;;
@@ -86,6 +88,7 @@ while [ $# -gt 0 ]; do
     --d-model) FIXED_D=$2; shift 2 ;;
     --sub-group-size) SUB_GROUP=$2; shift 2 ;;
     --start) START=$2; shift 2 ;;
+    --step-in-backward) SIB=1; shift ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "largest_model.sh: unknown option '$1' (--help)" >&2; exit 2 ;;
   esac
@@ -153,6 +156,8 @@ run() {
     ZERO_3+ckpt+opt+param) name=ZERO_3; extra=(--checkpoint --offload-optimizer cpu --offload-param cpu) ;;
     ZERO_3+ckpt+opt+nvme) name=ZERO_3; extra=(--checkpoint --offload-optimizer cpu --offload-param "$OFFLOAD") ;;
   esac
+  # (--step-in-backward: the strategies whose optimizer is in host memory step it during backward)
+  if [ -n "$SIB" ] && [[ "$s" == *+opt* ]]; then extra+=(--step-in-backward); fi
   extra+=("${DEVICE_ARGS[@]}" "${RUN_EXTRA[@]}")
   # Sizes predicted far past the cap are not tried (the watchdog would kill them anyway).
   local p

@@ -115,7 +115,12 @@ void Engine::before_step() {
     for (auto& f : flats_)
       if (f.stepped_in_backward) f.master.mutable_grad() = at::Tensor();
     close_step();
-    std::rethrow_exception(e);
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& err) {
+      step_failed(err.what());  // (the peers are about to enter the step's collectives)
+      throw;
+    }
   }
   sync_node_shared();  // no peer still reads the node-shared parameters this step writes
 }
