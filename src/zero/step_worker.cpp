@@ -1,8 +1,15 @@
 #include "zero/step_worker.h"
 
+#include <atomic>
+#include <chrono>
 #include <utility>
 
 namespace accel::zero {
+namespace {
+std::atomic<int> g_delay_ms{0};
+}  // namespace
+
+void StepWorker::delay_tasks_for_tests(int ms) { g_delay_ms.store(ms); }
 
 StepWorker::StepWorker(std::function<void()> on_start)
     : thread_([this, on_start = std::move(on_start)] {
@@ -55,6 +62,7 @@ void StepWorker::run() {
       tasks_.pop_front();
       ++running_;
       lock.unlock();
+      if (const int ms = g_delay_ms.load(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
       try {
         task();
       } catch (...) {

@@ -26,6 +26,10 @@ class StepWorker {
   // (the tasks after it still ran).
   void wait();
 
+  // Tests: every task starts this many milliseconds late (0: none), so that a caller that forgets to
+  // wait reads what the tasks have not written yet.
+  static void delay_tasks_for_tests(int ms);
+
  private:
   void run();
   std::mutex mu_;

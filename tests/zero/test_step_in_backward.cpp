@@ -4,6 +4,7 @@
 // second backward before the step) is refused by name.
 #include "optim/fused_step.h"
 #include "support/harness.h"
+#include "zero/step_worker.h"
 
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
@@ -53,9 +54,18 @@ Result train_steps(const ShardingSpec& spec, int kind, std::shared_ptr<comm::Com
     at::Tensor loss = at::mse_loss(mdl->forward(x.narrow(0, r * local, local)), y.narrow(0, r * local, local));
     out.losses.push_back(loss.item<double>());
     p.engine->backward(loss);
-    // In this mode every master was stepped during the backward that just returned.
+    // In this mode every master was stepped during the backward that just returned, and those steps are
+    // done: the masters read now are the ones after the step.
     EXPECT_EQ(p.engine->stepped_in_backward().size(), spec.step_in_backward ? optimized : 0u) << "step " << step;
+    std::vector<at::Tensor> seen;
+    for (const auto& f : p.engine->flats())
+      if (f.group >= 0) seen.push_back(f.master.clone());
     p.optimizer->step();
+    if (spec.step_in_backward) {
+      std::size_t k = 0;
+      for (const auto& f : p.engine->flats())
+        if (f.group >= 0) EXPECT_TRUE(at::equal(seen[k++], f.master)) << "a step still running after backward returned";
+    }
     EXPECT_TRUE(p.engine->stepped_in_backward().empty());
     p.optimizer->zero_grad();
   }
@@ -77,6 +87,11 @@ Result train_steps(const ShardingSpec& spec, int kind, std::shared_ptr<comm::Com
 
 TEST(EngineStepInBackward, GivesTheBitsOfTheStepInStep) {
   auto world = test::world();
+  // Each step starts late: one that backward did not wait for would show in the masters read after it.
+  zero::StepWorker::delay_tasks_for_tests(5);
+  struct Undelay {
+    ~Undelay() { zero::StepWorker::delay_tasks_for_tests(0); }
+  } undelay;
   const std::vector<std::pair<std::string, ShardingSpec>> specs = {
       {"ZeRO1", ShardingSpec::zero(1)},
       {"ZeRO2", ShardingSpec::zero(2)},
