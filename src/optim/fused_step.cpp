@@ -350,14 +350,20 @@ bool counted(bool stepped) {
 
 std::uint64_t fused_steps() { return g_fused_steps.load(std::memory_order_relaxed); }
 
+namespace {
+// The CPU kernels' step for `type` (one of the three), of every parameter or of `only`.
+bool cpu_step(torch::optim::Optimizer& opt, const std::type_info& type, const c10::TensorImpl* only) {
+  if (type == typeid(torch::optim::AdamW))
+    return adam_like<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, true, only);
+  if (type == typeid(torch::optim::Adam))
+    return adam_like<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, false, only);
+  if (type == typeid(torch::optim::SGD)) return sgd(dynamic_cast<torch::optim::SGD&>(opt), only);
+  return false;
+}
+}  // namespace
+
 bool fused_step_as(torch::optim::Optimizer& opt, const std::type_info& type) {
-  if (type == typeid(torch::optim::AdamW) &&
-      adam_like<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, true, nullptr))
-    return counted(true);
-  if (type == typeid(torch::optim::Adam) &&
-      adam_like<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, false, nullptr))
-    return counted(true);
-  if (type == typeid(torch::optim::SGD) && sgd(dynamic_cast<torch::optim::SGD&>(opt), nullptr)) return counted(true);
+  if (cpu_step(opt, type, nullptr)) return counted(true);
   // Not CPU float32: parameters on a device go through PyTorch's fused multi-tensor kernels.
   return counted(multi_tensor_step(opt, type));
 }
@@ -369,13 +375,7 @@ bool fused_step_param(torch::optim::Optimizer& opt, const std::type_info& type, 
   bool known = false;  // one of opt's parameters
   for (const auto& group : opt.param_groups())
     for (const auto& p : group.params()) known = known || p.unsafeGetTensorImpl() == only;
-  if (!known) return false;
-  if (type == typeid(torch::optim::AdamW))
-    return adam_like<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(opt, true, only);
-  if (type == typeid(torch::optim::Adam))
-    return adam_like<torch::optim::AdamOptions, torch::optim::AdamParamState>(opt, false, only);
-  if (type == typeid(torch::optim::SGD)) return sgd(dynamic_cast<torch::optim::SGD&>(opt), only);
-  return false;
+  return known && cpu_step(opt, type, only);
 }
 
 }  // namespace accel::optim
