@@ -145,6 +145,54 @@ __global__ void quantize_kernel(const T* __restrict__ x, std::int64_t n, const s
   for (std::int64_t i = done + first; i < n; i += stride) out[i] = cast<F>(to_f32(x[i]), scale, kMax);
 }
 
+// A [rows, cols] matrix in tiles of 32 x 32 elements, a block of 32 x 8 threads walking tiles b,
+// b + gridDim.x, ... (numbered along the rows of tiles). Each warp reads (and writes to `out`) 32
+// neighbouring elements of a row; the tile goes through shared memory, and the warps write the
+// transposed tile to `out_t` along its rows, 32 neighbouring bytes each. kCast: x is T, cast to F with
+// the tensor's scale (from amax_bits); otherwise x is already bytes (T = uint8), copied as they are.
+// (The row's padding of 4 bytes puts the 32 bytes a warp reads down a column in 32 different banks.)
+constexpr int kTile = 32, kTileRows = 8;
+template <typename T, bool kCast, OutFormat F>
+__global__ void tile_transpose_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols,
+                                      const std::uint32_t* __restrict__ amax_bits, double qmax,
+                                      std::uint8_t* __restrict__ out, std::uint8_t* __restrict__ out_t,
+                                      float* __restrict__ scale_out, float* __restrict__ inv_out) {
+  __shared__ std::uint8_t tile[kTile][kTile + 4];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  float scale = 1.0f;
+  if constexpr (kCast) {
+    scale = scale_of(*amax_bits, qmax);
+    if (blockIdx.x == 0 && tx == 0 && ty == 0) {
+      *scale_out = scale;
+      *inv_out = 1.0f / scale;
+    }
+  }
+  constexpr float kMax = fp8_max<F>();
+  const std::int64_t col_tiles = (cols + kTile - 1) / kTile;
+  const std::int64_t tiles = col_tiles * ((rows + kTile - 1) / kTile);
+  for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {  // (the same trip count in every thread)
+    const std::int64_t r0 = t / col_tiles * kTile, c0 = t % col_tiles * kTile;
+    for (int i = ty; i < kTile; i += kTileRows) {
+      const std::int64_t r = r0 + i, c = c0 + tx;
+      if (r < rows && c < cols) {
+        std::uint8_t q;
+        if constexpr (kCast)
+          q = cast<F>(to_f32(x[r * cols + c]), scale, kMax);
+        else
+          q = x[r * cols + c];
+        if (out) out[r * cols + c] = q;
+        tile[i][tx] = q;
+      }
+    }
+    __syncthreads();
+    for (int i = ty; i < kTile; i += kTileRows) {
+      const std::int64_t c = c0 + i, r = r0 + tx;
+      if (c < cols && r < rows) out_t[c * rows + r] = tile[tx][i];
+    }
+    __syncthreads();  // (the tile is written again for the block's next one)
+  }
+}
+
 // dim 1: one block per row, two passes over it (its amax, then its cast).
 template <typename T, OutFormat F>
 __global__ void rowwise_kernel(const T* __restrict__ x, std::int64_t cols, double qmax, bool pow2,
@@ -288,6 +336,27 @@ void tensorwise(const T* x, std::int64_t n, double qmax, std::uint32_t* amax_bit
   check_launch("quantize");
 }
 
+// The blocks of 256 threads for the tiles of a [rows, cols] matrix: one a tile, at most device_blocks().
+int tile_blocks(std::int64_t rows, std::int64_t cols) {
+  const std::int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(tiles, device_blocks())));
+}
+
+template <typename T, OutFormat F>
+void tensorwise_2d(const T* x, std::int64_t rows, std::int64_t cols, double qmax, std::uint32_t* amax_bits,
+                   std::uint8_t* out, std::uint8_t* out_t, float* scale, float* inv, cudaStream_t s) {
+  const std::int64_t n = rows * cols;
+  if (cudaMemsetAsync(amax_bits, 0, sizeof(std::uint32_t), s) != cudaSuccess) check_launch("zero the amax");
+  if (reinterpret_cast<std::uintptr_t>(x) % 16 == 0)
+    amax_kernel<T, true><<<blocks_for(n / Pack<T>::kN + 1), kThreads, 0, s>>>(x, n, amax_bits);
+  else
+    amax_kernel<T, false><<<blocks_for(n), kThreads, 0, s>>>(x, n, amax_bits);
+  check_launch("amax");
+  tile_transpose_kernel<T, true, F><<<tile_blocks(rows, cols), dim3(kTile, kTileRows), 0, s>>>(
+      x, rows, cols, amax_bits, qmax, out, out_t, scale, inv);
+  check_launch("cast and transpose");
+}
+
 template <typename T, OutFormat F>
 void axiswise(const T* x, std::int64_t rows, std::int64_t cols, int dim, double qmax, bool pow2,
               std::uint32_t* column_amax, std::uint8_t* out, float* scale, float* inv, cudaStream_t s) {
@@ -353,6 +422,33 @@ void quantize_tensorwise(const void* x, InDtype dtype, std::int64_t n, OutFormat
     tensorwise<T, decltype(f)::value>(static_cast<const T*>(x), n, qmax, amax_bits, out, scale, inv_scale,
                                       static_cast<cudaStream_t>(stream));
   });
+}
+
+void quantize_tensorwise_2d(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, OutFormat fmt,
+                            int margin, std::uint32_t* amax_bits, std::uint8_t* out, std::uint8_t* out_t, float* scale,
+                            float* inv_scale, void* stream) {
+  if (!out && !out_t) throw accel::InvalidArgumentError("fp8 cast: neither layout asked for");
+  if (rows < 0 || cols < 0) throw accel::InvalidArgumentError("fp8 cast: negative dims");
+  if (!out_t) {
+    quantize_tensorwise(x, dtype, rows * cols, fmt, margin, amax_bits, out, scale, inv_scale, stream);
+    return;
+  }
+  const double qmax = qmax_of(fmt, margin);
+  if (rows == 0 || cols == 0) throw accel::InvalidArgumentError("fp8 cast: an empty matrix");
+  dispatch(dtype, fmt, [&](auto tag, auto f) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    tensorwise_2d<T, decltype(f)::value>(static_cast<const T*>(x), rows, cols, qmax, amax_bits, out, out_t, scale,
+                                         inv_scale, static_cast<cudaStream_t>(stream));
+  });
+}
+
+void transpose_bytes(const std::uint8_t* in, std::int64_t rows, std::int64_t cols, std::uint8_t* out, void* stream) {
+  if (rows < 0 || cols < 0) throw accel::InvalidArgumentError("fp8 transpose: negative dims");
+  if (rows == 0 || cols == 0) return;
+  tile_transpose_kernel<std::uint8_t, false, OutFormat::E4M3>
+      <<<tile_blocks(rows, cols), dim3(kTile, kTileRows), 0, static_cast<cudaStream_t>(stream)>>>(
+          in, rows, cols, nullptr, 0.0, nullptr, out, nullptr, nullptr);
+  check_launch("transpose");
 }
 
 void quantize_axiswise(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, int dim, OutFormat fmt,

@@ -26,6 +26,19 @@ bool available();
 void quantize_tensorwise(const void* x, InDtype dtype, std::int64_t n, OutFormat fmt, int margin,
                          std::uint32_t* amax_bits, std::uint8_t* out, float* scale, float* inv_scale, void* stream);
 
+// Tensorwise over a row-major [rows, cols] x, the cast writing the fp8 values row-major to `out` and
+// their transpose ([cols, rows], row-major: x's values column-major) to `out_t`, in one pass through
+// tiles of shared memory; either may be null, not both. The operands of at::_scaled_mm in the layouts
+// cuBLASLt takes (a row-major, b column-major), so that no product copies one. Two kernels, as
+// quantize_tensorwise; the same bytes in both layouts.
+void quantize_tensorwise_2d(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, OutFormat fmt,
+                            int margin, std::uint32_t* amax_bits, std::uint8_t* out, std::uint8_t* out_t, float* scale,
+                            float* inv_scale, void* stream);
+
+// out [cols, rows] = the transpose of the row-major [rows, cols] bytes `in` (tiles through shared memory,
+// reads and writes along rows): an fp8 tensor into the other layout. One kernel.
+void transpose_bytes(const std::uint8_t* in, std::int64_t rows, std::int64_t cols, std::uint8_t* out, void* stream);
+
 // Axiswise over a row-major [rows, cols] x: dim 1 gives one scale per row (scale and inv_scale: rows
 // floats), dim 0 one per column (cols floats); out: rows * cols bytes, row-major. One kernel, a block
 // per row or per 32 columns; for dim 0 with column_amax (cols uint32 of device memory, scratch,

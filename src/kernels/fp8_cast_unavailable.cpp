@@ -13,6 +13,15 @@ void quantize_tensorwise(const void*, InDtype, std::int64_t, OutFormat, int, std
   throw accel::RuntimeError("fp8 cast kernels: this build has none (no CUDA toolkit when it was configured)");
 }
 
+void quantize_tensorwise_2d(const void*, InDtype, std::int64_t, std::int64_t, OutFormat, int, std::uint32_t*,
+                            std::uint8_t*, std::uint8_t*, float*, float*, void*) {
+  throw accel::RuntimeError("fp8 cast kernels: this build has none (no CUDA toolkit when it was configured)");
+}
+
+void transpose_bytes(const std::uint8_t*, std::int64_t, std::int64_t, std::uint8_t*, void*) {
+  throw accel::RuntimeError("fp8 cast kernels: this build has none (no CUDA toolkit when it was configured)");
+}
+
 void quantize_axiswise(const void*, InDtype, std::int64_t, std::int64_t, int, OutFormat, int, bool, std::uint32_t*,
                        std::uint8_t*, float*, float*, void*) {
   throw accel::RuntimeError("fp8 cast kernels: this build has none (no CUDA toolkit when it was configured)");

@@ -8,6 +8,7 @@
 #include <torch/nn/init.h>
 #include <torch/nn/modules/linear.h>
 
+#include <atomic>
 #include <cmath>
 #include <mutex>
 #include <stdexcept>
@@ -50,11 +51,20 @@ at::Tensor emulated_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType ou
   return acc.to(out_dtype);
 }
 
+std::atomic<std::int64_t> g_operand_copies{0};
+
 at::Tensor scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype, const at::Tensor& bias,
                      bool fast_accum) {
-  // cuBLASLt wants a row-major, b column-major.
-  at::Tensor A = a.data.contiguous();
-  at::Tensor B = b.data.t().contiguous().t();
+  // cuBLASLt wants a row-major, b column-major: an operand in another layout is copied (and counted).
+  at::Tensor A = a.data, B = b.data;
+  if (!A.is_contiguous()) {
+    A = A.contiguous();
+    g_operand_copies.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (!is_column_major(B)) {
+    B = B.t().contiguous().t();
+    g_operand_copies.fetch_add(1, std::memory_order_relaxed);
+  }
   // Tensorwise: 0-dim scales; rowwise: a's [M, 1] and b's [1, N] (cuBLASLt's rowwise scaling).
   at::Tensor sa = axiswise(a) ? a.inv_scale().contiguous() : a.inv_scale().reshape({}).contiguous();
   at::Tensor sb =
@@ -119,6 +129,12 @@ at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
   }
 }
 
+std::int64_t float8_operand_copies() { return g_operand_copies.load(std::memory_order_relaxed); }
+
+bool float8_mm_takes_layouts(Float8MatmulBackend backend, const at::Device& device) {
+  return backend == Float8MatmulBackend::ScaledMM || (backend == Float8MatmulBackend::Auto && device.is_cuda());
+}
+
 Float8Recipe float8_recipe_from_string(const std::string& s) {
   if (s == "tensorwise") return Float8Recipe::Tensorwise;
   if (s == "rowwise") return Float8Recipe::Rowwise;
@@ -143,52 +159,75 @@ using torch::autograd::variable_list;
 constexpr bool kPow2 = true;
 
 Fp8Tensor transposed(const Fp8Tensor& t) {
-  return Fp8Tensor{t.data.t(), t.scale.dim() == 2 ? t.scale.t() : t.scale, t.format};
+  auto axes = [](const at::Tensor& s) { return s.defined() && s.dim() == 2 ? s.t() : s; };
+  return Fp8Tensor{t.data.t(), axes(t.scale), t.format, axes(t.inverse)};
 }
 
+// The operands backward reads are saved in fp8 (1 byte per element), each in the layout of its
+// product: where the product may go to at::_scaled_mm (float8_mm_takes_layouts), cuBLASLt's (first
+// operand row-major, second column-major), quantized straight into it (fp8.h's Fp8Layout), so no product
+// copies an operand; for the emulation, row-major as quantized (the emulation takes any strides).
+// An operand no gradient needs is not quantized for backward.
 struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias_opt, const std::optional<at::Tensor>& weight_fp8_data,
                             const std::optional<at::Tensor>& weight_fp8_scale, int64_t backend_i, bool rowwise,
                             bool e4m3_grads, bool fast_accum) {
+    using mixed_precision::kColumnMajor;
+    using mixed_precision::kRowMajor;
     // (Optional tensors: a C++ autograd Function rejects undefined at::Tensor inputs.)
     const at::Tensor bias = bias_opt ? *bias_opt : at::Tensor();
     const auto backend = static_cast<Float8MatmulBackend>(backend_i);
     const std::int64_t in = weight.size(1), out_features = weight.size(0);
     const at::Tensor x2 = input.reshape({-1, in});
+    const bool layouts = mixed_precision::float8_mm_takes_layouts(backend, input.device());
+    const bool keep_x = weight.requires_grad();  // grad_weight reads the fp8 input
+    const bool keep_w = input.requires_grad();   // grad_input reads the fp8 weight
     at::Tensor out;
+    Fp8Tensor x_back, w_back;  // (both are the second operands of their backward products)
     if (rowwise) {
       // Forward along the rows; backward's operands quantized here along their own axis (saved fp8).
       using mixed_precision::quantize_dynamic_axiswise;
       const Fp8Tensor xq = quantize_dynamic_axiswise(x2, 1, Fp8Format::E4M3, 0, kPow2);
       const Fp8Tensor wq = quantize_dynamic_axiswise(weight, 1, Fp8Format::E4M3, 0, kPow2);
       out = mixed_precision::float8_mm(xq, transposed(wq), input.scalar_type(), backend, bias, fast_accum);
-      const Fp8Tensor xc = quantize_dynamic_axiswise(x2, 0, Fp8Format::E4M3, 0, kPow2);      // for grad_weight
-      const Fp8Tensor wc = quantize_dynamic_axiswise(weight, 0, Fp8Format::E4M3, 0, kPow2);  // for grad_input
-      ctx->saved_data["xq"] = xc.data;
-      ctx->saved_data["xs"] = xc.scale;
-      ctx->saved_data["wq"] = wc.data;
-      ctx->saved_data["ws"] = wc.scale;
+      const mixed_precision::Fp8Layout back = layouts ? kColumnMajor : kRowMajor;
+      if (keep_x) x_back = quantize_dynamic_axiswise(x2, 0, Fp8Format::E4M3, 0, kPow2, back);      // for grad_weight
+      if (keep_w) w_back = quantize_dynamic_axiswise(weight, 0, Fp8Format::E4M3, 0, kPow2, back);  // for grad_input
     } else {
-      const Fp8Tensor xq = mixed_precision::quantize_dynamic(x2, Fp8Format::E4M3);
-      const Fp8Tensor wq =
-          weight_fp8_data ? Fp8Tensor{*weight_fp8_data, weight_fp8_scale->to(at::kFloat).reshape({}), Fp8Format::E4M3}
-                          : mixed_precision::quantize_dynamic(weight, Fp8Format::E4M3);
-      out = mixed_precision::float8_mm(xq, transposed(wq), input.scalar_type(), backend, bias, fast_accum);
-      ctx->saved_data["xq"] = xq.data;
-      ctx->saved_data["xs"] = xq.scale;
-      ctx->saved_data["wq"] = wq.data;
-      ctx->saved_data["ws"] = wq.scale;
+      const unsigned back = layouts ? kColumnMajor : kRowMajor;
+      const mixed_precision::Fp8Layouts xl =
+          mixed_precision::quantize_dynamic_2d(x2, Fp8Format::E4M3, kRowMajor | (keep_x ? back : 0));
+      Fp8Tensor wq;
+      if (weight_fp8_data) {
+        wq = Fp8Tensor{*weight_fp8_data, weight_fp8_scale->to(at::kFloat).reshape({}), Fp8Format::E4M3};
+        if (keep_w) w_back = layouts ? mixed_precision::column_major(wq) : wq;
+      } else {
+        const mixed_precision::Fp8Layouts wl =
+            mixed_precision::quantize_dynamic_2d(weight, Fp8Format::E4M3, kRowMajor | (keep_w ? back : 0));
+        wq = wl.row_major;
+        if (keep_w) w_back = layouts ? wl.column_major : wl.row_major;
+      }
+      out = mixed_precision::float8_mm(xl.row_major, transposed(wq), input.scalar_type(), backend, bias, fast_accum);
+      if (keep_x) x_back = layouts ? xl.column_major : xl.row_major;
     }
+    ctx->saved_data["xq"] = x_back.data;
+    ctx->saved_data["xs"] = x_back.scale;
+    ctx->saved_data["wq"] = w_back.data;
+    ctx->saved_data["ws"] = w_back.scale;
+    ctx->saved_data["xi"] = x_back.inverse;  // (1/scale where the fused casts computed it)
+    ctx->saved_data["wi"] = w_back.inverse;
 
     ctx->saved_data["input_sizes"] = input.sizes().vec();
     ctx->saved_data["input_dtype"] = static_cast<int64_t>(input.scalar_type());
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias.defined() ? bias.scalar_type() : at::kFloat);
     ctx->saved_data["has_bias"] = bias.defined();
+    ctx->saved_data["out_features"] = out_features;
     ctx->saved_data["backend"] = backend_i;
     ctx->saved_data["rowwise"] = rowwise;
     ctx->saved_data["e4m3_grads"] = e4m3_grads;
+    ctx->saved_data["layouts"] = layouts;
 
     std::vector<int64_t> out_sizes = input.sizes().vec();
     out_sizes.back() = out_features;
@@ -196,36 +235,49 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    using mixed_precision::kColumnMajor;
+    using mixed_precision::kRowMajor;
     const auto backend = static_cast<Float8MatmulBackend>(ctx->saved_data["backend"].toInt());
     const bool rowwise = ctx->saved_data["rowwise"].toBool();
+    const bool layouts = ctx->saved_data["layouts"].toBool();
     const Fp8Format grad_format = ctx->saved_data["e4m3_grads"].toBool() ? Fp8Format::E4M3 : Fp8Format::E5M2;
-    const Fp8Tensor xq{ctx->saved_data["xq"].toTensor(), ctx->saved_data["xs"].toTensor(), Fp8Format::E4M3};
-    const Fp8Tensor wq{ctx->saved_data["wq"].toTensor(), ctx->saved_data["ws"].toTensor(), Fp8Format::E4M3};
     const auto input_sizes = ctx->saved_data["input_sizes"].toIntVector();
     const auto input_dtype = static_cast<at::ScalarType>(ctx->saved_data["input_dtype"].toInt());
     const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
     const auto bias_dtype = static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt());
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const bool need_input = ctx->needs_input_grad(0), need_weight = ctx->needs_input_grad(1);
+    // The fp8 operand forward kept for this gradient (forward keeps those whose gradient is asked).
+    auto kept = [&](const char* data, const char* scale, const char* inverse) {
+      const at::Tensor d = ctx->saved_data[data].toTensor();
+      if (!d.defined()) throw accel::LogicError("Float8Linear: backward needs an operand forward did not keep");
+      return Fp8Tensor{d, ctx->saved_data[scale].toTensor(), Fp8Format::E4M3, ctx->saved_data[inverse].toTensor()};
+    };
 
-    const std::int64_t out_features = wq.data.size(0);
-    const at::Tensor go = grad_outputs[0].reshape({-1, out_features});
+    const at::Tensor go = grad_outputs[0].reshape({-1, ctx->saved_data["out_features"].toInt()});
+    // grad_weight's first operand is grad_output transposed: row-major as grad_output column-major.
+    const mixed_precision::Fp8Layout go_t = layouts ? kColumnMajor : kRowMajor;
 
     at::Tensor grad_input, grad_weight, grad_bias;
     if (rowwise) {  // e4m3, each along the inner dim of its product
       using mixed_precision::quantize_dynamic_axiswise;
-      if (ctx->needs_input_grad(0))  // [M, N] @ [N, K]: grad_out per row, weight per column (saved)
-        grad_input = mixed_precision::float8_mm(quantize_dynamic_axiswise(go, 1, Fp8Format::E4M3, 0, kPow2), wq,
-                                                input_dtype, backend)
+      if (need_input)  // [M, N] @ [N, K]: grad_out per row, weight per column (saved)
+        grad_input = mixed_precision::float8_mm(quantize_dynamic_axiswise(go, 1, Fp8Format::E4M3, 0, kPow2),
+                                                kept("wq", "ws", "wi"), input_dtype, backend)
                          .reshape(input_sizes);
-      if (ctx->needs_input_grad(1))  // [N, M] @ [M, K]: grad_out per column, input per column (saved)
-        grad_weight = mixed_precision::float8_mm(
-            transposed(quantize_dynamic_axiswise(go, 0, Fp8Format::E4M3, 0, kPow2)), xq, weight_dtype, backend);
-    } else {
-      const Fp8Tensor gq = mixed_precision::quantize_dynamic(go, grad_format);
-      if (ctx->needs_input_grad(0))  // [M, N] @ [N, K]
-        grad_input = mixed_precision::float8_mm(gq, wq, input_dtype, backend).reshape(input_sizes);
-      if (ctx->needs_input_grad(1))  // [N, M] @ [M, K]
-        grad_weight = mixed_precision::float8_mm(transposed(gq), xq, weight_dtype, backend);
+      if (need_weight)  // [N, M] @ [M, K]: grad_out per column, input per column (saved)
+        grad_weight =
+            mixed_precision::float8_mm(transposed(quantize_dynamic_axiswise(go, 0, Fp8Format::E4M3, 0, kPow2, go_t)),
+                                       kept("xq", "xs", "xi"), weight_dtype, backend);
+    } else if (need_input || need_weight) {
+      const mixed_precision::Fp8Layouts gq = mixed_precision::quantize_dynamic_2d(
+          go, grad_format, (need_input ? kRowMajor : 0u) | (need_weight ? static_cast<unsigned>(go_t) : 0u));
+      if (need_input)  // [M, N] @ [N, K]
+        grad_input =
+            mixed_precision::float8_mm(gq.row_major, kept("wq", "ws", "wi"), input_dtype, backend).reshape(input_sizes);
+      if (need_weight)  // [N, M] @ [M, K]
+        grad_weight = mixed_precision::float8_mm(transposed(layouts ? gq.column_major : gq.row_major),
+                                                 kept("xq", "xs", "xi"), weight_dtype, backend);
     }
     if (has_bias && ctx->needs_input_grad(2))  // (summed in fp32 without an fp32 copy of the gradient)
       grad_bias = go.sum(0, /*keepdim=*/false, at::kFloat).to(bias_dtype);

@@ -5,7 +5,10 @@
 //                 grad_weight = fp8mm(q_e5m2(grad_out)^T, q_e4m3(input))
 //                 grad_bias   = grad_out summed over the batch (high precision, as torchao)
 // Each q() is a dynamic tensorwise quantization (fp8.h: scale = fp8_max / amax). The forward's fp8
-// input and weight are saved for backward (1 byte per element), not the high-precision tensors.
+// input and weight are saved for backward (1 byte per element), not the high-precision tensors. Each
+// operand is quantized into the layout its product hands at::_scaled_mm (fp8.h's Fp8Layout: the
+// saved input and weight column-major, grad_output in both layouts from one cast), so no product
+// copies an operand.
 //
 // fp8mm(a, b) = (float(a.data) @ float(b.data)) * (1/a.scale) * (1/b.scale), by one of two backends:
 //   * at::_scaled_mm (cuBLASLt fp8 GEMM) on CUDA devices that support it (compute capability >= 8.9),
@@ -64,6 +67,15 @@ enum class Float8MatmulBackend {
 at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype,
                      Float8MatmulBackend backend = Float8MatmulBackend::Auto, const at::Tensor& bias = {},
                      bool fast_accum = false);
+
+// How many operands at::_scaled_mm products had to copy into cuBLASLt's layouts (a row-major, b
+// column-major) in this process: Float8Linear quantizes each operand straight into its product's
+// layout (fp8.h's Fp8Layout), so its products copy none.
+std::int64_t float8_operand_copies();
+// Whether a product by `backend` on `device` may go to at::_scaled_mm, so that its operands are worth
+// quantizing into cuBLASLt's layouts (the emulation takes any strides, and its bits are kept as they
+// were: the operands stay row-major there).
+bool float8_mm_takes_layouts(Float8MatmulBackend backend, const at::Device& device);
 
 }  // namespace accel::mixed_precision
 

@@ -62,6 +62,48 @@ kernels::fp8::OutFormat kernel_format(Fp8Format f) {
   return m;
 }
 
+#if ACCEL_WITH_CUDA_KERNELS
+// The row-major [rows, cols] bytes `data` (a CUDA tensor, contiguous) transposed by the tiled kernel:
+// the same values as a column-major [rows, cols] tensor.
+at::Tensor transposed_on_device(const at::Tensor& data) {
+  const c10::cuda::CUDAGuard guard(data.device());
+  at::Tensor t = at::empty({data.size(1), data.size(0)}, data.options());
+  kernels::fp8::transpose_bytes(static_cast<const std::uint8_t*>(data.const_data_ptr()), data.size(0), data.size(1),
+                                static_cast<std::uint8_t*>(t.mutable_data_ptr()),
+                                c10::cuda::getCurrentCUDAStream(data.device().index()).stream());
+  return t.t();
+}
+#endif
+
+// The fused tensorwise casts of a 2-D x into the layouts asked for (fused_fp8_casts(x) holds): one
+// cast kernel writing both.
+Fp8Layouts fused_quantize_2d(const at::Tensor& x_in, Fp8Format f, unsigned layouts, int margin) {
+#if ACCEL_WITH_CUDA_KERNELS
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  const std::int64_t rows = x.size(0), cols = x.size(1);
+  const auto fopts = x.options().dtype(at::kFloat);
+  const auto qopts = x.options().dtype(fp8_dtype(f));
+  at::Tensor out = layouts & kRowMajor ? at::empty({rows, cols}, qopts) : at::Tensor();
+  at::Tensor out_t = layouts & kColumnMajor ? at::empty({cols, rows}, qopts) : at::Tensor();
+  at::Tensor scale = at::empty({}, fopts), inverse = at::empty({}, fopts);
+  at::Tensor amax_bits = at::empty({1}, x.options().dtype(at::kInt));
+  kernels::fp8::quantize_tensorwise_2d(x.const_data_ptr(), kernel_dtype(x), rows, cols, kernel_format(f), margin,
+                                       reinterpret_cast<std::uint32_t*>(amax_bits.mutable_data_ptr()),
+                                       out.defined() ? static_cast<std::uint8_t*>(out.mutable_data_ptr()) : nullptr,
+                                       out_t.defined() ? static_cast<std::uint8_t*>(out_t.mutable_data_ptr()) : nullptr,
+                                       scale.mutable_data_ptr<float>(), inverse.mutable_data_ptr<float>(),
+                                       c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  Fp8Layouts r;
+  if (out.defined()) r.row_major = Fp8Tensor{out, scale, f, inverse};
+  if (out_t.defined()) r.column_major = Fp8Tensor{out_t.t(), scale, f, inverse};
+  return r;
+#else
+  (void)x_in, (void)f, (void)layouts, (void)margin;
+  throw accel::LogicError("fp8: fused casts called in a build without them");
+#endif
+}
+
 // The fused casts on x's device and current stream (fused_fp8_casts(x) holds): tensorwise without a
 // dim, else axiswise along it (a 2-D x).
 Fp8Tensor fused_quantize(const at::Tensor& x_in, std::optional<std::int64_t> dim, Fp8Format f, int margin,
@@ -184,11 +226,45 @@ Fp8Tensor quantize_dynamic_axiswise_composite(const at::Tensor& x, std::int64_t 
   return Fp8Tensor{quantize(x, s, f), s, f};
 }
 
-Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin, bool pow2_scales) {
+Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin, bool pow2_scales,
+                                    Fp8Layout layout) {
   check_axiswise(x, dim);
   check_margin(margin);
-  if (fused_fp8_casts(x)) return fused_quantize(x, dim, f, margin, pow2_scales);
-  return quantize_dynamic_axiswise_composite(x, dim, f, margin, pow2_scales);
+  if (layout != kRowMajor && layout != kColumnMajor)
+    throw accel::InvalidArgumentError("fp8 axiswise quantize: the layout is kRowMajor or kColumnMajor");
+  Fp8Tensor q = fused_fp8_casts(x) ? fused_quantize(x, dim, f, margin, pow2_scales)
+                                   : quantize_dynamic_axiswise_composite(x, dim, f, margin, pow2_scales);
+  return layout == kColumnMajor ? column_major(q) : q;
+}
+
+bool is_column_major(const at::Tensor& t) { return t.dim() == 2 && t.t().is_contiguous(); }
+
+Fp8Tensor column_major(const Fp8Tensor& t) {
+  if (!t.data.defined() || t.data.dim() != 2)
+    throw accel::InvalidArgumentError("fp8 column_major: expected a 2-D fp8 tensor");
+  if (is_column_major(t.data)) return t;
+  Fp8Tensor r = t;
+#if ACCEL_WITH_CUDA_KERNELS
+  if (kernels::fp8::available() && t.data.is_cuda() && t.data.is_contiguous() && t.data.numel() > 0) {
+    r.data = transposed_on_device(t.data);
+    return r;
+  }
+#endif
+  r.data = t.data.t().contiguous().t();
+  return r;
+}
+
+Fp8Layouts quantize_dynamic_2d(const at::Tensor& x, Fp8Format f, unsigned layouts, int margin) {
+  if (x.dim() != 2) throw accel::InvalidArgumentError("fp8 quantize_dynamic_2d: expected a 2-D tensor");
+  if (layouts == 0 || (layouts & ~(kRowMajor | kColumnMajor)) != 0)
+    throw accel::InvalidArgumentError("fp8 quantize_dynamic_2d: layouts is kRowMajor, kColumnMajor or both");
+  check_margin(margin);
+  if (fused_fp8_casts(x) && (layouts & kColumnMajor)) return fused_quantize_2d(x, f, layouts, margin);
+  Fp8Layouts r;
+  const Fp8Tensor q = quantize_dynamic(x, f, margin);
+  if (layouts & kRowMajor) r.row_major = q;
+  if (layouts & kColumnMajor) r.column_major = column_major(q);
+  return r;
 }
 
 at::Tensor local_amaxes(const std::vector<at::Tensor>& shards) {

@@ -65,6 +65,16 @@ struct Fp8Tensor {
   at::Tensor inv_scale() const;  // 1 / scale: what at::_scaled_mm takes (`inverse` when there is one)
 };
 
+// ---- layouts for the fp8 products ----------------------------------------------------------------
+//
+// at::_scaled_mm (cuBLASLt) takes its first operand row-major and its second column-major. An fp8
+// operand in another layout is copied into that one by the product, through ATen's strided copy: for
+// Float8Linear's backward, grad_output and the input, each as large as an activation. So each operand
+// is quantized straight into the layout of the product that reads it. Column-major: data [R, C] with
+// strides {1, R}, the transpose of a contiguous [C, R]; the values and scale do not change.
+enum Fp8Layout : unsigned { kRowMajor = 1u, kColumnMajor = 2u };
+bool is_column_major(const at::Tensor& t);  // a 2-D t whose t() is contiguous
+
 // Dynamic tensorwise quantization: scale from this tensor's own amax. On a CUDA device, for fp32, fp16
 // and bf16, through the fused kernels (kernels/fp8_cast.h: two launches, no host synchronization) where
 // the build has them; elsewhere through the composite path below. The same bits either way.
@@ -74,8 +84,9 @@ Fp8Tensor quantize_dynamic(const at::Tensor& x, Fp8Format f, int margin = 0);
 // column only. The dim reduced is the matmul's inner one. Fused on CUDA as quantize_dynamic (one launch).
 // pow2_scales: each scale rounded down to a power of two, 2^floor(log2(scale)) computed in fp32 as
 // torchao does (round_scales_to_power_of_2, on in its rowwise recipe): the scaling is then exact.
+// layout: kRowMajor or kColumnMajor (above; on CUDA column-major is the fused cast, then a tiled transpose).
 Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin = 0,
-                                    bool pow2_scales = false);
+                                    bool pow2_scales = false, Fp8Layout layout = kRowMajor);
 // The composite ATen path of the two (abs_max or amax, scale_from_amax, quantize: about a dozen small
 // kernels on a device): what the CPU runs, and the reference the fused kernels are tested against.
 Fp8Tensor quantize_dynamic_composite(const at::Tensor& x, Fp8Format f, int margin = 0);
@@ -83,6 +94,18 @@ Fp8Tensor quantize_dynamic_axiswise_composite(const at::Tensor& x, std::int64_t 
                                               bool pow2_scales = false);
 // Whether quantize_dynamic(x, ...) takes the fused kernels for this tensor.
 bool fused_fp8_casts(const at::Tensor& x);
+
+// One dynamic tensorwise quantization of a 2-D x (quantize_dynamic's numbers) in the layouts asked for
+// (kRowMajor, kColumnMajor or both; the other's data undefined). On CUDA both come from one cast
+// kernel writing the two layouts (kernels/fp8_cast.h); elsewhere the column-major copy is the
+// row-major data transposed.
+struct Fp8Layouts {
+  Fp8Tensor row_major, column_major;
+};
+Fp8Layouts quantize_dynamic_2d(const at::Tensor& x, Fp8Format f, unsigned layouts, int margin = 0);
+// The same values in the other layout: `t` column-major (t itself when it already is; a tiled
+// transpose kernel on CUDA).
+Fp8Tensor column_major(const Fp8Tensor& t);
 
 // ---- fp8 all-gather codec (ZeRO-3 / FULL_SHARD units) -------------------------------------------
 //

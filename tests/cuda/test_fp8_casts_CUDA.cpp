@@ -98,6 +98,71 @@ TEST(Fp8Casts_CUDA, TensorwiseEdgesZeroInfAndNan) {
   }
 }
 
+// Both layouts of a tensorwise quantization from the one cast kernel that writes them (row-major and
+// its transpose, through shared-memory tiles), against the composite path and its transposed copy:
+// shapes with partial tiles at both edges, a single row or column, more columns than a grid's y could
+// hold, an input one element past the 16-byte alignment, each layout alone and both.
+TEST(Fp8Casts_CUDA, BothLayoutsEqualTheCompositePathBitForBit) {
+  SKIP_WITHOUT_FUSED_CASTS();
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
+      {1, 1}, {1, 77}, {77, 1}, {7, 33}, {64, 96}, {33, 47}, {4097, 24}, {3, 70000}, {1031, 2053}};
+  int cases = 0;
+  for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16})
+    for (auto format : {Fp8Format::E4M3, Fp8Format::E5M2})
+      for (const auto& [rows, cols] : shapes)
+        for (unsigned layouts : {unsigned{kColumnMajor}, unsigned{kRowMajor | kColumnMajor}})
+          for (int offset : {0, 1}) {
+            const at::Tensor base = values(rows * cols + offset, dtype, 300 + cases);
+            const at::Tensor x = base.slice(0, offset).view({rows, cols});
+            const std::string what = std::string(c10::toString(dtype)) + " " + to_string(format) + " [" +
+                                     std::to_string(rows) + ", " + std::to_string(cols) + "] layouts " +
+                                     std::to_string(layouts) + " offset " + std::to_string(offset);
+            const Fp8Layouts fused = quantize_dynamic_2d(x, format, layouts);
+            const Fp8Tensor ref = quantize_dynamic_composite(x, format);
+            ASSERT_TRUE(fused.column_major.inverse.defined()) << what << ": not the fused path";
+            ASSERT_TRUE(is_column_major(fused.column_major.data)) << what;
+            expect_same_fp8(fused.column_major.data, ref.data, what + " (column-major)");
+            expect_same_scale(fused.column_major.scale, ref.scale, what);
+            expect_same_scale(fused.column_major.inv_scale(), at::reciprocal(ref.scale), what + " (1/scale)");
+            EXPECT_EQ(fused.row_major.data.defined(), (layouts & kRowMajor) != 0) << what;
+            if (layouts & kRowMajor) {
+              ASSERT_TRUE(fused.row_major.data.is_contiguous()) << what;
+              expect_same_fp8(fused.row_major.data, ref.data, what + " (row-major)");
+              EXPECT_EQ(fused.row_major.scale.data_ptr(), fused.column_major.scale.data_ptr()) << "one scale";
+            }
+            ++cases;
+          }
+  EXPECT_EQ(cases, 3 * 2 * 9 * 2 * 2);
+  // A nan anywhere: every element nan in both layouts, as the composite path.
+  at::Tensor x = at::randn({40, 50}, at::TensorOptions().device(at::kCUDA));
+  x[17][3] = std::numeric_limits<float>::quiet_NaN();
+  const Fp8Layouts bad = quantize_dynamic_2d(x, Fp8Format::E4M3, kRowMajor | kColumnMajor);
+  EXPECT_TRUE(bad.column_major.data.to(at::kFloat).isnan().all().item<bool>());
+  EXPECT_TRUE(bad.row_major.data.to(at::kFloat).isnan().all().item<bool>());
+}
+
+// column_major() of a row-major fp8 tensor on the device (the tiled transpose kernel), and the axiswise
+// casts into the column-major layout (the fused cast, then that kernel), against ATen's transposed copy.
+TEST(Fp8Casts_CUDA, ColumnMajorTransposesOnTheDevice) {
+  SKIP_WITHOUT_FUSED_CASTS();
+  for (const auto& [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {1, 1}, {5, 3}, {32, 32}, {33, 65}, {2048, 96}, {96, 2048}, {3, 70000}}) {
+    const std::string what = "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+    const at::Tensor x = values(rows * cols, at::kBFloat16, 7).view({rows, cols});
+    const Fp8Tensor q = quantize_dynamic(x, Fp8Format::E4M3);
+    const Fp8Tensor c = column_major(q);
+    ASSERT_TRUE(is_column_major(c.data)) << what;
+    expect_same_fp8(c.data, q.data.t().contiguous().t(), what);
+    for (std::int64_t dim : {0, 1}) {
+      const Fp8Tensor k = quantize_dynamic_axiswise(x, dim, Fp8Format::E4M3, 0, true, kColumnMajor);
+      const Fp8Tensor ref = quantize_dynamic_axiswise_composite(x, dim, Fp8Format::E4M3, 0, true);
+      ASSERT_TRUE(is_column_major(k.data)) << what << " dim " << dim;
+      expect_same_fp8(k.data, ref.data, what + " axiswise dim " + std::to_string(dim));
+      expect_same_scale(k.scale, ref.scale, what + " axiswise dim " + std::to_string(dim));
+    }
+  }
+}
+
 // Per row and per column, under both column kernels (ACCEL_FP8_COLWISE single and chunked: the rows
 // split among blocks, their maxima met by atomics), with and without power-of-two scales.
 class AxiswiseCasts : public ::testing::TestWithParam<const char*> {};

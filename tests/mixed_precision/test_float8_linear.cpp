@@ -322,6 +322,51 @@ TEST(Float8Linear, GradientsEqualTheRecipe) {
   EXPECT_LT(((f8->weight.grad() - gw_exact).norm() / gw_exact.norm()).item<double>(), 0.12);
 }
 
+// Each operand is quantized straight into the layout of the product that reads it (fp8.h's
+// Fp8Layout), so at::_scaled_mm copies none of the three products' operands into cuBLASLt's layouts
+// (a row-major, b column-major). This libtorch's CPU _scaled_mm (tensorwise only) stands in for
+// cuBLASLt; the gradients are the emulation's up to summation order. Also with a precomputed fp8
+// weight, a frozen weight, and an input that needs no gradient. (On the device, for both recipes:
+// CudaFloat8_CUDA.ScaledMmMatchesTheEmulationAndFollowsBf16Linear.)
+TEST(Float8Linear, ProductsCopyNoOperandIntoCublasLtsLayouts) {
+  at::manual_seed(31);
+  Float8Linear f8(32, 48), emu(32, 48);
+  {
+    at::NoGradGuard ng;
+    emu->weight.copy_(f8->weight);
+    emu->bias.copy_(f8->bias);
+  }
+  f8->backend = Float8MatmulBackend::ScaledMM;
+  emu->backend = Float8MatmulBackend::Emulated;
+  const at::Tensor x = at::randn({3, 8, 32}), g = at::randn({3, 8, 48}) * 1e-2;
+  const std::int64_t before = mixed_precision::float8_operand_copies();
+  const at::Tensor xs = x.clone().set_requires_grad(true), xe = x.clone().set_requires_grad(true);
+  f8->forward(xs).backward(g);
+  emu->forward(xe).backward(g);
+  EXPECT_EQ(mixed_precision::float8_operand_copies(), before) << "an operand reached _scaled_mm in another layout";
+  // (Summation order: measured 1e-7 of the largest value.)
+  EXPECT_LT(test::rel_err(xs.grad(), xe.grad()), 1e-6);
+  EXPECT_LT(test::rel_err(f8->weight.grad(), emu->weight.grad()), 1e-6);
+
+  // The weight handed over in fp8 (the fp8 all-gather's), row-major as a gather delivers it.
+  f8->weight_fp8 = mixed_precision::quantize_dynamic(f8->weight.detach(), mixed_precision::Fp8Format::E4M3);
+  const at::Tensor xw = x.clone().set_requires_grad(true);
+  f8->forward(xw).backward(g);
+  EXPECT_TRUE(at::allclose(xw.grad(), xs.grad(), 1e-6, 1e-9));
+  f8->weight_fp8.reset();
+
+  // A frozen weight (grad_input only), then an input without a gradient (grad_weight only).
+  f8->weight.set_requires_grad(false);
+  const at::Tensor xf = x.clone().set_requires_grad(true);
+  f8->forward(xf).backward(g);
+  EXPECT_TRUE(at::allclose(xf.grad(), xs.grad(), 1e-6, 1e-9));
+  f8->weight.set_requires_grad(true);
+  f8->weight.mutable_grad() = at::Tensor();
+  f8->forward(x).backward(g);
+  EXPECT_LT(test::rel_err(f8->weight.grad(), emu->weight.grad()), 1e-6);
+  EXPECT_EQ(mixed_precision::float8_operand_copies(), before);
+}
+
 // The rowwise recipe written out: per-slice scales along `dim` (max / amax in double, rounded to
 // float, then down to a power of two: frexp's 2^(e-1)), q = e4m3(clamp(x * s)), the scales kept
 // [R, 1] (dim 1) or [1, C] (dim 0).

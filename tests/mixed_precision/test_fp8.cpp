@@ -141,6 +141,65 @@ TEST(Fp8, ZeroAmaxTinyAmaxAndMargin) {
   }
 }
 
+// ---- layouts for the products -------------------------------------------------------------------
+
+// The bytes of an fp8 tensor in logical order (any strides), as uint8.
+at::Tensor bytes_of(const at::Tensor& q) { return q.view(at::kByte).contiguous(); }
+
+// Both layouts of one quantization hold quantize_dynamic's values and scale; row-major is contiguous,
+// column-major is the transpose of a contiguous tensor; a layout not asked for is left undefined.
+TEST(Fp8Layouts, BothLayoutsHoldTheSameValuesAndScale) {
+  at::manual_seed(3);
+  for (const auto& fb : kFormats)
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor x = (at::randn({37, 53}) * 5).to(dtype);
+      const Fp8Tensor ref = quantize_dynamic(x, fb.f);
+      const Fp8Layouts both = quantize_dynamic_2d(x, fb.f, kRowMajor | kColumnMajor);
+      ASSERT_TRUE(both.row_major.data.is_contiguous());
+      ASSERT_TRUE(is_column_major(both.column_major.data));
+      EXPECT_FALSE(both.column_major.data.is_contiguous());
+      EXPECT_EQ(both.column_major.data.sizes(), x.sizes());
+      EXPECT_EQ(both.column_major.data.stride(0), 1);
+      EXPECT_EQ(both.column_major.data.stride(1), 37);
+      for (const Fp8Tensor* q : {&both.row_major, &both.column_major}) {
+        EXPECT_TRUE(at::equal(bytes_of(q->data), bytes_of(ref.data)));
+        EXPECT_TRUE(at::equal(q->scale, ref.scale));
+        EXPECT_EQ(q->format, fb.f);
+      }
+      const Fp8Layouts col = quantize_dynamic_2d(x, fb.f, kColumnMajor);
+      EXPECT_FALSE(col.row_major.data.defined());
+      EXPECT_TRUE(at::equal(bytes_of(col.column_major.data), bytes_of(ref.data)));
+      const Fp8Layouts row = quantize_dynamic_2d(x, fb.f, kRowMajor);
+      EXPECT_FALSE(row.column_major.data.defined());
+      EXPECT_TRUE(row.row_major.data.is_contiguous());
+    }
+  EXPECT_THROW(quantize_dynamic_2d(at::randn({6}), Fp8Format::E4M3, kRowMajor), std::invalid_argument);
+  EXPECT_THROW(quantize_dynamic_2d(at::randn({2, 3}), Fp8Format::E4M3, 0), std::invalid_argument);
+  EXPECT_THROW(quantize_dynamic_2d(at::randn({2, 3}), Fp8Format::E4M3, 4), std::invalid_argument);
+}
+
+// column_major() moves a row-major fp8 tensor into the other layout, values and scale unchanged, and
+// leaves a column-major one as it is (the same storage); axiswise quantization takes a layout too.
+TEST(Fp8Layouts, ColumnMajorAndAxiswiseLayouts) {
+  at::manual_seed(4);
+  const at::Tensor x = at::randn({20, 12}) * at::exp(at::randn({20, 1}));
+  const Fp8Tensor q = quantize_dynamic(x, Fp8Format::E4M3);
+  const Fp8Tensor c = column_major(q);
+  ASSERT_TRUE(is_column_major(c.data));
+  EXPECT_TRUE(at::equal(bytes_of(c.data), bytes_of(q.data)));
+  EXPECT_TRUE(at::equal(c.scale, q.scale));
+  EXPECT_EQ(column_major(c).data.data_ptr(), c.data.data_ptr()) << "already column-major: no copy";
+  EXPECT_THROW(column_major(quantize_dynamic(at::randn({6}), Fp8Format::E4M3)), std::invalid_argument);
+  for (std::int64_t dim : {0, 1}) {
+    const Fp8Tensor r = quantize_dynamic_axiswise(x, dim, Fp8Format::E4M3, 0, true);
+    const Fp8Tensor k = quantize_dynamic_axiswise(x, dim, Fp8Format::E4M3, 0, true, kColumnMajor);
+    ASSERT_TRUE(r.data.is_contiguous());
+    ASSERT_TRUE(is_column_major(k.data));
+    EXPECT_TRUE(at::equal(bytes_of(k.data), bytes_of(r.data))) << dim;
+    EXPECT_TRUE(at::equal(k.scale, r.scale)) << dim;
+  }
+}
+
 // ---- the fp8 all-gather codec -----------------------------------------------------------------
 
 // Units of different sizes (each a multiple of the world size: the engine pads), identical "full"
