@@ -107,7 +107,7 @@ void AcceleratedScheduler::fast_forward(std::int64_t n) {
 // Construction
 
 namespace {
-c10::Device pick_device(const AcceleratorConfig& cfg, const comm::Topology& topo) {
+c10::Device pick_device(const AcceleratorConfig& cfg, comm::Communicator& world) {
   const bool cuda = at::detail::getCUDAHooks().hasCUDA();
   if (cfg.distributed_type == DistributedType::MultiGpu && (!cuda || cfg.use_cpu))
     throw ConfigError(
@@ -115,31 +115,43 @@ c10::Device pick_device(const AcceleratorConfig& cfg, const comm::Topology& topo
                     "DEEPSPEED, which run on either)",
                     cfg.source, cuda ? ", but use_cpu is true" : " and this machine has none"));
   if (!cuda || cfg.use_cpu || cfg.distributed_type == DistributedType::MultiCpu) return c10::Device(c10::kCPU);
-  // More ranks on a node than GPUs: they share them (cuda:(local rank % devices)), and their collectives
-  // on CUDA tensors are staged through host memory (comm/cuda_comm.h), since NCCL cannot put two ranks
-  // on one device; refused where ACCEL_CUDA_COMM=nccl asks for NCCL anyway. A simulated topology
-  // (ACCEL_RANKS_PER_NODE) says nothing about machines: every rank is then taken to be on this one.
+  // Local rank k takes cuda:(k % devices). More ranks on a node than GPUs: they share them, and their
+  // collectives on CUDA tensors are staged through host memory (comm/cuda_comm.h), since NCCL cannot
+  // put two ranks on one device; refused where ACCEL_CUDA_COMM=nccl asks for NCCL anyway. A simulated
+  // topology (ACCEL_RANKS_PER_NODE) says nothing about machines: every rank is then taken to be on
+  // this one.
+  const comm::Topology& topo = world.topology();
   const int n = at::detail::getCUDAHooks().deviceCount();
   const int ranks_here = topo.simulated ? topo.world_size : topo.local_world_size;
   const int index = topo.simulated ? topo.rank : topo.local_rank;
-  if (ranks_here > n) {
+  const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(index % n));
+  // Who shares a GPU goes by the GPUs' UUIDs, as the Communicator decides: a rank given its own GPU by
+  // CUDA_VISIBLE_DEVICES sees one device, though the node has more ranks than that. Where a rank does
+  // not know its GPU's UUID (no NCCL in the build), by the count.
+  int sharing = 0;
+  if (world.size() > 1) {
+    const std::string uuid = comm::cuda_device_uuid(device.index());
+    sharing = comm::ranks_sharing_a_gpu(world, uuid);
+    if (uuid.empty() && ranks_here > n) sharing = std::max(sharing, ranks_here);
+  }
+  if (sharing > 0) {
     const std::string where = cfg.source.empty() ? std::string("the configuration") : cfg.source;
     try {
-      comm::choose_cuda_comm(comm::cuda_comm_requested(), comm::nccl_compiled(), ranks_here);
+      comm::choose_cuda_comm(comm::cuda_comm_requested(), comm::nccl_compiled(), sharing);
     } catch (const comm::InvalidArgument& e) {
       throw ConfigError(fmt::format(
-          "{}: {} ranks on this node but {} CUDA device(s): {}. Launch at most {} rank(s) per node (accel launch "
-          "--num_processes), make more devices visible (CUDA_VISIBLE_DEVICES), or train on the CPU (use_cpu: true, "
-          "or ACCEL_USE_CPU=1)",
-          where, ranks_here, n, e.what(), n));
+          "{}: {} ranks share a CUDA device ({} on this node, {} device(s) visible here): {}. Launch at most one "
+          "rank per GPU (accel launch --num_processes), make more devices visible (CUDA_VISIBLE_DEVICES), or train "
+          "on the CPU (use_cpu: true, or ACCEL_USE_CPU=1)",
+          where, sharing, ranks_here, n, e.what()));
     }
-    if (index == 0)
+    if (world.rank() == 0)
       log::warning(fmt::format(
-          "{} ranks on this node share {} CUDA device(s): collectives on CUDA tensors are staged through host "
-          "memory (ACCEL_CUDA_COMM; NCCL needs one GPU per rank), which is slower",
-          ranks_here, n));
+          "{} ranks share a CUDA device ({} on this node, {} device(s) visible): collectives on CUDA tensors "
+          "are staged through host memory (ACCEL_CUDA_COMM; NCCL needs one GPU per rank), which is slower",
+          sharing, ranks_here, n));
   }
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index % n));
+  return device;
 }
 
 // Offloaded state brought into memory for a checkpoint's duration (Engine::stage_offloaded). What a
@@ -252,7 +264,7 @@ Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
   ov.use_cpu = opts.cpu;
   cfg_ = resolve_config(ov);
   world_ = comm::Communicator::world();
-  device_ = pick_device(cfg_, world_->topology());
+  device_ = pick_device(cfg_, *world_);
   // This rank's GPU becomes the current device (as Accelerate's PartialState does with
   // torch.cuda.set_device): what the program allocates on "cuda", and every allocator that goes by the
   // current device, lands on it rather than on GPU 0.

@@ -109,18 +109,14 @@ std::unique_ptr<Backend> Communicator::make_cuda_backend(const at::Tensor& t) {
   }
   std::vector<Mine> all(size_);
   mpi_->allgather_bytes(&mine, sizeof mine, all.data());
-  int sharing = 0;
+  std::string uuids;
   for (int q = 0; q < size_; ++q) {
     if (all[q].wish != all[0].wish)
       throw InvalidArgument(
           fmt::format("ACCEL_CUDA_COMM differs between ranks 0 and {}: set it alike on every rank", q));
-    const bool known = std::any_of(all[q].uuid, all[q].uuid + 16, [](char c) { return c != 0; });
-    for (int o = 0; o < size_ && known; ++o)
-      if (o != q && std::memcmp(all[q].uuid, all[o].uuid, 16) == 0) {
-        ++sharing;
-        break;
-      }
+    uuids.append(all[q].uuid, sizeof all[q].uuid);
   }
+  const int sharing = ranks_sharing_a_gpu(uuids);
   if (all[0].wish < 0) throw InvalidArgument(bad.empty() ? "ACCEL_CUDA_COMM is not one of auto, nccl, host" : bad);
   const CudaCommChoice choice = choose_cuda_comm(static_cast<CudaComm>(all[0].wish), nccl_compiled(), sharing);
   std::unique_ptr<Backend> b;

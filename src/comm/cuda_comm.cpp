@@ -1,10 +1,15 @@
 #include "comm/cuda_comm.h"
 
 #include "base/env.h"
+#include "comm/communicator.h"
 #include "comm/transport/nccl/nccl_backend.h"
 #include "comm/types.h"
 
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <fmt/format.h>
+
+#include <cstring>
 
 namespace accel::comm {
 
@@ -38,6 +43,34 @@ CudaCommChoice choose_cuda_comm(CudaComm requested, bool nccl_built, int sharing
   if (!nccl_built) return {CudaComm::Host, "this build has no NCCL"};
   if (sharing > 0) return {CudaComm::Host, fmt::format("{} ranks share a GPU, which NCCL refuses", sharing)};
   return {CudaComm::Nccl, "one GPU per rank"};
+}
+
+int ranks_sharing_a_gpu(const std::string& uuids) {
+  constexpr std::size_t kLen = 16;
+  if (uuids.size() % kLen != 0) throw InvalidArgument("ranks_sharing_a_gpu: 16 bytes a rank");
+  const std::size_t ranks = uuids.size() / kLen;
+  const std::string unknown(kLen, '\0');
+  int sharing = 0;
+  for (std::size_t q = 0; q < ranks; ++q) {
+    const std::string mine = uuids.substr(q * kLen, kLen);
+    if (mine == unknown) continue;
+    for (std::size_t o = 0; o < ranks; ++o)
+      if (o != q && uuids.compare(o * kLen, kLen, mine) == 0) {
+        ++sharing;
+        break;
+      }
+  }
+  return sharing;
+}
+
+int ranks_sharing_a_gpu(Communicator& group, const std::string& my_uuid) {
+  std::string mine = my_uuid.substr(0, 16);
+  mine.resize(16, '\0');
+  at::Tensor in = at::empty({16}, at::kByte),
+             out = at::empty({16 * static_cast<std::int64_t>(group.size())}, at::kByte);
+  std::memcpy(in.mutable_data_ptr(), mine.data(), mine.size());
+  group.all_gather(in, out);
+  return ranks_sharing_a_gpu(std::string(static_cast<const char*>(out.const_data_ptr()), out.numel()));
 }
 
 std::string describe_cuda_comm(int ranks, int gpus) {

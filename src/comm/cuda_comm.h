@@ -11,6 +11,8 @@
 
 namespace accel::comm {
 
+class Communicator;
+
 enum class CudaComm { Auto, Nccl, Host };
 
 const char* to_string(CudaComm c);
@@ -25,6 +27,15 @@ struct CudaCommChoice {
 // uses too (0: one GPU each), given whether this build has NCCL. Throws InvalidArgument where nccl is
 // asked for and cannot serve the group.
 CudaCommChoice choose_cuda_comm(CudaComm requested, bool nccl_built, int sharing);
+
+// How many ranks use a GPU that another rank uses too, from every rank's GPU UUID (16 bytes each,
+// `uuids` holding rank r's at [16 r, 16 r + 16); all zero where a rank does not know its own). A rank
+// with an unknown UUID counts as sharing with no one. UUIDs, not device indices: a rank given one GPU
+// by CUDA_VISIBLE_DEVICES sees it as device 0, as every other rank sees its own.
+int ranks_sharing_a_gpu(const std::string& uuids);
+// The same over `group` (collective; every rank gets the same count): each rank gives its own GPU's
+// UUID (comm/transport/nccl's cuda_device_uuid, empty where unknown).
+int ranks_sharing_a_gpu(Communicator& group, const std::string& my_uuid);
 
 // One line for `accel env` and `accel launch`: what `ranks` ranks on a node with `gpus` GPUs get under
 // ACCEL_CUDA_COMM in this build ("nccl (one GPU per rank)", "host (4 ranks share a GPU, ...)", or

@@ -42,6 +42,28 @@ TEST(CudaCommChoice, NcclWhereItCannotServeIsRefusedWithTheWayOut) {
   EXPECT_THROW(comm::choose_cuda_comm(CudaComm::Nccl, false, 0), comm::InvalidArgument);
 }
 
+// Who shares a GPU goes by the GPUs' UUIDs (each rank's own cuda_device_uuid), gathered over the group
+// so that every rank gets the same count; an unknown UUID (empty) shares with no one.
+TEST(CudaCommChoice, RanksSharingAGpuGoByTheirUuids) {
+  auto uuid = [](int gpu) {
+    std::string u(16, 'g');
+    u[0] = static_cast<char>('A' + gpu);
+    return u;
+  };
+  const std::string unknown(16, '\0');
+  EXPECT_EQ(comm::ranks_sharing_a_gpu(uuid(0) + uuid(1) + uuid(0) + unknown), 2);
+  EXPECT_EQ(comm::ranks_sharing_a_gpu(uuid(0) + uuid(1)), 0);
+  EXPECT_EQ(comm::ranks_sharing_a_gpu(unknown + unknown), 0);
+  EXPECT_THROW(comm::ranks_sharing_a_gpu(std::string(17, 'x')), comm::InvalidArgument);
+  // Over the world: each rank on its own GPU; ranks 0 and 1 on one; every rank on one.
+  comm::Communicator& w = *world();
+  const int r = w.rank(), n = w.size();
+  EXPECT_EQ(comm::ranks_sharing_a_gpu(w, uuid(r)), 0);
+  EXPECT_EQ(comm::ranks_sharing_a_gpu(w, uuid(r < 2 ? 0 : r)), n >= 2 ? 2 : 0);
+  EXPECT_EQ(comm::ranks_sharing_a_gpu(w, uuid(0)), n >= 2 ? n : 0);
+  EXPECT_EQ(comm::ranks_sharing_a_gpu(w, ""), 0);
+}
+
 TEST(CudaCommChoice, TheVariableIsReadAndABadValueNamed) {
   {
     ScopedEnv e("ACCEL_CUDA_COMM", std::nullopt);
