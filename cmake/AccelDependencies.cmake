@@ -61,13 +61,18 @@ else()
 endif()
 message(STATUS "accel: liburing ${_accel_uring_where}")
 
-# NCCL backend: CUDA toolkit + NCCL (header and library), searched in the toolkit first.
+# NCCL backend: CUDA toolkit + NCCL (header and library), searched in the toolkit first, then the system,
+# then the NCCL that the torch wheel depends on (the nvidia-nccl wheel beside it: nvidia/nccl/{include,lib},
+# its library only as libnccl.so.2), so that a toolkit without NCCL still builds the backend.
 set(ACCEL_HAVE_NCCL OFF)
 if(ACCEL_WITH_NCCL)
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND)
-    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}/include)
-    find_library(NCCL_LIBRARY NAMES nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64)
+    get_filename_component(_accel_site_packages "${Torch_DIR}/../../../.." ABSOLUTE)
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}/include
+              PATHS ${_accel_site_packages}/nvidia/nccl/include)
+    find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64
+                 PATHS ${_accel_site_packages}/nvidia/nccl/lib)
     if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
       set(ACCEL_HAVE_NCCL ON)
       add_library(accel_nccl INTERFACE)
