@@ -10,7 +10,8 @@
 #   bash benchmarks/run_step_bench.sh --vs-torch [--repeats R] [step_bench args]
 #       accel against PyTorch on the same GPT step (benchmarks/torch_anchor.py): accel DDP / PyTorch
 #       DDP, FULL_SHARD / FSDP2 (fully_shard per block), SHARD_GRAD_OP / FSDP2 without
-#       reshard_after_forward, and plain C++ / plain Python at 1 rank, at 1, 2 and 4 ranks. Each pair
+#       reshard_after_forward, and at 1 rank plain C++ / plain Python and accel's one process (NO:
+#       the engine's passthrough, its fused step) / plain Python, at 1, 2 and 4 ranks. Each pair
 #       runs alternately (accel, torch, accel, torch, ...) R times [3]; the table shows each side's
 #       median and their ratio (below 1: accel is faster). Whole processes on a shared machine are
 #       noisy: the spread (min-max of the R runs) is shown too.
@@ -69,7 +70,7 @@ if [ "${1:-}" = "--vs-torch" ]; then
   echo "|---:|---|---|---:|---:|---:|"
   for n in 1 2 4; do
     pairs="DDP:DDP FULL_SHARD:FSDP2 SHARD_GRAD_OP:FSDP2_NO_RESHARD"
-    [ "$n" = 1 ] && pairs="plain:plain $pairs"
+    [ "$n" = 1 ] && pairs="plain:plain NO:plain $pairs"  # (NO: accel's one process, its fused step)
     for pair in $pairs; do
       ours=${pair%%:*} theirs=${pair#*:} a="" t=""
       for ((i = 0; i < repeats; i++)); do
@@ -80,6 +81,7 @@ if [ "${1:-}" = "--vs-torch" ]; then
       read -r tm tr_ <<<"$(echo $t | stats)"
       label=$ours
       [ "$ours" = plain ] && label="plain (C++ libtorch)"
+      [ "$ours" = NO ] && label="NO (accel, one process)"
       printf "| %d | %s | %s | %s (%s) | %s (%s) | %.2f |\n" "$n" "$label" "$theirs" "$am" "$ar" "$tm" "$tr_" \
         "$(awk -v a="$am" -v b="$tm" 'BEGIN {print a / b}')"
     done

@@ -2,7 +2,9 @@
 // time (slowest rank), peak bytes per rank by category (counting allocator), and bytes moved per
 // rank per step (bus bytes, as nccl-tests counts them: all_reduce 2(n-1)/n, reduce_scatter and
 // all_gather (n-1)/n of the full size). `--strategy plain` is the same loop in plain libtorch (no
-// accel), the 1-rank baseline. Weak scaling: each rank trains its own micro-batch. The engine picks the
+// accel: torch::optim::AdamW's own step), the 1-rank baseline; `--strategy NO` is what accel gives one
+// process (Accelerate's distributed_type NO: the engine's passthrough at 1 rank, whose step takes the
+// fused kernels). Weak scaling: each rank trains its own micro-batch. The engine picks the
 // float32 CPU matmuls (ACCEL_CPU_GEMM, src/kernels/cpu_gemm.h): plain alone keeps libtorch's, and in a
 // list with other strategies it computes with whatever their engines installed.
 // `--strategy plain,DDP` (a list) interleaves the strategies' steps in one run: time ratios measured
@@ -122,7 +124,7 @@ double bus_bytes(const comm::Counters& a, const comm::Counters& b, int n) {
 }
 
 zero::ShardingSpec spec_for(const std::string& s) {
-  if (s == "DDP") return zero::ShardingSpec::ddp();
+  if (s == "DDP" || s == "NO") return zero::ShardingSpec::ddp();  // (NO: what the Accelerator prepares for it)
   if (s == "ZERO_1") return zero::ShardingSpec::zero(1);
   if (s == "ZERO_2") return zero::ShardingSpec::zero(2);
   if (s == "ZERO_3") return zero::ShardingSpec::zero(3);
@@ -229,7 +231,7 @@ int run_bench(int argc, char** argv) {
   std::string device_name = cuda_usable ? "cuda" : "cpu";
   examples::GPTConfig cfg{4096, 384, 6, 10, 64};
   app.add_option("--strategy", strategy,
-                 "plain | DDP | ZERO_1 | ZERO_2 | ZERO_3 | FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD; "
+                 "plain | NO | DDP | ZERO_1 | ZERO_2 | ZERO_3 | FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD; "
                  "a comma-separated list interleaves their steps in one run and prints time ratios");
   app.add_option("--precision", precision,
                  "fp32 | bf16 | fp16 | fp8 (param/reduce/master dtypes; fp8: Float8Linear blocks and fp8 "
@@ -392,8 +394,8 @@ int run_bench(int argc, char** argv) {
   std::int64_t psi = 0;
   for (const auto& name : names)
     for (const auto& prec : precisions) {
-      if (name == "plain" && n != 1) {
-        if (r == 0) fmt::print(stderr, "step_bench: --strategy plain runs on 1 rank\n");
+      if ((name == "plain" || name == "NO") && n != 1) {
+        if (r == 0) fmt::print(stderr, "step_bench: --strategy {} runs on 1 rank\n", name);
         return 2;
       }
       if (name == "plain" && checkpoint) {

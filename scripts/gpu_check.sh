@@ -293,13 +293,16 @@ for b in ${OFFLOAD_BATCHES:-1 4 16}; do
   done
 done
 # PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate,
-# VS_ROUNDS runs each, so the medians of the runs compare under the same conditions.
+# VS_ROUNDS runs each, so the medians of the runs compare under the same conditions. "plain" pairs what
+# each gives one process: accel's distributed_type NO (step_bench --strategy NO) and PyTorch's model
+# alone; step_bench's own plain (the libtorch loop, no accel) is not accel and is not compared.
 if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
   for model in default wide; do
     args=(--steps 10 --warmup 3); [ "$model" = wide ] && args+=("${WIDE[@]}")
     for i in $(seq "${VS_ROUNDS:-5}"); do
       for s in plain DDP; do
-        step "vs_torch_${model}_${s}_accel_$i" "$BIN/step_bench" --device cuda --strategy "$s" "${args[@]}"
+        a=$s; [ "$s" = plain ] && a=NO
+        step "vs_torch_${model}_${s}_accel_$i" "$BIN/step_bench" --device cuda --strategy "$a" "${args[@]}"
         step "vs_torch_${model}_${s}_torch_$i" "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy "$s" "${args[@]}"
       done
     done
@@ -319,7 +322,7 @@ fi
 # The step time of a table row (| strategy | precision | ranks | step ms | ...), median over runs.
 median_ms() { cat "$@" 2>/dev/null | awk -F'|' '/^\|/ && $5+0 > 0 {print $5+0}' | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}'; }
 if ls "$OUTDIR"/vs_torch_* >/dev/null 2>&1; then
-  printf '\n== accel / PyTorch on this GPU (fp32, 1 rank, median of the alternating runs)\n'
+  printf '\n== accel / PyTorch on this GPU (fp32, 1 rank, median of the alternating runs; plain: accel NO)\n'
   printf '| model | strategy | accel ms | PyTorch ms | ratio |\n|---|---|---:|---:|---:|\n'
   for model in default wide; do
     for s in plain DDP; do
