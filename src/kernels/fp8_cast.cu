@@ -300,8 +300,8 @@ double qmax_of(OutFormat f, int margin) {
   return (f == OutFormat::E4M3 ? 448.0 : 57344.0) * std::ldexp(1.0, -margin);
 }
 
-// The blocks that fill the device: 8 a multiprocessor (of the first device asked).
-std::int64_t device_blocks() {
+// The multiprocessors of the first device asked.
+int multiprocessors() {
   static int sms = [] {
     int dev = 0, n = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -309,8 +309,11 @@ std::int64_t device_blocks() {
       n = 80;
     return n;
   }();
-  return 8LL * sms;
+  return sms;
 }
+
+// The blocks that fill the device: 8 a multiprocessor.
+std::int64_t device_blocks() { return 8LL * multiprocessors(); }
 
 int blocks_for(std::int64_t work) {
   const std::int64_t want = (work + kThreads - 1) / kThreads;
@@ -336,10 +339,23 @@ void tensorwise(const T* x, std::int64_t n, double qmax, std::uint32_t* amax_bit
   check_launch("quantize");
 }
 
-// The blocks of 256 threads for the tiles of a [rows, cols] matrix: one a tile, at most device_blocks().
+// The grid of tile_transpose_kernel<T, kCast, F> for a [rows, cols] matrix: a block a tile, at most as
+// many as the device holds at once (its occupancy: a grid-stride loop gains nothing from a second,
+// partial wave).
+template <typename T, bool kCast, OutFormat F>
 int tile_blocks(std::int64_t rows, std::int64_t cols) {
+  static const int resident = [] {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tile_transpose_kernel<T, kCast, F>, kTile * kTileRows,
+                                                      0) != cudaSuccess ||
+        per_sm < 1) {
+      (void)cudaGetLastError();
+      per_sm = 1;
+    }
+    return per_sm * multiprocessors();
+  }();
   const std::int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
-  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(tiles, device_blocks())));
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(tiles, resident)));
 }
 
 template <typename T, OutFormat F>
@@ -352,7 +368,7 @@ void tensorwise_2d(const T* x, std::int64_t rows, std::int64_t cols, double qmax
   else
     amax_kernel<T, false><<<blocks_for(n), kThreads, 0, s>>>(x, n, amax_bits);
   check_launch("amax");
-  tile_transpose_kernel<T, true, F><<<tile_blocks(rows, cols), dim3(kTile, kTileRows), 0, s>>>(
+  tile_transpose_kernel<T, true, F><<<tile_blocks<T, true, F>(rows, cols), dim3(kTile, kTileRows), 0, s>>>(
       x, rows, cols, amax_bits, qmax, out, out_t, scale, inv);
   check_launch("cast and transpose");
 }
@@ -446,8 +462,8 @@ void transpose_bytes(const std::uint8_t* in, std::int64_t rows, std::int64_t col
   if (rows < 0 || cols < 0) throw accel::InvalidArgumentError("fp8 transpose: negative dims");
   if (rows == 0 || cols == 0) return;
   tile_transpose_kernel<std::uint8_t, false, OutFormat::E4M3>
-      <<<tile_blocks(rows, cols), dim3(kTile, kTileRows), 0, static_cast<cudaStream_t>(stream)>>>(
-          in, rows, cols, nullptr, 0.0, nullptr, out, nullptr, nullptr);
+      <<<tile_blocks<std::uint8_t, false, OutFormat::E4M3>(rows, cols), dim3(kTile, kTileRows), 0,
+         static_cast<cudaStream_t>(stream)>>>(in, rows, cols, nullptr, 0.0, nullptr, out, nullptr, nullptr);
   check_launch("transpose");
 }
 

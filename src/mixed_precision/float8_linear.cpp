@@ -2,6 +2,7 @@
 #include "base/error.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -51,7 +52,7 @@ at::Tensor emulated_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType ou
   return acc.to(out_dtype);
 }
 
-std::atomic<std::int64_t> g_operand_copies{0};
+std::atomic<std::int64_t> g_operand_copies{0}, g_scaled_mm_products{0};
 
 at::Tensor scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype, const at::Tensor& bias,
                      bool fast_accum) {
@@ -76,12 +77,8 @@ at::Tensor scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
   at::Tensor out = at::_scaled_mm(A, B, sa, sb, epilogue ? std::optional<at::Tensor>(bias.to(out_dtype)) : std::nullopt,
                                   std::nullopt, out_dtype, fast_accum);
   if (bias.defined() && !epilogue) out.add_(bias.to(out_dtype));
+  g_scaled_mm_products.fetch_add(1, std::memory_order_relaxed);
   return out;
-}
-
-bool shapes_fit_scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b) {
-  // _scaled_mm needs the inner and output dims to be multiples of 16 (torchao pads them instead).
-  return a.data.size(1) % 16 == 0 && b.data.size(1) % 16 == 0;
 }
 
 }  // namespace
@@ -95,21 +92,11 @@ at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
   check_axiswise_scales(a, b);
   if (a.format == Fp8Format::E5M2 && b.format == Fp8Format::E5M2)
     backend = Float8MatmulBackend::Emulated;  // no e5m2 x e5m2 GEMM in cuBLASLt; never used by Float8Linear
-  // cuBLASLt's rowwise scaling gives bf16 only: other outputs of an axiswise product are emulated.
-  if (backend == Float8MatmulBackend::Auto && (axiswise(a) || axiswise(b)) && out_dtype != at::kBFloat16)
-    backend = Float8MatmulBackend::Emulated;
-  switch (backend) {
-    case Float8MatmulBackend::Emulated: return emulated_mm(a, b, out_dtype, bias);
-    case Float8MatmulBackend::ScaledMM: return scaled_mm(a, b, out_dtype, bias, fast_accum);
-    case Float8MatmulBackend::Auto: break;
-  }
-  if (!a.data.is_cuda() || !shapes_fit_scaled_mm(a, b)) return emulated_mm(a, b, out_dtype, bias);
+  if (!float8_mm_tries_scaled_mm(backend, a.data.device(), axiswise(a) || axiswise(b), out_dtype, a.data.size(1),
+                                 b.data.size(1)))
+    return emulated_mm(a, b, out_dtype, bias);
+  if (backend == Float8MatmulBackend::ScaledMM) return scaled_mm(a, b, out_dtype, bias, fast_accum);
   const int dev = a.data.get_device();
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    auto it = g_cuda_scaled_mm_ok.find(dev);
-    if (it != g_cuda_scaled_mm_ok.end() && !it->second) return emulated_mm(a, b, out_dtype, bias);
-  }
   try {
     at::Tensor out = scaled_mm(a, b, out_dtype, bias, fast_accum);
     std::lock_guard<std::mutex> lock(g_mu);
@@ -131,8 +118,21 @@ at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
 
 std::int64_t float8_operand_copies() { return g_operand_copies.load(std::memory_order_relaxed); }
 
-bool float8_mm_takes_layouts(Float8MatmulBackend backend, const at::Device& device) {
-  return backend == Float8MatmulBackend::ScaledMM || (backend == Float8MatmulBackend::Auto && device.is_cuda());
+std::int64_t float8_scaled_mm_products() { return g_scaled_mm_products.load(std::memory_order_relaxed); }
+
+bool float8_mm_tries_scaled_mm(Float8MatmulBackend backend, const at::Device& device, bool axiswise,
+                               at::ScalarType out_dtype, std::int64_t inner, std::int64_t n) {
+  switch (backend) {
+    case Float8MatmulBackend::Emulated: return false;
+    case Float8MatmulBackend::ScaledMM: return true;
+    case Float8MatmulBackend::Auto: break;
+  }
+  if (axiswise && out_dtype != at::kBFloat16) return false;  // cuBLASLt's rowwise scaling gives bf16 only
+  // _scaled_mm needs the inner and output dims to be multiples of 16 (torchao pads them instead).
+  if (!device.is_cuda() || inner % 16 != 0 || n % 16 != 0) return false;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_cuda_scaled_mm_ok.find(device.index());
+  return it == g_cuda_scaled_mm_ok.end() || it->second;  // (a device known to refuse it: the emulation)
 }
 
 Float8Recipe float8_recipe_from_string(const std::string& s) {
@@ -164,15 +164,16 @@ Fp8Tensor transposed(const Fp8Tensor& t) {
 }
 
 // The operands backward reads are saved in fp8 (1 byte per element), each in the layout of its
-// product: where the product may go to at::_scaled_mm (float8_mm_takes_layouts), cuBLASLt's (first
+// product: where the product will try at::_scaled_mm (float8_mm_tries_scaled_mm), cuBLASLt's (first
 // operand row-major, second column-major), quantized straight into it (fp8.h's Fp8Layout), so no product
-// copies an operand; for the emulation, row-major as quantized (the emulation takes any strides).
-// An operand no gradient needs is not quantized for backward.
+// copies an operand; where it will be emulated, row-major as quantized (the emulation takes any strides,
+// and keeps its bits). An operand no gradient needs (keep_x, keep_w: the caller's grad mode and
+// requires_grad, which forward cannot see itself) is not quantized for backward.
 struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias_opt, const std::optional<at::Tensor>& weight_fp8_data,
                             const std::optional<at::Tensor>& weight_fp8_scale, int64_t backend_i, bool rowwise,
-                            bool e4m3_grads, bool fast_accum) {
+                            bool e4m3_grads, bool fast_accum, bool keep_x, bool keep_w) {
     using mixed_precision::kColumnMajor;
     using mixed_precision::kRowMajor;
     // (Optional tensors: a C++ autograd Function rejects undefined at::Tensor inputs.)
@@ -180,36 +181,40 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     const auto backend = static_cast<Float8MatmulBackend>(backend_i);
     const std::int64_t in = weight.size(1), out_features = weight.size(0);
     const at::Tensor x2 = input.reshape({-1, in});
-    const bool layouts = mixed_precision::float8_mm_takes_layouts(backend, input.device());
-    const bool keep_x = weight.requires_grad();  // grad_weight reads the fp8 input
-    const bool keep_w = input.requires_grad();   // grad_input reads the fp8 weight
+    // grad_input = grad_out [M, N] @ weight [N, K]; grad_weight = grad_out^T [N, M] @ input [M, K]. The
+    // second operand of each (weight, input; grad_out^T's layout too) column-major where it goes to
+    // cuBLASLt.
+    const bool w_col = keep_w && mixed_precision::float8_mm_tries_scaled_mm(backend, input.device(), rowwise,
+                                                                            input.scalar_type(), out_features, in);
+    const bool x_col = keep_x && mixed_precision::float8_mm_tries_scaled_mm(backend, input.device(), rowwise,
+                                                                            weight.scalar_type(), x2.size(0), in);
     at::Tensor out;
-    Fp8Tensor x_back, w_back;  // (both are the second operands of their backward products)
+    Fp8Tensor x_back, w_back;
     if (rowwise) {
       // Forward along the rows; backward's operands quantized here along their own axis (saved fp8).
       using mixed_precision::quantize_dynamic_axiswise;
       const Fp8Tensor xq = quantize_dynamic_axiswise(x2, 1, Fp8Format::E4M3, 0, kPow2);
       const Fp8Tensor wq = quantize_dynamic_axiswise(weight, 1, Fp8Format::E4M3, 0, kPow2);
       out = mixed_precision::float8_mm(xq, transposed(wq), input.scalar_type(), backend, bias, fast_accum);
-      const mixed_precision::Fp8Layout back = layouts ? kColumnMajor : kRowMajor;
-      if (keep_x) x_back = quantize_dynamic_axiswise(x2, 0, Fp8Format::E4M3, 0, kPow2, back);      // for grad_weight
-      if (keep_w) w_back = quantize_dynamic_axiswise(weight, 0, Fp8Format::E4M3, 0, kPow2, back);  // for grad_input
+      if (keep_x)  // for grad_weight
+        x_back = quantize_dynamic_axiswise(x2, 0, Fp8Format::E4M3, 0, kPow2, x_col ? kColumnMajor : kRowMajor);
+      if (keep_w)  // for grad_input
+        w_back = quantize_dynamic_axiswise(weight, 0, Fp8Format::E4M3, 0, kPow2, w_col ? kColumnMajor : kRowMajor);
     } else {
-      const unsigned back = layouts ? kColumnMajor : kRowMajor;
       const mixed_precision::Fp8Layouts xl =
-          mixed_precision::quantize_dynamic_2d(x2, Fp8Format::E4M3, kRowMajor | (keep_x ? back : 0));
+          mixed_precision::quantize_dynamic_2d(x2, Fp8Format::E4M3, kRowMajor | (x_col ? kColumnMajor : 0u));
       Fp8Tensor wq;
       if (weight_fp8_data) {
         wq = Fp8Tensor{*weight_fp8_data, weight_fp8_scale->to(at::kFloat).reshape({}), Fp8Format::E4M3};
-        if (keep_w) w_back = layouts ? mixed_precision::column_major(wq) : wq;
+        if (keep_w) w_back = w_col ? mixed_precision::column_major(wq) : wq;
       } else {
         const mixed_precision::Fp8Layouts wl =
-            mixed_precision::quantize_dynamic_2d(weight, Fp8Format::E4M3, kRowMajor | (keep_w ? back : 0));
+            mixed_precision::quantize_dynamic_2d(weight, Fp8Format::E4M3, kRowMajor | (w_col ? kColumnMajor : 0u));
         wq = wl.row_major;
-        if (keep_w) w_back = layouts ? wl.column_major : wl.row_major;
+        if (keep_w) w_back = w_col ? wl.column_major : wl.row_major;
       }
       out = mixed_precision::float8_mm(xl.row_major, transposed(wq), input.scalar_type(), backend, bias, fast_accum);
-      if (keep_x) x_back = layouts ? xl.column_major : xl.row_major;
+      if (keep_x) x_back = x_col ? xl.column_major : xl.row_major;
     }
     ctx->saved_data["xq"] = x_back.data;
     ctx->saved_data["xs"] = x_back.scale;
@@ -227,7 +232,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     ctx->saved_data["backend"] = backend_i;
     ctx->saved_data["rowwise"] = rowwise;
     ctx->saved_data["e4m3_grads"] = e4m3_grads;
-    ctx->saved_data["layouts"] = layouts;
+    ctx->saved_data["x_col"] = x_col;  // (grad_weight's product goes to cuBLASLt: grad_out^T row-major too)
 
     std::vector<int64_t> out_sizes = input.sizes().vec();
     out_sizes.back() = out_features;
@@ -239,7 +244,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     using mixed_precision::kRowMajor;
     const auto backend = static_cast<Float8MatmulBackend>(ctx->saved_data["backend"].toInt());
     const bool rowwise = ctx->saved_data["rowwise"].toBool();
-    const bool layouts = ctx->saved_data["layouts"].toBool();
+    const bool x_col = ctx->saved_data["x_col"].toBool();
     const Fp8Format grad_format = ctx->saved_data["e4m3_grads"].toBool() ? Fp8Format::E4M3 : Fp8Format::E5M2;
     const auto input_sizes = ctx->saved_data["input_sizes"].toIntVector();
     const auto input_dtype = static_cast<at::ScalarType>(ctx->saved_data["input_dtype"].toInt());
@@ -255,8 +260,9 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     };
 
     const at::Tensor go = grad_outputs[0].reshape({-1, ctx->saved_data["out_features"].toInt()});
-    // grad_weight's first operand is grad_output transposed: row-major as grad_output column-major.
-    const mixed_precision::Fp8Layout go_t = layouts ? kColumnMajor : kRowMajor;
+    // grad_weight's first operand is grad_output transposed: row-major as grad_output column-major, where
+    // that product goes to cuBLASLt (as the saved input does).
+    const mixed_precision::Fp8Layout go_t = x_col ? kColumnMajor : kRowMajor;
 
     at::Tensor grad_input, grad_weight, grad_bias;
     if (rowwise) {  // e4m3, each along the inner dim of its product
@@ -276,13 +282,13 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
         grad_input =
             mixed_precision::float8_mm(gq.row_major, kept("wq", "ws", "wi"), input_dtype, backend).reshape(input_sizes);
       if (need_weight)  // [N, M] @ [M, K]
-        grad_weight = mixed_precision::float8_mm(transposed(layouts ? gq.column_major : gq.row_major),
+        grad_weight = mixed_precision::float8_mm(transposed(x_col ? gq.column_major : gq.row_major),
                                                  kept("xq", "xs", "xi"), weight_dtype, backend);
     }
     if (has_bias && ctx->needs_input_grad(2))  // (summed in fp32 without an fp32 copy of the gradient)
       grad_bias = go.sum(0, /*keepdim=*/false, at::kFloat).to(bias_dtype);
-    return {grad_input,   grad_weight,  grad_bias,    at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_input,   grad_weight,  grad_bias,    at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -335,9 +341,12 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
     wd = weight_fp8->data;
     ws = weight_fp8->scale;
   }
+  // What backward will need: the fp8 input for grad_weight, the fp8 weight for grad_input (none under
+  // NoGradGuard, where the parameters still require grad).
+  const bool grad = at::GradMode::is_enabled();
   return Float8LinearFunction::apply(input, weight, b, wd, ws, static_cast<int64_t>(backend),
                                      recipe == mixed_precision::Float8Recipe::Rowwise, grad_format == Fp8Format::E4M3,
-                                     fast_accum_output);
+                                     fast_accum_output, grad && weight.requires_grad(), grad && input.requires_grad());
 }
 
 int set_float8_recipe(torch::nn::Module& model, mixed_precision::Float8Recipe recipe, Fp8Format grad_format) {

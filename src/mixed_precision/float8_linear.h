@@ -72,10 +72,15 @@ at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
 // column-major) in this process: Float8Linear quantizes each operand straight into its product's
 // layout (fp8.h's Fp8Layout), so its products copy none.
 std::int64_t float8_operand_copies();
-// Whether a product by `backend` on `device` may go to at::_scaled_mm, so that its operands are worth
-// quantizing into cuBLASLt's layouts (the emulation takes any strides, and its bits are kept as they
-// were: the operands stay row-major there).
-bool float8_mm_takes_layouts(Float8MatmulBackend backend, const at::Device& device);
+// Products computed by at::_scaled_mm in this process (what tests check to know it ran, rather than
+// the emulation after a fallback).
+std::int64_t float8_scaled_mm_products();
+// Whether float8_mm would try at::_scaled_mm for a product [M, inner] @ [inner, n] by `backend` on
+// `device` (axiswise: either operand has axiswise scales), as float8_mm itself decides: so that its
+// operands are worth quantizing into cuBLASLt's layouts. The emulation takes any strides and keeps
+// its bits: its operands stay row-major.
+bool float8_mm_tries_scaled_mm(Float8MatmulBackend backend, const at::Device& device, bool axiswise,
+                               at::ScalarType out_dtype, std::int64_t inner, std::int64_t n);
 
 }  // namespace accel::mixed_precision
 

@@ -853,6 +853,7 @@ TEST(CudaFloat8_CUDA, ScaledMmMatchesTheEmulationAndFollowsBf16Linear) {
   mm->backend = Float8MatmulBackend::ScaledMM;
   emu->backend = Float8MatmulBackend::Emulated;
   const std::int64_t copies = mixed_precision::float8_operand_copies();
+  const std::int64_t products = mixed_precision::float8_scaled_mm_products();
   const at::Tensor x0 = at::randn({96, 128}, dev).to(at::kBFloat16);
   const at::Tensor g = at::randn({96, 64}, dev).to(at::kBFloat16) * 1e-2;
   at::Tensor xm = x0.clone().set_requires_grad(true), xe = x0.clone().set_requires_grad(true);
@@ -871,10 +872,12 @@ TEST(CudaFloat8_CUDA, ScaledMmMatchesTheEmulationAndFollowsBf16Linear) {
       rel_err(ym.detach().to(at::kFloat) - mm->bias.detach(), yl.to(at::kFloat) - lin->bias.detach().to(at::kFloat));
   EXPECT_LT(rel, 0.08);
   EXPECT_GT(rel, 1e-3) << "no fp8 rounding visible: is the fp8 path really taken?";
+  EXPECT_EQ(mixed_precision::float8_scaled_mm_products(), products + 3);
 
   // The rowwise recipe the same way (Auto: cuBLASLt's rowwise scaling gives bf16 only, so the fp32
-  // weight's gradient is emulated). In both recipes every operand reached cuBLASLt in its layout (a
-  // row-major, b column-major): no product copied one.
+  // weight's gradient is emulated: two products through _scaled_mm, which a fallback to the emulation
+  // would not count). In both recipes every operand reached cuBLASLt in its layout (a row-major, b
+  // column-major): no product copied one.
   mm->backend = Float8MatmulBackend::Auto;
   for (auto* m : {&mm, &emu}) {
     (*m)->recipe = mixed_precision::Float8Recipe::Rowwise;
@@ -887,6 +890,7 @@ TEST(CudaFloat8_CUDA, ScaledMmMatchesTheEmulationAndFollowsBf16Linear) {
   EXPECT_LE(rel_err(rm.to(at::kFloat), re.to(at::kFloat)), 1e-2);
   EXPECT_LE(rel_err(xm.grad().to(at::kFloat), xe.grad().to(at::kFloat)), 1e-2);
   EXPECT_LE(rel_err(mm->weight.grad(), emu->weight.grad()), 1e-2);
+  EXPECT_EQ(mixed_precision::float8_scaled_mm_products(), products + 5);
   EXPECT_EQ(mixed_precision::float8_operand_copies(), copies) << "a product copied an operand into its layout";
 }
 

@@ -340,9 +340,11 @@ TEST(Float8Linear, ProductsCopyNoOperandIntoCublasLtsLayouts) {
   emu->backend = Float8MatmulBackend::Emulated;
   const at::Tensor x = at::randn({3, 8, 32}), g = at::randn({3, 8, 48}) * 1e-2;
   const std::int64_t before = mixed_precision::float8_operand_copies();
+  const std::int64_t products = mixed_precision::float8_scaled_mm_products();
   const at::Tensor xs = x.clone().set_requires_grad(true), xe = x.clone().set_requires_grad(true);
   f8->forward(xs).backward(g);
   emu->forward(xe).backward(g);
+  EXPECT_EQ(mixed_precision::float8_scaled_mm_products(), products + 3) << "the three products, through _scaled_mm";
   EXPECT_EQ(mixed_precision::float8_operand_copies(), before) << "an operand reached _scaled_mm in another layout";
   // (Summation order: measured 1e-7 of the largest value.)
   EXPECT_LT(test::rel_err(xs.grad(), xe.grad()), 1e-6);
