@@ -252,12 +252,14 @@ for s in DDP ZERO_3; do step "step_bench_wide_${s}" "${SB[@]}" --strategy "$s" -
 # top kernels, the engine's hooks as accel::* scopes, top host ops; Chrome traces in $OUTDIR): the
 # default GPT, whose step is launches (issue 33's launch overhead), under DDP and ZeRO-3.
 step profile_accel_default "${SB[@]}" --strategy DDP,ZERO_3 --profile="$OUTDIR/trace_accel_default.json"
-# fp8 where it should pay: a product-bound shape (0.94B, d 4096), one rank, accel's bf16 and fp8 steps
+# fp8 where it should pay: a product-bound shape (d 4096, 5 layers: 1.14B, so that its bf16 row is also
+# issue 33's MFU at >= 1B), one rank, accel's bf16 and fp8 steps
 # (the fused casts) against torchao's float8 training of the same model under torch.compile (where the
 # Python has torchao: torch_anchor.py exits 77 without it, a SKIP), alternating, FP8_ROUNDS runs each.
-# The batch as large as fits an 80 GB GPU with room (FP8_BATCH, default 32: at 8, 17 of the 22.6 GB
-# are model states and the optimizer step weighs on the comparison).
-FP8DIMS=(--d-model 4096 --heads 32 --layers 4 --seq 1024 --vocab 32000)
+# The batch as large as fits an 80 GB GPU with room (FP8_BATCH, default 32: at 4 layers and batch 8, 17
+# of the 22.6 GB were model states and the optimizer step weighed on the comparison; 5 layers at 32 come
+# to about 50 GB by the same figures).
+FP8DIMS=(--d-model 4096 --heads 32 --layers 5 --seq 1024 --vocab 32000)
 FP8SHAPE=("${FP8DIMS[@]}" --batch "${FP8_BATCH:-32}")
 for i in $(seq "${FP8_ROUNDS:-2}"); do
   # (DDP at one rank: step_bench's plain is fp32 only; one precision a run, so each prints its table row.)
@@ -346,7 +348,7 @@ median_ms_of() {
     sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}'
 }
 if ls "$OUTDIR"/fp8_bound_accel_* >/dev/null 2>&1; then
-  printf '\n== fp8 at a product-bound shape (d 4096, 4 layers, seq 1024, batch %s; 1 rank; median of the runs)\n' "${FP8_BATCH:-32}"
+  printf '\n== fp8 at a product-bound shape (d 4096, 5 layers, seq 1024, batch %s; 1 rank; median of the runs)\n' "${FP8_BATCH:-32}"
   b=$(median_ms_of bf16 "$OUTDIR"/fp8_bound_accel_*.log); f=$(median_ms_of fp8 "$OUTDIR"/fp8_bound_accel_*.log)
   t=$(median_ms_of fp8 "$OUTDIR"/fp8_bound_torchao_*.log)
   printf '| accel bf16 ms | accel fp8 ms | torchao fp8 + compile ms | bf16 / fp8 (>= 1.2 asked) | accel fp8 / torchao |\n'
