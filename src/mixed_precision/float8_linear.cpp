@@ -19,10 +19,35 @@ namespace accel::mixed_precision {
 
 namespace {
 
-// Per CUDA device: does at::_scaled_mm work there? Learned on first use (no CUDA headers needed):
-// a device below compute capability 8.9 makes _scaled_mm throw, after which Auto uses the emulation.
+// Per CUDA device: does at::_scaled_mm work there? Learned once, by a 16 x 16 product on the device
+// (no CUDA headers needed): a device below compute capability 8.9 makes _scaled_mm throw, after which
+// Auto uses the emulation there. Asked before any product, so that the layouts forward chooses for
+// backward's operands and the products backward runs agree from the first step.
 std::mutex g_mu;
 std::unordered_map<int, bool> g_cuda_scaled_mm_ok;
+
+bool cuda_runs_scaled_mm(const at::Device& device) {
+  const auto opts = at::TensorOptions().device(device);
+  const int dev = device.has_index() ? device.index() : at::empty({0}, opts).get_device();
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_cuda_scaled_mm_ok.find(dev);
+    if (it != g_cuda_scaled_mm_ok.end()) return it->second;
+  }
+  bool ok = true;
+  try {
+    const auto on = at::TensorOptions().device(at::kCUDA, static_cast<c10::DeviceIndex>(dev));
+    const at::Tensor a = at::ones({16, 16}, on).to(at::kFloat8_e4m3fn), one = at::ones({}, on);
+    (void)at::_scaled_mm(a, a.t(), one, one, std::nullopt, std::nullopt, at::kBFloat16);
+  } catch (const c10::Error& e) {
+    ok = false;
+    TORCH_WARN("accel Float8Linear: at::_scaled_mm is unavailable on cuda:", dev,
+               " (it needs compute capability >= 8.9); using the fp32 emulation of the fp8 matmuls. ",
+               e.what_without_backtrace());
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_cuda_scaled_mm_ok.emplace(dev, ok).first->second;
+}
 
 bool axiswise(const Fp8Tensor& t) { return t.scale.numel() != 1; }
 
@@ -95,25 +120,7 @@ at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
   if (!float8_mm_tries_scaled_mm(backend, a.data.device(), axiswise(a) || axiswise(b), out_dtype, a.data.size(1),
                                  b.data.size(1)))
     return emulated_mm(a, b, out_dtype, bias);
-  if (backend == Float8MatmulBackend::ScaledMM) return scaled_mm(a, b, out_dtype, bias, fast_accum);
-  const int dev = a.data.get_device();
-  try {
-    at::Tensor out = scaled_mm(a, b, out_dtype, bias, fast_accum);
-    std::lock_guard<std::mutex> lock(g_mu);
-    g_cuda_scaled_mm_ok[dev] = true;
-    return out;
-  } catch (const c10::Error& e) {
-    {
-      std::lock_guard<std::mutex> lock(g_mu);
-      auto it = g_cuda_scaled_mm_ok.find(dev);
-      if (it != g_cuda_scaled_mm_ok.end() && it->second) throw;  // worked before: a real error
-      g_cuda_scaled_mm_ok[dev] = false;
-    }
-    TORCH_WARN("accel Float8Linear: at::_scaled_mm is unavailable on cuda:", dev,
-               " (it needs compute capability >= 8.9); using the fp32 emulation of the fp8 matmuls. ",
-               e.what_without_backtrace());
-    return emulated_mm(a, b, out_dtype, bias);
-  }
+  return scaled_mm(a, b, out_dtype, bias, fast_accum);  // (Auto: the device was found to run it)
 }
 
 std::int64_t float8_operand_copies() { return g_operand_copies.load(std::memory_order_relaxed); }
@@ -130,9 +137,7 @@ bool float8_mm_tries_scaled_mm(Float8MatmulBackend backend, const at::Device& de
   if (axiswise && out_dtype != at::kBFloat16) return false;  // cuBLASLt's rowwise scaling gives bf16 only
   // _scaled_mm needs the inner and output dims to be multiples of 16 (torchao pads them instead).
   if (!device.is_cuda() || inner % 16 != 0 || n % 16 != 0) return false;
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = g_cuda_scaled_mm_ok.find(device.index());
-  return it == g_cuda_scaled_mm_ok.end() || it->second;  // (a device known to refuse it: the emulation)
+  return cuda_runs_scaled_mm(device);
 }
 
 Float8Recipe float8_recipe_from_string(const std::string& s) {

@@ -50,8 +50,8 @@ Float8Recipe float8_recipe_from_string(const std::string& s);
 const char* to_string(Float8Recipe r);
 
 enum class Float8MatmulBackend {
-  Auto,      // at::_scaled_mm on a CUDA device that supports it (falls back once, with a warning,
-             // when it does not), the emulation otherwise
+  Auto,      // at::_scaled_mm on a CUDA device that supports it (learned once per device by a small
+             // product there, with a warning where it is refused), the emulation otherwise
   Emulated,  // always the fp32 emulation
   ScaledMM,  // always at::_scaled_mm (an error where the device or shapes do not allow it; this
              // libtorch also has a CPU implementation, which the tests use as a cross-check)
@@ -75,10 +75,12 @@ std::int64_t float8_operand_copies();
 // Products computed by at::_scaled_mm in this process (what tests check to know it ran, rather than
 // the emulation after a fallback).
 std::int64_t float8_scaled_mm_products();
-// Whether float8_mm would try at::_scaled_mm for a product [M, inner] @ [inner, n] by `backend` on
-// `device` (axiswise: either operand has axiswise scales), as float8_mm itself decides: so that its
-// operands are worth quantizing into cuBLASLt's layouts. The emulation takes any strides and keeps
-// its bits: its operands stay row-major.
+// Whether float8_mm would try at::_scaled_mm for a product [M, inner] @ [inner, n] of e4m3 (or e4m3
+// and e5m2) operands by `backend` on `device` (axiswise: either operand has axiswise scales), as
+// float8_mm itself decides: so that its operands are worth quantizing into cuBLASLt's layouts. The
+// emulation takes any strides and keeps its bits: its operands stay row-major. (e5m2 x e5m2 is always
+// emulated.) Under Auto on CUDA, the first call for a device runs one small _scaled_mm there to learn
+// whether the device has it (compute capability >= 8.9), warning once where it does not.
 bool float8_mm_tries_scaled_mm(Float8MatmulBackend backend, const at::Device& device, bool axiswise,
                                at::ScalarType out_dtype, std::int64_t inner, std::int64_t n);
 
