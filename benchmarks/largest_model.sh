@@ -43,12 +43,13 @@
 #                          and checkpointing, ZeRO-Infinity) and, with --offload DIR, ZERO_3+ckpt+opt+nvme
 #                          (parameter shards in files under DIR); the table gives each one's size
 #                          against no offload's, the device's peak and the host's, and the share of
-#                          the step the GPU was busy at that size (one more run, under --profile)
+#                          the step the GPU was busy at that size (every run on the GPU is profiled)
 #   --device-memory GB     the per-rank device cap with --device cuda [8]
 #   --step-in-backward     with --device cuda: the offloaded strategies (+opt) step their host optimizer
 #                          during backward (step_bench --step-in-backward, ACCEL_STEP_IN_BACKWARD)
 #   --start "S=D ..."      where strategy S's search starts (instead of estimate-memory's prediction):
 #                          at a known answer it takes two runs, D passing and D + --resolution failing
+#                          (six runs for the three strategies, the busy shares included)
 #                          (a short device lease: --start "ZERO_3=1280 ZERO_3+opt=2304 ZERO_3+ckpt+opt+param=3200"
 #                          with --resolution 128, the H100/H200 answers at an 8 GB cap)
 # Small-scale trial (minutes, ~2 GB):
@@ -285,6 +286,10 @@ fi
 
 declare -A BEST
 BASE_D=""
+# On a GPU every run is profiled (step_bench --profile: 3 more steps under the profiler, after the timed
+# ones), so that the largest size's run already says how busy the GPU was: no rerun for it. (The cap is
+# the caching allocator's; the profiler's buffers are not in it.)
+[ "$DEVICE" = cuda ] && RUN_EXTRA=(--profile)
 for s in $STRATEGIES; do
   d0=$(predicted_largest "$s")
   # On a GPU, offload has no estimate: it fits at least what the first strategy (no offload) fit.
@@ -329,22 +334,24 @@ for s in $STRATEGIES; do
 done
 
 if [ "$DEVICE" = cuda ]; then
-  # The share of the step the GPU was busy, at each strategy's largest size: one more run of it with
-  # step_bench --profile (3 more steps under the profiler), its JSON's device_busy_share (kernels and
-  # copies) and device_compute_share (kernels alone).
+  # The share of the step the GPU was busy, at each strategy's largest size: its run's JSON
+  # device_busy_share (kernels and copies) and device_compute_share (kernels alone), from the profiled
+  # steps; one more run of that size where its JSON has none.
   declare -A BUSY
-  RUN_EXTRA=(--profile)
+  busy_of() {
+    python3 -c 'import json, sys
+j = json.load(sys.stdin)
+pct = lambda k: "%.0f%%" % (100 * j[k]) if j.get(k) is not None else "?"
+print(pct("device_busy_share") + " / " + pct("device_compute_share"))'
+  }
   for s in $STRATEGIES; do
     IFS='|' read -r json pred runs <<<"${BEST[$s]}"
     [ "$json" = none ] && continue
+    BUSY[$s]=$(echo "$json" | busy_of)
+    [ "${BUSY[$s]}" != "? / ?" ] && continue
     d=$(echo "$json" | python3 -c 'import json, sys; print(json.load(sys.stdin)["d_model"])')
-    echo "$s: profiling d_model $d for the GPU's busy share" >&2
-    if line=$(run "$d" "$s"); then
-      BUSY[$s]=$(echo "$line" | python3 -c 'import json, sys
-j = json.load(sys.stdin)
-pct = lambda k: "%.0f%%" % (100 * j[k]) if j.get(k) is not None else "?"
-print(pct("device_busy_share") + " / " + pct("device_compute_share"))')
-    fi
+    echo "$s: profiling d_model $d again for the GPU's busy share" >&2
+    if line=$(run "$d" "$s"); then BUSY[$s]=$(echo "$line" | busy_of); fi
   done
   RUN_EXTRA=()
   echo
