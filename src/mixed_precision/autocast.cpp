@@ -35,4 +35,9 @@ AutocastScope::~AutocastScope() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
 }
 
+std::optional<c10::ScalarType> autocast_dtype_on(c10::DeviceType device) {
+  if ((device != c10::kCPU && device != c10::kCUDA) || !at::autocast::is_autocast_enabled(device)) return std::nullopt;
+  return at::autocast::get_autocast_dtype(device);
+}
+
 }  // namespace accel::mixed_precision

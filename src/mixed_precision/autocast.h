@@ -34,4 +34,9 @@ class AutocastScope {
   c10::ScalarType was_dtype_ = c10::ScalarType::Undefined;
 };
 
+// The dtype autocast casts a lower-precision op's floating inputs to on `device` (bf16 or fp16), or
+// nullopt where autocast is off there (or the device type has none: anything but CPU and CUDA). For a
+// layer that is not on autocast's lists but should follow it as torch::nn::Linear does (Float8Linear).
+std::optional<c10::ScalarType> autocast_dtype_on(c10::DeviceType device);
+
 }  // namespace accel::mixed_precision

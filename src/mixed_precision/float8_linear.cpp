@@ -1,5 +1,6 @@
 #include "mixed_precision/float8_linear.h"
 #include "base/error.h"
+#include "mixed_precision/autocast.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -168,6 +169,16 @@ Fp8Tensor transposed(const Fp8Tensor& t) {
   return Fp8Tensor{t.data.t(), axes(t.scale), t.format, axes(t.inverse)};
 }
 
+// Autocast off on a device type for a scope, where it is on there: the layer's own ops (the
+// emulation's fp32 product, the scales and casts) run in the precision they are written for, not
+// autocast's (which would round the emulated product to bf16 before its scaling, where cuBLASLt
+// accumulates in fp32).
+std::optional<mixed_precision::AutocastScope> autocast_off(c10::DeviceType device) {
+  std::optional<mixed_precision::AutocastScope> off;
+  if (mixed_precision::autocast_dtype_on(device)) off.emplace(device, std::nullopt);
+  return off;
+}
+
 // The operands backward reads are saved in fp8 (1 byte per element), each in the layout of its
 // product: where the product will try at::_scaled_mm (float8_mm_tries_scaled_mm), cuBLASLt's (first
 // operand row-major, second column-major), quantized straight into it (fp8.h's Fp8Layout), so no product
@@ -247,6 +258,8 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     using mixed_precision::kColumnMajor;
     using mixed_precision::kRowMajor;
+    // (Autocast off, as in forward, where backward runs under it.)
+    const std::optional<mixed_precision::AutocastScope> off = autocast_off(grad_outputs[0].device().type());
     const auto backend = static_cast<Float8MatmulBackend>(ctx->saved_data["backend"].toInt());
     const bool rowwise = ctx->saved_data["rowwise"].toBool();
     const bool x_col = ctx->saved_data["x_col"].toBool();
@@ -346,12 +359,19 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
     wd = weight_fp8->data;
     ws = weight_fp8->scale;
   }
+  // Under autocast, as torch::nn::Linear (and torchao's Float8Linear): a floating input other than
+  // fp64 goes in at its device's autocast dtype, so the output comes out in it (on CUDA, autocast's
+  // layer_norm hands an fp32 input to the layer after it). The weight is quantized from its own dtype.
+  const c10::DeviceType device = input.device().type();
+  const std::optional<c10::ScalarType> cast_to = mixed_precision::autocast_dtype_on(device);
+  const at::Tensor x = cast_to && input.scalar_type() != at::kDouble ? input.to(*cast_to) : input;
+  const std::optional<mixed_precision::AutocastScope> off = autocast_off(device);
   // What backward will need: the fp8 input for grad_weight, the fp8 weight for grad_input (none under
   // NoGradGuard, where the parameters still require grad).
   const bool grad = at::GradMode::is_enabled();
-  return Float8LinearFunction::apply(input, weight, b, wd, ws, static_cast<int64_t>(backend),
+  return Float8LinearFunction::apply(x, weight, b, wd, ws, static_cast<int64_t>(backend),
                                      recipe == mixed_precision::Float8Recipe::Rowwise, grad_format == Fp8Format::E4M3,
-                                     fast_accum_output, grad && weight.requires_grad(), grad && input.requires_grad());
+                                     fast_accum_output, grad && weight.requires_grad(), grad && x.requires_grad());
 }
 
 int set_float8_recipe(torch::nn::Module& model, mixed_precision::Float8Recipe recipe, Fp8Format grad_format) {

@@ -101,7 +101,9 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
   void pretty_print(std::ostream& stream) const override;
 
   // input [..., in_features] -> [..., out_features], in input's dtype (floating). Differentiable
-  // with respect to input, weight and bias.
+  // with respect to input, weight and bias. Under autocast it follows torch::nn::Linear (and
+  // torchao's Float8Linear): the input (floating, not fp64) is cast to its device's autocast dtype,
+  // the output comes out in that dtype, and the layer's own ops run with autocast off.
   at::Tensor forward(const at::Tensor& input);
 
   torch::nn::LinearOptions options;

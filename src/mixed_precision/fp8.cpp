@@ -153,8 +153,11 @@ const char* to_string(Fp8Format f) { return f == Fp8Format::E4M3 ? "e4m3" : "e5m
 
 at::Tensor abs_max(const at::Tensor& x) {
   if (x.numel() == 0) return at::zeros({}, x.options().dtype(at::kFloat));
-  // max|x| without materializing |x|; nan propagates (an inf-norm of a tensor holding nan is nan).
-  return at::linalg_vector_norm(x, std::numeric_limits<double>::infinity(), c10::nullopt, false, at::kFloat);
+  // max|x| without materializing |x|; nan propagates (an inf-norm of a tensor holding nan is nan). An
+  // fp64 x reduces in its own dtype (the norm refuses a narrowing dtype), then rounds to fp32.
+  const double inf = std::numeric_limits<double>::infinity();
+  if (x.scalar_type() == at::kDouble) return at::linalg_vector_norm(x, inf, c10::nullopt, false).to(at::kFloat);
+  return at::linalg_vector_norm(x, inf, c10::nullopt, false, at::kFloat);
 }
 
 at::Tensor scale_from_amax(const at::Tensor& amax_t, Fp8Format f, int margin) {

@@ -22,6 +22,7 @@
 #include "comm/cuda_comm.h"
 #include "comm/transport/nccl/nccl_backend.h"
 #include "kernels/cpu_gemm.h"
+#include "mixed_precision/autocast.h"
 #include "mixed_precision/float8_linear.h"
 #include "optim/fused_step.h"
 #include "sharding/flat_param.h"
@@ -892,6 +893,16 @@ TEST(CudaFloat8_CUDA, ScaledMmMatchesTheEmulationAndFollowsBf16Linear) {
   EXPECT_LE(rel_err(mm->weight.grad(), emu->weight.grad()), 1e-2);
   EXPECT_EQ(mixed_precision::float8_scaled_mm_products(), products + 5);
   EXPECT_EQ(mixed_precision::float8_operand_copies(), copies) << "a product copied an operand into its layout";
+
+  // Under autocast (the Accelerator's training loop), an fp32 input (what autocast's layer_norm hands
+  // the next layer on CUDA) goes in at bf16, as into torch::nn::Linear: the bf16 input's output, bit
+  // for bit, through _scaled_mm.
+  const at::Tensor want = mm->forward(x0).detach();
+  mixed_precision::AutocastScope on(c10::kCUDA, at::kBFloat16);
+  const at::Tensor y32 = mm->forward(x0.to(at::kFloat)).detach();
+  EXPECT_EQ(y32.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(y32, want));
+  EXPECT_EQ(mixed_precision::float8_scaled_mm_products(), products + 7);
 }
 
 TEST(AcceleratorOnCuda_CUDA, MoreRanksThanDevicesShareThemOrAreRefusedUnderNccl) {

@@ -2,12 +2,14 @@
 // scales), a drop-in for torch::nn::Linear. Single-process tests (every rank runs them on its own).
 #include "base/files.h"
 #include "checkpoint/safetensors.h"
+#include "mixed_precision/autocast.h"
 #include "mixed_precision/float8_linear.h"
 #include "support/compare.h"
 #include "support/python.h"
 #include "test_world.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/any.h>
@@ -507,6 +509,48 @@ TEST(Float8Linear, ShapesDtypesAndPrecomputedFp8Weight) {
   f8->weight_fp8->data = f8->weight_fp8->data.reshape({-1});
   EXPECT_THROW(f8->forward(x), std::invalid_argument);
   f8->weight_fp8.reset();
+}
+
+// Under autocast, as torch::nn::Linear (and torchao's Float8Linear): an fp32 input goes in at the
+// autocast dtype and the output comes out in it (on CUDA, autocast's layer_norm hands the next layer an
+// fp32 input); the gradient reaches the input in its own dtype. Inside, the layer runs with autocast
+// off: its emulated products accumulate in fp32 (as cuBLASLt does), where autocast would round them to
+// bf16 before the scaling. Each result equals the layer's outside autocast on the bf16 input, bit for
+// bit. An fp64 input stays fp64, as autocast leaves it.
+TEST(Float8Linear, FollowsAutocastAsLinearDoes) {
+  at::manual_seed(23);
+  Float8Linear f8(64, 48);
+  f8->backend = Float8MatmulBackend::Emulated;
+  const at::Tensor x0 = at::randn({40, 64}), g = at::randn({40, 48});
+  // The reference: no autocast, the input cast to bf16 by hand.
+  at::Tensor xr = x0.clone().set_requires_grad(true);
+  const at::Tensor yr = f8->forward(xr.to(at::kBFloat16));
+  yr.backward(g.to(at::kBFloat16));
+  const at::Tensor gw_ref = f8->weight.grad().clone(), gx_ref = xr.grad().clone();
+  for (const auto in_dtype : {at::kFloat, at::kBFloat16}) {
+    f8->weight.mutable_grad() = at::Tensor();
+    f8->bias.mutable_grad() = at::Tensor();
+    at::Tensor x = x0.to(in_dtype).detach().set_requires_grad(true), y;
+    {
+      mixed_precision::AutocastScope on(c10::kCPU, at::kBFloat16);
+      {
+        torch::nn::Linear lin(64, 48);
+        EXPECT_EQ(lin->forward(x).scalar_type(), at::kBFloat16) << "the behaviour followed";
+      }
+      y = f8->forward(x);
+    }
+    const std::string name = c10::toString(in_dtype);
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16) << name;
+    EXPECT_TRUE(at::equal(y, yr)) << name << ": max difference " << (y - yr).abs().max().item<float>();
+    y.backward(g.to(at::kBFloat16));
+    EXPECT_EQ(x.grad().scalar_type(), in_dtype) << name;
+    EXPECT_TRUE(at::equal(x.grad().to(at::kFloat), gx_ref.to(at::kFloat))) << name;
+    EXPECT_TRUE(at::equal(f8->weight.grad(), gw_ref)) << name;
+  }
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(c10::kCPU)) << "the scopes restored autocast";
+  mixed_precision::AutocastScope on(c10::kCPU, at::kBFloat16);
+  f8->to(at::kDouble);
+  EXPECT_EQ(f8->forward(x0.to(at::kDouble)).scalar_type(), at::kDouble);
 }
 
 // A small MLP trains with Float8Linear (the loss falls by > 20x) and follows the same MLP with
