@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   ExampleArgs args;
   args.steps = 40;
   add_common_options(app, args);
-  std::int64_t layers = 2, d_model = 32, seq = 32, heads = 4;
+  std::int64_t layers = 2, d_model = 32, seq = 32, heads = 4, corpus_chars = 40000;
   std::string comm_stats, log_with;
   std::int64_t histogram_every = 0;
   bool float64 = false;
@@ -63,6 +63,9 @@ int main(int argc, char** argv) {
   app.add_option("--d_model", d_model, "model width")->check(CLI::PositiveNumber);
   app.add_option("--heads", heads, "attention heads (must divide --d_model)")->check(CLI::PositiveNumber);
   app.add_option("--seq", seq, "sequence length (characters per window)")->check(CLI::PositiveNumber);
+  app.add_option("--corpus_chars", corpus_chars,
+                 "characters of generated text (windows of --seq; steps past them start another epoch)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--comm_stats", comm_stats, "write every rank's communication counters here (main process)");
   app.add_option("--log_with", log_with,
                  "trackers, e.g. tensorboard,jsonl,csv or all (files under PROJECT_DIR/gpt_lm)");
@@ -93,7 +96,7 @@ int main(int argc, char** argv) {
     if (!log_with.empty()) memory::install_counting_allocator();
     Accelerator acc(options);
     const bool trackers_on = !acc.config().log_with.empty() || !options.log_with.empty();
-    CharCorpus corpus(40000, seq, args.seed);
+    CharCorpus corpus(corpus_chars, seq, args.seed);
     at::manual_seed(static_cast<std::int64_t>(args.seed));
     // mixed_precision fp8: the blocks' linear layers are Float8Linear (fp8 matmuls); the rest runs in bf16.
     const bool fp8 = acc.mixed_precision() == MixedPrecision::Fp8;
