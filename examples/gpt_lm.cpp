@@ -123,8 +123,9 @@ int main(int argc, char** argv) {
     DataLoader<CharCorpus> loader(
         corpus, {.batch_size = args.batch, .shuffle = true, .split_batches = true, .seed = args.seed});
     auto opt = acc.prepare(model, adamw, loader);
-    acc.print("gpt_lm: ", acc.num_processes(), " process(es), ", strategy_name(acc.config()), ", ", corpus.vocab_size(),
-              " tokens, ", loader.dataset_size(), " windows, ", acc.engine()->units().size(), " units");
+    acc.print("gpt_lm: ", acc.num_processes(), " process(es) on ", acc.device().type() == c10::kCUDA ? "cuda" : "cpu",
+              ", ", strategy_name(acc.config()), ", ", corpus.vocab_size(), " tokens, ", loader.dataset_size(),
+              " windows, ", acc.engine()->units().size(), " units");
 
     maybe_resume(acc, args);
     if (trackers_on)
