@@ -141,6 +141,8 @@ if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null &&
 fi
 cleanup() { [ -n "$CGROUP" ] && rmdir "$CGROUP" 2>/dev/null; }
 trap cleanup EXIT
+# A run that did not start stops the whole search (run() is called in $(...): it signals this shell).
+trap 'echo "largest_model.sh: stopped: a run did not start" >&2; exit 2' USR1
 echo "cap: $CAP_GB GB for $RANKS ranks ($([ -n "$CGROUP" ] && echo "cgroup v2 memory.max + PSS watchdog" || echo "PSS watchdog"))" >&2
 
 RUN_EXTRA=()  # (more step_bench arguments for every run: the profiled rerun on a GPU)
@@ -178,6 +180,7 @@ run() {
     cmd=$("$CLI" launch --dry_run -n "$RANKS" "$BIN" --strategy "$name" "${extra[@]}" \
       --d-model "$d" --layers "$LAYERS" --heads "$HEADS" --seq "$SEQ" --batch "$BATCH" --vocab "$VOCAB" \
       --steps 1 --warmup 1 --json 2>/dev/null)
+    [ -n "$cmd" ] || { echo "largest_model.sh: accel launch --dry_run gave no command" >&2; exit 2; }
     eval "exec setsid $cmd"
   ) >"$out" 2>"$err" &
   local pid=$! killed="" peak_pss=0
@@ -204,6 +207,17 @@ run() {
     echo "$line"
     rm -f "$out" "$err"
     return 0
+  fi
+  # A run that did not start is not a size that did not fit: step_bench exits 2 with a line of its own
+  # for a refused argument or device (e.g. "--device cuda but CUDA is not usable here"), CLI11 names
+  # --help. Stop the search.
+  if [ -z "$killed" ] && { { [ $rc -eq 2 ] && grep -q "^step_bench: \|^largest_model.sh: " "$err"; } ||
+    grep -q "Run with --help" "$err"; }; then
+    echo "largest_model.sh: $s d=$d did not start (rc $rc), so no size can be judged:" >&2
+    { grep -m 3 "step_bench:\|--help\|largest_model.sh:" "$err" || tail -c 400 "$err"; } >&2
+    rm -f "$out" "$err"
+    kill -USR1 $$
+    return 2
   fi
   [ -z "$killed" ] && grep -q "out of memory on the device" "$err" && killed="out of device memory (over the --device-memory cap)"
   [ -z "$killed" ] && { [ $rc -ge 128 ] || grep -qi "killed\|signal 9" "$err"; } && killed="killed (rc $rc: out of memory?)"

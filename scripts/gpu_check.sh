@@ -73,7 +73,13 @@ mkdir -p "$OUTDIR"
 VENV_PY=${ACCEL_CACHE:-$HOME/.cache/accel}/venv-torch-2.11.0/bin/python
 PY=${PYTHON:-$( [ -x "$VENV_PY" ] && echo "$VENV_PY" || echo python3 )}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 GTEST_COLOR=no
-unset ACCEL_USE_CPU
+# Nothing from the caller's environment decides where or what the steps run: the variables that put a
+# run on the CPU or override the shipped configs' strategy, precision or accumulation go, and the
+# default config (accel config's) comes from an empty ACCEL_HOME. (ACCEL_COMM_* and ACCEL_CUDA_COMM stay:
+# the transport is the caller's to choose.)
+unset ACCEL_USE_CPU ACCEL_CONFIG_FILE ACCEL_MIXED_PRECISION ACCEL_GRADIENT_ACCUMULATION_STEPS ACCEL_ZERO_STAGE \
+  ACCEL_FSDP_SHARDING_STRATEGY ACCEL_RANKS_PER_NODE ACCEL_STEP_IN_BACKWARD ACCEL_AUTO_RESUME ACCEL_TUNE
+export ACCEL_HOME=$OUTDIR/accel_home
 
 declare -a SUMMARY
 PHASE=setup
@@ -91,6 +97,10 @@ step() {
   local rc=${PIPESTATUS[0]} verdict=PASS
   if [ "$rc" -eq 77 ]; then verdict=SKIP  # (a program that says it cannot run here, e.g. no torchao)
   elif [ "$rc" -ne 0 ]; then verdict=FAIL; FAILED=1
+  # A test that skipped for want of a device, on a machine with one (nvidia-smi saw it): the program
+  # cannot reach the GPU (a CPU-only torch, a driver it cannot load), and a PASS would come from the rest.
+  elif [ "$PHASE" != setup ] && grep -qx 'no CUDA device' "$OUTDIR/$name.log"; then
+    verdict=FAIL; FAILED=1; echo "$name: tests skipped with 'no CUDA device' on a machine with a GPU"
   elif grep -q '^\[  SKIPPED \]' "$OUTDIR/$name.log" && ! grep -q '^\[       OK \]' "$OUTDIR/$name.log"; then verdict=SKIP; fi
   SUMMARY+=("$(printf '%-28s %-4s %4ss  %s' "$name" "$verdict" "$(( $(date +%s) - t0 ))" "$OUTDIR/$name.log")")
 }
@@ -202,7 +212,7 @@ if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
   # The GPT example on the device under the shipped sharded configs at 2 ranks (and at world 1, no
   # launcher) follows the loss of ZeRO-1 at 2 ranks (whose own 2-rank run follows its world-1 run).
   EX=$OUTDIR/examples
-  FOLLOW=(bash "$ROOT/tests/examples/follow_reference.sh" "$BIN/accel" "$BIN/gpt_lm")
+  FOLLOW=(env EXPECT_DEVICE=cuda bash "$ROOT/tests/examples/follow_reference.sh" "$BIN/accel" "$BIN/gpt_lm")
   step gpt_cuda_zero1_np2_vs_world1 "${FOLLOW[@]}" "$ROOT/configs/deepspeed/zero1.yaml" world1 "$EX"
   for cfg in deepspeed/zero2 deepspeed/zero3 deepspeed/zero3_offload fsdp/full_shard fsdp/shard_grad_op fsdp/no_shard; do
     step "gpt_cuda_${cfg#*/}_follows_zero1" "${FOLLOW[@]}" "$ROOT/configs/$cfg.yaml" "$EX/zero1.np2.log" "$EX"
@@ -233,12 +243,15 @@ if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
   ckpt_reshard() {
     local ck=$OUTDIR/ckpt gpt=("$BIN/gpt_lm" --seed 3)
     rm -rf "$ck" && mkdir -p "$ck"
-    "$BIN/accel" launch -n 4 "${gpt[@]}" --config_file "$ROOT/configs/deepspeed/zero3.yaml" --steps 8 \
+    { "$BIN/accel" launch -n 4 "${gpt[@]}" --config_file "$ROOT/configs/deepspeed/zero3.yaml" --steps 8 \
       --log_file "$ck/full.log" &&
       "$BIN/accel" launch -n 4 "${gpt[@]}" --config_file "$ROOT/configs/deepspeed/zero3.yaml" --steps 4 \
         --save_state_to "$ck/step4" --log_file "$ck/first.log" &&
       "$BIN/accel" launch -n 2 "${gpt[@]}" --config_file "$ROOT/configs/fsdp/full_shard.yaml" --steps 8 \
-        --resume_from_checkpoint "$ck/step4" --log_file "$ck/second.log" || return 1
+        --resume_from_checkpoint "$ck/step4" --log_file "$ck/second.log"; } | tee "$ck/runs.out"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+    [ "$(grep -c '^gpt_lm: [0-9]* process(es) on cuda,' "$ck/runs.out")" -eq 3 ] ||
+      { echo "not every run said it ran on cuda (gpt_lm's first line)"; return 1; }
     awk 'NR == FNR { ref[$2] = $4; next } { n++; d = $4 - ref[$2]; if (d < 0) d = -d; r = d / ref[$2]; if (r > w) w = r }
       END { printf "resumed steps: %d, worst relative difference to the uninterrupted run %.2e (tolerance 2e-4)\n", n, w
             exit !(n == 4 && w <= 2e-4) }' "$ck/full.log" "$ck/second.log"

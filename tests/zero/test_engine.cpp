@@ -128,6 +128,7 @@ TEST(EngineCounts, TrafficMatchesZeroFormulas) {
     SCOPED_TRACE(name);
     at::manual_seed(7);
     auto mlp = std::make_shared<MLPImpl>(widths, /*root_param=*/false);
+    mlp->to(test_device());  // (ACCEL_TEST_DEVICE=cuda: the traffic of the device's collectives)
     auto user_opt = make_optimizer(OptKind::SGD, *mlp);
     auto p = zero::prepare(mlp, *user_opt, spec, world);
     std::vector<comm::Communicator*> groups{world.get()};
@@ -136,7 +137,7 @@ TEST(EngineCounts, TrafficMatchesZeroFormulas) {
     std::vector<comm::Counters> before;
     for (auto* g : groups) before.push_back(g->counters());
     at::manual_seed(3);
-    at::Tensor x = at::randn({4 * N, 64});
+    at::Tensor x = at::randn({4 * N, 64}).to(test_device());
     p.engine->backward(mlp->forward(x.narrow(0, r * 4, 4)).pow(2).mean());
     p.optimizer->step();
     auto bytes = [&](Collective c, bool sent) {
