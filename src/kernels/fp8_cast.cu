@@ -217,7 +217,40 @@ __global__ void rowwise_kernel(const T* __restrict__ x, std::int64_t cols, doubl
 // (a warp reads 32 neighbouring columns of one row), the 8 partial maxima of a column meet in shared
 // memory, then the same walk casts.
 constexpr int kColTile = 32, kColRows = 8;
-template <typename T, OutFormat F>
+
+// The casts of the block's 32 columns (col = c0 + tx, its scale) over rows [r_begin, r_end), written to
+// `out` row-major, or (kT) transposed, [cols, rows] row-major: 32 rows at a time go through a tile of
+// shared memory, so that a warp writes 32 neighbouring bytes of one row of the transpose (as
+// tile_transpose_kernel does). Every thread of the block calls it (the tiles' barriers).
+template <typename T, OutFormat F, bool kT>
+__device__ __forceinline__ void cast_columns(const T* __restrict__ x, std::int64_t rows, std::int64_t cols,
+                                             std::int64_t c0, std::int64_t r_begin, std::int64_t r_end, float scale,
+                                             std::uint8_t* __restrict__ out) {
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const std::int64_t col = c0 + tx;
+  constexpr float kMax = fp8_max<F>();
+  if constexpr (!kT) {
+    if (col < cols)
+      for (std::int64_t r = r_begin + ty; r < r_end; r += kColRows)
+        out[r * cols + col] = cast<F>(to_f32(x[r * cols + col]), scale, kMax);
+  } else {
+    __shared__ std::uint8_t tile[kColTile][kColTile + 4];
+    for (std::int64_t r0 = r_begin; r0 < r_end; r0 += kColTile) {  // (the same trip count in every thread)
+      for (int i = ty; i < kColTile; i += kColRows) {
+        const std::int64_t r = r0 + i;
+        if (r < r_end && col < cols) tile[i][tx] = cast<F>(to_f32(x[r * cols + col]), scale, kMax);
+      }
+      __syncthreads();
+      for (int i = ty; i < kColTile; i += kColRows) {
+        const std::int64_t c = c0 + i, r = r0 + tx;
+        if (c < cols && r < r_end) out[c * rows + r] = tile[tx][i];
+      }
+      __syncthreads();  // (the tile is written again for the next 32 rows)
+    }
+  }
+}
+
+template <typename T, OutFormat F, bool kT>
 __global__ void colwise_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols, double qmax, bool pow2,
                                std::uint8_t* __restrict__ out, float* __restrict__ scale_out,
                                float* __restrict__ inv_out) {
@@ -239,11 +272,7 @@ __global__ void colwise_kernel(const T* __restrict__ x, std::int64_t rows, std::
     }
   }
   __syncthreads();
-  const float scale = scales[tx];
-  constexpr float kMax = fp8_max<F>();
-  if (col < cols)
-    for (std::int64_t r = ty; r < rows; r += kColRows)
-      out[r * cols + col] = cast<F>(to_f32(x[r * cols + col]), scale, kMax);
+  cast_columns<T, F, kT>(x, rows, cols, static_cast<std::int64_t>(blockIdx.x) * kColTile, 0, rows, scales[tx], out);
 }
 
 // dim 0, chunked (a column_amax scratch given): the rows split among blocks as well, so that a few
@@ -269,24 +298,21 @@ __global__ void column_amax_kernel(const T* __restrict__ x, std::int64_t rows, s
   }
 }
 
-template <typename T, OutFormat F>
+template <typename T, OutFormat F, bool kT>
 __global__ void column_cast_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols,
                                    std::int64_t chunk_rows, const std::uint32_t* __restrict__ column_amax, double qmax,
                                    bool pow2, std::uint8_t* __restrict__ out, float* __restrict__ scale_out,
                                    float* __restrict__ inv_out) {
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * kColTile + tx;
-  if (col >= cols) return;
-  const float scale = axis_scale(column_amax[col], qmax, pow2);
-  if (blockIdx.y == 0 && ty == 0) {
+  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kColTile, col = c0 + tx;
+  const float scale = col < cols ? axis_scale(column_amax[col], qmax, pow2) : 1.0f;
+  if (col < cols && blockIdx.y == 0 && ty == 0) {
     scale_out[col] = scale;
     inv_out[col] = 1.0f / scale;
   }
-  constexpr float kMax = fp8_max<F>();
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * chunk_rows;
   const std::int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
-  for (std::int64_t r = r0 + ty; r < r1; r += kColRows)
-    out[r * cols + col] = cast<F>(to_f32(x[r * cols + col]), scale, kMax);
+  cast_columns<T, F, kT>(x, rows, cols, c0, r0, r1, scale, out);
 }
 
 void check_launch(const char* what) {
@@ -375,18 +401,18 @@ void tensorwise_2d(const T* x, std::int64_t rows, std::int64_t cols, double qmax
   check_launch("cast and transpose");
 }
 
-template <typename T, OutFormat F>
+template <typename T, OutFormat F, bool kT>
 void axiswise(const T* x, std::int64_t rows, std::int64_t cols, int dim, double qmax, bool pow2,
               std::uint32_t* column_amax, std::uint8_t* out, float* scale, float* inv, cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
   if (dim == 0 && column_amax) {
     const std::int64_t tiles = (cols + kColTile - 1) / kColTile;
     if (tiles > 0x7fffffffLL) throw accel::InvalidArgumentError("fp8 columnwise cast: too many columns");
-    // Enough (tile, chunk) blocks to fill the device, each chunk a multiple of the block's 8 rows and at
-    // least 64 rows.
+    // Enough (tile, chunk) blocks to fill the device, each chunk a multiple of 32 rows (the tiles of the
+    // transposed cast; the block walks 8 rows at a time) and at least 64 rows.
     const std::int64_t want = std::max<std::int64_t>(1, device_blocks() / tiles);
     std::int64_t chunk_rows = (rows + want - 1) / want;
-    chunk_rows = std::max<std::int64_t>(64, (chunk_rows + kColRows - 1) / kColRows * kColRows);
+    chunk_rows = std::max<std::int64_t>(64, (chunk_rows + kColTile - 1) / kColTile * kColTile);
     const std::int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
     if (chunks > 65535) throw accel::InvalidArgumentError("fp8 columnwise cast: too many row chunks");
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks)), block(kColTile, kColRows);
@@ -394,7 +420,7 @@ void axiswise(const T* x, std::int64_t rows, std::int64_t cols, int dim, double 
       check_launch("zero the column amaxes");
     column_amax_kernel<T><<<grid, block, 0, s>>>(x, rows, cols, chunk_rows, column_amax);
     check_launch("column amax");
-    column_cast_kernel<T, F>
+    column_cast_kernel<T, F, kT>
         <<<grid, block, 0, s>>>(x, rows, cols, chunk_rows, column_amax, qmax, pow2, out, scale, inv);
     check_launch("column cast");
     return;
@@ -405,7 +431,7 @@ void axiswise(const T* x, std::int64_t rows, std::int64_t cols, int dim, double 
   } else {
     const std::int64_t tiles = (cols + kColTile - 1) / kColTile;
     if (tiles > 0x7fffffffLL) throw accel::InvalidArgumentError("fp8 columnwise cast: too many columns");
-    colwise_kernel<T, F>
+    colwise_kernel<T, F, kT>
         <<<static_cast<unsigned>(tiles), dim3(kColTile, kColRows), 0, s>>>(x, rows, cols, qmax, pow2, out, scale, inv);
   }
   check_launch(dim == 1 ? "rowwise" : "columnwise");
@@ -470,14 +496,20 @@ void transpose_bytes(const std::uint8_t* in, std::int64_t rows, std::int64_t col
 }
 
 void quantize_axiswise(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, int dim, OutFormat fmt,
-                       int margin, bool pow2_scales, std::uint32_t* column_amax, std::uint8_t* out, float* scale,
-                       float* inv_scale, void* stream) {
+                       int margin, bool pow2_scales, std::uint32_t* column_amax, std::uint8_t* out,
+                       bool out_column_major, float* scale, float* inv_scale, void* stream) {
   if (dim != 0 && dim != 1) throw accel::InvalidArgumentError("fp8 axiswise cast: dim must be 0 or 1");
+  if (out_column_major && dim != 0)
+    throw accel::InvalidArgumentError("fp8 axiswise cast: the column-major output goes with dim 0");
   const double qmax = qmax_of(fmt, margin);
   dispatch(dtype, fmt, [&](auto tag, auto f) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-    axiswise<T, decltype(f)::value>(static_cast<const T*>(x), rows, cols, dim, qmax, pow2_scales, column_amax, out,
-                                    scale, inv_scale, static_cast<cudaStream_t>(stream));
+    if (out_column_major)
+      axiswise<T, decltype(f)::value, true>(static_cast<const T*>(x), rows, cols, dim, qmax, pow2_scales, column_amax,
+                                            out, scale, inv_scale, static_cast<cudaStream_t>(stream));
+    else
+      axiswise<T, decltype(f)::value, false>(static_cast<const T*>(x), rows, cols, dim, qmax, pow2_scales,
+                                             column_amax, out, scale, inv_scale, static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -40,12 +40,15 @@ void quantize_tensorwise_2d(const void* x, InDtype dtype, std::int64_t rows, std
 void transpose_bytes(const std::uint8_t* in, std::int64_t rows, std::int64_t cols, std::uint8_t* out, void* stream);
 
 // Axiswise over a row-major [rows, cols] x: dim 1 gives one scale per row (scale and inv_scale: rows
-// floats), dim 0 one per column (cols floats); out: rows * cols bytes, row-major. One kernel, a block
-// per row or per 32 columns; for dim 0 with column_amax (cols uint32 of device memory, scratch,
-// zeroed here) the rows are split among blocks too: two kernels, the same numbers (null: one kernel).
-// pow2_scales: each scale rounded down to a power of two, 2^floor(log2(scale)) (torchao's rowwise).
+// floats), dim 0 one per column (cols floats); out: rows * cols bytes, row-major, or with
+// out_column_major (dim 0 only) their transpose, [cols, rows] row-major: the values column-major, the
+// second operand of at::_scaled_mm, written through tiles of shared memory by the cast itself. One
+// kernel, a block per row or per 32 columns; for dim 0 with column_amax (cols uint32 of device memory,
+// scratch, zeroed here) the rows are split among blocks too: two kernels, the same numbers (null: one
+// kernel). pow2_scales: each scale rounded down to a power of two, 2^floor(log2(scale)) (torchao's
+// rowwise).
 void quantize_axiswise(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, int dim, OutFormat fmt,
-                       int margin, bool pow2_scales, std::uint32_t* column_amax, std::uint8_t* out, float* scale,
-                       float* inv_scale, void* stream);
+                       int margin, bool pow2_scales, std::uint32_t* column_amax, std::uint8_t* out,
+                       bool out_column_major, float* scale, float* inv_scale, void* stream);
 
 }  // namespace accel::kernels::fp8

@@ -23,7 +23,7 @@ void transpose_bytes(const std::uint8_t*, std::int64_t, std::int64_t, std::uint8
 }
 
 void quantize_axiswise(const void*, InDtype, std::int64_t, std::int64_t, int, OutFormat, int, bool, std::uint32_t*,
-                       std::uint8_t*, float*, float*, void*) {
+                       std::uint8_t*, bool, float*, float*, void*) {
   throw accel::RuntimeError("fp8 cast kernels: this build has none (no CUDA toolkit when it was configured)");
 }
 

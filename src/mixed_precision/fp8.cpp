@@ -105,14 +105,16 @@ Fp8Layouts fused_quantize_2d(const at::Tensor& x_in, Fp8Format f, unsigned layou
 }
 
 // The fused casts on x's device and current stream (fused_fp8_casts(x) holds): tensorwise without a
-// dim, else axiswise along it (a 2-D x).
+// dim, else axiswise along it (a 2-D x); column_major (dim 0 only): the cast writes the column-major
+// layout itself.
 Fp8Tensor fused_quantize(const at::Tensor& x_in, std::optional<std::int64_t> dim, Fp8Format f, int margin,
-                         bool pow2_scales) {
+                         bool pow2_scales, bool column_major = false) {
 #if ACCEL_WITH_CUDA_KERNELS
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
   const auto fopts = x.options().dtype(at::kFloat);
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(fp8_dtype(f)));
+  at::Tensor out = column_major ? at::empty({x.size(1), x.size(0)}, x.options().dtype(fp8_dtype(f)))
+                                : at::empty(x.sizes(), x.options().dtype(fp8_dtype(f)));
   const std::vector<std::int64_t> shape = !dim        ? std::vector<std::int64_t>{}
                                           : *dim == 1 ? std::vector<std::int64_t>{x.size(0), 1}
                                                       : std::vector<std::int64_t>{1, x.size(1)};
@@ -131,11 +133,11 @@ Fp8Tensor fused_quantize(const at::Tensor& x_in, std::optional<std::int64_t> dim
     kernels::fp8::quantize_axiswise(
         x.const_data_ptr(), kernel_dtype(x), x.size(0), x.size(1), static_cast<int>(*dim), kernel_format(f), margin,
         pow2_scales, column_amax.defined() ? reinterpret_cast<std::uint32_t*>(column_amax.mutable_data_ptr()) : nullptr,
-        q, scale.mutable_data_ptr<float>(), inverse.mutable_data_ptr<float>(), stream);
+        q, column_major, scale.mutable_data_ptr<float>(), inverse.mutable_data_ptr<float>(), stream);
   }
-  return Fp8Tensor{out, scale, f, inverse};
+  return Fp8Tensor{column_major ? out.t() : out, scale, f, inverse};
 #else
-  (void)x_in, (void)dim, (void)f, (void)margin, (void)pow2_scales;
+  (void)x_in, (void)dim, (void)f, (void)margin, (void)pow2_scales, (void)column_major;
   throw accel::LogicError("fp8: fused casts called in a build without them");
 #endif
 }
@@ -235,6 +237,8 @@ Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Fo
   check_margin(margin);
   if (layout != kRowMajor && layout != kColumnMajor)
     throw accel::InvalidArgumentError("fp8 axiswise quantize: the layout is kRowMajor or kColumnMajor");
+  if (fused_fp8_casts(x) && dim == 0 && layout == kColumnMajor)  // (the per-column cast writes that layout)
+    return fused_quantize(x, dim, f, margin, pow2_scales, /*column_major=*/true);
   Fp8Tensor q = fused_fp8_casts(x) ? fused_quantize(x, dim, f, margin, pow2_scales)
                                    : quantize_dynamic_axiswise_composite(x, dim, f, margin, pow2_scales);
   return layout == kColumnMajor ? column_major(q) : q;

@@ -84,7 +84,8 @@ Fp8Tensor quantize_dynamic(const at::Tensor& x, Fp8Format f, int margin = 0);
 // column only. The dim reduced is the matmul's inner one. Fused on CUDA as quantize_dynamic (one launch).
 // pow2_scales: each scale rounded down to a power of two, 2^floor(log2(scale)) computed in fp32 as
 // torchao does (round_scales_to_power_of_2, on in its rowwise recipe): the scaling is then exact.
-// layout: kRowMajor or kColumnMajor (above; on CUDA column-major is the fused cast, then a tiled transpose).
+// layout: kRowMajor or kColumnMajor (above; on CUDA a per-column cast (dim 0) writes the column-major
+// layout itself, a per-row one is cast, then transposed by the tiled kernel).
 Fp8Tensor quantize_dynamic_axiswise(const at::Tensor& x, std::int64_t dim, Fp8Format f, int margin = 0,
                                     bool pow2_scales = false, Fp8Layout layout = kRowMajor);
 // The composite ATen path of the two (abs_max or amax, scale_from_amax, quantize: about a dozen small

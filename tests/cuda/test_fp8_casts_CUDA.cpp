@@ -164,7 +164,9 @@ TEST(Fp8Casts_CUDA, ColumnMajorTransposesOnTheDevice) {
 }
 
 // Per row and per column, under both column kernels (ACCEL_FP8_COLWISE single and chunked: the rows
-// split among blocks, their maxima met by atomics), with and without power-of-two scales.
+// split among blocks, their maxima met by atomics), with and without power-of-two scales; per column
+// also into the column-major layout, which the cast writes through shared-memory tiles (shapes with
+// partial tiles of rows and columns, one chunk and many).
 class AxiswiseCasts : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(AxiswiseCasts, EqualTheCompositePathBitForBit) {
@@ -172,7 +174,7 @@ TEST_P(AxiswiseCasts, EqualTheCompositePathBitForBit) {
   const test::ScopedEnv mode("ACCEL_FP8_COLWISE", std::string(GetParam()));
   const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{1, 1},     {7, 33},    {128, 4096},
                                                                      {4097, 24}, {3, 70000}, {20000, 40}};
-  int cases = 0;
+  int cases = 0, column_major_cases = 0;
   for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16})
     for (auto format : {Fp8Format::E4M3, Fp8Format::E5M2})
       for (const auto& [rows, cols] : shapes)
@@ -191,9 +193,17 @@ TEST_P(AxiswiseCasts, EqualTheCompositePathBitForBit) {
             expect_same_fp8(fused.data, ref.data, what);
             expect_same_scale(fused.scale, ref.scale, what);
             expect_same_scale(fused.inv_scale(), at::reciprocal(ref.scale), what + " (1/scale)");
+            if (dim == 0) {  // the per-column cast writing the column-major layout itself
+              const Fp8Tensor col = quantize_dynamic_axiswise(x, dim, format, 0, pow2, kColumnMajor);
+              ASSERT_TRUE(is_column_major(col.data)) << what << " column-major";
+              expect_same_fp8(col.data, ref.data, what + " column-major");
+              expect_same_scale(col.scale, ref.scale, what + " column-major");
+              ++column_major_cases;
+            }
             ++cases;
           }
   EXPECT_EQ(cases, 3 * 2 * 6 * 2 * 2);
+  EXPECT_EQ(column_major_cases, cases / 2);
   // A transposed (non-contiguous) input: quantized as its contiguous copy.
   const at::Tensor w = values(64 * 48, at::kBFloat16, 7).view({64, 48}).t();
   for (std::int64_t dim : {0, 1})
