@@ -215,7 +215,7 @@ __global__ void rowwise_kernel(const T* __restrict__ x, std::int64_t cols, doubl
 
 // dim 0: a block of 32 x 8 threads per 32 columns; thread (tx, ty) walks column tx's rows ty, ty + 8, ...
 // (a warp reads 32 neighbouring columns of one row), the 8 partial maxima of a column meet in shared
-// memory, then the same walk casts.
+// memory, then the same walk casts (cast_columns: row-major, or column-major through tiles).
 constexpr int kColTile = 32, kColRows = 8;
 
 // The casts of the block's 32 columns (col = c0 + tx, its scale) over rows [r_begin, r_end), written to

@@ -110,6 +110,7 @@ Fp8Layouts fused_quantize_2d(const at::Tensor& x_in, Fp8Format f, unsigned layou
 Fp8Tensor fused_quantize(const at::Tensor& x_in, std::optional<std::int64_t> dim, Fp8Format f, int margin,
                          bool pow2_scales, bool column_major = false) {
 #if ACCEL_WITH_CUDA_KERNELS
+  if (column_major && (!dim || *dim != 0)) throw accel::LogicError("fp8: only the per-column cast writes column-major");
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
   const auto fopts = x.options().dtype(at::kFloat);

@@ -142,7 +142,8 @@ TEST(Fp8Casts_CUDA, BothLayoutsEqualTheCompositePathBitForBit) {
 }
 
 // column_major() of a row-major fp8 tensor on the device (the tiled transpose kernel), and the axiswise
-// casts into the column-major layout (the fused cast, then that kernel), against ATen's transposed copy.
+// casts into the column-major layout (per row: the fused cast, then that kernel; per column: the cast
+// writing it through tiles), against ATen's transposed copy.
 TEST(Fp8Casts_CUDA, ColumnMajorTransposesOnTheDevice) {
   SKIP_WITHOUT_FUSED_CASTS();
   for (const auto& [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{
@@ -198,6 +199,7 @@ TEST_P(AxiswiseCasts, EqualTheCompositePathBitForBit) {
               ASSERT_TRUE(is_column_major(col.data)) << what << " column-major";
               expect_same_fp8(col.data, ref.data, what + " column-major");
               expect_same_scale(col.scale, ref.scale, what + " column-major");
+              expect_same_scale(col.inv_scale(), at::reciprocal(ref.scale), what + " column-major (1/scale)");
               ++column_major_cases;
             }
             ++cases;
