@@ -325,7 +325,8 @@ int run_bench(int argc, char** argv) {
     if (on_cuda) at::detail::getCUDAHooks().deviceSynchronize(device.index());
   };
   // On CUDA the counting allocator sees nothing: the peak is the caching allocator's peak of
-  // allocated bytes over the measured steps (torch.cuda.max_memory_allocated).
+  // allocated bytes over the measured steps, and with --profile the profiled steps after them
+  // (torch.cuda.max_memory_allocated).
   auto reset_cuda_peak = [&] {
 #ifdef STEP_BENCH_CUDA_STATS
     if (on_cuda) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());

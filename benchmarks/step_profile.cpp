@@ -4,6 +4,7 @@
 
 #include <c10/core/DeviceType.h>
 #include <fmt/format.h>
+#include <kineto/ActivityType.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <algorithm>
@@ -88,15 +89,25 @@ std::string StepProfile::finish(const std::string& label, int steps, double wall
   std::vector<std::pair<std::uint64_t, std::uint64_t>> busy;       // the device's activity intervals
   std::vector<std::pair<std::uint64_t, std::uint64_t>> computing;  // of them, kernels (no copies, memsets)
   std::int64_t device_events = 0;
+  // The device's own work: kernels, copies and memsets. Kineto also reports, as CUDA events, a span per
+  // user scope (accel::*) and stream from its first to its last device activity (GPU_USER_ANNOTATION):
+  // not work, and a union with them would count the gaps inside each scope as busy.
+  auto device_work = [](const prof::KinetoEvent& e) {
+    using libkineto::ActivityType;
+    const auto t = static_cast<ActivityType>(e.activityType());
+    return t == ActivityType::CONCURRENT_KERNEL || t == ActivityType::GPU_MEMCPY || t == ActivityType::GPU_MEMSET;
+  };
   for (const auto& e : result->events()) {
     const std::string name = e.name();
     const double ns = static_cast<double>(e.durationNs());
     if (e.deviceType() == c10::DeviceType::CUDA) {
+      if (!device_work(e)) continue;
       ++device_events;
       kernels[name].ns += ns;
       ++kernels[name].calls;
       busy.emplace_back(e.startNs(), e.endNs());
-      if (name.rfind("Memcpy", 0) != 0 && name.rfind("Memset", 0) != 0) computing.emplace_back(e.startNs(), e.endNs());
+      if (static_cast<libkineto::ActivityType>(e.activityType()) == libkineto::ActivityType::CONCURRENT_KERNEL)
+        computing.emplace_back(e.startNs(), e.endNs());
     } else if (name.rfind("accel::", 0) == 0) {
       scopes[name].ns += ns;
       ++scopes[name].calls;

@@ -74,11 +74,12 @@ VENV_PY=${ACCEL_CACHE:-$HOME/.cache/accel}/venv-torch-2.11.0/bin/python
 PY=${PYTHON:-$( [ -x "$VENV_PY" ] && echo "$VENV_PY" || echo python3 )}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 GTEST_COLOR=no
 # Nothing from the caller's environment decides where or what the steps run: the variables that put a
-# run on the CPU or override the shipped configs' strategy, precision or accumulation go, and the
+# run on the CPU, override the shipped configs' strategy, precision or accumulation, or turn TF32 on go, and the
 # default config (accel config's) comes from an empty ACCEL_HOME. (ACCEL_COMM_* and ACCEL_CUDA_COMM stay:
 # the transport is the caller's to choose.)
 unset ACCEL_USE_CPU ACCEL_CONFIG_FILE ACCEL_MIXED_PRECISION ACCEL_GRADIENT_ACCUMULATION_STEPS ACCEL_ZERO_STAGE \
-  ACCEL_FSDP_SHARDING_STRATEGY ACCEL_RANKS_PER_NODE ACCEL_STEP_IN_BACKWARD ACCEL_AUTO_RESUME ACCEL_TUNE
+  ACCEL_FSDP_SHARDING_STRATEGY ACCEL_RANKS_PER_NODE ACCEL_STEP_IN_BACKWARD ACCEL_AUTO_RESUME ACCEL_TUNE \
+  TORCH_ALLOW_TF32_CUBLAS_OVERRIDE  # (fp32 products in fp32, as the MFU's fp32 peak assumes)
 export ACCEL_HOME=$OUTDIR/accel_home
 
 declare -a SUMMARY
