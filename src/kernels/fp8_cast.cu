@@ -508,8 +508,8 @@ void quantize_axiswise(const void* x, InDtype dtype, std::int64_t rows, std::int
       axiswise<T, decltype(f)::value, true>(static_cast<const T*>(x), rows, cols, dim, qmax, pow2_scales, column_amax,
                                             out, scale, inv_scale, static_cast<cudaStream_t>(stream));
     else
-      axiswise<T, decltype(f)::value, false>(static_cast<const T*>(x), rows, cols, dim, qmax, pow2_scales,
-                                             column_amax, out, scale, inv_scale, static_cast<cudaStream_t>(stream));
+      axiswise<T, decltype(f)::value, false>(static_cast<const T*>(x), rows, cols, dim, qmax, pow2_scales, column_amax,
+                                             out, scale, inv_scale, static_cast<cudaStream_t>(stream));
   });
 }
 
