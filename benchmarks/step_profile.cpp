@@ -92,22 +92,19 @@ std::string StepProfile::finish(const std::string& label, int steps, double wall
   // The device's own work: kernels, copies and memsets. Kineto also reports, as CUDA events, a span per
   // user scope (accel::*) and stream from its first to its last device activity (GPU_USER_ANNOTATION):
   // not work, and a union with them would count the gaps inside each scope as busy.
-  auto device_work = [](const prof::KinetoEvent& e) {
-    using libkineto::ActivityType;
-    const auto t = static_cast<ActivityType>(e.activityType());
-    return t == ActivityType::CONCURRENT_KERNEL || t == ActivityType::GPU_MEMCPY || t == ActivityType::GPU_MEMSET;
-  };
+  using libkineto::ActivityType;
   for (const auto& e : result->events()) {
     const std::string name = e.name();
     const double ns = static_cast<double>(e.durationNs());
     if (e.deviceType() == c10::DeviceType::CUDA) {
-      if (!device_work(e)) continue;
+      const auto t = static_cast<ActivityType>(e.activityType());
+      const bool kernel = t == ActivityType::CONCURRENT_KERNEL;
+      if (!kernel && t != ActivityType::GPU_MEMCPY && t != ActivityType::GPU_MEMSET) continue;
       ++device_events;
       kernels[name].ns += ns;
       ++kernels[name].calls;
       busy.emplace_back(e.startNs(), e.endNs());
-      if (static_cast<libkineto::ActivityType>(e.activityType()) == libkineto::ActivityType::CONCURRENT_KERNEL)
-        computing.emplace_back(e.startNs(), e.endNs());
+      if (kernel) computing.emplace_back(e.startNs(), e.endNs());
     } else if (name.rfind("accel::", 0) == 0) {
       scopes[name].ns += ns;
       ++scopes[name].calls;

@@ -190,6 +190,8 @@ step step_bench_offload_cpu "$BIN/step_bench" --device cuda --strategy ZERO_3 --
 # fp8's loss curve against bf16's on the GPU (lm_curves.sh, one rank). configs/ddp.yaml is MULTI_CPU with
 # use_cpu true (the CPU's default), so these runs take a config of their own that puts the rank on the
 # GPU, and each run's first line must say so ("gpt_lm: 1 process(es) on cuda, ...").
+# The runs gpt_lm made on the GPU, by its first line ("gpt_lm: N process(es) on cuda, ...") in FILE.
+gpt_lm_cuda_runs() { grep -c '^gpt_lm: [0-9]* process(es) on cuda,' "$1" 2>/dev/null; }
 GPU_CFG=$OUTDIR/one_gpu.yaml
 printf '%s\n' "compute_environment: LOCAL_MACHINE" "distributed_type: MULTI_GPU" "mixed_precision: 'no'" \
   "num_machines: 1" "num_processes: 1" "use_cpu: false" > "$GPU_CFG"
@@ -199,7 +201,7 @@ fp8_curve_on_gpu() {  # fp8_curve_on_gpu OUT [lm_curves.sh options; -- gpt_lm ar
     --reference bf16 --precisions fp8 --tolerance fp8=1.5e-2 --np 1 "$@"
   rc=$?
   for f in "$out"/gpu.bf16.out "$out"/gpu.fp8.out; do
-    grep -q '^gpt_lm: 1 process(es) on cuda,' "$f" 2>/dev/null || { echo "FAIL: $f: gpt_lm did not run on the GPU"; rc=1; }
+    [ "$(gpt_lm_cuda_runs "$f")" = 1 ] || { echo "FAIL: $f: gpt_lm did not run on the GPU"; rc=1; }
   done
   return $rc
 }
@@ -251,7 +253,7 @@ if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
       "$BIN/accel" launch -n 2 "${gpt[@]}" --config_file "$ROOT/configs/fsdp/full_shard.yaml" --steps 8 \
         --resume_from_checkpoint "$ck/step4" --log_file "$ck/second.log"; } | tee "$ck/runs.out"
     [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
-    [ "$(grep -c '^gpt_lm: [0-9]* process(es) on cuda,' "$ck/runs.out")" -eq 3 ] ||
+    [ "$(gpt_lm_cuda_runs "$ck/runs.out")" = 3 ] ||
       { echo "not every run said it ran on cuda (gpt_lm's first line)"; return 1; }
     awk 'NR == FNR { ref[$2] = $4; next } { n++; d = $4 - ref[$2]; if (d < 0) d = -d; r = d / ref[$2]; if (r > w) w = r }
       END { printf "resumed steps: %d, worst relative difference to the uninterrupted run %.2e (tolerance 2e-4)\n", n, w
