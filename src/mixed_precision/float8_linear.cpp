@@ -92,16 +92,24 @@ at::Tensor scaled_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
     B = B.t().contiguous().t();
     g_operand_copies.fetch_add(1, std::memory_order_relaxed);
   }
-  // Tensorwise: 0-dim scales; rowwise: a's [M, 1] and b's [1, N] (cuBLASLt's rowwise scaling).
-  at::Tensor sa = axiswise(a) ? a.inv_scale().contiguous() : a.inv_scale().reshape({}).contiguous();
-  at::Tensor sb =
-      axiswise(b) ? b.inv_scale().to(A.device()).contiguous() : b.inv_scale().to(A.device()).reshape({}).contiguous();
+  // Tensorwise: 0-dim scales; rowwise (either operand axiswise): a's [M, 1] and b's [1, N], cuBLASLt's
+  // rowwise scaling, also where an operand has one row or column (a [1, 1] scale, which axiswise() calls
+  // tensorwise: _scaled_mm takes a 0-dim scale beside a [1, N] one for neither kind).
+  const bool rowwise = axiswise(a) || axiswise(b);
+  const std::int64_t m = A.size(0), n = B.size(1);
+  at::Tensor sa = a.inv_scale().to(A.device()), sb = b.inv_scale().to(A.device());
+  sa = rowwise ? sa.reshape({-1, 1}).expand({m, 1}).contiguous() : sa.reshape({}).contiguous();
+  sb = rowwise ? sb.reshape({1, -1}).expand({1, n}).contiguous() : sb.reshape({}).contiguous();
+  // Rowwise scaling writes bf16: an fp32 or fp16 output is the bf16 product converted, as torchao's
+  // float8 training does on the device (its emulation, as this one, keeps fp32).
+  const at::ScalarType product_dtype = rowwise ? at::kBFloat16 : out_dtype;
   // cuBLASLt adds a bias of the output's dtype in its epilogue, in fp32 before the rounding (tensorwise
   // scales, bf16/fp16 outputs); any other bias is added to the output.
   const bool half_out = out_dtype == at::kBFloat16 || out_dtype == at::kHalf;
-  const bool epilogue = bias.defined() && half_out && !axiswise(a) && !axiswise(b);
+  const bool epilogue = bias.defined() && half_out && !rowwise;
   at::Tensor out = at::_scaled_mm(A, B, sa, sb, epilogue ? std::optional<at::Tensor>(bias.to(out_dtype)) : std::nullopt,
-                                  std::nullopt, out_dtype, fast_accum);
+                                  std::nullopt, product_dtype, fast_accum);
+  if (product_dtype != out_dtype) out = out.to(out_dtype);
   if (bias.defined() && !epilogue) out.add_(bias.to(out_dtype));
   g_scaled_mm_products.fetch_add(1, std::memory_order_relaxed);
   return out;
@@ -118,8 +126,7 @@ at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
   check_axiswise_scales(a, b);
   if (a.format == Fp8Format::E5M2 && b.format == Fp8Format::E5M2)
     backend = Float8MatmulBackend::Emulated;  // no e5m2 x e5m2 GEMM in cuBLASLt; never used by Float8Linear
-  if (!float8_mm_tries_scaled_mm(backend, a.data.device(), axiswise(a) || axiswise(b), out_dtype, a.data.size(1),
-                                 b.data.size(1)))
+  if (!float8_mm_tries_scaled_mm(backend, a.data.device(), a.data.size(1), b.data.size(1)))
     return emulated_mm(a, b, out_dtype, bias);
   return scaled_mm(a, b, out_dtype, bias, fast_accum);  // (Auto: the device was found to run it)
 }
@@ -128,14 +135,13 @@ std::int64_t float8_operand_copies() { return g_operand_copies.load(std::memory_
 
 std::int64_t float8_scaled_mm_products() { return g_scaled_mm_products.load(std::memory_order_relaxed); }
 
-bool float8_mm_tries_scaled_mm(Float8MatmulBackend backend, const at::Device& device, bool axiswise,
-                               at::ScalarType out_dtype, std::int64_t inner, std::int64_t n) {
+bool float8_mm_tries_scaled_mm(Float8MatmulBackend backend, const at::Device& device, std::int64_t inner,
+                               std::int64_t n) {
   switch (backend) {
     case Float8MatmulBackend::Emulated: return false;
     case Float8MatmulBackend::ScaledMM: return true;
     case Float8MatmulBackend::Auto: break;
   }
-  if (axiswise && out_dtype != at::kBFloat16) return false;  // cuBLASLt's rowwise scaling gives bf16 only
   // _scaled_mm needs the inner and output dims to be multiples of 16 (torchao pads them instead).
   if (!device.is_cuda() || inner % 16 != 0 || n % 16 != 0) return false;
   return cuda_runs_scaled_mm(device);
@@ -200,10 +206,8 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     // grad_input = grad_out [M, N] @ weight [N, K]; grad_weight = grad_out^T [N, M] @ input [M, K]. The
     // second operand of each (weight, input; grad_out^T's layout too) column-major where it goes to
     // cuBLASLt.
-    const bool w_col = keep_w && mixed_precision::float8_mm_tries_scaled_mm(backend, input.device(), rowwise,
-                                                                            input.scalar_type(), out_features, in);
-    const bool x_col = keep_x && mixed_precision::float8_mm_tries_scaled_mm(backend, input.device(), rowwise,
-                                                                            weight.scalar_type(), x2.size(0), in);
+    const bool w_col = keep_w && mixed_precision::float8_mm_tries_scaled_mm(backend, input.device(), out_features, in);
+    const bool x_col = keep_x && mixed_precision::float8_mm_tries_scaled_mm(backend, input.device(), x2.size(0), in);
     at::Tensor out;
     Fp8Tensor x_back, w_back;
     if (rowwise) {

@@ -27,8 +27,10 @@
 //   backward:     grad_input  = fp8mm(q(grad_out, per row), q(weight, per column))
 //                 grad_weight = fp8mm(q(grad_out, per column)^T, q(input, per column))
 // The forward saves the two operands backward needs, quantized along their backward axis (1 byte per
-// element, as tensorwise). at::_scaled_mm takes the rowwise scales on CUDA for bf16 outputs; other
-// outputs use the emulation, fp8mm = (float(a) @ float(b)) * (1/a.scale) * (1/b.scale) broadcast.
+// element, as tensorwise). at::_scaled_mm takes the rowwise scales on CUDA and writes bf16: an fp32 or
+// fp16 output (grad_weight of fp32 weights) is its bf16 product converted, as torchao's float8 training
+// does on the device. The emulation, fp8mm = (float(a) @ float(b)) * (1/a.scale) * (1/b.scale)
+// broadcast, rounds once to the output's dtype (as torchao's emulate=True).
 #pragma once
 
 #include "mixed_precision/fp8.h"
@@ -61,7 +63,8 @@ enum class Float8MatmulBackend {
 // (float(a.data) @ float(b.data)) * (1/a.scale) * (1/b.scale) [+ bias], returned in out_dtype. Any
 // strides. A bias ([N]) is added in fp32 before the rounding to out_dtype, as cuBLASLt's epilogue does
 // (at::_scaled_mm takes it for tensorwise scales and a bf16/fp16 output; other products on the device
-// add it to their output).
+// add it to their output). On the device, axiswise scales give a bf16 product, converted to an fp32 or
+// fp16 out_dtype (torchao's way; the emulation rounds once).
 // fast_accum: cuBLASLt's fast fp8 accumulation (use_fast_accum), which torchao's float8 training uses
 // for the forward product; the emulation always accumulates in fp32.
 at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype,
@@ -76,13 +79,12 @@ std::int64_t float8_operand_copies();
 // the emulation after a fallback).
 std::int64_t float8_scaled_mm_products();
 // Whether float8_mm would try at::_scaled_mm for a product [M, inner] @ [inner, n] of e4m3 (or e4m3
-// and e5m2) operands by `backend` on `device` (axiswise: either operand has axiswise scales), as
-// float8_mm itself decides: so that its operands are worth quantizing into cuBLASLt's layouts. The
+// and e5m2) operands by `backend` on `device`, as float8_mm itself decides: so that its operands are worth quantizing into cuBLASLt's layouts. The
 // emulation takes any strides and keeps its bits: its operands stay row-major. (e5m2 x e5m2 is always
 // emulated.) Under Auto on CUDA, the first call for a device runs one small _scaled_mm there to learn
 // whether the device has it (compute capability >= 8.9), warning once where it does not.
-bool float8_mm_tries_scaled_mm(Float8MatmulBackend backend, const at::Device& device, bool axiswise,
-                               at::ScalarType out_dtype, std::int64_t inner, std::int64_t n);
+bool float8_mm_tries_scaled_mm(Float8MatmulBackend backend, const at::Device& device, std::int64_t inner,
+                               std::int64_t n);
 
 }  // namespace accel::mixed_precision
 

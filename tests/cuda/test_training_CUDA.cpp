@@ -875,10 +875,10 @@ TEST(CudaFloat8_CUDA, ScaledMmMatchesTheEmulationAndFollowsBf16Linear) {
   EXPECT_GT(rel, 1e-3) << "no fp8 rounding visible: is the fp8 path really taken?";
   EXPECT_EQ(mixed_precision::float8_scaled_mm_products(), products + 3);
 
-  // The rowwise recipe the same way (Auto: cuBLASLt's rowwise scaling gives bf16 only, so the fp32
-  // weight's gradient is emulated: two products through _scaled_mm, which a fallback to the emulation
-  // would not count). In both recipes every operand reached cuBLASLt in its layout (a row-major, b
-  // column-major): no product copied one.
+  // The rowwise recipe the same way (Auto): all three products through _scaled_mm, which a fallback to
+  // the emulation would not count; the fp32 weight's gradient is cuBLASLt's bf16 product converted
+  // (rowwise scaling writes bf16; torchao's way), within the same bound. In both recipes every operand
+  // reached cuBLASLt in its layout (a row-major, b column-major): no product copied one.
   mm->backend = Float8MatmulBackend::Auto;
   for (auto* m : {&mm, &emu}) {
     (*m)->recipe = mixed_precision::Float8Recipe::Rowwise;
@@ -890,19 +890,57 @@ TEST(CudaFloat8_CUDA, ScaledMmMatchesTheEmulationAndFollowsBf16Linear) {
   re.backward(g);
   EXPECT_LE(rel_err(rm.to(at::kFloat), re.to(at::kFloat)), 1e-2);
   EXPECT_LE(rel_err(xm.grad().to(at::kFloat), xe.grad().to(at::kFloat)), 1e-2);
+  EXPECT_EQ(mm->weight.grad().scalar_type(), at::kFloat);
   EXPECT_LE(rel_err(mm->weight.grad(), emu->weight.grad()), 1e-2);
-  EXPECT_EQ(mixed_precision::float8_scaled_mm_products(), products + 5);
+  EXPECT_EQ(mixed_precision::float8_scaled_mm_products(), products + 6);
   EXPECT_EQ(mixed_precision::float8_operand_copies(), copies) << "a product copied an operand into its layout";
+
+  // One row (a decoding step's single token): its [1, 1] scale goes to _scaled_mm as a rowwise [1, 1],
+  // beside the weight's [1, N] (a 0-dim one there is refused), in forward and grad_input (grad_weight's
+  // inner dim is that one row, under _scaled_mm's multiple of 16: emulated).
+  {
+    at::Tensor x1 = x0.narrow(0, 0, 1).clone().set_requires_grad(true), e1 = x1.detach().clone().set_requires_grad(true);
+    const at::Tensor y1 = mm->forward(x1), z1 = emu->forward(e1);
+    y1.backward(g.narrow(0, 0, 1));
+    z1.backward(g.narrow(0, 0, 1));
+    EXPECT_LE(rel_err(y1.to(at::kFloat), z1.to(at::kFloat)), 1e-2);
+    EXPECT_LE(rel_err(x1.grad().to(at::kFloat), e1.grad().to(at::kFloat)), 1e-2);
+    EXPECT_EQ(mixed_precision::float8_scaled_mm_products(), products + 8);
+  }
+
+  // bf16 weights (step_bench --precision fp8, the engine's bf16 parameters): every output bf16, the
+  // weight's gradient from grad_output's per-column cast (column-major, transposed into the first
+  // operand) and the saved column-major input, in both recipes.
+  for (auto recipe : {mixed_precision::Float8Recipe::Rowwise, mixed_precision::Float8Recipe::Tensorwise}) {
+    SCOPED_TRACE(mixed_precision::to_string(recipe));
+    for (auto* m : {&mm, &emu}) {
+      (*m)->to(at::kBFloat16);
+      (*m)->recipe = recipe;
+      (*m)->weight.mutable_grad() = at::Tensor();
+    }
+    const std::int64_t before = mixed_precision::float8_scaled_mm_products();
+    xm = x0.clone().set_requires_grad(true), xe = x0.clone().set_requires_grad(true);
+    const at::Tensor bm = mm->forward(xm), be = emu->forward(xe);
+    bm.backward(g);
+    be.backward(g);
+    EXPECT_EQ(mm->weight.grad().scalar_type(), at::kBFloat16);
+    EXPECT_LE(rel_err(bm.to(at::kFloat), be.to(at::kFloat)), 1e-2);
+    EXPECT_LE(rel_err(xm.grad().to(at::kFloat), xe.grad().to(at::kFloat)), 1e-2);
+    EXPECT_LE(rel_err(mm->weight.grad().to(at::kFloat), emu->weight.grad().to(at::kFloat)), 1e-2);
+    EXPECT_EQ(mixed_precision::float8_scaled_mm_products(), before + 3);
+    EXPECT_EQ(mixed_precision::float8_operand_copies(), copies) << "a product copied an operand into its layout";
+  }
 
   // Under autocast (the Accelerator's training loop), an fp32 input (what autocast's layer_norm hands
   // the next layer on CUDA) goes in at bf16, as into torch::nn::Linear: the bf16 input's output, bit
   // for bit, through _scaled_mm.
+  const std::int64_t before = mixed_precision::float8_scaled_mm_products();
   const at::Tensor want = mm->forward(x0).detach();
   mixed_precision::AutocastScope on(c10::kCUDA, at::kBFloat16);
   const at::Tensor y32 = mm->forward(x0.to(at::kFloat)).detach();
   EXPECT_EQ(y32.scalar_type(), at::kBFloat16);
   EXPECT_TRUE(at::equal(y32, want));
-  EXPECT_EQ(mixed_precision::float8_scaled_mm_products(), products + 7);
+  EXPECT_EQ(mixed_precision::float8_scaled_mm_products(), before + 2);
 }
 
 TEST(AcceleratorOnCuda_CUDA, MoreRanksThanDevicesShareThemOrAreRefusedUnderNccl) {
