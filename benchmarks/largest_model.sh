@@ -49,9 +49,15 @@
 #                          during backward (step_bench --step-in-backward, ACCEL_STEP_IN_BACKWARD)
 #   --start "S=D ..."      where strategy S's search starts (instead of estimate-memory's prediction):
 #                          at a known answer it takes two runs, D passing and D + --resolution failing
-#                          (six runs for the three strategies, the busy shares included)
-#                          (a short device lease: --start "ZERO_3=1280 ZERO_3+opt=2304 ZERO_3+ckpt+opt+param=3200"
-#                          with --resolution 128, the H100/H200 answers at an 8 GB cap)
+#                          (six runs for the three strategies, the busy shares included). Sizes known
+#                          to train at an 8 GB cap, batch 1 (H100/H200, 2026-11-27; only ZERO_3's was
+#                          searched): --start "ZERO_3=1280 ZERO_3+opt=2304 ZERO_3+ckpt+opt+param=3200"
+#   --max-d D              the search grows no strategy past d_model D: a strategy that still trains
+#                          there is reported as ">= D" (ZeRO-Infinity's limit is the host's memory,
+#                          several times what a short device lease can search)
+#   --deadline-s S         no run starts after S seconds from the script's start: the strategies still
+#                          searching keep what they found (">=" / "<"), the ones not reached say so,
+#                          and the table is printed (a lease's call ends at its limit with nothing)
 # Small-scale trial (minutes, ~2 GB):
 #   bash benchmarks/largest_model.sh --layers 2 --seq 32 --heads 4 --cap 2.5 --resolution 64
 # The full table (the machine alone, ~20 GB, about an hour):
@@ -70,6 +76,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 STRATEGIES="DDP ZERO_1 ZERO_2 ZERO_3 ZERO_3+ckpt"
 RANKS=2 LAYERS=20 HEADS=16 SEQ=64 BATCH=1 VOCAB=4096 RES=128 MIN_D="" CAP_GB="" LOG=largest_model.log
 SIB="" OFFLOAD="" FIXED_D="" SUB_GROUP=100000000 DEVICE=cpu DEVICE_GB=8 RANKS_SET="" SEQ_SET="" STRATEGIES_SET="" START=""
+MAX_D="" DEADLINE_S="" T_START=$(date +%s)
 while [ $# -gt 0 ]; do
   case "$1" in
     --strategies) STRATEGIES=$2; STRATEGIES_SET=1; shift 2 ;;
@@ -89,6 +96,8 @@ while [ $# -gt 0 ]; do
     --d-model) FIXED_D=$2; shift 2 ;;
     --sub-group-size) SUB_GROUP=$2; shift 2 ;;
     --start) START=$2; shift 2 ;;
+    --max-d) MAX_D=$2; shift 2 ;;
+    --deadline-s) DEADLINE_S=$2; shift 2 ;;
     --step-in-backward) SIB=1; shift ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "largest_model.sh: unknown option '$1' (--help)" >&2; exit 2 ;;
@@ -97,6 +106,8 @@ done
 case "$DEVICE" in
   cpu) ;;
   cuda)
+    # (fp32 is fp32 here: an image's TF32 override would change the step times and busy shares)
+    unset TORCH_ALLOW_TF32_CUBLAS_OVERRIDE
     [ -n "$RANKS_SET" ] || RANKS=1
     [ -n "$SEQ_SET" ] || SEQ=512
     if [ -z "$STRATEGIES_SET" ]; then
@@ -115,6 +126,12 @@ for kv in $START; do
   fi
 done
 MIN_D=${MIN_D:-$RES}
+for v in "$MAX_D" "$DEADLINE_S"; do
+  if [ -n "$v" ] && [[ ! "$v" =~ ^[0-9]+$ ]]; then echo "largest_model.sh: --max-d and --deadline-s take whole numbers, not '$v'" >&2; exit 2; fi
+done
+if [ -n "$MAX_D" ] && ((MAX_D % HEADS != 0)); then echo "largest_model.sh: --max-d $MAX_D is not a multiple of --heads $HEADS" >&2; exit 2; fi
+# Whether the deadline (--deadline-s) has passed: no run starts after it.
+past_deadline() { [ -n "$DEADLINE_S" ] && (($(date +%s) - T_START >= DEADLINE_S)); }
 if [ -z "$CAP_GB" ]; then
   CAP_GB=$(awk '/MemAvailable/ {printf "%.1f", $2 * 1024 * 0.9 / 1e9}' /proc/meminfo)
 fi
@@ -204,6 +221,7 @@ run() {
     ((peak_pss > 0)) || peak_pss=$(echo "$line" | python3 -c 'import json, sys; print(int(json.load(sys.stdin)["node_pss"]))')
     line="${line%\}}, \"session_peak_pss\": $peak_pss}"
     echo "$s d=$d ok $line" >>"$LOG"
+    echo "  $s d=$d: trains ($(echo "$line" | python3 -c 'import json, sys; j = json.load(sys.stdin); print("%.3fB parameters, %.1f s a step" % (j["params"] / 1e9, j["step_ms"] / 1e3))'))" >&2
     echo "$line"
     rm -f "$out" "$err"
     return 0
@@ -251,8 +269,10 @@ predict() {
     ZERO_3+ckpt) label="ZeRO-3$shared"; ckpt=1 ;;
     *) return 0 ;;  # no prediction (offload)
   esac
+  # (step_bench's attention: fused on CUDA, written out on the CPU)
   "$CLI" estimate-memory --d_model "$1" --layers "$LAYERS" --heads "$HEADS" --seq "$SEQ" --micro_batch "$BATCH" \
-    --vocab "$VOCAB" --num_processes "$RANKS" --dtype fp32 --optimizer adamw |
+    --vocab "$VOCAB" --num_processes "$RANKS" --dtype fp32 --optimizer adamw \
+    --attention "$([ "$DEVICE" = cuda ] && echo sdpa || echo eager)" |
     awk -v l="$label" -v c="$ckpt" '
       { row = c ? l " + checkpointing" : l }
       index($0, row " ") == 1 && (c || index($0, "checkpointing") == 0) { printf "%.0f", $(NF) * 1e9; exit }'
@@ -261,6 +281,7 @@ predict() {
 # The largest d (a multiple of RES) whose prediction fits the per-rank cap.
 predicted_largest() {
   local lo=0 hi=$RES p
+  [ -n "$(predict "$RES" "$1")" ] || { echo "$MIN_D"; return; }  # (offload: no estimate)
   while p=$(predict "$hi" "$1") && [ "$p" -le "$PER_RANK_BYTES" ]; do lo=$hi; hi=$((hi * 2)); done
   while ((hi - lo > RES)); do
     local mid=$(((lo + hi) / 2 / RES * RES))
@@ -298,7 +319,7 @@ print("| %.2fB | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |" % (
   exit 0
 fi
 
-declare -A BEST
+declare -A BEST NOTE  # NOTE: ">= " where the search stopped short of the answer (--max-d, --deadline-s)
 BASE_D=""
 # On a GPU every run is profiled (step_bench --profile: 3 more steps under the profiler, after the timed
 # ones), so that the largest size's run already says how busy the GPU was: no rerun for it. (The cap is
@@ -315,15 +336,25 @@ for s in $STRATEGIES; do
       echo "$s: starting at d_model $d0 (--start)" >&2
     fi
   done
-  lo="" hi="" best="" runs=0
-  # Gallop from the prediction until a pass and a failure bracket the answer.
+  if past_deadline; then
+    echo "$s: not searched (--deadline-s $DEADLINE_S passed)" >&2
+    continue
+  fi
+  [ -n "$MAX_D" ] && ((d0 > MAX_D)) && d0=$MAX_D
+  lo="" hi="" best="" runs=0 late=""
+  # Gallop from the prediction until a pass and a failure bracket the answer (or --max-d stops it).
   step=$RES d=$d0
   while :; do
+    if past_deadline; then late=1; break; fi
     runs=$((runs + 1))
     if line=$(run "$d" "$s"); then
       lo=$d best=$line
       [ -n "$hi" ] && break
       d=$((d + step))
+      if [ -n "$MAX_D" ] && ((d > MAX_D)); then
+        if ((lo >= MAX_D)); then NOTE[$s]=">= "; echo "$s: trains at --max-d $MAX_D; not searched further" >&2; break; fi
+        d=$MAX_D
+      fi
     else
       hi=$d
       [ -n "$lo" ] && break
@@ -336,11 +367,17 @@ for s in $STRATEGIES; do
   while [ -n "$lo" ] && [ -n "$hi" ] && ((hi - lo > RES)); do
     mid=$(((lo + hi) / 2 / RES * RES))
     ((mid <= lo)) && break
+    if past_deadline; then late=1; break; fi
     runs=$((runs + 1))
     if line=$(run "$mid" "$s"); then lo=$mid best=$line; else hi=$mid; fi
   done
+  if [ -n "$late" ]; then
+    echo "$s: search stopped at --deadline-s $DEADLINE_S (trains at ${lo:-none of the sizes tried}${hi:+, not at $hi})" >&2
+    NOTE[$s]=">= "
+  fi
   if [ -z "$best" ]; then
     BEST[$s]="none|$runs"
+    [ -n "$late" ] && NOTE[$s]="none below $hi, search stopped at the deadline; "
     continue
   fi
   BEST[$s]="$best|$(predict "$lo" "$s")|$runs"
@@ -359,11 +396,13 @@ pct = lambda k: "%.0f%%" % (100 * j[k]) if j.get(k) is not None else "?"
 print(pct("device_busy_share") + " / " + pct("device_compute_share"))'
   }
   for s in $STRATEGIES; do
+    [ -n "${BEST[$s]:-}" ] || continue
     IFS='|' read -r json pred runs <<<"${BEST[$s]}"
     [ "$json" = none ] && continue
     BUSY[$s]=$(echo "$json" | busy_of)
     [ "${BUSY[$s]}" != "? / ?" ] && continue
     d=$(echo "$json" | python3 -c 'import json, sys; print(json.load(sys.stdin)["d_model"])')
+    past_deadline && continue
     echo "$s: profiling d_model $d again for the GPU's busy share" >&2
     if line=$(run "$d" "$s"); then BUSY[$s]=$(echo "$line" | busy_of); fi
   done
@@ -375,24 +414,29 @@ print(pct("device_busy_share") + " / " + pct("device_compute_share"))'
   echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   first=""
   for s in $STRATEGIES; do
+    if [ -z "${BEST[$s]:-}" ]; then
+      echo "| $s | not searched (deadline) | | | | | | | | |"
+      continue
+    fi
     IFS='|' read -r json pred runs <<<"${BEST[$s]}"
     if [ "$json" = none ]; then
-      echo "| $s | none fits from $MIN_D | | | | | | | | $pred |"
+      echo "| $s | ${NOTE[$s]:-}none fits from $MIN_D | | | | | | | | $pred |"
       continue
     fi
     [ -z "$first" ] && first=$(echo "$json" | python3 -c 'import json, sys; print(json.load(sys.stdin)["params"])')
-    python3 - "$s" "$json" "$runs" "$RANKS" "$first" "${BUSY[$s]:-?}" <<'EOF'
+    python3 - "$s" "$json" "$runs" "$RANKS" "$first" "${BUSY[$s]:-?}" "${NOTE[$s]:-}" <<'EOF'
 import json, sys
-s, j, runs, ranks, first, busy = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+s, j, runs, ranks, first, busy, note = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6], sys.argv[7]
 gb = lambda b: f"{b / 1e9:.2f} GB"
-print(f"| {s} | {j['d_model']} | {j['params'] / 1e9:.3f}B | {j['params'] / first:.2f} | {gb(j['cuda_peak'])} | "
+print(f"| {s} | {note}{j['d_model']} | {j['params'] / 1e9:.3f}B | {j['params'] / first:.2f} | {gb(j['cuda_peak'])} | "
       f"{gb(j['peak_rss'])} | {gb(j['session_peak_pss'] / ranks)} | {j['step_ms'] / 1e3:.2f} | {busy} | {runs} |")
 EOF
   done
   echo
   echo "GB = 1e9 bytes; device peak = the caching allocator's peak of allocated bytes (largest over ranks);"
   echo "× first row = parameters against the first strategy's (no offload); GPU busy / computing = the share of"
-  echo "3 profiled steps' wall time the device ran kernels or copies / kernels alone (? where that run failed). Every run: $LOG"
+  echo "3 profiled steps' wall time the device ran kernels or copies / kernels alone (? where that run failed);"
+  echo "\">=\": the search stopped there (--max-d or --deadline-s), the answer is that or more. Every run: $LOG"
   exit 0
 fi
 
@@ -402,18 +446,22 @@ echo
 echo "| strategy | d_model | parameters | peak RSS / rank | peak PSS / rank | counted peak | params | grads | optim | gathered | activations | estimate-memory | error | step s | runs |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for s in $STRATEGIES; do
-  IFS='|' read -r json pred runs <<<"${BEST[$s]}"
-  if [ "$json" = none ]; then
-    echo "| $s | none fits from $MIN_D | | | | | | | | | | | | | $pred |"
+  if [ -z "${BEST[$s]:-}" ]; then
+    echo "| $s | not searched (deadline) | | | | | | | | | | | | | |"
     continue
   fi
-  python3 - "$s" "$json" "$pred" "$runs" "$RANKS" <<'EOF'
+  IFS='|' read -r json pred runs <<<"${BEST[$s]}"
+  if [ "$json" = none ]; then
+    echo "| $s | ${NOTE[$s]:-}none fits from $MIN_D | | | | | | | | | | | | | $pred |"
+    continue
+  fi
+  python3 - "$s" "$json" "$pred" "$runs" "$RANKS" "${NOTE[$s]:-}" <<'EOF'
 import json, sys
-s, j, pred, runs, ranks = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+s, j, pred, runs, ranks, note = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]
 gb = lambda b: f"{b / 1e9:.2f}"
 pss = j["session_peak_pss"] / ranks  # the node's peak PSS (every process of the run) per rank
 err = (pss - pred) / pred * 100
-print(f"| {s} | {j['d_model']} | {j['params'] / 1e9:.3f}B | {gb(j['peak_rss'])} GB | {gb(pss)} GB | "
+print(f"| {s} | {note}{j['d_model']} | {j['params'] / 1e9:.3f}B | {gb(j['peak_rss'])} GB | {gb(pss)} GB | "
       f"{gb(j['counted_peak'])} | {gb(j['parameters'])} | {gb(j['gradients'])} | {gb(j['optimizer'])} | "
       f"{gb(j['gathered'])} | {gb(j['activations'])} | {gb(pred)} GB | {err:+.1f}% | {j['step_ms'] / 1e3:.2f} | {runs} |")
 EOF

@@ -42,7 +42,8 @@ GptActivations gpt_activations(const GptShape& s, Dtype dtype) {
   const double e = a.element_bytes, B = static_cast<double>(s.micro_batch), T = static_cast<double>(s.seq),
                d = static_cast<double>(s.d_model), H = static_cast<double>(s.heads), V = static_cast<double>(s.vocab),
                L = static_cast<double>(s.layers);
-  a.block = e * (16 * B * T * d + B * H * T * T + 4 * B * T) + T * T;
+  a.block = s.sdpa ? e * (16 * B * T * d + 4 * B * T) + 4 * B * H * T
+                   : e * (16 * B * T * d + B * H * T * T + 4 * B * T) + T * T;
   a.head = e * (B * T * d + 2 * B * T + 2 * B * T * V) + 8;
   a.without_ckpt = L * a.block + a.head;
   a.with_ckpt = e * L * B * T * d + a.head + a.block;

@@ -16,6 +16,10 @@
 //   4 gelu output (fc2's input) = 16 B T d, plus the softmax output B H T^2, LayerNorm mean and rstd
 //   4 B T, and the causal mask T^2 bytes (bool):
 //     A_block = e (16 B T d + B H T^2 + 4 B T) + T^2
+//   With --attention sdpa (GPTConfig::attention, the examples' default on CUDA), the fused kernel keeps
+//   no B H T^2 scores and no mask, but its fp32 logsumexp, 4 B H T bytes (the CUDA kernels add a few
+//   bytes of RNG state): A_block = e (16 B T d + 4 B T) + 4 B H T. Measured on the CPU (its flash
+//   kernel) at the four shapes below, equal to the byte.
 //   After the blocks: ln_f's output B T d and its mean/rstd 2 B T, the logits B T V and log_softmax's
 //   output B T V, and the loss (8 bytes):
 //     A_head = e (B T d + 2 B T + 2 B T V) + 8
@@ -65,6 +69,7 @@ namespace accel::cli {
 struct GptShape {
   long long vocab = 4096;  // step_bench's default
   long long d_model = 0, layers = 0, heads = 0, seq = 0, micro_batch = 1;
+  bool sdpa = false;  // attention fused in at::scaled_dot_product_attention (--attention sdpa)
 };
 
 // Throws EstimateError naming the flag (every field >= 1, heads divides d_model).

@@ -31,9 +31,10 @@ std::string format_gpt_estimate(const GptEstimate& e) {
   const GptActivations& a = e.activations;
   std::string out;
   out += fmt::format(
-      "GPT: d_model {}, {} layers, {} heads, seq {}, micro-batch {}, vocab {}: {} parameters ({:.0f}), {} rank{}\n",
-      s.d_model, s.layers, s.heads, s.seq, s.micro_batch, s.vocab, format_param_count(r.params), r.params,
-      r.num_processes, r.num_processes == 1 ? "" : "s");
+      "GPT: d_model {}, {} layers, {} heads, seq {}, micro-batch {}, vocab {}, {} attention: {} parameters ({:.0f}), "
+      "{} rank{}\n",
+      s.d_model, s.layers, s.heads, s.seq, s.micro_batch, s.vocab, s.sdpa ? "sdpa" : "eager",
+      format_param_count(r.params), r.params, r.num_processes, r.num_processes == 1 ? "" : "s");
   out += fmt::format("  precision  {}, optimizer {}; activations in {:g}-byte elements\n", to_string(r.dtype),
                      to_string(r.optimizer), a.element_bytes);
   out += fmt::format(

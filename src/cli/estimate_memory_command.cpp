@@ -1,7 +1,8 @@
 // `accel estimate-memory --params P [--num_processes N] [--dtype D] [--optimizer O] [--offload M]
 // [--budget SIZE] [--cpu_budget SIZE]`: the model-state memory per rank of DDP and ZeRO-1/2/3 (ZeRO
 // paper formulas, see cli/estimate_memory.h) and, with a budget, which fit and which to use.
-// With a GPT shape instead of --params (--d_model --layers --heads --seq [--micro_batch] [--vocab]),
+// With a GPT shape instead of --params (--d_model --layers --heads --seq [--micro_batch] [--vocab]
+// [--attention eager|sdpa]),
 // the whole per-rank peak of a step, activations included, with and without checkpointing
 // (cli/estimate_gpt.h). Single process, no torch: it runs anywhere, mpirun or not.
 #include "cli/commands.h"
@@ -27,6 +28,7 @@ struct EstimateArgs {
   bool has_shape = false, has_shape_part = false;  // any of the GPT flags given; all of the required ones
   std::string overhead;
   bool has_overhead = false;
+  std::string attention = "eager";
 };
 
 int run_estimate(const EstimateArgs& a) {
@@ -46,11 +48,15 @@ int run_estimate(const EstimateArgs& a) {
     r.offload = parse_offload(a.offload);
     if (a.has_budget) r.device_budget = parse_byte_size(a.budget, "--budget");
     if (a.has_cpu_budget) r.cpu_budget = parse_byte_size(a.cpu_budget, "--cpu_budget");
+    if (a.attention != "eager" && a.attention != "sdpa")
+      throw EstimateError("--attention: eager or sdpa, got '" + a.attention + "'");
     if (a.has_shape) {
+      GptShape shape = a.shape;
+      shape.sdpa = a.attention == "sdpa";
       if (a.has_cpu_budget) throw EstimateError("--cpu_budget: a GPT shape is estimated without offload");
       GptRuntime rt;
       if (a.has_overhead) rt.overhead = parse_byte_size(a.overhead, "--overhead");
-      fmt::print("{}", format_gpt_estimate(estimate_gpt(a.shape, r, rt)));
+      fmt::print("{}", format_gpt_estimate(estimate_gpt(shape, r, rt)));
       std::fflush(stdout);
       return 0;
     }
@@ -81,7 +87,10 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code) {
       cmd->add_option("--seq", args->shape.seq, "GPT sequence length")};
   std::vector<CLI::Option*> shape_extra = {
       cmd->add_option("--micro_batch", args->shape.micro_batch, "sequences per rank per step (default 1)"),
-      cmd->add_option("--vocab", args->shape.vocab, "vocabulary (default 4096, step_bench's)")};
+      cmd->add_option("--vocab", args->shape.vocab, "vocabulary (default 4096, step_bench's)"),
+      cmd->add_option("--attention", args->attention,
+                      "eager (scores written out; the default, as the examples on the CPU) or sdpa (fused, as on "
+                      "CUDA)")};
   auto* overhead = cmd->add_option("--overhead", args->overhead,
                                    "per-rank memory the allocator does not count (runtime; default 0.55GB)");
   cmd->add_option("--num_processes", args->num_processes, "Ranks the states are sharded over (default 1)");

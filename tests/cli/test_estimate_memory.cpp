@@ -360,6 +360,15 @@ TEST(EstimateGpt, ActivationsEqualWhatStepBenchMeasured) {
   EXPECT_DOUBLE_EQ(gpt_activations(shape(96, 3, 6, 48, 2), Dtype::Fp32).without_ckpt, 5'296'136);
   EXPECT_DOUBLE_EQ(gpt_activations(shape(256, 4, 8, 64, 1), Dtype::Fp32).without_ckpt, 6'902'280);
   EXPECT_DOUBLE_EQ(gpt_activations(shape(64, 2, 2, 16, 3), Dtype::Fp32).without_ckpt, 1'993'096);
+  // The same with --attention sdpa (step_bench --attention sdpa: the CPU's flash kernel).
+  auto sdpa = [](GptShape s) {
+    s.sdpa = true;
+    return gpt_activations(s, Dtype::Fp32).without_ckpt;
+  };
+  EXPECT_DOUBLE_EQ(sdpa(shape(128, 2, 4, 32, 1)), 1'591'560);
+  EXPECT_DOUBLE_EQ(sdpa(shape(96, 3, 6, 48, 2)), 4'964'360);
+  EXPECT_DOUBLE_EQ(sdpa(shape(256, 4, 8, 64, 1)), 6'369'800);
+  EXPECT_DOUBLE_EQ(sdpa(shape(64, 2, 2, 16, 3)), 1'981'064);
 }
 
 TEST(EstimateGpt, CheckpointingKeepsBlockInputsAndOneBlock) {
