@@ -326,16 +326,19 @@ BASE_D=""
 # the caching allocator's; the profiler's buffers are not in it.)
 [ "$DEVICE" = cuda ] && RUN_EXTRA=(--profile)
 for s in $STRATEGIES; do
-  d0=$(predicted_largest "$s")
-  # On a GPU, offload has no estimate: it fits at least what the first strategy (no offload) fit.
-  if [ "$DEVICE" = cuda ] && [ -n "$BASE_D" ] && [ -z "$(predict "$BASE_D" "$s")" ]; then d0=$BASE_D; fi
-  echo "$s: estimate-memory predicts d_model $d0 fits $((PER_RANK_BYTES / 1000000)) MB per rank" >&2
+  d0=""
   for kv in $START; do
     if [ "${kv%%=*}" = "$s" ]; then
       d0=${kv#*=}
       echo "$s: starting at d_model $d0 (--start)" >&2
     fi
   done
+  if [ -z "$d0" ]; then
+    d0=$(predicted_largest "$s")
+    # On a GPU, offload has no estimate: it fits at least what the first strategy (no offload) fit.
+    if [ "$DEVICE" = cuda ] && [ -n "$BASE_D" ] && [ -z "$(predict "$BASE_D" "$s")" ]; then d0=$BASE_D; fi
+    echo "$s: estimate-memory predicts d_model $d0 fits $((PER_RANK_BYTES / 1000000)) MB per rank" >&2
+  fi
   if past_deadline; then
     echo "$s: not searched (--deadline-s $DEADLINE_S passed)" >&2
     continue

@@ -28,6 +28,7 @@
 #   bash scripts/gpu_check.sh --bench-only    step 3 only (with --no-bench before it: one device call each)
 #   bash scripts/gpu_check.sh --only REGEX    only the steps whose names match REGEX (grep -E), for a
 #                                             short device lease: --only 'fp8_bound|vs_torch_default'
+#   bash scripts/gpu_check.sh --bench REGEX   the tests, then only the benchmarks whose names match
 #   bash scripts/gpu_check.sh --bundle DIR    a machine that cannot build (no network, no Open MPI):
 #                                             the programs and libraries scripts/gpu_bundle.sh packed
 #                                             into DIR on a machine that can, with this machine's own
@@ -41,9 +42,12 @@
 # each at the fp8-bound shape, default 2; FP8_BATCH its batch, default 32), VS_ROUNDS (alternating
 # runs of accel and PyTorch, default 5, the medians compared), OFFLOAD_BATCHES and OFFLOAD_D (the
 # offloaded step's GPU-busy sweep: batches, default "1 4 16", at d_model, default 2048), GPU_CHECK_TAR (a .tar.gz to pack the
-# logs into at the end, e.g. $OUT/gpu_check_logs.tgz on a lent device). Every step runs even when
-# an earlier one failed; the summary at the end lists each with PASS, FAIL or SKIP, and the exit
-# status is 1 when any failed.
+# logs into at the end, e.g. $OUT/gpu_check_logs.tgz on a lent device), GPU_CHECK_DEADLINE_S (seconds
+# from the start after which no step starts and the running one is stopped: a lent device's call
+# ends at its limit with nothing packed, so give it a minute less). Every step runs even when an
+# earlier one failed; the summary at the end lists each with PASS, FAIL, SKIP, STOP (stopped at the
+# deadline) or LATE (not started: the deadline had passed), and the exit status is 1 when any failed
+# or stopped. A TERM or INT stops the running step and still prints the summary and packs the logs.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=1
@@ -52,6 +56,7 @@ SETUP_ONLY=0
 BENCH=1
 TESTS=1
 ONLY=""
+BENCH_ONLY_MATCH=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) BUILD=0 ;;
@@ -62,8 +67,10 @@ while [ $# -gt 0 ]; do
     --bench-only) TESTS=0 ;;
     --only) ONLY=${2:-}; shift ;;
     --only=*) ONLY=${1#--only=} ;;
-    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
-    *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --no-bench, --bench-only, --only REGEX, --bundle DIR [--setup-only], --help)" >&2; exit 2 ;;
+    --bench) BENCH_ONLY_MATCH=${2:-}; shift ;;
+    --bench=*) BENCH_ONLY_MATCH=${1#--bench=} ;;
+    -h|--help) sed -n "2,/^set -uo/p" "$0" | sed "\$d"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$1' (allowed: --no-build, --no-bench, --bench-only, --only REGEX, --bench REGEX, --bundle DIR [--setup-only], --help)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -85,18 +92,63 @@ export ACCEL_HOME=$OUTDIR/accel_home
 declare -a SUMMARY
 PHASE=setup
 FAILED=0
+T_START=$(date +%s)
+DEADLINE=${GPU_CHECK_DEADLINE_S:-}
+if [ -n "$DEADLINE" ] && [[ ! "$DEADLINE" =~ ^[0-9]+$ ]]; then
+  echo "gpu_check.sh: GPU_CHECK_DEADLINE_S must be a number of seconds, not '$DEADLINE'" >&2
+  exit 2
+fi
+# Seconds left before GPU_CHECK_DEADLINE_S (counted from the script's start).
+time_left() { echo $((T_START + DEADLINE - $(date +%s))); }
+STEP_PGID="" STEP_NAME=""  # the process group and name of the step running now
+# A TERM or INT (a caller's timeout, Ctrl-C): the running step's processes stopped, then the summary and
+# the packed logs as at the end.
+on_signal() {
+  trap - TERM INT
+  if [ -n "$STEP_PGID" ]; then
+    kill -TERM -- "-$STEP_PGID" 2>/dev/null
+    for _ in 1 2 3 4 5 6; do kill -0 -- "-$STEP_PGID" 2>/dev/null && sleep 0.5; done
+    kill -KILL -- "-$STEP_PGID" 2>/dev/null
+    SUMMARY+=("$(printf '%-28s %-4s %4s   %s' "$STEP_NAME" STOP "" "$OUTDIR/$STEP_NAME.log")")
+  fi
+  SUMMARY+=("(stopped by a signal: the steps after these did not run)")
+  FAILED=1
+  finish
+}
+trap on_signal TERM INT
 # step NAME CMD...: runs CMD with its output in $OUTDIR/NAME.log (and on the terminal); a GoogleTest
 # run whose tests all skipped counts as SKIP. Left out (not in the summary): a name --only does not
-# match, and the tests under --bench-only.
+# match, a benchmark --bench does not match, and the tests under --bench-only. Under
+# GPU_CHECK_DEADLINE_S a step that would start after it is LATE (not run), and one still running at it
+# is stopped (STOP, which fails the check like FAIL). CMD runs in a process group of its own (its
+# stdin /dev/null), so that stopping it stops every process it started.
 step() {
   local name=$1; shift
   if [ -n "$ONLY" ] && ! grep -qE -- "$ONLY" <<<"$name"; then return 0; fi
+  if [ -n "$BENCH_ONLY_MATCH" ] && [ "$PHASE" = bench ] && ! grep -qE -- "$BENCH_ONLY_MATCH" <<<"$name"; then return 0; fi
   if [ "$TESTS" = 0 ] && [ "$PHASE" = tests ]; then return 0; fi
+  if [ -n "$DEADLINE" ] && (($(time_left) <= 0)); then
+    SUMMARY+=("$(printf '%-28s %-4s %4ss  %s' "$name" LATE 0 "not run: GPU_CHECK_DEADLINE_S=$DEADLINE had passed")")
+    return 0
+  fi
   printf '\n== %s: %s\n' "$name" "$*"
-  local t0=$(date +%s)
-  "$@" 2>&1 | tee "$OUTDIR/$name.log"
-  local rc=${PIPESTATUS[0]} verdict=PASS
-  if [ "$rc" -eq 77 ]; then verdict=SKIP  # (a program that says it cannot run here, e.g. no torchao)
+  local t0=$(date +%s) dog=""
+  set -m  # (job control: the step's own process group)
+  # (set +m inside: the command and tee stay in this group, not in a job of their own)
+  { set +m; "$@" </dev/null 2>&1 | tee "$OUTDIR/$name.log"; exit "${PIPESTATUS[0]}"; } &
+  STEP_PGID=$! STEP_NAME=$name
+  if [ -n "$DEADLINE" ]; then
+    { sleep "$(time_left)"; echo "gpu_check.sh: GPU_CHECK_DEADLINE_S=$DEADLINE reached: stopping $name" >&2
+      kill -TERM -- "-$STEP_PGID" 2>/dev/null; sleep 10; kill -KILL -- "-$STEP_PGID" 2>/dev/null; } &
+    dog=$!
+  fi
+  set +m
+  wait "$STEP_PGID"
+  local rc=$? verdict=PASS
+  STEP_PGID=""
+  [ -n "$dog" ] && { kill -- "-$dog" 2>/dev/null; wait "$dog" 2>/dev/null; }
+  if [ -n "$DEADLINE" ] && [ "$rc" -ne 0 ] && (($(time_left) <= 0)); then verdict=STOP; FAILED=1
+  elif [ "$rc" -eq 77 ]; then verdict=SKIP  # (a program that says it cannot run here, e.g. no torchao)
   elif [ "$rc" -ne 0 ]; then verdict=FAIL; FAILED=1
   # A test that skipped for want of a device, on a machine with one (nvidia-smi saw it): the program
   # cannot reach the GPU (a CPU-only torch, a driver it cannot load), and a PASS would come from the rest.

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# A stand-in for step_bench --device cuda ... --json in tests/scripts/gpu_scripts.sh: a size trains
+# when d_model <= FAKE_MAX_D_<strategy label> (ZERO_3, OPT for --offload-optimizer alone, INF for the
+# parameters offloaded too), and prints step_bench's JSON line; larger sizes fail as out of device
+# memory. Each run sleeps FAKE_SLEEP seconds.
+d=0 oo="" op=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --d-model) d=$2; shift ;;
+    --offload-optimizer) oo=$2; shift ;;
+    --offload-param) op=$2; shift ;;
+  esac
+  shift
+done
+max=${FAKE_MAX_D_ZERO_3:-1280}
+[ -n "$oo" ] && max=${FAKE_MAX_D_OPT:-2304}
+[ -n "$op" ] && max=${FAKE_MAX_D_INF:-9999}
+sleep "${FAKE_SLEEP:-0}"
+if ((d > max)); then
+  echo "step_bench: out of memory on the device (the stand-in's limit is d_model $max)" >&2
+  exit 3
+fi
+p=$((12 * d * d * 20 + 4096 * d))
+echo "{\"strategy\": \"ZERO_3\", \"params\": $p, \"d_model\": $d, \"cuda_peak\": 7.0e9, \"peak_rss\": 2.0e9, \"node_pss\": 2.0e9, \"step_ms\": 1000, \"device_busy_share\": 0.6, \"device_compute_share\": 0.5}"

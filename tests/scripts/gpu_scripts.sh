@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The GPU scripts' own logic, on a machine without a GPU: scripts/gpu_check.sh's deadline, signal and
+# --bench handling, and benchmarks/largest_model.sh's --start, --max-d and --deadline-s, with stand-ins
+# for nvidia-smi and accel's programs (tests/scripts/fake_*.sh). A lent GPU's call that runs past its
+# limit returns nothing, so these decide whether a short lease brings anything back.
+#   bash tests/scripts/gpu_scripts.sh ACCEL_CLI     (the built accel: launch --dry_run, estimate-memory)
+set -uo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+CLI=${1:?usage: gpu_scripts.sh ACCEL_CLI}
+TMP=$(mktemp -d /tmp/accel_gpu_scripts.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+FAILS=0
+check() {  # check WHAT COMMAND...: the command's status is the verdict
+  local what=$1; shift
+  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; FAILS=$((FAILS + 1)); fi
+}
+has() { grep -qE -- "$2" "$1"; }
+
+# A GPU that nvidia-smi reports, and programs that sleep.
+mkdir -p "$TMP/path" "$TMP/bin"
+printf '#!/bin/sh\necho "GPU 0: stand-in (UUID: GPU-none)"\n' >"$TMP/path/nvidia-smi"
+chmod +x "$TMP/path/nvidia-smi"
+for p in accel accel_tests cuda_tests step_bench gpt_lm; do ln -s "$HERE/fake_program.sh" "$TMP/bin/$p"; done
+gpu_check() {
+  env PATH="$TMP/path:$PATH" ACCEL_BIN="$TMP/bin" \
+    bash "$ROOT/scripts/gpu_check.sh" --no-build "$@"
+}
+no_process_left() { sleep 1; ! pgrep -f "$TMP/bin/" >/dev/null; }
+
+# 1. GPU_CHECK_DEADLINE_S: a step that would start after it is LATE, the one running at it is stopped
+# (its processes with it), and the summary and packed logs still come.
+FAKE_SLEEP=3 FAKE_SLEEP_accel_tests=60 GPU_CHECK_DEADLINE_S=5 GPU_CHECK_OUT="$TMP/d" GPU_CHECK_TAR="$TMP/d.tgz" \
+  gpu_check --no-bench --only '^(accel_env|cuda_comm_np1|cuda_training_np1)$' >"$TMP/d.out" 2>&1
+rc=$?
+check "deadline: exit status 1" [ "$rc" = 1 ]
+check "deadline: the first step passed" has "$TMP/d.out" '^accel_env +PASS'
+check "deadline: the step running at the deadline is STOP" has "$TMP/d.out" '^cuda_comm_np1 +STOP'
+check "deadline: the next is LATE, not run" has "$TMP/d.out" '^cuda_training_np1 +LATE .*not run'
+check "deadline: it never started" bash -c "! grep -q 'cuda_tests  *starting' '$TMP/d.out'"
+check "deadline: the stopped step's processes are gone" no_process_left
+check "deadline: the logs are packed" bash -c "tar tzf '$TMP/d.tgz' | grep -q 'accel_env.log'"
+
+# 2. A TERM from outside (timeout): the running step stopped, the summary printed, the logs packed.
+# (timeout waits for the script's own exit, which comes after its summary.)
+timeout 3 env PATH="$TMP/path:$PATH" ACCEL_BIN="$TMP/bin" FAKE_SLEEP=30 \
+  GPU_CHECK_OUT="$TMP/s" GPU_CHECK_TAR="$TMP/s.tgz" \
+  bash "$ROOT/scripts/gpu_check.sh" --no-build --no-bench --only '^accel_env$' >"$TMP/s.out" 2>&1
+check "signal: the running step is STOP" has "$TMP/s.out" '^accel_env +STOP'
+check "signal: the summary says so" has "$TMP/s.out" 'stopped by a signal'
+check "signal: the logs are packed" test -s "$TMP/s.tgz"
+check "signal: the step's processes are gone" no_process_left
+
+# 3. --bench REGEX: of the benchmarks, only those it matches (and no test under --bench-only).
+FAKE_SLEEP=0 FP8_ROUNDS=1 GPU_CHECK_OUT="$TMP/b" gpu_check --bench-only --bench '^fp8_bound_accel' >"$TMP/b.out" 2>&1
+steps=$(sed -n '/^== summary/,$p' "$TMP/b.out" | awk 'NR > 1 && NF >= 2 {print $1 ":" $2}' | tr '\n' ' ')
+check "--bench: exactly the matching benchmarks ran ($steps)" \
+  [ "$steps" = "fp8_bound_accel_bf16_1:PASS fp8_bound_accel_fp8_1:PASS " ]
+
+# 4. largest_model.sh on a "GPU" whose limits the stand-in step_bench knows: ZERO_3 to d 1280,
+# optimizer offload to 2304, ZeRO-Infinity beyond --max-d.
+lm() {
+  env STEP_BENCH="$HERE/fake_step_bench.sh" ACCEL_CLI="$CLI" FAKE_MAX_D_INF=4096 \
+    bash "$ROOT/benchmarks/largest_model.sh" --device cuda --resolution 128 --cap 4 --log "$TMP/lm.log" \
+    --start "ZERO_3=1280 ZERO_3+opt=2304 ZERO_3+ckpt+opt+param=3200" "$@"
+}
+FAKE_SLEEP=0 lm --max-d 3328 >"$TMP/m.out" 2>"$TMP/m.err"
+check "largest_model: ZERO_3's answer in 2 runs" has "$TMP/m.out" '^\| ZERO_3 \| 1280 \| 0\.398B \| 1\.00 .*\| 2 \|$'
+check "largest_model: ZeRO-Offload's answer" has "$TMP/m.out" '^\| ZERO_3\+opt \| 2304 \| 1\.283B \| 3\.22 '
+check "largest_model: ZeRO-Infinity stopped at --max-d, reported as >=" \
+  has "$TMP/m.out" '^\| ZERO_3\+ckpt\+opt\+param \| >= 3328 \| 2\.672B \| 6\.71 .*\| 2 \|$'
+check "largest_model: each size that trains is shown as it does" has "$TMP/m.err" 'ZERO_3\+opt d=2304: trains'
+FAKE_SLEEP=6 lm --deadline-s 5 >"$TMP/t.out" 2>"$TMP/t.err"
+check "largest_model --deadline-s: the search in progress keeps what it found" \
+  has "$TMP/t.out" '^\| ZERO_3 \| >= 1280 \| 0\.398B '
+check "largest_model --deadline-s: a strategy not reached says so" \
+  has "$TMP/t.out" '^\| ZERO_3\+ckpt\+opt\+param \| not searched \(deadline\) '
+
+if ((FAILS)); then
+  echo "$FAILS check(s) failed; outputs:"
+  for f in "$TMP"/*.out "$TMP"/*.err; do echo "--- $f"; tail -30 "$f"; done
+  exit 1
+fi
+echo "all checks passed"
