@@ -109,11 +109,26 @@ void* ParamOffload::staging(int b) const {
   return reinterpret_cast<void*>(offload::align_up(p));
 }
 
+int choose_staging_buffer(const std::vector<bool>& free, const std::vector<bool>& copy_running,
+                          const std::vector<std::uint64_t>& queued, bool can_grow) {
+  for (std::size_t k = 0; k < free.size(); ++k)
+    if (free[k] && !copy_running[k]) return static_cast<int>(k);
+  if (can_grow) return kGrowBuffer;
+  int b = kLandOldestRead;
+  for (std::size_t k = 0; k < free.size(); ++k)
+    if (free[k] && (b < 0 || queued[k] < queued[static_cast<std::size_t>(b)])) b = static_cast<int>(k);
+  return b;
+}
+
 int ParamOffload::take_buffer() {
-  int b = -1;
-  for (std::size_t k = 0; k < buffer_owner_.size() && b < 0; ++k)
-    if (buffer_owner_[k] < 0) b = static_cast<int>(k);
-  if (b < 0 && buffers_.size() < static_cast<std::size_t>(spec_.param_buffer_count)) {
+  std::vector<bool> free(buffers_.size()), running(buffers_.size());
+  for (std::size_t k = 0; k < buffers_.size(); ++k) {
+    free[k] = buffer_owner_[k] < 0;
+    running[k] = buffer_copy_[k] && !buffer_copy_[k]->query();
+  }
+  int b = choose_staging_buffer(free, running, buffer_copy_order_,
+                                buffers_.size() < static_cast<std::size_t>(spec_.param_buffer_count));
+  if (b == kGrowBuffer) {
     if (copies_) {  // (a device: pinned, so that its copy there runs on the side stream)
       buffers_.emplace_back();
       pinned_.push_back(HostCopies::pinned_empty(static_cast<std::int64_t>(largest_ + offload::kAlignment), at::kByte,
@@ -123,11 +138,11 @@ int ParamOffload::take_buffer() {
       pinned_.emplace_back();
     }
     buffer_copy_.emplace_back();
+    buffer_copy_order_.push_back(0);
     buffer_owner_.push_back(-1);
     b = static_cast<int>(buffers_.size() - 1);
   }
-  if (b < 0) {
-    // All in use by reads nobody waited for yet: land the one issued first.
+  if (b == kLandOldestRead) {  // (all in use by reads nobody waited for yet: land the one issued first)
     std::size_t oldest = 0;
     for (std::size_t k = 1; k < buffer_owner_.size(); ++k)
       if (slots_[buffer_owner_[k]].ticket < slots_[buffer_owner_[oldest]].ticket) oldest = k;
@@ -182,6 +197,7 @@ void ParamOffload::land(std::size_t i) {
     s.arriving = std::make_shared<c10::Event>(copies_->to_device_async(
         shard, pinned.narrow(0, skip, static_cast<std::int64_t>(s.bytes)).view(shard.scalar_type())));
     buffer_copy_[s.buffer] = s.arriving;
+    buffer_copy_order_[s.buffer] = ++copies_queued_;
   } else {  // (a device's shard: from the staging buffer, which is reused once this returns)
     shard.copy_(at::from_blob(staging(s.buffer), {shard.numel()}, shard.options().device(at::kCPU)));
   }

@@ -40,6 +40,18 @@ namespace accel::zero {
 
 class HostCopies;
 
+// Which staging buffer ParamOffload reads into next, as a rule of its own (tests/zero/test_offload.cpp).
+// For buffer k: free[k], no read is landing in it; copy_running[k], its last copy to the device has not
+// finished; queued[k], when that copy was queued (larger: later). The choice: the lowest free buffer
+// whose copy is done (or that never had one); else kGrowBuffer where can_grow (param_buffer_count not
+// reached); else the free buffer whose copy was queued first (the host waits for it); else
+// kLandOldestRead (every buffer holds a read nobody waited for yet: the one issued first is landed).
+// Taking the lowest free buffer regardless would take, on a device, the one whose copy was queued
+// last: the host would wait for the device at every prefetch, staying one unit ahead at most.
+constexpr int kGrowBuffer = -1, kLandOldestRead = -2;
+int choose_staging_buffer(const std::vector<bool>& free, const std::vector<bool>& copy_running,
+                          const std::vector<std::uint64_t>& queued, bool can_grow);
+
 class ParamOffload {
  public:
   // Checks the directory, creates and reserves this rank's file, writes each flat's shard there and
@@ -100,6 +112,8 @@ class ParamOffload {
   // the copy to the device still reading each, which a new read into it waits for.
   std::vector<at::Tensor> pinned_;
   std::vector<std::shared_ptr<c10::Event>> buffer_copy_;
+  std::vector<std::uint64_t> buffer_copy_order_;  // when each buffer's copy was queued (copies_queued_)
+  std::uint64_t copies_queued_ = 0;
   std::vector<int> buffer_owner_;  // slot whose read is landing in it, -1: free
   // After the buffers: destroyed first, it waits for reads still landing in them.
   std::unique_ptr<offload::ScratchFile> scratch_;

@@ -7,6 +7,7 @@
 #include "offload/async_file.h"
 #include "support/harness.h"
 #include "zero/optimizer_offload.h"
+#include "zero/param_offload.h"
 
 #include <gtest/gtest.h>
 #include <torch/optim/rmsprop.h>
@@ -226,6 +227,27 @@ TEST(OffloadOptimizerFile, AStepThatFailsPartwayIsRefusedUntilTheStateIsLoadedAg
     for (int slot = 0; slot <= adam.state_count(); ++slot)
       EXPECT_TRUE(at::equal(file.read(i, slot), saved[i][slot])) << "region " << i << " slot " << slot;
   file.step(grads, rules, nothing);
+}
+
+// The staging buffer a parameter read lands in next (zero::choose_staging_buffer): on a device, a buffer
+// whose copy to the device still runs is the last choice short of landing a read, so the host does
+// not wait for the device at each prefetch.
+TEST(OffloadStaging, AFreeBufferWhoseCopyIsDoneComesFirst) {
+  using zero::choose_staging_buffer;
+  using zero::kGrowBuffer;
+  using zero::kLandOldestRead;
+  // The host (no copies): the lowest free buffer.
+  EXPECT_EQ(choose_staging_buffer({false, true, true}, {false, false, false}, {0, 0, 0}, true), 1);
+  // Buffer 0's copy runs (it was just queued), buffer 1's is done: 1, not 0.
+  EXPECT_EQ(choose_staging_buffer({true, true}, {true, false}, {7, 3}, false), 1);
+  // Every free buffer's copy runs: another buffer while the count allows...
+  EXPECT_EQ(choose_staging_buffer({true, true, false}, {true, true, false}, {5, 3, 0}, true), kGrowBuffer);
+  // ...else the free one whose copy was queued first (3, not 5 or 9).
+  EXPECT_EQ(choose_staging_buffer({true, true, false, true}, {true, true, false, true}, {5, 3, 0, 9}, false), 1);
+  // None free: another buffer, or else land the oldest read.
+  EXPECT_EQ(choose_staging_buffer({false, false}, {false, false}, {0, 0}, true), kGrowBuffer);
+  EXPECT_EQ(choose_staging_buffer({false, false}, {true, false}, {2, 0}, false), kLandOldestRead);
+  EXPECT_EQ(choose_staging_buffer({}, {}, {}, true), kGrowBuffer);
 }
 
 }  // namespace
