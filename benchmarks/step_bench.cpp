@@ -36,7 +36,9 @@
 //         gradients unscaled (mixed_precision::unscale_and_clip) before the step
 //   fp8   bf16 / fp32 / fp32 with the blocks' linear layers in Float8Linear (GPTConfig::fp8), and
 //         ShardingSpec::fp8_all_gather where parameters are sharded (ZeRO-3, FULL_SHARD, HYBRID_SHARD);
-//         --fp8-recipe rowwise: the rowwise recipe instead, without the fp8 all-gather
+//         --fp8-recipe rowwise: the rowwise recipe instead, without the fp8 all-gather. On CUDA, stderr
+//         says how many fp8 products a step at::_scaled_mm computed (JSON
+//         "scaled_mm_products_per_step"): none means the device or the shapes had them emulated.
 // The loss is computed in fp32 (logits cast) for every low precision. A list (fp32,bf16) interleaves
 // too: every strategy x precision pair is one model in the same run. `plain` runs fp32 only.
 // `--device cuda` (the default where CUDA is usable and ACCEL_USE_CPU is unset) trains on
@@ -56,6 +58,7 @@
 #include "comm/transport/nccl/nccl_backend.h"
 #include "kernels/cpu_gemm.h"
 #include "mfu.h"
+#include "mixed_precision/float8_linear.h"
 #include "mixed_precision/loss_scaler.h"
 #include "models/gpt.h"
 #include "sharding/sharded_init.h"
@@ -390,6 +393,7 @@ int run_bench(int argc, char** argv) {
     std::vector<double> times, waits;
     double moved = 0, disk_read = 0, disk_written = 0;
     double busy_share = -1, compute_share = -1;  // --profile on CUDA (bench::StepProfile)
+    std::int64_t scaled_mm_products = 0;         // fp8 products at::_scaled_mm computed in the measured steps
   };
   std::vector<Run> runs;
   std::int64_t psi = 0;
@@ -516,6 +520,7 @@ int run_bench(int argc, char** argv) {
       };
       const std::uint64_t read0 = disk(true), written0 = disk(false);
       sync_device();
+      const std::int64_t products0 = mixed_precision::float8_scaled_mm_products();
       auto t0 = Clock::now();
       at::Tensor loss = train_step(run);
       sync_device();
@@ -524,6 +529,7 @@ int run_bench(int argc, char** argv) {
         fmt::print(stderr, "step {:>2} {:<13} {:<4} loss {:.5f}\n", s, run.name, run.prec.name,
                    loss.item<double>() / (run.prec.loss_scale > 0 ? run.prec.loss_scale : 1.0));
       if (s >= warmup) {
+        run.scaled_mm_products += mixed_precision::float8_scaled_mm_products() - products0;
         run.moved = 0;  // read before max_over_ranks, whose all_reduce is not the step's
         double waited = 0;
         for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -591,6 +597,14 @@ int run_bench(int argc, char** argv) {
   // The strategy alone when every run is fp32 (the original lines), else "strategy precision".
   const bool show_prec = precisions.size() > 1 || precisions[0].low();
   auto label = [&](const Run& run) { return show_prec ? run.name + " " + run.prec.name : run.name; };
+  // fp8 on the device: how many of its products cuBLASLt computed (none: every one emulated in fp32, a
+  // device or shapes that _scaled_mm refused, which the step time alone would not say).
+  for (const auto& run : runs)
+    if (run.prec.fp8 && on_cuda && r == 0) {
+      const double per_step = static_cast<double>(run.scaled_mm_products) / std::max(1, steps);
+      fmt::print(stderr, "step_bench: {}: {:g} fp8 products a step through at::_scaled_mm{}\n", label(run), per_step,
+                 per_step == 0 ? " (none: every fp8 product was emulated in fp32)" : "");
+    }
   if (runs.size() > 1) {
     double base = median(runs[0].times);
     for (auto& run : runs)
@@ -659,7 +673,8 @@ int run_bench(int argc, char** argv) {
           "{}, \"cpu_gemm\": \"{}\", \"onednn_products\": {}, \"node_shared_bytes\": {}, "
           "\"node_shared_grad_bytes\": {}, \"pss\": {:.0f}, \"peak_pss\": {:.0f}, \"node_pss\": {:.0f}, "
           "\"node_counted_peak\": {:.0f}, \"model_flops\": {:.6e}, \"devices\": {}, \"device_name\": \"{}\", "
-          "\"peak_tflops\": {}, \"mfu\": {}, \"device_busy_share\": {}, \"device_compute_share\": {}}}\n",
+          "\"peak_tflops\": {}, \"mfu\": {}, \"device_busy_share\": {}, \"device_compute_share\": {}, "
+          "\"scaled_mm_products_per_step\": {:g}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
           batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad,
           b_opt, b_gath, b_act, b_other, device_name, cuda_peak, disk_bytes, disk_read, disk_written, moved,
@@ -669,7 +684,8 @@ int run_bench(int argc, char** argv) {
           node_counted_peak, model_flops, devices, device_label,
           peak_of(run) > 0 ? fmt::format("{:.1f}", peak_of(run)) : std::string("null"),
           mfu_of(run, step_ms / 1e3) >= 0 ? fmt::format("{:.5f}", mfu_of(run, step_ms / 1e3)) : std::string("null"),
-          share_text(run.busy_share), share_text(run.compute_share));
+          share_text(run.busy_share), share_text(run.compute_share),
+          static_cast<double>(run.scaled_mm_products) / std::max(1, steps));
     return 0;
   }
   // On CUDA: the device's peak (the category columns count host memory only).
