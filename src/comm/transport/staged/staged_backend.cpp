@@ -20,6 +20,16 @@ c10::Stream pool_stream(c10::Device device) {
   return impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true);
 }
 
+// An event destroyed under a guard for its device: its last owner may be the host transport's progress
+// thread, where c10's destroyEvent would switch back to the device that thread never chose (0), making a
+// context on GPU 0 for a rank that runs on another.
+std::shared_ptr<c10::Event> device_event(c10::Device device) {
+  return std::shared_ptr<c10::Event>(new c10::Event(device.type()), [device](c10::Event* e) {
+    const c10::DeviceGuard on_device(device);
+    delete e;
+  });
+}
+
 at::Tensor pinned_like(const at::Tensor& t) {
   return at::empty({t.numel()}, t.options().device(at::kCPU).pinned_memory(true));
 }
@@ -60,7 +70,7 @@ class StagedBackend final : public Backend {
     c10::impl::VirtualGuardImpl impl(device_.type());
     // Everything the caller's stream has queued so far comes first: it may still write the input (the
     // copy out waits for it) or the output (the copy back, too: a broadcast's receiver zeroing it).
-    auto queued = std::make_shared<c10::Event>(device_.type());
+    auto queued = device_event(device_);
     queued->record(impl.getStream(device_));
     // device -> host (a broadcast's receivers send nothing)
     if (!broadcast || rank() == r.root) {
@@ -70,12 +80,12 @@ class StagedBackend final : public Backend {
       h_in.copy_(in, /*non_blocking=*/true);
       if (in.numel() > 0) impl.recordDataPtrOnStream(r.input.storage().data_ptr(), to_host_);
     }
-    auto staged = std::make_shared<c10::Event>(device_.type());
+    auto staged = device_event(device_);
     staged->record(to_host_);
 
     // The host collective, in issue order, started once the staging copy has landed; its completion
     // queues host -> device (a broadcast's root already holds the result).
-    auto done = std::make_shared<c10::Event>(device_.type());
+    auto done = device_event(device_);
     const bool copy_back = !broadcast || rank() != r.root;
     Request h;
     h.kind = r.kind;
