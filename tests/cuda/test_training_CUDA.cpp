@@ -411,7 +411,8 @@ TEST(CudaTraining_CUDA, OffloadedParamsNeverPutTheWholeModelOnTheDevice) {
 // offload_param device cpu and nvme under ZeRO-3 (ZeRO-Infinity): the parameter shards leave the
 // device, in pinned host memory or a file, and come back before each gather. The optimizer stays on
 // the device, so training is bitwise the same as without offload; with the optimizer offloaded too
-// (as the shipped zero3_offload config does, and to nvme) it follows plain libtorch on the device.
+// (as the shipped zero3_offload config does, and to nvme) it is bitwise the optimizer's offload alone
+// (the same CPU AdamW) and follows plain libtorch on the device.
 // (gpu_check.sh runs the GPT example under the shipped config itself.)
 TEST(CudaTraining_CUDA, OffloadParamsToHostMemoryAndNvmeTrainsLikeTheDevice) {
   SKIP_WITHOUT_CUDA();
@@ -419,6 +420,8 @@ TEST(CudaTraining_CUDA, OffloadParamsToHostMemoryAndNvmeTrainsLikeTheDevice) {
   const std::string base = "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n";
   const Trained plain3 = accelerated(write_config("zero3_plain.yaml", base), steps);
   ASSERT_TRUE(plain3.device.is_cuda());
+  // The optimizer alone in host memory: the CPU AdamW the "both" cases step with, so their bits.
+  const Trained opt_cpu = accelerated(write_config("zero3_opt_cpu.yaml", base + "  offload_optimizer_device: cpu\n"), steps);
   const std::string dir = fs::path(write_config("nvme_dir_marker", "")).parent_path().string();
   struct OffloadCase {
     const char* name;
@@ -451,6 +454,8 @@ TEST(CudaTraining_CUDA, OffloadParamsToHostMemoryAndNvmeTrainsLikeTheDevice) {
     if (c.bitwise) {
       for (const auto& [name, want] : plain3.params) EXPECT_TRUE(at::equal(t.params.at(name), want)) << name;
     } else {
+      // Where the parameters live does not change the optimizer's bits (nor does the state on disk).
+      for (const auto& [name, want] : opt_cpu.params) EXPECT_TRUE(at::equal(t.params.at(name), want)) << name;
       const auto ref = plain_reference(t.device, steps);
       for (const auto& [name, want] : ref) EXPECT_LE(rel_err(t.params.at(name), want), 1e-5) << name;
     }
