@@ -42,7 +42,17 @@ void HostCopies::queue(const c10::Stream& side, const at::Tensor& dst, const at:
   ready.block(side);
   {
     c10::StreamGuard guard(side);
-    dst.copy_(src, /*non_blocking=*/true);
+    if (!dst.is_cpu() && dst.scalar_type() != src.scalar_type()) {
+      // To the device in another dtype (an fp32 master to its bf16 parameters): the bytes as they are,
+      // then the conversion there. (ATen's copy_ would convert on the host into pageable memory, whose
+      // copy blocks the host until the side stream reaches it.) The staging tensor's memory goes back
+      // to the caching allocator under this stream, which orders its reuse.
+      at::Tensor staged = at::empty(src.sizes(), src.options().device(device_).pinned_memory(false));
+      staged.copy_(src, /*non_blocking=*/true);
+      dst.copy_(staged, /*non_blocking=*/true);
+    } else {
+      dst.copy_(src, /*non_blocking=*/true);
+    }
   }
   impl.recordDataPtrOnStream(on_device.storage().data_ptr(), side);
   (side == to_host_ ? pending_host_ : pending_device_) = true;

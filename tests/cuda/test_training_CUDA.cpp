@@ -601,6 +601,26 @@ TEST(HostCopies_CUDA, CopiesQueueBehindTheComputeStreamWithoutBlockingTheHost) {
   copies.synchronize();
 }
 
+// To the device in another dtype (fp32 masters in host memory to bf16 parameters): converted on the
+// device, so the host goes on (ATen's copy_ converts on the host into pageable memory, whose copy
+// blocks the host until the side stream gets to it, behind the compute stream's work).
+TEST(HostCopies_CUDA, AConversionToTheDeviceRunsThereWithoutBlockingTheHost) {
+  SKIP_WITHOUT_CUDA();
+  const c10::Device dev = my_device();
+  c10::DeviceGuard on_device(dev);
+  const int64_t n = 1 << 22;
+  const at::Tensor host = at::empty({n}, at::TensorOptions().pinned_memory(true));
+  host.copy_(at::arange(n, at::kFloat) * 0.37);
+  at::Tensor dst = at::zeros({n}, at::TensorOptions().device(dev).dtype(at::kBFloat16));
+  zero::HostCopies copies(dev);
+  queue_matmuls(dev, 100);
+  dst.fill_(-1);  // behind the matmuls: the copy lands after it
+  copies.to_device(dst, host);
+  EXPECT_FALSE(current_stream_done(dev)) << "the converting copy blocked the host";
+  EXPECT_TRUE(at::equal(dst.cpu(), host.to(at::kBFloat16))) << "not the bf16 rounding of the fp32 values";
+  copies.synchronize();
+}
+
 // A prefetch (to_device_async): queued behind the compute stream's work (it overwrites what that work
 // wrote), returned before that work is done, and seen by the kernels queued after current_waits.
 TEST(HostCopies_CUDA, AnAsyncCopyToTheDeviceIsWaitedForOnlyByTheDevice) {
