@@ -52,9 +52,10 @@
 #                          (six runs for the three strategies, the busy shares included). Sizes known
 #                          to train at an 8 GB cap, batch 1 (H100/H200, 2026-11-27; only ZERO_3's was
 #                          searched): --start "ZERO_3=1280 ZERO_3+opt=2304 ZERO_3+ckpt+opt+param=3200"
-#   --max-d D              the search grows no strategy past d_model D: a strategy that still trains
-#                          there is reported as ">= D" (ZeRO-Infinity's limit is the host's memory,
-#                          several times what a short device lease can search)
+#   --max-d D | "S=D ..."  the search grows no strategy (or strategy S) past d_model D: one that still
+#                          trains there is reported as ">= D" (ZeRO-Infinity's limit is the host's
+#                          memory, several times what a short device lease can search). With --start
+#                          S=D at the same D, one run confirms that D trains.
 #   --deadline-s S         no run starts after S seconds from the script's start: the strategies still
 #                          searching keep what they found (">=" / "<"), the ones not reached say so,
 #                          and the table is printed (a lease's call ends at its limit with nothing)
@@ -126,10 +127,26 @@ for kv in $START; do
   fi
 done
 MIN_D=${MIN_D:-$RES}
-for v in "$MAX_D" "$DEADLINE_S"; do
-  if [ -n "$v" ] && [[ ! "$v" =~ ^[0-9]+$ ]]; then echo "largest_model.sh: --max-d and --deadline-s take whole numbers, not '$v'" >&2; exit 2; fi
+if [ -n "$DEADLINE_S" ] && [[ ! "$DEADLINE_S" =~ ^[0-9]+$ ]]; then
+  echo "largest_model.sh: --deadline-s takes a whole number of seconds, not '$DEADLINE_S'" >&2
+  exit 2
+fi
+# --max-d: one bound for every strategy, or S=D pairs.
+declare -A MAX_OF
+for kv in $MAX_D; do
+  if [[ "$kv" =~ ^[0-9]+$ ]]; then
+    for s in $STRATEGIES; do MAX_OF[$s]=$kv; done
+    d=$kv
+  else
+    d=${kv#*=}
+    if [[ "$kv" != *=* || ! "$d" =~ ^[0-9]+$ ]] || [[ " $STRATEGIES " != *" ${kv%%=*} "* ]]; then
+      echo "largest_model.sh: --max-d '$kv' must be D or STRATEGY=D with a strategy of '$STRATEGIES'" >&2
+      exit 2
+    fi
+    MAX_OF[${kv%%=*}]=$d
+  fi
+  if ((d % HEADS != 0)); then echo "largest_model.sh: --max-d $d is not a multiple of --heads $HEADS" >&2; exit 2; fi
 done
-if [ -n "$MAX_D" ] && ((MAX_D % HEADS != 0)); then echo "largest_model.sh: --max-d $MAX_D is not a multiple of --heads $HEADS" >&2; exit 2; fi
 # Whether the deadline (--deadline-s) has passed: no run starts after it.
 past_deadline() { [ -n "$DEADLINE_S" ] && (($(date +%s) - T_START >= DEADLINE_S)); }
 if [ -z "$CAP_GB" ]; then
@@ -343,7 +360,8 @@ for s in $STRATEGIES; do
     echo "$s: not searched (--deadline-s $DEADLINE_S passed)" >&2
     continue
   fi
-  [ -n "$MAX_D" ] && ((d0 > MAX_D)) && d0=$MAX_D
+  max_d=${MAX_OF[$s]:-}
+  [ -n "$max_d" ] && ((d0 > max_d)) && d0=$max_d
   lo="" hi="" best="" runs=0 late=""
   # Gallop from the prediction until a pass and a failure bracket the answer (or --max-d stops it).
   step=$RES d=$d0
@@ -354,9 +372,9 @@ for s in $STRATEGIES; do
       lo=$d best=$line
       [ -n "$hi" ] && break
       d=$((d + step))
-      if [ -n "$MAX_D" ] && ((d > MAX_D)); then
-        if ((lo >= MAX_D)); then NOTE[$s]=">= "; echo "$s: trains at --max-d $MAX_D; not searched further" >&2; break; fi
-        d=$MAX_D
+      if [ -n "$max_d" ] && ((d > max_d)); then
+        if ((lo >= max_d)); then NOTE[$s]=">= "; echo "$s: trains at --max-d $max_d; not searched further" >&2; break; fi
+        d=$max_d
       fi
     else
       hi=$d

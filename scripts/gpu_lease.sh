@@ -10,11 +10,12 @@
 #       1.14B), fp8's 200-step loss curve at that shape, and ZeRO-Infinity's GPU-busy share at batch
 #       16 (the step in optimizer.step() and in backward). Logs: $OUT/part1.tgz.
 #   bash scripts/gpu_lease.sh 2 SECONDS     call 2 (the device time left, SECONDS a little under it):
-#       the largest-model table at an 8 GB cap, batch LEASE_BATCH (default 1), each strategy's search
-#       started at LEASE_START (default the sizes known to train at batch 1, two runs each), grown to
-#       LEASE_MAX_D at most (default 3328: 6x the no-offload size is d 3200) and stopped at 55% of
-#       SECONDS; then torchao's float8 + torch.compile at the product-bound shape; then accel against
-#       PyTorch (one round each) until the time is up. Logs: $OUT/part2.tgz, the table in
+#       the largest-model table at an 8 GB cap, batch LEASE_BATCH (default 1): no offload searched
+#       from d 1280 (its answer at batch 1: two runs), then ZeRO-Infinity and ZeRO-Offload each
+#       confirmed in one run at the size known to train (LEASE_START, LEASE_MAX_D; ">=" in the table:
+#       6x the no-offload size is d 3200, 2.5x is d 2048), the searches stopped at 55% of SECONDS;
+#       then torchao's float8 + torch.compile at the product-bound shape; then accel against PyTorch
+#       (one round each) until the time is up. Logs: $OUT/part2.tgz, the table in
 #       $OUT/largest_model.txt and its runs in $OUT/largest_model.log.
 # The bundle is .gpu_bundle beside this checkout (scripts/gpu_bundle.sh made it; carry it).
 set -uo pipefail
@@ -39,8 +40,10 @@ case "$PART" in
     eval "$(grep '^export LD_LIBRARY_PATH=' <<<"$setup" | tail -1)"
     STEP_BENCH="$BUNDLE/bin/step_bench" ACCEL_CLI="$BUNDLE/bin/accel" \
       bash "$ROOT/benchmarks/largest_model.sh" --device cuda --device-memory 8 --resolution 128 \
-      --batch "${LEASE_BATCH:-1}" --deadline-s $((SECONDS_LEFT * 55 / 100)) --max-d "${LEASE_MAX_D:-3328}" \
+      --batch "${LEASE_BATCH:-1}" --deadline-s $((SECONDS_LEFT * 55 / 100)) \
+      --strategies "ZERO_3 ZERO_3+ckpt+opt+param ZERO_3+opt" \
       --start "${LEASE_START:-ZERO_3=1280 ZERO_3+opt=2304 ZERO_3+ckpt+opt+param=3200}" \
+      --max-d "${LEASE_MAX_D:-ZERO_3+opt=2304 ZERO_3+ckpt+opt+param=3200}" \
       --log "$OUTDIR/largest_model.log" ${LEASE_SIB:+--step-in-backward} | tee "$OUTDIR/largest_model.txt"
     left=$((SECONDS_LEFT - ($(date +%s) - t0) - 15))
     if ((left > 30)); then

@@ -70,6 +70,11 @@ check "largest_model: ZeRO-Offload's answer" has "$TMP/m.out" '^\| ZERO_3\+opt \
 check "largest_model: ZeRO-Infinity stopped at --max-d, reported as >=" \
   has "$TMP/m.out" '^\| ZERO_3\+ckpt\+opt\+param \| >= 3328 \| 2\.672B \| 6\.71 .*\| 2 \|$'
 check "largest_model: each size that trains is shown as it does" has "$TMP/m.err" 'ZERO_3\+opt d=2304: trains'
+FAKE_SLEEP=0 lm --max-d "ZERO_3+opt=2304 ZERO_3+ckpt+opt+param=3200" >"$TMP/c.out" 2>"$TMP/c.err"
+check "largest_model --max-d S=D: the strategy without one is searched" has "$TMP/c.out" '^\| ZERO_3 \| 1280 .*\| 2 \|$'
+check "largest_model --max-d S=D: --start at the bound confirms it in one run" \
+  has "$TMP/c.out" '^\| ZERO_3\+opt \| >= 2304 .*\| 1 \|$'
+check "largest_model --max-d S=D: the same for ZeRO-Infinity" has "$TMP/c.out" '^\| ZERO_3\+ckpt\+opt\+param \| >= 3200 .*\| 1 \|$'
 FAKE_SLEEP=6 lm --deadline-s 5 >"$TMP/t.out" 2>"$TMP/t.err"
 check "largest_model --deadline-s: the search in progress keeps what it found" \
   has "$TMP/t.out" '^\| ZERO_3 \| >= 1280 \| 0\.398B '
