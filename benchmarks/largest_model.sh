@@ -56,9 +56,9 @@
 #                          trains there is reported as ">= D" (ZeRO-Infinity's limit is the host's
 #                          memory, several times what a short device lease can search). With --start
 #                          S=D at the same D, one run confirms that D trains.
-#   --deadline-s S         no run starts after S seconds from the script's start: the strategies still
-#                          searching keep what they found (">=" / "<"), the ones not reached say so,
-#                          and the table is printed (a lease's call ends at its limit with nothing)
+#   --deadline-s S         no run starts after S seconds from the script's start: a strategy still
+#                          searching keeps what it found (">= D"), the ones not reached say so, and the
+#                          table is printed (a lease's call ends at its limit with nothing)
 # Small-scale trial (minutes, ~2 GB):
 #   bash benchmarks/largest_model.sh --layers 2 --seq 32 --heads 4 --cap 2.5 --resolution 64
 # The full table (the machine alone, ~20 GB, about an hour):
@@ -336,7 +336,7 @@ print("| %.2fB | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |" % (
   exit 0
 fi
 
-declare -A BEST NOTE  # NOTE: ">= " where the search stopped short of the answer (--max-d, --deadline-s)
+declare -A BEST NOTE  # NOTE: ">= " where a search stopped short of the answer (--max-d, --deadline-s); "late": none had trained
 BASE_D=""
 # On a GPU every run is profiled (step_bench --profile: 3 more steps under the profiler, after the timed
 # ones), so that the largest size's run already says how busy the GPU was: no rerun for it. (The cap is
@@ -398,7 +398,7 @@ for s in $STRATEGIES; do
   fi
   if [ -z "$best" ]; then
     BEST[$s]="none|$runs"
-    [ -n "$late" ] && NOTE[$s]="none below $hi, search stopped at the deadline; "
+    [ -n "$late" ] && NOTE[$s]="late"
     continue
   fi
   BEST[$s]="$best|$(predict "$lo" "$s")|$runs"
@@ -441,7 +441,8 @@ print(pct("device_busy_share") + " / " + pct("device_compute_share"))'
     fi
     IFS='|' read -r json pred runs <<<"${BEST[$s]}"
     if [ "$json" = none ]; then
-      echo "| $s | ${NOTE[$s]:-}none fits from $MIN_D | | | | | | | | $pred |"
+      if [ "${NOTE[$s]:-}" = late ]; then echo "| $s | none trained before the deadline | | | | | | | | $pred |"
+      else echo "| $s | none fits from $MIN_D | | | | | | | | $pred |"; fi
       continue
     fi
     [ -z "$first" ] && first=$(echo "$json" | python3 -c 'import json, sys; print(json.load(sys.stdin)["params"])')
@@ -473,7 +474,8 @@ for s in $STRATEGIES; do
   fi
   IFS='|' read -r json pred runs <<<"${BEST[$s]}"
   if [ "$json" = none ]; then
-    echo "| $s | ${NOTE[$s]:-}none fits from $MIN_D | | | | | | | | | | | | | $pred |"
+    if [ "${NOTE[$s]:-}" = late ]; then echo "| $s | none trained before the deadline | | | | | | | | | | | | | $pred |"
+    else echo "| $s | none fits from $MIN_D | | | | | | | | | | | | | $pred |"; fi
     continue
   fi
   python3 - "$s" "$json" "$pred" "$runs" "$RANKS" "${NOTE[$s]:-}" <<'EOF'
