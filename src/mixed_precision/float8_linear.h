@@ -79,10 +79,11 @@ std::int64_t float8_operand_copies();
 // the emulation after a fallback).
 std::int64_t float8_scaled_mm_products();
 // Whether float8_mm would try at::_scaled_mm for a product [M, inner] @ [inner, n] of e4m3 (or e4m3
-// and e5m2) operands by `backend` on `device`, as float8_mm itself decides: so that its operands are worth quantizing into cuBLASLt's layouts. The
-// emulation takes any strides and keeps its bits: its operands stay row-major. (e5m2 x e5m2 is always
-// emulated.) Under Auto on CUDA, the first call for a device runs one small _scaled_mm there to learn
-// whether the device has it (compute capability >= 8.9), warning once where it does not.
+// and e5m2) operands by `backend` on `device`, as float8_mm itself decides: so that its operands are
+// worth quantizing into cuBLASLt's layouts. The emulation takes any strides and keeps its bits: its
+// operands stay row-major. (e5m2 x e5m2 is always emulated.) Under Auto on CUDA, the first call for a
+// device runs one small _scaled_mm there to learn whether the device has it (compute capability >=
+// 8.9), warning once where it does not.
 bool float8_mm_tries_scaled_mm(Float8MatmulBackend backend, const at::Device& device, std::int64_t inner,
                                std::int64_t n);
 

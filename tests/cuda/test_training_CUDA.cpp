@@ -421,7 +421,8 @@ TEST(CudaTraining_CUDA, OffloadParamsToHostMemoryAndNvmeTrainsLikeTheDevice) {
   const Trained plain3 = accelerated(write_config("zero3_plain.yaml", base), steps);
   ASSERT_TRUE(plain3.device.is_cuda());
   // The optimizer alone in host memory: the CPU AdamW the "both" cases step with, so their bits.
-  const Trained opt_cpu = accelerated(write_config("zero3_opt_cpu.yaml", base + "  offload_optimizer_device: cpu\n"), steps);
+  const Trained opt_cpu =
+      accelerated(write_config("zero3_opt_cpu.yaml", base + "  offload_optimizer_device: cpu\n"), steps);
   const std::string dir = fs::path(write_config("nvme_dir_marker", "")).parent_path().string();
   struct OffloadCase {
     const char* name;
@@ -924,7 +925,8 @@ TEST(CudaFloat8_CUDA, ScaledMmMatchesTheEmulationAndFollowsBf16Linear) {
   // beside the weight's [1, N] (a 0-dim one there is refused), in forward and grad_input (grad_weight's
   // inner dim is that one row, under _scaled_mm's multiple of 16: emulated).
   {
-    at::Tensor x1 = x0.narrow(0, 0, 1).clone().set_requires_grad(true), e1 = x1.detach().clone().set_requires_grad(true);
+    at::Tensor x1 = x0.narrow(0, 0, 1).clone().set_requires_grad(true),
+               e1 = x1.detach().clone().set_requires_grad(true);
     const at::Tensor y1 = mm->forward(x1), z1 = emu->forward(e1);
     y1.backward(g.narrow(0, 0, 1));
     z1.backward(g.narrow(0, 0, 1));
