@@ -114,15 +114,19 @@ std::string StepProfile::finish(const std::string& label, int steps, double wall
     }
   }
   const double busy_ns = union_ns(busy), computing_ns = union_ns(computing);
-  if (cuda_) {
+  // (No device activity at all: CUPTI delivered nothing, e.g. another subscriber holds it. The shares
+  // stay unknown, -1 and null in step_bench's JSON, rather than reading as an idle GPU.)
+  if (cuda_ && device_events > 0) {
     busy_share_ = busy_ns / 1e9 / std::max(wall_s, 1e-12);
     compute_share_ = computing_ns / 1e9 / std::max(wall_s, 1e-12);
   }
   const double step_ms = wall_s * 1e3 / steps;
   std::string s = fmt::format("{}: {} profiled step(s), {:.2f} ms a step", label, steps, step_ms);
-  if (cuda_)
+  if (cuda_ && device_events > 0)
     s += fmt::format("; device: {:.1f} kernels and copies a step, busy {:.1f} ms a step = {:.1f}% of the step",
                      static_cast<double>(device_events) / steps, busy_ns / 1e6 / steps, 100 * busy_share_);
+  else if (cuda_)
+    s += "; no device activity recorded (CUPTI delivered none): the busy share is unknown";
   s += fmt::format("{}\n", trace_path.empty() ? "" : "; trace " + trace_path);
   if (cuda_) s += fmt::format("{} top device kernels:\n{}", label, top(kernels, 12, steps, label));
   s += fmt::format("{} accel's scopes (inclusive):\n{}", label, top(scopes, 10, steps, label));

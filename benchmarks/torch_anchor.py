@@ -137,29 +137,43 @@ def profile(step, use_cuda, distributed, rank, step_ms, steps=3):
     from torch.profiler import profile as torch_profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
+    if use_cuda:
+        torch.cuda.synchronize()
     with torch_profile(activities=acts) as prof:
+        t0 = time.perf_counter()
         for _ in range(steps):
             if distributed:
                 dist.barrier()
             step()
         if use_cuda:
             torch.cuda.synchronize()
+        wall_s = time.perf_counter() - t0
     if rank != 0:
         return
     avgs = prof.key_averages()
     key = "self_device_time_total" if use_cuda else "self_cpu_time_total"
     print(avgs.table(sort_by=key, row_limit=30), file=sys.stderr)
-    # The device's busy time is its kernels' and copies' own rows: an op's row repeats its kernels' time,
-    # and a record_function range (Optimizer.step#AdamW.step) shows on the device as an annotation.
+    # The device's busy share as step_bench --profile computes it (benchmarks/step_profile.cpp): the union
+    # of its kernels', copies' and memsets' intervals (streams overlap; a record_function range, such as
+    # Optimizer.step#AdamW.step, shows on the device as an annotation and is not work) over the profiled
+    # steps' wall time.
     if use_cuda:
-        busy_us = sum(e.self_device_time_total for e in avgs
-                      if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
+        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                       if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
+        busy_us, end = 0.0, float("-inf")
+        for s, e in spans:
+            if s > end:
+                busy_us, end = busy_us + (e - s), e
+            elif e > end:
+                busy_us, end = busy_us + (e - end), e
+        busy_ms = busy_us / 1e3 / steps
+        print(f"profile: device busy {busy_ms:.1f} ms a step (kernels, copies and memsets, their union) of a "
+              f"{wall_s * 1e3 / steps:.1f} ms profiled step ({100 * busy_us / 1e6 / wall_s:.0f}%); unprofiled step "
+              f"{step_ms:.1f} ms", file=sys.stderr)
     else:
-        busy_us = sum(e.self_cpu_time_total for e in avgs)
-    busy_ms = busy_us / 1e3 / steps
-    where = "device" if use_cuda else "CPU (all threads' ops, self time)"
-    print(f"profile: {busy_ms:.1f} ms of {where} time per step against a {step_ms:.1f} ms step "
-          f"({100 * busy_ms / step_ms:.0f}%)", file=sys.stderr)
+        busy_ms = sum(e.self_cpu_time_total for e in avgs) / 1e3 / steps
+        print(f"profile: {busy_ms:.1f} ms of CPU time (all threads' ops, self time) per step against a "
+              f"{step_ms:.1f} ms step ({100 * busy_ms / step_ms:.0f}%)", file=sys.stderr)
 
 
 def main():
@@ -209,6 +223,16 @@ def main():
         device = torch.device("cpu")
     threads = os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // local_world))
+    if a.compile:
+        # torch.compile builds code on the machine (a C compiler and Python's headers; on CUDA, Triton's
+        # driver module): one tiny function first, so a machine without them is a SKIP, not a failure
+        # after the model is built.
+        try:
+            torch.compile(lambda t: t * 2 + 1)(torch.ones(8, device=device))
+        except Exception as e:  # (whatever inductor raises: a missing compiler, headers, Triton)
+            print(f"SKIP: torch.compile does not run here: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}",
+                  file=sys.stderr)
+            sys.exit(77)
 
     distributed = a.strategy != "plain"
     if distributed:

@@ -179,6 +179,9 @@ int main(int argc, char** argv) {
     bar.close();
     if (auto scale = acc.loss_scale())
       acc.print("fp16: loss scale ", *scale, ", ", skipped, " of ", step, " steps skipped (overflow)");
+    if (fp8 && acc.device().is_cuda())  // (0: the device or the shapes had every fp8 product emulated)
+      acc.print("fp8: ", accel::mixed_precision::float8_scaled_mm_products(),
+                " products through at::_scaled_mm on the main process");
     maybe_save_final(acc, model, args);
     if (!comm_stats.empty()) {
       std::int64_t params = 0;

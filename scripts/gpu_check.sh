@@ -255,6 +255,9 @@ fp8_curve_on_gpu() {  # fp8_curve_on_gpu OUT [lm_curves.sh options; -- gpt_lm ar
   for f in "$out"/gpu.bf16.out "$out"/gpu.fp8.out; do
     [ "$(gpt_lm_cuda_runs "$f")" = 1 ] || { echo "FAIL: $f: gpt_lm did not run on the GPU"; rc=1; }
   done
+  # (and its fp8 products ran through at::_scaled_mm, not the fp32 emulation)
+  grep -q '^fp8: [1-9][0-9]* products through at::_scaled_mm' "$out"/gpu.fp8.out 2>/dev/null ||
+    { echo "FAIL: $out/gpu.fp8.out: no fp8 product went through at::_scaled_mm (emulated)"; rc=1; }
   return $rc
 }
 if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
