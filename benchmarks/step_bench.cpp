@@ -12,6 +12,8 @@
 // Models are built through sharded construction (sharding::ShardedInit, as Accelerator::sharded_init
 // does) for every strategy but plain: no rank ever holds the whole model before prepare, so a model
 // that only fits sharded can be built. `--checkpoint` sets ShardingSpec::activation_checkpointing.
+// `--accumulation K`: a step is K micro-batches (the same batch each time) before the optimizer's step,
+// those before the last reducing and adding up (Engine::MoreMicroSteps) or unreduced (NoSync).
 // The table's activations column is memory::Category::Activations (what the forward keeps for
 // backward); `--json` prints, instead of the table row, one JSON line with the same figures in bytes
 // plus the per-rank peak RSS (getrusage ru_maxrss, the largest over ranks) and the RSS before the
@@ -293,6 +295,17 @@ int run_bench(int argc, char** argv) {
                  "memory, from --device cuda (offload_param.device cpu)");
   app.add_option("--sub-group-size", sub_group_size, "elements stepped per sub-group when the optimizer is offloaded")
       ->check(CLI::PositiveNumber);
+  int accumulation = 1;
+  app.add_option("--accumulation", accumulation,
+                 "micro-batches of --batch sequences per optimizer step (gradient accumulation; a step's time, "
+                 "tokens and MFU cover all of them)")
+      ->check(CLI::PositiveNumber);
+  std::string sync_each_batch = "auto";
+  app.add_option("--sync-each-batch,--sync_each_batch", sync_each_batch,
+                 "with --accumulation: on (every micro-batch reduces and adds to the pending gradients, "
+                 "zero::Engine::MoreMicroSteps), off (they accumulate unreduced, NoSync) or auto (on where the "
+                 "strategy shards gradients, as DeepSpeed's ZeRO-2/3)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   CLI11_PARSE(app, argc, argv);
   cfg.seq = seq;
   cfg.attention = examples::attention_from_string(attention);
@@ -471,16 +484,33 @@ int run_bench(int argc, char** argv) {
   const double rss_built = peak_rss_bytes();
   at::manual_seed(100 + r);
   at::Tensor x = at::randint(cfg.vocab, {batch, seq}).to(device), y = at::randint(cfg.vocab, {batch, seq}).to(device);
-  // One training step of a run: forward, the loss in fp32, backward, the optimizer step; the loss.
+  // One training step of a run: per micro-batch (--accumulation) forward, the loss in fp32 and backward,
+  // then the optimizer step; the last micro-batch's loss.
   auto train_step = [&](Run& run) {
-    at::Tensor logits = run.model->forward(x);
-    if (run.prec.low()) logits = logits.to(at::kFloat);  // the loss in fp32
-    at::Tensor loss = examples::lm_loss(logits, y);
-    if (run.prec.loss_scale > 0) loss = loss * run.prec.loss_scale;
-    if (run.name == "plain")
-      loss.backward();
-    else
-      run.prepared.engine->backward(loss);
+    at::Tensor loss;
+    for (int m = 0; m < accumulation; ++m) {
+      at::Tensor logits = run.model->forward(x);
+      if (run.prec.low()) logits = logits.to(at::kFloat);  // the loss in fp32
+      loss = examples::lm_loss(logits, y);
+      if (accumulation > 1) loss = loss / accumulation;
+      if (run.prec.loss_scale > 0) loss = loss * run.prec.loss_scale;
+      if (run.name == "plain") {
+        loss.backward();
+        continue;
+      }
+      zero::Engine& engine = *run.prepared.engine;
+      std::optional<zero::Engine::NoSync> no_sync;
+      std::optional<zero::Engine::MoreMicroSteps> more;
+      if (m + 1 < accumulation) {
+        const bool each = sync_each_batch == "on" || (sync_each_batch == "auto" && engine.spec().shards_gradients());
+        if (each)
+          more.emplace(engine);
+        else
+          no_sync.emplace(engine);
+      }
+      engine.backward(loss);
+    }
+    if (accumulation > 1) loss = loss * accumulation;  // (the micro-batch's own loss, for --show-loss)
     if (run.prec.loss_scale > 0) {
       // Unscale the master gradients (the ones the step reads); the norm's partial sums are
       // all-reduced over the shard group where gradients or optimizer state are sharded.
@@ -585,7 +615,7 @@ int run_bench(int argc, char** argv) {
                                     std::max(1, world->topology().num_nodes)
                               : n;
   const double model_flops =
-      bench::gpt_train_flops(psi, cfg.layers, seq, cfg.d, static_cast<std::int64_t>(batch) * seq * n);
+      bench::gpt_train_flops(psi, cfg.layers, seq, cfg.d, static_cast<std::int64_t>(batch) * accumulation * seq * n);
   auto peak_of = [&](const Run& run) {
     return peak_tflops > 0 ? peak_tflops : bench::device_peak_tflops(device_label, run.prec.name).value_or(0.0);
   };
@@ -663,6 +693,7 @@ int run_bench(int argc, char** argv) {
       fmt::print(
           "{{\"strategy\": \"{}\", \"precision\": \"{}\", \"ranks\": {}, \"checkpoint\": {}, \"params\": {}, "
           "\"vocab\": {}, \"d_model\": {}, \"heads\": {}, \"layers\": {}, \"seq\": {}, \"batch\": {}, "
+          "\"accumulation\": {}, \"sync_each_batch\": \"{}\", "
           "\"step_ms\": {:.3f}, \"wait_ms\": {:.3f}, \"wait_share\": {:.3f}, \"peak_rss\": {:.0f}, \"rss_base\": "
           "{:.0f}, \"rss_built\": {:.0f}, \"counted_peak\": "
           "{:.0f}, "
@@ -676,9 +707,9 @@ int run_bench(int argc, char** argv) {
           "\"peak_tflops\": {}, \"mfu\": {}, \"device_busy_share\": {}, \"device_compute_share\": {}, "
           "\"scaled_mm_products_per_step\": {:g}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
-          batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad,
-          b_opt, b_gath, b_act, b_other, device_name, cuda_peak, disk_bytes, disk_read, disk_written, moved,
-          world->topology().num_nodes, world->topology().local_world_size, gemm, onednn_products,
+          batch, accumulation, sync_each_batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0,
+          rss1, b_total, b_param, b_grad, b_opt, b_gath, b_act, b_other, device_name, cuda_peak, disk_bytes, disk_read,
+          disk_written, moved, world->topology().num_nodes, world->topology().local_world_size, gemm, onednn_products,
           run.prepared.engine ? run.prepared.engine->node_shared_bytes() : 0,
           run.prepared.engine ? run.prepared.engine->node_shared_grad_bytes() : 0, pss, peak_pss, node_pss,
           node_counted_peak, model_flops, devices, device_label,
@@ -704,8 +735,8 @@ int run_bench(int argc, char** argv) {
     fmt::print(
         "model FLOPs per step {:.3g} (6 x {} params + attention, {} tokens); MFU {:.1f}% of {:.1f} TFLOP/s x {} "
         "device(s) ({})\n",
-        model_flops, psi, static_cast<std::int64_t>(batch) * seq * n, 100 * mfu_of(run, step_ms / 1e3), peak_of(run),
-        devices, device_label);
+        model_flops, psi, static_cast<std::int64_t>(batch) * accumulation * seq * n, 100 * mfu_of(run, step_ms / 1e3),
+        peak_of(run), devices, device_label);
   if (r == 0 && disk_bytes > 0)
     fmt::print("offloaded: {:.2f} GB in files per rank; last step read {:.2f} GB, wrote {:.2f} GB per rank\n",
                disk_bytes / 1e9, disk_read / 1e9, disk_written / 1e9);

@@ -40,8 +40,9 @@
 # Environment: ACCEL_BIN (binaries), PYTHON (the Python with torch, default: the setup venv's, else
 # python3), GPU_CHECK_OUT (a folder for the full logs; default a temporary one), FP8_ROUNDS (runs of
 # each at the fp8-bound shape, default 2; FP8_BATCH its batch, default 32), VS_ROUNDS (alternating
-# runs of accel and PyTorch, default 5, the medians compared), OFFLOAD_BATCHES and OFFLOAD_D (the
-# offloaded step's GPU-busy sweep: batches, default "1 4 16", at d_model, default 2048), GPU_CHECK_TAR (a .tar.gz to pack the
+# runs of accel and PyTorch, default 5, the medians compared), OFFLOAD_BATCHES, OFFLOAD_ACCUM and
+# OFFLOAD_D (the offloaded step's GPU-busy sweep: batches, default "1 4 16", each step of OFFLOAD_ACCUM
+# micro-batches, default 1, at d_model, default 2048), GPU_CHECK_TAR (a .tar.gz to pack the
 # logs into at the end, e.g. $OUT/gpu_check_logs.tgz on a lent device), GPU_CHECK_DEADLINE_S (seconds
 # from the start after which no step starts and the running one is stopped: a lent device's call
 # ends at its limit with nothing packed, so give it a minute less). Every step runs even when an
@@ -378,14 +379,19 @@ step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8DIMS
 # passes 50% carries over to the largest-model table's size. step_bench --json --profile prints
 # device_busy_share (kernels and copies) and device_compute_share (kernels); the text lines before it
 # give the engine's scopes (accel::optimizer_step: the CPU AdamW) and the top host ops. (Batch 16 keeps
-# the checkpointed activations, about 4 GB at d 2048, inside the cap; 32 would not fit.) Each batch runs
-# twice: the step in optimizer.step(), then in backward (--step-in-backward: each shard's CPU AdamW as
-# its gradient reaches the host, overlapping the device's backward; the same bits).
+# the checkpointed activations, about 4 GB at d 2048, inside the cap; 32 would not fit.) OFFLOAD_ACCUM
+# micro-batches a step (gradient accumulation, each micro-batch reducing and adding its gradients to
+# the host's as DeepSpeed's ZeRO-3 does, so the device keeps none between them) multiply the device's
+# work per host step past what fits at once. Each batch runs twice: the step in optimizer.step(), then
+# in backward (--step-in-backward: each shard's CPU AdamW as its gradient reaches the host, overlapping
+# the device's backward; the same bits).
+accum=${OFFLOAD_ACCUM:-1}
+xa=""; [ "$accum" = 1 ] || xa="x$accum"
 for b in ${OFFLOAD_BATCHES:-1 4 16}; do
   for sib in "" 1; do
-    step "offload_busy_b$b${sib:+_sib}" "$BIN/step_bench" --device cuda --device_memory 8 --strategy ZERO_3 --layers 20 \
-      --heads 16 --seq 512 --vocab 4096 --d-model "${OFFLOAD_D:-2048}" --batch "$b" --checkpoint --offload-optimizer cpu \
-      --offload-param cpu --steps 2 --warmup 1 --json --profile ${sib:+--step-in-backward}
+    step "offload_busy_b$b$xa${sib:+_sib}" "$BIN/step_bench" --device cuda --device_memory 8 --strategy ZERO_3 \
+      --layers 20 --heads 16 --seq 512 --vocab 4096 --d-model "${OFFLOAD_D:-2048}" --batch "$b" --accumulation "$accum" \
+      --checkpoint --offload-optimizer cpu --offload-param cpu --steps 2 --warmup 1 --json --profile ${sib:+--step-in-backward}
   done
 done
 # PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate,
@@ -454,13 +460,13 @@ fi
 
 if ls "$OUTDIR"/offload_busy_b*.log >/dev/null 2>&1; then
   printf '\n== ZeRO-Infinity at an 8 GB cap (d %s, 20 layers, seq 512): the GPU-busy share of the step against the batch (issue 32 asks >= 50%%)\n' "${OFFLOAD_D:-2048}"
-  printf '| batch | step | parameters | step ms | GPU busy | GPU computing | MFU |\n|---:|---|---:|---:|---:|---:|---:|\n'
+  printf '| batch | micro-batches a step | step | parameters | step ms | GPU busy | GPU computing | MFU |\n|---:|---:|---|---:|---:|---:|---:|---:|\n'
   for f in $(ls -v "$OUTDIR"/offload_busy_b*.log); do
     case "$f" in *_sib.log) when="in backward" ;; *) when="in step()" ;; esac
     grep -h '^{' "$f" | tail -1 | WHEN=$when "$PY" -c 'import json, os, sys
 r = json.loads(sys.stdin.read())
 pct = lambda v: "?" if v is None else "%.1f%%" % (100 * v)
-print("| %d | %s | %.3fB | %.0f | %s | %s | %s |" % (r["batch"], os.environ["WHEN"], r["params"] / 1e9, r["step_ms"],
+print("| %d | %d | %s | %.3fB | %.0f | %s | %s | %s |" % (r["batch"], r.get("accumulation", 1), os.environ["WHEN"], r["params"] / 1e9, r["step_ms"],
       pct(r.get("device_busy_share")), pct(r.get("device_compute_share")), pct(r.get("mfu"))))' 2>/dev/null
   done
 fi

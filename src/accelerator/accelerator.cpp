@@ -456,11 +456,23 @@ void Accelerator::begin_micro_step() {
     s.micro_step += 1;
     s.sync_gradients = s.micro_step % s.accumulation_steps == 0;
   }
-  no_sync_.reset();
-  if (!s.sync_gradients && engine_) no_sync_.emplace(*engine_);
+  end_micro_step();
+  if (s.sync_gradients || !engine_) return;
+  if (sync_each_batch())
+    more_micro_steps_.emplace(*engine_);
+  else
+    no_sync_.emplace(*engine_);
 }
 
-void Accelerator::end_micro_step() { no_sync_.reset(); }
+void Accelerator::end_micro_step() {
+  no_sync_.reset();
+  more_micro_steps_.reset();
+}
+
+bool Accelerator::sync_each_batch() const {
+  if (opts_.sync_each_batch) return *opts_.sync_each_batch;
+  return cfg_.distributed_type == DistributedType::DeepSpeed && cfg_.spec.shards_gradients();
+}
 
 Accelerator::AutocastGuard Accelerator::autocast(bool force_fp32) {
   if (force_fp32) return AutocastGuard(mixed_precision::AutocastScope(device_.type(), std::nullopt));

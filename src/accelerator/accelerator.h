@@ -59,6 +59,13 @@ struct AcceleratorOptions {
   std::optional<std::string> config_file;
   std::optional<std::string> mixed_precision;  // "no" | "fp16" | "bf16" | "fp8"
   std::optional<std::int64_t> gradient_accumulation_steps;
+  // Accelerate's GradientAccumulationPlugin(sync_each_batch): micro-steps that do not step still reduce
+  // their gradients and add them to what is pending (Engine::MoreMicroSteps), instead of accumulating
+  // them unreduced (no_sync): less memory, since no rank keeps an unsharded gradient between
+  // micro-steps (nor the device, under ZeRO-Offload), for a reduction per micro-step. Unset: on under
+  // DeepSpeed ZeRO-2/3, which reduce every micro-step (DeepSpeed refuses no_sync there), off otherwise
+  // (Accelerate's default).
+  std::optional<bool> sync_each_batch;
   std::optional<bool> cpu;  // use the CPU even when CUDA devices exist
   // Name the config keys that have no effect here, in one line on the main process (at construction;
   // config().ignored says why for each).
@@ -198,8 +205,8 @@ class Accelerator {
   void backward(const at::Tensor& loss);
   // One micro-step of gradient accumulation: sync_gradients() is true on every
   // gradient_accumulation_steps-th micro-step and on the loader's last batch; until then backward
-  // accumulates locally and the optimizer does not step. Keep the returned scope alive for the
-  // micro-step (forward, backward, step).
+  // accumulates locally (or reduces and adds up, sync_each_batch()) and the optimizer does not step. Keep the returned
+  // scope alive for the micro-step (forward, backward, step).
   class AccumulateScope {
    public:
     explicit AccumulateScope(Accelerator& a);
@@ -218,6 +225,7 @@ class Accelerator {
     return AccumulateScope(*this);
   }
   bool sync_gradients() const { return state_->sync_gradients; }
+  bool sync_each_batch() const;  // AcceleratorOptions::sync_each_batch as resolved
   std::int64_t gradient_accumulation_steps() const { return state_->accumulation_steps; }
   bool optimizer_step_was_skipped() const { return state_->step_was_skipped; }
 
@@ -454,7 +462,8 @@ class Accelerator {
   };
   std::map<std::string, Registered> registered_;
   AcceleratorOptions opts_;
-  std::optional<zero::Engine::NoSync> no_sync_;
+  std::optional<zero::Engine::NoSync> no_sync_;                   // micro-steps that do not step, either
+  std::optional<zero::Engine::MoreMicroSteps> more_micro_steps_;  // way (sync_each_batch)
   bool trigger_ = false;
   bool ended_ = false;
   // Trackers and step metrics (accelerator_tracking.cpp).

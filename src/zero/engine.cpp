@@ -363,12 +363,20 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // gradient on the device between its reduction and the step).
   // The step in backward (spec.step_in_backward): the master's step is posted to a worker as soon
   // as its gradient is final (on a device, once its copy to the host is queued).
+  // A gradient pending from an earlier micro-step of the window (MoreMicroSteps) is added to: a
+  // device's one in host memory there, on the way (the device lets go of this one as before), others
+  // at the end of backward.
   if (host_copies_ || spec_.step_in_backward)
     reducer_->set_on_reduced([this](std::size_t i, const at::Tensor& g) {
       Flat& f = flats_[reduce_order_[i]];
-      if (f.grad.defined()) return false;  // a pending gradient to add first: at the end of backward
       const bool taken = host_master(f);
-      if (taken) grad_to_host(f, g);
+      if (f.grad.defined()) {
+        if (!taken || !f.grad.is_same(f.host_grad)) return false;  // added at the end of backward
+        host_copies_->add_to_host(f.host_grad, g);
+        f.host_grad_src = nullptr;  // (f.grad is the sum: nothing to copy again at the end)
+      } else if (taken) {
+        grad_to_host(f, g);
+      }
       if (steps_in_backward(f)) step_in_backward(f, g);
       return taken;
     });

@@ -9,9 +9,10 @@
 // One training step:  loss = model->forward(x);  engine->backward(loss);  optimizer->step();
 // (loss.backward() works too, provided every rank's backward reaches at least one parameter.)
 // Gradient accumulation: backward passes run inside a NoSync scope skip the reduction; the first
-// backward outside one reduces everything accumulated. Gradients last until optimizer->step();
-// optimizer->zero_grad() without a step (to none or in place, also between accumulation
-// micro-steps) discards them. The next engine->backward(), unit forward or first gradient hook
+// backward outside one reduces everything accumulated (or each micro-step reduces, inside a
+// MoreMicroSteps scope, and adds to what is pending: less memory, more traffic). Gradients last
+// until optimizer->step(); optimizer->zero_grad() without a step (to none or in place, also between
+// accumulation micro-steps) discards them. The next engine->backward(), unit forward or first gradient hook
 // notices; under DDP with plain loss.backward() the hook is too late, since autograd has already
 // added into .grad. If backward throws (on every rank), engine->backward() issues the remaining
 // reductions, waits for them, and forgets that backward's gradients before rethrowing.
@@ -139,6 +140,24 @@ class Engine : public std::enable_shared_from_this<Engine> {
    public:
     explicit NoSync(Engine& e) : e_(e), saved_(e.gradient_sync()) { e_.set_gradient_sync(false); }
     ~NoSync() { e_.set_gradient_sync(saved_); }
+
+   private:
+    Engine& e_;
+    bool saved_;
+  };
+  // Accumulation that reduces every micro-step (DeepSpeed's ZeRO-2/3, Accelerate's sync_each_batch):
+  // backward passes while more_micro_steps() reduce as a sync backward does and add to the gradients
+  // pending for the step, so no rank keeps an unsharded gradient between micro-steps (NoSync keeps
+  // every unit's; a device's master in host memory gets the sum there, made on the way); but they
+  // are not the window's last, so no step starts in backward (spec.step_in_backward). The first
+  // backward after it is the last of the window. More traffic than NoSync (a reduction per
+  // micro-step), less memory.
+  void set_more_micro_steps(bool more) { more_micro_steps_ = more; }
+  bool more_micro_steps() const { return more_micro_steps_; }
+  class MoreMicroSteps {
+   public:
+    explicit MoreMicroSteps(Engine& e) : e_(e), saved_(e.more_micro_steps()) { e_.set_more_micro_steps(true); }
+    ~MoreMicroSteps() { e_.set_more_micro_steps(saved_); }
 
    private:
     Engine& e_;
@@ -293,6 +312,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::size_t> fwd_order_, cur_order_;  // unit order of the last / current forward
   std::int64_t tick_ = 0;                           // counts unit calls' starts and ends in a forward
   bool sync_ = true;
+  bool more_micro_steps_ = false;  // set_more_micro_steps
   bool hooks_installed_ = false;
   std::vector<std::pair<at::Tensor, const void*>> grad_hooks_;  // ours, to remove only ours
   std::vector<const void*> unit_hooks_;

@@ -318,12 +318,12 @@ void Engine::finalize_backward() {
         // the full buffer back; ZeRO-1 keeps it (and so does a group of one): g is their buffer's own slice.
         if (!g.defined())  // taken on its way to the host (offload): the pinned copy is the gradient
           g = f.host_grad;
+        // (A pending gradient in host memory that g is not: the second sync backward before a step
+        // of a master that is not a device's in host memory; one that is was added to on the way.)
         if (!f.grad.defined())
           f.grad = g;
-        else if (f.grad.device() == g.device())
-          f.grad.add_(g);
-        else  // (a pending gradient in host memory: the rare second sync backward before a step)
-          f.grad.add_(g.to(f.grad.device()));
+        else if (!g.is_same(f.grad))
+          f.grad.add_(f.grad.device() == g.device() ? g : g.to(f.grad.device()));
         if (g.is_alias_of(f.flat_param->grad_full()))
           f.flat_param->detach_grads();
         else

@@ -134,8 +134,8 @@ void Engine::set_step_one(std::function<bool(const at::Tensor& master)> step_one
 }
 
 bool Engine::steps_in_backward(const Flat& f) const {
-  if (!spec_.step_in_backward || !step_one_ || !sync_ || aborting_backward_ || f.group < 0 || f.opt_region != npos ||
-      !f.master.defined())
+  if (!spec_.step_in_backward || !step_one_ || !sync_ || more_micro_steps_ || aborting_backward_ || f.group < 0 ||
+      f.opt_region != npos || !f.master.defined())
     return false;
   const at::Tensor& m = f.master;
   if (!m.is_cpu() || m.scalar_type() != at::kFloat || !m.is_contiguous()) return false;

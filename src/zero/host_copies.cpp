@@ -60,6 +60,24 @@ void HostCopies::queue(const c10::Stream& side, const at::Tensor& dst, const at:
 
 void HostCopies::to_host(const at::Tensor& dst, const at::Tensor& src) { queue(to_host_, dst, src, src); }
 
+void HostCopies::add_to_host(const at::Tensor& dst, const at::Tensor& src) {
+  const c10::DeviceGuard on(device_);
+  c10::impl::VirtualGuardImpl impl(device_.type());
+  c10::Event ready(device_.type());
+  ready.record(impl.getStream(device_));
+  ready.block(to_host_);
+  {
+    // Allocated under the side stream, so the caching allocator orders the temporary's reuse by it.
+    c10::StreamGuard guard(to_host_);
+    at::Tensor sum = at::empty(dst.sizes(), dst.options().device(device_).pinned_memory(false));
+    sum.copy_(dst, /*non_blocking=*/true);
+    sum.add_(src);
+    dst.copy_(sum, /*non_blocking=*/true);
+  }
+  impl.recordDataPtrOnStream(src.storage().data_ptr(), to_host_);
+  pending_host_ = true;
+}
+
 void HostCopies::to_device(const at::Tensor& dst, const at::Tensor& src) { current_waits(to_device_async(dst, src)); }
 
 c10::Event HostCopies::to_device_async(const at::Tensor& dst, const at::Tensor& src) {

@@ -14,6 +14,11 @@
 //   * to_device_async(dst, src): the same copy, but nothing waits for it yet: it returns the event
 //     that marks it done, and current_waits(event) makes the current stream wait for it when the
 //     values are needed (a prefetch: the copy runs while the kernels queued after it compute).
+//   * add_to_host(dst, src): dst += src for dst in pinned host memory and src on the device, on the
+//     to-host side stream after the current stream's queued work and every copy to the host queued
+//     before it: dst goes over to the device, the sum is made there and comes back (the host neither
+//     blocks nor adds; the device holds one temporary of dst's size until the copy back is done).
+//     The host must not read or write dst before synchronize().
 //   * Device tensors used on the side stream are recorded on it, so the caching allocator does not
 //     hand their memory out again while a copy is in flight.
 // Written against c10's device-generic stream and event interfaces, so it compiles (and is never
@@ -31,6 +36,7 @@ class HostCopies {
  public:
   explicit HostCopies(c10::Device device);
   void to_host(const at::Tensor& dst, const at::Tensor& src);
+  void add_to_host(const at::Tensor& dst, const at::Tensor& src);
   void to_device(const at::Tensor& dst, const at::Tensor& src);
   c10::Event to_device_async(const at::Tensor& dst, const at::Tensor& src);
   // An event that passes once every copy to the host queued so far has finished.

@@ -236,8 +236,10 @@ TEST(Accelerator, AccumulateSyncsOnEveryNthMicroStepAndAtTheLoadersEnd) {
 
 // One training loop, written once, under each strategy picked by a config file, against plain
 // libtorch on one process with the same global batches (float64).
+// sync_each_batch: AcceleratorOptions' (unset: the config's default, on under DeepSpeed ZeRO-2/3 only).
 struct LoopCase {
   std::string name, yaml;
+  std::optional<bool> sync_each_batch;
 };
 
 std::vector<LoopCase> loop_cases() {
@@ -253,6 +255,13 @@ std::vector<LoopCase> loop_cases() {
       {"shard_grad_op",
        "distributed_type: FSDP\ngradient_accumulation_steps: 2\nfsdp_config:\n"
        "  fsdp_sharding_strategy: SHARD_GRAD_OP\n"},
+      // Each micro-step reducing where the default does not, and the other way round.
+      {"ddp_sync_each_batch", "distributed_type: MULTI_CPU\nnum_processes: 2\ngradient_accumulation_steps: 2\n", true},
+      {"full_shard_sync_each_batch",
+       "distributed_type: FSDP\ngradient_accumulation_steps: 2\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n",
+       true},
+      {"zero3_no_sync",
+       "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  gradient_accumulation_steps: 2\n", false},
   };
 }
 
@@ -261,7 +270,10 @@ TEST(Accelerator, TrainingLoopMatchesSingleProcessUnderEveryStrategy) {
     SCOPED_TRACE(c.name);
     auto opts =
         quiet(c.yaml.empty() ? std::nullopt : std::optional<std::string>(write_config(c.name + ".yaml", c.yaml)));
+    opts.sync_each_batch = c.sync_each_batch;
     Accelerator acc(opts);
+    const bool deepspeed_sharded = c.name == "zero2" || c.name == "zero3";
+    EXPECT_EQ(acc.sync_each_batch(), c.sync_each_batch.value_or(deepspeed_sharded));
     const int N = acc.num_processes();
     const int64_t accum = acc.gradient_accumulation_steps(), G = 6, batches = 8;
     // Every rank seeds differently: prepare() must start them all from rank 0's weights.

@@ -511,6 +511,91 @@ TEST(StepInBackward_CUDA, HostMastersStepDuringBackwardWithTheSameBits) {
   }
 }
 
+// Accumulation under ZeRO-Offload whose micro-steps each reduce (Engine::MoreMicroSteps: DeepSpeed's
+// ZeRO-2/3, sync_each_batch): each micro-step's reduced gradient is added to the pending one in host
+// memory on its way there (HostCopies::add_to_host), so between micro-steps the device keeps no gradient,
+// where NoSync keeps every unit's unsharded one. The sum is the one NoSync makes (bitwise at one rank,
+// where the reductions are exact), and the step in backward after the last micro-step waits for it.
+TEST(StepInBackward_CUDA, MicroStepsThatReduceAddUpInHostMemory) {
+  SKIP_WITHOUT_CUDA();
+  const c10::Device dev = my_device();
+  auto world = test::world();
+  const int N = world->size(), r = world->rank(), accum = 3;
+  const auto agg = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  auto allocated = [&] { return at::accelerator::getDeviceStats(dev.index()).allocated_bytes[agg].current; };
+  struct Run {
+    std::vector<at::Tensor> masters;
+    std::vector<double> losses;
+    // Most device bytes a micro-step before the last kept after its backward (reducing: from the second
+    // step on, every lazy allocation made).
+    std::int64_t kept = 0;
+    std::size_t stepped = 0;
+  };
+  std::int64_t model_bytes = 0;
+  auto train = [&](bool each, bool in_backward, bool params_too) {
+    at::manual_seed(5);
+    auto mdl = std::make_shared<MLPImpl>(std::vector<int64_t>{512, 2048, 2048, 16});
+    model_bytes = 0;
+    for (const auto& t : mdl->parameters()) model_bytes += 4 * t.numel();
+    mdl->to(dev);
+    torch::optim::AdamW user(mdl->parameters(), torch::optim::AdamWOptions(1e-2));
+    zero::ShardingSpec spec = zero::ShardingSpec::zero(3);
+    spec.offload.optimizer = zero::OffloadDevice::Cpu;
+    if (params_too) spec.offload.param = zero::OffloadDevice::Cpu;
+    spec.step_in_backward = in_backward;
+    auto p = zero::prepare(mdl, user, spec, world);
+    Run out;
+    for (int step = 0; step < 3; ++step) {
+      for (int m = 0; m < accum; ++m) {
+        at::manual_seed(100 + 10 * step + m);
+        const at::Tensor x = at::randn({8 * N, 512}).to(dev), y = at::randn({8 * N, 16}).to(dev);
+        const std::int64_t before = allocated();
+        at::Tensor loss = at::mse_loss(mdl->forward(x.narrow(0, 8 * r, 8)), y.narrow(0, 8 * r, 8)) / accum;
+        if (m == 0) out.losses.push_back(loss.item<double>());
+        std::optional<zero::Engine::NoSync> no_sync;
+        std::optional<zero::Engine::MoreMicroSteps> more;
+        if (m + 1 < accum) {
+          if (each)
+            more.emplace(*p.engine);
+          else
+            no_sync.emplace(*p.engine);
+        }
+        p.engine->backward(loss);
+        loss = at::Tensor();
+        if (m + 1 < accum && (step > 0 || !each)) out.kept = std::max(out.kept, allocated() - before);
+      }
+      out.stepped = p.engine->stepped_in_backward().size();
+      p.optimizer->step();
+      p.optimizer->zero_grad();
+    }
+    for (const auto& f : p.engine->flats())
+      if (f.group >= 0) out.masters.push_back(f.master.clone());
+    return out;
+  };
+  for (const bool params_too : {false, true}) {
+    SCOPED_TRACE(params_too ? "optimizer and parameters in host memory" : "optimizer in host memory");
+    const Run unreduced = train(false, false, params_too), each = train(true, false, params_too),
+              each_in_backward = train(true, true, params_too);
+    EXPECT_GE(static_cast<double>(unreduced.kept), 0.9 * model_bytes) << "NoSync keeps the unsharded gradients";
+    EXPECT_LE(static_cast<double>(each.kept), 0.05 * model_bytes)
+        << each.kept << " B kept on the device after a micro-step that reduced (the model: " << model_bytes << " B)";
+    ASSERT_EQ(each.masters.size(), unreduced.masters.size());
+    ASSERT_FALSE(each.masters.empty());
+    for (std::size_t i = 0; i < each.masters.size(); ++i) {
+      if (N == 1)
+        EXPECT_TRUE(at::equal(each.masters[i], unreduced.masters[i])) << i;
+      else
+        EXPECT_LE(rel_err(each.masters[i], unreduced.masters[i]), 1e-5) << i;
+    }
+    if (N == 1) EXPECT_EQ(each.losses, unreduced.losses);
+    // The step in backward after the last micro-step: every master, on the sum, the same bits.
+    EXPECT_EQ(each_in_backward.stepped, each.masters.size());
+    for (std::size_t i = 0; i < each.masters.size(); ++i)
+      EXPECT_TRUE(at::equal(each_in_backward.masters[i], each.masters[i])) << i;
+    EXPECT_EQ(each_in_backward.losses, each.losses);
+  }
+}
+
 // A sharded flat's storage, freed and allocated again between uses (alloc_storage), lands on the
 // tensor's own device whichever device this thread has current (the CUDA allocator goes by the
 // current one). Needs two GPUs.

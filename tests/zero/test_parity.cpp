@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace accel::test {
 namespace {
 
@@ -41,11 +43,29 @@ std::vector<StrategyCase> strategies() {
   };
 }
 
+// How the micro-steps before the last of an accumulation window run: unreduced (NoSync), or each
+// reducing and adding to what is pending (MoreMicroSteps: DeepSpeed's ZeRO-2/3, sync_each_batch).
+enum class Accumulate { NoSync, EachMicroStepReduces };
+
+// The reductions (all-reduce and reduce-scatter calls) the engine's groups have issued so far.
+std::uint64_t reductions(zero::Engine& e) {
+  std::uint64_t calls = 0;
+  std::vector<comm::Communicator*> seen;
+  for (auto* g : {e.shard_group().get(), e.replicate_group().get()})
+    if (g && std::find(seen.begin(), seen.end(), g) == seen.end()) {
+      seen.push_back(g);
+      calls += g->counters()[comm::Collective::AllReduce].calls + g->counters()[comm::Collective::ReduceScatter].calls;
+    }
+  return calls;
+}
+
 // Trains `steps` steps both ways; returns the worst relative errors (parameters, gradient shards).
 void run_parity(const StrategyCase& sc, ModelKind mk, OptKind ok, int accum, c10::ScalarType dtype, double tol,
-                const std::vector<int64_t>& widths = {6, 10, 10, 3}, int64_t G = 12) {
+                const std::vector<int64_t>& widths = {6, 10, 10, 3}, int64_t G = 12,
+                Accumulate how = Accumulate::NoSync) {
   SCOPED_TRACE(::testing::Message() << sc.name << " " << name(mk) << " " << name(ok) << " accum " << accum << " "
-                                    << c10::toString(dtype));
+                                    << c10::toString(dtype)
+                                    << (how == Accumulate::NoSync ? "" : " each micro-step reducing"));
   auto world = test::world();
   const int N = world->size(), r = world->rank();
   const int64_t local = G / N;
@@ -64,9 +84,17 @@ void run_parity(const StrategyCase& sc, ModelKind mk, OptKind ok, int accum, c10
       auto [x, y] = make_batch(mk, dtype, step, m, G, widths.front(), widths.back());
       (ref.loss(x, y) / accum).backward();
       at::Tensor xl = x.narrow(0, r * local, local), yl = y.narrow(0, r * local, local);
-      if (m + 1 < accum) {
+      if (m + 1 < accum && how == Accumulate::NoSync) {
         zero::Engine::NoSync ns(engine);
+        const std::uint64_t before = reductions(engine);
         engine.backward(mdl.loss(xl, yl) / accum);
+        EXPECT_EQ(reductions(engine), before) << "a reduction under NoSync";
+      } else if (m + 1 < accum) {
+        zero::Engine::MoreMicroSteps more(engine);
+        const std::uint64_t before = reductions(engine);
+        engine.backward(mdl.loss(xl, yl) / accum);
+        if (N > 1 && !engine.plan().passthrough)
+          EXPECT_GT(reductions(engine), before) << "micro-step " << m << " did not reduce";
       } else {
         engine.backward(mdl.loss(xl, yl) / accum);
       }
@@ -115,6 +143,16 @@ TEST_P(Parity, Float64MatchesReference) {
 TEST_P(Parity, Float32MatchesReference) {
   const StrategyCase sc = strategies()[std::get<0>(GetParam())];
   run_parity(sc, std::get<1>(GetParam()), OptKind::AdamW, 2, at::kFloat, 1e-5);
+}
+
+// Accumulation whose micro-steps each reduce and add to what is pending (Engine::MoreMicroSteps, which
+// Accelerate's sync_each_batch and DeepSpeed's ZeRO-2/3 take) trains as the reference does, as NoSync
+// does, for every strategy: the window's gradient is the sum of the micro-steps' averages instead of the
+// average of their sums, the same to float64 rounding. Each micro-step's reductions are counted.
+TEST(AccumulationParity, EachMicroStepReducingMatchesTheReference) {
+  for (const auto& sc : strategies())
+    for (ModelKind mk : {ModelKind::MLP, ModelKind::GPT})
+      run_parity(sc, mk, OptKind::AdamW, 3, at::kDouble, 1e-10, {6, 10, 10, 3}, 12, Accumulate::EachMicroStepReduces);
 }
 
 // Products large enough for oneDNN's matmul (ACCEL_CPU_GEMM=onednn sends float32 products of >= 2^20
