@@ -687,6 +687,27 @@ TEST(HostCopies_CUDA, CopiesQueueBehindTheComputeStreamWithoutBlockingTheHost) {
   copies.synchronize();
 }
 
+// add_to_host (a micro-step's gradient added to the one pending in host memory): summed on the device
+// behind the compute stream's queued work (src's value written there is the one added), without the
+// host waiting for that work; after synchronize() dst holds the fp32 sum, the add's own rounding.
+TEST(HostCopies_CUDA, AnAddToHostSumsOnTheDeviceWithoutBlockingTheHost) {
+  SKIP_WITHOUT_CUDA();
+  const c10::Device dev = my_device();
+  c10::DeviceGuard on_device(dev);
+  const int64_t n = 1 << 22;
+  const at::Tensor pending = at::arange(n, at::kFloat) * 0.37;
+  const at::Tensor host = zero::HostCopies::pinned_empty(n, at::kFloat, dev);
+  host.copy_(pending);
+  at::Tensor src = at::zeros({n}, at::TensorOptions().device(dev));
+  zero::HostCopies copies(dev);
+  queue_matmuls(dev, 100);  // ~0.3 s on the current stream
+  src.fill_(1.25);          // queued behind the matmuls: the add must wait for it
+  copies.add_to_host(host, src);
+  EXPECT_FALSE(current_stream_done(dev)) << "add_to_host blocked the host";
+  copies.synchronize();
+  EXPECT_TRUE(at::equal(host, pending + 1.25f)) << "the sum is not pending + src";
+}
+
 // To the device in another dtype (fp32 masters in host memory to bf16 parameters): converted on the
 // device, so the host goes on (ATen's copy_ converts on the host into pageable memory, whose copy
 // blocks the host until the side stream gets to it, behind the compute stream's work).
