@@ -303,8 +303,8 @@ int run_bench(int argc, char** argv) {
   std::string sync_each_batch = "auto";
   app.add_option("--sync-each-batch,--sync_each_batch", sync_each_batch,
                  "with --accumulation: on (every micro-batch reduces and adds to the pending gradients, "
-                 "zero::Engine::MoreMicroSteps), off (they accumulate unreduced, NoSync) or auto (on where the "
-                 "strategy shards gradients, as DeepSpeed's ZeRO-2/3)")
+                 "zero::Engine::MoreMicroSteps), off (they accumulate unreduced, NoSync) or auto (on for ZERO_2 and "
+                 "ZERO_3, as DeepSpeed and the Accelerator's default)")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   CLI11_PARSE(app, argc, argv);
   cfg.seq = seq;
@@ -502,7 +502,9 @@ int run_bench(int argc, char** argv) {
       std::optional<zero::Engine::NoSync> no_sync;
       std::optional<zero::Engine::MoreMicroSteps> more;
       if (m + 1 < accumulation) {
-        const bool each = sync_each_batch == "on" || (sync_each_batch == "auto" && engine.spec().shards_gradients());
+        // auto: the Accelerator's default (DeepSpeed's ZeRO-2/3 reduce every micro-step).
+        const bool each = sync_each_batch == "on" || (sync_each_batch == "auto" && run.name.rfind("ZERO_", 0) == 0 &&
+                                                      engine.spec().shards_gradients());
         if (each)
           more.emplace(engine);
         else

@@ -28,6 +28,7 @@ void Engine::begin_backward() {
   // (step_in_backward: the last backward's steps are taken; this one's gradients would go nowhere.)
   refuse_after_step_in_backward("a second backward before optimizer.step()");
   in_backward_ = true;
+  added_to_pending_host_ = false;
   std::weak_ptr<Engine> self = weak_from_this();
   torch::autograd::Engine::get_default_engine().queue_callback([self] {
     if (auto e = self.lock()) e->finalize_backward();
@@ -239,6 +240,21 @@ void Engine::abort_backward() {
     f.host_grad_src = nullptr;  // a copy queued from a gradient this backward threw away
   }
   wait_host_copies();
+  if (added_to_pending_host_) {
+    // Part of this backward was already added to the window's gradients in host memory (every
+    // pending one, as the flush above added the rest on every rank alike), and a sum cannot be taken
+    // back: the window goes, on every rank.
+    added_to_pending_host_ = false;
+    for (auto& f : flats_) {
+      f.grad = at::Tensor();
+      if (f.master_grad_set) f.master.mutable_grad() = at::Tensor();
+      f.master_grad_set = false;
+    }
+    log::warning(
+        "accel: a backward that failed inside an accumulation window had already added to the window's gradients "
+        "in host memory (micro-steps that reduce, under optimizer offload): the window's gradients are dropped, "
+        "and the next step has only the micro-steps after this one");
+  }
 }
 
 void Engine::settle_pending() {

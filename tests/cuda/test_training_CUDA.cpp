@@ -687,6 +687,50 @@ TEST(HostCopies_CUDA, CopiesQueueBehindTheComputeStreamWithoutBlockingTheHost) {
   copies.synchronize();
 }
 
+// A backward that throws after a micro-step that reduced, under ZeRO-Offload: it has added to the
+// window's gradients in host memory, so the window goes (every master's gradient) rather than a sum
+// holding part of the failed backward; the step then changes nothing.
+TEST(StepInBackward_CUDA, AFailedMicroStepDropsTheWindowItAddedTo) {
+  SKIP_WITHOUT_CUDA();
+  const c10::Device dev = my_device();
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  at::manual_seed(5);
+  auto mdl = std::make_shared<MLPImpl>(std::vector<int64_t>{512, 2048, 2048, 16});
+  mdl->to(dev);
+  torch::optim::AdamW user(mdl->parameters(), torch::optim::AdamWOptions(1e-2));
+  zero::ShardingSpec spec = zero::ShardingSpec::zero(3);
+  spec.offload.optimizer = zero::OffloadDevice::Cpu;
+  auto p = zero::prepare(mdl, user, spec, world);
+  const at::Tensor x = at::randn({8 * N, 512}).to(dev), y = at::randn({8 * N, 16}).to(dev);
+  {
+    zero::Engine::MoreMicroSteps more(*p.engine);
+    p.engine->backward(at::mse_loss(mdl->forward(x.narrow(0, 8 * r, 8)), y.narrow(0, 8 * r, 8)));
+  }
+  std::vector<at::Tensor> before;
+  for (const auto& f : p.engine->flats())
+    if (f.group >= 0) {
+      ASSERT_TRUE(f.master.grad().defined()) << "no pending gradient after the first micro-step";
+      before.push_back(f.master.clone());
+    }
+  ASSERT_FALSE(before.empty());
+  at::Tensor out = mdl->forward(x.narrow(0, 8 * r, 8));
+  out.register_hook([](const at::Tensor& g) -> at::Tensor {
+    if (g.defined()) throw std::runtime_error("injected");
+    return g;
+  });
+  // (The throw comes first in backward; the abort then reduces every flat's zero-filled gradient, as
+  // a finished backward would, and adds it: on every rank, the same flats.)
+  EXPECT_THROW(p.engine->backward(at::mse_loss(out, y.narrow(0, 8 * r, 8))), std::exception);
+  std::size_t k = 0;
+  for (const auto& f : p.engine->flats())
+    if (f.group >= 0) EXPECT_FALSE(f.master.grad().defined()) << "flat " << k++ << " kept a gradient";
+  p.optimizer->step();
+  k = 0;
+  for (const auto& f : p.engine->flats())
+    if (f.group >= 0) EXPECT_TRUE(at::equal(f.master, before[k++])) << "a step on a dropped window";
+}
+
 // add_to_host (a micro-step's gradient added to the one pending in host memory): summed on the device
 // behind the compute stream's queued work (src's value written there is the one added), without the
 // host waiting for that work; after synchronize() dst holds the fp32 sum, the add's own rounding.
