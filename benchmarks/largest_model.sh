@@ -338,10 +338,10 @@ fi
 
 declare -A BEST NOTE  # NOTE: ">= " where a search stopped short of the answer (--max-d, --deadline-s); "late": none had trained
 BASE_D=""
-# On a GPU every run is profiled (step_bench --profile: 3 more steps under the profiler, after the timed
-# ones), so that the largest size's run already says how busy the GPU was: no rerun for it. (The cap is
-# the caching allocator's; the profiler's buffers are not in it.)
-[ "$DEVICE" = cuda ] && RUN_EXTRA=(--profile)
+# On a GPU every run is profiled (step_bench --profile --profile-steps 2: 2 more steps under the
+# profiler, after the timed ones), so that the largest size's run already says how busy the GPU was: no
+# rerun for it. (The cap is the caching allocator's; the profiler's buffers are not in it.)
+[ "$DEVICE" = cuda ] && RUN_EXTRA=(--profile --profile-steps 2)
 for s in $STRATEGIES; do
   d0=""
   for kv in $START; do

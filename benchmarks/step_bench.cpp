@@ -269,10 +269,14 @@ int run_bench(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu | cuda (default: cuda where usable and ACCEL_USE_CPU is unset)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--profile{-}", profile_trace,
-               "after the measured steps, 3 more of each run under libtorch's profiler: rank 0 prints the device's "
+               "after the measured steps, 3 more of each run (--profile-steps) under libtorch's profiler: rank 0 prints the device's "
                "kernels a step, its busy share, the top kernels, accel's scopes and the top host ops on stderr "
                "(--profile=TRACE.json also writes the Chrome trace); with --json on CUDA, \"device_busy_share\" and "
                "\"device_compute_share\" (kernels alone, no copies) of those steps' wall time");
+  int profile_steps = 3;
+  app.add_option("--profile-steps,--profile_steps", profile_steps,
+                 "with --profile: the steps of each run under the profiler (default 3)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--json", json, "print one JSON line (bytes, peak RSS) instead of the table row");
   app.add_option("--device_memory,--device-memory", device_memory_gb,
                  "with --device cuda: cap each rank's CUDA caching allocator at this many GB (1e9 bytes), as on a "
@@ -575,10 +579,9 @@ int run_bench(int argc, char** argv) {
         run.waits.push_back(mean_over_ranks(*world, waited));
       }
     }
-  // --profile: kProfiledSteps more steps of each run under the profiler (benchmarks/step_profile.h); every
+  // --profile: --profile-steps more steps of each run under the profiler (benchmarks/step_profile.h); every
   // rank steps, rank 0 records and prints.
   if (!profile_trace.empty()) {
-    constexpr int kProfiledSteps = 3;
     for (auto& run : runs) {
       std::string trace = profile_trace == "-" ? "" : profile_trace;
       if (!trace.empty() && runs.size() > 1)  // trace.json -> trace.ZERO_3_fp32.json
@@ -588,11 +591,11 @@ int run_bench(int argc, char** argv) {
       std::optional<bench::StepProfile> p;
       if (r == 0) p.emplace(on_cuda);
       const auto t0 = Clock::now();
-      for (int k = 0; k < kProfiledSteps; ++k) train_step(run);
+      for (int k = 0; k < profile_steps; ++k) train_step(run);
       sync_device();
       const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
       if (p) {
-        fmt::print(stderr, "{}", p->finish("profile " + run.name + " " + run.prec.name, kProfiledSteps, wall, trace));
+        fmt::print(stderr, "{}", p->finish("profile " + run.name + " " + run.prec.name, profile_steps, wall, trace));
         run.busy_share = p->busy_share();
         run.compute_share = p->compute_share();
       }

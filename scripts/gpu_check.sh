@@ -391,7 +391,8 @@ for b in ${OFFLOAD_BATCHES:-1 4 16}; do
   for sib in "" 1; do
     step "offload_busy_b$b$xa${sib:+_sib}" "$BIN/step_bench" --device cuda --device_memory 8 --strategy ZERO_3 \
       --layers 20 --heads 16 --seq 512 --vocab 4096 --d-model "${OFFLOAD_D:-2048}" --batch "$b" --accumulation "$accum" \
-      --checkpoint --offload-optimizer cpu --offload-param cpu --steps 2 --warmup 1 --json --profile ${sib:+--step-in-backward}
+      --checkpoint --offload-optimizer cpu --offload-param cpu --steps 1 --warmup 1 --json --profile --profile-steps 2 \
+      ${sib:+--step-in-backward}
   done
 done
 # PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate,
