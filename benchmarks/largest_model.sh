@@ -457,7 +457,7 @@ EOF
   echo
   echo "GB = 1e9 bytes; device peak = the caching allocator's peak of allocated bytes (largest over ranks);"
   echo "× first row = parameters against the first strategy's (no offload); GPU busy / computing = the share of"
-  echo "3 profiled steps' wall time the device ran kernels or copies / kernels alone (? where that run failed);"
+  echo "2 profiled steps' wall time the device ran kernels or copies / kernels alone (? where that run failed);"
   echo "\">=\": the search stopped there (--max-d or --deadline-s), the answer is that or more. Every run: $LOG"
   exit 0
 fi

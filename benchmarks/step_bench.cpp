@@ -269,10 +269,11 @@ int run_bench(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu | cuda (default: cuda where usable and ACCEL_USE_CPU is unset)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--profile{-}", profile_trace,
-               "after the measured steps, 3 more of each run (--profile-steps) under libtorch's profiler: rank 0 prints the device's "
-               "kernels a step, its busy share, the top kernels, accel's scopes and the top host ops on stderr "
-               "(--profile=TRACE.json also writes the Chrome trace); with --json on CUDA, \"device_busy_share\" and "
-               "\"device_compute_share\" (kernels alone, no copies) of those steps' wall time");
+               "after the measured steps, N more of each run (--profile-steps, default 3) under libtorch's "
+               "profiler: rank 0 prints the device's kernels a step, its busy share, the top kernels, accel's "
+               "scopes and the top host ops on stderr (--profile=TRACE.json also writes the Chrome trace); with "
+               "--json on CUDA, \"device_busy_share\" and \"device_compute_share\" (kernels alone, no copies) of "
+               "those steps' wall time");
   int profile_steps = 3;
   app.add_option("--profile-steps,--profile_steps", profile_steps,
                  "with --profile: the steps of each run under the profiler (default 3)")
@@ -488,6 +489,13 @@ int run_bench(int argc, char** argv) {
   const double rss_built = peak_rss_bytes();
   at::manual_seed(100 + r);
   at::Tensor x = at::randint(cfg.vocab, {batch, seq}).to(device), y = at::randint(cfg.vocab, {batch, seq}).to(device);
+  // Whether a run's micro-steps before the last reduce (--sync-each-batch; auto: the Accelerator's
+  // default, on where DeepSpeed's ZeRO-2/3 reduce every micro-step).
+  auto reduces_each = [&](const Run& run) {
+    return run.prepared.engine &&
+           (sync_each_batch == "on" || (sync_each_batch == "auto" && run.name.rfind("ZERO_", 0) == 0 &&
+                                        run.prepared.engine->spec().shards_gradients()));
+  };
   // One training step of a run: per micro-batch (--accumulation) forward, the loss in fp32 and backward,
   // then the optimizer step; the last micro-batch's loss.
   auto train_step = [&](Run& run) {
@@ -506,10 +514,7 @@ int run_bench(int argc, char** argv) {
       std::optional<zero::Engine::NoSync> no_sync;
       std::optional<zero::Engine::MoreMicroSteps> more;
       if (m + 1 < accumulation) {
-        // auto: the Accelerator's default (DeepSpeed's ZeRO-2/3 reduce every micro-step).
-        const bool each = sync_each_batch == "on" || (sync_each_batch == "auto" && run.name.rfind("ZERO_", 0) == 0 &&
-                                                      engine.spec().shards_gradients());
-        if (each)
+        if (reduces_each(run))
           more.emplace(engine);
         else
           no_sync.emplace(engine);
@@ -698,7 +703,7 @@ int run_bench(int argc, char** argv) {
       fmt::print(
           "{{\"strategy\": \"{}\", \"precision\": \"{}\", \"ranks\": {}, \"checkpoint\": {}, \"params\": {}, "
           "\"vocab\": {}, \"d_model\": {}, \"heads\": {}, \"layers\": {}, \"seq\": {}, \"batch\": {}, "
-          "\"accumulation\": {}, \"sync_each_batch\": \"{}\", "
+          "\"accumulation\": {}, \"sync_each_batch\": {}, "
           "\"step_ms\": {:.3f}, \"wait_ms\": {:.3f}, \"wait_share\": {:.3f}, \"peak_rss\": {:.0f}, \"rss_base\": "
           "{:.0f}, \"rss_built\": {:.0f}, \"counted_peak\": "
           "{:.0f}, "
@@ -712,9 +717,10 @@ int run_bench(int argc, char** argv) {
           "\"peak_tflops\": {}, \"mfu\": {}, \"device_busy_share\": {}, \"device_compute_share\": {}, "
           "\"scaled_mm_products_per_step\": {:g}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
-          batch, accumulation, sync_each_batch, step_ms, wait_ms, step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0,
-          rss1, b_total, b_param, b_grad, b_opt, b_gath, b_act, b_other, device_name, cuda_peak, disk_bytes, disk_read,
-          disk_written, moved, world->topology().num_nodes, world->topology().local_world_size, gemm, onednn_products,
+          batch, accumulation, reduces_each(run) ? "true" : "false", step_ms, wait_ms,
+          step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad, b_opt, b_gath, b_act,
+          b_other, device_name, cuda_peak, disk_bytes, disk_read, disk_written, moved, world->topology().num_nodes,
+          world->topology().local_world_size, gemm, onednn_products,
           run.prepared.engine ? run.prepared.engine->node_shared_bytes() : 0,
           run.prepared.engine ? run.prepared.engine->node_shared_grad_bytes() : 0, pss, peak_pss, node_pss,
           node_counted_peak, model_flops, devices, device_label,

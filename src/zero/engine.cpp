@@ -374,7 +374,6 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
         if (!taken || !f.grad.is_same(f.host_grad)) return false;  // added at the end of backward
         host_copies_->add_to_host(f.host_grad, g);
         f.host_grad_src = nullptr;  // (f.grad is the sum: nothing to copy again at the end)
-        added_to_pending_host_ = true;
       } else if (taken) {
         grad_to_host(f, g);
       }

@@ -15,9 +15,9 @@
 // accumulation micro-steps) discards them. The next engine->backward(), unit forward or first gradient hook
 // notices; under DDP with plain loss.backward() the hook is too late, since autograd has already
 // added into .grad. If backward throws (on every rank), engine->backward() issues the remaining
-// reductions, waits for them, and forgets that backward's gradients before rethrowing (where it had
-// already added to pending gradients in host memory, under MoreMicroSteps and optimizer offload from a
-// device, the whole window's, with a warning).
+// reductions, waits for them, and forgets that backward's gradients before rethrowing (where a sync
+// backward fails while the window's gradients are pending in host memory, a device's masters there,
+// the whole window's, with a warning: the reductions add to them on the way).
 //
 // Lifetime: under ZeRO-3 the units' parameters are shards held by the flat buffers; the model's
 // parameter tensors hold data only while gathered (between steps any access to their data throws,
@@ -337,7 +337,6 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::function<bool(const at::Tensor&)> step_one_;
   std::unique_ptr<StepWorker> step_worker_;
   bool aborting_backward_ = false;              // abort_backward's flush: its results are thrown away
-  bool added_to_pending_host_ = false;          // this backward added to a pending gradient in host memory
   std::exception_ptr step_error_;               // a step in backward that failed: the next optimizer step throws it
   bool steps_in_backward(const Flat& f) const;  // f's master can take its step as its gradient is final
   void step_in_backward(Flat& f, const at::Tensor& g);  // master.grad := g (or the pinned copy); post its step

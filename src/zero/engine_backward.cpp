@@ -28,7 +28,6 @@ void Engine::begin_backward() {
   // (step_in_backward: the last backward's steps are taken; this one's gradients would go nowhere.)
   refuse_after_step_in_backward("a second backward before optimizer.step()");
   in_backward_ = true;
-  added_to_pending_host_ = false;
   std::weak_ptr<Engine> self = weak_from_this();
   torch::autograd::Engine::get_default_engine().queue_callback([self] {
     if (auto e = self.lock()) e->finalize_backward();
@@ -206,6 +205,12 @@ void Engine::abort_backward() {
         fmt::format("accel: a backward that failed had already posted the steps of {} optimizer shard(s) of this "
                     "rank (step_in_backward); those taken are kept",
                     stepped));
+  // A sum cannot be taken back: where the window's gradients are pending in host memory (a device's
+  // masters there), the flush below adds to them (as buckets finished before the throw may have), so
+  // the window goes. Decided from the state every rank shares, before the flush.
+  bool drop_window = false;
+  if (reducer_ && sync_)
+    for (const auto& f : flats_) drop_window = drop_window || (f.grad.defined() && f.grad.is_same(f.host_grad));
   if (reducer_ && sync_) {
     // Issue every remaining bucket, as a finished backward would: a rank that had launched some
     // earlier (its gradients were ready sooner) then never waits for a collective the others skip.
@@ -240,20 +245,16 @@ void Engine::abort_backward() {
     f.host_grad_src = nullptr;  // a copy queued from a gradient this backward threw away
   }
   wait_host_copies();
-  if (added_to_pending_host_) {
-    // Part of this backward was already added to the window's gradients in host memory (every
-    // pending one, as the flush above added the rest on every rank alike), and a sum cannot be taken
-    // back: the window goes, on every rank.
-    added_to_pending_host_ = false;
+  if (drop_window) {
     for (auto& f : flats_) {
       f.grad = at::Tensor();
       if (f.master_grad_set) f.master.mutable_grad() = at::Tensor();
       f.master_grad_set = false;
     }
     log::warning(
-        "accel: a backward that failed inside an accumulation window had already added to the window's gradients "
-        "in host memory (micro-steps that reduce, under optimizer offload): the window's gradients are dropped, "
-        "and the next step has only the micro-steps after this one");
+        "accel: a backward that failed while the accumulation window's gradients were pending in host memory "
+        "(optimizer offload from a device) had added to them: the window's gradients are dropped, and the next "
+        "step has only the backward passes after this one");
   }
 }
 

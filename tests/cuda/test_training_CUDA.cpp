@@ -722,11 +722,10 @@ TEST(StepInBackward_CUDA, AFailedMicroStepDropsTheWindowItAddedTo) {
   // (The throw comes first in backward; the abort then reduces every flat's zero-filled gradient, as
   // a finished backward would, and adds it: on every rank, the same flats.)
   EXPECT_THROW(p.engine->backward(at::mse_loss(out, y.narrow(0, 8 * r, 8))), std::exception);
-  std::size_t k = 0;
   for (const auto& f : p.engine->flats())
-    if (f.group >= 0) EXPECT_FALSE(f.master.grad().defined()) << "flat " << k++ << " kept a gradient";
+    if (f.group >= 0) EXPECT_FALSE(f.master.grad().defined()) << f.flat_param->name() << " kept a gradient";
   p.optimizer->step();
-  k = 0;
+  std::size_t k = 0;
   for (const auto& f : p.engine->flats())
     if (f.group >= 0) EXPECT_TRUE(at::equal(f.master, before[k++])) << "a step on a dropped window";
 }
