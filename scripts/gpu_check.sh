@@ -282,6 +282,13 @@ if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
   # later (1.20e-1 on one Zen 5, 6.9e-2 since its products accumulate in fp32 under autocast as the
   # device's do: benchmarks/results/2026-11-27-fp8-follows-autocast.md). (The H200's run of 2026-11-27
   # took configs/ddp.yaml, and so ran on that machine's CPU.)
+  # Gradient accumulation, 2 micro-steps a step, under the shipped ZeRO-3 offload config: each micro-step
+  # reduces and adds to the host's gradients on the way (sync_each_batch, DeepSpeed's default at
+  # ZeRO-2/3), and the loss follows ZeRO-1's, which accumulates them unreduced on the device.
+  ACC=(env ACCEL_GRADIENT_ACCUMULATION_STEPS=2 "${FOLLOW[@]}")
+  step gpt_cuda_accum2_zero1_np2_vs_world1 "${ACC[@]}" "$ROOT/configs/deepspeed/zero1.yaml" world1 "$EX/accum2"
+  step gpt_cuda_accum2_zero3_offload_follows_zero1 "${ACC[@]}" "$ROOT/configs/deepspeed/zero3_offload.yaml" \
+    "$EX/accum2/zero1.np2.log" "$EX/accum2"
   step fp8_curve_cuda_200_steps fp8_curve_on_gpu "$OUTDIR/fp8_curve" --steps 200
   # accel tune on the device, 2 ranks sharing it: ZeRO-3 with and without optimizer offload (CUDA
   # candidates), the device's peak in the table, a winner written that config explain reads.
