@@ -276,12 +276,6 @@ if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
   for cfg in deepspeed/zero2 deepspeed/zero3 deepspeed/zero3_offload fsdp/full_shard fsdp/shard_grad_op fsdp/no_shard; do
     step "gpt_cuda_${cfg#*/}_follows_zero1" "${FOLLOW[@]}" "$ROOT/configs/$cfg.yaml" "$EX/zero1.np2.log" "$EX"
   done
-  # fp8 on the device (Float8Linear through at::_scaled_mm, the fused casts) follows bf16's loss curve:
-  # the GPT example (d 32), 200 steps, one rank, within issue 33's 1.5e-2 (relative, per step). The CPU
-  # emulation does not, past step 100, in the small example's steep descent where fp8 learns a little
-  # later (1.20e-1 on one Zen 5, 6.9e-2 since its products accumulate in fp32 under autocast as the
-  # device's do: benchmarks/results/2026-11-27-fp8-follows-autocast.md). (The H200's run of 2026-11-27
-  # took configs/ddp.yaml, and so ran on that machine's CPU.)
   # Gradient accumulation, 2 micro-steps a step, under the shipped ZeRO-3 offload config: each micro-step
   # reduces and adds to the host's gradients on the way (sync_each_batch, DeepSpeed's default at
   # ZeRO-2/3), and the loss follows ZeRO-1's, which accumulates them unreduced on the device.
@@ -289,6 +283,12 @@ if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
   step gpt_cuda_accum2_zero1_np2_vs_world1 "${ACC[@]}" "$ROOT/configs/deepspeed/zero1.yaml" world1 "$EX/accum2"
   step gpt_cuda_accum2_zero3_offload_follows_zero1 "${ACC[@]}" "$ROOT/configs/deepspeed/zero3_offload.yaml" \
     "$EX/accum2/zero1.np2.log" "$EX/accum2"
+  # fp8 on the device (Float8Linear through at::_scaled_mm, the fused casts) follows bf16's loss curve:
+  # the GPT example (d 32), 200 steps, one rank, within issue 33's 1.5e-2 (relative, per step). The CPU
+  # emulation does not, past step 100, in the small example's steep descent where fp8 learns a little
+  # later (1.20e-1 on one Zen 5, 6.9e-2 since its products accumulate in fp32 under autocast as the
+  # device's do: benchmarks/results/2026-11-27-fp8-follows-autocast.md). (The H200's run of 2026-11-27
+  # took configs/ddp.yaml, and so ran on that machine's CPU.)
   step fp8_curve_cuda_200_steps fp8_curve_on_gpu "$OUTDIR/fp8_curve" --steps 200
   # accel tune on the device, 2 ranks sharing it: ZeRO-3 with and without optimizer offload (CUDA
   # candidates), the device's peak in the table, a winner written that config explain reads.

@@ -205,8 +205,8 @@ class Accelerator {
   void backward(const at::Tensor& loss);
   // One micro-step of gradient accumulation: sync_gradients() is true on every
   // gradient_accumulation_steps-th micro-step and on the loader's last batch; until then backward
-  // accumulates locally (or reduces and adds up, sync_each_batch()) and the optimizer does not step. Keep the returned
-  // scope alive for the micro-step (forward, backward, step).
+  // accumulates locally (or reduces and adds up, sync_each_batch()) and the optimizer does not
+  // step. Keep the returned scope alive for the micro-step (forward, backward, step).
   class AccumulateScope {
    public:
     explicit AccumulateScope(Accelerator& a);

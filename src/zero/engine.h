@@ -12,12 +12,12 @@
 // backward outside one reduces everything accumulated (or each micro-step reduces, inside a
 // MoreMicroSteps scope, and adds to what is pending: less memory, more traffic). Gradients last
 // until optimizer->step(); optimizer->zero_grad() without a step (to none or in place, also between
-// accumulation micro-steps) discards them. The next engine->backward(), unit forward or first gradient hook
-// notices; under DDP with plain loss.backward() the hook is too late, since autograd has already
-// added into .grad. If backward throws (on every rank), engine->backward() issues the remaining
-// reductions, waits for them, and forgets that backward's gradients before rethrowing (where a sync
-// backward fails while the window's gradients are pending in host memory, a device's masters there,
-// the whole window's, with a warning: the reductions add to them on the way).
+// accumulation micro-steps) discards them. The next engine->backward(), unit forward or first
+// gradient hook notices; under DDP with plain loss.backward() the hook is too late, since autograd
+// has already added into .grad. If backward throws (on every rank), engine->backward() issues the
+// remaining reductions, waits for them, and forgets that backward's gradients before rethrowing
+// (where a sync backward fails while the window's gradients are pending in host memory, a device's
+// masters there, the whole window's, with a warning: the reductions add to them on the way).
 //
 // Lifetime: under ZeRO-3 the units' parameters are shards held by the flat buffers; the model's
 // parameter tensors hold data only while gathered (between steps any access to their data throws,

@@ -100,7 +100,7 @@ class GradReducer {
   void launch(Bucket& b);
   void reset();  // ready for the next backward
   void finish(Bucket& b);
-  void notify(Bucket& b);                         // on_reduced_ for its members
+  void notify(Bucket& b);                                                              // on_reduced_ for its members
   bool take(std::size_t m, const at::Tensor& g);  // on_reduced_ for one flat; true: taken (memory let go)
   at::Tensor output(Bucket& b, std::int64_t numel, const at::TensorOptions& options);  // kept_out or new
   // A view of free node-shared memory, or undefined.
