@@ -463,6 +463,30 @@ TEST(CudaTraining_CUDA, OffloadParamsToHostMemoryAndNvmeTrainsLikeTheDevice) {
   }
 }
 
+// ZeRO-3 over an MLP on the device whose units are 8-16 MiB (each gradient's copy to the host takes long
+// enough that a step not waiting for it would read a half-written gradient), its optimizer (AdamW) and,
+// with params_too, its parameter shards in host memory.
+struct OffloadedMlp {
+  std::shared_ptr<MLPImpl> model;
+  zero::EngineAndOptimizer p;
+  std::int64_t bytes = 0;  // the model's parameters in fp32
+};
+OffloadedMlp offloaded_mlp(const c10::Device& dev, std::shared_ptr<comm::Communicator> world, bool params_too,
+                           bool in_backward) {
+  at::manual_seed(5);
+  OffloadedMlp m;
+  m.model = std::make_shared<MLPImpl>(std::vector<int64_t>{512, 2048, 2048, 16});
+  for (const auto& t : m.model->parameters()) m.bytes += 4 * t.numel();
+  m.model->to(dev);
+  torch::optim::AdamW user(m.model->parameters(), torch::optim::AdamWOptions(1e-2));
+  zero::ShardingSpec spec = zero::ShardingSpec::zero(3);
+  spec.offload.optimizer = zero::OffloadDevice::Cpu;
+  if (params_too) spec.offload.param = zero::OffloadDevice::Cpu;
+  spec.step_in_backward = in_backward;
+  m.p = zero::prepare(m.model, user, spec, std::move(world));
+  return m;
+}
+
 // ShardingSpec::step_in_backward over a device's masters in host memory (ZeRO-Offload, and with the
 // parameter shards there too): each master's fused CPU step runs on the worker once its gradient's copy
 // to the host has arrived, while the device's backward goes on; the same bits as the step in step().
@@ -476,17 +500,7 @@ TEST(StepInBackward_CUDA, HostMastersStepDuringBackwardWithTheSameBits) {
     std::vector<at::Tensor> masters[2];
     std::vector<double> losses[2];
     for (const bool in_backward : {false, true}) {
-      at::manual_seed(5);
-      // (Units of 8-16 MiB: each gradient's copy to the host takes long enough that a step not waiting
-      // for it would read a half-written gradient.)
-      auto mdl = std::make_shared<MLPImpl>(std::vector<int64_t>{512, 2048, 2048, 16});
-      mdl->to(dev);
-      torch::optim::AdamW user(mdl->parameters(), torch::optim::AdamWOptions(1e-2));
-      zero::ShardingSpec spec = zero::ShardingSpec::zero(3);
-      spec.offload.optimizer = zero::OffloadDevice::Cpu;
-      if (params_too) spec.offload.param = zero::OffloadDevice::Cpu;
-      spec.step_in_backward = in_backward;
-      auto p = zero::prepare(mdl, user, spec, world);
+      auto [mdl, p, bytes] = offloaded_mlp(dev, world, params_too, in_backward);
       std::size_t optimized = 0;
       for (const auto& f : p.engine->flats()) optimized += f.group >= 0 ? 1 : 0;
       for (int step = 0; step < 3; ++step) {
@@ -533,17 +547,8 @@ TEST(StepInBackward_CUDA, MicroStepsThatReduceAddUpInHostMemory) {
   };
   std::int64_t model_bytes = 0;
   auto train = [&](bool each, bool in_backward, bool params_too) {
-    at::manual_seed(5);
-    auto mdl = std::make_shared<MLPImpl>(std::vector<int64_t>{512, 2048, 2048, 16});
-    model_bytes = 0;
-    for (const auto& t : mdl->parameters()) model_bytes += 4 * t.numel();
-    mdl->to(dev);
-    torch::optim::AdamW user(mdl->parameters(), torch::optim::AdamWOptions(1e-2));
-    zero::ShardingSpec spec = zero::ShardingSpec::zero(3);
-    spec.offload.optimizer = zero::OffloadDevice::Cpu;
-    if (params_too) spec.offload.param = zero::OffloadDevice::Cpu;
-    spec.step_in_backward = in_backward;
-    auto p = zero::prepare(mdl, user, spec, world);
+    auto [mdl, p, bytes] = offloaded_mlp(dev, world, params_too, in_backward);
+    model_bytes = bytes;
     Run out;
     for (int step = 0; step < 3; ++step) {
       for (int m = 0; m < accum; ++m) {
@@ -695,13 +700,7 @@ TEST(StepInBackward_CUDA, AFailedMicroStepDropsTheWindowItAddedTo) {
   const c10::Device dev = my_device();
   auto world = test::world();
   const int N = world->size(), r = world->rank();
-  at::manual_seed(5);
-  auto mdl = std::make_shared<MLPImpl>(std::vector<int64_t>{512, 2048, 2048, 16});
-  mdl->to(dev);
-  torch::optim::AdamW user(mdl->parameters(), torch::optim::AdamWOptions(1e-2));
-  zero::ShardingSpec spec = zero::ShardingSpec::zero(3);
-  spec.offload.optimizer = zero::OffloadDevice::Cpu;
-  auto p = zero::prepare(mdl, user, spec, world);
+  auto [mdl, p, bytes] = offloaded_mlp(dev, world, /*params_too=*/false, /*in_backward=*/false);
   const at::Tensor x = at::randn({8 * N, 512}).to(dev), y = at::randn({8 * N, 16}).to(dev);
   {
     zero::Engine::MoreMicroSteps more(*p.engine);
