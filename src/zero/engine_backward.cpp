@@ -205,13 +205,13 @@ void Engine::abort_backward() {
         fmt::format("accel: a backward that failed had already posted the steps of {} optimizer shard(s) of this "
                     "rank (step_in_backward); those taken are kept",
                     stepped));
-  // A sum cannot be taken back: where the window's gradients are pending in host memory (a device's
-  // masters there), the flush below adds to them (as buckets finished before the throw may have), so
-  // the window goes. Decided from the state every rank shares, before the flush.
   bool drop_window = false;
-  if (reducer_ && sync_)
-    for (const auto& f : flats_) drop_window = drop_window || (f.grad.defined() && f.grad.is_same(f.host_grad));
   if (reducer_ && sync_) {
+    // A sum cannot be taken back: where the window's gradients are pending in host memory (a device's
+    // masters there), the flush below adds to them (as buckets finished before the throw may have),
+    // so the window goes. Decided from the state every rank shares, before the flush.
+    drop_window = std::any_of(flats_.begin(), flats_.end(),
+                              [](const Flat& f) { return f.grad.defined() && f.grad.is_same(f.host_grad); });
     // Issue every remaining bucket, as a finished backward would: a rank that had launched some
     // earlier (its gradients were ready sooner) then never waits for a collective the others skip.
     // The results are thrown away (and no step is taken on them).
