@@ -284,7 +284,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
       auto [b, e] = layout.shard_range(o.rank);
       const at::Tensor mine = plan_.masters_are_shards ? flat.narrow(0, b, e - b) : flat;
       if (on_host)
-        original = HostCopies::pinned_empty(mine.numel(), mine.scalar_type(), device_).view(mine.sizes()).copy_(mine);
+        original = HostCopies::pinned_empty(mine.sizes(), mine.scalar_type(), device_).copy_(mine);
       else if (device_ != mine.device())  // (built on the host for a device)
         original = mine.to(device_);
       else

@@ -206,7 +206,7 @@ bool Engine::host_master(const Flat& f) const {
 void Engine::grad_to_host(Flat& f, const at::Tensor& g) {
   if (!f.host_grad.defined()) {
     CategoryScope cat(Category::Gradients);
-    f.host_grad = HostCopies::pinned_empty(f.master.numel(), f.master.scalar_type(), device_).view(f.master.sizes());
+    f.host_grad = HostCopies::pinned_empty(f.master.sizes(), f.master.scalar_type(), device_);
   }
   host_copies_->to_host(f.host_grad, g);
   f.host_grad_src = g.unsafeGetTensorImpl();

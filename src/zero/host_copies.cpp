@@ -8,6 +8,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/accumulate.h>
 
 #include <fmt/format.h>
 
@@ -101,14 +102,14 @@ void HostCopies::current_waits(const c10::Event& done) const {
   done.block(impl.getStream(device_));
 }
 
-at::Tensor HostCopies::pinned_empty(std::int64_t numel, c10::ScalarType dtype, c10::Device device) {
+at::Tensor HostCopies::pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Device device) {
   // Whole pages (64 KiB on some aarch64 systems): no two buffers share one, which registering both
   // would refuse.
   static const std::size_t kPage = [] {
     const long p = sysconf(_SC_PAGESIZE);
     return p > 0 ? static_cast<std::size_t>(p) : std::size_t{4096};
   }();
-  const std::size_t bytes = static_cast<std::size_t>(numel) * c10::elementSize(dtype);
+  const std::size_t bytes = static_cast<std::size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype);
   const std::size_t rounded = std::max<std::size_t>(kPage, (bytes + kPage - 1) / kPage * kPage);
   std::optional<c10::DeviceGuard> on_device;
   if (!device.is_cpu()) on_device.emplace(device);
@@ -117,7 +118,7 @@ at::Tensor HostCopies::pinned_empty(std::int64_t numel, c10::ScalarType dtype, c
   if (posix_memalign(&p, kPage, rounded) == 0) {
     if (kernels::pinned::register_range(p, rounded, &why))
       return at::from_blob(
-          p, {numel},
+          p, sizes,
           [](void* q) {
             kernels::pinned::unregister_range(q);
             std::free(q);
@@ -132,7 +133,7 @@ at::Tensor HostCopies::pinned_empty(std::int64_t numel, c10::ScalarType dtype, c
                     "allocator instead, which rounds each buffer up to a power of two",
                     why));
   });
-  return at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(true));
+  return at::empty(sizes, at::TensorOptions().dtype(dtype).pinned_memory(true));
 }
 
 void HostCopies::synchronize() {

@@ -814,6 +814,24 @@ TEST(HostCopies_CUDA, PinnedEmptyIsPageLockedAndCopiesWithoutTheHost) {
   copies.synchronize();
 }
 
+// A buffer of pinned_empty is the tensor a master or a gradient is made of: it is no view, so that
+// Optimizer::zero_grad's in-place detach takes the gradient (a view of a flat buffer it refuses,
+// which every offloaded training step on a GPU threw once).
+TEST(HostCopies_CUDA, PinnedEmptyOfASizeIsNoView) {
+  SKIP_WITHOUT_CUDA();
+  const c10::Device dev = my_device();
+  c10::DeviceGuard on_device(dev);
+  at::Tensor master = zero::HostCopies::pinned_empty({3, 5}, at::kFloat, dev).fill_(1);
+  ASSERT_EQ(master.sizes(), at::IntArrayRef({3, 5}));
+  EXPECT_FALSE(master.is_view());
+  master.set_requires_grad(true);
+  master.mutable_grad() = zero::HostCopies::pinned_empty(master.sizes(), at::kFloat, dev).fill_(2);
+  EXPECT_FALSE(master.grad().is_view());
+  torch::optim::SGD sgd({master}, torch::optim::SGDOptions(0.1));
+  EXPECT_NO_THROW(sgd.zero_grad());
+  EXPECT_FALSE(master.grad().defined());
+}
+
 // Parameter shards in pinned host memory for a device (offload_param cpu): fetch_async starts the
 // copy without blocking the host; fetch makes the device wait; a shard twinned with its host master
 // keeps no copy of its own and follows the master; store() of other values lands in both.
