@@ -173,7 +173,11 @@ if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null &&
     rmdir "$CGROUP"; CGROUP=""
   fi
 fi
-cleanup() { [ -n "$CGROUP" ] && rmdir "$CGROUP" 2>/dev/null; }
+# A run that failed for a reason other than its size (an uncaught exception, a crash) leaves its reason in
+# $FAILED_DIR/<strategy>: that strategy's search stops there and its row says so, rather than searching
+# ever smaller sizes that fail the same way.
+FAILED_DIR=$(mktemp -d)
+cleanup() { rm -rf "$FAILED_DIR"; [ -n "$CGROUP" ] && rmdir "$CGROUP" 2>/dev/null; }
 trap cleanup EXIT
 # A run that did not start stops the whole search (run() is called in $(...): it signals this shell).
 trap 'echo "largest_model.sh: stopped: a run did not start" >&2; exit 2' USR1
@@ -255,6 +259,20 @@ run() {
     return 2
   fi
   [ -z "$killed" ] && grep -q "out of memory on the device" "$err" && killed="out of device memory (over the --device-memory cap)"
+  # An exception nothing caught (SIGABRT, rc 134) or a crash (SIGSEGV, rc 139) that is not about memory
+  # says nothing about the size: stop this strategy's search and show why. (A rank that mpirun saw fail
+  # that way gives its own rc.)
+  if [ -z "$killed" ] && ! grep -qi "out of memory\|std::bad_alloc\|cannot allocate" "$err" &&
+    { [ $rc -eq 134 ] || [ $rc -eq 139 ] || grep -q "terminate called after throwing" "$err"; }; then
+    local why
+    why=$({ grep -m 1 "what():" "$err" || grep -m 1 "Segmentation fault\|Error" "$err"; } | sed 's/^ *//' | cut -c 1-200)
+    why="rc $rc: ${why:-$(tail -c 200 "$err" | tr '\n' ' ')}"
+    echo "$s d=$d failed (not its size): $why" >>"$LOG"
+    echo "  $s d=$d: failed, not for its size ($why); $s not searched further" >&2
+    echo "d_model $d: $why" >"$FAILED_DIR/$s"
+    rm -f "$out" "$err"
+    return 1
+  fi
   [ -z "$killed" ] && { [ $rc -ge 128 ] || grep -qi "killed\|signal 9" "$err"; } && killed="killed (rc $rc: out of memory?)"
   echo "$s d=$d too big: ${killed:-failed, rc $rc: $(tail -c 300 "$err" | tr '\n' ' ')}" >>"$LOG"
   echo "  $s d=$d: too big (${killed:-rc $rc})" >&2
@@ -377,6 +395,7 @@ for s in $STRATEGIES; do
         d=$max_d
       fi
     else
+      [ -f "$FAILED_DIR/$s" ] && break
       hi=$d
       [ -n "$lo" ] && break
       d=$((d - step))
@@ -390,7 +409,10 @@ for s in $STRATEGIES; do
     ((mid <= lo)) && break
     if past_deadline; then late=1; break; fi
     runs=$((runs + 1))
-    if line=$(run "$mid" "$s"); then lo=$mid best=$line; else hi=$mid; fi
+    if line=$(run "$mid" "$s"); then lo=$mid best=$line; else
+      [ -f "$FAILED_DIR/$s" ] && break
+      hi=$mid
+    fi
   done
   if [ -n "$late" ]; then
     echo "$s: search stopped at --deadline-s $DEADLINE_S (trains at ${lo:-none of the sizes tried}${hi:+, not at $hi})" >&2
@@ -440,6 +462,10 @@ print(pct("device_busy_share") + " / " + pct("device_compute_share"))'
       continue
     fi
     IFS='|' read -r json pred runs <<<"${BEST[$s]}"
+    if [ -f "$FAILED_DIR/$s" ]; then
+      echo "| $s | a run failed, not for its size: $(tr '|' '/' <"$FAILED_DIR/$s") | | | | | | | | ${runs:-$pred} |"
+      continue
+    fi
     if [ "$json" = none ]; then
       if [ "${NOTE[$s]:-}" = late ]; then echo "| $s | none trained before the deadline | | | | | | | | $pred |"
       else echo "| $s | none fits from $MIN_D | | | | | | | | $pred |"; fi
@@ -473,6 +499,10 @@ for s in $STRATEGIES; do
     continue
   fi
   IFS='|' read -r json pred runs <<<"${BEST[$s]}"
+  if [ -f "$FAILED_DIR/$s" ]; then
+    echo "| $s | a run failed, not for its size: $(tr '|' '/' <"$FAILED_DIR/$s") | | | | | | | | | | | | | ${runs:-$pred} |"
+    continue
+  fi
   if [ "$json" = none ]; then
     if [ "${NOTE[$s]:-}" = late ]; then echo "| $s | none trained before the deadline | | | | | | | | | | | | | $pred |"
     else echo "| $s | none fits from $MIN_D | | | | | | | | | | | | | $pred |"; fi

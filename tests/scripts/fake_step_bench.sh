@@ -2,7 +2,8 @@
 # A stand-in for step_bench --device cuda ... --json in tests/scripts/gpu_scripts.sh: a size trains
 # when d_model <= FAKE_MAX_D_<strategy label> (ZERO_3, OPT for --offload-optimizer alone, INF for the
 # parameters offloaded too), and prints step_bench's JSON line; larger sizes fail as out of device
-# memory. Each run sleeps FAKE_SLEEP seconds.
+# memory. Each run sleeps FAKE_SLEEP seconds. FAKE_THROW_OPT=1: every run with its optimizer offloaded
+# ends as an exception nothing caught does (its message on stderr, SIGABRT), whatever its size.
 d=0 oo="" op=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -16,6 +17,11 @@ max=${FAKE_MAX_D_ZERO_3:-1280}
 [ -n "$oo" ] && max=${FAKE_MAX_D_OPT:-2304}
 [ -n "$op" ] && max=${FAKE_MAX_D_INF:-9999}
 sleep "${FAKE_SLEEP:-0}"
+if [ -n "$oo" ] && [ -n "${FAKE_THROW_OPT:-}" ]; then
+  echo "terminate called after throwing an instance of 'c10::Error'" >&2
+  echo "  what():  Can't detach views in-place. Use detach() instead." >&2
+  kill -ABRT $$
+fi
 if ((d > max)); then
   echo "step_bench: out of memory on the device (the stand-in's limit is d_model $max)" >&2
   exit 3

@@ -80,6 +80,15 @@ check "largest_model --deadline-s: the search in progress keeps what it found" \
   has "$TMP/t.out" '^\| ZERO_3 \| >= 1280 \| 0\.398B '
 check "largest_model --deadline-s: a strategy not reached says so" \
   has "$TMP/t.out" '^\| ZERO_3\+ckpt\+opt\+param \| not searched \(deadline\) '
+# An offloaded run that throws (not for its size): its search stops at the first run and its row shows
+# the error, instead of failing every smaller size as "out of memory?".
+FAKE_SLEEP=0 FAKE_THROW_OPT=1 lm --max-d 3328 >"$TMP/x.out" 2>"$TMP/x.err"
+check "largest_model: a run that throws stops its strategy's search after one run" \
+  has "$TMP/x.out" "^\| ZERO_3\+opt \| a run failed, not for its size: d_model 2304: rc 134: what\(\):  Can't detach views .*\| 1 \|\$"
+check "largest_model: the same for ZeRO-Infinity" \
+  has "$TMP/x.out" "^\| ZERO_3\+ckpt\+opt\+param \| a run failed, not for its size: d_model 3200: .*\| 1 \|\$"
+check "largest_model: a strategy that runs is still searched beside it" has "$TMP/x.out" '^\| ZERO_3 \| 1280 \| 0\.398B \| 1\.00 .*\| 2 \|$'
+check "largest_model: the failure is in the log as not a size" has "$TMP/lm.log" 'ZERO_3\+opt d=2304 failed \(not its size\): rc 134'
 
 if ((FAILS)); then
   echo "$FAILS check(s) failed; outputs:"
