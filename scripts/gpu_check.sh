@@ -366,11 +366,14 @@ for i in $(seq "${FP8_ROUNDS:-2}"); do
 done
 # fp8's loss curve at that shape (issue 33: within 1.5e-2 of bf16's, relative, per step, over 200 steps):
 # the GPT example at d 4096, 5 layers, seq 1024, batch 8, on a corpus of one epoch's text (200 x 8
-# windows of 1024 characters), at GPT-3's learning rate for its 1.3B model (2e-4). On the CPU, the small
+# windows of 1024 characters), at GPT-3's learning rate for its 1.3B model (2e-4), reached by a linear
+# warmup over the first 20 steps (GPT-3's recipe warms up too; without one, the H200 run of 2026-11-28
+# went from loss 3.9 to 25 at step 2 in bf16 and fp8 alike, and the curves parted most while they came
+# back down: benchmarks/results/2026-11-28-h200-lease.md). On the CPU, the small
 # example at d 32 to 512 parts further (tensorwise: 6.9e-2 to 1.6e-1), and fp32 from bf16 by 4e-2 to 9.7e-2:
 # benchmarks/results/2026-11-27-fp8-follows-autocast.md.
 step fp8_bound_curve_200_steps fp8_curve_on_gpu "$OUTDIR/fp8_bound_curve" --steps 200 -- --d_model 4096 --heads 32 \
-  --layers 5 --seq 1024 --batch 8 --lr 2e-4 --corpus_chars 1640000
+  --layers 5 --seq 1024 --batch 8 --lr 2e-4 --warmup_steps 20 --corpus_chars 1640000
 # The rowwise recipe at that shape (batch 8) under both per-column cast kernels (ACCEL_FP8_COLWISE:
 # single, one block per 32 columns; chunked, the rows split among blocks too): which one to default to.
 for mode in single chunked; do

@@ -6,7 +6,9 @@
 #          replicate group), with per-rank peak memory and weight histograms;
 #   resume: 8 steps with a checkpoint at 5, then a run resumed from it to step 12 into the same
 #          project: the JSONL and the CSV hold steps 1-12 once each, 1-5 from the first run and 6-12
-#          from the second (their losses those of each run's own --log_file).
+#          from the second (their losses those of each run's own --log_file), and --warmup_steps 8
+#          goes on where it stopped: the learning rate logged after step s is 3e-3 * min(1, s / 8) (the
+#          rate of step s + 1; step 1 runs at 0, as Transformers' linear warmup does).
 # usage: gpt_lm_trackers.sh ACCEL_CLI GPT_LM SOURCE_DIR PYTHON OUT_DIR yaml|flag
 set -euo pipefail
 accel=$1 gpt=$2 src=$3 python=$4 out=$5 mode=$6
@@ -32,7 +34,7 @@ case $mode in
     ;;
   resume)
     run=("$accel" launch -n 2 "$gpt" --config_file "$src/configs/deepspeed/zero2.yaml" --project_dir "$dir/project"
-         --log_with jsonl,csv)
+         --log_with jsonl,csv --warmup_steps 8)
     "${run[@]}" --steps 8 --checkpointing_steps 5 --log_file "$dir/first.log"
     "${run[@]}" --steps 12 --resume_from_checkpoint latest --log_file "$dir/second.log"
     "$python" - "$dir/project/gpt_lm" "$dir/first.log" "$dir/second.log" <<'PY'
@@ -52,7 +54,9 @@ for name, recs in (("JSONL", [(r["step"], r["loss"]) for r in jsonl]), ("CSV", [
     if steps != list(range(1, 13)):
         bad.append(f"{name} steps {steps}, expected 1..12 once each")
     bad += [f"{name} step {s}: loss {x} != {loss.get(s)}" for s, x in recs if loss.get(s) != x]
-print("\n".join(bad) if bad else "resumed run: JSONL and CSV hold steps 1-12 once each, losses of the run that made each")
+bad += [f"JSONL step {r['step']}: lr {r['lr']}, expected {3e-3 * min(1, r['step'] / 8)} (linear warmup over 8 steps)"
+        for r in jsonl if abs(r["lr"] - 3e-3 * min(1, r["step"] / 8)) > 1e-12]
+print("\n".join(bad) if bad else "resumed run: JSONL and CSV hold steps 1-12 once each, losses of the run that made each; the warmup went on")
 sys.exit(1 if bad else 0)
 PY
     ;;
