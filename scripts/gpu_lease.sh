@@ -14,7 +14,8 @@
 #       from d 1280 (its answer at batch 1: two runs), then ZeRO-Infinity and ZeRO-Offload each
 #       confirmed in one run at the size known to train (LEASE_START, LEASE_MAX_D; ">=" in the table:
 #       6x the no-offload size is d 3200, 2.5x is d 2048), the searches stopped at 55% of SECONDS;
-#       then torchao's float8 + torch.compile at the product-bound shape; then accel against PyTorch
+#       then torchao's float8 + torch.compile at the product-bound shape, PyTorch's bf16 + torch.compile
+#       there, and accel's bf16 and fp8 steps there under the profiler; then accel against PyTorch
 #       (one round each) until the time is up. Logs: $OUT/part2.tgz, the table in
 #       $OUT/largest_model.txt and its runs in $OUT/largest_model.log.
 # The bundle is .gpu_bundle beside this checkout (scripts/gpu_bundle.sh made it; carry it).
@@ -49,7 +50,7 @@ case "$PART" in
     if ((left > 30)); then
       GPU_CHECK_DEADLINE_S=$left FP8_ROUNDS=1 VS_ROUNDS=1 GPU_CHECK_OUT=/tmp/gpu_lease_part2 \
         GPU_CHECK_TAR="$OUTDIR/part2.tgz" bash "$ROOT/scripts/gpu_check.sh" --bundle "$BUNDLE" --bench-only \
-        --only '^(fp8_bound_torchao|vs_torch_)'
+        --only '^(fp8_bound_torchao|fp8_bound_torch_bf16|profile_fp8_bound|vs_torch_)'
     else
       echo "gpu_lease.sh: ${left}s left after the largest-model table: nothing more started"
     fi
