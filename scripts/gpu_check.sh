@@ -414,21 +414,20 @@ done
 # PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate,
 # VS_ROUNDS runs each, so the medians of the runs compare under the same conditions. "plain" pairs what
 # each gives one process: accel's distributed_type NO (step_bench --strategy NO) and PyTorch's model
-# alone; step_bench's own plain (the libtorch loop, no accel) is not accel and is not compared.
+# alone; step_bench's own plain (the libtorch loop, no accel) is not accel and is not compared. Then
+# bf16 on the wide GPT: accel's DDP at 1 rank (bf16 parameters, fp32 masters) against PyTorch's model in
+# bf16 with fp32 masters kept by hand, and FULL_SHARD against FSDP2 with MixedPrecisionPolicy. A round
+# runs every pair once, so a deadline leaves whole rounds of each (the tables say how many runs).
 if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
-  for model in default wide; do
-    args=(--steps 10 --warmup 3); [ "$model" = wide ] && args+=("${WIDE[@]}")
-    for i in $(seq "${VS_ROUNDS:-5}"); do
+  for i in $(seq "${VS_ROUNDS:-5}"); do
+    for model in default wide; do
+      args=(--steps 10 --warmup 3); [ "$model" = wide ] && args+=("${WIDE[@]}")
       for s in plain DDP; do
         a=$s; [ "$s" = plain ] && a=NO
         step "vs_torch_${model}_${s}_accel_$i" "$BIN/step_bench" --device cuda --strategy "$a" "${args[@]}"
         step "vs_torch_${model}_${s}_torch_$i" "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy "$s" "${args[@]}"
       done
     done
-  done
-  # bf16 on the wide GPT: accel's DDP at 1 rank (bf16 parameters, fp32 masters) against PyTorch's model in
-  # bf16 with fp32 masters kept by hand, and FULL_SHARD against FSDP2 with MixedPrecisionPolicy.
-  for i in $(seq "${VS_ROUNDS:-5}"); do
     for pair in DDP:plain FULL_SHARD:FSDP2; do
       step "vs_torch_bf16_${pair%%:*}_accel_$i" "$BIN/step_bench" --device cuda --strategy "${pair%%:*}" --precision bf16 --steps 10 --warmup 3 "${WIDE[@]}"
       step "vs_torch_bf16_${pair%%:*}_torch_$i" "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy "${pair##*:}" --precision bf16 --steps 10 --warmup 3 "${WIDE[@]}"
@@ -440,20 +439,29 @@ fi
 
 # The step time of a table row (| strategy | precision | ranks | step ms | ...), median over runs.
 median_ms() { cat "$@" 2>/dev/null | awk -F'|' '/^\|/ && $5+0 > 0 {print $5+0}' | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}'; }
+# How many of those runs gave a row.
+runs_of() { cat "$@" 2>/dev/null | awk -F'|' '/^\|/ && $5+0 > 0 {n++} END {print n+0}'; }
+# pair_row LABEL1 LABEL2 ACCEL_GLOB TORCH_GLOB: a table row: the median of each side's runs, their ratio, and
+# the fewer of the two sides' runs.
+pair_row() {
+  local a t na nt
+  a=$(median_ms $3); t=$(median_ms $4); na=$(runs_of $3); nt=$(runs_of $4)
+  [ -n "$a" ] && [ -n "$t" ] &&
+    printf '| %s | %s | %s | %s | %.2f | %s |\n' "$1" "$2" "$a" "$t" "$(awk -v a="$a" -v t="$t" 'BEGIN {print a / t}')" \
+      "$((na < nt ? na : nt))"
+}
 if ls "$OUTDIR"/vs_torch_* >/dev/null 2>&1; then
   printf '\n== accel / PyTorch on this GPU (fp32, 1 rank, median of the alternating runs; plain: accel NO)\n'
-  printf '| model | strategy | accel ms | PyTorch ms | ratio |\n|---|---|---:|---:|---:|\n'
+  printf '| model | strategy | accel ms | PyTorch ms | ratio | runs each |\n|---|---|---:|---:|---:|---:|\n'
   for model in default wide; do
     for s in plain DDP; do
-      a=$(median_ms "$OUTDIR"/vs_torch_${model}_${s}_accel_*.log); t=$(median_ms "$OUTDIR"/vs_torch_${model}_${s}_torch_*.log)
-      [ -n "$a" ] && [ -n "$t" ] && printf '| %s | %s | %s | %s | %.2f |\n' "$model" "$s" "$a" "$t" "$(awk -v a="$a" -v t="$t" 'BEGIN {print a / t}')"
+      pair_row "$model" "$s" "$OUTDIR/vs_torch_${model}_${s}_accel_*.log" "$OUTDIR/vs_torch_${model}_${s}_torch_*.log"
     done
   done
   printf '\n== accel / PyTorch, wide GPT in bf16 with fp32 masters (1 rank, median of the alternating runs)\n'
-  printf '| accel | PyTorch | accel ms | PyTorch ms | ratio |\n|---|---|---:|---:|---:|\n'
+  printf '| accel | PyTorch | accel ms | PyTorch ms | ratio | runs each |\n|---|---|---:|---:|---:|---:|\n'
   for pair in DDP:plain FULL_SHARD:FSDP2; do
-    a=$(median_ms "$OUTDIR"/vs_torch_bf16_${pair%%:*}_accel_*.log); t=$(median_ms "$OUTDIR"/vs_torch_bf16_${pair%%:*}_torch_*.log)
-    [ -n "$a" ] && [ -n "$t" ] && printf '| %s | %s | %s | %s | %.2f |\n' "${pair%%:*}" "${pair##*:}" "$a" "$t" "$(awk -v a="$a" -v t="$t" 'BEGIN {print a / t}')"
+    pair_row "${pair%%:*}" "${pair##*:}" "$OUTDIR/vs_torch_bf16_${pair%%:*}_accel_*.log" "$OUTDIR/vs_torch_bf16_${pair%%:*}_torch_*.log"
   done
   grep -h '^profile:' "$OUTDIR"/profile_torch_wide_bf16.log 2>/dev/null
 fi

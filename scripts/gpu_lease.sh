@@ -15,8 +15,8 @@
 #       confirmed in one run at the size known to train (LEASE_START, LEASE_MAX_D; ">=" in the table:
 #       6x the no-offload size is d 3200, 2.5x is d 2048), the searches stopped at 55% of SECONDS;
 #       then torchao's float8 + torch.compile at the product-bound shape, PyTorch's bf16 + torch.compile
-#       there, and accel's bf16 and fp8 steps there under the profiler; then accel against PyTorch
-#       (one round each) until the time is up. Logs: $OUT/part2.tgz, the table in
+#       there, and accel's bf16 and fp8 steps there under the profiler; then accel against PyTorch,
+#       rounds of every pair (at most 5) until the time is up. Logs: $OUT/part2.tgz, the table in
 #       $OUT/largest_model.txt and its runs in $OUT/largest_model.log.
 # The bundle is .gpu_bundle beside this checkout (scripts/gpu_bundle.sh made it; carry it).
 set -uo pipefail
@@ -48,7 +48,7 @@ case "$PART" in
       --log "$OUTDIR/largest_model.log" ${LEASE_SIB:+--step-in-backward} | tee "$OUTDIR/largest_model.txt"
     left=$((SECONDS_LEFT - ($(date +%s) - t0) - 15))
     if ((left > 30)); then
-      GPU_CHECK_DEADLINE_S=$left FP8_ROUNDS=1 VS_ROUNDS=1 GPU_CHECK_OUT=/tmp/gpu_lease_part2 \
+      GPU_CHECK_DEADLINE_S=$left FP8_ROUNDS=1 VS_ROUNDS=5 GPU_CHECK_OUT=/tmp/gpu_lease_part2 \
         GPU_CHECK_TAR="$OUTDIR/part2.tgz" bash "$ROOT/scripts/gpu_check.sh" --bundle "$BUNDLE" --bench-only \
         --only '^(fp8_bound_torchao|fp8_bound_torch_bf16|profile_fp8_bound|vs_torch_)'
     else

@@ -57,6 +57,23 @@ steps=$(sed -n '/^== summary/,$p' "$TMP/b.out" | awk 'NR > 1 && NF >= 2 {print $
 check "--bench: exactly the matching benchmarks ran ($steps)" \
   [ "$steps" = "fp8_bound_accel_bf16_1:PASS fp8_bound_accel_fp8_1:PASS " ]
 
+# 3b. accel against PyTorch: a round runs every pair once, so a deadline leaves whole rounds of each, and
+# the tables say how many runs each median covers. (Stand-ins that print a table row after 0.5 s: a
+# round of 12 runs takes 6-12 s, so 15 s hold the first whole and never all 5.)
+mkdir -p "$TMP/rowbin"
+for p in accel accel_tests cuda_tests gpt_lm; do ln -s "$HERE/fake_program.sh" "$TMP/rowbin/$p"; done
+printf '#!/bin/sh\nsleep 0.5; echo "| X | fp32 | 1 | 10.0 |"\n' >"$TMP/rowbin/step_bench"
+printf '#!/bin/sh\nsleep 0.5; echo "| torch | fp32 | 1 | 12.5 |"\n' >"$TMP/rowpy"
+chmod +x "$TMP/rowbin/step_bench" "$TMP/rowpy"
+env PATH="$TMP/path:$PATH" ACCEL_BIN="$TMP/rowbin" PYTHON="$TMP/rowpy" VS_ROUNDS=5 GPU_CHECK_DEADLINE_S=15 \
+  GPU_CHECK_OUT="$TMP/v" bash "$ROOT/scripts/gpu_check.sh" --no-build --bench-only --only '^vs_torch_' >"$TMP/v.out" 2>&1
+check "vs_torch rounds: the first round ran every pair, default to bf16" \
+  bash -c "ls '$TMP/v' | grep -q '^vs_torch_bf16_FULL_SHARD_torch_1.log$'"
+check "vs_torch rounds: the deadline stopped them before the fifth" bash -c "! ls '$TMP/v' | grep -q '_5.log$'"
+check "vs_torch rounds: the fp32 table gives the runs of each median" \
+  has "$TMP/v.out" '^\| default \| plain \| 10 \| 12\.5 \| 0\.80 \| [1-4] \|$'
+check "vs_torch rounds: and the bf16 table" has "$TMP/v.out" '^\| FULL_SHARD \| FSDP2 \| 10 \| 12\.5 \| 0\.80 \| [1-4] \|$'
+
 # 4. largest_model.sh on a "GPU" whose limits the stand-in step_bench knows: ZERO_3 to d 1280,
 # optimizer offload to 2304, ZeRO-Infinity beyond --max-d.
 lm() {
