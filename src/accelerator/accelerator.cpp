@@ -471,7 +471,7 @@ void Accelerator::end_micro_step() {
 
 bool Accelerator::sync_each_batch() const {
   if (opts_.sync_each_batch) return *opts_.sync_each_batch;
-  return cfg_.distributed_type == DistributedType::DeepSpeed && cfg_.spec.shards_gradients();
+  return default_sync_each_batch(cfg_);
 }
 
 Accelerator::AutocastGuard Accelerator::autocast(bool force_fp32) {

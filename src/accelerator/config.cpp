@@ -81,6 +81,10 @@ const char* to_string(DistributedType t) {
   return "?";
 }
 
+bool default_sync_each_batch(const AcceleratorConfig& cfg) {
+  return cfg.distributed_type == DistributedType::DeepSpeed && cfg.spec.shards_gradients();
+}
+
 std::string strategy_name(const AcceleratorConfig& cfg) {
   const zero::StrategyInfo& row = zero::info(cfg.spec.strategy);
   switch (cfg.distributed_type) {

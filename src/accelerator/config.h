@@ -112,6 +112,11 @@ struct AcceleratorConfig {
 // "DeepSpeed ZeRO-3", "DDP" (MULTI_CPU / MULTI_GPU), "single process" (NO).
 std::string strategy_name(const AcceleratorConfig& cfg);
 
+// Whether micro-steps that do not step reduce their gradients (Accelerate's sync_each_batch) when
+// AcceleratorOptions::sync_each_batch leaves it unset: on under a DeepSpeed config whose strategy
+// shards the gradients (ZeRO-2/3 refuse no_sync in DeepSpeed), off otherwise (Accelerate's default).
+bool default_sync_each_batch(const AcceleratorConfig& cfg);
+
 // A file of either dialect, told apart by content: a JSON object without `distributed_type` is a
 // DeepSpeed config; anything else is Accelerate YAML (JSON is valid YAML, and Accelerate accepts
 // .json configs). Relative paths inside (deepspeed_config_file) are tried against the working

@@ -51,9 +51,9 @@ GptActivations gpt_activations(const GptShape& s, Dtype dtype) {
 }
 
 GptPeak gpt_peak(zero::Strategy s, bool checkpoint, const GptShape& shape, int n, Dtype dtype, OptimizerKind opt,
-                 const GptRuntime& rt, bool node_shared) {
+                 const GptRuntime& rt, bool node_shared, const Accumulation& accumulation) {
   const BytesPerParam b = bytes_per_param(dtype, opt);
-  const StrategyCoefficients c = coefficients(s, b, Offload::None);
+  const StrategyCoefficients c = coefficients(s, b, Offload::None, accumulation);
   const double P = gpt_params(shape), R = gpt_root_params(shape), U = gpt_block_params(shape);
   const GptActivations a = gpt_activations(shape, dtype);
   const int F = rt.buckets_in_flight;
@@ -91,6 +91,7 @@ GptEstimate estimate_gpt(const GptShape& shape, const EstimateRequest& r, const 
   if (r.device_budget && !(*r.device_budget > 0 && std::isfinite(*r.device_budget)))
     throw EstimateError(fmt::format("--budget: must be positive, got {} bytes", *r.device_budget));
   if (!(rt.overhead >= 0)) throw EstimateError(fmt::format("--overhead: must be 0 or more, got {}", rt.overhead));
+  validate(r.accumulation);
   GptEstimate e;
   e.shape = shape;
   e.request = r;
@@ -100,7 +101,7 @@ GptEstimate estimate_gpt(const GptShape& shape, const EstimateRequest& r, const 
   for (zero::Strategy s :
        {zero::Strategy::NoShard, zero::Strategy::Zero1, zero::Strategy::Zero2, zero::Strategy::Zero3})
     for (bool ckpt : {false, true}) {
-      GptPeak p = gpt_peak(s, ckpt, shape, r.num_processes, r.dtype, r.optimizer, rt);
+      GptPeak p = gpt_peak(s, ckpt, shape, r.num_processes, r.dtype, r.optimizer, rt, false, r.accumulation);
       if (r.device_budget) {
         p.fits = p.total <= *r.device_budget;
         if (*p.fits && !e.recommended) e.recommended = p;
@@ -109,7 +110,8 @@ GptEstimate estimate_gpt(const GptShape& shape, const EstimateRequest& r, const 
     }
   if (r.num_processes > 1)
     for (bool ckpt : {false, true}) {
-      GptPeak p = gpt_peak(zero::Strategy::Zero3, ckpt, shape, r.num_processes, r.dtype, r.optimizer, rt, true);
+      GptPeak p =
+          gpt_peak(zero::Strategy::Zero3, ckpt, shape, r.num_processes, r.dtype, r.optimizer, rt, true, r.accumulation);
       if (r.device_budget) p.fits = p.total <= *r.device_budget;
       e.rows.push_back(p);
     }

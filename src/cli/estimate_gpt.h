@@ -103,8 +103,10 @@ struct GptPeak {
   double total = 0;
   std::optional<bool> fits;
 };
+// (accumulation: the states' term as estimate_memory's rows take it, cli/estimate_memory.h)
 GptPeak gpt_peak(zero::Strategy s, bool checkpoint, const GptShape& shape, int num_processes, Dtype dtype,
-                 OptimizerKind optimizer, const GptRuntime& rt, bool node_shared = false);
+                 OptimizerKind optimizer, const GptRuntime& rt, bool node_shared = false,
+                 const Accumulation& accumulation = {});
 
 struct GptEstimate {
   GptShape shape;

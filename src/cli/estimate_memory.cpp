@@ -193,7 +193,45 @@ BytesPerParam bytes_per_param(Dtype dtype, OptimizerKind optimizer) {
   return b;
 }
 
-StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offload offload) {
+namespace {
+// Offload's coefficients for a step without accumulation.
+StrategyCoefficients step_coefficients(zero::Strategy s, const BytesPerParam& b, Offload offload);
+}  // namespace
+
+StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offload offload,
+                                  const Accumulation& accumulation) {
+  StrategyCoefficients c = step_coefficients(s, b, offload);
+  if (accumulation.steps <= 1) return c;
+  const bool shards_grads = s == zero::Strategy::Zero2 || s == zero::Strategy::Zero3;
+  const bool streams_to_host = shards_grads && offload != Offload::None;  // (added on the host on the way)
+  std::string held;
+  if (!accumulation.sync_each_batch) {
+    if (shards_grads) {
+      c.device_rep += b.grad;
+      held = fmt::format(
+          "with {} micro-steps that do not reduce (NoSync), every rank also holds its whole gradient ({:g}P) on "
+          "the device between them; --sync_each_batch reduces each micro-step instead.",
+          accumulation.steps, b.grad);
+    }
+  } else if (s == zero::Strategy::NoShard) {
+    c.device_rep += b.grad;
+    held = fmt::format(
+        "with {} micro-steps that each reduce (--sync_each_batch), the gradient summed so far ({:g}P) is held "
+        "beside each new one; micro-steps that do not reduce hold no more.",
+        accumulation.steps, b.grad);
+  } else if (!streams_to_host) {
+    c.device_shard += b.grad;
+    held = fmt::format(
+        "with {} micro-steps that each reduce (--sync_each_batch), the shard summed so far ({:g}P/N) is held "
+        "beside each new one.",
+        accumulation.steps, b.grad);
+  }
+  if (!held.empty()) c.note = c.note.empty() ? held : c.note + " " + held;
+  return c;
+}
+
+namespace {
+StrategyCoefficients step_coefficients(zero::Strategy s, const BytesPerParam& b, Offload offload) {
   if (s == zero::Strategy::HybridShard)
     throw EstimateError(
         fmt::format("{} is not a row of the estimate: it stores per rank what {} stores over the "
@@ -246,6 +284,7 @@ StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offl
   }
   return c;
 }
+}  // namespace
 
 const std::vector<std::pair<zero::Strategy, Offload>>& recommendation_order() {
   static const std::vector<std::pair<zero::Strategy, Offload>> order = {
@@ -276,6 +315,11 @@ std::optional<long long> min_ranks_to_fit(double rep, double shard, double param
   return n;
 }
 
+void validate(const Accumulation& a) {
+  if (a.steps < 1)
+    throw EstimateError(fmt::format("--gradient_accumulation_steps: must be at least 1, got {}", a.steps));
+}
+
 Estimate estimate_memory(const EstimateRequest& r) {
   if (!(r.params >= 1) || !std::isfinite(r.params))
     throw EstimateError(fmt::format("--params: must be at least 1, got {}", r.params));
@@ -285,6 +329,7 @@ Estimate estimate_memory(const EstimateRequest& r) {
     throw EstimateError(fmt::format("--budget: must be positive, got {} bytes", *r.device_budget));
   if (r.cpu_budget && !(*r.cpu_budget > 0 && std::isfinite(*r.cpu_budget)))
     throw EstimateError(fmt::format("--cpu_budget: must be positive, got {} bytes", *r.cpu_budget));
+  validate(r.accumulation);
 
   Estimate e;
   e.request = r;
@@ -294,7 +339,7 @@ Estimate estimate_memory(const EstimateRequest& r) {
        {zero::Strategy::NoShard, zero::Strategy::Zero1, zero::Strategy::Zero2, zero::Strategy::Zero3}) {
     StrategyRow row;
     row.strategy = s;
-    row.coef = coefficients(s, e.bytes, r.offload);
+    row.coef = coefficients(s, e.bytes, r.offload, r.accumulation);
     row.device_bytes = device_bytes(row.coef, r.params, r.num_processes);
     row.cpu_bytes = cpu_bytes(row.coef, r.params, r.num_processes);
     if (budgeted) {
@@ -307,7 +352,7 @@ Estimate estimate_memory(const EstimateRequest& r) {
 
   std::vector<Choice> choices;
   for (auto [s, o] : recommendation_order()) {
-    const auto c = coefficients(s, e.bytes, o);
+    const auto c = coefficients(s, e.bytes, o, r.accumulation);
     choices.push_back({s, o, device_bytes(c, r.params, r.num_processes), cpu_bytes(c, r.params, r.num_processes)});
   }
   for (std::size_t i = 0; i < choices.size(); ++i) {

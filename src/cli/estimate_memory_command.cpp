@@ -1,7 +1,7 @@
 // `accel estimate-memory --params P [--num_processes N] [--dtype D] [--optimizer O] [--offload M]
-// [--budget SIZE] [--cpu_budget SIZE]`: the model-state memory per rank of DDP and ZeRO-1/2/3 (ZeRO
-// paper formulas, see cli/estimate_memory.h) and, with a budget, which fit and which to use.
-// With a GPT shape instead of --params (--d_model --layers --heads --seq [--micro_batch] [--vocab]
+// [--gradient_accumulation_steps K [--sync_each_batch]] [--budget SIZE] [--cpu_budget SIZE]`: the model-state memory
+// per rank of DDP and ZeRO-1/2/3 (ZeRO paper formulas, see cli/estimate_memory.h) and, with a budget, which fit and
+// which to use. With a GPT shape instead of --params (--d_model --layers --heads --seq [--micro_batch] [--vocab]
 // [--attention eager|sdpa]),
 // the whole per-rank peak of a step, activations included, with and without checkpointing
 // (cli/estimate_gpt.h). Single process, no torch: it runs anywhere, mpirun or not.
@@ -29,6 +29,8 @@ struct EstimateArgs {
   std::string overhead;
   bool has_overhead = false;
   std::string attention = "eager";
+  int accumulation_steps = 1;
+  bool sync_each_batch = false;
 };
 
 int run_estimate(const EstimateArgs& a) {
@@ -46,6 +48,8 @@ int run_estimate(const EstimateArgs& a) {
     r.dtype = parse_dtype(a.dtype);
     r.optimizer = parse_optimizer(a.optimizer);
     r.offload = parse_offload(a.offload);
+    r.accumulation.steps = a.accumulation_steps;
+    r.accumulation.sync_each_batch = a.sync_each_batch;
     if (a.has_budget) r.device_budget = parse_byte_size(a.budget, "--budget");
     if (a.has_cpu_budget) r.cpu_budget = parse_byte_size(a.cpu_budget, "--cpu_budget");
     if (a.attention != "eager" && a.attention != "sdpa")
@@ -101,6 +105,13 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code) {
       "--offload", args->offload,
       fmt::format("none | optimizer (ZeRO-Offload) | optimizer+params (also {}'s parameters) (default none)",
                   zero::info(zero::Strategy::Zero3).short_label));
+  cmd->add_option(
+      "--gradient_accumulation_steps", args->accumulation_steps,
+      fmt::format("micro-steps a step (default 1): without --sync_each_batch, {} and {} hold the whole "
+                  "gradient between them",
+                  zero::info(zero::Strategy::Zero2).short_label, zero::info(zero::Strategy::Zero3).short_label));
+  cmd->add_flag("--sync_each_batch", args->sync_each_batch,
+                "each micro-step reduces its gradients (DeepSpeed's ZeRO-2/3, Accelerate's sync_each_batch)");
   auto* budget = cmd->add_option("--budget,--device_memory", args->budget,
                                  "Memory of one device: 24GB, 80GiB, 40 (= GB); GB = 1e9 bytes, GiB = 2^30");
   auto* cpu_budget =

@@ -131,6 +131,12 @@ std::string format_param_count(double params) {
   return fmt::format("{:.0f}", params);
 }
 
+std::string accumulation_line(const Accumulation& a) {
+  if (a.steps <= 1) return "";
+  return fmt::format("  accumulate {} micro-steps a step, {}: the notes say what each row holds for it\n", a.steps,
+                     a.sync_each_batch ? "each reducing (--sync_each_batch)" : "not reducing (NoSync)");
+}
+
 std::string format_estimate(const Estimate& e) {
   const EstimateRequest& r = e.request;
   const BytesPerParam& b = e.bytes;
@@ -176,6 +182,7 @@ std::string format_estimate(const Estimate& e) {
           8 + b.moments, zero::info(zero::Strategy::Zero3).short_label);
       break;
   }
+  out += accumulation_line(r.accumulation);
   out +=
       "Model states only: activations, temporary buffers (buckets, gathered parameters) and fragmentation\n"
       "come on top, as in the ZeRO paper. GB = 1e9 bytes; P = parameters, N = ranks.\n\n";

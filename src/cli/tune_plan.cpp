@@ -122,7 +122,9 @@ double model_state_bytes(const TuneRequest& r, const TuneCandidate& c) {
   const BytesPerParam b = bytes_per_param(dtype, OptimizerKind::AdamW);
   // HYBRID_SHARD stores what ZeRO-3 stores over the ranks of one machine (estimate_memory.h).
   const int n = c.strategy == "HYBRID_SHARD" ? r.num_processes / r.num_machines : r.num_processes;
-  const StrategyCoefficients k = coefficients(strategy_enum(c.strategy), b, offload_enum(c.offload));
+  const Accumulation acc{.steps = static_cast<int>(std::max<std::int64_t>(c.accumulation, 1)),
+                         .sync_each_batch = candidate_syncs_each_batch(c)};
+  const StrategyCoefficients k = coefficients(strategy_enum(c.strategy), b, offload_enum(c.offload), acc);
   return (k.device_rep + k.device_shard / n) * r.params;
 }
 
@@ -327,6 +329,10 @@ std::vector<TuneCandidate> confirm_candidates(const std::vector<TuneResult>& run
 
 bool candidate_is_json(const TuneCandidate& c) { return c.strategy != "HYBRID_SHARD"; }
 
+bool candidate_syncs_each_batch(const TuneCandidate& c) {
+  return candidate_is_json(c) && (c.strategy == "ZERO_2" || c.strategy == "ZERO_3");
+}
+
 namespace {
 
 std::string json_config(const TuneCandidate& c, const TuneRequest& r, const std::vector<std::string>& comment) {
@@ -400,7 +406,8 @@ WinnerFiles winner_accelerate(const TuneCandidate& c, const TuneRequest& r, cons
                : c.strategy == "ZERO_1" ? "zero1"
                : c.strategy == "ZERO_2" ? "zero2"
                                         : "zero3";
-  } else if (default_bucket && c.offload != "optimizer" && c.strategy != "ZERO_1") {
+  } else if (default_bucket && c.offload != "optimizer" && c.strategy != "ZERO_1" &&
+             (c.accumulation == 1 || !candidate_syncs_each_batch(c))) {
     strategy = c.strategy == "DDP" ? "no_shard" : c.strategy == "ZERO_2" ? "shard_grad_op" : "full_shard";
   }
   if (!strategy.empty()) return {commented(how_chosen, config_yaml(answers_for(c, r, strategy))), ""};
@@ -409,8 +416,10 @@ WinnerFiles winner_accelerate(const TuneCandidate& c, const TuneRequest& r, cons
       "{}\nnum_machines: {}\nnum_processes: {}\nuse_cpu: {}\n",
       json_path, r.num_machines, r.num_processes, r.device_cuda ? "false" : "true");
   std::vector<std::string> lines = how_chosen;
-  lines.push_back("The YAML cannot say all of it (bucket size, or checkpointing under ZeRO-1 / optimizer offload): " +
-                  json_path + " does.");
+  lines.push_back(
+      "The YAML cannot say all of it (bucket size, checkpointing under ZeRO-1 / optimizer offload, or ZeRO-2/3 "
+      "micro-steps that each reduce, as measured: FSDP's names would not): " +
+      json_path + " does.");
   return {commented(lines, yaml), json_config(c, r, {})};
 }
 

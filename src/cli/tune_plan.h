@@ -89,7 +89,8 @@ struct TuneGrid {
 // request (throws TuneError naming the flag) and prunes.
 TuneRequest with_defaults(TuneRequest r);
 TuneGrid plan_tune(const TuneRequest& request);
-// estimate-memory's model states per rank for a candidate (bytes).
+// estimate-memory's model states per rank for a candidate (bytes), its accumulation held as the
+// candidate's config runs it (candidate_syncs_each_batch).
 double model_state_bytes(const TuneRequest& r, const TuneCandidate& c);
 
 // The outcome of one measured run.
@@ -138,6 +139,10 @@ std::vector<TuneCandidate> confirm_candidates(const std::vector<TuneResult>& run
 
 // A candidate's config: DeepSpeed JSON for stages 0-3, Accelerate YAML for HYBRID_SHARD.
 bool candidate_is_json(const TuneCandidate& c);
+// Whether the candidate's micro-steps reduce each time (accelerator/config.h's default_sync_each_batch
+// of its config: ZeRO-2/3 under DeepSpeed's JSON). The winner's files keep it: a ZeRO-2/3 winner with
+// accumulation is not written under FSDP's names, which would run its micro-steps NoSync.
+bool candidate_syncs_each_batch(const TuneCandidate& c);
 std::string candidate_config(const TuneCandidate& c, const TuneRequest& r);
 // The winner for the user: an Accelerate YAML (json_path: where the companion JSON goes when the YAML
 // cannot say everything; the returned pair is (yaml, json or "")) or the DeepSpeed JSON.

@@ -19,6 +19,18 @@ add_test(NAME cli_estimate_memory_offload
          COMMAND ${_em_expect} pass "ZeRO-2 \\(SHARD_GRAD_OP\\) +15\\.0 +1\\.9 +2P +16P/N"
                  -- ${ACCEL_CLI} estimate-memory --params 7.5e9 --num_processes 64 --offload optimizer --dtype fp16 --optimizer adam)
 
+# The budget example with 4 micro-steps a step. Not reducing (NoSync), ZeRO-2 also holds the whole 2-byte
+# gradient: 4P + 14P/N = 31.6 GB, over 24 GB, so ZeRO-3 (2P + 16P/N = 16.9 GB) is recommended. Reducing
+# each micro-step (--sync_each_batch), ZeRO-2 holds 2P + 16P/N = 16.9 GB and is recommended again.
+add_test(NAME cli_estimate_memory_accumulation
+         COMMAND ${_em_expect} pass "accumulate 4 micro-steps a step, not reducing" "ZeRO-2 \\(SHARD_GRAD_OP\\) \\* +31\\.6 .*no"
+                 "Recommendation: ZeRO-3 \\(FULL_SHARD\\), 16\\.9 GB"
+                 -- ${ACCEL_CLI} estimate-memory --params 7.5B --num_processes 64 --budget 24GB --gradient_accumulation_steps 4)
+add_test(NAME cli_estimate_memory_accumulation_sync_each_batch
+         COMMAND ${_em_expect} pass "ZeRO-2 \\(SHARD_GRAD_OP\\) \\* +16\\.9 .*yes" "Recommendation: ZeRO-2"
+                 -- ${ACCEL_CLI} estimate-memory --params 7.5B --num_processes 64 --budget 24GB --gradient_accumulation_steps 4
+                    --sync_each_batch)
+
 # A GPT shape: 1.02B parameters, the whole per-rank peak with activations, ZeRO-3 fits 11 GB at 2 ranks.
 add_test(NAME cli_estimate_memory_gpt
          COMMAND ${_em_expect} pass "1\\.02B parameters \\(1015566336\\)" "ZeRO-3 \\+ checkpointing .* 9\\.7  yes"
@@ -38,6 +50,7 @@ set(_em_cases
   "optimizer|error: --optimizer: unknown optimizer 'lion'|${ACCEL_CLI} estimate-memory --params 7.5e9 --optimizer lion"
   "offload|error: --offload: unknown offload 'nvme'|${ACCEL_CLI} estimate-memory --params 7.5e9 --offload nvme"
   "budget|error: --budget: unknown unit|${ACCEL_CLI} estimate-memory --params 7.5e9 --budget 24XB"
+  "accumulation_zero|error: --gradient_accumulation_steps: must be at least 1|${ACCEL_CLI} estimate-memory --params 7.5e9 --gradient_accumulation_steps 0"
   "gpt_and_params|error: give either --params or a GPT shape|${ACCEL_CLI} estimate-memory --params 1B --d_model 64 --layers 2 --heads 2 --seq 8"
   "gpt_partial|error: a GPT shape needs --d_model, --layers, --heads and --seq|${ACCEL_CLI} estimate-memory --d_model 64 --layers 2"
   "gpt_heads|error: --heads: 3 does not divide --d_model 64|${ACCEL_CLI} estimate-memory --d_model 64 --layers 2 --heads 3 --seq 8")

@@ -128,6 +128,57 @@ TEST(EstimateMemory, OffloadOptimizerAndParams) {
   EXPECT_DOUBLE_EQ(estimate_memory(r).rows[3].cpu_bytes, 14 * kP / kN);
 }
 
+// Gradient accumulation, K = 4, mixed-precision AdamW (g = 2 bytes), the paper's P and N.
+TEST(EstimateMemory, AccumulationAddsWhatTheMicroStepsHold) {
+  EstimateRequest r = em_request(kP, kN);
+  r.accumulation.steps = 4;
+  // NoSync: ZeRO-2/3 hold the whole gradient, 2P, beside their shards; DDP and ZeRO-1 hold it anyway.
+  Estimate e = estimate_memory(r);
+  expect_device(e, 16 * kP, 4 * kP + 12 * kP / kN, 4 * kP + 14 * kP / kN, 2 * kP + 16 * kP / kN);
+  EXPECT_TRUE(e.rows[0].coef.note.empty());
+  EXPECT_TRUE(e.rows[1].coef.note.empty());
+  EXPECT_NE(e.rows[2].coef.note.find("NoSync"), std::string::npos);
+  EXPECT_EQ(e.rows[3].coef.note, e.rows[2].coef.note);
+  // Each micro-step reducing: the sum so far beside each new gradient, 2P for DDP, 2P/N sharded.
+  r.accumulation.sync_each_batch = true;
+  e = estimate_memory(r);
+  expect_device(e, 18 * kP, 4 * kP + 14 * kP / kN, 2 * kP + 16 * kP / kN, 18 * kP / kN);
+  for (const auto& row : e.rows) EXPECT_NE(row.coef.note.find("--sync_each_batch"), std::string::npos);
+  // One micro-step a step: no accumulation, whichever way it would reduce.
+  r.accumulation.steps = 1;
+  e = estimate_memory(r);
+  expect_device(e, 16 * kP, 4 * kP + 12 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
+  for (const auto& row : e.rows) EXPECT_TRUE(row.coef.note.empty());
+  EXPECT_THROW(
+      {
+        r.accumulation.steps = 0;
+        estimate_memory(r);
+      },
+      EstimateError);
+}
+
+TEST(EstimateMemory, AccumulationUnderOptimizerOffload) {
+  // ZeRO-2/3 with the optimizer on the host add each reducing micro-step there, on the way: the device
+  // holds no more (ZeRO-2 2P, ZeRO-3 2P/N as without accumulation). ZeRO-1's shard stays on the device.
+  // NoSync holds the whole gradient on the device all the same: 2P more for ZeRO-2/3.
+  EstimateRequest r = em_request(kP, kN);
+  r.offload = Offload::Optimizer;
+  r.accumulation.steps = 2;
+  r.accumulation.sync_each_batch = true;
+  Estimate e = estimate_memory(r);
+  expect_device(e, 18 * kP, 4 * kP + 2 * kP / kN, 2 * kP, 2 * kP / kN);
+  for (int i = 1; i < 4; ++i) EXPECT_DOUBLE_EQ(e.rows[i].cpu_bytes, 16 * kP / kN);
+  r.accumulation.sync_each_batch = false;
+  e = estimate_memory(r);
+  expect_device(e, 16 * kP, 4 * kP, 4 * kP, 2 * kP + 2 * kP / kN);
+  // The GPT estimate's states take the same terms: ZeRO-3 in fp32 at 2 ranks, NoSync: 4P + 16P/2.
+  const GptShape s{.d_model = 256, .layers = 2, .heads = 4, .seq = 32};
+  const double P = gpt_params(s);
+  const GptPeak z3 = gpt_peak(zero::Strategy::Zero3, false, s, 2, Dtype::Fp32, OptimizerKind::AdamW, GptRuntime{},
+                              false, Accumulation{.steps = 2});
+  EXPECT_DOUBLE_EQ(z3.states, 4 * P + 16 * P / 2);
+}
+
 TEST(EstimateMemory, BudgetPaperExample) {
   // 24 GB: DDP (120) and ZeRO-1 (31.4) never fit (their replicated 16P and 4P alone exceed it);
   // ZeRO-2 fits from N >= 14 * 7.5 / (24 - 15) = 11.67 -> 12, ZeRO-3 from 16 * 7.5 / 24 = 5.

@@ -39,7 +39,9 @@ std::string write_temp(const std::string& name, const std::string& text) {
 
 TEST(TunePlan, PruningByMemoryIsEstimateMemorysVerdict) {
   // For every precision, rank count and budget: a candidate is pruned for memory exactly when
-  // estimate-memory's row for its strategy (and offload) says it does not fit.
+  // estimate-memory's row for its strategy (and offload) says it does not fit, at the candidate's
+  // accumulation (64 / ranks micro-steps of 1) as its DeepSpeed config runs them: ZeRO-2/3 reducing each
+  // (--sync_each_batch), DDP and ZeRO-1 not (TunePlan.WinnersKeepTheMicroStepsTheirCandidatesRan).
   for (const char* precision : {"no", "bf16"})
     for (int ranks : {1, 2, 4})
       for (double budget_gb : {2.0, 6.0, 20.0}) {
@@ -58,8 +60,14 @@ TEST(TunePlan, PruningByMemoryIsEstimateMemorysVerdict) {
           e.optimizer = OptimizerKind::AdamW;
           e.offload = parse_offload(off);
           e.device_budget = *r.budget_bytes;
-          const Estimate est = estimate_memory(e);
-          for (const auto& row : est.rows) {
+          e.accumulation.steps = 64 / ranks;
+          const Estimate not_reducing = estimate_memory(e);
+          e.accumulation.sync_each_batch = true;
+          const Estimate reducing = estimate_memory(e);
+          for (std::size_t i = 0; i < reducing.rows.size(); ++i) {
+            const bool zero23 = reducing.rows[i].strategy == zero::Strategy::Zero2 ||
+                                reducing.rows[i].strategy == zero::Strategy::Zero3;
+            const StrategyRow& row = zero23 ? reducing.rows[i] : not_reducing.rows[i];
             const std::string s = row.strategy == zero::Strategy::NoShard ? "DDP"
                                   : row.strategy == zero::Strategy::Zero1 ? "ZERO_1"
                                   : row.strategy == zero::Strategy::Zero2 ? "ZERO_2"
@@ -280,8 +288,10 @@ TEST(TunePlan, CandidateConfigsSayWhatTheCandidateIs) {
   EXPECT_EQ(cfg.mixed_precision, MixedPrecision::Bf16);
   EXPECT_EQ(cfg.gradient_clipping, 1.0);
   // The winner as an Accelerate YAML: inline where the YAML can say it (FSDP's checkpointing key for
-  // ZeRO-3), else naming the JSON written beside it (a bucket size); the how-it-was-chosen lines on top.
+  // ZeRO-3, one micro-step a step), else naming the JSON written beside it (a bucket size); the
+  // how-it-was-chosen lines on top.
   c.bucket_mib = 25;
+  c.accumulation = 1;
   const std::string json_path = write_temp("w.json", "");
   const WinnerFiles inline_w = winner_accelerate(c, r, json_path, {"how: line one", "line two"});
   EXPECT_TRUE(inline_w.json.empty());
@@ -289,8 +299,9 @@ TEST(TunePlan, CandidateConfigsSayWhatTheCandidateIs) {
   const AcceleratorConfig y = load_config_file(write_temp("w.yaml", inline_w.yaml));
   EXPECT_EQ(y.spec.strategy, zero::Strategy::Zero3);
   EXPECT_TRUE(y.spec.activation_checkpointing);
-  EXPECT_EQ(y.gradient_accumulation_steps, 2);
+  EXPECT_EQ(y.gradient_accumulation_steps, 1);
   EXPECT_EQ(y.num_processes, 2);
+  c.accumulation = 2;
   c.bucket_mib = 100;
   const WinnerFiles with_json = winner_accelerate(c, r, json_path, {"how"});
   ASSERT_FALSE(with_json.json.empty());
@@ -303,6 +314,46 @@ TEST(TunePlan, CandidateConfigsSayWhatTheCandidateIs) {
   EXPECT_NE(ds.find("\"_comment\": [\n    \"chosen \\\"so\\\"\"\n  ]"), std::string::npos) << ds;
   EXPECT_EQ(load_config_file(write_temp("ds.json", ds)).spec.bucket_bytes, 100LL << 20);
   files::remove_tree(std::filesystem::path(json_path).parent_path().string());  // (not remove_all: base/files.h)
+}
+
+// A candidate's config and the winner's files resolve to the same micro-steps (the Accelerator's
+// default_sync_each_batch of the loaded config), for every strategy, accumulation, checkpointing,
+// bucket and offload: a ZeRO-2/3 winner that ran its micro-steps reducing is not written as an FSDP
+// config, which would run them NoSync (the whole gradient held on every rank: more memory than measured).
+TEST(TunePlan, WinnersKeepTheMicroStepsTheirCandidatesRan) {
+  TuneRequest r = with_defaults(tune_request(1e6, 4, 16));
+  r.num_machines = 2;  // (HYBRID_SHARD candidates)
+  r.device_cuda = true;
+  const std::string json_path = write_temp("winner.json", "");
+  int checked = 0;
+  for (const char* s : {"DDP", "ZERO_1", "ZERO_2", "ZERO_3", "HYBRID_SHARD"})
+    for (std::int64_t acc : {1, 2})
+      for (bool ckpt : {false, true})
+        for (double bucket : {25.0, 100.0})
+          for (const char* off : {"none", "optimizer"}) {
+            TuneCandidate c;
+            c.strategy = s;
+            c.micro_batch = 2;
+            c.accumulation = acc;
+            c.checkpointing = ckpt;
+            c.bucket_mib = bucket;
+            c.offload = off;
+            SCOPED_TRACE(::testing::Message()
+                         << s << " acc " << acc << " ckpt " << ckpt << " bucket " << bucket << " offload " << off);
+            const std::string ext = candidate_is_json(c) ? ".json" : ".yaml";
+            const bool ran =
+                default_sync_each_batch(load_config_file(write_temp("cand" + ext, candidate_config(c, r))));
+            EXPECT_EQ(ran, candidate_syncs_each_batch(c));
+            EXPECT_EQ(ran, (std::string(s) == "ZERO_2" || std::string(s) == "ZERO_3"));
+            const WinnerFiles w = winner_accelerate(c, r, json_path, {"how"});
+            if (!w.json.empty()) std::ofstream(json_path) << w.json;
+            const AcceleratorConfig written = load_config_file(write_temp("winner.yaml", w.yaml));
+            EXPECT_EQ(written.gradient_accumulation_steps, acc);
+            if (acc > 1) EXPECT_EQ(default_sync_each_batch(written), ran) << w.yaml;
+            ++checked;
+          }
+  EXPECT_EQ(checked, 5 * 2 * 2 * 2 * 2);
+  files::remove_tree(std::filesystem::path(json_path).parent_path().string());
 }
 
 }  // namespace
