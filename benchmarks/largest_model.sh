@@ -262,7 +262,10 @@ run() {
   # An exception nothing caught (SIGABRT, rc 134) or a crash (SIGSEGV, rc 139) that is not about memory
   # says nothing about the size: stop this strategy's search and show why. (A rank that mpirun saw fail
   # that way gives its own rc.)
-  if [ -z "$killed" ] && ! grep -qi "out of memory\|std::bad_alloc\|cannot allocate" "$err" &&
+  # (Not when anything says memory or disk ran out, or a process was killed: under the cgroup's limit one
+  # rank is killed and its peer may throw on the broken link before mpirun ends it.)
+  if [ -z "$killed" ] && [ $rc -ne 137 ] &&
+    ! grep -qi "out of memory\|std::bad_alloc\|cannot allocate\|ALLOC_FAILED\|No space left\|killed\|signal 9" "$err" &&
     { [ $rc -eq 134 ] || [ $rc -eq 139 ] || grep -q "terminate called after throwing" "$err"; }; then
     local why
     why=$({ grep -m 1 "what():" "$err" || grep -m 1 "Segmentation fault\|Error" "$err"; } | sed 's/^ *//' | cut -c 1-200)
@@ -442,6 +445,7 @@ print(pct("device_busy_share") + " / " + pct("device_compute_share"))'
     [ -n "${BEST[$s]:-}" ] || continue
     IFS='|' read -r json pred runs <<<"${BEST[$s]}"
     [ "$json" = none ] && continue
+    [ -f "$FAILED_DIR/$s" ] && continue  # (its row shows the failure)
     BUSY[$s]=$(echo "$json" | busy_of)
     [ "${BUSY[$s]}" != "? / ?" ] && continue
     d=$(echo "$json" | python3 -c 'import json, sys; print(json.load(sys.stdin)["d_model"])')

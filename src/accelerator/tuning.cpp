@@ -112,6 +112,9 @@ void TuneRun::after_prepare(std::int64_t micro_batch, std::int64_t accumulation)
 }
 
 void TuneRun::after_step() {
+  // On a device the step ends when its work does, not when the host has queued it (a step whose host
+  // never waits would otherwise time as fast as its launches).
+  if (!device_.is_cpu()) at::accelerator::synchronizeDevice(device_.index());
   const auto now = std::chrono::steady_clock::now();
   const double dt = std::chrono::duration<double>(now - last_).count();
   last_ = now;

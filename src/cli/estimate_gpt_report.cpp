@@ -37,7 +37,7 @@ std::string format_gpt_estimate(const GptEstimate& e) {
       format_param_count(r.params), r.params, r.num_processes, r.num_processes == 1 ? "" : "s");
   out += fmt::format("  precision  {}, optimizer {}; activations in {:g}-byte elements\n", to_string(r.dtype),
                      to_string(r.optimizer), a.element_bytes);
-  out += accumulation_line(r.accumulation);
+  out += accumulation_line(r.accumulation, /*notes=*/false);
   out += fmt::format(
       "  activations per rank: {} GB without checkpointing ({} GB per block, {} GB after the blocks),\n"
       "             {} GB with every block checkpointed (block inputs + one block recomputed)\n",

@@ -226,6 +226,8 @@ StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offl
         "beside each new one.",
         accumulation.steps, b.grad);
   }
+  if (!held.empty() && !c.note.empty())  // (a sentence after the note's)
+    held[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(held[0])));
   if (!held.empty()) c.note = c.note.empty() ? held : c.note + " " + held;
   return c;
 }

@@ -208,8 +208,9 @@ std::string format_gb(double bytes);
 // 7.5e9 -> "7.5B", 3.5e8 -> "350M", 1.25e5 -> "125k".
 std::string format_param_count(double params);
 
-// The header's line for --gradient_accumulation_steps K > 1 ("" without accumulation).
-std::string accumulation_line(const Accumulation& a);
+// The header's line for --gradient_accumulation_steps K > 1 ("" without accumulation), pointing at the
+// table's notes or (the GPT report, which has none) at its states column.
+std::string accumulation_line(const Accumulation& a, bool notes = true);
 
 // The whole report `accel estimate-memory` prints: header, aligned table, notes, recommendation.
 std::string format_estimate(const Estimate& e);

@@ -131,10 +131,11 @@ std::string format_param_count(double params) {
   return fmt::format("{:.0f}", params);
 }
 
-std::string accumulation_line(const Accumulation& a) {
+std::string accumulation_line(const Accumulation& a, bool notes) {
   if (a.steps <= 1) return "";
-  return fmt::format("  accumulate {} micro-steps a step, {}: the notes say what each row holds for it\n", a.steps,
-                     a.sync_each_batch ? "each reducing (--sync_each_batch)" : "not reducing (NoSync)");
+  return fmt::format("  accumulate {} micro-steps a step, {}: {}\n", a.steps,
+                     a.sync_each_batch ? "each reducing (--sync_each_batch)" : "not reducing (NoSync)",
+                     notes ? "the notes say what each row holds for it" : "the states column holds it");
 }
 
 std::string format_estimate(const Estimate& e) {

@@ -119,7 +119,14 @@ at::Tensor HostCopies::pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype
     if (kernels::pinned::register_range(p, rounded, &why))
       return at::from_blob(
           p, sizes,
-          [](void* q) {
+          // (unregistered under the device it was registered for: the thread that drops the last
+          // reference may have another current device, where the call would make a context)
+          [device](void* q) {
+            std::optional<c10::DeviceGuard> on;
+            try {
+              if (!device.is_cpu()) on.emplace(device);
+            } catch (...) {  // (a deleter must not throw: unregistered from wherever it is)
+            }
             kernels::pinned::unregister_range(q);
             std::free(q);
           },

@@ -4,6 +4,8 @@
 # parameters offloaded too), and prints step_bench's JSON line; larger sizes fail as out of device
 # memory. Each run sleeps FAKE_SLEEP seconds. FAKE_THROW_OPT=1: every run with its optimizer offloaded
 # ends as an exception nothing caught does (its message on stderr, SIGABRT), whatever its size.
+# FAKE_PEER_THROWS=1: a size over the limit ends as a rank killed at the memory limit whose peer threw
+# on the broken link before mpirun ended it (both on stderr, SIGABRT): still a size that did not fit.
 d=0 oo="" op=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -20,6 +22,11 @@ sleep "${FAKE_SLEEP:-0}"
 if [ -n "$oo" ] && [ -n "${FAKE_THROW_OPT:-}" ]; then
   echo "terminate called after throwing an instance of 'c10::Error'" >&2
   echo "  what():  Can't detach views in-place. Use detach() instead." >&2
+  kill -ABRT $$
+fi
+if ((d > max)) && [ -n "${FAKE_PEER_THROWS:-}" ]; then
+  echo "terminate called after throwing an instance of 'accel::CommError'" >&2
+  echo "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)." >&2
   kill -ABRT $$
 fi
 if ((d > max)); then

@@ -41,11 +41,16 @@ check "deadline: it never started" bash -c "! grep -q 'cuda_tests  *starting' '$
 check "deadline: the stopped step's processes are gone" no_process_left
 check "deadline: the logs are packed" bash -c "tar tzf '$TMP/d.tgz' | grep -q 'accel_env.log'"
 
-# 2. A TERM from outside (timeout): the running step stopped, the summary printed, the logs packed.
-# (timeout waits for the script's own exit, which comes after its summary.)
-timeout 3 env PATH="$TMP/path:$PATH" ACCEL_BIN="$TMP/bin" FAKE_SLEEP=30 \
+# 2. A TERM from outside (as timeout sends): the running step stopped, the summary printed, the logs
+# packed. The TERM goes once the step has started (a fixed delay came before it on a loaded machine);
+# the wait ends with the script's own exit, after its summary.
+env PATH="$TMP/path:$PATH" ACCEL_BIN="$TMP/bin" FAKE_SLEEP=30 \
   GPU_CHECK_OUT="$TMP/s" GPU_CHECK_TAR="$TMP/s.tgz" \
-  bash "$ROOT/scripts/gpu_check.sh" --no-build --no-bench --only '^accel_env$' >"$TMP/s.out" 2>&1
+  bash "$ROOT/scripts/gpu_check.sh" --no-build --no-bench --only '^accel_env$' >"$TMP/s.out" 2>&1 &
+gc=$!
+for _ in $(seq 300); do grep -q "starting" "$TMP/s/accel_env.log" 2>/dev/null && break; sleep 0.1; done
+kill -TERM "$gc"
+wait "$gc"
 check "signal: the running step is STOP" has "$TMP/s.out" '^accel_env +STOP'
 check "signal: the summary says so" has "$TMP/s.out" 'stopped by a signal'
 check "signal: the logs are packed" test -s "$TMP/s.tgz"
@@ -106,6 +111,10 @@ check "largest_model: the same for ZeRO-Infinity" \
   has "$TMP/x.out" "^\| ZERO_3\+ckpt\+opt\+param \| a run failed, not for its size: d_model 3200: .*\| 1 \|\$"
 check "largest_model: a strategy that runs is still searched beside it" has "$TMP/x.out" '^\| ZERO_3 \| 1280 \| 0\.398B \| 1\.00 .*\| 2 \|$'
 check "largest_model: the failure is in the log as not a size" has "$TMP/lm.log" 'ZERO_3\+opt d=2304 failed \(not its size\): rc 134'
+# A rank killed at the memory limit while its peer throws is a size that did not fit: the searches go on.
+FAKE_SLEEP=0 FAKE_PEER_THROWS=1 lm --max-d 3328 >"$TMP/k.out" 2>"$TMP/k.err"
+check "largest_model: a peer's throw beside a kill is still too big" has "$TMP/k.out" '^\| ZERO_3\+opt \| 2304 \| 1\.283B '
+check "largest_model: and no search stopped for it" bash -c "! grep -q 'a run failed' '$TMP/k.out'"
 
 if ((FAILS)); then
   echo "$FAILS check(s) failed; outputs:"
