@@ -12,42 +12,49 @@
 
 #include <atomic>
 #include <cmath>
+#include <map>
 #include <mutex>
 #include <stdexcept>
-#include <unordered_map>
 
 namespace accel::mixed_precision {
 
 namespace {
 
-// Per CUDA device: does at::_scaled_mm work there? Learned once, by a 16 x 16 product on the device
-// (no CUDA headers needed): a device below compute capability 8.9 makes _scaled_mm throw, after which
-// Auto uses the emulation there. Asked before any product, so that the layouts forward chooses for
-// backward's operands and the products backward runs agree from the first step.
+// Per CUDA device and scaling (tensorwise, rowwise): does at::_scaled_mm work there? Learned once, by a
+// 16 x 16 product on the device (no CUDA headers needed): a device below compute capability 8.9 makes
+// _scaled_mm throw, and so may one that has tensorwise scaling but not rowwise (a build or an
+// architecture without the rowwise kernels), after which Auto uses the emulation there for that
+// scaling. Asked before any product, so that the layouts forward chooses for backward's operands and
+// the products backward runs agree from the first step.
 std::mutex g_mu;
-std::unordered_map<int, bool> g_cuda_scaled_mm_ok;
+std::map<std::pair<int, bool>, bool> g_cuda_scaled_mm_ok;
 
-bool cuda_runs_scaled_mm(const at::Device& device) {
+bool cuda_runs_scaled_mm(const at::Device& device, bool rowwise) {
   const auto opts = at::TensorOptions().device(device);
   const int dev = device.has_index() ? device.index() : at::empty({0}, opts).get_device();
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    auto it = g_cuda_scaled_mm_ok.find(dev);
+    auto it = g_cuda_scaled_mm_ok.find({dev, rowwise});
     if (it != g_cuda_scaled_mm_ok.end()) return it->second;
   }
   bool ok = true;
   try {
     const auto on = at::TensorOptions().device(at::kCUDA, static_cast<c10::DeviceIndex>(dev));
-    const at::Tensor a = at::ones({16, 16}, on).to(at::kFloat8_e4m3fn), one = at::ones({}, on);
-    (void)at::_scaled_mm(a, a.t(), one, one, std::nullopt, std::nullopt, at::kBFloat16);
+    const at::Tensor a = at::ones({16, 16}, on).to(at::kFloat8_e4m3fn);
+    // (rowwise: a's [M, 1] and b's [1, N] fp32 scales, a bf16 output, as scaled_mm below passes them)
+    const at::Tensor sa = rowwise ? at::ones({16, 1}, on) : at::ones({}, on);
+    const at::Tensor sb = rowwise ? at::ones({1, 16}, on) : at::ones({}, on);
+    (void)at::_scaled_mm(a, a.t(), sa, sb, std::nullopt, std::nullopt, at::kBFloat16);
   } catch (const c10::Error& e) {
     ok = false;
-    TORCH_WARN("accel Float8Linear: at::_scaled_mm is unavailable on cuda:", dev,
-               " (it needs compute capability >= 8.9); using the fp32 emulation of the fp8 matmuls. ",
+    TORCH_WARN("accel Float8Linear: at::_scaled_mm with ", rowwise ? "rowwise" : "tensorwise",
+               " scales is unavailable on cuda:", dev,
+               " (fp8 products need compute capability >= 8.9, rowwise scales a build and device with those "
+               "kernels); using the fp32 emulation of those fp8 matmuls. ",
                e.what_without_backtrace());
   }
   std::lock_guard<std::mutex> lock(g_mu);
-  return g_cuda_scaled_mm_ok.emplace(dev, ok).first->second;
+  return g_cuda_scaled_mm_ok.emplace(std::make_pair(dev, rowwise), ok).first->second;
 }
 
 bool axiswise(const Fp8Tensor& t) { return t.scale.numel() != 1; }
@@ -126,7 +133,7 @@ at::Tensor float8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_
   check_axiswise_scales(a, b);
   if (a.format == Fp8Format::E5M2 && b.format == Fp8Format::E5M2)
     backend = Float8MatmulBackend::Emulated;  // no e5m2 x e5m2 GEMM in cuBLASLt; never used by Float8Linear
-  if (!float8_mm_tries_scaled_mm(backend, a.data.device(), a.data.size(1), b.data.size(1)))
+  if (!float8_mm_tries_scaled_mm(backend, a.data.device(), a.data.size(1), b.data.size(1), axiswise(a) || axiswise(b)))
     return emulated_mm(a, b, out_dtype, bias);
   return scaled_mm(a, b, out_dtype, bias, fast_accum);  // (Auto: the device was found to run it)
 }
@@ -136,7 +143,7 @@ std::int64_t float8_operand_copies() { return g_operand_copies.load(std::memory_
 std::int64_t float8_scaled_mm_products() { return g_scaled_mm_products.load(std::memory_order_relaxed); }
 
 bool float8_mm_tries_scaled_mm(Float8MatmulBackend backend, const at::Device& device, std::int64_t inner,
-                               std::int64_t n) {
+                               std::int64_t n, bool rowwise) {
   switch (backend) {
     case Float8MatmulBackend::Emulated: return false;
     case Float8MatmulBackend::ScaledMM: return true;
@@ -144,7 +151,7 @@ bool float8_mm_tries_scaled_mm(Float8MatmulBackend backend, const at::Device& de
   }
   // _scaled_mm needs the inner and output dims to be multiples of 16 (torchao pads them instead).
   if (!device.is_cuda() || inner % 16 != 0 || n % 16 != 0) return false;
-  return cuda_runs_scaled_mm(device);
+  return cuda_runs_scaled_mm(device, rowwise);
 }
 
 Float8Recipe float8_recipe_from_string(const std::string& s) {
@@ -206,8 +213,10 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     // grad_input = grad_out [M, N] @ weight [N, K]; grad_weight = grad_out^T [N, M] @ input [M, K]. The
     // second operand of each (weight, input; grad_out^T's layout too) column-major where it goes to
     // cuBLASLt.
-    const bool w_col = keep_w && mixed_precision::float8_mm_tries_scaled_mm(backend, input.device(), out_features, in);
-    const bool x_col = keep_x && mixed_precision::float8_mm_tries_scaled_mm(backend, input.device(), x2.size(0), in);
+    const bool w_col =
+        keep_w && mixed_precision::float8_mm_tries_scaled_mm(backend, input.device(), out_features, in, rowwise);
+    const bool x_col =
+        keep_x && mixed_precision::float8_mm_tries_scaled_mm(backend, input.device(), x2.size(0), in, rowwise);
     at::Tensor out;
     Fp8Tensor x_back, w_back;
     if (rowwise) {

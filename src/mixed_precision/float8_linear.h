@@ -82,10 +82,11 @@ std::int64_t float8_scaled_mm_products();
 // and e5m2) operands by `backend` on `device`, as float8_mm itself decides: so that its operands are
 // worth quantizing into cuBLASLt's layouts. The emulation takes any strides and keeps its bits: its
 // operands stay row-major. (e5m2 x e5m2 is always emulated.) Under Auto on CUDA, the first call for a
-// device runs one small _scaled_mm there to learn whether the device has it (compute capability >=
-// 8.9), warning once where it does not.
+// device and scaling (`rowwise`: either operand's scales per row or column) runs one small _scaled_mm
+// there to learn whether the device has it (compute capability >= 8.9; rowwise kernels for rowwise),
+// warning once where it does not.
 bool float8_mm_tries_scaled_mm(Float8MatmulBackend backend, const at::Device& device, std::int64_t inner,
-                               std::int64_t n);
+                               std::int64_t n, bool rowwise = false);
 
 }  // namespace accel::mixed_precision
 
