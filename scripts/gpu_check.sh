@@ -484,6 +484,15 @@ if compgen -G "$OUTDIR/fp8_bound_accel_*" >/dev/null || compgen -G "$OUTDIR/fp8_
     "$([ -n "$f" ] && [ -n "$t" ] && awk -v f="$f" -v t="$t" 'BEGIN {printf "%.2f", f / t}')"
 fi
 
+if compgen -G "$OUTDIR/fp8_bound_rowwise_*.log" >/dev/null; then
+  printf '\n== fp8 rowwise at the product-bound shape (batch 8): the per-column cast kernels (ACCEL_FP8_COLWISE)\n'
+  printf '| ACCEL_FP8_COLWISE | step ms |\n|---|---:|\n'
+  for mode in single chunked; do
+    t=$(median_ms_of fp8 "$OUTDIR/fp8_bound_rowwise_$mode.log")
+    [ -n "$t" ] && printf '| %s | %s |\n' "$mode" "$t"
+  done
+fi
+
 if ls "$OUTDIR"/offload_busy_b*.log >/dev/null 2>&1; then
   printf '\n== ZeRO-Infinity at an 8 GB cap (d %s, 20 layers, seq 512): the GPU-busy share of the step against the batch (issue 32 asks >= 50%%)\n' "${OFFLOAD_D:-2048}"
   printf '| batch | micro-batches a step | step | parameters | step ms | GPU busy | GPU computing | MFU |\n|---:|---:|---|---:|---:|---:|---:|---:|\n'

@@ -15,7 +15,8 @@
 #       confirmed in one run at the size known to train (LEASE_START, LEASE_MAX_D; ">=" in the table:
 #       6x the no-offload size is d 3200, 2.5x is d 2048), the searches stopped at 55% of SECONDS;
 #       then torchao's float8 + torch.compile at the product-bound shape, PyTorch's bf16 + torch.compile
-#       there, and accel's bf16 and fp8 steps there under the profiler; then accel against PyTorch,
+#       there, the rowwise recipe under both per-column cast kernels (ACCEL_FP8_COLWISE single and
+#       chunked: which to default to), and accel's bf16 and fp8 steps there under the profiler; then accel against PyTorch,
 #       rounds of every pair (at most 5) until the time is up. Logs: $OUT/part2.tgz, the table in
 #       $OUT/largest_model.txt and its runs in $OUT/largest_model.log.
 # The bundle is .gpu_bundle beside this checkout (scripts/gpu_bundle.sh made it; carry it).
@@ -50,7 +51,7 @@ case "$PART" in
     if ((left > 30)); then
       GPU_CHECK_DEADLINE_S=$left FP8_ROUNDS=1 VS_ROUNDS=5 GPU_CHECK_OUT=/tmp/gpu_lease_part2 \
         GPU_CHECK_TAR="$OUTDIR/part2.tgz" bash "$ROOT/scripts/gpu_check.sh" --bundle "$BUNDLE" --bench-only \
-        --only '^(fp8_bound_torchao|fp8_bound_torch_bf16|profile_fp8_bound|vs_torch_)'
+        --only '^(fp8_bound_torchao|fp8_bound_torch_bf16|fp8_bound_rowwise|profile_fp8_bound|vs_torch_)'
     else
       echo "gpu_lease.sh: ${left}s left after the largest-model table: nothing more started"
     fi
