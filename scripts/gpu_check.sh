@@ -42,8 +42,8 @@
 # each at the fp8-bound shape, default 2; FP8_BATCH its batch, default 32), VS_ROUNDS (alternating
 # runs of accel and PyTorch, default 5, the medians compared), OFFLOAD_BATCHES, OFFLOAD_ACCUM and
 # OFFLOAD_D (the offloaded step's GPU-busy sweep: batches, default "1 4 16", each step of OFFLOAD_ACCUM
-# micro-batches, default 1, at d_model, default 2048), GPU_CHECK_TAR (a .tar.gz to pack the
-# logs into at the end, e.g. $OUT/gpu_check_logs.tgz on a lent device), GPU_CHECK_DEADLINE_S (seconds
+# micro-batches, default 1, a list runs each, at d_model, default 2048), GPU_CHECK_TAR (a .tar.gz to
+# pack the logs into at the end, e.g. $OUT/gpu_check_logs.tgz on a lent device), GPU_CHECK_DEADLINE_S (seconds
 # from the start after which no step starts and the running one is stopped: a lent device's call
 # ends at its limit with nothing packed, so give it a minute less). Every step runs even when an
 # earlier one failed; the summary at the end lists each with PASS, FAIL, SKIP, STOP (stopped at the
@@ -401,14 +401,17 @@ step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8DIMS
 # work per host step past what fits at once. Each batch runs twice: the step in optimizer.step(), then
 # in backward (--step-in-backward: each shard's CPU AdamW as its gradient reaches the host, overlapping
 # the device's backward; the same bits).
-accum=${OFFLOAD_ACCUM:-1}
-xa=""; [ "$accum" = 1 ] || xa="x$accum"
-for b in ${OFFLOAD_BATCHES:-1 4 16}; do
-  for sib in "" 1; do
-    step "offload_busy_b$b$xa${sib:+_sib}" "$BIN/step_bench" --device cuda --device_memory 8 --strategy ZERO_3 \
-      --layers 20 --heads 16 --seq 512 --vocab 4096 --d-model "${OFFLOAD_D:-2048}" --batch "$b" --accumulation "$accum" \
-      --checkpoint --offload-optimizer cpu --offload-param cpu --steps 1 --warmup 1 --json --profile --profile-steps 2 \
-      ${sib:+--step-in-backward}
+# OFFLOAD_ACCUM may list several counts ("2 4"): each in turn, the step in backward first (the likelier
+# to pass), so that a deadline cuts the least telling run.
+for accum in ${OFFLOAD_ACCUM:-1}; do
+  xa=""; [ "$accum" = 1 ] || xa="x$accum"
+  for b in ${OFFLOAD_BATCHES:-1 4 16}; do
+    for sib in 1 ""; do
+      step "offload_busy_b$b$xa${sib:+_sib}" "$BIN/step_bench" --device cuda --device_memory 8 --strategy ZERO_3 \
+        --layers 20 --heads 16 --seq 512 --vocab 4096 --d-model "${OFFLOAD_D:-2048}" --batch "$b" --accumulation "$accum" \
+        --checkpoint --offload-optimizer cpu --offload-param cpu --steps 1 --warmup 1 --json --profile --profile-steps 2 \
+        ${sib:+--step-in-backward}
+    done
   done
 done
 # PyTorch on the same GPU, model, optimizer and data (fp32, one rank): accel and torch alternate,
