@@ -398,9 +398,9 @@ step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8DIMS
 # the checkpointed activations, about 4 GB at d 2048, inside the cap; 32 would not fit.) OFFLOAD_ACCUM
 # micro-batches a step (gradient accumulation, each micro-batch reducing and adding its gradients to
 # the host's as DeepSpeed's ZeRO-3 does, so the device keeps none between them) multiply the device's
-# work per host step past what fits at once. Each batch runs twice: the step in optimizer.step(), then
-# in backward (--step-in-backward: each shard's CPU AdamW as its gradient reaches the host, overlapping
-# the device's backward; the same bits).
+# work per host step past what fits at once. Each batch runs twice: the step in backward
+# (--step-in-backward: each shard's CPU AdamW as its gradient reaches the host, overlapping the device's
+# backward; the same bits), then in optimizer.step().
 # OFFLOAD_ACCUM may list several counts ("2 4"): each in turn, the step in backward first (the likelier
 # to pass), so that a deadline cuts the least telling run.
 for accum in ${OFFLOAD_ACCUM:-1}; do

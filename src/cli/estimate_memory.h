@@ -57,6 +57,10 @@
 // 21.3 MB (reducing) for ZeRO-2/3. Their in-flight buffers shrink at the same time (in place,
 // for instance), so the states' term is an upper bound there.
 //
+// Every row is thus (device_rep + device_shard / N) P on the device and (cpu_rep + cpu_shard / N) P on
+// the CPU, per rank; a strategy fits a budget B from N >= shard P / (B - rep P) ranks (never when
+// rep P > B).
+//
 // Recommendation (with a --budget): the least-sharded, least-offloaded configuration that fits, i.e.
 // the one that communicates least. The order is the one Hugging Face's DeepSpeed guide gives for speed:
 //   DDP > ZeRO-1 > ZeRO-2 > ZeRO-2 + optimizer offload > ZeRO-3 > ZeRO-3 + optimizer offload

@@ -1,10 +1,10 @@
 // `accel estimate-memory --params P [--num_processes N] [--dtype D] [--optimizer O] [--offload M]
-// [--gradient_accumulation_steps K [--sync_each_batch]] [--budget SIZE] [--cpu_budget SIZE]`: the model-state memory
-// per rank of DDP and ZeRO-1/2/3 (ZeRO paper formulas, see cli/estimate_memory.h) and, with a budget, which fit and
-// which to use. With a GPT shape instead of --params (--d_model --layers --heads --seq [--micro_batch] [--vocab]
-// [--attention eager|sdpa]),
-// the whole per-rank peak of a step, activations included, with and without checkpointing
-// (cli/estimate_gpt.h). Single process, no torch: it runs anywhere, mpirun or not.
+// [--gradient_accumulation_steps K [--sync_each_batch]] [--budget SIZE] [--cpu_budget SIZE]`: the
+// model-state memory per rank of DDP and ZeRO-1/2/3 (ZeRO paper formulas, see cli/estimate_memory.h)
+// and, with a budget, which fit and which to use. With a GPT shape instead of --params (--d_model
+// --layers --heads --seq [--micro_batch] [--vocab] [--attention eager|sdpa]), the whole per-rank peak
+// of a step, activations included, with and without checkpointing (cli/estimate_gpt.h). Single
+// process, no torch: it runs anywhere, mpirun or not.
 #include "cli/commands.h"
 #include "cli/estimate_gpt.h"
 #include "cli/estimate_memory.h"

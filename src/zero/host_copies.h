@@ -42,13 +42,14 @@ class HostCopies {
   // An event that passes once every copy to the host queued so far has finished.
   c10::Event to_host_event();
   void current_waits(const c10::Event& done) const;
-  // A tensor of `sizes` (contiguous, not a view: a master or a gradient made of it can be detached in
-  // place, as Optimizer::zero_grad does) in host memory page-locked for the devices (copies from and to it run on the
-  // side streams without the host), taking the bytes it asks for rounded up to a page: PyTorch's pinned allocator would
-  // round them up to a power of two. Where that cannot be had (a build without the CUDA runtime of its own), PyTorch's
-  // pinned memory. Freed with the tensor: the caller keeps it alive until no copy from or to it is in flight. `device`:
-  // the device the copies go to, current while the memory is registered (a CUDA context is made there, not on device 0,
-  // for a rank on another GPU).
+  // A tensor of `sizes` (contiguous, not a view: a master or a gradient made of it can be detached
+  // in place, as Optimizer::zero_grad does) in host memory page-locked for the devices (copies from
+  // and to it run on the side streams without the host), taking the bytes it asks for rounded up to a
+  // page: PyTorch's pinned allocator would round them up to a power of two. Where that cannot be had
+  // (a build without the CUDA runtime of its own), PyTorch's pinned memory. Freed with the tensor: the
+  // caller keeps it alive until no copy from or to it is in flight. `device`: the device the copies go
+  // to, current while the memory is registered (a CUDA context is made there, not on device 0, for a
+  // rank on another GPU).
   static at::Tensor pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Device device);
   // Blocks until every copy queued so far has finished (a no-op when none is pending).
   void synchronize();
