@@ -77,7 +77,7 @@ TEST(Fp8Casts_CUDA, TensorwiseEqualsTheCompositePathBitForBit) {
             EXPECT_EQ(fused.scale.dim(), 0) << what;
             ++cases;
           }
-  EXPECT_EQ(cases, 3 * 2 * 5 * 2 * 2);
+  EXPECT_EQ(cases, 3 * 2 * 5 * 2 * 2);  // (5 sizes)
 }
 
 TEST(Fp8Casts_CUDA, TensorwiseEdgesZeroInfAndNan) {
@@ -204,7 +204,7 @@ TEST_P(AxiswiseCasts, EqualTheCompositePathBitForBit) {
             }
             ++cases;
           }
-  EXPECT_EQ(cases, 3 * 2 * 5 * 2 * 2);
+  EXPECT_EQ(cases, 3 * 2 * 6 * 2 * 2);  // (6 shapes)
   EXPECT_EQ(column_major_cases, cases / 2);
   // A transposed (non-contiguous) input: quantized as its contiguous copy.
   const at::Tensor w = values(64 * 48, at::kBFloat16, 7).view({64, 48}).t();
