@@ -60,6 +60,7 @@
 #include "comm/transport/nccl/nccl_backend.h"
 #include "kernels/cpu_gemm.h"
 #include "mfu.h"
+#include "mixed_precision/cross_entropy.h"
 #include "mixed_precision/float8_linear.h"
 #include "mixed_precision/loss_scaler.h"
 #include "models/gpt.h"
@@ -264,6 +265,11 @@ int run_bench(int argc, char** argv) {
          "--attention", attention,
          "eager (written out), sdpa (at::scaled_dot_product_attention) or auto (sdpa on CUDA, eager on the CPU)")
       ->check(CLI::IsMember({"auto", "eager", "sdpa"}));
+  std::string loss_path = "fused";
+  app.add_option("--loss", loss_path,
+                 "fused (accel::nn::cross_entropy: one kernel each way on CUDA, ATen's composite elsewhere) or "
+                 "composite (the logits in fp32, log_softmax, nll_loss, as torch_anchor.py computes it)")
+      ->check(CLI::IsMember({"fused", "composite"}));
   app.add_flag("--checkpoint", checkpoint,
                "activation checkpointing of every block (ShardingSpec::activation_checkpointing)");
   app.add_option("--device", device_name, "cpu | cuda (default: cuda where usable and ACCEL_USE_CPU is unset)")
@@ -501,9 +507,8 @@ int run_bench(int argc, char** argv) {
   auto train_step = [&](Run& run) {
     at::Tensor loss;
     for (int m = 0; m < accumulation; ++m) {
-      at::Tensor logits = run.model->forward(x);
-      if (run.prec.low()) logits = logits.to(at::kFloat);  // the loss in fp32
-      loss = examples::lm_loss(logits, y);
+      const at::Tensor logits = run.model->forward(x);  // (the loss in fp32 from the logits' dtype)
+      loss = loss_path == "composite" ? nn::cross_entropy_composite(logits, y) : examples::lm_loss(logits, y);
       if (accumulation > 1) loss = loss / accumulation;
       if (run.prec.loss_scale > 0) loss = loss * run.prec.loss_scale;
       if (run.name == "plain") {
@@ -637,6 +642,11 @@ int run_bench(int argc, char** argv) {
   // The strategy alone when every run is fp32 (the original lines), else "strategy precision".
   const bool show_prec = precisions.size() > 1 || precisions[0].low();
   auto label = [&](const Run& run) { return show_prec ? run.name + " " + run.prec.name : run.name; };
+  if (on_cuda && r == 0)
+    fmt::print(stderr, "step_bench: the loss through {}\n",
+               loss_path == "composite" || !nn::fused_cross_entropy(at::empty({1}, at::TensorOptions().device(device)))
+                   ? "ATen's composite (fp32 logits, log_softmax, nll_loss)"
+                   : "accel's fused cross entropy kernels");
   // fp8 on the device: how many of its products cuBLASLt computed (none: every one emulated in fp32, a
   // device or shapes that _scaled_mm refused, which the step time alone would not say).
   for (const auto& run : runs)

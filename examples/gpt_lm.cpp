@@ -115,7 +115,6 @@ int main(int argc, char** argv) {
         throw std::invalid_argument("--float64 trains without mixed precision (mixed_precision: no)");
       at::set_default_dtype(caffe2::TypeMeta::Make<double>());  // the model's parameters are built in float64
     }
-    const at::ScalarType loss_dtype = float64 ? at::kDouble : at::kFloat;
     std::shared_ptr<GPTImpl> model;
     if (acc.device().is_cpu()) {
       auto scope = acc.sharded_init();  // each block sharded as built
@@ -171,7 +170,7 @@ int main(int argc, char** argv) {
         at::Tensor loss;
         {
           auto autocast = acc.autocast();  // bf16/fp16 compute under mixed precision; a no-op in fp32
-          loss = lm_loss(model->forward(b.data).to(loss_dtype), b.target);  // the loss in fp32 (or fp64)
+          loss = lm_loss(model->forward(b.data), b.target);  // (in fp32 from the logits' dtype; fp64 in fp64)
         }
         acc.backward(loss);
         window_loss += acc.reduce(loss.detach(), "mean").item<double>() / acc.gradient_accumulation_steps();

@@ -7,7 +7,9 @@
 #       gpu_check.sh's tests (every strategy at 1-4 ranks on the GPU, offload, the examples, the
 #       reshard), then, in that order, as time allows: accel's bf16 and fp8 steps at the product-bound
 #       shape (d 4096, 5 layers, seq 1024, batch FP8_BATCH = 32: fp8 against bf16, and bf16's MFU at
-#       1.14B), fp8's 200-step loss curve at that shape, and ZeRO-Infinity's GPU-busy share at batch
+#       1.14B), accel's fp8 step there with the loss as torch_anchor.py computes it (step_bench --loss
+#       composite: what the fused cross entropy is worth), fp8's 200-step loss curve at that shape, and
+#       ZeRO-Infinity's GPU-busy share at batch
 #       16, two then four micro-batches a step (the step in backward and in optimizer.step()). Logs:
 #       $OUT/part1.tgz.
 #   bash scripts/gpu_lease.sh 2 SECONDS     call 2 (the device time left, SECONDS a little under it):
@@ -32,7 +34,7 @@ case "$PART" in
     SECONDS_LEFT=${2:-540}
     GPU_CHECK_DEADLINE_S=$SECONDS_LEFT FP8_ROUNDS=1 OFFLOAD_BATCHES=16 OFFLOAD_ACCUM="2 4" ACCEL_COMM_TIMEOUT_S=${ACCEL_COMM_TIMEOUT_S:-60} \
       GPU_CHECK_OUT=/tmp/gpu_lease_part1 GPU_CHECK_TAR="$OUTDIR/part1.tgz" \
-      bash "$ROOT/scripts/gpu_check.sh" --bundle "$BUNDLE" --bench '^(fp8_bound_accel|fp8_bound_curve|offload_busy)'
+      bash "$ROOT/scripts/gpu_check.sh" --bundle "$BUNDLE" --bench '^(fp8_bound_accel|fp8_bound_loss|fp8_bound_curve|offload_busy)'
     ;;
   2)
     SECONDS_LEFT=${2:?"gpu_lease.sh 2 SECONDS: the device time this call may use"}

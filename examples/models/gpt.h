@@ -12,6 +12,7 @@
 // libtorch's generator, which checkpoints save and restore per rank); 0 (the default) draws nothing.
 #pragma once
 
+#include "mixed_precision/cross_entropy.h"
 #include "mixed_precision/float8_linear.h"
 #include "sharding/unit.h"
 
@@ -120,9 +121,10 @@ struct GPTImpl : torch::nn::Module {
   torch::nn::LayerNorm ln_f{nullptr};
 };
 
-// Mean next-token cross entropy.
+// Mean next-token cross entropy, in fp32 from logits of any dtype (fp64 logits: fp64): accel's fused
+// kernels on CUDA, log_softmax and nll_loss elsewhere (mixed_precision/cross_entropy.h).
 inline at::Tensor lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
-  return at::nll_loss(at::log_softmax(logits.reshape({-1, logits.size(-1)}), -1), targets.reshape({-1}));
+  return accel::nn::cross_entropy(logits, targets);
 }
 
 }  // namespace accel::examples

@@ -23,6 +23,9 @@
 //   After the blocks: ln_f's output B T d and its mean/rstd 2 B T, the logits B T V and log_softmax's
 //   output B T V, and the loss (8 bytes):
 //     A_head = e (B T d + 2 B T + 2 B T V) + 8
+//   (The composite loss, as on the CPU where this was measured. On CUDA the examples' loss is accel's
+//   fused cross entropy, which keeps two floats a row instead of log_softmax's output: there A_head
+//   is an upper bound by about e B T V.)
 //   Without checkpointing: L A_block + A_head (the first block's input is the embedding's output,
 //   made before the first unit: not an activation; the last block's output, ln_f's input, is in
 //   A_head's place of it). Measured by step_bench (memory::Category::Activations, fp32, 2 ranks):

@@ -1,6 +1,7 @@
 // The Llama layers (models/llama.h), written op for op after Transformers' modeling_llama.py
 // (eager attention), so that fp32 logits agree to rounding.
 #include "models/llama.h"
+#include "mixed_precision/cross_entropy.h"
 
 #include <c10/util/Exception.h>
 
@@ -254,8 +255,9 @@ at::Tensor LlamaForCausalLM::forward(const at::Tensor& tokens, KVCache* cache, c
 }
 
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& targets) {
-  at::Tensor l = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
-  return at::cross_entropy_loss(l, targets.reshape({-1}), /*weight=*/{}, at::Reduction::Mean, /*ignore_index=*/-100);
+  // (fp32 math from the logits' own dtype, fp64 logits too: Transformers' logits.float())
+  const at::Tensor l = logits.scalar_type() == at::kDouble ? logits.to(at::kFloat) : logits;
+  return nn::cross_entropy(l, targets, /*ignore_index=*/-100);
 }
 
 }  // namespace accel::models
