@@ -71,8 +71,8 @@ class Block(nn.Module):
     def forward(self, x):
         B, T, d = x.shape
         hd = d // self.heads
-        qkv = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, hd).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
+        # split, then views by head (as step_bench's model: one cat in backward, not unbind's stack and copy)
+        q, k, v = (t.view(B, T, self.heads, hd).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(d, -1))
         if self.sdpa:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:

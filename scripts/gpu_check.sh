@@ -393,6 +393,13 @@ done
 # Where the fp8 step's time goes against bf16's at that shape (top kernels: the products, the casts,
 # the transposed copies for backward's operands); batch 8, as both models share the GPU in this run.
 step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8DIMS[@]}" --batch 8 --profile
+# And torchao's float8 + torch.compile there under torch.profiler (its top kernels by device time): beside
+# accel's profile, which kernels make up torchao's lead (the casts fused into the norms and GELU, the
+# bias gradients, the loss) and so which fusion to write next.
+if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
+  step profile_fp8_bound_torchao "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy plain \
+    --precision fp8 --compile --steps 5 --warmup 3 "${FP8DIMS[@]}" --batch 8 --profile
+fi
 # The offloaded step's GPU-busy share (issue 32 asks >= 50%) against the batch: ZeRO-Infinity (optimizer
 # and parameters in host memory, checkpointing) under the 8 GB cap, at a size whose host step and device
 # work both grow with the parameters (OFFLOAD_D, default 2048: 1.0B), so the batch where the share

@@ -19,7 +19,8 @@
 #       6x the no-offload size is d 3200, 2.5x is d 2048), the searches stopped at 55% of SECONDS;
 #       then torchao's float8 + torch.compile at the product-bound shape, PyTorch's bf16 + torch.compile
 #       there, the rowwise recipe under both per-column cast kernels (ACCEL_FP8_COLWISE single and
-#       chunked: which to default to), and accel's bf16 and fp8 steps there under the profiler; then accel against PyTorch,
+#       chunked: which to default to), accel's bf16 and fp8 steps there under the profiler and torchao's
+#       fp8 + torch.compile under torch.profiler; then accel against PyTorch,
 #       rounds of every pair (at most 5) until the time is up. Logs: $OUT/part2.tgz, the table in
 #       $OUT/largest_model.txt and its runs in $OUT/largest_model.log.
 # The bundle is .gpu_bundle beside this checkout (scripts/gpu_bundle.sh made it; carry it).

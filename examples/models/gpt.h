@@ -62,11 +62,15 @@ struct BlockImpl : torch::nn::Module {
   }
   at::Tensor forward(at::Tensor x) {  // x: [B, T, d]
     const int64_t B = x.size(0), T = x.size(1), d = x.size(2), hd = d / heads;
-    auto qkv_out = qkv.forward(ln1(x)).view({B, T, 3, heads, hd}).permute({2, 0, 3, 1, 4});  // 3,B,H,T,hd
-    // unbind, not three selects: its backward is one stack, where each select's is a zero-filled
-    // buffer, a copy into it and an add (the same values, six kernels fewer per block).
-    const std::vector<at::Tensor> qkv3 = qkv_out.unbind(0);
-    const at::Tensor &q = qkv3[0], &k = qkv3[1], &v = qkv3[2];
+    // q, k and v [B, H, T, hd]: views of qkv's output [B, T, 3d], split along its last dim. split's
+    // backward is one cat of the three gradients into [B, T, 3d]. On CUDA the attention kernels hand
+    // them back in [B, T, H, hd] layout, so the cat is the only copy; unbind of the [3, B, H, T, hd]
+    // permutation (the same views) stacked them into that layout and then copied them back into qkv's
+    // (a second copy, 3 B T d elements read and written a block). Three selects would each zero a buffer,
+    // copy into it and add. The values are the same every way.
+    const std::vector<at::Tensor> qkv3 = qkv.forward(ln1(x)).split(d, -1);
+    auto by_head = [&](const at::Tensor& t) { return t.view({B, T, heads, hd}).transpose(1, 2); };
+    const at::Tensor q = by_head(qkv3[0]), k = by_head(qkv3[1]), v = by_head(qkv3[2]);
     at::Tensor y;
     if (attention == Attention::Sdpa || (attention == Attention::Auto && x.is_cuda())) {
       y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
