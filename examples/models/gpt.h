@@ -44,7 +44,7 @@ struct BlockImpl : torch::nn::Module {
   // fp8: the four linear layers are Float8Linear (accel::nn::make_linear); false builds exactly the
   // torch::nn::Linear block (same registration order, names and RNG draws).
   BlockImpl(int64_t d, int64_t heads, bool fp8 = false, double dropout = 0, Attention attention = Attention::Auto)
-      : heads(heads), dropout(dropout), attention(attention) {
+      : heads(heads), dropout(dropout), attention(attention), fp8(fp8) {
     using accel::nn::make_linear;
     using torch::nn::LinearOptions;
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
@@ -83,12 +83,16 @@ struct BlockImpl : torch::nn::Module {
     }
     y = y.transpose(1, 2).reshape({B, T, d});
     x = x + drop(proj.forward(y));
-    return x + drop(fc2.forward(at::gelu(fc1.forward(ln2(x)))));
+    const at::Tensor h = fc1.forward(ln2(x));
+    // fp8: the GELU goes into fc2's casts (Float8Linear::forward_gelu: the same values and gradients,
+    // the GELU's output never written on CUDA).
+    return x + drop(fp8 ? fc2.get<accel::nn::Float8LinearImpl>().forward_gelu(h) : fc2.forward(at::gelu(h)));
   }
   at::Tensor drop(const at::Tensor& t) { return dropout > 0 ? at::dropout(t, dropout, is_training()) : t; }
   int64_t heads;
   double dropout;
   Attention attention;
+  bool fp8;
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   // torch::nn::Linear or accel::nn::Float8Linear (a typed member could hold only one of them).
   torch::nn::AnyModule qkv, proj, fc1, fc2;

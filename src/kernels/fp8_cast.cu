@@ -33,6 +33,24 @@ __device__ __forceinline__ float to_f32(c10::BFloat16 v) { return static_cast<fl
 
 __device__ __forceinline__ std::uint32_t abs_bits(float v) { return __float_as_uint(fabsf(v)); }
 
+// An element as the cast reads it: fp32(x), or with kGelu fp32(T(gelu(x))), at::gelu's value (exact,
+// erf) in at::gelu's arithmetic (GeluErfFunctor: fp32, x * 0.5 * (1 + erf(x * sqrt(1/2)))), rounded to
+// x's dtype as at::gelu's output is: the bytes are then those of quantizing at::gelu(x).
+template <bool kGelu, typename T>
+__device__ __forceinline__ float load(T v) {
+  if constexpr (kGelu) {
+    constexpr float kAlpha = M_SQRT1_2;
+    const float x = to_f32(v);
+    const float g = x * 0.5f * (1.0f + ::erf(x * kAlpha));
+    if constexpr (std::is_same_v<T, float>)
+      return g;
+    else
+      return to_f32(T(g));
+  } else {
+    return to_f32(v);
+  }
+}
+
 // scale_from_amax (fp8.cpp), in fp64 then rounded to fp32: qmax = fp8_max * 2^-margin.
 __device__ __forceinline__ float scale_of(std::uint32_t amax_bits, double qmax) {
   const double a = static_cast<double>(__uint_as_float(amax_bits));
@@ -93,7 +111,7 @@ struct alignas(N) Bytes {
   std::uint8_t v[N];
 };
 
-template <typename T, bool kPacked>
+template <typename T, bool kPacked, bool kGelu = false>
 __global__ void amax_kernel(const T* __restrict__ x, std::int64_t n, std::uint32_t* __restrict__ amax_bits) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -106,16 +124,16 @@ __global__ void amax_kernel(const T* __restrict__ x, std::int64_t n, std::uint32
     for (std::int64_t i = first; i < packs; i += stride) {
       const Pack<T> v = p[i];
 #pragma unroll
-      for (int j = 0; j < kN; ++j) m = max(m, abs_bits(to_f32(v.v[j])));
+      for (int j = 0; j < kN; ++j) m = max(m, abs_bits(load<kGelu>(v.v[j])));
     }
     done = packs * kN;
   }
-  for (std::int64_t i = done + first; i < n; i += stride) m = max(m, abs_bits(to_f32(x[i])));
+  for (std::int64_t i = done + first; i < n; i += stride) m = max(m, abs_bits(load<kGelu>(x[i])));
   m = block_max(m);
   if (threadIdx.x == 0 && m != 0) atomicMax(amax_bits, m);
 }
 
-template <typename T, OutFormat F, bool kPacked>
+template <typename T, OutFormat F, bool kPacked, bool kGelu = false>
 __global__ void quantize_kernel(const T* __restrict__ x, std::int64_t n, const std::uint32_t* __restrict__ amax_bits,
                                 double qmax, std::uint8_t* __restrict__ out, float* __restrict__ scale_out,
                                 float* __restrict__ inv_out) {
@@ -137,12 +155,12 @@ __global__ void quantize_kernel(const T* __restrict__ x, std::int64_t n, const s
       const Pack<T> v = p[i];
       Bytes<kN> b;
 #pragma unroll
-      for (int j = 0; j < kN; ++j) b.v[j] = cast<F>(to_f32(v.v[j]), scale, kMax);
+      for (int j = 0; j < kN; ++j) b.v[j] = cast<F>(load<kGelu>(v.v[j]), scale, kMax);
       q[i] = b;
     }
     done = packs * kN;
   }
-  for (std::int64_t i = done + first; i < n; i += stride) out[i] = cast<F>(to_f32(x[i]), scale, kMax);
+  for (std::int64_t i = done + first; i < n; i += stride) out[i] = cast<F>(load<kGelu>(x[i]), scale, kMax);
 }
 
 // A [rows, cols] matrix in tiles of 32 x 32 elements, a block of 32 x 8 threads walking tiles b,
@@ -152,7 +170,7 @@ __global__ void quantize_kernel(const T* __restrict__ x, std::int64_t n, const s
 // the tensor's scale (from amax_bits); otherwise x is already bytes (T = uint8), copied as they are.
 // (The row's padding of 4 bytes puts the 32 bytes a warp reads down a column in 32 different banks.)
 constexpr int kTile = 32, kTileRows = 8;
-template <typename T, bool kCast, OutFormat F>
+template <typename T, bool kCast, OutFormat F, bool kGelu = false>
 __global__ void tile_transpose_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols,
                                       const std::uint32_t* __restrict__ amax_bits, double qmax,
                                       std::uint8_t* __restrict__ out, std::uint8_t* __restrict__ out_t,
@@ -177,7 +195,7 @@ __global__ void tile_transpose_kernel(const T* __restrict__ x, std::int64_t rows
       if (r < rows && c < cols) {
         std::uint8_t q;
         if constexpr (kCast)
-          q = cast<F>(to_f32(x[r * cols + c]), scale, kMax);
+          q = cast<F>(load<kGelu>(x[r * cols + c]), scale, kMax);
         else
           q = x[r * cols + c];
         if (out) out[r * cols + c] = q;
@@ -370,12 +388,12 @@ void tensorwise(const T* x, std::int64_t n, double qmax, std::uint32_t* amax_bit
 // The grid of tile_transpose_kernel<T, kCast, F> for a [rows, cols] matrix: a block a tile, at most as
 // many as the device holds at once (its occupancy: a grid-stride loop gains nothing from a second,
 // partial wave).
-template <typename T, bool kCast, OutFormat F>
+template <typename T, bool kCast, OutFormat F, bool kGelu = false>
 int tile_blocks(std::int64_t rows, std::int64_t cols) {
   static const int resident = [] {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tile_transpose_kernel<T, kCast, F>, kTile * kTileRows,
-                                                      0) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tile_transpose_kernel<T, kCast, F, kGelu>,
+                                                      kTile * kTileRows, 0) != cudaSuccess ||
         per_sm < 1) {
       (void)cudaGetLastError();
       per_sm = 1;
@@ -386,18 +404,30 @@ int tile_blocks(std::int64_t rows, std::int64_t cols) {
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(tiles, resident)));
 }
 
-template <typename T, OutFormat F>
+// (kGelu: of gelu(x), as `load` reads it.) Without out_t, the row-major bytes alone: the flat cast.
+template <typename T, OutFormat F, bool kGelu>
 void tensorwise_2d(const T* x, std::int64_t rows, std::int64_t cols, double qmax, std::uint32_t* amax_bits,
                    std::uint8_t* out, std::uint8_t* out_t, float* scale, float* inv, cudaStream_t s) {
   const std::int64_t n = rows * cols;
   if (cudaMemsetAsync(amax_bits, 0, sizeof(std::uint32_t), s) != cudaSuccess) check_launch("zero the amax");
-  if (reinterpret_cast<std::uintptr_t>(x) % 16 == 0)
-    amax_kernel<T, true><<<blocks_for(n / Pack<T>::kN + 1), kThreads, 0, s>>>(x, n, amax_bits);
+  const bool packed = reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
+  if (packed)
+    amax_kernel<T, true, kGelu><<<blocks_for(n / Pack<T>::kN + 1), kThreads, 0, s>>>(x, n, amax_bits);
   else
-    amax_kernel<T, false><<<blocks_for(n), kThreads, 0, s>>>(x, n, amax_bits);
+    amax_kernel<T, false, kGelu><<<blocks_for(n), kThreads, 0, s>>>(x, n, amax_bits);
   check_launch("amax");
-  tile_transpose_kernel<T, true, F><<<tile_blocks<T, true, F>(rows, cols), dim3(kTile, kTileRows), 0, s>>>(
-      x, rows, cols, amax_bits, qmax, out, out_t, scale, inv);
+  if (!out_t) {
+    if (packed && reinterpret_cast<std::uintptr_t>(out) % Pack<T>::kN == 0)
+      quantize_kernel<T, F, true, kGelu>
+          <<<blocks_for(n / Pack<T>::kN + 1), kThreads, 0, s>>>(x, n, amax_bits, qmax, out, scale, inv);
+    else
+      quantize_kernel<T, F, false, kGelu><<<blocks_for(n), kThreads, 0, s>>>(x, n, amax_bits, qmax, out, scale, inv);
+    check_launch("quantize");
+    return;
+  }
+  tile_transpose_kernel<T, true, F, kGelu>
+      <<<tile_blocks<T, true, F, kGelu>(rows, cols), dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, amax_bits, qmax,
+                                                                                     out, out_t, scale, inv);
   check_launch("cast and transpose");
 }
 
@@ -470,7 +500,7 @@ void quantize_tensorwise(const void* x, InDtype dtype, std::int64_t n, OutFormat
 
 void quantize_tensorwise_2d(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, OutFormat fmt,
                             int margin, std::uint32_t* amax_bits, std::uint8_t* out, std::uint8_t* out_t, float* scale,
-                            float* inv_scale, void* stream) {
+                            float* inv_scale, void* stream, bool gelu) {
   if (!out && !out_t) throw accel::InvalidArgumentError("fp8 cast: neither layout asked for");
   if (rows < 0 || cols < 0) throw accel::InvalidArgumentError("fp8 cast: negative dims");
   if (!out_t) {
@@ -479,10 +509,15 @@ void quantize_tensorwise_2d(const void* x, InDtype dtype, std::int64_t rows, std
   }
   const double qmax = qmax_of(fmt, margin);
   if (rows == 0 || cols == 0) throw accel::InvalidArgumentError("fp8 cast: an empty matrix");
+  if (!out && !out_t) throw accel::InvalidArgumentError("fp8 cast: neither layout asked for");
   dispatch(dtype, fmt, [&](auto tag, auto f) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
-    tensorwise_2d<T, decltype(f)::value>(static_cast<const T*>(x), rows, cols, qmax, amax_bits, out, out_t, scale,
-                                         inv_scale, static_cast<cudaStream_t>(stream));
+    if (gelu)
+      tensorwise_2d<T, decltype(f)::value, true>(static_cast<const T*>(x), rows, cols, qmax, amax_bits, out, out_t,
+                                                 scale, inv_scale, static_cast<cudaStream_t>(stream));
+    else
+      tensorwise_2d<T, decltype(f)::value, false>(static_cast<const T*>(x), rows, cols, qmax, amax_bits, out, out_t,
+                                                  scale, inv_scale, static_cast<cudaStream_t>(stream));
   });
 }
 

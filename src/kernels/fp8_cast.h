@@ -28,12 +28,15 @@ void quantize_tensorwise(const void* x, InDtype dtype, std::int64_t n, OutFormat
 
 // Tensorwise over a row-major [rows, cols] x, the cast writing the fp8 values row-major to `out` and
 // their transpose ([cols, rows], row-major: x's values column-major) to `out_t`, in one pass through
-// tiles of shared memory; either may be null, not both. The operands of at::_scaled_mm in the layouts
-// cuBLASLt takes (a row-major, b column-major), so that no product copies one. Two kernels, as
-// quantize_tensorwise; the same bytes in both layouts.
+// tiles of shared memory; either may be null, not both (out alone: quantize_tensorwise's flat cast).
+// The operands of at::_scaled_mm in the layouts cuBLASLt takes (a row-major, b column-major), so that
+// no product copies one. Two kernels, as quantize_tensorwise; the same bytes in both layouts.
+// gelu: the values quantized are at::gelu(x) (exact, erf), computed on the way in its arithmetic and
+// rounded to x's dtype as its output is, so the bytes and scale are those of quantizing at::gelu(x),
+// which is never written (a GELU in front of a linear layer: Float8Linear's forward_gelu).
 void quantize_tensorwise_2d(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, OutFormat fmt,
                             int margin, std::uint32_t* amax_bits, std::uint8_t* out, std::uint8_t* out_t, float* scale,
-                            float* inv_scale, void* stream);
+                            float* inv_scale, void* stream, bool gelu = false);
 
 // out [cols, rows] = the transpose of the row-major [rows, cols] bytes `in` (tiles through shared memory,
 // reads and writes along rows): an fp8 tensor into the other layout. One kernel.

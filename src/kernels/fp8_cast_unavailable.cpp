@@ -14,7 +14,7 @@ void quantize_tensorwise(const void*, InDtype, std::int64_t, OutFormat, int, std
 }
 
 void quantize_tensorwise_2d(const void*, InDtype, std::int64_t, std::int64_t, OutFormat, int, std::uint32_t*,
-                            std::uint8_t*, std::uint8_t*, float*, float*, void*) {
+                            std::uint8_t*, std::uint8_t*, float*, float*, void*, bool) {
   throw accel::RuntimeError("fp8 cast kernels: this build has none (no CUDA toolkit when it was configured)");
 }
 

@@ -202,14 +202,18 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias_opt, const std::optional<at::Tensor>& weight_fp8_data,
                             const std::optional<at::Tensor>& weight_fp8_scale, int64_t backend_i, bool rowwise,
-                            bool e4m3_grads, bool fast_accum, bool keep_x, bool keep_w) {
+                            bool e4m3_grads, bool fast_accum, bool keep_x, bool keep_w, bool gelu_input) {
     using mixed_precision::kColumnMajor;
     using mixed_precision::kRowMajor;
     // (Optional tensors: a C++ autograd Function rejects undefined at::Tensor inputs.)
     const at::Tensor bias = bias_opt ? *bias_opt : at::Tensor();
     const auto backend = static_cast<Float8MatmulBackend>(backend_i);
     const std::int64_t in = weight.size(1), out_features = weight.size(0);
-    const at::Tensor x2 = input.reshape({-1, in});
+    // gelu_input (forward_gelu): the layer's input is at::gelu(input). The fused tensorwise casts compute
+    // it on the way, and it is never written; elsewhere it is computed here. Backward applies GELU's
+    // gradient to grad_input, from `input` (saved, as GELU would have saved it).
+    const bool fuse_gelu = gelu_input && !rowwise && mixed_precision::fused_fp8_casts(input);
+    const at::Tensor x2 = (gelu_input && !fuse_gelu ? at::gelu(input) : input).reshape({-1, in});
     // grad_input = grad_out [M, N] @ weight [N, K]; grad_weight = grad_out^T [N, M] @ input [M, K]. The
     // second operand of each (weight, input; grad_out^T's layout too) column-major where it goes to
     // cuBLASLt.
@@ -230,8 +234,8 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       if (keep_w)  // for grad_input
         w_back = quantize_dynamic_axiswise(weight, 0, Fp8Format::E4M3, 0, kPow2, w_col ? kColumnMajor : kRowMajor);
     } else {
-      const mixed_precision::Fp8Layouts xl =
-          mixed_precision::quantize_dynamic_2d(x2, Fp8Format::E4M3, kRowMajor | (x_col ? kColumnMajor : 0u));
+      const mixed_precision::Fp8Layouts xl = mixed_precision::quantize_dynamic_2d(
+          x2, Fp8Format::E4M3, kRowMajor | (x_col ? kColumnMajor : 0u), 0, fuse_gelu);
       Fp8Tensor wq;
       if (weight_fp8_data) {
         wq = Fp8Tensor{*weight_fp8_data, weight_fp8_scale->to(at::kFloat).reshape({}), Fp8Format::E4M3};
@@ -262,6 +266,8 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     ctx->saved_data["rowwise"] = rowwise;
     ctx->saved_data["e4m3_grads"] = e4m3_grads;
     ctx->saved_data["x_col"] = x_col;  // (grad_weight's product goes to cuBLASLt: grad_out^T row-major too)
+    ctx->saved_data["gelu"] = gelu_input;
+    ctx->saved_data["gelu_input"] = gelu_input && keep_w ? input : at::Tensor();  // (for grad_input only)
 
     std::vector<int64_t> out_sizes = input.sizes().vec();
     out_sizes.back() = out_features;
@@ -316,10 +322,12 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
         grad_weight = mixed_precision::float8_mm(transposed(x_col ? gq.column_major : gq.row_major),
                                                  kept("xq", "xs", "xi"), weight_dtype, backend);
     }
+    if (grad_input.defined() && ctx->saved_data["gelu"].toBool())  // (GELU's backward, as autograd's)
+      grad_input = at::gelu_backward(grad_input, ctx->saved_data["gelu_input"].toTensor());
     if (has_bias && ctx->needs_input_grad(2))  // (summed in fp32 without an fp32 copy of the gradient)
       grad_bias = go.sum(0, /*keepdim=*/false, at::kFloat).to(bias_dtype);
     return {grad_input,   grad_weight,  grad_bias,    at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -353,7 +361,16 @@ void Float8LinearImpl::pretty_print(std::ostream& stream) const {
          << ", out_features=" << options.out_features() << ", bias=" << options.bias() << ")";
 }
 
-at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
+at::Tensor Float8LinearImpl::forward(const at::Tensor& input) { return forward_impl(input, /*gelu=*/false); }
+
+at::Tensor Float8LinearImpl::forward_gelu(const at::Tensor& pre) {
+  // Under autocast the model's at::gelu would run where autocast puts it and the layer would then cast
+  // its output: that graph as it is.
+  if (mixed_precision::autocast_dtype_on(pre.device().type())) return forward(at::gelu(pre));
+  return forward_impl(pre, /*gelu=*/true);
+}
+
+at::Tensor Float8LinearImpl::forward_impl(const at::Tensor& input, bool gelu) {
   if (!at::isFloatingType(input.scalar_type()))
     throw accel::InvalidArgumentError("Float8Linear: expected a floating input");
   if (input.dim() < 1 || input.size(-1) != options.in_features())
@@ -384,7 +401,8 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
   const bool grad = at::GradMode::is_enabled();
   return Float8LinearFunction::apply(x, weight, b, wd, ws, static_cast<int64_t>(backend),
                                      recipe == mixed_precision::Float8Recipe::Rowwise, grad_format == Fp8Format::E4M3,
-                                     fast_accum_output, grad && weight.requires_grad(), grad && x.requires_grad());
+                                     fast_accum_output, grad && weight.requires_grad(), grad && x.requires_grad(),
+                                     gelu);
 }
 
 int set_float8_recipe(torch::nn::Module& model, mixed_precision::Float8Recipe recipe, Fp8Format grad_format) {

@@ -109,6 +109,11 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
   // torchao's Float8Linear): the input (floating, not fp64) is cast to its device's autocast dtype,
   // the output comes out in that dtype, and the layer's own ops run with autocast off.
   at::Tensor forward(const at::Tensor& input);
+  // forward(at::gelu(pre)) (exact GELU), the same values and gradients (pre's included), without the GELU's
+  // output: under the tensorwise recipe on CUDA the fused casts compute it while quantizing it, saving
+  // a write and two reads of an activation as large as pre (the MLP's 4d-wide one). Elsewhere (rowwise,
+  // the CPU's composite casts) it is computed inside the layer; under autocast it is that graph itself.
+  at::Tensor forward_gelu(const at::Tensor& pre);
 
   torch::nn::LinearOptions options;
   at::Tensor weight;
@@ -127,6 +132,9 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
   // matching values (dequantized); grad_weight still goes to `weight`. The owner sets it for each
   // forward (after each gather) and clears it when the weight changes.
   std::optional<mixed_precision::Fp8Tensor> weight_fp8;
+
+ private:
+  at::Tensor forward_impl(const at::Tensor& input, bool gelu);
 };
 
 TORCH_MODULE(Float8Linear);

@@ -75,9 +75,9 @@ at::Tensor transposed_on_device(const at::Tensor& data) {
 }
 #endif
 
-// The fused tensorwise casts of a 2-D x into the layouts asked for (fused_fp8_casts(x) holds): one
-// cast kernel writing both.
-Fp8Layouts fused_quantize_2d(const at::Tensor& x_in, Fp8Format f, unsigned layouts, int margin) {
+// The fused tensorwise casts of a 2-D x (or of gelu(x)) into the layouts asked for (fused_fp8_casts(x)
+// holds): one cast kernel writing both.
+Fp8Layouts fused_quantize_2d(const at::Tensor& x_in, Fp8Format f, unsigned layouts, int margin, bool gelu) {
 #if ACCEL_WITH_CUDA_KERNELS
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
@@ -93,13 +93,13 @@ Fp8Layouts fused_quantize_2d(const at::Tensor& x_in, Fp8Format f, unsigned layou
                                        out.defined() ? static_cast<std::uint8_t*>(out.mutable_data_ptr()) : nullptr,
                                        out_t.defined() ? static_cast<std::uint8_t*>(out_t.mutable_data_ptr()) : nullptr,
                                        scale.mutable_data_ptr<float>(), inverse.mutable_data_ptr<float>(),
-                                       c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+                                       c10::cuda::getCurrentCUDAStream(x.device().index()).stream(), gelu);
   Fp8Layouts r;
   if (out.defined()) r.row_major = Fp8Tensor{out, scale, f, inverse};
   if (out_t.defined()) r.column_major = Fp8Tensor{out_t.t(), scale, f, inverse};
   return r;
 #else
-  (void)x_in, (void)f, (void)layouts, (void)margin;
+  (void)x_in, (void)f, (void)layouts, (void)margin, (void)gelu;
   throw accel::LogicError("fp8: fused casts called in a build without them");
 #endif
 }
@@ -262,14 +262,15 @@ Fp8Tensor column_major(const Fp8Tensor& t) {
   return r;
 }
 
-Fp8Layouts quantize_dynamic_2d(const at::Tensor& x, Fp8Format f, unsigned layouts, int margin) {
+Fp8Layouts quantize_dynamic_2d(const at::Tensor& x, Fp8Format f, unsigned layouts, int margin, bool gelu_first) {
   if (x.dim() != 2) throw accel::InvalidArgumentError("fp8 quantize_dynamic_2d: expected a 2-D tensor");
   if (layouts == 0 || (layouts & ~(kRowMajor | kColumnMajor)) != 0)
     throw accel::InvalidArgumentError("fp8 quantize_dynamic_2d: layouts is kRowMajor, kColumnMajor or both");
   check_margin(margin);
-  if (fused_fp8_casts(x) && (layouts & kColumnMajor)) return fused_quantize_2d(x, f, layouts, margin);
+  if (fused_fp8_casts(x) && ((layouts & kColumnMajor) || gelu_first))
+    return fused_quantize_2d(x, f, layouts, margin, gelu_first);
   Fp8Layouts r;
-  const Fp8Tensor q = quantize_dynamic(x, f, margin);
+  const Fp8Tensor q = quantize_dynamic(gelu_first ? at::gelu(x) : x, f, margin);
   if (layouts & kRowMajor) r.row_major = q;
   if (layouts & kColumnMajor) r.column_major = column_major(q);
   return r;

@@ -99,11 +99,13 @@ bool fused_fp8_casts(const at::Tensor& x);
 // One dynamic tensorwise quantization of a 2-D x (quantize_dynamic's numbers) in the layouts asked for
 // (kRowMajor, kColumnMajor or both; the other's data undefined). On CUDA both come from one cast
 // kernel writing the two layouts (kernels/fp8_cast.h); elsewhere the column-major copy is the
-// row-major data transposed.
+// row-major data transposed. gelu_first: of at::gelu(x) (exact), the same bytes; on CUDA the casts
+// compute it on the way and it is never written.
 struct Fp8Layouts {
   Fp8Tensor row_major, column_major;
 };
-Fp8Layouts quantize_dynamic_2d(const at::Tensor& x, Fp8Format f, unsigned layouts, int margin = 0);
+Fp8Layouts quantize_dynamic_2d(const at::Tensor& x, Fp8Format f, unsigned layouts, int margin = 0,
+                               bool gelu_first = false);
 // The same values in the other layout: `t` column-major (t itself when it already is; a tiled
 // transpose kernel on CUDA).
 Fp8Tensor column_major(const Fp8Tensor& t);

@@ -141,6 +141,38 @@ TEST(Fp8Casts_CUDA, BothLayoutsEqualTheCompositePathBitForBit) {
   EXPECT_TRUE(bad.row_major.data.to(at::kFloat).isnan().all().item<bool>());
 }
 
+// quantize_dynamic_2d(x, ..., gelu_first) on the device: the casts compute at::gelu(x) on the way, and the
+// bytes and scale are those of the composite path over at::gelu(x), in either layout and both (the flat
+// cast for the row-major bytes alone, the tiled one for the column-major), for fp32, fp16 and bf16.
+TEST(Fp8Casts_CUDA, TensorwiseOfGeluEqualsTheCompositePathBitForBit) {
+  SKIP_WITHOUT_FUSED_CASTS();
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{1, 1}, {7, 33}, {64, 96}, {1031, 2053}};
+  int cases = 0;
+  for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16})
+    for (const auto& [rows, cols] : shapes)
+      for (unsigned layouts : {unsigned{kRowMajor}, unsigned{kColumnMajor}, unsigned{kRowMajor | kColumnMajor}})
+        for (int offset : {0, 1}) {
+          // (values around GELU's bend and its tails, and outliers)
+          const at::Tensor base = values(rows * cols + offset, dtype, 700 + cases) * 4;
+          const at::Tensor x = base.slice(0, offset).view({rows, cols});
+          const std::string what = std::string(c10::toString(dtype)) + " [" + std::to_string(rows) + ", " +
+                                   std::to_string(cols) + "] layouts " + std::to_string(layouts) + " offset " +
+                                   std::to_string(offset);
+          const Fp8Layouts fused = quantize_dynamic_2d(x, Fp8Format::E4M3, layouts, 0, /*gelu_first=*/true);
+          const Fp8Tensor ref = quantize_dynamic_composite(at::gelu(x), Fp8Format::E4M3);
+          const Fp8Tensor& any = layouts & kRowMajor ? fused.row_major : fused.column_major;
+          ASSERT_TRUE(any.inverse.defined()) << what << ": not the fused path";
+          expect_same_scale(any.scale, ref.scale, what);
+          if (layouts & kRowMajor) expect_same_fp8(fused.row_major.data, ref.data, what + " (row-major)");
+          if (layouts & kColumnMajor) {
+            ASSERT_TRUE(is_column_major(fused.column_major.data)) << what;
+            expect_same_fp8(fused.column_major.data, ref.data, what + " (column-major)");
+          }
+          ++cases;
+        }
+  EXPECT_EQ(cases, 3 * 4 * 3 * 2);
+}
+
 // column_major() of a row-major fp8 tensor on the device (the tiled transpose kernel), and the axiswise
 // casts into the column-major layout (per row: the fused cast, then that kernel; per column: the cast
 // writing it through tiles), against ATen's transposed copy.

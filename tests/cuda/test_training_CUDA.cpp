@@ -1019,6 +1019,37 @@ TEST(CudaTraining_CUDA, ACudaEngineLeavesTheCpuMatmulsAndAllocatorAlone) {
   EXPECT_FALSE(memory::keeping_freed_cpu_memory()) << "a CUDA engine turned the CPU allocator's cache on";
 }
 
+// forward_gelu on the device, where the fused casts compute the GELU: the same output and gradients as
+// forward(at::gelu(pre)), bit for bit, through at::_scaled_mm (tensorwise) and through the rowwise recipe
+// (GELU computed inside the layer).
+TEST(CudaFloat8_CUDA, ForwardGeluIsForwardOfGeluBitForBit) {
+  SKIP_WITHOUT_CUDA();
+  const c10::Device dev = my_device();
+  for (auto recipe : {mixed_precision::Float8Recipe::Tensorwise, mixed_precision::Float8Recipe::Rowwise}) {
+    at::manual_seed(43);
+    nn::Float8Linear a(256, 128), b(256, 128);
+    {
+      at::NoGradGuard ng;
+      b->weight.copy_(a->weight);
+      b->bias.copy_(a->bias);
+    }
+    a->to(dev, at::kBFloat16);
+    b->to(dev, at::kBFloat16);
+    a->recipe = b->recipe = recipe;
+    const at::Tensor pre = (at::randn({4, 32, 256}, dev) * 2).to(at::kBFloat16);
+    const at::Tensor g = (at::randn({4, 32, 128}, dev) * 1e-2).to(at::kBFloat16);
+    const at::Tensor pa = pre.clone().set_requires_grad(true), pb = pre.clone().set_requires_grad(true);
+    const at::Tensor ya = a->forward_gelu(pa), yb = b->forward(at::gelu(pb));
+    ya.backward(g);
+    yb.backward(g);
+    const std::string what = mixed_precision::to_string(recipe);
+    EXPECT_TRUE(at::equal(ya, yb)) << what;
+    EXPECT_TRUE(at::equal(pa.grad(), pb.grad())) << what;
+    EXPECT_TRUE(at::equal(a->weight.grad(), b->weight.grad())) << what;
+    EXPECT_TRUE(at::equal(a->bias.grad(), b->bias.grad())) << what;
+  }
+}
+
 TEST(CudaFloat8_CUDA, ScaledMmMatchesTheEmulationAndFollowsBf16Linear) {
   SKIP_WITHOUT_CUDA();
   using mixed_precision::Float8MatmulBackend;

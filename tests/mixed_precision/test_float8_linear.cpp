@@ -324,6 +324,52 @@ TEST(Float8Linear, GradientsEqualTheRecipe) {
   EXPECT_LT(((f8->weight.grad() - gw_exact).norm() / gw_exact.norm()).item<double>(), 0.12);
 }
 
+// forward_gelu(pre) is forward(at::gelu(pre)): the same output and the same gradients, pre's included
+// (GELU's backward applied inside the layer), bit for bit, under both recipes, through the emulation and
+// the CPU's _scaled_mm, in fp32 and bf16. (On the device the fused casts compute the GELU:
+// Fp8Casts_CUDA.TensorwiseOfGeluEqualsTheCompositePathBitForBit and
+// CudaFloat8_CUDA.ForwardGeluIsForwardOfGeluBitForBit.)
+TEST(Float8Linear, ForwardGeluIsForwardOfGeluBitForBit) {
+  int cases = 0;
+  for (auto recipe : {mixed_precision::Float8Recipe::Tensorwise, mixed_precision::Float8Recipe::Rowwise})
+    for (auto backend : {Float8MatmulBackend::Emulated, Float8MatmulBackend::ScaledMM})
+      for (auto dtype : {at::kFloat, at::kBFloat16}) {
+        if (backend == Float8MatmulBackend::ScaledMM && recipe == mixed_precision::Float8Recipe::Rowwise) continue;
+        at::manual_seed(41 + cases);
+        Float8Linear a(64, 32), b(64, 32);
+        {
+          at::NoGradGuard ng;
+          b->weight.copy_(a->weight);
+          b->bias.copy_(a->bias);
+        }
+        for (auto* f : {&a, &b}) {
+          (*f)->backend = backend;
+          (*f)->recipe = recipe;
+          (*f)->to(dtype);
+        }
+        const at::Tensor pre = (at::randn({5, 8, 64}) * 2).to(dtype);
+        const at::Tensor g = (at::randn({5, 8, 32}) * 1e-2).to(dtype);
+        const at::Tensor pa = pre.clone().set_requires_grad(true), pb = pre.clone().set_requires_grad(true);
+        const at::Tensor ya = a->forward_gelu(pa), yb = b->forward(at::gelu(pb));
+        ya.backward(g);
+        yb.backward(g);
+        const std::string what = std::string(mixed_precision::to_string(recipe)) + " " +
+                                 (backend == Float8MatmulBackend::Emulated ? "emulated" : "scaled_mm") + " " +
+                                 c10::toString(dtype);
+        EXPECT_TRUE(at::equal(ya, yb)) << what;
+        EXPECT_TRUE(at::equal(pa.grad(), pb.grad())) << what;
+        EXPECT_TRUE(at::equal(a->weight.grad(), b->weight.grad())) << what;
+        EXPECT_TRUE(at::equal(a->bias.grad(), b->bias.grad())) << what;
+        ++cases;
+      }
+  EXPECT_EQ(cases, 6);
+  // And it is not forward(pre): the GELU is there.
+  Float8Linear c(64, 32);
+  c->backend = Float8MatmulBackend::Emulated;
+  const at::Tensor pre = at::randn({4, 64});
+  EXPECT_FALSE(at::equal(c->forward_gelu(pre), c->forward(pre)));
+}
+
 // Each operand is quantized straight into the layout of the product that reads it (fp8.h's
 // Fp8Layout), so at::_scaled_mm copies none of the three products' operands into cuBLASLt's layouts
 // (a row-major, b column-major). This libtorch's CPU _scaled_mm (tensorwise only) stands in for
