@@ -404,7 +404,8 @@ int tile_blocks(std::int64_t rows, std::int64_t cols) {
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(tiles, resident)));
 }
 
-// (kGelu: of gelu(x), as `load` reads it.) Without out_t, the row-major bytes alone: the flat cast.
+// (kGelu: of gelu(x), as `load` reads it.) Without out_t (gelu only: quantize_tensorwise_2d sends the
+// plain row-major cast to quantize_tensorwise), the row-major bytes alone through the flat cast.
 template <typename T, OutFormat F, bool kGelu>
 void tensorwise_2d(const T* x, std::int64_t rows, std::int64_t cols, double qmax, std::uint32_t* amax_bits,
                    std::uint8_t* out, std::uint8_t* out_t, float* scale, float* inv, cudaStream_t s) {
@@ -503,13 +504,12 @@ void quantize_tensorwise_2d(const void* x, InDtype dtype, std::int64_t rows, std
                             float* inv_scale, void* stream, bool gelu) {
   if (!out && !out_t) throw accel::InvalidArgumentError("fp8 cast: neither layout asked for");
   if (rows < 0 || cols < 0) throw accel::InvalidArgumentError("fp8 cast: negative dims");
-  if (!out_t) {
+  if (!out_t && !gelu) {  // (row-major alone: the flat cast; of gelu(x), tensorwise_2d's flat branch)
     quantize_tensorwise(x, dtype, rows * cols, fmt, margin, amax_bits, out, scale, inv_scale, stream);
     return;
   }
   const double qmax = qmax_of(fmt, margin);
   if (rows == 0 || cols == 0) throw accel::InvalidArgumentError("fp8 cast: an empty matrix");
-  if (!out && !out_t) throw accel::InvalidArgumentError("fp8 cast: neither layout asked for");
   dispatch(dtype, fmt, [&](auto tag, auto f) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
     if (gelu)

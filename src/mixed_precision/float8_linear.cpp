@@ -249,12 +249,20 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       out = mixed_precision::float8_mm(xl.row_major, transposed(wq), input.scalar_type(), backend, bias, fast_accum);
       if (keep_x) x_back = x_col ? xl.column_major : xl.row_major;
     }
-    ctx->saved_data["xq"] = x_back.data;
-    ctx->saved_data["xs"] = x_back.scale;
-    ctx->saved_data["wq"] = w_back.data;
-    ctx->saved_data["ws"] = w_back.scale;
-    ctx->saved_data["xi"] = x_back.inverse;  // (1/scale where the fused casts computed it)
-    ctx->saved_data["wi"] = w_back.inverse;
+    // Through save_for_backward, so that autograd frees each once this layer's backward has run
+    // (saved_data lives as long as the graph) and checks that nothing changed them in place: the input's
+    // fp8 operand, the weight's when quantized here, GELU's input. The inverses: 1/scale where the fused
+    // casts computed it. A precomputed fp8 weight (the unit's fp8 all-gather) goes to saved_data, as
+    // the engine may gather into its buffer again before backward.
+    const bool w_here = !weight_fp8_data;
+    ctx->save_for_backward({x_back.data, x_back.scale, x_back.inverse, w_here ? w_back.data : at::Tensor(),
+                            w_here ? w_back.scale : at::Tensor(), w_here ? w_back.inverse : at::Tensor(),
+                            gelu_input && keep_w ? input : at::Tensor()});
+    if (!w_here) {
+      ctx->saved_data["wq"] = w_back.data;
+      ctx->saved_data["ws"] = w_back.scale;
+      ctx->saved_data["wi"] = w_back.inverse;
+    }
 
     ctx->saved_data["input_sizes"] = input.sizes().vec();
     ctx->saved_data["input_dtype"] = static_cast<int64_t>(input.scalar_type());
@@ -267,7 +275,6 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     ctx->saved_data["e4m3_grads"] = e4m3_grads;
     ctx->saved_data["x_col"] = x_col;  // (grad_weight's product goes to cuBLASLt: grad_out^T row-major too)
     ctx->saved_data["gelu"] = gelu_input;
-    ctx->saved_data["gelu_input"] = gelu_input && keep_w ? input : at::Tensor();  // (for grad_input only)
 
     std::vector<int64_t> out_sizes = input.sizes().vec();
     out_sizes.back() = out_features;
@@ -289,11 +296,20 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     const auto bias_dtype = static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt());
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const bool need_input = ctx->needs_input_grad(0), need_weight = ctx->needs_input_grad(1);
-    // The fp8 operand forward kept for this gradient (forward keeps those whose gradient is asked).
-    auto kept = [&](const char* data, const char* scale, const char* inverse) {
-      const at::Tensor d = ctx->saved_data[data].toTensor();
-      if (!d.defined()) throw accel::LogicError("Float8Linear: backward needs an operand forward did not keep");
-      return Fp8Tensor{d, ctx->saved_data[scale].toTensor(), Fp8Format::E4M3, ctx->saved_data[inverse].toTensor()};
+    // The fp8 operand forward kept for this gradient (forward keeps those whose gradient is asked): the
+    // input's (for grad_weight) or the weight's (for grad_input).
+    const variable_list saved = ctx->get_saved_variables();
+    auto kept = [&](bool input_operand) {
+      Fp8Tensor t;
+      if (input_operand)
+        t = Fp8Tensor{saved[0], saved[1], Fp8Format::E4M3, saved[2]};
+      else if (ctx->saved_data.count("wq") != 0)
+        t = Fp8Tensor{ctx->saved_data["wq"].toTensor(), ctx->saved_data["ws"].toTensor(), Fp8Format::E4M3,
+                      ctx->saved_data["wi"].toTensor()};
+      else
+        t = Fp8Tensor{saved[3], saved[4], Fp8Format::E4M3, saved[5]};
+      if (!t.data.defined()) throw accel::LogicError("Float8Linear: backward needs an operand forward did not keep");
+      return t;
     };
 
     const at::Tensor go = grad_outputs[0].reshape({-1, ctx->saved_data["out_features"].toInt()});
@@ -306,24 +322,23 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       using mixed_precision::quantize_dynamic_axiswise;
       if (need_input)  // [M, N] @ [N, K]: grad_out per row, weight per column (saved)
         grad_input = mixed_precision::float8_mm(quantize_dynamic_axiswise(go, 1, Fp8Format::E4M3, 0, kPow2),
-                                                kept("wq", "ws", "wi"), input_dtype, backend)
+                                                kept(false), input_dtype, backend)
                          .reshape(input_sizes);
       if (need_weight)  // [N, M] @ [M, K]: grad_out per column, input per column (saved)
         grad_weight =
             mixed_precision::float8_mm(transposed(quantize_dynamic_axiswise(go, 0, Fp8Format::E4M3, 0, kPow2, go_t)),
-                                       kept("xq", "xs", "xi"), weight_dtype, backend);
+                                       kept(true), weight_dtype, backend);
     } else if (need_input || need_weight) {
       const mixed_precision::Fp8Layouts gq = mixed_precision::quantize_dynamic_2d(
           go, grad_format, (need_input ? kRowMajor : 0u) | (need_weight ? static_cast<unsigned>(go_t) : 0u));
       if (need_input)  // [M, N] @ [N, K]
-        grad_input =
-            mixed_precision::float8_mm(gq.row_major, kept("wq", "ws", "wi"), input_dtype, backend).reshape(input_sizes);
+        grad_input = mixed_precision::float8_mm(gq.row_major, kept(false), input_dtype, backend).reshape(input_sizes);
       if (need_weight)  // [N, M] @ [M, K]
-        grad_weight = mixed_precision::float8_mm(transposed(x_col ? gq.column_major : gq.row_major),
-                                                 kept("xq", "xs", "xi"), weight_dtype, backend);
+        grad_weight = mixed_precision::float8_mm(transposed(x_col ? gq.column_major : gq.row_major), kept(true),
+                                                 weight_dtype, backend);
     }
     if (grad_input.defined() && ctx->saved_data["gelu"].toBool())  // (GELU's backward, as autograd's)
-      grad_input = at::gelu_backward(grad_input, ctx->saved_data["gelu_input"].toTensor());
+      grad_input = at::gelu_backward(grad_input, saved[6]);
     if (has_bias && ctx->needs_input_grad(2))  // (summed in fp32 without an fp32 copy of the gradient)
       grad_bias = go.sum(0, /*keepdim=*/false, at::kFloat).to(bias_dtype);
     return {grad_input,   grad_weight,  grad_bias,    at::Tensor(), at::Tensor(), at::Tensor(),
@@ -364,9 +379,11 @@ void Float8LinearImpl::pretty_print(std::ostream& stream) const {
 at::Tensor Float8LinearImpl::forward(const at::Tensor& input) { return forward_impl(input, /*gelu=*/false); }
 
 at::Tensor Float8LinearImpl::forward_gelu(const at::Tensor& pre) {
-  // Under autocast the model's at::gelu would run where autocast puts it and the layer would then cast
-  // its output: that graph as it is.
-  if (mixed_precision::autocast_dtype_on(pre.device().type())) return forward(at::gelu(pre));
+  // Under autocast: on CUDA, at::gelu is on none of autocast's lists, so over a pre already in the
+  // autocast dtype (fc1's output) it runs in that dtype, as inside the layer; otherwise (another dtype
+  // that forward would cast, the CPU's autocast) the graph of forward(at::gelu(pre)) itself.
+  const std::optional<c10::ScalarType> cast_to = mixed_precision::autocast_dtype_on(pre.device().type());
+  if (cast_to && !(pre.is_cuda() && pre.scalar_type() == *cast_to)) return forward(at::gelu(pre));
   return forward_impl(pre, /*gelu=*/true);
 }
 

@@ -112,7 +112,8 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
   // forward(at::gelu(pre)) (exact GELU), the same values and gradients (pre's included), without the GELU's
   // output: under the tensorwise recipe on CUDA the fused casts compute it while quantizing it, saving
   // a write and two reads of an activation as large as pre (the MLP's 4d-wide one). Elsewhere (rowwise,
-  // the CPU's composite casts) it is computed inside the layer; under autocast it is that graph itself.
+  // the CPU's composite casts) it is computed inside the layer. Under autocast on the CPU, or over a pre
+  // not in the autocast dtype, it is that graph itself.
   at::Tensor forward_gelu(const at::Tensor& pre);
 
   torch::nn::LinearOptions options;

@@ -1021,7 +1021,7 @@ TEST(CudaTraining_CUDA, ACudaEngineLeavesTheCpuMatmulsAndAllocatorAlone) {
 
 // forward_gelu on the device, where the fused casts compute the GELU: the same output and gradients as
 // forward(at::gelu(pre)), bit for bit, through at::_scaled_mm (tensorwise) and through the rowwise recipe
-// (GELU computed inside the layer).
+// (GELU computed inside the layer), and the same output without gradients.
 TEST(CudaFloat8_CUDA, ForwardGeluIsForwardOfGeluBitForBit) {
   SKIP_WITHOUT_CUDA();
   const c10::Device dev = my_device();
@@ -1047,6 +1047,10 @@ TEST(CudaFloat8_CUDA, ForwardGeluIsForwardOfGeluBitForBit) {
     EXPECT_TRUE(at::equal(pa.grad(), pb.grad())) << what;
     EXPECT_TRUE(at::equal(a->weight.grad(), b->weight.grad())) << what;
     EXPECT_TRUE(at::equal(a->bias.grad(), b->bias.grad())) << what;
+    // Without gradients (inference, checkpointing's first pass) only the row-major bytes are cast: the
+    // flat cast of gelu(pre).
+    at::NoGradGuard ng;
+    EXPECT_TRUE(at::equal(a->forward_gelu(pre), b->forward(at::gelu(pre)))) << what << " (no grad)";
   }
 }
 

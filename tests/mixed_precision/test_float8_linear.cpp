@@ -368,6 +368,12 @@ TEST(Float8Linear, ForwardGeluIsForwardOfGeluBitForBit) {
   c->backend = Float8MatmulBackend::Emulated;
   const at::Tensor pre = at::randn({4, 64});
   EXPECT_FALSE(at::equal(c->forward_gelu(pre), c->forward(pre)));
+  // GELU's input is saved as autograd saves it: changed in place before backward, an error.
+  const at::Tensor p = at::randn({4, 64}).set_requires_grad(true);
+  const at::Tensor h = p * 1.0;
+  const at::Tensor y = c->forward_gelu(h);
+  h.add_(1.0);
+  EXPECT_THROW(y.sum().backward(), c10::Error);
 }
 
 // Each operand is quantized straight into the layout of the product that reads it (fp8.h's
