@@ -7,9 +7,7 @@
 #       gpu_check.sh's tests (every strategy at 1-4 ranks on the GPU, offload, the examples, the
 #       reshard), then, in that order, as time allows: accel's bf16 and fp8 steps at the product-bound
 #       shape (d 4096, 5 layers, seq 1024, batch FP8_BATCH = 32: fp8 against bf16, and bf16's MFU at
-#       1.14B), accel's fp8 step there with the loss as torch_anchor.py computes it (step_bench --loss
-#       composite: what the fused cross entropy is worth), fp8's 200-step loss curve at that shape, and
-#       ZeRO-Infinity's GPU-busy share at batch
+#       1.14B), fp8's 200-step loss curve at that shape, and ZeRO-Infinity's GPU-busy share at batch
 #       16, two then four micro-batches a step (the step in backward and in optimizer.step()). Logs:
 #       $OUT/part1.tgz.
 #   bash scripts/gpu_lease.sh 2 SECONDS     call 2 (the device time left, SECONDS a little under it):
@@ -17,7 +15,9 @@
 #       from d 1280 (its answer at batch 1: two runs), then ZeRO-Infinity and ZeRO-Offload each
 #       confirmed in one run at the size known to train (LEASE_START, LEASE_MAX_D; ">=" in the table:
 #       6x the no-offload size is d 3200, 2.5x is d 2048), the searches stopped at 55% of SECONDS;
-#       then torchao's float8 + torch.compile at the product-bound shape, PyTorch's bf16 + torch.compile
+#       then torchao's float8 + torch.compile at the product-bound shape, accel's fp8 there with the loss
+#       as torch_anchor.py computes it (step_bench --loss composite: against call 1's fp8 step, what the
+#       fused cross entropy is worth), PyTorch's bf16 + torch.compile
 #       there, the rowwise recipe under both per-column cast kernels (ACCEL_FP8_COLWISE single and
 #       chunked: which to default to), accel's bf16 and fp8 steps there under the profiler and torchao's
 #       fp8 + torch.compile under torch.profiler; then accel against PyTorch,
@@ -35,7 +35,7 @@ case "$PART" in
     SECONDS_LEFT=${2:-540}
     GPU_CHECK_DEADLINE_S=$SECONDS_LEFT FP8_ROUNDS=1 OFFLOAD_BATCHES=16 OFFLOAD_ACCUM="2 4" ACCEL_COMM_TIMEOUT_S=${ACCEL_COMM_TIMEOUT_S:-60} \
       GPU_CHECK_OUT=/tmp/gpu_lease_part1 GPU_CHECK_TAR="$OUTDIR/part1.tgz" \
-      bash "$ROOT/scripts/gpu_check.sh" --bundle "$BUNDLE" --bench '^(fp8_bound_accel|fp8_bound_loss|fp8_bound_curve|offload_busy)'
+      bash "$ROOT/scripts/gpu_check.sh" --bundle "$BUNDLE" --bench '^(fp8_bound_accel|fp8_bound_curve|offload_busy)'
     ;;
   2)
     SECONDS_LEFT=${2:?"gpu_lease.sh 2 SECONDS: the device time this call may use"}
@@ -55,7 +55,7 @@ case "$PART" in
     if ((left > 30)); then
       GPU_CHECK_DEADLINE_S=$left FP8_ROUNDS=1 VS_ROUNDS=5 GPU_CHECK_OUT=/tmp/gpu_lease_part2 \
         GPU_CHECK_TAR="$OUTDIR/part2.tgz" bash "$ROOT/scripts/gpu_check.sh" --bundle "$BUNDLE" --bench-only \
-        --only '^(fp8_bound_torchao|fp8_bound_torch_bf16|fp8_bound_rowwise|profile_fp8_bound|vs_torch_)'
+        --only '^(fp8_bound_torchao|fp8_bound_loss|fp8_bound_torch_bf16|fp8_bound_rowwise|profile_fp8_bound|vs_torch_)'
     else
       echo "gpu_lease.sh: ${left}s left after the largest-model table: nothing more started"
     fi
