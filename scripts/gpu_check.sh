@@ -364,16 +364,28 @@ for i in $(seq "${FP8_ROUNDS:-2}"); do
       --compile --steps 10 --warmup 3 "${FP8SHAPE[@]}"
   fi
 done
-# accel's fp8 step there with the loss as torch_anchor.py computes it (the logits in fp32, log_softmax,
-# nll_loss; step_bench --loss composite) instead of accel's fused cross entropy: what the fused loss
-# is worth at a vocabulary of 32,000 (2.1 GB of bf16 logits a step).
-step fp8_bound_loss_composite "${SB[@]}" --strategy DDP --precision fp8 --loss composite "${FP8SHAPE[@]}"
+# (The profiles first after the timed runs: when a short lease's deadline cuts this section, they are
+# what says where the time goes; the runs after them each answer one narrower question.)
+# Where the fp8 step's time goes against bf16's at that shape (top kernels: the products, the casts,
+# the transposed copies for backward's operands); batch 8, as both models share the GPU in this run.
+step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8DIMS[@]}" --batch 8 --profile
+# And torchao's float8 + torch.compile there under torch.profiler (its top kernels by device time): beside
+# accel's profile, which kernels make up torchao's lead (the casts fused into the norms and GELU, the
+# bias gradients, the loss) and so which fusion to write next.
+if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
+  step profile_fp8_bound_torchao "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy plain \
+    --precision fp8 --compile --steps 5 --warmup 3 "${FP8DIMS[@]}" --batch 8 --profile
+fi
 # PyTorch's bf16 under torch.compile at that shape: how much of torchao's lead over accel's fp8 is
 # compile fusing the rest of the step (norms, GELU, residual adds) rather than fp8's casts.
 if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
   step fp8_bound_torch_bf16_compile "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy plain \
     --precision bf16 --compile --steps 10 --warmup 3 "${FP8SHAPE[@]}"
 fi
+# accel's fp8 step there with the loss as torch_anchor.py computes it (the logits in fp32, log_softmax,
+# nll_loss; step_bench --loss composite) instead of accel's fused cross entropy: what the fused loss
+# is worth at a vocabulary of 32,000 (2.1 GB of bf16 logits a step).
+step fp8_bound_loss_composite "${SB[@]}" --strategy DDP --precision fp8 --loss composite "${FP8SHAPE[@]}"
 # fp8's loss curve at that shape (issue 33: within 1.5e-2 of bf16's, relative, per step, over 200 steps):
 # the GPT example at d 4096, 5 layers, seq 1024, batch 8, on a corpus of one epoch's text (200 x 8
 # windows of 1024 characters), at GPT-3's learning rate for its 1.3B model (2e-4), reached by a linear
@@ -390,16 +402,6 @@ for mode in single chunked; do
   step "fp8_bound_rowwise_$mode" env ACCEL_FP8_COLWISE=$mode "${SB[@]}" --strategy DDP --precision fp8 \
     --fp8-recipe rowwise "${FP8DIMS[@]}" --batch 8
 done
-# Where the fp8 step's time goes against bf16's at that shape (top kernels: the products, the casts,
-# the transposed copies for backward's operands); batch 8, as both models share the GPU in this run.
-step profile_fp8_bound "${SB[@]}" --strategy DDP --precision bf16,fp8 "${FP8DIMS[@]}" --batch 8 --profile
-# And torchao's float8 + torch.compile there under torch.profiler (its top kernels by device time): beside
-# accel's profile, which kernels make up torchao's lead (the casts fused into the norms and GELU, the
-# bias gradients, the loss) and so which fusion to write next.
-if [ -f "$ROOT/benchmarks/torch_anchor.py" ]; then
-  step profile_fp8_bound_torchao "$PY" "$ROOT/benchmarks/torch_anchor.py" --device cuda --strategy plain \
-    --precision fp8 --compile --steps 5 --warmup 3 "${FP8DIMS[@]}" --batch 8 --profile
-fi
 # The offloaded step's GPU-busy share (issue 32 asks >= 50%) against the batch: ZeRO-Infinity (optimizer
 # and parameters in host memory, checkpointing) under the 8 GB cap, at a size whose host step and device
 # work both grow with the parameters (OFFLOAD_D, default 2048: 1.0B), so the batch where the share

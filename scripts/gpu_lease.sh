@@ -15,12 +15,12 @@
 #       from d 1280 (its answer at batch 1: two runs), then ZeRO-Infinity and ZeRO-Offload each
 #       confirmed in one run at the size known to train (LEASE_START, LEASE_MAX_D; ">=" in the table:
 #       6x the no-offload size is d 3200, 2.5x is d 2048), the searches stopped at 55% of SECONDS;
-#       then torchao's float8 + torch.compile at the product-bound shape, accel's fp8 there with the loss
-#       as torch_anchor.py computes it (step_bench --loss composite: against call 1's fp8 step, what the
-#       fused cross entropy is worth), PyTorch's bf16 + torch.compile
-#       there, the rowwise recipe under both per-column cast kernels (ACCEL_FP8_COLWISE single and
-#       chunked: which to default to), accel's bf16 and fp8 steps there under the profiler and torchao's
-#       fp8 + torch.compile under torch.profiler; then accel against PyTorch,
+#       then, at the product-bound shape: torchao's float8 + torch.compile; accel's bf16 and fp8 steps
+#       under the profiler and torchao's under torch.profiler (where the time goes, first, so that a
+#       deadline leaves them); PyTorch's bf16 + torch.compile; accel's fp8 with the loss as
+#       torch_anchor.py computes it (step_bench --loss composite: against call 1's fp8 step, what the
+#       fused cross entropy is worth); the rowwise recipe under both per-column cast kernels
+#       (ACCEL_FP8_COLWISE single and chunked: which to default to); then accel against PyTorch,
 #       rounds of every pair (at most 5) until the time is up. Logs: $OUT/part2.tgz, the table in
 #       $OUT/largest_model.txt and its runs in $OUT/largest_model.log.
 # The bundle is .gpu_bundle beside this checkout (scripts/gpu_bundle.sh made it; carry it).
