@@ -169,13 +169,18 @@ __global__ void quantize_kernel(const T* __restrict__ x, std::int64_t n, const s
 // transposed tile to `out_t` along its rows, 32 neighbouring bytes each. kCast: x is T, cast to F with
 // the tensor's scale (from amax_bits); otherwise x is already bytes (T = uint8), copied as they are.
 // (The row's padding of 4 bytes puts the 32 bytes a warp reads down a column in 32 different banks.)
+// col_partial (kCast; null: none): each tile's column sums of the values cast, in fp32, to
+// col_partial[tile row][column] ([ceil(rows / 32), cols]): each thread sums its 4 rows of the tile in
+// order, then the 8 threads of a column in order (sum_partials_kernel adds the tile rows up).
 constexpr int kTile = 32, kTileRows = 8;
 template <typename T, bool kCast, OutFormat F, bool kGelu = false>
 __global__ void tile_transpose_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols,
                                       const std::uint32_t* __restrict__ amax_bits, double qmax,
                                       std::uint8_t* __restrict__ out, std::uint8_t* __restrict__ out_t,
-                                      float* __restrict__ scale_out, float* __restrict__ inv_out) {
+                                      float* __restrict__ scale_out, float* __restrict__ inv_out,
+                                      float* __restrict__ col_partial = nullptr) {
   __shared__ std::uint8_t tile[kTile][kTile + 4];
+  __shared__ float sums[kTileRows][kTile];
   const int tx = threadIdx.x, ty = threadIdx.y;
   float scale = 1.0f;
   if constexpr (kCast) {
@@ -190,25 +195,47 @@ __global__ void tile_transpose_kernel(const T* __restrict__ x, std::int64_t rows
   const std::int64_t tiles = col_tiles * ((rows + kTile - 1) / kTile);
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {  // (the same trip count in every thread)
     const std::int64_t r0 = t / col_tiles * kTile, c0 = t % col_tiles * kTile;
+    float sum = 0.0f;  // (this thread's rows of column c0 + tx, for col_partial)
     for (int i = ty; i < kTile; i += kTileRows) {
       const std::int64_t r = r0 + i, c = c0 + tx;
       if (r < rows && c < cols) {
         std::uint8_t q;
-        if constexpr (kCast)
-          q = cast<F>(load<kGelu>(x[r * cols + c]), scale, kMax);
-        else
+        if constexpr (kCast) {
+          const float v = load<kGelu>(x[r * cols + c]);
+          q = cast<F>(v, scale, kMax);
+          sum += v;
+        } else {
           q = x[r * cols + c];
+        }
         if (out) out[r * cols + c] = q;
         tile[i][tx] = q;
       }
     }
+    if (col_partial) sums[ty][tx] = sum;
     __syncthreads();
     for (int i = ty; i < kTile; i += kTileRows) {
       const std::int64_t c = c0 + i, r = r0 + tx;
       if (c < cols && r < rows) out_t[c * rows + r] = tile[tx][i];
     }
-    __syncthreads();  // (the tile is written again for the block's next one)
+    if (col_partial && ty == 0 && c0 + tx < cols) {
+      float total = sums[0][tx];
+#pragma unroll
+      for (int k = 1; k < kTileRows; ++k) total += sums[k][tx];
+      col_partial[r0 / kTile * cols + c0 + tx] = total;
+    }
+    __syncthreads();  // (the tile and the sums are written again for the block's next one)
   }
+}
+
+// out[c] = the sum over the tile rows of col_partial[., c], in order (a thread a column: the reads of a
+// warp are 32 neighbouring floats).
+__global__ void sum_partials_kernel(const float* __restrict__ col_partial, std::int64_t row_tiles, std::int64_t cols,
+                                    float* __restrict__ out) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0.0f;
+  for (std::int64_t t = 0; t < row_tiles; ++t) s += col_partial[t * cols + c];
+  out[c] = s;
 }
 
 // dim 1: one block per row, two passes over it (its amax, then its cast).
@@ -408,7 +435,8 @@ int tile_blocks(std::int64_t rows, std::int64_t cols) {
 // plain row-major cast to quantize_tensorwise), the row-major bytes alone through the flat cast.
 template <typename T, OutFormat F, bool kGelu>
 void tensorwise_2d(const T* x, std::int64_t rows, std::int64_t cols, double qmax, std::uint32_t* amax_bits,
-                   std::uint8_t* out, std::uint8_t* out_t, float* scale, float* inv, cudaStream_t s) {
+                   std::uint8_t* out, std::uint8_t* out_t, float* scale, float* inv, float* col_partial,
+                   cudaStream_t s) {
   const std::int64_t n = rows * cols;
   if (cudaMemsetAsync(amax_bits, 0, sizeof(std::uint32_t), s) != cudaSuccess) check_launch("zero the amax");
   const bool packed = reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
@@ -427,8 +455,8 @@ void tensorwise_2d(const T* x, std::int64_t rows, std::int64_t cols, double qmax
     return;
   }
   tile_transpose_kernel<T, true, F, kGelu>
-      <<<tile_blocks<T, true, F, kGelu>(rows, cols), dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, amax_bits, qmax,
-                                                                                     out, out_t, scale, inv);
+      <<<tile_blocks<T, true, F, kGelu>(rows, cols), dim3(kTile, kTileRows), 0, s>>>(
+          x, rows, cols, amax_bits, qmax, out, out_t, scale, inv, col_partial);
   check_launch("cast and transpose");
 }
 
@@ -501,9 +529,11 @@ void quantize_tensorwise(const void* x, InDtype dtype, std::int64_t n, OutFormat
 
 void quantize_tensorwise_2d(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, OutFormat fmt,
                             int margin, std::uint32_t* amax_bits, std::uint8_t* out, std::uint8_t* out_t, float* scale,
-                            float* inv_scale, void* stream, bool gelu) {
+                            float* inv_scale, void* stream, bool gelu, float* column_partial) {
   if (!out && !out_t) throw accel::InvalidArgumentError("fp8 cast: neither layout asked for");
   if (rows < 0 || cols < 0) throw accel::InvalidArgumentError("fp8 cast: negative dims");
+  if (column_partial && !out_t)
+    throw accel::InvalidArgumentError("fp8 cast: column sums come with the transposed layout (out_t)");
   if (!out_t && !gelu) {  // (row-major alone: the flat cast; of gelu(x), tensorwise_2d's flat branch)
     quantize_tensorwise(x, dtype, rows * cols, fmt, margin, amax_bits, out, scale, inv_scale, stream);
     return;
@@ -514,11 +544,20 @@ void quantize_tensorwise_2d(const void* x, InDtype dtype, std::int64_t rows, std
     using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
     if (gelu)
       tensorwise_2d<T, decltype(f)::value, true>(static_cast<const T*>(x), rows, cols, qmax, amax_bits, out, out_t,
-                                                 scale, inv_scale, static_cast<cudaStream_t>(stream));
+                                                 scale, inv_scale, column_partial, static_cast<cudaStream_t>(stream));
     else
       tensorwise_2d<T, decltype(f)::value, false>(static_cast<const T*>(x), rows, cols, qmax, amax_bits, out, out_t,
-                                                  scale, inv_scale, static_cast<cudaStream_t>(stream));
+                                                  scale, inv_scale, column_partial, static_cast<cudaStream_t>(stream));
   });
+}
+
+void sum_column_partials(const float* column_partial, std::int64_t rows, std::int64_t cols, float* out, void* stream) {
+  if (rows <= 0 || cols <= 0) throw accel::InvalidArgumentError("fp8 column sums: an empty matrix");
+  const std::int64_t blocks = (cols + kThreads - 1) / kThreads;
+  if (blocks > 0x7fffffffLL) throw accel::InvalidArgumentError("fp8 column sums: too many columns");
+  sum_partials_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      column_partial, (rows + kTile - 1) / kTile, cols, out);
+  check_launch("column sums");
 }
 
 void transpose_bytes(const std::uint8_t* in, std::int64_t rows, std::int64_t cols, std::uint8_t* out, void* stream) {

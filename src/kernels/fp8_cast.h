@@ -34,9 +34,16 @@ void quantize_tensorwise(const void* x, InDtype dtype, std::int64_t n, OutFormat
 // gelu: the values quantized are at::gelu(x) (exact, erf), computed on the way in its arithmetic and
 // rounded to x's dtype as its output is, so the bytes and scale are those of quantizing at::gelu(x),
 // which is never written (a GELU in front of a linear layer: Float8Linear's forward_gelu).
+// column_partial (with out_t; null: none): scratch of ceil(rows / 32) x cols floats of device memory
+// where the cast leaves each 32-row tile's column sums of the values it casts (fp32; a fixed order);
+// sum_column_partials then adds them up, in order: the column sums of x without another read of it (a
+// linear layer's bias gradient, from its output gradient's cast).
 void quantize_tensorwise_2d(const void* x, InDtype dtype, std::int64_t rows, std::int64_t cols, OutFormat fmt,
                             int margin, std::uint32_t* amax_bits, std::uint8_t* out, std::uint8_t* out_t, float* scale,
-                            float* inv_scale, void* stream, bool gelu = false);
+                            float* inv_scale, void* stream, bool gelu = false, float* column_partial = nullptr);
+// out [cols] (fp32, device memory) = the column sums that quantize_tensorwise_2d left in column_partial for
+// a [rows, cols] x. One kernel, a thread a column.
+void sum_column_partials(const float* column_partial, std::int64_t rows, std::int64_t cols, float* out, void* stream);
 
 // out [cols, rows] = the transpose of the row-major [rows, cols] bytes `in` (tiles through shared memory,
 // reads and writes along rows): an fp8 tensor into the other layout. One kernel.

@@ -296,6 +296,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     const auto bias_dtype = static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt());
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const bool need_input = ctx->needs_input_grad(0), need_weight = ctx->needs_input_grad(1);
+    const bool need_bias = has_bias && ctx->needs_input_grad(2);
     // The fp8 operand forward kept for this gradient (forward keeps those whose gradient is asked): the
     // input's (for grad_weight) or the weight's (for grad_input).
     const variable_list saved = ctx->get_saved_variables();
@@ -329,8 +330,11 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
             mixed_precision::float8_mm(transposed(quantize_dynamic_axiswise(go, 0, Fp8Format::E4M3, 0, kPow2, go_t)),
                                        kept(true), weight_dtype, backend);
     } else if (need_input || need_weight) {
+      // (with the bias's gradient: the column sums of grad_out, summed by its cast on CUDA)
       const mixed_precision::Fp8Layouts gq = mixed_precision::quantize_dynamic_2d(
-          go, grad_format, (need_input ? kRowMajor : 0u) | (need_weight ? static_cast<unsigned>(go_t) : 0u));
+          go, grad_format, (need_input ? kRowMajor : 0u) | (need_weight ? static_cast<unsigned>(go_t) : 0u), 0, false,
+          need_bias);
+      if (need_bias) grad_bias = gq.column_sums.to(bias_dtype);
       if (need_input)  // [M, N] @ [N, K]
         grad_input = mixed_precision::float8_mm(gq.row_major, kept(false), input_dtype, backend).reshape(input_sizes);
       if (need_weight)  // [N, M] @ [M, K]
@@ -339,7 +343,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     }
     if (grad_input.defined() && ctx->saved_data["gelu"].toBool())  // (GELU's backward, as autograd's)
       grad_input = at::gelu_backward(grad_input, saved[6]);
-    if (has_bias && ctx->needs_input_grad(2))  // (summed in fp32 without an fp32 copy of the gradient)
+    if (need_bias && !grad_bias.defined())  // (summed in fp32 without an fp32 copy of the gradient)
       grad_bias = go.sum(0, /*keepdim=*/false, at::kFloat).to(bias_dtype);
     return {grad_input,   grad_weight,  grad_bias,    at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};

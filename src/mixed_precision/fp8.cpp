@@ -77,7 +77,8 @@ at::Tensor transposed_on_device(const at::Tensor& data) {
 
 // The fused tensorwise casts of a 2-D x (or of gelu(x)) into the layouts asked for (fused_fp8_casts(x)
 // holds): one cast kernel writing both.
-Fp8Layouts fused_quantize_2d(const at::Tensor& x_in, Fp8Format f, unsigned layouts, int margin, bool gelu) {
+Fp8Layouts fused_quantize_2d(const at::Tensor& x_in, Fp8Format f, unsigned layouts, int margin, bool gelu,
+                             bool column_sums) {
 #if ACCEL_WITH_CUDA_KERNELS
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
@@ -88,18 +89,28 @@ Fp8Layouts fused_quantize_2d(const at::Tensor& x_in, Fp8Format f, unsigned layou
   at::Tensor out_t = layouts & kColumnMajor ? at::empty({cols, rows}, qopts) : at::Tensor();
   at::Tensor scale = at::empty({}, fopts), inverse = at::empty({}, fopts);
   at::Tensor amax_bits = at::empty({1}, x.options().dtype(at::kInt));
+  // (column sums with the tiled cast: each tile's in a scratch, then added up)
+  at::Tensor partial = column_sums && out_t.defined() ? at::empty({(rows + 31) / 32, cols}, fopts) : at::Tensor();
+  void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   kernels::fp8::quantize_tensorwise_2d(x.const_data_ptr(), kernel_dtype(x), rows, cols, kernel_format(f), margin,
                                        reinterpret_cast<std::uint32_t*>(amax_bits.mutable_data_ptr()),
                                        out.defined() ? static_cast<std::uint8_t*>(out.mutable_data_ptr()) : nullptr,
                                        out_t.defined() ? static_cast<std::uint8_t*>(out_t.mutable_data_ptr()) : nullptr,
-                                       scale.mutable_data_ptr<float>(), inverse.mutable_data_ptr<float>(),
-                                       c10::cuda::getCurrentCUDAStream(x.device().index()).stream(), gelu);
+                                       scale.mutable_data_ptr<float>(), inverse.mutable_data_ptr<float>(), stream, gelu,
+                                       partial.defined() ? partial.mutable_data_ptr<float>() : nullptr);
   Fp8Layouts r;
+  if (partial.defined()) {
+    r.column_sums = at::empty({cols}, fopts);
+    kernels::fp8::sum_column_partials(partial.const_data_ptr<float>(), rows, cols,
+                                      r.column_sums.mutable_data_ptr<float>(), stream);
+  } else if (column_sums) {
+    r.column_sums = (gelu ? at::gelu(x) : x).sum(0, /*keepdim=*/false, at::kFloat);
+  }
   if (out.defined()) r.row_major = Fp8Tensor{out, scale, f, inverse};
   if (out_t.defined()) r.column_major = Fp8Tensor{out_t.t(), scale, f, inverse};
   return r;
 #else
-  (void)x_in, (void)f, (void)layouts, (void)margin, (void)gelu;
+  (void)x_in, (void)f, (void)layouts, (void)margin, (void)gelu, (void)column_sums;
   throw accel::LogicError("fp8: fused casts called in a build without them");
 #endif
 }
@@ -262,15 +273,18 @@ Fp8Tensor column_major(const Fp8Tensor& t) {
   return r;
 }
 
-Fp8Layouts quantize_dynamic_2d(const at::Tensor& x, Fp8Format f, unsigned layouts, int margin, bool gelu_first) {
+Fp8Layouts quantize_dynamic_2d(const at::Tensor& x, Fp8Format f, unsigned layouts, int margin, bool gelu_first,
+                               bool column_sums) {
   if (x.dim() != 2) throw accel::InvalidArgumentError("fp8 quantize_dynamic_2d: expected a 2-D tensor");
   if (layouts == 0 || (layouts & ~(kRowMajor | kColumnMajor)) != 0)
     throw accel::InvalidArgumentError("fp8 quantize_dynamic_2d: layouts is kRowMajor, kColumnMajor or both");
   check_margin(margin);
   if (fused_fp8_casts(x) && ((layouts & kColumnMajor) || gelu_first))
-    return fused_quantize_2d(x, f, layouts, margin, gelu_first);
+    return fused_quantize_2d(x, f, layouts, margin, gelu_first, column_sums);
   Fp8Layouts r;
-  const Fp8Tensor q = quantize_dynamic(gelu_first ? at::gelu(x) : x, f, margin);
+  const at::Tensor v = gelu_first ? at::gelu(x) : x;
+  if (column_sums) r.column_sums = v.sum(0, /*keepdim=*/false, at::kFloat);
+  const Fp8Tensor q = quantize_dynamic(v, f, margin);
   if (layouts & kRowMajor) r.row_major = q;
   if (layouts & kColumnMajor) r.column_major = column_major(q);
   return r;

@@ -100,12 +100,17 @@ bool fused_fp8_casts(const at::Tensor& x);
 // (kRowMajor, kColumnMajor or both; the other's data undefined). On CUDA both come from one cast
 // kernel writing the two layouts (kernels/fp8_cast.h); elsewhere the column-major copy is the
 // row-major data transposed. gelu_first: of at::gelu(x) (exact), the same bytes; on CUDA the casts
-// compute it on the way and it is never written.
+// compute it on the way and it is never written. column_sums: also the sums of the columns of the
+// values quantized, in fp32 ([cols]; a linear layer's bias gradient from its output gradient): where
+// the cast writes the column-major layout on CUDA, it sums as it reads (each 32-row tile in order, then
+// the tiles in order; another order than at::sum's, so other roundings); elsewhere
+// x.sum(0, kFloat), at::sum's bits.
 struct Fp8Layouts {
   Fp8Tensor row_major, column_major;
+  at::Tensor column_sums;  // (with column_sums)
 };
 Fp8Layouts quantize_dynamic_2d(const at::Tensor& x, Fp8Format f, unsigned layouts, int margin = 0,
-                               bool gelu_first = false);
+                               bool gelu_first = false, bool column_sums = false);
 // The same values in the other layout: `t` column-major (t itself when it already is; a tiled
 // transpose kernel on CUDA).
 Fp8Tensor column_major(const Fp8Tensor& t);

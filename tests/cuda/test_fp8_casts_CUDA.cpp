@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
@@ -171,6 +172,49 @@ TEST(Fp8Casts_CUDA, TensorwiseOfGeluEqualsTheCompositePathBitForBit) {
           ++cases;
         }
   EXPECT_EQ(cases, 3 * 4 * 3 * 2);
+}
+
+// quantize_dynamic_2d's column sums (a linear layer's bias gradient) on the device: with the column-major
+// layout the tiled cast sums each tile's columns as it reads them, and the tiles are added in order. The
+// bytes are those without the sums; the sums are as close to an fp64 reference as at::sum's fp32 sums
+// are (the worst column's error, relative to its sum of magnitudes, within twice at::sum's worst plus
+// 2^-24: the order differs), and the same bits from run to run.
+// Without the column-major layout (the flat cast) they are at::sum's, bit for bit.
+TEST(Fp8Casts_CUDA, ColumnSumsWithTheCastAreAsCloseAsAtSum) {
+  SKIP_WITHOUT_FUSED_CASTS();
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
+      {1, 1}, {7, 33}, {64, 96}, {4097, 24}, {1031, 2053}};
+  int cases = 0;
+  for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16})
+    for (const auto& [rows, cols] : shapes) {
+      const at::Tensor x = values(rows * cols, dtype, 900 + cases).view({rows, cols});
+      const std::string what =
+          std::string(c10::toString(dtype)) + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+      const unsigned both = kRowMajor | kColumnMajor;
+      const Fp8Layouts with = quantize_dynamic_2d(x, Fp8Format::E5M2, both, 0, false, /*column_sums=*/true);
+      const Fp8Layouts without = quantize_dynamic_2d(x, Fp8Format::E5M2, both);
+      expect_same_fp8(with.row_major.data, without.row_major.data, what + " (row-major)");
+      expect_same_fp8(with.column_major.data, without.column_major.data, what + " (column-major)");
+      ASSERT_TRUE(with.column_sums.defined()) << what;
+      ASSERT_EQ(with.column_sums.scalar_type(), at::kFloat) << what;
+      const at::Tensor ref = x.cpu().to(at::kDouble).sum(0);
+      const at::Tensor aten = x.sum(0, false, at::kFloat).cpu().to(at::kDouble);
+      const at::Tensor got = with.column_sums.cpu().to(at::kDouble);
+      // Each column's error relative to the sum of its magnitudes (what bounds any order's rounding),
+      // the worst column against at::sum's worst.
+      const at::Tensor mass = x.cpu().to(at::kDouble).abs().sum(0);
+      const double err = ((got - ref).abs() / mass).max().item<double>();
+      const double aten_err = ((aten - ref).abs() / mass).max().item<double>();
+      EXPECT_LE(err, 2 * aten_err + std::ldexp(1.0, -24))
+          << what << ": worst relative error " << err << ", at::sum's " << aten_err;
+      const Fp8Layouts again = quantize_dynamic_2d(x, Fp8Format::E5M2, both, 0, false, true);
+      EXPECT_TRUE(at::equal(again.column_sums, with.column_sums)) << what << ": not the same bits twice";
+      // The flat cast (row-major alone): at::sum's bits.
+      const Fp8Layouts flat = quantize_dynamic_2d(x, Fp8Format::E5M2, kRowMajor, 0, false, true);
+      EXPECT_TRUE(at::equal(flat.column_sums, x.sum(0, false, at::kFloat))) << what;
+      ++cases;
+    }
+  EXPECT_EQ(cases, 3 * 5);
 }
 
 // column_major() of a row-major fp8 tensor on the device (the tiled transpose kernel), and the axiswise

@@ -1094,6 +1094,12 @@ TEST(CudaFloat8_CUDA, ScaledMmMatchesTheEmulationAndFollowsBf16Linear) {
   EXPECT_LE(rel_err(ym.to(at::kFloat), ye.to(at::kFloat)), 1e-2);
   EXPECT_LE(rel_err(xm.grad().to(at::kFloat), xe.grad().to(at::kFloat)), 1e-2);
   EXPECT_LE(rel_err(mm->weight.grad(), emu->weight.grad()), 1e-2);
+  // The bias gradient: summed by grad_output's cast on the device (the tiled cast), by at::sum in the
+  // emulation (row-major operands, the flat cast). Any order of 96 fp32 additions is within 95 x 2^-24
+  // of a column's sum of magnitudes from the exact sum, so the two within twice that of each other.
+  const at::Tensor mass = g.to(at::kDouble).abs().sum(0);
+  EXPECT_LE(((mm->bias.grad().to(at::kDouble) - emu->bias.grad().to(at::kDouble)).abs() / mass).max().item<double>(),
+            2 * 95 * std::ldexp(1.0, -24));
   // Against the bf16 Linear: within e4m3's precision (3 mantissa bits), yet really fp8.
   const at::Tensor yl = lin->forward(x0).detach();
   const double rel =
