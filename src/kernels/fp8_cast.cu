@@ -170,8 +170,10 @@ __global__ void quantize_kernel(const T* __restrict__ x, std::int64_t n, const s
 // the tensor's scale (from amax_bits); otherwise x is already bytes (T = uint8), copied as they are.
 // (The row's padding of 4 bytes puts the 32 bytes a warp reads down a column in 32 different banks.)
 // col_partial (kCast; null: none): each tile's column sums of the values cast, in fp32, to
-// col_partial[tile row][column] ([ceil(rows / 32), cols]): each thread sums its 4 rows of the tile in
-// order, then the 8 threads of a column in order (sum_partials_kernel adds the tile rows up).
+// col_partial[tile row][column] ([ceil(rows / 32), cols]): each thread sums its rows of the tile (ty,
+// ty + 8, ty + 16, ty + 24) in order from 0, then the 8 threads of a column are added in order ty = 0..7
+// (sum_partials_kernel adds the tile rows up). Plain fp32 additions throughout (__fadd_rn: none
+// contracted), so the order alone decides the bits, and a host loop in that order gives them.
 constexpr int kTile = 32, kTileRows = 8;
 template <typename T, bool kCast, OutFormat F, bool kGelu = false>
 __global__ void tile_transpose_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t cols,
@@ -203,7 +205,7 @@ __global__ void tile_transpose_kernel(const T* __restrict__ x, std::int64_t rows
         if constexpr (kCast) {
           const float v = load<kGelu>(x[r * cols + c]);
           q = cast<F>(v, scale, kMax);
-          sum += v;
+          sum = __fadd_rn(sum, v);  // (never contracted into an FMA with the GELU's product)
         } else {
           q = x[r * cols + c];
         }
@@ -220,22 +222,35 @@ __global__ void tile_transpose_kernel(const T* __restrict__ x, std::int64_t rows
     if (col_partial && ty == 0 && c0 + tx < cols) {
       float total = sums[0][tx];
 #pragma unroll
-      for (int k = 1; k < kTileRows; ++k) total += sums[k][tx];
+      for (int k = 1; k < kTileRows; ++k) total = __fadd_rn(total, sums[k][tx]);
       col_partial[r0 / kTile * cols + c0 + tx] = total;
     }
     __syncthreads();  // (the tile and the sums are written again for the block's next one)
   }
 }
 
-// out[c] = the sum over the tile rows of col_partial[., c], in order (a thread a column: the reads of a
-// warp are 32 neighbouring floats).
+// out[c] = the sum over the tile rows of col_partial[., c]: a block of 32 x kSumGroups threads per 32
+// columns; thread (tx, ty) adds tile rows [ty * chunk, (ty + 1) * chunk) of column tx in order (chunk =
+// ceil(row_tiles / kSumGroups); a warp reads 32 neighbouring floats), then the groups are added in order
+// ty = 0, 1, ... A fixed order, so the same bits every run.
+constexpr int kSumCols = 32, kSumGroups = 32;
 __global__ void sum_partials_kernel(const float* __restrict__ col_partial, std::int64_t row_tiles, std::int64_t cols,
                                     float* __restrict__ out) {
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+  __shared__ float part[kSumGroups][kSumCols + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kSumCols + tx;
+  const std::int64_t chunk = (row_tiles + kSumGroups - 1) / kSumGroups;
+  const std::int64_t t0 = ty * chunk, t1 = t0 + chunk < row_tiles ? t0 + chunk : row_tiles;
   float s = 0.0f;
-  for (std::int64_t t = 0; t < row_tiles; ++t) s += col_partial[t * cols + c];
-  out[c] = s;
+  if (c < cols)
+    for (std::int64_t t = t0; t < t1; ++t) s = __fadd_rn(s, col_partial[t * cols + c]);
+  part[ty][tx] = s;
+  __syncthreads();
+  if (ty == 0 && c < cols) {
+    float total = part[0][tx];
+    for (int g = 1; g < kSumGroups; ++g) total = __fadd_rn(total, part[g][tx]);
+    out[c] = total;
+  }
 }
 
 // dim 1: one block per row, two passes over it (its amax, then its cast).
@@ -553,10 +568,10 @@ void quantize_tensorwise_2d(const void* x, InDtype dtype, std::int64_t rows, std
 
 void sum_column_partials(const float* column_partial, std::int64_t rows, std::int64_t cols, float* out, void* stream) {
   if (rows <= 0 || cols <= 0) throw accel::InvalidArgumentError("fp8 column sums: an empty matrix");
-  const std::int64_t blocks = (cols + kThreads - 1) / kThreads;
+  const std::int64_t blocks = (cols + kSumCols - 1) / kSumCols;
   if (blocks > 0x7fffffffLL) throw accel::InvalidArgumentError("fp8 column sums: too many columns");
-  sum_partials_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      column_partial, (rows + kTile - 1) / kTile, cols, out);
+  sum_partials_kernel<<<static_cast<unsigned>(blocks), dim3(kSumCols, kSumGroups), 0,
+                        static_cast<cudaStream_t>(stream)>>>(column_partial, (rows + kTile - 1) / kTile, cols, out);
   check_launch("column sums");
 }
 

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -174,13 +175,45 @@ TEST(Fp8Casts_CUDA, TensorwiseOfGeluEqualsTheCompositePathBitForBit) {
   EXPECT_EQ(cases, 3 * 4 * 3 * 2);
 }
 
+// The column sums of a [rows, cols] x in the kernels' order (kernels/fp8_cast.cu: tile_transpose_kernel's
+// col_partial, then sum_partials_kernel), by plain fp32 additions on the host: in each 32-row tile, the
+// rows ty, ty + 8, ty + 16, ty + 24 of each of 8 threads from 0, the 8 in order; the tiles in 32 groups of
+// consecutive ones, each from 0, the groups in order.
+at::Tensor column_sums_in_the_kernels_order(const at::Tensor& x_in) {
+  const at::Tensor x = x_in.cpu().to(at::kFloat).contiguous();
+  const std::int64_t rows = x.size(0), cols = x.size(1), tiles = (rows + 31) / 32, chunk = (tiles + 31) / 32;
+  const auto a = x.accessor<float, 2>();
+  at::Tensor out = at::empty({cols}, at::kFloat);
+  std::vector<float> tile(static_cast<std::size_t>(tiles));
+  for (std::int64_t c = 0; c < cols; ++c) {
+    for (std::int64_t t = 0; t < tiles; ++t) {
+      float total = 0.0f;
+      for (int ty = 0; ty < 8; ++ty) {
+        float s = 0.0f;
+        for (int i = ty; i < 32; i += 8)
+          if (t * 32 + i < rows) s += a[t * 32 + i][c];
+        total = ty == 0 ? s : total + s;
+      }
+      tile[static_cast<std::size_t>(t)] = total;
+    }
+    float total = 0.0f;
+    for (int g = 0; g < 32; ++g) {
+      float s = 0.0f;
+      for (std::int64_t t = g * chunk; t < std::min((g + 1) * chunk, tiles); ++t)
+        s += tile[static_cast<std::size_t>(t)];
+      total = g == 0 ? s : total + s;
+    }
+    out[c] = total;
+  }
+  return out;
+}
+
 // quantize_dynamic_2d's column sums (a linear layer's bias gradient) on the device: with the column-major
-// layout the tiled cast sums each tile's columns as it reads them, and the tiles are added in order. The
-// bytes are those without the sums; the sums are as close to an fp64 reference as at::sum's fp32 sums
-// are (the worst column's error, relative to its sum of magnitudes, within twice at::sum's worst plus
-// 2^-24: the order differs), and the same bits from run to run.
-// Without the column-major layout (the flat cast) they are at::sum's, bit for bit.
-TEST(Fp8Casts_CUDA, ColumnSumsWithTheCastAreAsCloseAsAtSum) {
+// layout the tiled cast sums each tile's columns as it reads them, and a second kernel adds the tiles.
+// The bytes are those without the sums; the sums are the kernels' order's bit for bit (the host loop
+// above), the same bits twice, and a sum at all (within the bound of any order of rows additions of an
+// fp64 reference). Without the column-major layout (the flat cast) they are at::sum's, bit for bit.
+TEST(Fp8Casts_CUDA, ColumnSumsWithTheCastAreTheKernelsOrderBitForBit) {
   SKIP_WITHOUT_FUSED_CASTS();
   const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
       {1, 1}, {7, 33}, {64, 96}, {4097, 24}, {1031, 2053}};
@@ -197,16 +230,13 @@ TEST(Fp8Casts_CUDA, ColumnSumsWithTheCastAreAsCloseAsAtSum) {
       expect_same_fp8(with.column_major.data, without.column_major.data, what + " (column-major)");
       ASSERT_TRUE(with.column_sums.defined()) << what;
       ASSERT_EQ(with.column_sums.scalar_type(), at::kFloat) << what;
-      const at::Tensor ref = x.cpu().to(at::kDouble).sum(0);
-      const at::Tensor aten = x.sum(0, false, at::kFloat).cpu().to(at::kDouble);
-      const at::Tensor got = with.column_sums.cpu().to(at::kDouble);
-      // Each column's error relative to the sum of its magnitudes (what bounds any order's rounding),
-      // the worst column against at::sum's worst.
+      const at::Tensor want = column_sums_in_the_kernels_order(x);
+      const at::Tensor got = with.column_sums.cpu();
+      EXPECT_TRUE(at::equal(got.view(at::kInt), want.view(at::kInt)))
+          << what << ": largest difference " << (got - want).abs().max().item<float>();
       const at::Tensor mass = x.cpu().to(at::kDouble).abs().sum(0);
-      const double err = ((got - ref).abs() / mass).max().item<double>();
-      const double aten_err = ((aten - ref).abs() / mass).max().item<double>();
-      EXPECT_LE(err, 2 * aten_err + std::ldexp(1.0, -24))
-          << what << ": worst relative error " << err << ", at::sum's " << aten_err;
+      const double err = ((got.to(at::kDouble) - x.cpu().to(at::kDouble).sum(0)).abs() / mass).max().item<double>();
+      EXPECT_LE(err, static_cast<double>(rows) * std::ldexp(1.0, -24)) << what;
       const Fp8Layouts again = quantize_dynamic_2d(x, Fp8Format::E5M2, both, 0, false, true);
       EXPECT_TRUE(at::equal(again.column_sums, with.column_sums)) << what << ": not the same bits twice";
       // The flat cast (row-major alone): at::sum's bits.
