@@ -99,12 +99,10 @@ Fp8Layouts fused_quantize_2d(const at::Tensor& x_in, Fp8Format f, unsigned layou
                                        scale.mutable_data_ptr<float>(), inverse.mutable_data_ptr<float>(), stream, gelu,
                                        partial.defined() ? partial.mutable_data_ptr<float>() : nullptr);
   Fp8Layouts r;
-  if (partial.defined()) {
+  if (partial.defined()) {  // (else quantize_dynamic_2d sums them itself)
     r.column_sums = at::empty({cols}, fopts);
     kernels::fp8::sum_column_partials(partial.const_data_ptr<float>(), rows, cols,
                                       r.column_sums.mutable_data_ptr<float>(), stream);
-  } else if (column_sums) {
-    r.column_sums = (gelu ? at::gelu(x) : x).sum(0, /*keepdim=*/false, at::kFloat);
   }
   if (out.defined()) r.row_major = Fp8Tensor{out, scale, f, inverse};
   if (out_t.defined()) r.column_major = Fp8Tensor{out_t.t(), scale, f, inverse};
@@ -279,11 +277,16 @@ Fp8Layouts quantize_dynamic_2d(const at::Tensor& x, Fp8Format f, unsigned layout
   if (layouts == 0 || (layouts & ~(kRowMajor | kColumnMajor)) != 0)
     throw accel::InvalidArgumentError("fp8 quantize_dynamic_2d: layouts is kRowMajor, kColumnMajor or both");
   check_margin(margin);
-  if (fused_fp8_casts(x) && ((layouts & kColumnMajor) || gelu_first))
-    return fused_quantize_2d(x, f, layouts, margin, gelu_first, column_sums);
+  // (The column sums at::sum's wherever the tiled cast did not add them up as it read.)
+  auto sums_of = [&](const at::Tensor& v) { return v.sum(0, /*keepdim=*/false, at::kFloat); };
+  if (fused_fp8_casts(x) && ((layouts & kColumnMajor) || gelu_first)) {
+    Fp8Layouts r = fused_quantize_2d(x, f, layouts, margin, gelu_first, column_sums);
+    if (column_sums && !r.column_sums.defined()) r.column_sums = sums_of(gelu_first ? at::gelu(x) : x);
+    return r;
+  }
   Fp8Layouts r;
   const at::Tensor v = gelu_first ? at::gelu(x) : x;
-  if (column_sums) r.column_sums = v.sum(0, /*keepdim=*/false, at::kFloat);
+  if (column_sums) r.column_sums = sums_of(v);
   const Fp8Tensor q = quantize_dynamic(v, f, margin);
   if (layouts & kRowMajor) r.row_major = q;
   if (layouts & kColumnMajor) r.column_major = column_major(q);
