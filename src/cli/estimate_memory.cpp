@@ -203,7 +203,6 @@ StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offl
   StrategyCoefficients c = step_coefficients(s, b, offload);
   if (accumulation.steps <= 1) return c;
   const bool shards_grads = s == zero::Strategy::Zero2 || s == zero::Strategy::Zero3;
-  const bool streams_to_host = shards_grads && offload != Offload::None;  // (added on the host on the way)
   std::string held;
   if (!accumulation.sync_each_batch) {
     if (shards_grads) {
@@ -219,12 +218,17 @@ StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offl
         "with {} micro-steps that each reduce (--sync_each_batch), the gradient summed so far ({:g}P) is held "
         "beside each new one; micro-steps that do not reduce hold no more.",
         accumulation.steps, b.grad);
-  } else if (!streams_to_host) {
+  } else if (!shards_grads) {  // ZeRO-1: its slice of the full buffer is reduced into again
     c.device_shard += b.grad;
     held = fmt::format(
         "with {} micro-steps that each reduce (--sync_each_batch), the shard summed so far ({:g}P/N) is held "
         "beside each new one.",
         accumulation.steps, b.grad);
+  } else {
+    held = fmt::format(
+        "with {} micro-steps that each reduce (--sync_each_batch), each reduced shard is added to the sum as its "
+        "bucket finishes{}: nothing more is held.",
+        accumulation.steps, offload != Offload::None ? ", in host memory" : "");
   }
   if (!held.empty() && !c.note.empty())  // (a sentence after the note's)
     held[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(held[0])));

@@ -363,21 +363,34 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // gradient on the device between its reduction and the step).
   // The step in backward (spec.step_in_backward): the master's step is posted to a worker as soon
   // as its gradient is final (on a device, once its copy to the host is queued).
-  // A gradient pending from an earlier micro-step of the window (MoreMicroSteps) is added to: a
-  // device's one in host memory there, on the way (the device lets go of this one as before), others
-  // at the end of backward.
-  if (host_copies_ || spec_.step_in_backward)
+  // A gradient pending from an earlier micro-step of the window (MoreMicroSteps, or a second sync
+  // backward before the step) is added to as soon as each bucket is reduced: a device's one in host
+  // memory there, on the way (the device lets go of this one as before); under ZeRO-2/3 the others
+  // where they lie, and the reducer lets go of the reduced shard at once, so that a window holds one
+  // shard of gradients and not two (the others at the end of backward).
+  if (host_copies_ || spec_.step_in_backward || plan_.reduce_mode == GradReducer::Mode::ReduceScatter)
     reducer_->set_on_reduced([this](std::size_t i, const at::Tensor& g) {
       Flat& f = flats_[reduce_order_[i]];
-      const bool taken = host_master(f);
-      if (f.grad.defined()) {
-        if (!taken || !f.grad.is_same(f.host_grad)) return false;  // added at the end of backward
+      const bool host = host_master(f);
+      bool taken = host;
+      if (f.grad.defined() && host) {
+        if (!f.grad.is_same(f.host_grad)) return false;  // added at the end of backward
         host_copies_->add_to_host(f.host_grad, g);
         f.host_grad_src = nullptr;  // (f.grad is the sum: nothing to copy again at the end)
-      } else if (taken) {
+      } else if (f.grad.defined()) {
+        // (Not while a failed backward's reductions are flushed: their results are thrown away.)
+        if (plan_.reduce_mode != GradReducer::Mode::ReduceScatter || aborting_backward_ ||
+            f.grad.device() != g.device() || f.grad.is_alias_of(g))
+          return false;  // added at the end of backward
+        CategoryScope cat(Category::Gradients);
+        f.grad.add_(g);
+        f.added_on_the_way = added_on_the_way_ = true;
+        // (A group of one reduces nothing: g is the flat's full gradient, kept for the next window.)
+        taken = !g.is_alias_of(f.flat_param->grad_full());
+      } else if (host) {
         grad_to_host(f, g);
       }
-      if (steps_in_backward(f)) step_in_backward(f, g);
+      if (steps_in_backward(f)) step_in_backward(f, f.added_on_the_way ? f.grad : g);
       return taken;
     });
 }

@@ -90,6 +90,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     bool grad_live = false;     // grad_full holds this accumulation window's gradients
     std::vector<char> touched;  // per parameter: its region of grad_full written in this window
     bool ready = false;
+    bool added_on_the_way = false;           // this backward's reduced gradient is already added to the pending grad
     bool stepped_in_backward = false;        // spec.step_in_backward: its step was posted as its gradient was final
     bool master_grad_set = false;            // master.grad was set by us (reduction or placeholder), not stepped on
     const void* master_grad_impl = nullptr;  // ... that tensor, and its version then: a zero_grad()
@@ -336,9 +337,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // spec.step_in_backward: the step of one master, and the thread that runs it while backward goes on.
   std::function<bool(const at::Tensor&)> step_one_;
   std::unique_ptr<StepWorker> step_worker_;
-  bool aborting_backward_ = false;              // abort_backward's flush: its results are thrown away
-  std::exception_ptr step_error_;               // a step in backward that failed: the next optimizer step throws it
-  bool steps_in_backward(const Flat& f) const;  // f's master can take its step as its gradient is final
+  bool added_on_the_way_ = false;   // some flat's added_on_the_way, this backward (abort_backward drops the window)
+  bool aborting_backward_ = false;  // abort_backward's flush: its results are thrown away
+  std::exception_ptr step_error_;   // a step in backward that failed: the next optimizer step throws it
+  bool steps_in_backward(const Flat& f) const;          // f's master can take its step as its gradient is final
   void step_in_backward(Flat& f, const at::Tensor& g);  // master.grad := g (or the pinned copy); post its step
   void wait_steps_in_backward();                        // every posted step done (rethrows a step's error)
   void refuse_after_step_in_backward(const char* what) const;

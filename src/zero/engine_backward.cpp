@@ -223,7 +223,24 @@ void Engine::abort_backward() {
       reducer_->abandon();
     }
     aborting_backward_ = false;
+    // Nor can the sums made on the way (ZeRO-2/3) before the throw: the window goes if any rank made
+    // one (its buckets may have finished sooner than a peer's), and every rank agrees on that. (The
+    // collective is issued where every rank has a pending gradient to add to: the same micro-steps.)
+    const bool adds_on_the_way = plan_.reduce_mode == GradReducer::Mode::ReduceScatter &&
+                                 std::any_of(flats_.begin(), flats_.end(), [&](const Flat& f) {
+                                   return f.grad.defined() && !f.grad.is_same(f.host_grad);
+                                 });
+    if (adds_on_the_way) {
+      at::Tensor made = at::full({1}, added_on_the_way_ ? 1 : 0, at::kInt);
+      try {
+        if (world_->size() > 1) world_->all_reduce(made, {comm::ReduceOp::Max});
+      } catch (...) {  // (the backward's own error is what propagates; the window cannot be vouched for)
+        made.fill_(1);
+      }
+      drop_window = drop_window || made.item<int>() != 0;
+    }
   }
+  added_on_the_way_ = false;
   for (std::size_t u = 0; u < units_.size(); ++u) {
     for (auto& w : units_[u].inflight) {
       try {
@@ -240,6 +257,7 @@ void Engine::abort_backward() {
     std::fill(f.fired.begin(), f.fired.end(), 0);
     f.fired_count = 0;
     f.ready = false;
+    f.added_on_the_way = false;
     f.grad_live = false;
     f.flat_param->detach_grads();
     f.host_grad_src = nullptr;  // a copy queued from a gradient this backward threw away
@@ -252,9 +270,10 @@ void Engine::abort_backward() {
       f.master_grad_set = false;
     }
     log::warning(
-        "accel: a backward that failed while the accumulation window's gradients were pending in host memory "
-        "(optimizer offload from a device) had added to them: the window's gradients are dropped, and the next "
-        "step has only the backward passes after this one");
+        "accel: a backward that failed had added to the accumulation window's pending gradients (in host memory "
+        "under optimizer offload from a device; under ZeRO-2/3 as each bucket was reduced, on this rank or "
+        "another): the window's gradients are dropped, and the next step has only the backward passes after "
+        "this one");
   }
 }
 
@@ -333,14 +352,16 @@ void Engine::finalize_backward() {
         // The reduced shard is the pending gradient until the step, and the window closes: a second
         // sync backward before the step reduces into a fresh window and adds to it. ZeRO-2/3 give
         // the full buffer back; ZeRO-1 keeps it (and so does a group of one): g is their buffer's own slice.
-        if (!g.defined())  // taken on its way to the host (offload): the pinned copy is the gradient
-          g = f.host_grad;
-        // (A pending gradient in host memory that g is not: the second sync backward before a step
-        // of a master that is not a device's in host memory; one that is was added to on the way.)
+        // Taken on its way: to the host (offload: the pinned copy is the gradient), or added to the
+        // gradient pending from an earlier micro-step (which is then the sum).
+        if (!g.defined()) g = host_master(f) ? f.host_grad : f.grad;
+        // (A pending gradient that was not added to on the way: the second sync backward before a
+        // step of a master that is not a device's in host memory, or ZeRO-1's.)
         if (!f.grad.defined())
           f.grad = g;
-        else if (!g.is_same(f.grad))
+        else if (!g.is_same(f.grad) && !f.added_on_the_way)
           f.grad.add_(f.grad.device() == g.device() ? g : g.to(f.grad.device()));
+        f.added_on_the_way = false;
         if (g.is_alias_of(f.flat_param->grad_full()))
           f.flat_param->detach_grads();
         else
@@ -349,6 +370,7 @@ void Engine::finalize_backward() {
       }
       set_master_grad(f, /*defer_sync=*/true);
     }
+    if (!more_micro_steps_) reducer_->release_scratch();  // (the window is over)
     // The host reads the offloaded masters' gradients from here on (clipping, unscaling, the step);
     // parameter shards on their way to the device go on.
     if (host_copies_) host_copies_->synchronize_to_host();
@@ -382,6 +404,7 @@ void Engine::finalize_backward() {
     f.fired_count = 0;
     f.ready = false;
   }
+  added_on_the_way_ = false;
   for (std::size_t u = 1; u < units_.size(); ++u)
     if (unit_sharded(u)) reshard(u);
 }

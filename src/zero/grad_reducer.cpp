@@ -73,6 +73,11 @@ GradReducer::GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10
   }
   marked_.assign(flats_.size(), 0);
   results_.resize(flats_.size());
+  for (const auto& b : buckets_) {
+    std::int64_t out = 0;
+    for (auto m : b.members) out += flats_[m]->layout().shard_size();
+    largest_out_ = std::max(largest_out_, out);
+  }
 
   // Node-shared gradient buffers, sized for the largest reduce-scatter input: a flat reduced alone in
   // the reduce dtype, or a bucket's staging copy. Every rank reaches the collective below or none
@@ -197,14 +202,28 @@ void GradReducer::launch(Bucket& b) {
 }
 
 at::Tensor GradReducer::output(Bucket& b, std::int64_t numel, const at::TensorOptions& options) {
-  // Reused only when this is its one reference and nothing views its storage: a gradient still
-  // pending (a second sync backward adds to it) or held by the user keeps its values.
+  auto fits = [&](const at::Tensor& t) {
+    return t.defined() && t.numel() >= numel && t.dtype() == options.dtype() && t.device() == options.device();
+  };
+  // Nothing else refers to it: no view, no gradient pending or held by the user.
+  auto unused = [](const at::Tensor& t) { return t.use_count() == 1 && t.storage().use_count() == 1; };
   const at::Tensor& k = b.kept_out;
-  if (k.defined() && k.numel() == numel && k.dtype() == options.dtype() && k.device() == options.device() &&
-      k.use_count() == 1 && k.storage().use_count() == 1)
-    return k;
-  b.kept_out = at::empty({numel}, options);
-  return b.kept_out;
+  b.out_is_kept = true;
+  if (fits(k) && k.numel() == numel && unused(k)) return k;
+  if (!k.defined() || unused(k)) {
+    b.kept_out = at::empty({numel}, options);
+    return b.kept_out;
+  }
+  // kept_out is still referenced, most often as the gradient pending from an earlier micro-step of the
+  // window, which the engine adds this result to as soon as it is reduced (letting go of it): a
+  // scratch, so that the window holds one shard of gradients and not two. (A result that is not taken
+  // keeps its scratch until it is let go of; one beyond the in_flight kept is allocated for the once.)
+  b.out_is_kept = false;
+  for (const auto& t : scratch_)
+    if (fits(t) && unused(t)) return t.narrow(0, 0, numel);
+  at::Tensor t = at::empty({std::max(largest_out_, numel)}, options);
+  if (scratch_.size() < in_flight_) scratch_.push_back(t);
+  return t.narrow(0, 0, numel);
 }
 
 namespace {
@@ -270,8 +289,13 @@ void GradReducer::notify(Bucket& b) {
       results_[m] = at::Tensor();
     else
       all = false;
-  // Every member's result went elsewhere: the bucket's output is not kept for the next backward.
-  if (all) b.kept_out = at::Tensor();
+  if (all) let_go_of_output(b);
+}
+
+void GradReducer::let_go_of_output(Bucket& b) {
+  // Every member's result went elsewhere: the bucket's output is not kept for the next backward (a
+  // scratch stays, for the next bucket).
+  if (b.out_is_kept) b.kept_out = at::Tensor();
 }
 
 bool GradReducer::take(std::size_t m, const at::Tensor& g) {
@@ -322,7 +346,7 @@ std::vector<at::Tensor> GradReducer::flush() {
       for (auto& b : buckets_) {
         bool all = true;
         for (auto m : b.members) all = all && !out[m].defined();
-        if (all) b.kept_out = at::Tensor();
+        if (all) let_go_of_output(b);
       }
     }
   }

@@ -71,11 +71,17 @@ class GradReducer {
   // Called with (flat index, reduced gradient) as soon as a flat's result is final, in launch order,
   // before flush() returns it: inside backward for the buckets that back-pressure finishes early
   // (after the replicate-group averaging under HYBRID_SHARD, inside flush()). The engine starts the
-  // device-to-host copy of a gradient whose master lives in host memory there. Returning true takes
-  // the gradient (ReduceScatter only): the reducer then lets go of its memory at once (the flat's
-  // full gradient, or the bucket's output once every member is taken), and flush() returns an
-  // undefined tensor for it. So under optimizer offload no reduced gradient stays on the device.
+  // device-to-host copy of a gradient whose master lives in host memory there, and adds it to a
+  // gradient pending from an earlier micro-step. Returning true takes the gradient (ReduceScatter
+  // only): the reducer then lets go of its memory at once (the flat's full gradient, or the bucket's
+  // output once every member is taken), and flush() returns an undefined tensor for it. So under
+  // optimizer offload no reduced gradient stays on the device, and a window of micro-steps that reduce
+  // holds one shard of gradients.
   void set_on_reduced(std::function<bool(std::size_t, const at::Tensor&)> f) { on_reduced_ = std::move(f); }
+
+  // Lets go of the scratch outputs (the window of micro-steps is over: the next forward need not hold
+  // them; the next window allocates them again).
+  void release_scratch() { scratch_.clear(); }
 
   std::size_t num_buckets() const { return buckets_.size(); }
   // Flat i's bucket has been launched in this backward (its gradients are no longer to be added to).
@@ -95,14 +101,17 @@ class GradReducer {
     // every step cost page faults and zeroing of its pages, 20% of a 0.59B ZeRO-2 step's CPU time.
     // It is the sharded gradient ZeRO's formulas count as resident (4Ψ/N).
     at::Tensor kept_out;
+    bool out_is_kept = false;  // this backward's output is kept_out (not a scratch)
     comm::WorkPtr work;
   };
   void launch(Bucket& b);
   void reset();  // ready for the next backward
   void finish(Bucket& b);
-  void notify(Bucket& b);                                                              // on_reduced_ for its members
+  void notify(Bucket& b);                         // on_reduced_ for its members
   bool take(std::size_t m, const at::Tensor& g);  // on_reduced_ for one flat; true: taken (memory let go)
-  at::Tensor output(Bucket& b, std::int64_t numel, const at::TensorOptions& options);  // kept_out or new
+  // kept_out when free, else a scratch (kept_out still holds a gradient pending from an earlier micro-step)
+  at::Tensor output(Bucket& b, std::int64_t numel, const at::TensorOptions& options);
+  void let_go_of_output(Bucket& b);  // every member's result went elsewhere
   // A view of free node-shared memory, or undefined.
   at::Tensor free_buffer(std::int64_t numel);
 
@@ -117,6 +126,12 @@ class GradReducer {
   std::vector<at::Tensor> results_;
   std::size_t next_launch_ = 0, next_finish_ = 0;
   std::function<bool(std::size_t, const at::Tensor&)> on_reduced_;
+  // Outputs for buckets whose kept_out is still referenced (the gradient pending from an earlier
+  // micro-step: it is added to as each bucket is reduced, and the output let go of). Each as large as
+  // the largest bucket's output; at most in_flight of them are kept, reused once nothing refers to them,
+  // until release_scratch().
+  std::vector<at::Tensor> scratch_;
+  std::int64_t largest_out_ = 0;
   // Node-shared gradient buffers: this rank's part of the group's object, the pieces handed out (each with a storage of
   // its own: free once nothing else refers to it), by offset, and which flats may take one.
   struct Piece {

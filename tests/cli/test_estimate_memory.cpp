@@ -139,11 +139,13 @@ TEST(EstimateMemory, AccumulationAddsWhatTheMicroStepsHold) {
   EXPECT_TRUE(e.rows[1].coef.note.empty());
   EXPECT_NE(e.rows[2].coef.note.find("NoSync"), std::string::npos);
   EXPECT_EQ(e.rows[3].coef.note, e.rows[2].coef.note);
-  // Each micro-step reducing: the sum so far beside each new gradient, 2P for DDP, 2P/N sharded.
+  // Each micro-step reducing: the sum so far beside each new gradient, 2P for DDP, 2P/N for ZeRO-1;
+  // ZeRO-2/3 add each reduced shard to the sum as its bucket finishes, and hold no more.
   r.accumulation.sync_each_batch = true;
   e = estimate_memory(r);
-  expect_device(e, 18 * kP, 4 * kP + 14 * kP / kN, 2 * kP + 16 * kP / kN, 18 * kP / kN);
+  expect_device(e, 18 * kP, 4 * kP + 14 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
   for (const auto& row : e.rows) EXPECT_NE(row.coef.note.find("--sync_each_batch"), std::string::npos);
+  EXPECT_NE(e.rows[2].coef.note.find("nothing more"), std::string::npos);
   // One micro-step a step: no accumulation, whichever way it would reduce.
   r.accumulation.steps = 1;
   e = estimate_memory(r);

@@ -637,6 +637,65 @@ TEST(EngineLifecycle, ThrowingBackwardWithDataDependentUnusedParameters) {
   }
 }
 
+// A micro-step that throws in the middle of an accumulation window whose micro-steps reduce
+// (Engine::MoreMicroSteps). Under ZeRO-2/3 and FSDP each reduced shard is added to the window's pending
+// one as its bucket finishes, which cannot be taken back: where the throw comes after some buckets
+// finished (here the last layers'), the window goes on every rank and the step has only the backward
+// after it. Where it comes before any (the loss's own gradient), the window is kept: the step has both
+// clean backward passes, as for DDP and ZeRO-1, which add at the end of backward. Against the reference
+// doing the same.
+TEST(EngineLifecycle, AMicroStepThatThrowsMidNetworkDropsAWindowItAddedTo) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  const int64_t local = 12 / N;
+  std::vector<std::pair<std::string, ShardingSpec>> specs = {{"DDP", ShardingSpec::ddp()},
+                                                             {"ZeRO1", ShardingSpec::zero(1)},
+                                                             {"ZeRO2", ShardingSpec::zero(2)},
+                                                             {"ZeRO3", ShardingSpec::zero(3)},
+                                                             {"FULL_SHARD", ShardingSpec::fsdp("FULL_SHARD")},
+                                                             {"SHARD_GRAD_OP", ShardingSpec::fsdp("SHARD_GRAD_OP")}};
+  for (auto [name, spec] : specs)
+    for (bool mid : {false, true}) {
+      SCOPED_TRACE(name + (mid ? " mid-network" : " at the loss"));
+      spec.bucket_bytes = 0;            // a bucket per layer,
+      spec.grad_buckets_in_flight = 1;  // each finished as soon as it is launched
+      auto ref = seeded_mlp(), mdl = seeded_mlp();
+      torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      auto p = zero::prepare(mdl, user_opt, spec, world);
+      auto& e = *p.engine;
+      auto [x1, y1] = make_batch(ModelKind::MLP, at::kDouble, 0, 0);
+      auto [x2, y2] = make_batch(ModelKind::MLP, at::kDouble, 0, 1);
+      auto local_loss = [&](const at::Tensor& x, const at::Tensor& y) {
+        return at::mse_loss(mdl->forward(x.narrow(0, r * local, local)), y.narrow(0, r * local, local));
+      };
+      {
+        zero::Engine::MoreMicroSteps more(e);
+        e.backward(local_loss(x1, y1));
+        // The throwing micro-step: fc2's and fc1's units run their backward first where the throw is
+        // at fc0's output.
+        auto thrower = [](const at::Tensor& g) -> at::Tensor {
+          if (g.defined()) throw std::runtime_error("injected");
+          return g;
+        };
+        at::Tensor h = at::tanh(mdl->layers[0](x1.narrow(0, r * local, local)));
+        if (mid) h.register_hook(thrower);
+        h = mdl->layers[2](at::tanh(mdl->layers[1](h))) * mdl->scale;
+        if (!mid) h.register_hook(thrower);
+        EXPECT_THROW(e.backward(at::mse_loss(h, y1.narrow(0, r * local, local))), std::exception);
+      }
+      e.backward(local_loss(x2, y2));
+      // The reference: what the step should have. (One rank keeps everything: a passthrough engine puts
+      // the gradients autograd had before the throw back.)
+      const bool adds_on_the_way = name != "DDP" && name != "ZeRO1" && !e.plan().passthrough;
+      if (!(mid && adds_on_the_way)) at::mse_loss(ref->forward(x1), y1).backward();
+      at::mse_loss(ref->forward(x2), y2).backward();
+      ref_opt.step();
+      p.optimizer->step();
+      expect_shards_equal(e, *ref);
+    }
+}
+
 // unshard() leaves the model whole: it keeps working after the engine is gone.
 TEST(EngineLifecycle, UnshardDetachesTheModelFromTheEngine) {
   auto world = test::world();

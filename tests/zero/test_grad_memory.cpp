@@ -112,6 +112,56 @@ TEST(EngineGradMemory, PeakUnderHybridShard) {
   expect_bounded_peaks({{"HYBRID_SHARD", ShardingSpec::fsdp("HYBRID_SHARD")}});
 }
 
+// Accumulation whose micro-steps reduce (Engine::MoreMicroSteps, DeepSpeed's ZeRO-2/3): each reduced
+// shard is added to the window's pending one as its bucket finishes and let go of, so a window of three
+// micro-steps holds no more gradient memory than a step of one backward, but for the outputs of the
+// buckets in flight (at most in_flight scratches of the largest bucket's shard). Before, the pending
+// shards and a second set of reduced shards were alive together at the end of each backward: Ψ/N more.
+// (HYBRID_SHARD adds at the end of backward, after the cross-node average, so it is not among these.)
+TEST(EngineGradMemory, MicroStepsThatReduceHoldOneShardOfGradients) {
+  ASSERT_TRUE(memory::counting_installed());
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  for (auto [name, spec] : grad_sharding_specs()) {
+    if (name == "HYBRID_SHARD") continue;
+    for (std::int64_t bucket : {std::int64_t{0}, std::int64_t{60000}})
+      for (int in_flight : {1, 2}) {
+        SCOPED_TRACE(fmt::format("{} bucket {} B, {} in flight", name, bucket, in_flight));
+        spec.bucket_bytes = bucket;
+        spec.grad_buckets_in_flight = in_flight;
+        auto mlp = uneven_mlp();
+        auto user_opt = make_optimizer(OptKind::AdamW, *mlp);
+        auto p = zero::prepare(mlp, *user_opt, spec, world);
+        const Sizes z = sizes_of(*p.engine);
+        const std::int64_t out_bucket = (std::max(bucket, z.largest) + N - 1) / N;
+        auto backward = [&](int seed) {
+          at::manual_seed(seed);
+          at::Tensor x = at::randn({4 * N, 48});
+          p.engine->backward(mlp->forward(x.narrow(0, r * 4, 4)).pow(2).mean());
+        };
+        std::int64_t single = 0, window = 0;
+        for (int step = 0; step < 3; ++step) {
+          const std::int64_t before = memory::snapshot()[Category::Gradients].current;
+          memory::reset_peaks();
+          if (step == 2) {
+            zero::Engine::MoreMicroSteps more(*p.engine);
+            backward(60);
+            backward(61);
+          }
+          backward(62 + step);
+          const std::int64_t peak = memory::snapshot()[Category::Gradients].peak - before;
+          (step == 2 ? window : single) = peak;  // (step 0 made the reduced shards kept from then on)
+          p.optimizer->step();
+          p.optimizer->zero_grad();
+        }
+        if (N == 1 && p.engine->plan().passthrough) continue;
+        EXPECT_LE(window, single + in_flight * out_bucket)
+            << "one backward " << single << " B, a window of three " << window << " B; shards " << z.shards
+            << " B, a bucket's shard " << out_bucket << " B";
+      }
+  }
+}
+
 // The same model trained with the tightest limit and with no limit to speak of: the back-pressure
 // changes when reductions finish, never what they compute.
 TEST(EngineGradMemory, InFlightLimitDoesNotChangeResults) {

@@ -65,9 +65,9 @@ Result train_steps(const ShardingSpec& spec, int kind, std::shared_ptr<comm::Com
     out.losses.push_back(loss.item<double>());
     p.engine->backward(loss / accum);
     // In this mode every master was stepped during the backward that just returned, and those steps are
-    // done: the masters read now are the ones after the step. (After micro-steps that reduced, every
-    // gradient has a pending one to add to first: on the host, the step waits for optimizer.step().)
-    const bool stepped = spec.step_in_backward && accum == 1;
+    // done: the masters read now are the ones after the step. (After micro-steps that reduced too: each
+    // reduced gradient is added to the pending one as its bucket finishes, and the sum is stepped.)
+    const bool stepped = spec.step_in_backward;
     EXPECT_EQ(p.engine->stepped_in_backward().size(), stepped ? optimized : 0u) << "step " << step;
     std::vector<at::Tensor> seen;
     for (const auto& f : p.engine->flats())
@@ -130,8 +130,8 @@ TEST(EngineStepInBackward, GivesTheBitsOfTheStepInStep) {
 
 // Accumulation whose micro-steps reduce (Engine::MoreMicroSteps): no step starts in their backward (a
 // step there would take a part of the window's gradient, and the next micro-step's backward would be
-// refused), and the window trains to the bits of the step in step().
-TEST(EngineStepInBackward, MicroStepsThatReduceStartNoStep) {
+// refused); the window's last backward steps the sums, to the bits of the step in step().
+TEST(EngineStepInBackward, MicroStepsThatReduceStepInTheLastOnly) {
   auto world = test::world();
   for (const auto& [name, spec] : std::vector<std::pair<std::string, ShardingSpec>>{{"ZeRO2", ShardingSpec::zero(2)},
                                                                                     {"ZeRO3", ShardingSpec::zero(3)}}) {
