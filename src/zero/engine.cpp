@@ -368,7 +368,8 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // memory there, on the way (the device lets go of this one as before); under ZeRO-2/3 the others
   // where they lie, and the reducer lets go of the reduced shard at once, so that a window holds one
   // shard of gradients and not two (the others at the end of backward).
-  if (host_copies_ || spec_.step_in_backward || plan_.reduce_mode == GradReducer::Mode::ReduceScatter)
+  if (host_copies_ || spec_.step_in_backward || plan_.reduce_mode == GradReducer::Mode::ReduceScatter) {
+    reducer_->set_adds_to_pending([this](std::size_t i) { return adds_to_pending(flats_[reduce_order_[i]]); });
     reducer_->set_on_reduced([this](std::size_t i, const at::Tensor& g) {
       Flat& f = flats_[reduce_order_[i]];
       const bool host = host_master(f);
@@ -378,9 +379,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
         host_copies_->add_to_host(f.host_grad, g);
         f.host_grad_src = nullptr;  // (f.grad is the sum: nothing to copy again at the end)
       } else if (f.grad.defined()) {
-        // (Not while a failed backward's reductions are flushed: their results are thrown away.)
-        if (plan_.reduce_mode != GradReducer::Mode::ReduceScatter || aborting_backward_ ||
-            f.grad.device() != g.device() || f.grad.is_alias_of(g))
+        if (!adds_to_pending(f) || f.grad.device() != g.device() || f.grad.is_alias_of(g))
           return false;  // added at the end of backward
         CategoryScope cat(Category::Gradients);
         f.grad.add_(g);
@@ -393,6 +392,14 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
       if (steps_in_backward(f)) step_in_backward(f, f.added_on_the_way ? f.grad : g);
       return taken;
     });
+  }
+}
+
+bool Engine::adds_to_pending(const Flat& f) const {
+  // ZeRO-2/3 and FSDP, a pending gradient that is not a device's in host memory (that one is added to
+  // there), and not while a failed backward's reductions are flushed (their results are thrown away).
+  return plan_.reduce_mode == GradReducer::Mode::ReduceScatter && f.grad.defined() && !host_master(f) &&
+         !aborting_backward_;
 }
 
 void Engine::install_hooks() {

@@ -325,6 +325,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::size_t> opt_region_flat_;  // region -> flats_ index
   std::unique_ptr<HostCopies> host_copies_;   // offload to host memory of a device's masters
   bool host_master(const Flat& f) const;
+  // on_reduced adds f's reduced shard to its pending gradient as its bucket finishes (and takes it).
+  bool adds_to_pending(const Flat& f) const;
   void grad_to_host(Flat& f, const at::Tensor& g);  // queues f.host_grad := g
   void setup_offload(const torch::optim::Optimizer* optimizer);
   void move_to_device();  // every flat's buffers to device_ (a no-op where they are)

@@ -112,6 +112,7 @@ void Engine::open_window(Flat& f) {
   // Invariant: while !grad_live no parameter's .grad is a view of grad_full, so nothing autograd
   // just accumulated can be lost here.
   if (f.grad_live) return;
+  f.added_on_the_way = false;  // (left over by a plain loss.backward() that threw)
   if (f.grad.defined() && f.grad.is_alias_of(f.flat_param->grad_full())) {
     // ZeRO-1: the pending reduced slice lives in the buffer this window overwrites.
     f.grad = f.grad.clone();
@@ -224,12 +225,14 @@ void Engine::abort_backward() {
     }
     aborting_backward_ = false;
     // Nor can the sums made on the way (ZeRO-2/3) before the throw: the window goes if any rank made
-    // one (its buckets may have finished sooner than a peer's), and every rank agrees on that. (The
-    // collective is issued where every rank has a pending gradient to add to: the same micro-steps.)
-    const bool adds_on_the_way = plan_.reduce_mode == GradReducer::Mode::ReduceScatter &&
-                                 std::any_of(flats_.begin(), flats_.end(), [&](const Flat& f) {
-                                   return f.grad.defined() && !f.grad.is_same(f.host_grad);
-                                 });
+    // one (its buckets may have finished sooner than a peer's), and every rank agrees on that. The
+    // collective is issued where every rank has a pending gradient to add to (the same micro-steps
+    // behind it), and so by every rank that aborts this backward: as the flush above, it holds where
+    // every rank saw the error (a backward that throws on one rank alone leaves its peers waiting in
+    // their reductions, as any collective would).
+    const bool adds_on_the_way = std::any_of(flats_.begin(), flats_.end(), [&](const Flat& f) {
+      return plan_.reduce_mode == GradReducer::Mode::ReduceScatter && f.grad.defined() && !host_master(f);
+    });
     if (adds_on_the_way) {
       at::Tensor made = at::full({1}, added_on_the_way_ ? 1 : 0, at::kInt);
       try {
@@ -241,6 +244,7 @@ void Engine::abort_backward() {
     }
   }
   added_on_the_way_ = false;
+  if (reducer_) reducer_->release_scratch();
   for (std::size_t u = 0; u < units_.size(); ++u) {
     for (auto& w : units_[u].inflight) {
       try {

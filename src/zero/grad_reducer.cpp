@@ -210,19 +210,24 @@ at::Tensor GradReducer::output(Bucket& b, std::int64_t numel, const at::TensorOp
   const at::Tensor& k = b.kept_out;
   b.out_is_kept = true;
   if (fits(k) && k.numel() == numel && unused(k)) return k;
-  if (!k.defined() || unused(k)) {
+  // kept_out still referenced by the gradients pending from an earlier micro-step of the window, which
+  // the engine adds this result to as soon as it is reduced (letting go of it): a scratch, so that the
+  // window holds one shard of gradients and not two. Anything else (a user's reference, a result held
+  // until flush) gets a new kept_out, as a backward without accumulation does.
+  const bool added =
+      k.defined() && !unused(k) && !replicate_ && on_reduced_ && adds_to_pending_ &&
+      std::all_of(b.members.begin(), b.members.end(), [&](std::size_t m) { return adds_to_pending_(m); });
+  if (!added) {
     b.kept_out = at::empty({numel}, options);
     return b.kept_out;
   }
-  // kept_out is still referenced, most often as the gradient pending from an earlier micro-step of the
-  // window, which the engine adds this result to as soon as it is reduced (letting go of it): a
-  // scratch, so that the window holds one shard of gradients and not two. (A result that is not taken
-  // keeps its scratch until it is let go of; one beyond the in_flight kept is allocated for the once.)
   b.out_is_kept = false;
   for (const auto& t : scratch_)
     if (fits(t) && unused(t)) return t.narrow(0, 0, numel);
-  at::Tensor t = at::empty({std::max(largest_out_, numel)}, options);
-  if (scratch_.size() < in_flight_) scratch_.push_back(t);
+  // (Past in_flight of them, which back-pressure does not reach: one for the once.)
+  const bool pooled = scratch_.size() < in_flight_;
+  at::Tensor t = at::empty({pooled ? std::max(largest_out_, numel) : numel}, options);
+  if (pooled) scratch_.push_back(t);
   return t.narrow(0, 0, numel);
 }
 

@@ -78,6 +78,10 @@ class GradReducer {
   // optimizer offload no reduced gradient stays on the device, and a window of micro-steps that reduce
   // holds one shard of gradients.
   void set_on_reduced(std::function<bool(std::size_t, const at::Tensor&)> f) { on_reduced_ = std::move(f); }
+  // Whether on_reduced will add flat i's result to a gradient pending from an earlier micro-step (and
+  // take it), asked at launch: a bucket all of whose members will, and whose kept output is still
+  // referenced (by those pending gradients), reduces into a scratch instead of a new output.
+  void set_adds_to_pending(std::function<bool(std::size_t)> f) { adds_to_pending_ = std::move(f); }
 
   // Lets go of the scratch outputs (the window of micro-steps is over: the next forward need not hold
   // them; the next window allocates them again).
@@ -109,7 +113,8 @@ class GradReducer {
   void finish(Bucket& b);
   void notify(Bucket& b);                         // on_reduced_ for its members
   bool take(std::size_t m, const at::Tensor& g);  // on_reduced_ for one flat; true: taken (memory let go)
-  // kept_out when free, else a scratch (kept_out still holds a gradient pending from an earlier micro-step)
+  // kept_out when free, a scratch where the result is added to the pending gradients that hold
+  // kept_out, else a new kept_out
   at::Tensor output(Bucket& b, std::int64_t numel, const at::TensorOptions& options);
   void let_go_of_output(Bucket& b);  // every member's result went elsewhere
   // A view of free node-shared memory, or undefined.
@@ -126,10 +131,12 @@ class GradReducer {
   std::vector<at::Tensor> results_;
   std::size_t next_launch_ = 0, next_finish_ = 0;
   std::function<bool(std::size_t, const at::Tensor&)> on_reduced_;
-  // Outputs for buckets whose kept_out is still referenced (the gradient pending from an earlier
-  // micro-step: it is added to as each bucket is reduced, and the output let go of). Each as large as
-  // the largest bucket's output; at most in_flight of them are kept, reused once nothing refers to them,
-  // until release_scratch().
+  std::function<bool(std::size_t)> adds_to_pending_;
+  // Outputs for buckets whose kept_out is still referenced by the gradients pending from an earlier
+  // micro-step, which their results are added to as each bucket is reduced (adds_to_pending_), the
+  // output then let go of. Each as large as the largest bucket's output; at most in_flight of them are
+  // kept, reused once nothing refers to them, until release_scratch(). (Not under a replicate group,
+  // whose results are held until flush().)
   std::vector<at::Tensor> scratch_;
   std::int64_t largest_out_ = 0;
   // Node-shared gradient buffers: this rank's part of the group's object, the pieces handed out (each with a storage of
