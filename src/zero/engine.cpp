@@ -398,8 +398,10 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
 bool Engine::adds_to_pending(const Flat& f) const {
   // ZeRO-2/3 and FSDP, a pending gradient that is not a device's in host memory (that one is added to
   // there), and not while a failed backward's reductions are flushed (their results are thrown away).
-  return plan_.reduce_mode == GradReducer::Mode::ReduceScatter && f.grad.defined() && !host_master(f) &&
-         !aborting_backward_;
+  // Not across nodes under HYBRID_SHARD either: its shards are final only after the cross-node averages
+  // in flush(), and are added at the end of backward (the kept outputs stay for the next micro-step).
+  return plan_.reduce_mode == GradReducer::Mode::ReduceScatter && reducer_ && !reducer_->averages_across() &&
+         f.grad.defined() && !host_master(f) && !aborting_backward_;
 }
 
 void Engine::install_hooks() {

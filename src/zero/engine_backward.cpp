@@ -230,9 +230,8 @@ void Engine::abort_backward() {
     // behind it), and so by every rank that aborts this backward: as the flush above, it holds where
     // every rank saw the error (a backward that throws on one rank alone leaves its peers waiting in
     // their reductions, as any collective would).
-    const bool adds_on_the_way = std::any_of(flats_.begin(), flats_.end(), [&](const Flat& f) {
-      return plan_.reduce_mode == GradReducer::Mode::ReduceScatter && f.grad.defined() && !host_master(f);
-    });
+    const bool adds_on_the_way =
+        std::any_of(flats_.begin(), flats_.end(), [&](const Flat& f) { return adds_to_pending(f); });
     if (adds_on_the_way) {
       at::Tensor made = at::full({1}, added_on_the_way_ ? 1 : 0, at::kInt);
       try {

@@ -86,6 +86,8 @@ class GradReducer {
   // Lets go of the scratch outputs (the window of micro-steps is over: the next forward need not hold
   // them; the next window allocates them again).
   void release_scratch() { scratch_.clear(); }
+  // A replicate group of more than one rank: results are final only after its averages, in flush().
+  bool averages_across() const { return replicate_ != nullptr; }
 
   std::size_t num_buckets() const { return buckets_.size(); }
   // Flat i's bucket has been launched in this backward (its gradients are no longer to be added to).
@@ -136,7 +138,7 @@ class GradReducer {
   // micro-step, which their results are added to as each bucket is reduced (adds_to_pending_), the
   // output then let go of. Each as large as the largest bucket's output; at most in_flight of them are
   // kept, reused once nothing refers to them, until release_scratch(). (Not under a replicate group,
-  // whose results are held until flush().)
+  // whose results are held until flush(): the engine adds them at the end of backward.)
   std::vector<at::Tensor> scratch_;
   std::int64_t largest_out_ = 0;
   // Node-shared gradient buffers: this rank's part of the group's object, the pieces handed out (each with a storage of

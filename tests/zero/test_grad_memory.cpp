@@ -118,7 +118,7 @@ TEST(EngineGradMemory, PeakUnderHybridShard) {
 // buckets in flight (in_flight scratches of the largest bucket's shard, and at times one more). Before, the pending
 // shards and a second set of reduced shards were alive together at the end of each backward: Ψ/N more.
 // (HYBRID_SHARD across nodes is not among these: its shards are final only after the cross-node
-// averages in flush(), where they are added, each reduce-scatter into an output of its own. Registered
+// averages in flush(), and are added at the end of backward, beside outputs of their own. Registered
 // across simulated nodes too, where the other strategies' shard groups span the nodes.)
 TEST(EngineGradMemory, MicroStepsThatReduceHoldOneShardOfGradients) {
   ASSERT_TRUE(memory::counting_installed());
