@@ -172,6 +172,7 @@ void Engine::drop_discarded_grads() {
     if (g.defined() && g.unsafeGetTensorImpl() == f.master_grad_impl && g._version() == f.master_grad_version) continue;
     // optimizer->zero_grad() (to none, or in place) since we set master.grad, without a step:
     // discard what is pending or accumulating.
+    if (reducer_) reducer_->release_scratch();
     f.master_grad_set = false;
     f.master.mutable_grad() = at::Tensor();
     f.grad = at::Tensor();
@@ -225,11 +226,14 @@ void Engine::abort_backward() {
     }
     aborting_backward_ = false;
     // Nor can the sums made on the way (ZeRO-2/3) before the throw: the window goes if any rank made
-    // one (its buckets may have finished sooner than a peer's), and every rank agrees on that. The
+    // one (its buckets may have finished sooner than a peer's), and every rank agrees on that, so that
+    // a throw before any bucket finished keeps the window, as it does without accumulation. The
     // collective is issued where every rank has a pending gradient to add to (the same micro-steps
-    // behind it), and so by every rank that aborts this backward: as the flush above, it holds where
-    // every rank saw the error (a backward that throws on one rank alone leaves its peers waiting in
-    // their reductions, as any collective would).
+    // behind it), so by every rank that aborts this backward. As for the flush above, the engine's
+    // contract is that every rank sees the error: a backward that throws on one rank alone (an out of
+    // memory there, caught by the training loop) has its reductions pair with its peers' finished
+    // backward, and here issues one collective more than they do, which fails (or waits) at their
+    // next one instead of training on gradients out of step.
     const bool adds_on_the_way =
         std::any_of(flats_.begin(), flats_.end(), [&](const Flat& f) { return adds_to_pending(f); });
     if (adds_on_the_way) {

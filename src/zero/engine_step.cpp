@@ -100,6 +100,7 @@ void Engine::close_step() {
     f.master_grad_set = false;
     f.stepped_in_backward = false;
   }
+  if (reducer_) reducer_->release_scratch();
 }
 
 void Engine::before_step() {
