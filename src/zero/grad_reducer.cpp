@@ -208,19 +208,23 @@ at::Tensor GradReducer::output(Bucket& b, std::int64_t numel, const at::TensorOp
   // Nothing else refers to it: no view, no gradient pending or held by the user.
   auto unused = [](const at::Tensor& t) { return t.use_count() == 1 && t.storage().use_count() == 1; };
   const at::Tensor& k = b.kept_out;
-  b.out_is_kept = true;
-  if (fits(k) && k.numel() == numel && unused(k)) return k;
-  // kept_out still referenced by the gradients pending from an earlier micro-step of the window, which
-  // the engine adds this result to as soon as it is reduced (letting go of it): a scratch, so that the
-  // window holds one shard of gradients and not two. Anything else (a user's reference, a result held
-  // until flush) gets a new kept_out, as a backward without accumulation does.
+  // A result the engine adds to the gradients pending from an earlier micro-step of the window as soon
+  // as it is reduced (letting go of it) goes to a scratch, so that the window holds one shard of
+  // gradients and not two: those pending gradients are most often the kept output itself.
   const bool added =
-      k.defined() && !unused(k) && !replicate_ && on_reduced_ && adds_to_pending_ &&
+      !replicate_ && on_reduced_ && adds_to_pending_ &&
       std::all_of(b.members.begin(), b.members.end(), [&](std::size_t m) { return adds_to_pending_(m); });
   if (!added) {
+    // Anything else (no accumulation; a kept output a user still refers to) gets the kept output when
+    // it is free, else a new one, as a backward without accumulation does.
+    b.out_is_kept = true;
+    if (fits(k) && k.numel() == numel && unused(k)) return k;
     b.kept_out = at::empty({numel}, options);
     return b.kept_out;
   }
+  // (A kept output nothing refers to here, left by the flush of a backward that failed while a window
+  // was kept, goes: the pending gradients hold the window.)
+  if (k.defined() && unused(k)) b.kept_out = at::Tensor();
   b.out_is_kept = false;
   for (const auto& t : scratch_)
     if (fits(t) && unused(t)) return t.narrow(0, 0, numel);

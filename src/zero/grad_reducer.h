@@ -79,8 +79,8 @@ class GradReducer {
   // holds one shard of gradients.
   void set_on_reduced(std::function<bool(std::size_t, const at::Tensor&)> f) { on_reduced_ = std::move(f); }
   // Whether on_reduced will add flat i's result to a gradient pending from an earlier micro-step (and
-  // take it), asked at launch: a bucket all of whose members will, and whose kept output is still
-  // referenced (by those pending gradients), reduces into a scratch instead of a new output.
+  // take it), asked at launch: a bucket all of whose members will reduces into a scratch instead of
+  // an output of its own (the pending gradients are most often its kept output).
   void set_adds_to_pending(std::function<bool(std::size_t)> f) { adds_to_pending_ = std::move(f); }
 
   // Lets go of the scratch outputs (the window of micro-steps is over: the next forward need not hold
@@ -115,8 +115,8 @@ class GradReducer {
   void finish(Bucket& b);
   void notify(Bucket& b);                         // on_reduced_ for its members
   bool take(std::size_t m, const at::Tensor& g);  // on_reduced_ for one flat; true: taken (memory let go)
-  // kept_out when free, a scratch where the result is added to the pending gradients that hold
-  // kept_out, else a new kept_out
+  // a scratch where the engine adds the result to a pending gradient; else kept_out when free, or a
+  // new kept_out
   at::Tensor output(Bucket& b, std::int64_t numel, const at::TensorOptions& options);
   void let_go_of_output(Bucket& b);  // every member's result went elsewhere
   // A view of free node-shared memory, or undefined.
