@@ -42,7 +42,7 @@ void quantize_tensorwise_2d(const void* x, InDtype dtype, std::int64_t rows, std
                             int margin, std::uint32_t* amax_bits, std::uint8_t* out, std::uint8_t* out_t, float* scale,
                             float* inv_scale, void* stream, bool gelu = false, float* column_partial = nullptr);
 // out [cols] (fp32, device memory) = the column sums that quantize_tensorwise_2d left in column_partial for
-// a [rows, cols] x. One kernel, a thread a column.
+// a [rows, cols] x. One kernel: per column, 32 groups of consecutive tiles, then the groups in order.
 void sum_column_partials(const float* column_partial, std::int64_t rows, std::int64_t cols, float* out, void* stream);
 
 // out [cols, rows] = the transpose of the row-major [rows, cols] bytes `in` (tiles through shared memory,

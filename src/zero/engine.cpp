@@ -383,7 +383,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
           return false;  // added at the end of backward
         CategoryScope cat(Category::Gradients);
         f.grad.add_(g);
-        f.added_on_the_way = added_on_the_way_ = true;
+        f.added_on_the_way = true;
         // (A group of one reduces nothing: g is the flat's full gradient, kept for the next window.)
         taken = !g.is_alias_of(f.flat_param->grad_full());
       } else if (host) {

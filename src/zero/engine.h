@@ -339,10 +339,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // spec.step_in_backward: the step of one master, and the thread that runs it while backward goes on.
   std::function<bool(const at::Tensor&)> step_one_;
   std::unique_ptr<StepWorker> step_worker_;
-  bool added_on_the_way_ = false;   // some flat's added_on_the_way, this backward (abort_backward drops the window)
-  bool aborting_backward_ = false;  // abort_backward's flush: its results are thrown away
-  std::exception_ptr step_error_;   // a step in backward that failed: the next optimizer step throws it
-  bool steps_in_backward(const Flat& f) const;          // f's master can take its step as its gradient is final
+  bool aborting_backward_ = false;              // abort_backward's flush: its results are thrown away
+  std::exception_ptr step_error_;               // a step in backward that failed: the next optimizer step throws it
+  bool steps_in_backward(const Flat& f) const;  // f's master can take its step as its gradient is final
   void step_in_backward(Flat& f, const at::Tensor& g);  // master.grad := g (or the pinned copy); post its step
   void wait_steps_in_backward();                        // every posted step done (rethrows a step's error)
   void refuse_after_step_in_backward(const char* what) const;

@@ -237,7 +237,8 @@ void Engine::abort_backward() {
     const bool adds_on_the_way =
         std::any_of(flats_.begin(), flats_.end(), [&](const Flat& f) { return adds_to_pending(f); });
     if (adds_on_the_way) {
-      at::Tensor made = at::full({1}, added_on_the_way_ ? 1 : 0, at::kInt);
+      const bool added = std::any_of(flats_.begin(), flats_.end(), [](const Flat& f) { return f.added_on_the_way; });
+      at::Tensor made = at::full({1}, added ? 1 : 0, at::kInt);
       try {
         if (world_->size() > 1) world_->all_reduce(made, {comm::ReduceOp::Max});
       } catch (...) {  // (the backward's own error is what propagates; the window cannot be vouched for)
@@ -246,7 +247,6 @@ void Engine::abort_backward() {
       drop_window = drop_window || made.item<int>() != 0;
     }
   }
-  added_on_the_way_ = false;
   if (reducer_) reducer_->release_scratch();
   for (std::size_t u = 0; u < units_.size(); ++u) {
     for (auto& w : units_[u].inflight) {
@@ -411,7 +411,6 @@ void Engine::finalize_backward() {
     f.fired_count = 0;
     f.ready = false;
   }
-  added_on_the_way_ = false;
   for (std::size_t u = 1; u < units_.size(); ++u)
     if (unit_sharded(u)) reshard(u);
 }
