@@ -149,9 +149,11 @@ TEST(ShmNames, CarryAPidAndATokenRandomPerProcess) {
 
 TEST(Shm, EveryDtypeAcrossChunks) {
   auto comm = world();
-  // 300007 float32 = 1.2 MB per rank: several 256 KiB chunks, divisible by neither 2, 3 nor 4
+  // 300007 float32 = 1.2 MB per rank: several 256 KiB chunks, divisible by neither 2, 3 nor 4; 4100,
+  // divisible by 2 and 4: across simulated nodes, the all_reduce the hierarchical transport runs in
+  // place in the output (the others stage a padded copy)
   for (at::ScalarType d : kShmReducible)
-    for (int64_t k : {int64_t(0), int64_t(1), int64_t(3), int64_t(4099), int64_t(300007)}) {
+    for (int64_t k : {int64_t(0), int64_t(1), int64_t(3), int64_t(4099), int64_t(4100), int64_t(300007)}) {
       check_collectives(*comm, d, k);
       if (::testing::Test::HasFailure()) return;
     }
@@ -175,13 +177,15 @@ TEST(Shm, SixteenBitSumsRoundOnce) {
 TEST(Shm, AliasedViewsOfOneBuffer) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();
-  const int64_t k = 70001;
-  // all_reduce from one half of a buffer into the other half
-  at::Tensor buf = at::zeros({2 * k}, at::kFloat);
-  buf.narrow(0, 0, k).copy_(pattern(k).mul(r + 1));
-  comm->all_reduce(buf.narrow(0, 0, k), buf.narrow(0, k, k));
-  expect_same(buf.narrow(0, k, k), pattern(k).mul(n * (n + 1) / 2), "all_reduce into the buffer's other half");
-  expect_same(buf.narrow(0, 0, k), pattern(k).mul(r + 1), "all_reduce input half untouched");
+  // all_reduce from one half of a buffer into the other half (an odd and an even size: across
+  // simulated nodes, staged and in place in the output)
+  for (const int64_t k : {int64_t(70001), int64_t(70000)}) {
+    at::Tensor buf = at::zeros({2 * k}, at::kFloat);
+    buf.narrow(0, 0, k).copy_(pattern(k).mul(r + 1));
+    comm->all_reduce(buf.narrow(0, 0, k), buf.narrow(0, k, k));
+    expect_same(buf.narrow(0, k, k), pattern(k).mul(n * (n + 1) / 2), "all_reduce into the buffer's other half");
+    expect_same(buf.narrow(0, 0, k), pattern(k).mul(r + 1), "all_reduce input half untouched");
+  }
   // a 2-D tensor in place
   at::Tensor m = pattern(3 * 1001).mul(r + 1).to(at::kDouble).view({3, 1001});
   comm->all_reduce(m);

@@ -2,7 +2,10 @@
 // A collective becomes a chain of steps on the node group (shared memory) and the cross-node group
 // (MPI), each started when the one before finished (Request::after); the whole group's arguments are
 // checked once first (a check_only request on the group's MPI transport), so a mismatch still raises
-// on every rank. 16-bit floats travel as fp32 through the chain and are rounded once at the end.
+// on every rank. Where each node's ranks are one run in group order (the usual placement), the chain
+// works in place in the caller's tensors but for a block of 1/L of the data (L ranks per node) between
+// the node and cross-node steps; otherwise reduce_scatter and all_gather stage the whole tensor in a
+// node-major layout. Reductions of 16-bit floats are staged in fp32 through the chain and rounded once.
 #include "comm/transport/hierarchical.h"
 
 #include "base/env.h"
@@ -37,6 +40,13 @@ class HierBackend final : public Backend {
     size_ = group_.size();
     l_ = l_of_[rank_];
     m_ = m_of_[rank_];
+    // Whether each node's ranks form one run in group order (the usual placement, and simulated
+    // nodes): then a node's chunks lie side by side and need no staging copy.
+    first_of_node_.assign(M_, -1);
+    for (int q = 0; q < size_; ++q)
+      if (first_of_node_[m_of_[q]] < 0) first_of_node_[m_of_[q]] = q;
+    contiguous_nodes_ = true;
+    for (int q = 0; q < size_; ++q) contiguous_nodes_ = contiguous_nodes_ && q == first_of_node_[m_of_[q]] + l_of_[q];
   }
   ~HierBackend() override {
     node_.reset();  // before the MPI group it was set up over
@@ -72,6 +82,16 @@ class HierBackend final : public Backend {
     switch (r.kind) {
       case Collective::AllReduce: {
         const std::int64_t n = in.numel(), k = (n + L_ - 1) / L_;
+        if (!half && k * L_ == n) {
+          // In place in the output, no staging: the output's own slice is this rank's part.
+          if (out.data_ptr() != in.data_ptr()) out.copy_(in);
+          at::Tensor mine = out.narrow(0, l_ * k, k);
+          prev = step(*node_, Collective::ReduceScatter, out, mine, step_op, 0, prev, r);
+          prev = step(*cross_mpi_, Collective::AllReduce, mine, mine, step_op, 0, prev, r);
+          if (avg) r.then = [out, N] { out.div_(N); };
+          last(*node_, Collective::AllGather, mine, out, step_op, 0, prev, std::move(r));
+          break;
+        }
         at::Tensor tmp = at::zeros({L_ * k}, in.options().dtype(acc));
         tmp.narrow(0, 0, n).copy_(in);
         at::Tensor mine = tmp.narrow(0, l_ * k, k);
@@ -86,16 +106,41 @@ class HierBackend final : public Backend {
       }
       case Collective::ReduceScatter: {
         const std::int64_t k = out.numel();
+        // block: the node's sums of the chunks of this rank's index in every node, node by node
+        // (the cross-node reduce-scatter's input); mine: this rank's chunk in it.
+        at::Tensor block = at::empty({M_ * k}, in.options().dtype(acc)), mine = block.narrow(0, m_ * k, k);
+        if (!half && contiguous_nodes_) {
+          // Each node's ranks hold one run of chunks: one node reduce-scatter per node, read where
+          // the input lies, each into its node's place in the block.
+          for (int m = 0; m < M_; ++m)
+            prev = step(*node_, Collective::ReduceScatter, in.narrow(0, first_of_node_[m] * k, L_ * k),
+                        block.narrow(0, m * k, k), step_op, 0, prev, r);
+          if (avg) r.then = [out, N] { out.div_(N); };
+          last(*cross_mpi_, Collective::ReduceScatter, block, out, step_op, 0, prev, std::move(r));
+          break;
+        }
         at::Tensor tmp = at::empty({N * k}, in.options().dtype(acc));
         for (int q = 0; q < N; ++q) tmp.narrow(0, slot(q) * k, k).copy_(in.narrow(0, q * k, k));
-        at::Tensor block = tmp.narrow(0, l_ * M_ * k, M_ * k), mine = block.narrow(0, m_ * k, k);
         prev = step(*node_, Collective::ReduceScatter, tmp, block, step_op, 0, prev, r);
-        r.then = [mine, out, avg, N] { out.copy_(avg ? mine.div(N) : mine); };
+        r.then = [tmp, mine, out, avg, N] { out.copy_(avg ? mine.div(N) : mine); };
         last(*cross_mpi_, Collective::ReduceScatter, block, mine, step_op, 0, prev, std::move(r));
         break;
       }
       case Collective::AllGather: {
         const std::int64_t k = in.numel();
+        if (contiguous_nodes_) {
+          // block: the input of this rank's index in every node, node by node; then one node
+          // all-gather per node, straight into that node's run of the output.
+          at::Tensor block = at::empty({M_ * k}, in.options());
+          prev = step(*cross_mpi_, Collective::AllGather, in, block, ReduceOp::Sum, 0, prev, r);
+          for (int m = 0; m + 1 < M_; ++m)
+            prev = step(*node_, Collective::AllGather, block.narrow(0, m * k, k),
+                        out.narrow(0, first_of_node_[m] * k, L_ * k), ReduceOp::Sum, 0, prev, r);
+          last(*node_, Collective::AllGather, block.narrow(0, (M_ - 1) * k, k),
+               out.narrow(0, first_of_node_[M_ - 1] * k, L_ * k), ReduceOp::Sum, 0, prev, std::move(r));
+          break;
+        }
+        // Staged in the layout [index in node][node], then copied out in rank order.
         at::Tensor tmp = at::empty({N * k}, in.options());
         at::Tensor block = tmp.narrow(0, l_ * M_ * k, M_ * k);
         prev = step(*cross_mpi_, Collective::AllGather, in, block, ReduceOp::Sum, 0, prev, r);
@@ -154,6 +199,8 @@ class HierBackend final : public Backend {
   std::unique_ptr<Backend> node_;
   std::vector<int> l_of_, m_of_;
   int L_, M_, l_ = 0, m_ = 0, rank_ = 0, size_ = 1;
+  std::vector<std::int64_t> first_of_node_;  // each node's first group rank
+  bool contiguous_nodes_ = false;
 };
 
 }  // namespace
