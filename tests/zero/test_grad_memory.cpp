@@ -1,9 +1,10 @@
 // Bounded gradient memory: under every strategy that shards gradients, the gradient bytes alive during
 // backward stay within this rank's reduced shards (Ψ/N, padded) plus grad_buckets_in_flight full
 // buckets or units (plus the pool of node-shared gradient buffers, counted from prepare on;
-// sharding_private runs it with private buffers), read from the counting allocator, with units both larger and smaller
-// than the bucket; and the back-pressure that bounds them never deadlocks when the data makes ranks use different
-// parameters.
+// sharding_private runs it with private buffers; sharding_hybrid_2nodes across simulated nodes, where
+// the hierarchical transport holds a block of 1/L of each collective), read from the counting allocator, with units
+// both larger and smaller than the bucket; and the back-pressure that bounds them never deadlocks when the data makes
+// ranks use different parameters.
 #include "base/memory.h"
 #include "support/harness.h"
 
