@@ -1,8 +1,9 @@
 // The fused cross entropy (cross_entropy.h): a block a row of logits, each thread reading whole 16-byte
-// packs where the rows are aligned for it (every row, when the first is 16-byte aligned and a row's
-// bytes are a multiple of 16: vocabularies of 32000, 50304, 128256; a scalar loop for every row
-// otherwise, e.g. 50257). Forward reads its row twice (the max, then the sum of exponentials:
-// log_softmax's two passes and its arithmetic; a one-pass rescaled sum would read it once, with other
+// packs from the row's first 16-byte boundary on, and the few elements before it and after the last
+// pack one at a time (so a vocabulary of 50257, whose rows start at every offset, reads packs too;
+// before, such rows were read element by element; the gradient the same way where it lies as far
+// from a boundary as the logits, element by element otherwise). Forward reads its row twice (the max, then the sum of
+// exponentials: log_softmax's two passes and its arithmetic; a one-pass rescaled sum would read it once, with other
 // roundings); backward reads it once and writes the gradient once. The sums go through a fixed tree (warp shuffles,
 // then the warps in order), so a row's numbers do not change from run to run. Each log-probability is
 // computed as log_softmax's CUDA kernel computes it, x - max - logsum in fp32.
@@ -43,17 +44,31 @@ struct alignas(16) Pack {
   T v[kN];
 };
 
-// f(i, fp32(x[i])) for this thread's elements of the row x[0, n); kPacked: n a multiple of the pack and
-// x 16-byte aligned.
+// Elements of the row x[0, n) before its first 16-byte boundary (x is aligned to its element).
+template <typename T>
+__device__ __forceinline__ std::int64_t head_of(const T* x, std::int64_t n) {
+  const auto mis = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(x) % 16);
+  const std::int64_t h = mis == 0 ? 0 : (16 - mis) / static_cast<std::int64_t>(sizeof(T));
+  return h < n ? h : n;
+}
+
+// f(i, fp32(x[i])) for this thread's elements of the row x[0, n). kPacked: whole 16-byte packs from
+// the row's first 16-byte boundary on, and the elements before it and after the last whole pack (fewer
+// than a pack each) one at a time, to the block's first threads; otherwise one element at a time.
 template <typename T, bool kPacked, typename F>
 __device__ __forceinline__ void for_each(const T* x, std::int64_t n, F&& f) {
   if constexpr (kPacked) {
     constexpr int kN = Pack<T>::kN;
-    const auto* p = reinterpret_cast<const Pack<T>*>(x);
-    for (std::int64_t i = threadIdx.x; i < n / kN; i += blockDim.x) {
+    const std::int64_t h = head_of(x, n), packs = (n - h) / kN, tail = h + packs * kN;
+    const auto* p = reinterpret_cast<const Pack<T>*>(x + h);
+    for (std::int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
       const Pack<T> v = p[i];
 #pragma unroll
-      for (int j = 0; j < kN; ++j) f(i * kN + j, to_f32(v.v[j]));
+      for (int j = 0; j < kN; ++j) f(h + i * kN + j, to_f32(v.v[j]));
+    }
+    for (std::int64_t e = threadIdx.x; e < h + (n - tail); e += blockDim.x) {
+      const std::int64_t i = e < h ? e : tail + (e - h);
+      f(i, to_f32(x[i]));
     }
   } else {
     for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) f(i, to_f32(x[i]));
@@ -112,16 +127,21 @@ __global__ void backward_kernel(const T* logits, std::int64_t vocab, const std::
   const float w = t == ignore_index ? 0.0f : (t < 0 || t >= vocab ? NAN : *grad_scale);
   const float m = row_max[r], logsum = row_logsum[r];
   auto grad_of = [&](std::int64_t i, float v) { return (i == t ? -w : 0.0f) + expf(v - m - logsum) * w; };
-  if constexpr (kPacked) {
+  if constexpr (kPacked) {  // (g lies as far from a 16-byte boundary as x does)
     constexpr int kN = Pack<T>::kN;
-    auto* out = reinterpret_cast<Pack<T>*>(g);
-    const auto* in = reinterpret_cast<const Pack<T>*>(x);
-    for (std::int64_t i = threadIdx.x; i < vocab / kN; i += blockDim.x) {
+    const std::int64_t h = head_of(x, vocab), packs = (vocab - h) / kN, tail = h + packs * kN;
+    auto* out = reinterpret_cast<Pack<T>*>(g + h);
+    const auto* in = reinterpret_cast<const Pack<T>*>(x + h);
+    for (std::int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
       const Pack<T> v = in[i];
       Pack<T> o;
 #pragma unroll
-      for (int j = 0; j < kN; ++j) o.v[j] = from_f32<T>(grad_of(i * kN + j, to_f32(v.v[j])));
+      for (int j = 0; j < kN; ++j) o.v[j] = from_f32<T>(grad_of(h + i * kN + j, to_f32(v.v[j])));
       out[i] = o;
+    }
+    for (std::int64_t e = threadIdx.x; e < h + (vocab - tail); e += blockDim.x) {
+      const std::int64_t i = e < h ? e : tail + (e - h);
+      g[i] = from_f32<T>(grad_of(i, to_f32(x[i])));
     }
   } else {
     for (std::int64_t i = threadIdx.x; i < vocab; i += blockDim.x) g[i] = from_f32<T>(grad_of(i, to_f32(x[i])));
@@ -140,9 +160,14 @@ unsigned grid_of(std::int64_t rows) {
   return static_cast<unsigned>(rows);
 }
 
+// Whether the rows can be read in packs: the logits (and the gradient, which must then lie as far
+// from a 16-byte boundary as the logits, row by row) aligned to their element.
 template <typename T>
-bool packed(const void* p, std::int64_t vocab) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && (vocab * static_cast<std::int64_t>(sizeof(T))) % 16 == 0;
+bool packed(const void* logits, const void* grad = nullptr) {
+  const auto x = reinterpret_cast<std::uintptr_t>(logits);
+  if (x % sizeof(T) != 0) return false;
+  if (grad == nullptr) return true;
+  return reinterpret_cast<std::uintptr_t>(grad) % 16 == x % 16;
 }
 
 // Calls fn with a typed null pointer of the logits' element type.
@@ -175,7 +200,7 @@ void cross_entropy_forward(const void* logits, InDtype dtype, std::int64_t rows,
   dispatch(dtype, [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* x = static_cast<const T*>(logits);
-    if (packed<T>(logits, vocab))
+    if (packed<T>(logits))
       forward_kernel<T, true>
           <<<grid_of(rows), kThreads, 0, s>>>(x, vocab, targets, ignore_index, row_max, row_logsum, loss);
     else
@@ -195,7 +220,7 @@ void cross_entropy_backward(const void* logits, InDtype dtype, std::int64_t rows
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* x = static_cast<const T*>(logits);
     T* g = static_cast<T*>(grad);
-    if (packed<T>(logits, vocab) && packed<T>(grad, vocab))
+    if (packed<T>(logits, grad))
       backward_kernel<T, true>
           <<<grid_of(rows), kThreads, 0, s>>>(x, vocab, targets, ignore_index, row_max, row_logsum, grad_scale, g);
     else
