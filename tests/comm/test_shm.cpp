@@ -9,6 +9,9 @@
 #include "test_world.h"
 
 #include "comm/dtype.h"
+#include "comm/transport/backend.h"
+#include "comm/transport/hierarchical.h"
+#include "comm/transport/mpi/mpi_backend.h"
 #include "comm/transport/shm/node_shared.h"
 #include "comm/transport/shm/shm_backend.h"
 #include "support/scoped_env.h"
@@ -16,6 +19,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -388,6 +392,91 @@ TEST(Shm, SingleCopyGathersAndReduceScattersMatchTheChunkedPath) {
   // (Where ranks outnumber cores or the kernel forbids reading a peer's memory, both groups took the
   // chunked path: the closed forms above held, the single-copy path did not run.)
   if (!reads) GTEST_SKIP() << "single copy is off here (ranks outnumber cores, or process_vm_readv is refused)";
+}
+
+// The hierarchical transport (a group across simulated nodes) driven as the GPU staging backend drives
+// its host transport (staged_backend.cpp): the input written only after enqueue, before `ready` turns
+// true (the device-to-host copy landing), and a `then` of the caller's (the copy back to the device)
+// that must see the final output. No step reads the input before `ready`, and the caller's `then` runs
+// after the transport's own, on every path: in place and staged all_reduce (a size divisible by the
+// node's ranks, and not), fp32 and bf16 (node sums in fp32), sums and averages; reduce_scatter,
+// all_gather and broadcast.
+TEST(ShmHierarchical, StagedRequestsWaitForReadyAndKeepTheCallersThen) {
+  auto comm = world();
+  if (std::string(comm->backend_name(at::ones({1}))) != "shm+mpi") GTEST_SKIP() << "not a group across nodes";
+  auto mpi = MpiBackend::world();
+  std::unique_ptr<Backend> transport = make_cpu_transport(*mpi, comm->topology());
+  ASSERT_NE(transport, nullptr);
+  ASSERT_STREQ(transport->name(), "shm+mpi");
+  const int n = comm->size(), r = comm->rank();
+  struct Case {
+    Collective kind;
+    at::ScalarType d;
+    ReduceOp op;
+    int64_t k;
+  };
+  std::vector<Case> cases;
+  for (at::ScalarType d : {at::kFloat, at::kBFloat16})
+    for (int64_t k : {int64_t(4100), int64_t(4099)})
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+        cases.push_back({Collective::AllReduce, d, op, k});
+        cases.push_back({Collective::ReduceScatter, d, op, k});
+      }
+  cases.push_back({Collective::AllGather, at::kFloat, ReduceOp::Sum, 4099});
+  cases.push_back({Collective::Broadcast, at::kFloat, ReduceOp::Sum, 4099});
+  for (const Case& c : cases) {
+    const std::string tag = std::string(to_string(c.kind)) + " " + to_string(c.op) + " " + dtype_name(c.d) + "[" +
+                            std::to_string(c.k) + "]";
+    const int64_t k = c.k;
+    const auto o = at::TensorOptions().dtype(c.d);
+    at::Tensor values, want;  // this rank's input once it has landed, and the result
+    switch (c.kind) {
+      case Collective::AllReduce:
+        values = pattern(k).mul(r + 1);
+        want = pattern(k).to(at::kDouble).mul(c.op == ReduceOp::Sum ? n * (n + 1) / 2.0 : (n + 1) / 2.0);
+        break;
+      case Collective::ReduceScatter: {
+        values = pattern(n * k).mul(r + 1).add(at::arange(n * k, at::kLong).div(k, "floor"));
+        const at::Tensor p = pattern(n * k).narrow(0, r * k, k).to(at::kDouble);
+        want = c.op == ReduceOp::Sum ? p.mul(n * (n + 1) / 2.0).add(n * r) : p.mul((n + 1) / 2.0).add(r);
+        break;
+      }
+      case Collective::AllGather: {
+        values = pattern(k, r).add(10 * r);
+        std::vector<at::Tensor> parts;
+        for (int q = 0; q < n; ++q) parts.push_back(pattern(k, q).add(10 * q));
+        want = at::cat(parts);
+        break;
+      }
+      default:
+        values = pattern(k, r).add(r);
+        want = pattern(k, n - 1).add(n - 1);
+        break;
+    }
+    at::Tensor in = at::full({values.numel()}, -1000, o);
+    at::Tensor out = c.kind == Collective::Broadcast ? in : at::full({want.numel()}, 77, o);
+    auto landed = std::make_shared<std::atomic<bool>>(false);
+    auto seen = std::make_shared<at::Tensor>();
+    Request q;
+    q.kind = c.kind;
+    q.input = in;
+    q.output = out;
+    q.op = c.op;
+    q.root = n - 1;
+    q.ready = [landed] { return landed->load(std::memory_order_acquire); };
+    q.then = [seen, out] { *seen = out.clone(); };
+    q.work = std::make_shared<Work>(tag, r, n, std::chrono::seconds(60));
+    WorkPtr w = q.work;
+    transport->enqueue(std::move(q));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // (the transport's threads run meanwhile)
+    in.copy_(values.to(c.d));
+    landed->store(true, std::memory_order_release);
+    w->wait();
+    expect_same(out, want.to(c.d), tag);
+    ASSERT_TRUE(seen->defined()) << tag << ": the caller's then did not run";
+    expect_same(*seen, want.to(c.d), tag + ", as the caller's then saw it");
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 }  // namespace

@@ -17,7 +17,9 @@ namespace accel::comm {
 // One collective, already validated locally (contiguous, same device and dtype, sizes consistent
 // with the world size, op allowed for the dtype).
 //   AllReduce:     input -> output (may be the same tensor), numel equal.
-//   ReduceScatter: input numel = world * output numel; output may alias input's own rank slice.
+//   ReduceScatter: input numel = world * output numel; output may alias input's own rank slice. On
+//                  the shm transport only, a bf16/fp16 input may have an fp32 output: the sums kept
+//                  unrounded (the hierarchical transport's node sums; every rank alike).
 //   AllGather:     output numel = world * input numel; input may alias output's own rank slice.
 //   Broadcast:     input == output, root's data lands everywhere.
 //   Barrier:       no tensors.

@@ -1,11 +1,13 @@
 // Hierarchical collectives for groups spanning nodes, and the choice of a group's CPU transport.
 // A collective becomes a chain of steps on the node group (shared memory) and the cross-node group
 // (MPI), each started when the one before finished (Request::after); the whole group's arguments are
-// checked once first (a check_only request on the group's MPI transport), so a mismatch still raises
-// on every rank. Where each node's ranks are one run in group order (the usual placement), the chain
-// works in place in the caller's tensors but for a block of 1/L of the data (L ranks per node) between
-// the node and cross-node steps; otherwise reduce_scatter and all_gather stage the whole tensor in a
-// node-major layout. Reductions of 16-bit floats are staged in fp32 through the chain and rounded once.
+// checked once first (a check_only request on the group's MPI transport, which also waits for the
+// caller's `ready`), so a mismatch still raises on every rank. Nothing is read or written at enqueue:
+// staging copies run as their step starts, result copies in `then`s before the caller's own. Where
+// each node's ranks are one run in group order (the usual placement), the chain works in the caller's
+// tensors but for a block of 1/L of the data (L ranks per node) between the node and cross-node steps;
+// otherwise reduce_scatter and all_gather stage the whole tensor in a node-major layout. 16-bit floats
+// are summed in fp32 through the chain (the node sums written unrounded) and rounded once.
 #include "comm/transport/hierarchical.h"
 
 #include "base/env.h"
@@ -17,6 +19,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -61,7 +65,8 @@ class HierBackend final : public Backend {
       group_.enqueue(std::move(r));
       return;
     }
-    // The whole group's check first; every step after it skips its own.
+    // The whole group's check first; every step after it skips its own. It also waits for the
+    // caller's `ready` (a staging copy from a GPU landing), so that no step reads the input sooner.
     Request c;
     c.kind = r.kind;
     c.input = r.input;
@@ -69,6 +74,7 @@ class HierBackend final : public Backend {
     c.op = r.op;
     c.root = r.root;
     c.check_only = true;
+    c.ready = r.ready;
     c.work = step_work(r);
     WorkPtr prev = c.work;
     group_.enqueue(std::move(c));
@@ -79,50 +85,79 @@ class HierBackend final : public Backend {
     const at::ScalarType acc = half ? at::kFloat : r.input.scalar_type();
     const int N = size_;
     at::Tensor in = r.input.reshape({-1}), out = r.output.reshape({-1});
+    // Runs f once the last step moved its data, before the caller's own `then` (a copy back to a GPU).
+    auto finally = [&r](std::function<void()> f) {
+      r.then = [f = std::move(f), user = std::move(r.then)] {
+        f();
+        if (user) user();
+      };
+    };
+    // Nothing is read or written at enqueue: every copy is a step's or a `then`, after the ones before.
     switch (r.kind) {
       case Collective::AllReduce: {
         const std::int64_t n = in.numel(), k = (n + L_ - 1) / L_;
-        if (!half && k * L_ == n) {
-          // In place in the output, no staging: the output's own slice is this rank's part.
-          if (out.data_ptr() != in.data_ptr()) out.copy_(in);
+        if (k * L_ == n) {
+          // The output's own slice is this rank's part, which the node all-gather spreads in place.
+          // fp32 and wider: the node reduce-scatter reads the input into that slice; 16-bit floats:
+          // into an fp32 one (the node sums unrounded), rounded once into the output's.
           at::Tensor mine = out.narrow(0, l_ * k, k);
-          prev = step(*node_, Collective::ReduceScatter, out, mine, step_op, 0, prev, r);
-          prev = step(*cross_mpi_, Collective::AllReduce, mine, mine, step_op, 0, prev, r);
-          if (avg) r.then = [out, N] { out.div_(N); };
+          if (!half) {
+            prev = step(*node_, Collective::ReduceScatter, in, mine, step_op, 0, prev, r);
+            prev = step(*cross_mpi_, Collective::AllReduce, mine, mine, step_op, 0, prev, r,
+                        avg ? std::function<void()>([mine, N] { mine.div_(N); }) : nullptr);
+          } else {
+            at::Tensor wide = at::empty({k}, in.options().dtype(acc));
+            prev = step(*node_, Collective::ReduceScatter, in, wide, step_op, 0, prev, r);
+            prev = step(*cross_mpi_, Collective::AllReduce, wide, wide, step_op, 0, prev, r,
+                        [wide, mine, avg, N] { mine.copy_(avg ? wide.div(N) : wide); });
+          }
           last(*node_, Collective::AllGather, mine, out, step_op, 0, prev, std::move(r));
           break;
         }
+        // Padded to a multiple of L, staged (fp32 for 16-bit floats), copied out at the end.
         at::Tensor tmp = at::zeros({L_ * k}, in.options().dtype(acc));
-        tmp.narrow(0, 0, n).copy_(in);
         at::Tensor mine = tmp.narrow(0, l_ * k, k);
-        prev = step(*node_, Collective::ReduceScatter, tmp, mine, step_op, 0, prev, r);
+        prev = step(*node_, Collective::ReduceScatter, tmp, mine, step_op, 0, prev, r, nullptr,
+                    [tmp, in, n] { tmp.narrow(0, 0, n).copy_(in); });
         prev = step(*cross_mpi_, Collective::AllReduce, mine, mine, step_op, 0, prev, r);
-        r.then = [tmp, out, n, avg, N] {
+        finally([tmp, out, n, avg, N] {
           at::Tensor v = tmp.narrow(0, 0, n);
           out.copy_(avg ? v.div(N) : v);
-        };
+        });
         last(*node_, Collective::AllGather, mine, tmp, step_op, 0, prev, std::move(r));
         break;
       }
       case Collective::ReduceScatter: {
         const std::int64_t k = out.numel();
-        // block: the node's sums of the chunks of this rank's index in every node, node by node
-        // (the cross-node reduce-scatter's input); mine: this rank's chunk in it.
-        at::Tensor block = at::empty({M_ * k}, in.options().dtype(acc)), mine = block.narrow(0, m_ * k, k);
-        if (!half && contiguous_nodes_) {
+        if (contiguous_nodes_) {
           // Each node's ranks hold one run of chunks: one node reduce-scatter per node, read where
-          // the input lies, each into its node's place in the block.
+          // the input lies, into that node's place in `block` (fp32 for 16-bit floats, unrounded):
+          // the node sums of this rank's index in every node, the cross-node reduce-scatter's input.
+          at::Tensor block = at::empty({M_ * k}, in.options().dtype(acc));
           for (int m = 0; m < M_; ++m)
             prev = step(*node_, Collective::ReduceScatter, in.narrow(0, first_of_node_[m] * k, L_ * k),
                         block.narrow(0, m * k, k), step_op, 0, prev, r);
-          if (avg) r.then = [out, N] { out.div_(N); };
-          last(*cross_mpi_, Collective::ReduceScatter, block, out, step_op, 0, prev, std::move(r));
+          if (!half) {
+            if (avg) finally([out, N] { out.div_(N); });
+            last(*cross_mpi_, Collective::ReduceScatter, block, out, step_op, 0, prev, std::move(r));
+          } else {
+            at::Tensor mine = block.narrow(0, m_ * k, k);
+            finally([block, mine, out, avg, N] { out.copy_(avg ? mine.div(N) : mine); });
+            last(*cross_mpi_, Collective::ReduceScatter, block, mine, step_op, 0, prev, std::move(r));
+          }
           break;
         }
+        // Staged in the layout [index in node][node] (fp32 for 16-bit floats): this rank's block is
+        // where the node reduce-scatter puts it.
         at::Tensor tmp = at::empty({N * k}, in.options().dtype(acc));
-        for (int q = 0; q < N; ++q) tmp.narrow(0, slot(q) * k, k).copy_(in.narrow(0, q * k, k));
-        prev = step(*node_, Collective::ReduceScatter, tmp, block, step_op, 0, prev, r);
-        r.then = [tmp, mine, out, avg, N] { out.copy_(avg ? mine.div(N) : mine); };
+        at::Tensor block = tmp.narrow(0, l_ * M_ * k, M_ * k), mine = block.narrow(0, m_ * k, k);
+        std::vector<std::int64_t> slots(N);
+        for (int q = 0; q < N; ++q) slots[q] = slot(q);
+        prev = step(*node_, Collective::ReduceScatter, tmp, block, step_op, 0, prev, r, nullptr, [tmp, in, k, slots] {
+          for (std::size_t q = 0; q < slots.size(); ++q)
+            tmp.narrow(0, slots[q] * k, k).copy_(in.narrow(0, static_cast<std::int64_t>(q) * k, k));
+        });
+        finally([mine, out, avg, N] { out.copy_(avg ? mine.div(N) : mine); });
         last(*cross_mpi_, Collective::ReduceScatter, block, mine, step_op, 0, prev, std::move(r));
         break;
       }
@@ -146,10 +181,10 @@ class HierBackend final : public Backend {
         prev = step(*cross_mpi_, Collective::AllGather, in, block, ReduceOp::Sum, 0, prev, r);
         std::vector<std::int64_t> slots(N);
         for (int q = 0; q < N; ++q) slots[q] = slot(q);
-        r.then = [tmp, out, k, slots] {
+        finally([tmp, out, k, slots] {
           for (std::size_t q = 0; q < slots.size(); ++q)
             out.narrow(0, static_cast<std::int64_t>(q) * k, k).copy_(tmp.narrow(0, slots[q] * k, k));
-        };
+        });
         last(*node_, Collective::AllGather, block, tmp, ReduceOp::Sum, 0, prev, std::move(r));
         break;
       }
@@ -171,10 +206,24 @@ class HierBackend final : public Backend {
     return std::make_shared<Work>(r.work->what(), rank_, size_, Duration(0));
   }
 
+  // `then`: runs once this step's data moved, before the next step starts. `first`: runs once the
+  // step before has finished, before this one moves anything (a staging copy of the caller's input),
+  // on the thread that moves this step.
   WorkPtr step(Backend& b, Collective kind, const at::Tensor& in, const at::Tensor& out, ReduceOp op, int root,
-               const WorkPtr& after, const Request& user) {
+               const WorkPtr& after, const Request& user, std::function<void()> then = nullptr,
+               std::function<void()> first = nullptr) {
     Request q;
     q.work = step_work(user);
+    q.then = std::move(then);
+    if (first)
+      q.ready = [after, first = std::move(first), done = std::make_shared<bool>(false)] {
+        if (!*done) {
+          if (!after->finished()) return false;
+          if (!after->exception()) first();  // (a failed one fails this step: nothing to stage)
+          *done = true;
+        }
+        return true;
+      };
     WorkPtr w = q.work;
     last(b, kind, in, out, op, root, after, std::move(q));
     return w;

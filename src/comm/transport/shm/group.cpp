@@ -127,6 +127,7 @@ void ShmGroup::plan(ShmOp& op) {
       break;
     case Collective::ReduceScatter:
       op.esize = static_cast<std::int64_t>(r.input.element_size());
+      op.oesize = static_cast<std::int64_t>(r.output.element_size());
       op.count = r.output.numel();
       op.unit = std::max<std::int64_t>(1, chunk / (op.esize * size_));
       if (!r.check_only) {
@@ -266,8 +267,8 @@ void ShmGroup::reduce_scatter_from_peers(ShmOp& op, char* out) {
         srcs[j] = dst;
       }
     }
-    reduce_into(out + off * es, nullptr, srcs, size_, c, r.input.scalar_type(), r.op,
-                r.op == ReduceOp::Avg ? size_ : 0);
+    reduce_into(out + off * op.oesize, nullptr, srcs, size_, c, r.input.scalar_type(), r.op,
+                r.op == ReduceOp::Avg ? size_ : 0, r.output.scalar_type());
   }
   if (in_place) g_read_in_place.fetch_add(in_place, std::memory_order_relaxed);
 }
@@ -424,7 +425,8 @@ bool ShmGroup::step(ShmOp& op, Phase ph, std::int64_t t) {
             srcs[j] = seg_->buf(j, b) + me * op.unit * es;
           if (j != me && op.peer_in[j]) in_place += static_cast<std::uint64_t>(c * es);
         }
-        reduce_into(out + off * es, nullptr, srcs, n, c, r.input.scalar_type(), r.op, r.op == ReduceOp::Avg ? n : 0);
+        reduce_into(out + off * op.oesize, nullptr, srcs, n, c, r.input.scalar_type(), r.op,
+                    r.op == ReduceOp::Avg ? n : 0, r.output.scalar_type());
         ctl.out_step.store(g, std::memory_order_release);
         if (in_place) g_read_in_place.fetch_add(in_place, std::memory_order_relaxed);
       } else {  // (zero-copy input) every peer has reduced its last chunk: my input is mine again

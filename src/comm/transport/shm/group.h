@@ -37,6 +37,9 @@ struct ShmOp {
   // count and unit (per chunk): elements for all_reduce and reduce_scatter (of the output), bytes
   // for all_gather (of the input) and broadcast.
   std::int64_t esize = 1, count = 0, unit = 1, nchunks = 0;
+  // reduce_scatter: the output's element size (fp32 from 16-bit inputs for the hierarchical
+  // transport's node sums, backend.h; the input's otherwise)
+  std::int64_t oesize = 1;
   bool in_place = false;     // all_gather: the input is the output's own slice
   bool single_copy = false;  // read from the peers' memory (see plan: large broadcasts, all_gathers, reduce_scatters)
   bool direct = false;       // all_reduce in one round: every rank reduces whole chunks (see plan)

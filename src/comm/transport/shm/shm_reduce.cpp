@@ -34,9 +34,10 @@ struct Min {
   }
 };
 
-// A: the accumulation type (fp32 for 16-bit floats; unsigned for integer sums, which wrap).
-template <class T, class A, class Op>
-__attribute__((always_inline)) inline void reduce_t(T* dst, T* dst2, const void* const* srcs, int n, std::int64_t count,
+// A: the accumulation type (fp32 for 16-bit floats; unsigned for integer sums, which wrap). O: the
+// output's (T, or fp32 for 16-bit floats kept unrounded).
+template <class T, class A, class Op, class O = T>
+__attribute__((always_inline)) inline void reduce_t(O* dst, O* dst2, const void* const* srcs, int n, std::int64_t count,
                                                     A divisor) {
   A acc[kBlock];
   for (std::int64_t base = 0; base < count; base += kBlock) {
@@ -49,25 +50,25 @@ __attribute__((always_inline)) inline void reduce_t(T* dst, T* dst2, const void*
     }
     if (divisor != A(0))
       for (std::int64_t i = 0; i < m; ++i) acc[i] = acc[i] / divisor;
-    T* d = dst + base;
-    for (std::int64_t i = 0; i < m; ++i) d[i] = static_cast<T>(acc[i]);
+    O* d = dst + base;
+    for (std::int64_t i = 0; i < m; ++i) d[i] = static_cast<O>(acc[i]);
     if (dst2 != nullptr) {
-      T* d2 = dst2 + base;
+      O* d2 = dst2 + base;
       for (std::int64_t i = 0; i < m; ++i) d2[i] = d[i];
     }
   }
 }
 
-template <class T, class A>
+template <class T, class A, class O = T>
 __attribute__((always_inline)) inline void reduce_op(void* dst, void* dst2, const void* const* srcs, int n,
                                                      std::int64_t count, ReduceOp op, double divisor) {
-  T* d = static_cast<T*>(dst);
-  T* d2 = static_cast<T*>(dst2);
+  O* d = static_cast<O*>(dst);
+  O* d2 = static_cast<O*>(dst2);
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: reduce_t<T, A, Sum>(d, d2, srcs, n, count, static_cast<A>(divisor)); break;
-    case ReduceOp::Max: reduce_t<T, A, Max>(d, d2, srcs, n, count, A(0)); break;
-    case ReduceOp::Min: reduce_t<T, A, Min>(d, d2, srcs, n, count, A(0)); break;
+    case ReduceOp::Avg: reduce_t<T, A, Sum, O>(d, d2, srcs, n, count, static_cast<A>(divisor)); break;
+    case ReduceOp::Max: reduce_t<T, A, Max, O>(d, d2, srcs, n, count, A(0)); break;
+    case ReduceOp::Min: reduce_t<T, A, Min, O>(d, d2, srcs, n, count, A(0)); break;
   }
 }
 
@@ -80,25 +81,34 @@ __attribute__((always_inline)) inline void reduce_op(void* dst, void* dst2, cons
 #define ACCEL_SHM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 
-#define ACCEL_SHM_KERNEL(NAME, T, A)                                                                                 \
+#define ACCEL_SHM_KERNEL(NAME, T, A, O)                                                                              \
   ACCEL_SHM_CLONES void NAME(void* dst, void* dst2, const void* const* srcs, int n, std::int64_t count, ReduceOp op, \
                              double divisor) {                                                                       \
-    reduce_op<T, A>(dst, dst2, srcs, n, count, op, divisor);                                                         \
+    reduce_op<T, A, O>(dst, dst2, srcs, n, count, op, divisor);                                                      \
   }
 
-ACCEL_SHM_KERNEL(reduce_f64, double, double)
-ACCEL_SHM_KERNEL(reduce_f32, float, float)
-ACCEL_SHM_KERNEL(reduce_bf16, c10::BFloat16, float)
-ACCEL_SHM_KERNEL(reduce_f16, c10::Half, float)
-ACCEL_SHM_KERNEL(reduce_i32, std::int32_t, std::int32_t)
-ACCEL_SHM_KERNEL(reduce_i64, std::int64_t, std::int64_t)
-ACCEL_SHM_KERNEL(reduce_u8, std::uint8_t, std::uint8_t)
+ACCEL_SHM_KERNEL(reduce_f64, double, double, double)
+ACCEL_SHM_KERNEL(reduce_f32, float, float, float)
+ACCEL_SHM_KERNEL(reduce_bf16, c10::BFloat16, float, c10::BFloat16)
+ACCEL_SHM_KERNEL(reduce_f16, c10::Half, float, c10::Half)
+ACCEL_SHM_KERNEL(reduce_bf16_to_f32, c10::BFloat16, float, float)
+ACCEL_SHM_KERNEL(reduce_f16_to_f32, c10::Half, float, float)
+ACCEL_SHM_KERNEL(reduce_i32, std::int32_t, std::int32_t, std::int32_t)
+ACCEL_SHM_KERNEL(reduce_i64, std::int64_t, std::int64_t, std::int64_t)
+ACCEL_SHM_KERNEL(reduce_u8, std::uint8_t, std::uint8_t, std::uint8_t)
 
 }  // namespace
 
 void reduce_into(void* dst, void* dst2, const void* const* srcs, int nsrc, std::int64_t count, c10::ScalarType dtype,
-                 ReduceOp op, double divisor) {
+                 ReduceOp op, double divisor, c10::ScalarType out_dtype) {
   if (count <= 0) return;
+  if (out_dtype != c10::ScalarType::Undefined && out_dtype != dtype) {
+    if (out_dtype == c10::kFloat && dtype == c10::kBFloat16)
+      return reduce_bf16_to_f32(dst, dst2, srcs, nsrc, count, op, divisor);
+    if (out_dtype == c10::kFloat && dtype == c10::kHalf)
+      return reduce_f16_to_f32(dst, dst2, srcs, nsrc, count, op, divisor);
+    throw accel::InvalidArgumentError("shm reduce: an output dtype other than the input's is fp32 from 16-bit floats");
+  }
   switch (dtype) {
     case c10::kDouble: return reduce_f64(dst, dst2, srcs, nsrc, count, op, divisor);
     case c10::kFloat: return reduce_f32(dst, dst2, srcs, nsrc, count, op, divisor);

@@ -15,7 +15,9 @@ namespace accel::comm {
 // one of the sources (same address). bfloat16/float16 accumulate in fp32 and are rounded once, as
 // the MPI transport does. Integer sums wrap as MPI's do. dst2, when not null, gets the same values
 // (all_reduce writes its reduced slice to the shared buffer and its own output in one pass).
+// out_dtype: the destinations' dtype when not `dtype` (Undefined: the same): fp32 from bfloat16/float16
+// sources, the fp32 accumulator kept unrounded (the hierarchical transport's node sums).
 void reduce_into(void* dst, void* dst2, const void* const* srcs, int nsrc, std::int64_t count, c10::ScalarType dtype,
-                 ReduceOp op, double divisor);
+                 ReduceOp op, double divisor, c10::ScalarType out_dtype = c10::ScalarType::Undefined);
 
 }  // namespace accel::comm
