@@ -74,7 +74,8 @@ class HierBackend final : public Backend {
     c.op = r.op;
     c.root = r.root;
     c.check_only = true;
-    c.ready = r.ready;
+    c.ready = std::move(r.ready);  // (polled there only, on one thread; every step comes after it)
+    r.ready = nullptr;
     c.work = step_work(r);
     WorkPtr prev = c.work;
     group_.enqueue(std::move(c));
@@ -208,7 +209,9 @@ class HierBackend final : public Backend {
 
   // `then`: runs once this step's data moved, before the next step starts. `first`: runs once the
   // step before has finished, before this one moves anything (a staging copy of the caller's input),
-  // on the thread that moves this step.
+  // on the thread that moves this step: for a node step, the shm progress thread, which moves no
+  // other group meanwhile (a copy of memory already allocated; should it throw, this rank's step
+  // fails and its node peers wait for it until their timeout).
   WorkPtr step(Backend& b, Collective kind, const at::Tensor& in, const at::Tensor& out, ReduceOp op, int root,
                const WorkPtr& after, const Request& user, std::function<void()> then = nullptr,
                std::function<void()> first = nullptr) {

@@ -59,6 +59,9 @@ struct Op {
   at::Tensor send, recv;       // the buffers handed to MPI (staging copies where needed)
   bool in_place = false;       // MPI_IN_PLACE: send is unused
   std::function<void()> post;  // on the engine after completion: copy back, divide for avg
+  // On the engine as the collective starts (its `after` and `ready` done): the fp32 staging copy of a
+  // 16-bit input, which may not be read sooner (a copy from a GPU still landing, an earlier step's output).
+  std::function<void()> stage;
 };
 
 MPI_Datatype reduce_type(c10::ScalarType t) {
@@ -211,6 +214,7 @@ class Engine {
     op.send = at::Tensor();
     op.recv = at::Tensor();
     op.post = nullptr;
+    op.stage = nullptr;
     work->finish(std::move(e));
   }
 
@@ -297,6 +301,10 @@ class Engine {
   }
 
   void start(Op& op) {
+    if (op.stage) {
+      op.stage();
+      op.stage = nullptr;
+    }
     const Request& r = op.req;
     MPI_Comm comm = op.group->data;
     void* send = op.in_place ? MPI_IN_PLACE : (op.send.defined() ? op.send.data_ptr() : nullptr);
@@ -413,8 +421,9 @@ void MpiBackend::enqueue(Request r) {
   switch (r.kind) {
     case Collective::AllReduce:
       if (half) {
-        op->recv = r.input.to(at::kFloat);  // fp32 in transit, rounded once at the end
+        op->recv = at::empty_like(r.input, r.input.options().dtype(at::kFloat));  // fp32 in transit, rounded once
         op->in_place = true;
+        op->stage = [wire = op->recv, in = r.input] { wire.copy_(in); };
       } else {
         op->recv = out;
         op->in_place = r.input.data_ptr() == out.data_ptr();
@@ -423,8 +432,9 @@ void MpiBackend::enqueue(Request r) {
       break;
     case Collective::ReduceScatter:
       if (half) {
-        op->send = r.input.to(at::kFloat);
+        op->send = at::empty_like(r.input, r.input.options().dtype(at::kFloat));
         op->recv = at::empty({out.numel()}, out.options().dtype(at::kFloat));
+        op->stage = [wire = op->send, in = r.input] { wire.copy_(in); };
       } else {
         op->send = r.input;
         op->recv = overlaps(r.input, out) ? at::empty_like(out) : out;
