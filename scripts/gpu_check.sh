@@ -268,6 +268,10 @@ if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
     step "engine_cuda_np$np" env ACCEL_TEST_DEVICE=cuda "$BIN/accel" launch -n "$np" "$BIN/accel_tests" \
       --gtest_filter="$ENGINE_TESTS"
   done
+  # The same 4 ranks as 2 simulated nodes of 2: the staged collectives over the hierarchical host
+  # transport (shared memory in a node, MPI between), as 2 GPU machines without NCCL would run them.
+  step engine_cuda_np4_2nodes env ACCEL_TEST_DEVICE=cuda ACCEL_RANKS_PER_NODE=2 "$BIN/accel" launch -n 4 \
+    "$BIN/accel_tests" --gtest_filter="$ENGINE_TESTS"
   # The GPT example on the device under the shipped sharded configs at 2 ranks (and at world 1, no
   # launcher) follows the loss of ZeRO-1 at 2 ranks (whose own 2-rank run follows its world-1 run).
   EX=$OUTDIR/examples
