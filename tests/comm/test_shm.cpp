@@ -420,6 +420,7 @@ void expect_staged_requests_wait(Backend& t, const std::string& name) {
         cases.push_back({Collective::ReduceScatter, d, op, k, false});
       }
   cases.push_back({Collective::AllGather, at::kFloat, ReduceOp::Sum, 4099, false});
+  cases.push_back({Collective::AllGather, at::kFloat, ReduceOp::Sum, 70001, false});  // (over 1 MiB at 4 ranks)
   cases.push_back({Collective::Broadcast, at::kFloat, ReduceOp::Sum, 4099, true});
   for (const Case& c : cases) {
     const std::string tag = name + ": " + to_string(c.kind) + " " + to_string(c.op) + " " + dtype_name(c.d) + "[" +

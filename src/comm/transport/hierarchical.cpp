@@ -27,6 +27,13 @@
 namespace accel::comm {
 namespace {
 
+// An all_gather across nodes of at least this much output goes node by node, straight into the
+// output; a smaller one through one node-major staging copy. At 2 x 2 simulated ranks (4 ranks on 2
+// cores, fp32, µs per call, staged / node by node): 512 KiB 191-283 / 309-334, 1 MiB 569-652 /
+// 409-419, 2 MiB 921-1927 / 433-725 (benchmarks/results/2026-11-28-hierarchical-no-staging-copy.md).
+// reduce_scatter has no such crossover there (32 KiB 113-136 / 110-118), so it always goes node by node.
+constexpr std::int64_t kPerNodeGatherBytes = 1 << 20;
+
 class HierBackend final : public Backend {
  public:
   // l_of/m_of: each group rank's index within its node and its node's index.
@@ -164,7 +171,9 @@ class HierBackend final : public Backend {
       }
       case Collective::AllGather: {
         const std::int64_t k = in.numel();
-        if (contiguous_nodes_) {
+        // (Below kPerNodeGatherBytes of output, one node all-gather and a staging copy are faster than
+        // one node all-gather per node: see the constant.)
+        if (contiguous_nodes_ && static_cast<std::int64_t>(out.nbytes()) >= kPerNodeGatherBytes) {
           // block: the input of this rank's index in every node, node by node; then one node
           // all-gather per node, straight into that node's run of the output.
           at::Tensor block = at::empty({M_ * k}, in.options());
