@@ -1,12 +1,13 @@
 // The fused cross entropy (cross_entropy.h): a block a row of logits, each thread reading whole 16-byte
 // packs from the row's first 16-byte boundary on, and the few elements before it and after the last
-// pack one at a time (so a vocabulary of 50257, whose rows start at every offset, reads packs too;
-// before, such rows were read element by element; the gradient the same way where it lies as far
-// from a boundary as the logits, element by element otherwise). Forward reads its row twice (the max, then the sum of
-// exponentials: log_softmax's two passes and its arithmetic; a one-pass rescaled sum would read it once, with other
-// roundings); backward reads it once and writes the gradient once. The sums go through a fixed tree (warp shuffles,
-// then the warps in order), so a row's numbers do not change from run to run. Each log-probability is
-// computed as log_softmax's CUDA kernel computes it, x - max - logsum in fp32.
+// pack one at a time, so that a vocabulary of 50257, whose rows start at every offset, is read in packs
+// too (before, such rows were read element by element). The gradient is written the same way where it
+// lies as far from a boundary as the logits, element by element otherwise. Forward reads its row twice
+// (the max, then the sum of exponentials: log_softmax's two passes and its arithmetic; a one-pass
+// rescaled sum would read it once, with other roundings); backward reads it once and writes the
+// gradient once. The sums go through a fixed tree (warp shuffles, then the warps in order), so a row's
+// numbers do not change from run to run. Each log-probability is computed as log_softmax's CUDA kernel
+// computes it, x - max - logsum in fp32.
 #include "kernels/cross_entropy.h"
 
 #include "base/error.h"
