@@ -28,10 +28,11 @@ namespace accel::comm {
 namespace {
 
 // An all_gather across nodes of at least this much output goes node by node, straight into the
-// output; a smaller one through one node-major staging copy. At 2 x 2 simulated ranks (4 ranks on 2
-// cores, fp32, µs per call, staged / node by node): 512 KiB 191-283 / 309-334, 1 MiB 569-652 /
-// 409-419, 2 MiB 921-1927 / 433-725 (benchmarks/results/2026-11-28-hierarchical-no-staging-copy.md).
-// reduce_scatter has no such crossover there (32 KiB 113-136 / 110-118), so it always goes node by node.
+// output; a smaller one through one node-major staging copy: one node collective instead of one per
+// node. At 2 x 2 simulated ranks (4 ranks on 2 cores, fp32, µs per call, staged / node by node): 512 KiB
+// 191-283 / 309-334, 1 MiB 569-652 / 409-419, 2 MiB 921-1927 / 433-725 (the measurements: docs/design.md,
+// "Hierarchical"). reduce_scatter has no such crossover there (32 KiB 113-136 / 110-118), so it always
+// goes node by node.
 constexpr std::int64_t kPerNodeGatherBytes = 1 << 20;
 
 class HierBackend final : public Backend {
