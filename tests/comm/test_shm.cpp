@@ -63,59 +63,83 @@ std::string expected_transport(Communicator& c, int nodes_spanned, int ranks_per
   return ranks_per_node > 1 ? "shm+mpi" : "mpi";
 }
 
+// Rank r's input (int64) and the result (fp64) of one collective over n ranks, k elements per rank:
+// all_reduce: rank q holds p * (q+1); reduce_scatter: rank q holds p(j) * (q+1) + (j / k) at element j
+// and rank r gets slice r; all_gather: rank q contributes p shifted by q, plus 10q; broadcast: rank q
+// holds p shifted by q, plus q, and everyone gets root's.
+struct ClosedForm {
+  at::Tensor input, want;
+};
+ClosedForm closed_form(Collective kind, ReduceOp op, int n, int r, int64_t k, int root = 0) {
+  switch (kind) {
+    case Collective::AllReduce: {
+      const double f = op == ReduceOp::Sum   ? n * (n + 1) / 2.0
+                       : op == ReduceOp::Avg ? (n + 1) / 2.0
+                       : op == ReduceOp::Max ? n
+                                             : 1;
+      return {pattern(k).mul(r + 1), pattern(k).to(at::kDouble).mul(f)};
+    }
+    case Collective::ReduceScatter: {
+      at::Tensor in = pattern(n * k).mul(r + 1).add(at::arange(n * k, at::kLong).div(std::max<int64_t>(k, 1), "floor"));
+      at::Tensor p = pattern(n * k).narrow(0, r * k, k).to(at::kDouble);
+      at::Tensor want = op == ReduceOp::Sum   ? p.mul(n * (n + 1) / 2.0).add(n * r)
+                        : op == ReduceOp::Max ? p.mul(n).add(r)
+                                              : p.mul((n + 1) / 2.0).add(r);
+      return {in, want};
+    }
+    case Collective::AllGather: {
+      std::vector<at::Tensor> parts;
+      for (int q = 0; q < n; ++q) parts.push_back(pattern(k, q).add(10 * q));
+      return {pattern(k, r).add(10 * r), at::cat(parts).to(at::kDouble)};
+    }
+    default: return {pattern(k, r).add(r), pattern(k, root).add(root).to(at::kDouble)};
+  }
+}
+
 // Every collective over `c` for one dtype and per-rank size k, against closed forms.
 void check_collectives(Communicator& c, at::ScalarType d, int64_t k) {
   const int n = c.size(), r = c.rank();
   const auto o = at::TensorOptions().dtype(d);
   const bool integer = classify(d) == DtypeClass::Integer;
   const std::string tag = std::string(dtype_name(d)) + "[" + std::to_string(k) + "] n=" + std::to_string(n);
-  // all_reduce: rank q holds p * (q+1)
   for (bool in_place : {true, false}) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
       if (op == ReduceOp::Avg && integer) continue;
-      at::Tensor in = pattern(k).mul(r + 1).to(d);
+      const ClosedForm cf = closed_form(Collective::AllReduce, op, n, r, k);
+      at::Tensor in = cf.input.to(d);
       at::Tensor out = in_place ? in : at::full({k}, 77, o);
       c.all_reduce(in, out, {op});
-      double f = op == ReduceOp::Sum   ? n * (n + 1) / 2.0
-                 : op == ReduceOp::Avg ? (n + 1) / 2.0
-                 : op == ReduceOp::Max ? n
-                                       : 1;
-      expect_same(out, pattern(k).to(at::kDouble).mul(f).to(d),
+      expect_same(out, cf.want.to(d),
                   "all_reduce " + std::string(to_string(op)) + (in_place ? " in place " : " ") + tag);
-      if (!in_place) expect_same(in, pattern(k).mul(r + 1), "all_reduce input untouched " + tag);
+      if (!in_place) expect_same(in, cf.input, "all_reduce input untouched " + tag);
     }
   }
-  // reduce_scatter: rank q holds p(j) * (q+1) + (j / k) at element j; rank r gets slice r
   for (bool in_place : {true, false}) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg}) {
       if (op == ReduceOp::Avg && integer) continue;
-      at::Tensor in =
-          pattern(n * k).mul(r + 1).add(at::arange(n * k, at::kLong).div(std::max<int64_t>(k, 1), "floor")).to(d);
+      const ClosedForm cf = closed_form(Collective::ReduceScatter, op, n, r, k);
+      at::Tensor in = cf.input.to(d);
       at::Tensor out = in_place ? in.narrow(0, r * k, k) : at::full({k}, 77, o);
       c.reduce_scatter(in, out, {op});
-      at::Tensor p = pattern(n * k).narrow(0, r * k, k).to(at::kDouble);
-      at::Tensor want = op == ReduceOp::Sum   ? p.mul(n * (n + 1) / 2.0).add(n * r)
-                        : op == ReduceOp::Max ? p.mul(n).add(r)
-                                              : p.mul((n + 1) / 2.0).add(r);
-      expect_same(out, want.to(d),
+      expect_same(out, cf.want.to(d),
                   "reduce_scatter " + std::string(to_string(op)) + (in_place ? " in place " : " ") + tag);
     }
   }
-  // all_gather: rank q contributes p shifted by q; in place = input is the output's own slice
+  // all_gather in place: the input is the output's own slice
   for (bool in_place : {true, false}) {
+    const ClosedForm cf = closed_form(Collective::AllGather, ReduceOp::Sum, n, r, k);
     at::Tensor out = at::zeros({n * k}, o);
     at::Tensor in = in_place ? out.narrow(0, r * k, k) : at::empty({k}, o);
-    in.copy_(pattern(k, r).add(10 * r).to(d));
+    in.copy_(cf.input.to(d));
     c.all_gather(in, out);
-    std::vector<at::Tensor> parts;
-    for (int q = 0; q < n; ++q) parts.push_back(pattern(k, q).add(10 * q));
-    expect_same(out, at::cat(parts).to(d), std::string("all_gather") + (in_place ? " in place " : " ") + tag);
+    expect_same(out, cf.want.to(d), std::string("all_gather") + (in_place ? " in place " : " ") + tag);
   }
   // broadcast from the last rank and from rank 0
   for (int root : {n - 1, 0}) {
-    at::Tensor t = pattern(k, r).add(r).to(d);
+    const ClosedForm cf = closed_form(Collective::Broadcast, ReduceOp::Sum, n, r, k, root);
+    at::Tensor t = cf.input.to(d);
     c.broadcast(t, {root});
-    expect_same(t, pattern(k, root).add(root).to(d), "broadcast root " + std::to_string(root) + " " + tag);
+    expect_same(t, cf.want.to(d), "broadcast root " + std::to_string(root) + " " + tag);
   }
 }
 
@@ -427,30 +451,8 @@ void expect_staged_requests_wait(Backend& t, const std::string& name) {
                             std::to_string(c.k) + "]" + (c.in_place ? " in place" : "");
     const int64_t k = c.k;
     const auto o = at::TensorOptions().dtype(c.d);
-    at::Tensor values, want;  // this rank's input once it has landed, and the result
-    switch (c.kind) {
-      case Collective::AllReduce:
-        values = pattern(k).mul(r + 1);
-        want = pattern(k).to(at::kDouble).mul(c.op == ReduceOp::Sum ? n * (n + 1) / 2.0 : (n + 1) / 2.0);
-        break;
-      case Collective::ReduceScatter: {
-        values = pattern(n * k).mul(r + 1).add(at::arange(n * k, at::kLong).div(k, "floor"));
-        const at::Tensor p = pattern(n * k).narrow(0, r * k, k).to(at::kDouble);
-        want = c.op == ReduceOp::Sum ? p.mul(n * (n + 1) / 2.0).add(n * r) : p.mul((n + 1) / 2.0).add(r);
-        break;
-      }
-      case Collective::AllGather: {
-        values = pattern(k, r).add(10 * r);
-        std::vector<at::Tensor> parts;
-        for (int q = 0; q < n; ++q) parts.push_back(pattern(k, q).add(10 * q));
-        want = at::cat(parts);
-        break;
-      }
-      default:
-        values = pattern(k, r).add(r);
-        want = pattern(k, n - 1).add(n - 1);
-        break;
-    }
+    const ClosedForm cf = closed_form(c.kind, c.op, n, r, k, n - 1);  // (cf.input: once it has landed)
+    const at::Tensor &values = cf.input, &want = cf.want;
     at::Tensor in = at::full({values.numel()}, -1000, o);
     at::Tensor out = c.in_place ? in : at::full({want.numel()}, 77, o);
     auto landed = std::make_shared<std::atomic<bool>>(false);

@@ -57,6 +57,8 @@ class HierBackend final : public Backend {
     first_of_node_.assign(M_, -1);
     for (int q = 0; q < size_; ++q)
       if (first_of_node_[m_of_[q]] < 0) first_of_node_[m_of_[q]] = q;
+    // Each group rank's place in the node-major staging layout: [index in node][node].
+    for (int q = 0; q < size_; ++q) slot_of_.push_back(static_cast<std::int64_t>(l_of_[q]) * M_ + m_of_[q]);
     contiguous_nodes_ = true;
     for (int q = 0; q < size_; ++q) contiguous_nodes_ = contiguous_nodes_ && q == first_of_node_[m_of_[q]] + l_of_[q];
   }
@@ -160,12 +162,11 @@ class HierBackend final : public Backend {
         // where the node reduce-scatter puts it.
         at::Tensor tmp = at::empty({N * k}, in.options().dtype(acc));
         at::Tensor block = tmp.narrow(0, l_ * M_ * k, M_ * k), mine = block.narrow(0, m_ * k, k);
-        std::vector<std::int64_t> slots(N);
-        for (int q = 0; q < N; ++q) slots[q] = slot(q);
-        prev = step(*node_, Collective::ReduceScatter, tmp, block, step_op, 0, prev, r, nullptr, [tmp, in, k, slots] {
-          for (std::size_t q = 0; q < slots.size(); ++q)
-            tmp.narrow(0, slots[q] * k, k).copy_(in.narrow(0, static_cast<std::int64_t>(q) * k, k));
-        });
+        prev = step(*node_, Collective::ReduceScatter, tmp, block, step_op, 0, prev, r, nullptr,
+                    [tmp, in, k, slots = slot_of_] {
+                      for (std::size_t q = 0; q < slots.size(); ++q)
+                        tmp.narrow(0, slots[q] * k, k).copy_(in.narrow(0, static_cast<std::int64_t>(q) * k, k));
+                    });
         finally([mine, out, avg, N] { out.copy_(avg ? mine.div(N) : mine); });
         last(*cross_mpi_, Collective::ReduceScatter, block, mine, step_op, 0, prev, std::move(r));
         break;
@@ -190,9 +191,7 @@ class HierBackend final : public Backend {
         at::Tensor tmp = at::empty({N * k}, in.options());
         at::Tensor block = tmp.narrow(0, l_ * M_ * k, M_ * k);
         prev = step(*cross_mpi_, Collective::AllGather, in, block, ReduceOp::Sum, 0, prev, r);
-        std::vector<std::int64_t> slots(N);
-        for (int q = 0; q < N; ++q) slots[q] = slot(q);
-        finally([tmp, out, k, slots] {
+        finally([tmp, out, k, slots = slot_of_] {
           for (std::size_t q = 0; q < slots.size(); ++q)
             out.narrow(0, static_cast<std::int64_t>(q) * k, k).copy_(tmp.narrow(0, slots[q] * k, k));
         });
@@ -210,9 +209,6 @@ class HierBackend final : public Backend {
   }
 
  private:
-  // Group rank q's place in the node-major staging layout: [index in node][node].
-  std::int64_t slot(int q) const { return static_cast<std::int64_t>(l_of_[q]) * M_ + m_of_[q]; }
-
   WorkPtr step_work(const Request& r) const {
     return std::make_shared<Work>(r.work->what(), rank_, size_, Duration(0));
   }
@@ -262,6 +258,7 @@ class HierBackend final : public Backend {
   std::vector<int> l_of_, m_of_;
   int L_, M_, l_ = 0, m_ = 0, rank_ = 0, size_ = 1;
   std::vector<std::int64_t> first_of_node_;  // each node's first group rank
+  std::vector<std::int64_t> slot_of_;        // each group rank's chunk in the node-major staging layout
   bool contiguous_nodes_ = false;
 };
 
