@@ -211,6 +211,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // the host (built here, each flat moved there once its offloaded shard has left: move_to_device()).
   const c10::Device here = owned.empty() ? c10::Device(c10::kCPU) : owned[0].param.device();
   device_ = spec_.device.value_or(here);
+  on_a_device_ = !device_.is_cpu() || HostCopies::emulating_device_for_tests();
   if (device_ != here && !(spec_.offload.param_offloaded() && spec_.shards_parameters()))
     throw accel::LogicError(fmt::format(
         "accel: the model's parameters are on {} but the spec trains it on {}: only a model whose parameters are "
@@ -224,7 +225,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   for (auto& [key, members] : keys) {
     c10::ScalarType dt = owned[members[0]].param.scalar_type();
     convert = convert || spec_.param_dtype.value_or(dt) != dt || spec_.master_dtype.value_or(dt) != dt ||
-              (host_masters && !device_.is_cpu());
+              (host_masters && on_a_device_);
   }
   plan_ = Plan::resolve(spec_, world_->size(), shard_->size(), convert);
   const bool sharded_params = plan_.params_sharded;
@@ -233,7 +234,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // node holds the parameters once and gathering moves nothing. Not for shards on disk (offload_param
   // nvme frees and reloads the shard) nor for fp8 all-gathers (they gather fp8 bytes on purpose). The
   // same answer on every rank: the flag is agreed below, and node_shared_empty answers alike.
-  const bool cpu_model = !owned.empty() && device_.is_cpu();  // (the same device on every rank)
+  const bool cpu_model = !owned.empty() && !on_a_device_;  // (the same device on every rank)
   bool want_node_shared = sharded_params && cpu_model && !spec_.offload.param_on_disk() && !spec_.fp8_all_gather &&
                           asks_for("ACCEL_NODE_SHARED_PARAMS", "parameters stay private to each rank");
   // Only if every rank of the group asks (each reads its own env); a CUDA engine issues no extra collective.
@@ -271,7 +272,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     at::Tensor original;
     const c10::ScalarType mdt = spec_.master_dtype.value_or(ps[0].scalar_type());
     // Host masters: in pinned host memory, stepped on the CPU (fused kernels), copied to the device.
-    const bool on_host = host_masters && !device_.is_cpu();
+    const bool on_host = host_masters && on_a_device_;
     if (group >= 0 && !plan_.passthrough && (mdt != o.dtype || on_host)) {
       CategoryScope cat(Category::OptimizerState);
       c10::NoGradGuard ng;
@@ -295,6 +296,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
       f.flat_param = std::make_unique<sharding::FlatParam>(fname, std::move(ps), std::move(names), o);
     }
     f.master = original;
+    f.master_in_host_memory = original.defined() && on_host;
     f.unit = static_cast<int>(unit);
     f.group = group;
     f.persistent = sharded_params && unit == 0;
@@ -356,7 +358,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   CategoryScope cat(Category::Gradients);  // all-reduce buckets allocate their gradient buffers here
   reducer_ = std::make_unique<GradReducer>(
       std::move(order), plan_.reduce_mode, rdt, shard_, replicate_, spec_.bucket_bytes, spec_.grad_buckets_in_flight,
-      asks_for("ACCEL_NODE_SHARED_GRADS", "gradient buffers stay private to each rank"));
+      !on_a_device_ && asks_for("ACCEL_NODE_SHARED_GRADS", "gradient buffers stay private to each rank"));
   // Offload to host memory: a reduced gradient starts its way to the host as soon as its bucket
   // finishes, while backward goes on (unless a pending gradient is still to be added to it), and the
   // device lets go of it there: the pinned copy is the pending gradient (ZeRO-Offload keeps no

@@ -78,7 +78,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
     // Offload to host memory (a master in pinned host memory, parameters on a device): the pinned
     // buffer master.grad is, and the device gradient a copy into it was queued from (with that
     // tensor's version then; null when none is queued).
+    // master_in_host_memory: the master is such a host copy (offload_optimizer device cpu).
     at::Tensor host_grad;
+    bool master_in_host_memory = false;
     const void* host_grad_src = nullptr;
     std::int64_t host_grad_src_version = 0;
     // fp8 all-gather (spec.fp8_all_gather, sharded units): this rank's shard in e4m3, one scale per
@@ -304,6 +306,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   ShardingSpec spec_;
   Plan plan_;
   c10::Device device_ = c10::kCPU;  // where the flats live (spec_.device, else the parameters' device)
+  // device_ is a device apart from host memory: not the CPU, or the CPU taking a device's path under
+  // HostCopies::emulate_device_for_tests (offload to host memory then goes through emulated copies).
+  bool on_a_device_ = false;
   std::shared_ptr<comm::Communicator> world_, shard_, replicate_, gather_;
   std::shared_ptr<torch::nn::Module> model_;
   std::vector<Flat> flats_;

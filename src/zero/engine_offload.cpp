@@ -35,9 +35,9 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
   // The side streams between the device and pinned host memory: for host masters (offload_optimizer
   // cpu) and for parameter shards kept in host memory or read from a file (offload_param).
   const bool params_leave = os.param_offloaded() && plan_.params_sharded;
-  if (!device_.is_cpu() && (os.optimizer == OffloadDevice::Cpu || params_leave))
+  if (on_a_device_ && (os.optimizer == OffloadDevice::Cpu || params_leave))
     for (const auto& f : flats_)
-      if (params_leave || (f.master.defined() && f.master.device().is_cpu())) {
+      if (params_leave || f.master_in_host_memory) {
         host_copies_ = std::make_unique<HostCopies>(device_);
         break;
       }
@@ -81,7 +81,7 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
     }
   }
   // Parameter shards to disk, or (a model on a device) to pinned host memory.
-  if ((os.param_on_disk() || (os.param == OffloadDevice::Cpu && !device_.is_cpu())) && plan_.params_sharded) {
+  if ((os.param_on_disk() || (os.param == OffloadDevice::Cpu && on_a_device_)) && plan_.params_sharded) {
     std::vector<sharding::FlatParam*> slots;
     std::vector<at::Tensor> twins;  // host masters that can serve as the shards' pinned copies
     for (std::size_t fi = 0; fi < flats_.size(); ++fi) {
@@ -98,7 +98,7 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
       // fp32 compute over fp32 host masters: after each step the shard's values are the master's bytes.
       // (host_master() would ask where the shard is: a model built on the host is not on the device yet.)
       const at::Tensor& shard = f.flat_param->shard();
-      const bool twin = !os.param_on_disk() && host_copies_ && f.master.defined() && f.master.is_cpu() &&
+      const bool twin = !os.param_on_disk() && host_copies_ && f.master_in_host_memory &&
                         f.master.scalar_type() == shard.scalar_type() && f.master.numel() == shard.numel() &&
                         f.master.is_contiguous();
       twins.push_back(twin ? f.master : at::Tensor());
@@ -199,8 +199,7 @@ void Engine::unstage_offloaded(torch::optim::Optimizer* opt, bool write_back) {
 }
 
 bool Engine::host_master(const Flat& f) const {
-  return host_copies_ && f.master.defined() && f.master.device().is_cpu() &&
-         f.flat_param->shard().device() == host_copies_->device();
+  return host_copies_ && f.master_in_host_memory && f.flat_param->shard().device() == host_copies_->device();
 }
 
 void Engine::grad_to_host(Flat& f, const at::Tensor& g) {

@@ -141,6 +141,7 @@ bool Engine::steps_in_backward(const Flat& f) const {
   const at::Tensor& m = f.master;
   if (!m.is_cpu() || m.scalar_type() != at::kFloat || !m.is_contiguous()) return false;
   if (host_master(f)) return true;  // a device's master in host memory: stepped once its gradient is there
+  if (on_a_device_) return false;   // (a master on an emulated device: one on the device's memory)
   // On the host: a master of its own (wider than the parameters), never the buffer the parameters
   // (or a peer, node-shared) still read during this backward.
   // (By storage object: a sharded flat's freed buffers throw on a look at their data.)
@@ -151,10 +152,10 @@ bool Engine::steps_in_backward(const Flat& f) const {
 }
 
 void Engine::step_in_backward(Flat& f, const at::Tensor& g) {
-  std::shared_ptr<c10::Event> arrived;
+  std::shared_ptr<const HostCopies::Done> arrived;
   if (host_master(f)) {
     f.master.mutable_grad() = f.host_grad;  // (grad_to_host just queued the copy into it)
-    arrived = std::make_shared<c10::Event>(host_copies_->to_host_event());
+    arrived = std::make_shared<const HostCopies::Done>(host_copies_->to_host_event());
   } else {
     // A copy of its own: the reduction's buffers are reused while the step reads it.
     f.master.mutable_grad() = g.to(f.master.device(), f.master.scalar_type(), /*non_blocking=*/false, /*copy=*/true);

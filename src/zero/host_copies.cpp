@@ -1,11 +1,13 @@
 #include "zero/host_copies.h"
 
+#include "base/error.h"
 #include "base/log.h"
 #include "kernels/pinned_host.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/accumulate.h>
@@ -14,26 +16,132 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 
 namespace accel::zero {
 
+// A CPU device's side streams: one queue of operations per direction, run in order by whoever waits
+// (the host thread, or the step worker waiting for a gradient), under one lock.
+struct HostCopies::Emulation {
+  static constexpr int kToHost = 0, kToDevice = 1;
+  std::mutex mu;
+  std::deque<std::function<void()>> ops[2];
+  std::uint64_t queued[2] = {0, 0}, done[2] = {0, 0};
+
+  std::uint64_t push(int side, std::function<void()> op) {
+    const std::lock_guard<std::mutex> lock(mu);
+    ops[side].push_back(std::move(op));
+    return ++queued[side];
+  }
+  std::uint64_t last(int side) {
+    const std::lock_guard<std::mutex> lock(mu);
+    return queued[side];
+  }
+  void run(int side, std::uint64_t upto) {
+    const std::lock_guard<std::mutex> lock(mu);
+    const c10::NoGradGuard ng;
+    while (done[side] < upto) {
+      const std::function<void()> op = std::move(ops[side].front());
+      ops[side].pop_front();
+      ++done[side];  // (counted as run even if it throws: the queue goes on past it)
+      op();
+    }
+  }
+  bool finished(int side, std::uint64_t upto) {
+    const std::lock_guard<std::mutex> lock(mu);
+    return done[side] >= upto;
+  }
+
+  // A copy or add as a device runs it. The source's values are taken when it is queued (a device's
+  // caching allocator keeps a freed source's memory until the side stream is past it, CPU memory goes
+  // at once); when it runs, a source still in the same memory must hold them still (else it was
+  // written before its copy could run: a race on a device), and a destination no longer in the memory
+  // it was queued for (freed since: a device would have written memory that no one reads) is left.
+  // The destination's version counts the write when it is queued, as a device's non-blocking copy_
+  // counts it then (the engine tells a user's in-place zero_grad by it), not when it runs.
+  static std::function<void()> op(const at::Tensor& dst, const at::Tensor& src, bool add, const char* side) {
+    struct Held {
+      at::Tensor t;
+      const void* memory;
+    };
+    auto memory_of = [](const at::Tensor& t) -> const void* {
+      try {
+        return t.storage().nbytes() > 0 ? t.storage().data_ptr().get() : nullptr;
+      } catch (...) {  // (freed with a message to throw on access: sharding::free_storage)
+        return nullptr;
+      }
+    };
+    const Held to{dst, memory_of(dst)}, from{src, memory_of(src)};
+    const at::Tensor values = src.clone(at::MemoryFormat::Contiguous);
+    dst.unsafeGetTensorImpl()->bump_version();
+    return [to, from, values, add, side, memory_of] {
+      if (from.memory && memory_of(from.t) == from.memory) {
+        const at::Tensor now = from.t.contiguous();
+        if (std::memcmp(now.data_ptr(), values.data_ptr(), values.nbytes()) != 0)
+          throw accel::LogicError(fmt::format(
+              "HostCopies (emulated device): the source of a copy {} was written after the copy was queued and "
+              "before anything waited for it (on a device, the copy could read either)",
+              side));
+      }
+      if (!to.memory || memory_of(to.t) != to.memory) return;
+      // (through a tensor of its own over the same memory: the destination's version stays)
+      const at::Tensor dst = at::from_blob(to.t.data_ptr(), to.t.sizes(), to.t.strides(), to.t.options());
+      if (add)
+        dst.add_(values);
+      else
+        dst.copy_(values);
+    };
+  }
+};
+
 namespace {
+std::atomic<bool> emulate_device{false};
+
 c10::Stream side_stream(c10::Device device) {
+  if (device.is_cpu()) return c10::Stream(c10::Stream::DEFAULT, device);  // (emulated: never used as a stream)
   c10::impl::VirtualGuardImpl impl(device.type());
   return impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false);
 }
 }  // namespace
 
+void HostCopies::emulate_device_for_tests(bool on) { emulate_device = on; }
+bool HostCopies::emulating_device_for_tests() { return emulate_device; }
+
+void HostCopies::Done::synchronize() const {
+  if (event_)
+    event_->synchronize();
+  else if (emulation_)
+    emulation_->run(side_, upto_);
+}
+
+bool HostCopies::Done::query() const {
+  if (event_) return event_->query();
+  return !emulation_ || emulation_->finished(side_, upto_);
+}
+
 // Two side streams, one per direction: a gradient on its way to the host and a parameter shard on
 // its way to the device share the bus (both directions at once), not a queue.
 HostCopies::HostCopies(c10::Device device)
-    : device_(device), to_host_(side_stream(device)), to_device_(side_stream(device)) {}
+    : device_(device),
+      to_host_(side_stream(device)),
+      to_device_(side_stream(device)),
+      emulation_(device.is_cpu() ? std::make_shared<Emulation>() : nullptr) {}
 
 void HostCopies::queue(const c10::Stream& side, const at::Tensor& dst, const at::Tensor& src,
                        const at::Tensor& on_device) {
+  if (emulation_) {  // (the tensors are held until the copy runs, as recordDataPtrOnStream holds memory)
+    const bool to_host = &side == &to_host_;
+    emulation_->push(to_host ? Emulation::kToHost : Emulation::kToDevice,
+                     Emulation::op(dst, src, /*add=*/false, to_host ? "to the host" : "to the device"));
+    (to_host ? pending_host_ : pending_device_) = true;
+    return;
+  }
   // The device current while events are recorded and blocked (c10 switches back to the thread's device
   // after them, which would make a context on GPU 0 for a thread that never chose one).
   const c10::DeviceGuard on(device_);
@@ -56,12 +164,17 @@ void HostCopies::queue(const c10::Stream& side, const at::Tensor& dst, const at:
     }
   }
   impl.recordDataPtrOnStream(on_device.storage().data_ptr(), side);
-  (side == to_host_ ? pending_host_ : pending_device_) = true;
+  (&side == &to_host_ ? pending_host_ : pending_device_) = true;
 }
 
 void HostCopies::to_host(const at::Tensor& dst, const at::Tensor& src) { queue(to_host_, dst, src, src); }
 
 void HostCopies::add_to_host(const at::Tensor& dst, const at::Tensor& src) {
+  if (emulation_) {
+    emulation_->push(Emulation::kToHost, Emulation::op(dst, src, /*add=*/true, "added to the host"));
+    pending_host_ = true;
+    return;
+  }
   const c10::DeviceGuard on(device_);
   c10::impl::VirtualGuardImpl impl(device_.type());
   c10::Event ready(device_.type());
@@ -81,25 +194,43 @@ void HostCopies::add_to_host(const at::Tensor& dst, const at::Tensor& src) {
 
 void HostCopies::to_device(const at::Tensor& dst, const at::Tensor& src) { current_waits(to_device_async(dst, src)); }
 
-c10::Event HostCopies::to_device_async(const at::Tensor& dst, const at::Tensor& src) {
+HostCopies::Done HostCopies::to_device_async(const at::Tensor& dst, const at::Tensor& src) {
   queue(to_device_, dst, src, dst);
+  Done done;
+  if (emulation_) {
+    done.emulation_ = emulation_;
+    done.side_ = Emulation::kToDevice;
+    done.upto_ = emulation_->last(Emulation::kToDevice);
+    return done;
+  }
   const c10::DeviceGuard on(device_);
-  c10::Event done(device_.type());
-  done.record(to_device_);
+  done.event_.emplace(device_.type());
+  done.event_->record(to_device_);
   return done;
 }
 
-c10::Event HostCopies::to_host_event() {
+HostCopies::Done HostCopies::to_host_event() {
+  Done done;
+  if (emulation_) {
+    done.emulation_ = emulation_;
+    done.side_ = Emulation::kToHost;
+    done.upto_ = emulation_->last(Emulation::kToHost);
+    return done;
+  }
   const c10::DeviceGuard on(device_);
-  c10::Event done(device_.type());
-  done.record(to_host_);
+  done.event_.emplace(device_.type());
+  done.event_->record(to_host_);
   return done;
 }
 
-void HostCopies::current_waits(const c10::Event& done) const {
+void HostCopies::current_waits(const Done& done) const {
+  if (!done.event_) {  // (emulated: the compute stream's next work is the host's, so the copies run now)
+    done.synchronize();
+    return;
+  }
   const c10::DeviceGuard on(device_);
   c10::impl::VirtualGuardImpl impl(device_.type());
-  done.block(impl.getStream(device_));
+  done.event_->block(impl.getStream(device_));
 }
 
 at::Tensor HostCopies::pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Device device) {
@@ -109,6 +240,7 @@ at::Tensor HostCopies::pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype
     const long p = sysconf(_SC_PAGESIZE);
     return p > 0 ? static_cast<std::size_t>(p) : std::size_t{4096};
   }();
+  if (device.is_cpu()) return at::empty(sizes, at::TensorOptions().dtype(dtype));  // (no device to lock it for)
   const std::size_t bytes = static_cast<std::size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype);
   const std::size_t rounded = std::max<std::size_t>(kPage, (bytes + kPage - 1) / kPage * kPage);
   std::optional<c10::DeviceGuard> on_device;
@@ -146,13 +278,19 @@ at::Tensor HostCopies::pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype
 void HostCopies::synchronize() {
   synchronize_to_host();
   if (!pending_device_) return;
-  to_device_.synchronize();
+  if (emulation_)
+    emulation_->run(Emulation::kToDevice, emulation_->last(Emulation::kToDevice));
+  else
+    to_device_.synchronize();
   pending_device_ = false;
 }
 
 void HostCopies::synchronize_to_host() {
   if (!pending_host_) return;
-  to_host_.synchronize();
+  if (emulation_)
+    emulation_->run(Emulation::kToHost, emulation_->last(Emulation::kToHost));
+  else
+    to_host_.synchronize();
   pending_host_ = false;
 }
 

@@ -21,8 +21,14 @@
 //     The host must not read or write dst before synchronize().
 //   * Device tensors used on the side stream are recorded on it, so the caching allocator does not
 //     hand their memory out again while a copy is in flight.
-// Written against c10's device-generic stream and event interfaces, so it compiles (and is never
-// constructed) in a CPU-only build.
+// Written against c10's device-generic stream and event interfaces, so it compiles in a CPU-only build.
+//
+// On the CPU (tests): HostCopies of a CPU "device" emulates one. Every copy and add is queued and
+// runs only when something waits for it (synchronize, synchronize_to_host, current_waits, a Done's
+// synchronize), on the thread that waits: as late as a device could run it. A caller that reads a
+// destination before waiting, or writes a source it queued before the copy ran, sees the wrong values
+// there, as it could on a device. With emulate_device_for_tests(true), an engine over a CPU model
+// takes a device's offload path through such a HostCopies (zero/engine_offload.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -30,18 +36,38 @@
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
+#include <cstdint>
+#include <memory>
+#include <optional>
+
 namespace accel::zero {
 
 class HostCopies {
+  struct Emulation;
+
  public:
+  // Where a side stream's queued copies end: an event on a device, a place in the queue emulated.
+  class Done {
+   public:
+    void synchronize() const;  // the host waits until the copies are done
+    bool query() const;        // they are done
+
+   private:
+    friend class HostCopies;
+    std::optional<c10::Event> event_;
+    std::shared_ptr<Emulation> emulation_;
+    int side_ = 0;
+    std::uint64_t upto_ = 0;
+  };
+
   explicit HostCopies(c10::Device device);
   void to_host(const at::Tensor& dst, const at::Tensor& src);
   void add_to_host(const at::Tensor& dst, const at::Tensor& src);
   void to_device(const at::Tensor& dst, const at::Tensor& src);
-  c10::Event to_device_async(const at::Tensor& dst, const at::Tensor& src);
-  // An event that passes once every copy to the host queued so far has finished.
-  c10::Event to_host_event();
-  void current_waits(const c10::Event& done) const;
+  Done to_device_async(const at::Tensor& dst, const at::Tensor& src);
+  // Passes once every copy to the host queued so far has finished.
+  Done to_host_event();
+  void current_waits(const Done& done) const;
   // A tensor of `sizes` (contiguous, not a view: a master or a gradient made of it can be detached
   // in place, as Optimizer::zero_grad does) in host memory page-locked for the devices (copies from
   // and to it run on the side streams without the host), taking the bytes it asks for rounded up to a
@@ -49,7 +75,7 @@ class HostCopies {
   // (a build without the CUDA runtime of its own), PyTorch's pinned memory. Freed with the tensor: the
   // caller keeps it alive until no copy from or to it is in flight. `device`: the device the copies go
   // to, current while the memory is registered (a CUDA context is made there, not on device 0, for a
-  // rank on another GPU).
+  // rank on another GPU); the CPU (an emulated device): ordinary host memory.
   static at::Tensor pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Device device);
   // Blocks until every copy queued so far has finished (a no-op when none is pending).
   void synchronize();
@@ -57,6 +83,12 @@ class HostCopies {
   // copies to the device, parameter prefetches among them, go on).
   void synchronize_to_host();
   const c10::Device& device() const { return device_; }
+  bool emulated() const { return emulation_ != nullptr; }
+
+  // Tests: whether an engine over a CPU model takes a device's offload path, through an emulated
+  // HostCopies (read when the engine is built; off by default).
+  static void emulate_device_for_tests(bool on);
+  static bool emulating_device_for_tests();
 
  private:
   void queue(const c10::Stream& side, const at::Tensor& dst, const at::Tensor& src, const at::Tensor& on_device);
@@ -64,6 +96,7 @@ class HostCopies {
   c10::Device device_;
   c10::Stream to_host_, to_device_;  // one side stream per direction
   bool pending_host_ = false, pending_device_ = false;
+  std::shared_ptr<Emulation> emulation_;  // a CPU device's queues
 };
 
 }  // namespace accel::zero

@@ -161,12 +161,13 @@ void ParamOffload::fetch_async(std::size_t i) {
   if (s.resident || s.buffer >= 0) return;
   if (!file_) {  // host memory: to a device on the side stream; to the host, fetch() copies it
     const at::Tensor& shard = s.flat->shard();
-    if (!copies_ || shard.is_cpu()) return;
+    if (!copies_) return;
     {
       memory::CategoryScope cat(memory::Category::Parameters);
       sharding::alloc_storage(shard, s.bytes);
     }
-    s.arriving = std::make_shared<c10::Event>(copies_->to_device_async(shard, s.host.view(shard.scalar_type())));
+    s.arriving =
+        std::make_shared<const HostCopies::Done>(copies_->to_device_async(shard, s.host.view(shard.scalar_type())));
     s.last_copy = s.arriving;
     s.resident = true;
     return;
@@ -187,17 +188,17 @@ void ParamOffload::land(std::size_t i) {
   }
   if (!file_) {
     shard.copy_(s.host.view(shard.scalar_type()));
-  } else if (shard.is_cpu()) {
-    std::memcpy(shard.data_ptr(), staging(s.buffer), s.bytes);
   } else if (pinned_[s.buffer].defined()) {
     // A device's shard from pinned staging: on the side stream; the buffer's next read waits for it.
     const at::Tensor& pinned = pinned_[s.buffer];
     const auto skip =
         static_cast<std::int64_t>(static_cast<char*>(staging(s.buffer)) - static_cast<char*>(pinned.data_ptr()));
-    s.arriving = std::make_shared<c10::Event>(copies_->to_device_async(
+    s.arriving = std::make_shared<const HostCopies::Done>(copies_->to_device_async(
         shard, pinned.narrow(0, skip, static_cast<std::int64_t>(s.bytes)).view(shard.scalar_type())));
     buffer_copy_[s.buffer] = s.arriving;
     buffer_copy_order_[s.buffer] = ++copies_queued_;
+  } else if (shard.is_cpu()) {
+    std::memcpy(shard.data_ptr(), staging(s.buffer), s.bytes);
   } else {  // (a device's shard: from the staging buffer, which is reused once this returns)
     shard.copy_(at::from_blob(staging(s.buffer), {shard.numel()}, shard.options().device(at::kCPU)));
   }

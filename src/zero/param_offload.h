@@ -17,10 +17,10 @@
 // its own: the master is its pinned copy, and store() of the master writes nothing.
 #pragma once
 
+#include "zero/host_copies.h"
 #include "zero/spec.h"
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/Event.h>
 
 #include <cstdint>
 #include <memory>
@@ -37,8 +37,6 @@ class FlatParam;
 }
 
 namespace accel::zero {
-
-class HostCopies;
 
 // Which staging buffer ParamOffload reads into next, as a rule of its own (tests/zero/test_offload.cpp).
 // For buffer k: free[k], no read is landing in it; copy_running[k], its last copy to the device has not
@@ -95,11 +93,11 @@ class ParamOffload {
     bool resident = false;
     int buffer = -1;  // staging buffer a read is landing in, -1: none
     std::uint64_t ticket = 0;
-    at::Tensor host;                       // in host memory: the shard's pinned bytes (its own, or the master's)
-    std::shared_ptr<c10::Event> arriving;  // for a device: its copy there, not yet waited for
+    at::Tensor host;  // in host memory: the shard's pinned bytes (its own, or the master's)
+    std::shared_ptr<const HostCopies::Done> arriving;  // for a device: its copy there, not yet waited for
     // Its last copy from host memory to the device, waited for or not: the destructor waits for it
     // before the pinned bytes it reads go.
-    std::shared_ptr<c10::Event> last_copy;
+    std::shared_ptr<const HostCopies::Done> last_copy;
   };
   int take_buffer();
   void arrived(Slot& s);  // the current stream waits for s's copy still arriving, if any
@@ -111,7 +109,7 @@ class ParamOffload {
   // For a device: the staging buffers in pinned memory instead (each aligned inside its tensor), and
   // the copy to the device still reading each, which a new read into it waits for.
   std::vector<at::Tensor> pinned_;
-  std::vector<std::shared_ptr<c10::Event>> buffer_copy_;
+  std::vector<std::shared_ptr<const HostCopies::Done>> buffer_copy_;
   std::vector<std::uint64_t> buffer_copy_order_;  // when each buffer's copy was queued (copies_queued_)
   std::uint64_t copies_queued_ = 0;
   std::vector<int> buffer_owner_;  // slot whose read is landing in it, -1: free

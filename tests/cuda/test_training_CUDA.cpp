@@ -782,7 +782,7 @@ TEST(HostCopies_CUDA, AnAsyncCopyToTheDeviceIsWaitedForOnlyByTheDevice) {
   zero::HostCopies copies(dev);
   queue_matmuls(dev, 100);
   dst.fill_(-1);  // behind the matmuls: the copy lands after it
-  c10::Event done = copies.to_device_async(dst, host);
+  const zero::HostCopies::Done done = copies.to_device_async(dst, host);
   EXPECT_FALSE(current_stream_done(dev)) << "to_device_async blocked the host";
   copies.current_waits(done);
   const at::Tensor seen = dst.clone();  // on the compute stream, after the copy

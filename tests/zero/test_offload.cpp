@@ -2,13 +2,18 @@
 // bitwise equal parameters and masters after steps with gradient accumulation, for AdamW and SGD
 // (two param groups each), fp32 and bf16 compute over fp32 masters, under ZeRO-1/2/3; the files
 // have the sizes the formula gives; the optimizer state leaves memory; checkpoint state round-trips
-// through staging.
+// through staging. And a device's offload path (host masters, gradients streamed to them, parameter
+// shards in host memory or on disk copied back on side streams) on the CPU, through the emulated
+// HostCopies (zero/host_copies.h), against the same run in memory.
+#include "base/error.h"
 #include "base/memory.h"
 #include "offload/async_file.h"
 #include "support/harness.h"
+#include "zero/host_copies.h"
 #include "zero/optimizer_offload.h"
 #include "zero/param_offload.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/optim/rmsprop.h>
 
@@ -34,10 +39,18 @@ struct TrainedRun {
   std::vector<at::Tensor> compute, masters;  // per flat, whole
   std::uint64_t file_bytes = 0, expected_file_bytes = 0, param_file_bytes = 0, expected_param_bytes = 0;
   std::int64_t optimizer_state_bytes = 0;  // counting allocator, after the steps
+  std::size_t host_masters = 0;            // flats whose master is a device's in host memory
+  std::size_t stepped_in_backward = 0;     // flats stepped in the last step's backward
+  bool params_in_host_memory = false;
 };
 
-// Three optimizer steps of the GPT, each of two micro-batches (the first under NoSync).
-TrainedRun train(ShardingSpec spec, OptKind opt_kind, c10::ScalarType compute) {
+// How train() accumulates: the first of two micro-batches under NoSync, or reduced too
+// (MoreMicroSteps: its reduced gradient is pending when the second one's is added).
+enum class Accumulation { NoSync, Reduced };
+
+// Three optimizer steps of the GPT, each of two micro-batches.
+TrainedRun train(ShardingSpec spec, OptKind opt_kind, c10::ScalarType compute,
+                 Accumulation accumulation = Accumulation::NoSync) {
   auto world = test::world();
   const int N = world->size(), r = world->rank();
   Model m = make_model(ModelKind::GPT, at::kFloat);
@@ -57,7 +70,7 @@ TrainedRun train(ShardingSpec spec, OptKind opt_kind, c10::ScalarType compute) {
         out.expected_file_bytes += (1 + state) * offload::align_up(static_cast<std::uint64_t>(e - b) * 4);
       }
   }
-  if (const auto* po = p.engine->param_offload()) {
+  if (const auto* po = p.engine->param_offload(); po && !po->in_host_memory()) {
     out.param_file_bytes = std::filesystem::file_size(po->path());
     for (const auto& f : p.engine->flats())
       if (!f.persistent && f.flat_param->options().sharded)
@@ -69,19 +82,25 @@ TrainedRun train(ShardingSpec spec, OptKind opt_kind, c10::ScalarType compute) {
     for (int micro = 0; micro < 2; ++micro) {
       auto [x, y] = make_batch(ModelKind::GPT, at::kFloat, step, micro, rows);
       at::Tensor loss = m.loss(x.narrow(0, r * 4, 4), y.narrow(0, r * 4, 4)) / 2;
-      if (micro == 0) {
+      if (micro == 0 && accumulation == Accumulation::NoSync) {
         zero::Engine::NoSync ns(*p.engine);
+        p.engine->backward(loss);
+      } else if (micro == 0) {
+        zero::Engine::MoreMicroSteps more(*p.engine);
         p.engine->backward(loss);
       } else {
         p.engine->backward(loss);
       }
     }
+    out.stepped_in_backward = p.engine->stepped_in_backward().size();
     p.optimizer->step();
     p.optimizer->zero_grad();
   }
   out.optimizer_state_bytes =
       memory::snapshot()[memory::Category::OptimizerState].current - s0[memory::Category::OptimizerState].current;
+  out.params_in_host_memory = p.engine->param_offload() && p.engine->param_offload()->in_host_memory();
   for (const auto& f : p.engine->flats()) {
+    out.host_masters += f.master_in_host_memory ? 1 : 0;
     out.compute.push_back(p.engine->whole_values(f, zero::Engine::Source::Compute).clone());
     out.masters.push_back(p.engine->whole_values(f, zero::Engine::Source::Master).clone());
   }
@@ -141,6 +160,115 @@ TEST(Offload, OnDiskEqualsInMemoryBitwise) {
   test::world()->barrier();
   for (const auto& e : std::filesystem::directory_iterator(dir))
     EXPECT_EQ(e.path().filename().string().find("accel-"), std::string::npos) << e.path();
+}
+
+// While it lives, engines built over CPU models take a device's offload path (HostCopies emulated).
+struct EmulatedDevice {
+  EmulatedDevice() { zero::HostCopies::emulate_device_for_tests(true); }
+  ~EmulatedDevice() { zero::HostCopies::emulate_device_for_tests(false); }
+  EmulatedDevice(const EmulatedDevice&) = delete;
+  EmulatedDevice& operator=(const EmulatedDevice&) = delete;
+};
+
+// The emulated HostCopies itself (a CPU "device"): a copy or add runs when something waits for it,
+// not before; its source's values are those it had when queued; a source written before its copy
+// ran is an error at the wait; a destination freed meanwhile is left alone; the destination's
+// version counts the write when it is queued.
+TEST(OffloadEmulatedDevice, CopiesRunWhenWaitedForAndARacingWriteIsAnError) {
+  zero::HostCopies copies(c10::kCPU);
+  ASSERT_TRUE(copies.emulated());
+  const at::Tensor src = at::arange(8, at::kFloat), host = at::zeros({8}), dev = at::zeros({8});
+  const auto version = host._version();
+  copies.to_host(host, src);
+  EXPECT_GT(host._version(), version) << "the write is not counted when queued";
+  const zero::HostCopies::Done to_dev = copies.to_device_async(dev, src * 2);
+  EXPECT_EQ(host.sum().item<float>(), 0.0f) << "ran before anything waited";
+  EXPECT_FALSE(to_dev.query());
+  copies.synchronize_to_host();
+  EXPECT_TRUE(at::equal(host, src));
+  EXPECT_EQ(dev.sum().item<float>(), 0.0f) << "the copy to the device ran with those to the host";
+  copies.current_waits(to_dev);
+  EXPECT_TRUE(to_dev.query());
+  EXPECT_TRUE(at::equal(dev, src * 2));
+  // An add to the host, in the destination's dtype.
+  copies.add_to_host(host, at::full({8}, 0.5, at::kBFloat16));
+  copies.synchronize();
+  EXPECT_TRUE(at::equal(host, src + 0.5));
+  // The source written after the copy was queued, before the wait: an error there.
+  const at::Tensor raced = at::ones({8});
+  copies.to_host(host, raced);
+  raced.mul_(3);
+  EXPECT_THROW(copies.synchronize(), accel::LogicError);
+  // A destination whose memory went meanwhile is not written.
+  at::Tensor gone = at::zeros({8});
+  copies.to_host(gone, src);
+  gone.set_(at::zeros({8}).storage());
+  copies.synchronize();
+  EXPECT_EQ(gone.sum().item<float>(), 0.0f);
+  // Plain host memory stands for pinned memory: a tensor of its own, no view.
+  const at::Tensor m = zero::HostCopies::pinned_empty({3, 5}, at::kFloat, c10::kCPU);
+  EXPECT_EQ(m.sizes(), at::IntArrayRef({3, 5}));
+  EXPECT_FALSE(m.is_view());
+}
+
+// A device's offload (what a GPU runs: CudaTraining_CUDA.Offload*, StepInBackward_CUDA.*) on the CPU:
+// masters in host memory apart from the device's shards, each reduced gradient queued to them as its
+// bucket finishes (added to the pending one there when a micro-step before reduced too), the step
+// in backward once it has arrived, the masters copied back, parameter shards in host memory (twinned
+// with fp32 masters) or read from disk through staging, each fetched ahead on the side stream. The
+// emulated copies run only when waited for, so a read before the wait, or a source written before
+// its copy ran, shows here as different bits. Bitwise the same training in memory, not emulated.
+TEST(OffloadEmulatedDevice, HostMemoryAndDiskEqualInMemoryBitwise) {
+  ASSERT_TRUE(memory::counting_installed());
+  const std::string dir = scratch_dir();
+  for (const Case& c : cases())
+    for (const OffloadDevice where : {OffloadDevice::Cpu, OffloadDevice::Nvme})
+      for (const Accumulation accumulation : {Accumulation::NoSync, Accumulation::Reduced})
+        for (const bool in_backward : {false, true}) {
+          if (in_backward && (where != OffloadDevice::Cpu || !c.optimizer)) continue;  // (host masters only)
+          // bf16 micro-steps that reduce: the pending gradient is added to in host memory in fp32 (the
+          // master's dtype, as DeepSpeed's offload accumulates), in memory in bf16 (the reduction's): not
+          // the same bits, by design.
+          const bool host_opt = c.optimizer && where == OffloadDevice::Cpu;
+          if (host_opt && c.compute != at::kFloat && accumulation == Accumulation::Reduced) continue;
+          SCOPED_TRACE(fmt::format(
+              "{}, to {}, first micro-step {}{}", c.name, where == OffloadDevice::Cpu ? "host memory" : "disk",
+              accumulation == Accumulation::NoSync ? "NoSync" : "reduced", in_backward ? ", step in backward" : ""));
+          ShardingSpec on = c.spec;
+          if (c.optimizer) on.offload.optimizer = where, on.offload.optimizer_nvme_path = dir;
+          if (c.param) on.offload.param = where, on.offload.param_nvme_path = dir;
+          on.offload.sub_group_size = 5000;
+          on.step_in_backward = in_backward;
+          // One rank in fp32 without offload is a passthrough: autograd adds the second micro-step's
+          // contributions to the first's one at a time, where the engine sums them first and adds the
+          // reduced sum. There, the engine's own way in memory: the optimizer on disk (bitwise the step
+          // in memory: Offload.OnDiskEqualsInMemoryBitwise).
+          ShardingSpec ref = c.spec;
+          if (test::world()->size() == 1 && accumulation == Accumulation::Reduced)
+            ref.offload.optimizer = OffloadDevice::Nvme, ref.offload.optimizer_nvme_path = dir;
+          const TrainedRun want = train(ref, OptKind::AdamW, c.compute, accumulation);
+          TrainedRun got;
+          {
+            const EmulatedDevice emulated;
+            got = train(on, OptKind::AdamW, c.compute, accumulation);
+          }
+          // The device's path was taken: masters in host memory, parameter shards there.
+          if (host_opt)
+            EXPECT_GT(got.host_masters, 0u);
+          else
+            EXPECT_EQ(got.host_masters, 0u);
+          EXPECT_EQ(got.params_in_host_memory, c.param && where == OffloadDevice::Cpu);
+          // (ZeRO-1 adds a micro-step that reduced to the pending one at the end of backward, so it
+          // steps there: in step().)
+          if (in_backward && (c.spec.shards_gradients() || accumulation == Accumulation::NoSync))
+            EXPECT_EQ(got.stepped_in_backward, got.host_masters);
+          ASSERT_EQ(want.compute.size(), got.compute.size());
+          for (std::size_t i = 0; i < want.compute.size(); ++i) {
+            EXPECT_TRUE(at::equal(want.compute[i], got.compute[i])) << "flat " << i << " compute";
+            EXPECT_TRUE(at::equal(want.masters[i], got.masters[i])) << "flat " << i << " master";
+          }
+        }
+  test::world()->barrier();
 }
 
 TEST(Offload, BadNvmePathsAreNamedBeforeTraining) {
