@@ -196,30 +196,22 @@ void HostCopies::to_device(const at::Tensor& dst, const at::Tensor& src) { curre
 
 HostCopies::Done HostCopies::to_device_async(const at::Tensor& dst, const at::Tensor& src) {
   queue(to_device_, dst, src, dst);
-  Done done;
-  if (emulation_) {
-    done.emulation_ = emulation_;
-    done.side_ = Emulation::kToDevice;
-    done.upto_ = emulation_->last(Emulation::kToDevice);
-    return done;
-  }
-  const c10::DeviceGuard on(device_);
-  done.event_.emplace(device_.type());
-  done.event_->record(to_device_);
-  return done;
+  return done_on(to_device_);
 }
 
-HostCopies::Done HostCopies::to_host_event() {
+HostCopies::Done HostCopies::to_host_event() { return done_on(to_host_); }
+
+HostCopies::Done HostCopies::done_on(const c10::Stream& side) const {
   Done done;
   if (emulation_) {
     done.emulation_ = emulation_;
-    done.side_ = Emulation::kToHost;
-    done.upto_ = emulation_->last(Emulation::kToHost);
+    done.side_ = &side == &to_host_ ? Emulation::kToHost : Emulation::kToDevice;
+    done.upto_ = emulation_->last(done.side_);
     return done;
   }
   const c10::DeviceGuard on(device_);
   done.event_.emplace(device_.type());
-  done.event_->record(to_host_);
+  done.event_->record(side);
   return done;
 }
 

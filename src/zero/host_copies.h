@@ -92,6 +92,7 @@ class HostCopies {
 
  private:
   void queue(const c10::Stream& side, const at::Tensor& dst, const at::Tensor& src, const at::Tensor& on_device);
+  Done done_on(const c10::Stream& side) const;  // passes once what `side` has queued so far is done
 
   c10::Device device_;
   c10::Stream to_host_, to_device_;  // one side stream per direction

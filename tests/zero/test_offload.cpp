@@ -219,6 +219,7 @@ TEST(OffloadEmulatedDevice, CopiesRunWhenWaitedForAndARacingWriteIsAnError) {
 // emulated copies run only when waited for, so a read before the wait, or a source written before
 // its copy ran, shows here as different bits. Bitwise the same training in memory, not emulated.
 TEST(OffloadEmulatedDevice, HostMemoryAndDiskEqualInMemoryBitwise) {
+  if (!test_device().is_cpu()) GTEST_SKIP() << "emulates a device on the CPU (on one: CudaTraining_CUDA.Offload*)";
   ASSERT_TRUE(memory::counting_installed());
   const std::string dir = scratch_dir();
   for (const Case& c : cases())
@@ -269,6 +270,50 @@ TEST(OffloadEmulatedDevice, HostMemoryAndDiskEqualInMemoryBitwise) {
           }
         }
   test::world()->barrier();
+}
+
+// A backward that throws after a micro-step that reduced into host masters (StepInBackward_CUDA's
+// AFailedMicroStepDropsTheWindowItAddedTo, on the emulated device): the abort adds each flat's
+// zero-filled reduction to the pending gradient in host memory, so the window goes, every master's
+// gradient with it, and the step changes nothing.
+TEST(OffloadEmulatedDevice, AFailedMicroStepDropsTheWindowItAddedTo) {
+  if (!test_device().is_cpu()) GTEST_SKIP() << "emulates a device on the CPU (on one: StepInBackward_CUDA.*)";
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  const EmulatedDevice emulated;
+  Model m = make_model(ModelKind::MLP, at::kFloat, {6, 64, 64, 3});
+  auto user = make_optimizer(OptKind::AdamW, *m.module);
+  ShardingSpec spec = ShardingSpec::zero(3);
+  spec.offload.optimizer = OffloadDevice::Cpu;
+  auto p = zero::prepare(m.module, *user, spec, world);
+  auto [x, y] = make_batch(ModelKind::MLP, at::kFloat, 0, 0, 4 * N);
+  x = x.narrow(0, 4 * r, 4), y = y.narrow(0, 4 * r, 4);
+  {
+    zero::Engine::MoreMicroSteps more(*p.engine);
+    p.engine->backward(m.loss(x, y));
+  }
+  std::vector<at::Tensor> before;
+  for (const auto& f : p.engine->flats())
+    if (f.group >= 0) {
+      ASSERT_TRUE(f.master_in_host_memory);
+      ASSERT_TRUE(f.master.grad().defined()) << "no pending gradient after the first micro-step";
+      before.push_back(f.master.clone());
+    }
+  ASSERT_FALSE(before.empty());
+  auto* mlp = dynamic_cast<MLPImpl*>(m.module.get());
+  ASSERT_NE(mlp, nullptr);
+  at::Tensor out = mlp->forward(x);
+  out.register_hook([](const at::Tensor& g) -> at::Tensor {
+    if (g.defined()) throw std::runtime_error("injected");
+    return g;
+  });
+  EXPECT_THROW(p.engine->backward(at::mse_loss(out, y)), std::exception);
+  for (const auto& f : p.engine->flats())
+    if (f.group >= 0) EXPECT_FALSE(f.master.grad().defined()) << f.flat_param->name() << " kept a gradient";
+  p.optimizer->step();
+  std::size_t k = 0;
+  for (const auto& f : p.engine->flats())
+    if (f.group >= 0) EXPECT_TRUE(at::equal(f.master, before[k++])) << "a step on a dropped window";
 }
 
 TEST(Offload, BadNvmePathsAreNamedBeforeTraining) {
