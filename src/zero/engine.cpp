@@ -380,6 +380,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
         if (!f.grad.is_same(f.host_grad)) return false;  // added at the end of backward
         host_copies_->add_to_host(f.host_grad, g);
         f.host_grad_src = nullptr;  // (f.grad is the sum: nothing to copy again at the end)
+        f.added_on_the_way = true;  // (ZeRO-1's reducer keeps g: not added again at the end)
       } else if (f.grad.defined()) {
         if (!adds_to_pending(f) || f.grad.device() != g.device() || f.grad.is_alias_of(g))
           return false;  // added at the end of backward

@@ -376,6 +376,9 @@ void Engine::finalize_backward() {
         f.grad_live = false;
       }
       set_master_grad(f, /*defer_sync=*/true);
+      // A device's master in host memory: the pinned copy is the pending gradient (the next
+      // micro-step's is added to it there), also where the reducer keeps its output (ZeRO-1).
+      if (plan_.masters_are_shards && host_master(f)) f.grad = f.host_grad;
     }
     if (!more_micro_steps_) reducer_->release_scratch();  // (the window is over)
     // The host reads the offloaded masters' gradients from here on (clipping, unscaling, the step);
