@@ -399,7 +399,8 @@ void Engine::finalize_backward() {
         f.flat_param->attach_grads();
         // A placeholder master.grad (this rank's unreduced region), so that optimizer->zero_grad()
         // during accumulation is noticed and discards the window, as it would in PyTorch.
-        if (f.master.defined() && !f.grad.defined() && !f.master.grad().defined() &&
+        // (Not for a device's master in host memory: its gradient cannot be the device's buffer.)
+        if (f.master.defined() && !f.grad.defined() && !f.master.grad().defined() && !host_master(f) &&
             f.master.scalar_type() == f.flat_param->grad_full().scalar_type() &&
             (f.master.is_meta() || f.master.device() == f.flat_param->grad_full().device())) {
           const at::Tensor& gf = f.flat_param->grad_full();

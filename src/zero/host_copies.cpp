@@ -23,6 +23,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 namespace accel::zero {
 
@@ -80,8 +81,11 @@ struct HostCopies::Emulation {
     const Held to{dst, memory_of(dst)}, from{src, memory_of(src)};
     const at::Tensor values = src.clone(at::MemoryFormat::Contiguous);
     dst.unsafeGetTensorImpl()->bump_version();
-    return [to, from, values, add, side, memory_of] {
-      if (from.memory && memory_of(from.t) == from.memory) {
+    const std::thread::id queued_on = std::this_thread::get_id();
+    return [to, from, values, add, side, memory_of, queued_on] {
+      // (Checked on the thread that queued it only: another one, the step worker, would look at the
+      // source while that thread may free it.)
+      if (std::this_thread::get_id() == queued_on && from.memory && memory_of(from.t) == from.memory) {
         const at::Tensor now = from.t.contiguous();
         if (std::memcmp(now.data_ptr(), values.data_ptr(), values.nbytes()) != 0)
           throw accel::LogicError(fmt::format(
