@@ -12,6 +12,7 @@
 #include "comm/transport/nccl/nccl_backend.h"
 #include "dispatch/dispatch.h"
 #include "mixed_precision/float8_linear.h"
+#include "zero/host_copies.h"
 #include "zero/optimizer_offload.h"
 #include "zero/param_offload.h"
 #include "zero/sharded_optimizer.h"
@@ -180,16 +181,17 @@ std::string where(const AcceleratorConfig& cfg) {
 
 // Offload goes into the spec: to nvme from any device, to cpu from a device (the optimizer state and
 // the parameter shards in host memory). CPU offload on a CPU run (no effect) is added to the ignored
-// keys, with why.
+// keys, with why. (Tests: a CPU run taking a device's path, zero::HostCopies' emulated device, keeps it.)
 void check_supported(AcceleratorConfig& cfg, c10::Device device) {
+  const bool host = device.is_cpu() && !zero::HostCopies::emulating_device_for_tests();
   auto to = [&](const std::string& d) {
-    return d == "nvme"                      ? zero::OffloadDevice::Nvme
-           : d == "cpu" && !device.is_cpu() ? zero::OffloadDevice::Cpu
-                                            : zero::OffloadDevice::None;
+    return d == "nvme"           ? zero::OffloadDevice::Nvme
+           : d == "cpu" && !host ? zero::OffloadDevice::Cpu
+                                 : zero::OffloadDevice::None;
   };
   cfg.spec.offload.optimizer = to(cfg.offload_optimizer_device);
   cfg.spec.offload.param = to(cfg.offload_param_device);
-  if (device.is_cpu() && (cfg.offload_optimizer_device == "cpu" || cfg.offload_param_device == "cpu"))
+  if (host && (cfg.offload_optimizer_device == "cpu" || cfg.offload_param_device == "cpu"))
     cfg.ignored.push_back(
         "offload to cpu: training runs on the CPU, where parameters and optimizer state "
         "already live");

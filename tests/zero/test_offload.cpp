@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "base/memory.h"
 #include "offload/async_file.h"
+#include "support/emulated_device.h"
 #include "support/harness.h"
 #include "zero/host_copies.h"
 #include "zero/optimizer_offload.h"
@@ -161,14 +162,6 @@ TEST(Offload, OnDiskEqualsInMemoryBitwise) {
   for (const auto& e : std::filesystem::directory_iterator(dir))
     EXPECT_EQ(e.path().filename().string().find("accel-"), std::string::npos) << e.path();
 }
-
-// While it lives, engines built over CPU models take a device's offload path (HostCopies emulated).
-struct EmulatedDevice {
-  EmulatedDevice() { zero::HostCopies::emulate_device_for_tests(true); }
-  ~EmulatedDevice() { zero::HostCopies::emulate_device_for_tests(false); }
-  EmulatedDevice(const EmulatedDevice&) = delete;
-  EmulatedDevice& operator=(const EmulatedDevice&) = delete;
-};
 
 // The emulated HostCopies itself (a CPU "device"): a copy or add runs when something waits for it,
 // not before; its source's values are those it had when queued; a source written before its copy
