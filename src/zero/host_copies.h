@@ -11,8 +11,8 @@
 //     still reads dst); the current stream then waits for it (a device-side wait: the host does not
 //     block), so every kernel queued afterwards sees the new values. The host must not write src
 //     before synchronize().
-//   * to_device_async(dst, src): the same copy, but nothing waits for it yet: it returns the event
-//     that marks it done, and current_waits(event) makes the current stream wait for it when the
+//   * to_device_async(dst, src): the same copy, but nothing waits for it yet: it returns the Done
+//     that marks it (an event), and current_waits(done) makes the current stream wait for it when the
 //     values are needed (a prefetch: the copy runs while the kernels queued after it compute).
 //   * add_to_host(dst, src): dst += src for dst in pinned host memory and src on the device, on the
 //     to-host side stream after the current stream's queued work and every copy to the host queued
