@@ -332,6 +332,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool host_master(const Flat& f) const;
   // on_reduced adds f's reduced shard to its pending gradient as its bucket finishes (and takes it).
   bool adds_to_pending(const Flat& f) const;
+  const at::Tensor& pinned_grad(Flat& f);           // f.host_grad, allocated (pinned) the first time
   void grad_to_host(Flat& f, const at::Tensor& g);  // queues f.host_grad := g
   void setup_offload(const torch::optim::Optimizer* optimizer);
   void move_to_device();  // every flat's buffers to device_ (a no-op where they are)

@@ -402,16 +402,11 @@ void Engine::finalize_backward() {
         // master in host memory cannot take the device's buffer: its pinned gradient, zero-filled (no
         // copy into it is in flight: the last sync backward waited for them), where the window's sum
         // arrives at the sync backward.
-        if (f.master.defined() && !f.grad.defined() && !f.master.grad().defined() && host_master(f)) {
-          if (!f.host_grad.defined()) {
-            CategoryScope cat(Category::Gradients);
-            f.host_grad = HostCopies::pinned_empty(f.master.sizes(), f.master.scalar_type(), device_);
-          }
-          f.host_grad.zero_();
-          f.master.mutable_grad() = f.host_grad;
+        if (!f.master.defined() || f.grad.defined() || f.master.grad().defined()) continue;
+        if (host_master(f)) {
+          f.master.mutable_grad() = pinned_grad(f).zero_();
           note_master_grad(f);
-        } else if (f.master.defined() && !f.grad.defined() && !f.master.grad().defined() &&
-                   f.master.scalar_type() == f.flat_param->grad_full().scalar_type() &&
+        } else if (f.master.scalar_type() == f.flat_param->grad_full().scalar_type() &&
                    (f.master.is_meta() || f.master.device() == f.flat_param->grad_full().device())) {
           const at::Tensor& gf = f.flat_param->grad_full();
           auto [b, e] = f.flat_param->layout().shard_range(f.flat_param->options().rank);

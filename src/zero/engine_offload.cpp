@@ -202,12 +202,16 @@ bool Engine::host_master(const Flat& f) const {
   return host_copies_ && f.master_in_host_memory && f.flat_param->shard().device() == host_copies_->device();
 }
 
-void Engine::grad_to_host(Flat& f, const at::Tensor& g) {
+const at::Tensor& Engine::pinned_grad(Flat& f) {
   if (!f.host_grad.defined()) {
     CategoryScope cat(Category::Gradients);
     f.host_grad = HostCopies::pinned_empty(f.master.sizes(), f.master.scalar_type(), device_);
   }
-  host_copies_->to_host(f.host_grad, g);
+  return f.host_grad;
+}
+
+void Engine::grad_to_host(Flat& f, const at::Tensor& g) {
+  host_copies_->to_host(pinned_grad(f), g);
   f.host_grad_src = g.unsafeGetTensorImpl();
   f.host_grad_src_version = g._version();
 }
