@@ -375,6 +375,9 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     reducer_->set_on_reduced([this](std::size_t i, const at::Tensor& g) {
       Flat& f = flats_[reduce_order_[i]];
       const bool host = host_master(f);
+      // A failed backward's reductions (abort_backward's flush) are thrown away: nothing goes to the
+      // host, and what is pending there stays as it was.
+      if (host && aborting_backward_) return true;
       bool taken = host;
       if (f.grad.defined() && host) {
         if (!f.grad.is_same(f.host_grad)) return false;  // added at the end of backward

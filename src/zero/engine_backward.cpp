@@ -209,14 +209,15 @@ void Engine::abort_backward() {
                     stepped));
   bool drop_window = false;
   if (reducer_ && sync_) {
-    // A sum cannot be taken back: where the window's gradients are pending in host memory (a device's
-    // masters there), the flush below adds to them (as buckets finished before the throw may have),
-    // so the window goes. Decided from the state every rank shares, before the flush.
-    drop_window = std::any_of(flats_.begin(), flats_.end(),
-                              [](const Flat& f) { return f.grad.defined() && f.grad.is_same(f.host_grad); });
+    // Gradients pending from an earlier micro-step of the window that this backward's reductions are
+    // added to as each bucket finishes (ZeRO-2/3 where they lie; a device's masters in host memory
+    // there, ZeRO-1's too): decided from the state every rank shares, before the flush.
+    const bool adds_on_the_way = std::any_of(flats_.begin(), flats_.end(), [&](const Flat& f) {
+      return adds_to_pending(f) || (host_master(f) && f.grad.defined());
+    });
     // Issue every remaining bucket, as a finished backward would: a rank that had launched some
     // earlier (its gradients were ready sooner) then never waits for a collective the others skip.
-    // The results are thrown away (and no step is taken on them).
+    // The results are thrown away (and no step is taken on them, nor are they added anywhere).
     aborting_backward_ = true;
     try {
       for (auto fi : reduce_order_) mark_complete(fi);
@@ -225,17 +226,15 @@ void Engine::abort_backward() {
       reducer_->abandon();
     }
     aborting_backward_ = false;
-    // Nor can the sums made on the way (ZeRO-2/3) before the throw: the window goes if any rank made
-    // one (its buckets may have finished sooner than a peer's), and every rank agrees on that, so that
-    // a throw before any bucket finished keeps the window, as it does without accumulation. The
-    // collective is issued where every rank has a pending gradient to add to (the same micro-steps
-    // behind it), so by every rank that aborts this backward. As for the flush above, the engine's
-    // contract is that every rank sees the error: a backward that throws on one rank alone (an out of
-    // memory there, caught by the training loop) has its reductions pair with its peers' finished
-    // backward, and here issues one collective more than they do, which fails (or waits) at their
-    // next one instead of training on gradients out of step.
-    const bool adds_on_the_way =
-        std::any_of(flats_.begin(), flats_.end(), [&](const Flat& f) { return adds_to_pending(f); });
+    // A sum cannot be taken back, and the sums made on the way before the throw are in the window: it
+    // goes if any rank made one (its buckets may have finished sooner than a peer's), and every rank
+    // agrees on that, so that a throw before any bucket finished keeps the window, as it does without
+    // accumulation. The collective is issued where every rank has a pending gradient to add to (the
+    // same micro-steps behind it), so by every rank that aborts this backward. As for the flush above,
+    // the engine's contract is that every rank sees the error: a backward that throws on one rank
+    // alone (an out of memory there, caught by the training loop) has its reductions pair with its
+    // peers' finished backward, and here issues one collective more than they do, which fails (or
+    // waits) at their next one instead of training on gradients out of step.
     if (adds_on_the_way) {
       const bool added = std::any_of(flats_.begin(), flats_.end(), [](const Flat& f) { return f.added_on_the_way; });
       at::Tensor made = at::full({1}, added ? 1 : 0, at::kInt);
@@ -244,7 +243,7 @@ void Engine::abort_backward() {
       } catch (...) {  // (the backward's own error is what propagates; the window cannot be vouched for)
         made.fill_(1);
       }
-      drop_window = drop_window || made.item<int>() != 0;
+      drop_window = made.item<int>() != 0;
     }
   }
   if (reducer_) reducer_->release_scratch();
@@ -277,10 +276,10 @@ void Engine::abort_backward() {
       f.master_grad_set = false;
     }
     log::warning(
-        "accel: a backward that failed had added to the accumulation window's pending gradients (in host memory "
-        "under optimizer offload from a device; under ZeRO-2/3 as each bucket was reduced, on this rank or "
-        "another): the window's gradients are dropped, and the next step has only the backward passes after "
-        "this one");
+        "accel: a backward that failed had added to the accumulation window's pending gradients as buckets were "
+        "reduced (under ZeRO-2/3, or in host memory under optimizer offload from a device), on this rank or "
+        "another: the window's gradients are dropped, and the next step has only the backward passes after this "
+        "one");
   }
 }
 

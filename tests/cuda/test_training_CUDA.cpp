@@ -472,7 +472,7 @@ struct OffloadedMlp {
   std::int64_t bytes = 0;  // the model's parameters in fp32
 };
 OffloadedMlp offloaded_mlp(const c10::Device& dev, std::shared_ptr<comm::Communicator> world, bool params_too,
-                           bool in_backward) {
+                           bool in_backward, bool bucket_per_flat = false) {
   at::manual_seed(5);
   OffloadedMlp m;
   m.model = std::make_shared<MLPImpl>(std::vector<int64_t>{512, 2048, 2048, 16});
@@ -483,6 +483,10 @@ OffloadedMlp offloaded_mlp(const c10::Device& dev, std::shared_ptr<comm::Communi
   spec.offload.optimizer = zero::OffloadDevice::Cpu;
   if (params_too) spec.offload.param = zero::OffloadDevice::Cpu;
   spec.step_in_backward = in_backward;
+  if (bucket_per_flat) {  // one flat a bucket, one bucket in flight: each is reduced as it is launched
+    spec.bucket_bytes = 0;
+    spec.grad_buckets_in_flight = 1;
+  }
   m.p = zero::prepare(m.model, user, spec, std::move(world));
   return m;
 }
@@ -692,41 +696,62 @@ TEST(HostCopies_CUDA, CopiesQueueBehindTheComputeStreamWithoutBlockingTheHost) {
   copies.synchronize();
 }
 
-// A backward that throws after a micro-step that reduced, under ZeRO-Offload: it has added to the
-// window's gradients in host memory, so the window goes (every master's gradient) rather than a sum
-// holding part of the failed backward; the step then changes nothing.
-TEST(StepInBackward_CUDA, AFailedMicroStepDropsTheWindowItAddedTo) {
+// A backward that throws after a micro-step that reduced, under ZeRO-Offload (OffloadEmulatedDevice's
+// AFailedMicroStepKeepsTheWindowUnlessItAddedToIt, on the device):
+// - thrown first in backward, before any bucket was reduced: nothing was added to the gradients pending
+//   in host memory, so the window stays as it was (as in memory);
+// - thrown at the first layer's output, after the root, fc2 and fc1 were reduced and added to them in
+//   host memory: a sum cannot be taken back, so the window goes (every master's gradient) rather than a
+//   sum holding part of the failed backward; the step then changes nothing.
+TEST(StepInBackward_CUDA, AFailedMicroStepKeepsTheWindowUnlessItAddedToIt) {
   SKIP_WITHOUT_CUDA();
   const c10::Device dev = my_device();
   auto world = test::world();
   const int N = world->size(), r = world->rank();
-  auto [mdl, p, bytes] = offloaded_mlp(dev, world, /*params_too=*/false, /*in_backward=*/false);
-  const at::Tensor x = at::randn({8 * N, 512}).to(dev), y = at::randn({8 * N, 16}).to(dev);
-  {
-    zero::Engine::MoreMicroSteps more(*p.engine);
-    p.engine->backward(at::mse_loss(mdl->forward(x.narrow(0, 8 * r, 8)), y.narrow(0, 8 * r, 8)));
-  }
-  std::vector<at::Tensor> before;
-  for (const auto& f : p.engine->flats())
-    if (f.group >= 0) {
-      ASSERT_TRUE(f.master.grad().defined()) << "no pending gradient after the first micro-step";
-      before.push_back(f.master.clone());
+  for (const bool late : {false, true}) {
+    SCOPED_TRACE(late ? "thrown at the first layer" : "thrown first");
+    auto [mdl, p, bytes] = offloaded_mlp(dev, world, /*params_too=*/false, /*in_backward=*/false,
+                                         /*bucket_per_flat=*/true);
+    const at::Tensor x = at::randn({8 * N, 512}).to(dev), y = at::randn({8 * N, 16}).to(dev);
+    {
+      zero::Engine::MoreMicroSteps more(*p.engine);
+      p.engine->backward(at::mse_loss(mdl->forward(x.narrow(0, 8 * r, 8)), y.narrow(0, 8 * r, 8)));
     }
-  ASSERT_FALSE(before.empty());
-  at::Tensor out = mdl->forward(x.narrow(0, 8 * r, 8));
-  out.register_hook([](const at::Tensor& g) -> at::Tensor {
-    if (g.defined()) throw std::runtime_error("injected");
-    return g;
-  });
-  // (The throw comes first in backward; the abort then reduces every flat's zero-filled gradient, as
-  // a finished backward would, and adds it: on every rank, the same flats.)
-  EXPECT_THROW(p.engine->backward(at::mse_loss(out, y.narrow(0, 8 * r, 8))), std::exception);
-  for (const auto& f : p.engine->flats())
-    if (f.group >= 0) EXPECT_FALSE(f.master.grad().defined()) << f.flat_param->name() << " kept a gradient";
-  p.optimizer->step();
-  std::size_t k = 0;
-  for (const auto& f : p.engine->flats())
-    if (f.group >= 0) EXPECT_TRUE(at::equal(f.master, before[k++])) << "a step on a dropped window";
+    std::vector<at::Tensor> before, pending;
+    for (const auto& f : p.engine->flats())
+      if (f.group >= 0) {
+        ASSERT_TRUE(f.master.grad().defined()) << "no pending gradient after the first micro-step";
+        before.push_back(f.master.clone());
+        pending.push_back(f.master.grad().clone());
+      }
+    ASSERT_FALSE(before.empty());
+    auto throws = [](const at::Tensor& g) -> at::Tensor {
+      if (g.defined()) throw std::runtime_error("injected");
+      return g;
+    };
+    at::Tensor h = mdl->layers[0](x.narrow(0, 8 * r, 8));  // MLPImpl::forward, with the hook where it throws
+    if (late) h.register_hook(throws);
+    for (std::size_t i = 1; i < mdl->layers.size(); ++i) h = mdl->layers[i](at::tanh(h));
+    at::Tensor out = h * mdl->scale;
+    if (!late) out.register_hook(throws);
+    EXPECT_THROW(p.engine->backward(at::mse_loss(out, y.narrow(0, 8 * r, 8))), std::exception);
+    std::size_t k = 0;
+    for (const auto& f : p.engine->flats()) {
+      if (f.group < 0) continue;
+      if (late) {
+        EXPECT_FALSE(f.master.grad().defined()) << f.flat_param->name() << " kept a gradient";
+      } else {
+        ASSERT_TRUE(f.master.grad().defined()) << f.flat_param->name() << " lost a window nothing was added to";
+        EXPECT_TRUE(at::equal(f.master.grad(), pending[k])) << f.flat_param->name() << ": the window changed";
+      }
+      ++k;
+    }
+    p.optimizer->step();
+    k = 0;
+    if (late)
+      for (const auto& f : p.engine->flats())
+        if (f.group >= 0) EXPECT_TRUE(at::equal(f.master, before[k++])) << "a step on a dropped window";
+  }
 }
 
 // add_to_host (a micro-step's gradient added to the one pending in host memory): summed on the device

@@ -402,9 +402,8 @@ std::shared_ptr<MLPImpl> seeded_mlp() {
 
 // Gradient lifetimes under `spec`: two sync backwards before one step add up; zero_grad without a
 // step discards; a backward that throws on every rank is forgotten. Each against the reference doing
-// the same. throw_drops_pending: a backward that throws drops the gradients pending before it (a
-// device's masters in host memory, whose abort adds to them there).
-void gradient_lifetimes(const std::string& name, const ShardingSpec& spec, bool throw_drops_pending = false) {
+// the same (the throw comes before any bucket was reduced, so the gradients pending before it stay).
+void gradient_lifetimes(const std::string& name, const ShardingSpec& spec) {
   auto world = test::world();
   const int N = world->size(), r = world->rank();
   const int64_t local = 12 / N;
@@ -460,7 +459,7 @@ void gradient_lifetimes(const std::string& name, const ShardingSpec& spec, bool 
             e.backward(local_loss(x2, y2));
             break;
           case 3:  // sync backward, a throwing one, another sync one: the first and the last add
-            if (!throw_drops_pending) ref_backward(x1, y1);
+            ref_backward(x1, y1);
             ref_backward(x2, y2);
             e.backward(local_loss(x1, y1));
             throwing_backward();
@@ -500,14 +499,14 @@ TEST(EngineLifecycle, GradientsLastUntilStepAndZeroGradDiscards) {
 // The same under optimizer offload from a device (the masters in host memory, each window's sum
 // arriving there): on a device its own (gpu_check.sh's engine_cuda steps), on the CPU through the
 // emulated device (support/emulated_device.h). A zero_grad() inside a NoSync window is seen there too
-// (the host masters' placeholder gradient); a backward that throws drops what was pending in host
-// memory (docs/design.md, accumulation).
+// (the host masters' placeholder gradient); a backward that throws before any bucket was reduced keeps
+// what was pending in host memory, as in memory (docs/design.md, accumulation).
 TEST(EngineLifecycle, GradientsLastUntilStepUnderOptimizerOffload) {
   const EmulatedDevice emulated;  // (no effect on a device's model)
   for (auto [name, spec] : all_specs()) {
     if (!spec.shards_optimizer()) continue;  // (offload keeps sharded optimizer state)
     spec.offload.optimizer = zero::OffloadDevice::Cpu;
-    gradient_lifetimes(name + " offloaded", spec, /*throw_drops_pending=*/true);
+    gradient_lifetimes(name + " offloaded", spec);
   }
 }
 
