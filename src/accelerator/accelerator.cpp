@@ -336,9 +336,9 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
     cfg_.gradient_accumulation_steps = *b.gradient_accumulation_steps;
     state_->accumulation_steps = cfg_.gradient_accumulation_steps;
   }
-  // (ZeRO-Infinity from a device: the parameters stay on the host until the engine moves each flat.)
+  // (Parameters sharded on a device: they stay on the host until the engine moves each flat's shard.)
   zero::ShardingSpec spec = cfg_.spec;
-  zero::place_model(*model, spec, device_);
+  zero::place_model(*model, spec, device_, num_processes());
   {
     // Every rank starts from rank 0's weights (as DDP does), whatever each rank's seed was. The
     // engine broadcasts the contiguous parameters itself; the rest, and the buffers, are sent here.

@@ -208,15 +208,11 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
     keys[{owned[i].unit, g, p.requires_grad(), static_cast<int>(p.scalar_type()), p.device().str()}].push_back(i);
   }
   // Where the flats end up: the parameters' device, or the spec's when the model was handed over on
-  // the host (built here, each flat moved there once its offloaded shard has left: move_to_device()).
+  // the host (built and sharded here, each flat moved there as its shard, or empty once its offloaded
+  // shard has left: move_to_device()).
   const c10::Device here = owned.empty() ? c10::Device(c10::kCPU) : owned[0].param.device();
   device_ = spec_.device.value_or(here);
   on_a_device_ = !device_.is_cpu() || HostCopies::emulating_device_for_tests();
-  if (device_ != here && !(spec_.offload.param_offloaded() && spec_.shards_parameters()))
-    throw accel::LogicError(fmt::format(
-        "accel: the model's parameters are on {} but the spec trains it on {}: only a model whose parameters are "
-        "offloaded (ZeRO-3 / FULL_SHARD with offload_param) is built on the host and moved flat by flat",
-        here.str(), device_.str()));
   // The plan: the spec against this run's group sizes and the model's dtypes.
   bool convert = false;
   // Offload to host memory (offload_optimizer.device cpu) of parameters on a device: the masters are
@@ -228,6 +224,12 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
               (host_masters && on_a_device_);
   }
   plan_ = Plan::resolve(spec_, world_->size(), shard_->size(), convert);
+  if (device_ != here && (!spec_.shards_parameters() || plan_.passthrough))
+    throw accel::LogicError(fmt::format(
+        "accel: the model's parameters are on {} but the spec trains it on {}: only a model whose parameters are "
+        "sharded there (ZeRO-3 / FULL_SHARD / HYBRID_SHARD over more than one rank, or with offload_param) is "
+        "built on the host and moved flat by flat; move the model to {} before prepare",
+        here.str(), device_.str(), device_.str()));
   const bool sharded_params = plan_.params_sharded;
   // Sharded CPU parameters whose shard group shares one node's memory: each flat's full buffer is one
   // shared-memory object every rank of the group maps, the ranks' shards side by side in it, so the
@@ -398,6 +400,20 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
       if (steps_in_backward(f)) step_in_backward(f, f.added_on_the_way ? f.grad : g);
       return taken;
     });
+  }
+}
+
+void Engine::move_to_device() {
+  // A model handed over on the host (ShardingSpec::device): each flat moves there as its shard, with its
+  // values (the full buffers of sharded units are free), or empty where the shard is offloaded (its
+  // storage has left), and the unsharded rest (the root unit) whole. The device never holds more than
+  // the shards and one flat being moved.
+  for (auto& f : flats_) {
+    const std::string freed =
+        fmt::format("accel: the shard of {} is offloaded to {} and not loaded now", f.flat_param->name(),
+                    param_offload_ && param_offload_->in_host_memory() ? "host memory (offload_param.device cpu)"
+                                                                       : "disk (offload_param.device nvme)");
+    f.flat_param->move_to(device_, freed);
   }
 }
 

@@ -107,19 +107,6 @@ void Engine::setup_offload(const torch::optim::Optimizer* optimizer) {
   }
 }
 
-void Engine::move_to_device() {
-  // A model handed over on the host (ShardingSpec::device): the offloaded shards have left (their
-  // storage is freed), so each flat's buffers move to the device empty, and the rest (the root unit)
-  // with their values. The device never holds more than one flat being moved.
-  for (auto& f : flats_) {
-    const std::string freed =
-        fmt::format("accel: the shard of {} is offloaded to {} and not loaded now", f.flat_param->name(),
-                    param_offload_ && param_offload_->in_host_memory() ? "host memory (offload_param.device cpu)"
-                                                                       : "disk (offload_param.device nvme)");
-    f.flat_param->move_to(device_, freed);
-  }
-}
-
 void Engine::offloaded_step(const std::vector<OffloadRule>& group_rules) {
   c10::NoGradGuard ng;
   std::vector<at::Tensor> grads(opt_region_flat_.size());

@@ -15,8 +15,10 @@
 
 namespace accel::zero {
 
-void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device) {
-  if (device.is_cpu() || !spec.offload.param_offloaded() || !spec.shards_parameters()) {
+void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device, int world_size) {
+  // (One rank without parameter offload shards nothing: the engine trains the parameters where they are.)
+  const bool sharded = spec.shards_parameters() && (world_size > 1 || spec.offload.param_offloaded());
+  if (device.is_cpu() || !sharded) {
     model.to(device);
     return;
   }

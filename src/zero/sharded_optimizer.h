@@ -20,10 +20,11 @@ struct EngineAndOptimizer {
 };
 
 // Puts a model on the device it trains on, before prepare(): all of it, or, where the parameters are
-// offloaded from a device (ZeRO-3 / FULL_SHARD with offload_param, ZeRO-Infinity), only its buffers,
-// with spec.device set: prepare() then builds the flats on the host and moves each to the device
-// once its offloaded shard has left, so the device never holds the whole model.
-void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device);
+// sharded on a device (ZeRO-3 / FULL_SHARD / HYBRID_SHARD over world_size > 1 ranks, or offloaded with
+// offload_param, ZeRO-Infinity), only its buffers, with spec.device set: prepare() then builds the
+// flats on the host and moves each to the device as its shard (or, offloaded, empty), so the device
+// never holds the whole model (as FSDP moves a module on the CPU to device_id unit by unit).
+void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device, int world_size);
 
 // Throws std::invalid_argument for an optimizer it cannot shard (naming its type and the supported
 // ones), a parameter shared across two units, or a bad spec.

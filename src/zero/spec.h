@@ -110,9 +110,10 @@ struct ShardingSpec {
   bool step_in_backward = false;
   OffloadSpec offload;
   // Where the model trains, when it is handed over somewhere else: the engine flattens and shards it
-  // where it is (the host) and moves each flat's buffers there once its offloaded shard has left.
-  // ZeRO-Infinity from a device (parameters offloaded): the model is never on the device whole.
-  // Unset: where the parameters are.
+  // where it is (the host) and moves each flat's buffers there, its shard with its values (or empty,
+  // once an offloaded shard has left). For parameters sharded over ranks of a device (ZeRO-3,
+  // FULL_SHARD, HYBRID_SHARD) or offloaded from it (ZeRO-Infinity): the model is never on the device
+  // whole (zero::place_model). Unset: where the parameters are.
   std::optional<c10::Device> device;
 
   // The switches a strategy is made of (its row of the table).

@@ -356,20 +356,18 @@ TEST(CudaTraining_CUDA, OffloadedOptimizerKeepsNoGradientOnTheDevice) {
   }
 }
 
-// ZeRO-Infinity from a device: a model handed to prepare() on the host (as it was built) is flattened
-// and sharded there, and each unit reaches the device only as its (offloaded, empty) buffers: the
-// device never holds the whole model, as it did when prepare() first moved the model there. Training
-// is bitwise the same as with the model moved to the device by the user before prepare().
-TEST(CudaTraining_CUDA, OffloadedParamsNeverPutTheWholeModelOnTheDevice) {
-  SKIP_WITHOUT_CUDA();
-  const std::vector<int64_t> widths{256, 1024, 1024, 1024, 1024, 4};
-  const std::string yaml =
-      "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
-      "  fsdp_offload_params: true\n" +
-      kUnits;
-  const std::string config = write_config("infinity.yaml", yaml);
+// A model handed to prepare() on the host (as it was built) under `config`, against the same model moved
+// to the device by the user first: the device bytes at the peak of moving and prepare() beyond what was
+// there before, as a share of the model's fp32 bytes, for each; and training after prepare() bitwise the
+// same (the state dicts after 3 steps).
+struct HostBuilt {
+  double host_peak = 0, device_peak = 0;  // prepare()'s peak / the model's bytes: handed over on the host, moved first
   std::int64_t model_bytes = 0;
-  for (const auto& t : std::make_shared<MLPImpl>(widths)->parameters()) model_bytes += 4 * t.numel();
+};
+HostBuilt prepare_from_the_host(const std::string& config) {
+  const std::vector<int64_t> widths{256, 1024, 1024, 1024, 1024, 4};
+  HostBuilt out;
+  for (const auto& t : std::make_shared<MLPImpl>(widths)->parameters()) out.model_bytes += 4 * t.numel();
   struct Result {
     std::int64_t prepare_peak = 0;  // device bytes at the peak of moving (the user's) and prepare(), beyond before
     std::map<std::string, at::Tensor> state;
@@ -399,13 +397,46 @@ TEST(CudaTraining_CUDA, OffloadedParamsNeverPutTheWholeModelOnTheDevice) {
     return r;
   };
   const Result on_host = train(false), on_device = train(true);
-  EXPECT_GE(static_cast<double>(on_device.prepare_peak), 0.9 * model_bytes)
-      << "a model moved first is on the device whole";
-  EXPECT_LE(static_cast<double>(on_host.prepare_peak), 0.5 * model_bytes / world()->size())
-      << "preparing the model from the host put " << on_host.prepare_peak
-      << " B on the device (the model: " << model_bytes << " B)";
-  ASSERT_EQ(on_host.state.size(), on_device.state.size());
-  for (const auto& [name, v] : on_device.state) EXPECT_TRUE(at::equal(on_host.state.at(name), v)) << name;
+  out.host_peak = static_cast<double>(on_host.prepare_peak) / static_cast<double>(out.model_bytes);
+  out.device_peak = static_cast<double>(on_device.prepare_peak) / static_cast<double>(out.model_bytes);
+  EXPECT_EQ(on_host.state.size(), on_device.state.size());
+  for (const auto& [name, v] : on_device.state)
+    if (on_host.state.count(name)) EXPECT_TRUE(at::equal(on_host.state.at(name), v)) << name;
+  return out;
+}
+
+// ZeRO-Infinity from a device: a model handed to prepare() on the host is flattened and sharded there,
+// and each unit reaches the device only as its (offloaded, empty) buffers: the device never holds the
+// whole model, as it did when prepare() first moved the model there. Training is bitwise the same as
+// with the model moved to the device by the user before prepare().
+TEST(CudaTraining_CUDA, OffloadedParamsNeverPutTheWholeModelOnTheDevice) {
+  SKIP_WITHOUT_CUDA();
+  const HostBuilt r = prepare_from_the_host(write_config(
+      "infinity.yaml",
+      "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_offload_params: true\n" +
+          kUnits));
+  EXPECT_GE(r.device_peak, 0.9) << "a model moved first is on the device whole";
+  EXPECT_LE(r.host_peak, 0.5 / world()->size()) << "preparing the model from the host put " << r.host_peak
+                                                << " of the model's " << r.model_bytes << " B on the device";
+}
+
+// FULL_SHARD without offload over more than one rank (as FSDP moves a module on the CPU to its device_id
+// unit by unit): each unit reaches the device as this rank's shard, so prepare() puts 1/N of the model
+// there, where a model moved first puts all of it. At one rank nothing is sharded and the whole model
+// is moved, as before.
+TEST(CudaTraining_CUDA, ShardedParamsNeverPutTheWholeModelOnTheDevice) {
+  SKIP_WITHOUT_CUDA();
+  const int N = world()->size();
+  const HostBuilt r = prepare_from_the_host(write_config(
+      "full_shard.yaml", "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n" + kUnits));
+  EXPECT_GE(r.device_peak, 0.9) << "a model moved first is on the device whole";
+  if (N == 1) {
+    EXPECT_GE(r.host_peak, 0.9) << "one rank shards nothing: the whole model is moved";
+    return;
+  }
+  // This rank's shards (1/N, each flat padded to a multiple of N elements) and the root unit (one scalar).
+  EXPECT_LE(r.host_peak, 1.1 / N) << "preparing the model from the host put " << r.host_peak << " of the model's "
+                                  << r.model_bytes << " B on the device";
 }
 
 // offload_param device cpu and nvme under ZeRO-3 (ZeRO-Infinity): the parameter shards leave the
