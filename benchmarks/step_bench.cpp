@@ -476,7 +476,8 @@ int run_bench(int argc, char** argv) {
         run.model = std::make_shared<examples::GPTImpl>(c);
       }
       if (on_cuda && spec)
-        zero::place_model(*run.model, *spec, device, world->size());  // (parameters sharded: moved flat by flat)
+        zero::place_model(*run.model, *spec, device,
+                          zero::groups_for(*spec, world).shard->size());  // (parameters sharded: moved flat by flat)
       else if (on_cuda)
         run.model->to(device);
       if (prec.fp8) nn::set_float8_recipe(*run.model, mixed_precision::float8_recipe_from_string(fp8_recipe));

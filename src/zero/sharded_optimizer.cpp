@@ -15,10 +15,14 @@
 
 namespace accel::zero {
 
-void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device, int world_size) {
-  // (One rank without parameter offload shards nothing: the engine trains the parameters where they are.)
-  const bool sharded = spec.shards_parameters() && (world_size > 1 || spec.offload.param_offloaded());
-  if (device.is_cpu() || !sharded) {
+void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device, int shard_size) {
+  // (A shard group of one rank without parameter offload shards nothing: the engine trains the
+  // parameters where they are. A model the program already put on a device, or partly, is moved whole,
+  // as before: the device held it whole already.)
+  const bool sharded = spec.shards_parameters() && (shard_size > 1 || spec.offload.param_offloaded());
+  bool on_the_host = true;
+  for (const auto& p : model.parameters()) on_the_host = on_the_host && p.device().is_cpu();
+  if (device.is_cpu() || !sharded || !on_the_host) {
     model.to(device);
     return;
   }

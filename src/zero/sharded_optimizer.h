@@ -19,12 +19,13 @@ struct EngineAndOptimizer {
   std::shared_ptr<torch::optim::Optimizer> optimizer;
 };
 
-// Puts a model on the device it trains on, before prepare(): all of it, or, where the parameters are
-// sharded on a device (ZeRO-3 / FULL_SHARD / HYBRID_SHARD over world_size > 1 ranks, or offloaded with
-// offload_param, ZeRO-Infinity), only its buffers, with spec.device set: prepare() then builds the
-// flats on the host and moves each to the device as its shard (or, offloaded, empty), so the device
-// never holds the whole model (as FSDP moves a module on the CPU to device_id unit by unit).
-void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device, int world_size);
+// Puts a model on the device it trains on, before prepare(): all of it, or, where its parameters are
+// on the host and are to be sharded on a device (ZeRO-3 / FULL_SHARD / HYBRID_SHARD over a shard group
+// of shard_size > 1 ranks: the world, or a node under HYBRID_SHARD; or offloaded with offload_param,
+// ZeRO-Infinity), only its buffers, with spec.device set: prepare() then builds the flats on the host
+// and moves each to the device as its shard (or, offloaded, empty), so the device never holds the
+// whole model (as FSDP moves a module on the CPU to device_id unit by unit).
+void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device, int shard_size);
 
 // Throws std::invalid_argument for an optimizer it cannot shard (naming its type and the supported
 // ones), a parameter shared across two units, or a bad spec.

@@ -389,7 +389,12 @@ HostBuilt prepare_from_the_host(const std::string& config) {
     for (int k = 0; k < 3; ++k) {
       at::manual_seed(200 + k + acc.process_index());
       const at::Tensor x = at::randn({kG / acc.num_processes(), widths.front()}, acc.device());
-      acc.backward(model->forward(x).pow(2).mean());
+      at::Tensor loss;
+      {
+        auto ac = acc.autocast();  // (the configured dtype: bf16 parameters take bf16 inputs)
+        loss = model->forward(x).to(at::kFloat).pow(2).mean();
+      }
+      acc.backward(loss);
       p->step();
       p->zero_grad();
     }
@@ -400,8 +405,13 @@ HostBuilt prepare_from_the_host(const std::string& config) {
   out.host_peak = static_cast<double>(on_host.prepare_peak) / static_cast<double>(out.model_bytes);
   out.device_peak = static_cast<double>(on_device.prepare_peak) / static_cast<double>(out.model_bytes);
   EXPECT_EQ(on_host.state.size(), on_device.state.size());
-  for (const auto& [name, v] : on_device.state)
-    if (on_host.state.count(name)) EXPECT_TRUE(at::equal(on_host.state.at(name), v)) << name;
+  for (const auto& [name, v] : on_device.state) {
+    const auto it = on_host.state.find(name);
+    if (it == on_host.state.end())
+      ADD_FAILURE() << name << " is missing from the state of the model handed over on the host";
+    else
+      EXPECT_TRUE(at::equal(it->second, v)) << name;
+  }
   return out;
 }
 
@@ -420,23 +430,33 @@ TEST(CudaTraining_CUDA, OffloadedParamsNeverPutTheWholeModelOnTheDevice) {
                                                 << " of the model's " << r.model_bytes << " B on the device";
 }
 
-// FULL_SHARD without offload over more than one rank (as FSDP moves a module on the CPU to its device_id
-// unit by unit): each unit reaches the device as this rank's shard, so prepare() puts 1/N of the model
-// there, where a model moved first puts all of it. At one rank nothing is sharded and the whole model
-// is moved, as before.
+// ZeRO-3 and FULL_SHARD without offload over more than one rank (as FSDP moves a module on the CPU to its
+// device_id unit by unit): each unit reaches the device as this rank's shard, so prepare() puts 1/N of the
+// model there (fp32), or 1.5/N (bf16 shards beside fp32 masters), where a model moved first puts all of it.
+// At one rank nothing is sharded and the whole model is moved, as before.
 TEST(CudaTraining_CUDA, ShardedParamsNeverPutTheWholeModelOnTheDevice) {
   SKIP_WITHOUT_CUDA();
   const int N = world()->size();
-  const HostBuilt r = prepare_from_the_host(write_config(
-      "full_shard.yaml", "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n" + kUnits));
-  EXPECT_GE(r.device_peak, 0.9) << "a model moved first is on the device whole";
-  if (N == 1) {
-    EXPECT_GE(r.host_peak, 0.9) << "one rank shards nothing: the whole model is moved";
-    return;
+  struct Config {
+    std::string file, yaml;
+    double shard_bytes;  // device bytes per model byte a rank's shards take, times N
+  };
+  for (const Config& c :
+       {Config{"full_shard.yaml",
+               "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n" + kUnits, 1.0},
+        Config{"zero3_bf16.yaml",
+               "distributed_type: DEEPSPEED\nmixed_precision: bf16\ndeepspeed_config:\n  zero_stage: 3\n", 1.5}}) {
+    SCOPED_TRACE(c.file);
+    const HostBuilt r = prepare_from_the_host(write_config(c.file, c.yaml));
+    EXPECT_GE(r.device_peak, 0.9) << "a model moved first is on the device whole";
+    if (N == 1) {
+      EXPECT_GE(r.host_peak, 0.9) << "one rank shards nothing: the whole model is moved";
+      continue;
+    }
+    // (Each flat is padded to a multiple of N elements; the root unit is one scalar.)
+    EXPECT_LE(r.host_peak, 1.1 * c.shard_bytes / N) << "preparing the model from the host put " << r.host_peak
+                                                    << " of the model's " << r.model_bytes << " B on the device";
   }
-  // This rank's shards (1/N, each flat padded to a multiple of N elements) and the root unit (one scalar).
-  EXPECT_LE(r.host_peak, 1.1 / N) << "preparing the model from the host put " << r.host_peak << " of the model's "
-                                  << r.model_bytes << " B on the device";
 }
 
 // offload_param device cpu and nvme under ZeRO-3 (ZeRO-Infinity): the parameter shards leave the
