@@ -298,28 +298,34 @@ session_pss() {
 NODE_SHARED=0
 ((RANKS > 1)) && [ "${ACCEL_NODE_SHARED_PARAMS:-1}" != 0 ] && [ "${ACCEL_COMM_SHM:-1}" != 0 ] && NODE_SHARED=1
 
-# predict D STRATEGY: estimate-memory's per-rank peak (bytes) for that shape.
+# predict D STRATEGY: estimate-memory's per-rank peak (bytes) for that shape. On a GPU the cap is the
+# caching allocator's, which does not count the runtime: --overhead 0 there. The offloaded strategies
+# from a GPU have their rows (--offload); ZeRO-3 offloaded to files from the CPU has none (empty).
 predict() {
-  local label ckpt=0 shared=""
+  local label ckpt=0 shared="" offload=none
   ((NODE_SHARED)) && shared=" node-shared"
   case "$2" in
     DDP) label="DDP" ;; ZERO_1) label="ZeRO-1" ;; ZERO_2) label="ZeRO-2" ;; ZERO_3) label="ZeRO-3$shared" ;;
     ZERO_3+ckpt) label="ZeRO-3$shared"; ckpt=1 ;;
-    *) return 0 ;;  # no prediction (offload)
+    ZERO_3+opt) label="ZeRO-3"; offload=optimizer ;;
+    ZERO_3+ckpt+opt+param | ZERO_3+ckpt+opt+nvme) label="ZeRO-3"; ckpt=1; offload=optimizer+params ;;
+    *) return 0 ;;  # no prediction
   esac
   # (step_bench's attention: fused on CUDA, written out on the CPU)
   "$CLI" estimate-memory --d_model "$1" --layers "$LAYERS" --heads "$HEADS" --seq "$SEQ" --micro_batch "$BATCH" \
-    --vocab "$VOCAB" --num_processes "$RANKS" --dtype fp32 --optimizer adamw \
-    --attention "$([ "$DEVICE" = cuda ] && echo sdpa || echo eager)" |
-    awk -v l="$label" -v c="$ckpt" '
+    --vocab "$VOCAB" --num_processes "$RANKS" --dtype fp32 --optimizer adamw --offload "$offload" \
+    --attention "$([ "$DEVICE" = cuda ] && echo sdpa || echo eager)" $([ "$DEVICE" = cuda ] && echo --overhead 0) |
+    awk -v l="$label" -v c="$ckpt" -v o="$offload" '
       { row = c ? l " + checkpointing" : l }
-      index($0, row " ") == 1 && (c || index($0, "checkpointing") == 0) { printf "%.0f", $(NF) * 1e9; exit }'
+      # (the peak is the last column, or the one before "CPU GB" under offload)
+      index($0, row " ") == 1 && (c || index($0, "checkpointing") == 0) {
+        printf "%.0f", (o == "none" ? $(NF) : $(NF - 1)) * 1e9; exit }'
 }
 
 # The largest d (a multiple of RES) whose prediction fits the per-rank cap.
 predicted_largest() {
   local lo=0 hi=$RES p
-  [ -n "$(predict "$RES" "$1")" ] || { echo "$MIN_D"; return; }  # (offload: no estimate)
+  [ -n "$(predict "$RES" "$1")" ] || { echo "$MIN_D"; return; }  # (no estimate)
   while p=$(predict "$hi" "$1") && [ "$p" -le "$PER_RANK_BYTES" ]; do lo=$hi; hi=$((hi * 2)); done
   while ((hi - lo > RES)); do
     local mid=$(((lo + hi) / 2 / RES * RES))
@@ -373,7 +379,7 @@ for s in $STRATEGIES; do
   done
   if [ -z "$d0" ]; then
     d0=$(predicted_largest "$s")
-    # On a GPU, offload has no estimate: it fits at least what the first strategy (no offload) fit.
+    # A strategy without an estimate fits at least what the first strategy (no offload) fit.
     if [ "$DEVICE" = cuda ] && [ -n "$BASE_D" ] && [ -z "$(predict "$BASE_D" "$s")" ]; then d0=$BASE_D; fi
     echo "$s: estimate-memory predicts d_model $d0 fits $((PER_RANK_BYTES / 1000000)) MB per rank" >&2
   fi

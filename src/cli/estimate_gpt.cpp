@@ -51,31 +51,45 @@ GptActivations gpt_activations(const GptShape& s, Dtype dtype) {
 }
 
 GptPeak gpt_peak(zero::Strategy s, bool checkpoint, const GptShape& shape, int n, Dtype dtype, OptimizerKind opt,
-                 const GptRuntime& rt, bool node_shared, const Accumulation& accumulation) {
+                 const GptRuntime& rt, bool node_shared, const Accumulation& accumulation, Offload offload) {
   const BytesPerParam b = bytes_per_param(dtype, opt);
-  const StrategyCoefficients c = coefficients(s, b, Offload::None, accumulation);
+  const StrategyCoefficients c = coefficients(s, b, offload, accumulation);
   const double P = gpt_params(shape), R = gpt_root_params(shape), U = gpt_block_params(shape);
   const GptActivations a = gpt_activations(shape, dtype);
   const int F = rt.buckets_in_flight;
   GptPeak p;
   p.strategy = s;
   p.checkpoint = checkpoint;
+  p.offload = offload;
+  p.note = c.note;
   p.states = (c.device_rep + c.device_shard / n) * P;
+  p.cpu = (c.cpu_rep + c.cpu_shard / n) * P;
   // What the strategy shards, from the strategy table (HYBRID_SHARD is no row: coefficients() refuses it).
   const zero::StrategyInfo& row = zero::info(s);
-  p.node_shared = node_shared && row.shards_parameters && n > 1;
-  const bool gathers = row.shards_parameters && !p.node_shared;  // (node-shared: the buffer is the parameters)
+  const bool params_offloaded = row.shards_parameters && offload == Offload::OptimizerAndParams;
+  p.node_shared = node_shared && row.shards_parameters && n > 1 && offload == Offload::None;
+  // Parameters are gathered where they are sharded: over more than one rank, or offloaded (zero::Plan),
+  // and not node-shared (there the buffer is the parameters).
+  const bool gathers = row.shards_parameters && (n > 1 || params_offloaded) && !p.node_shared;
   const double root_gathered = gathers ? b.param * R : 0;
   if (gathers) p.gathered = b.param * (R + 2 * U);
+  if (params_offloaded) {
+    // The root unit is not offloaded: its shard stays on the device beside its gathered copy. The two
+    // blocks prefetched ahead arrive as shards before their gathers.
+    p.states += b.param * R / n;
+    p.gathered += 2 * b.param * U / n;
+  }
   if (row.shards_gradients)
     p.in_flight = std::min(b.grad * (R + F * std::max(U, rt.bucket_bytes / b.grad)), b.grad * P);
   else if (row.shards_optimizer)
     p.in_flight = F * std::min(rt.bucket_bytes, b.grad * P);
   p.activations = checkpoint ? a.with_ckpt : a.without_ckpt;
   p.backward = 3 * a.element_bytes * R + a.block;
-  // AdamW's temporaries over fp32 masters: the rank's shard of a unit under ZeRO, the whole unit under DDP.
+  // AdamW's temporaries over fp32 masters: the rank's shard of a unit under ZeRO, the whole unit under
+  // DDP. None on the device where the optimizer is offloaded (ZeRO steps it on the host).
+  const bool optimizer_offloaded = offload != Offload::None && row.shards_optimizer;
   const double stepped = std::max(U, R) / (row.shards_optimizer ? n : 1);
-  p.optimizer = 2 * 4 * stepped;
+  p.optimizer = optimizer_offloaded ? 0 : 2 * 4 * stepped;
   p.overhead = rt.overhead;
   p.total = p.overhead + p.states +
             std::max(p.gathered + p.in_flight + p.activations + p.backward, root_gathered + p.optimizer);
@@ -86,10 +100,10 @@ GptEstimate estimate_gpt(const GptShape& shape, const EstimateRequest& r, const 
   validate(shape);
   if (r.num_processes < 1)
     throw EstimateError(fmt::format("--num_processes: must be at least 1, got {}", r.num_processes));
-  if (r.offload != Offload::None)
-    throw EstimateError("--offload: a GPT shape is estimated without offload (give --params for offload figures)");
   if (r.device_budget && !(*r.device_budget > 0 && std::isfinite(*r.device_budget)))
     throw EstimateError(fmt::format("--budget: must be positive, got {} bytes", *r.device_budget));
+  if (r.cpu_budget && !(*r.cpu_budget > 0 && std::isfinite(*r.cpu_budget)))
+    throw EstimateError(fmt::format("--cpu_budget: must be positive, got {} bytes", *r.cpu_budget));
   if (!(rt.overhead >= 0)) throw EstimateError(fmt::format("--overhead: must be 0 or more, got {}", rt.overhead));
   validate(r.accumulation);
   GptEstimate e;
@@ -98,21 +112,27 @@ GptEstimate estimate_gpt(const GptShape& shape, const EstimateRequest& r, const 
   e.request.params = gpt_params(shape);
   e.runtime = rt;
   e.activations = gpt_activations(shape, r.dtype);
-  for (zero::Strategy s :
-       {zero::Strategy::NoShard, zero::Strategy::Zero1, zero::Strategy::Zero2, zero::Strategy::Zero3})
+  auto judge = [&](GptPeak& p) {
+    if (!r.device_budget && !r.cpu_budget) return;
+    p.fits = (!r.device_budget || p.total <= *r.device_budget) && (!r.cpu_budget || p.cpu <= *r.cpu_budget);
+  };
+  // Offload needs ZeRO: DDP's row would be the one without offload.
+  std::vector<zero::Strategy> strategies{zero::Strategy::Zero1, zero::Strategy::Zero2, zero::Strategy::Zero3};
+  if (r.offload == Offload::None) strategies.insert(strategies.begin(), zero::Strategy::NoShard);
+  for (zero::Strategy s : strategies)
     for (bool ckpt : {false, true}) {
-      GptPeak p = gpt_peak(s, ckpt, shape, r.num_processes, r.dtype, r.optimizer, rt, false, r.accumulation);
-      if (r.device_budget) {
-        p.fits = p.total <= *r.device_budget;
-        if (*p.fits && !e.recommended) e.recommended = p;
-      }
+      GptPeak p = gpt_peak(s, ckpt, shape, r.num_processes, r.dtype, r.optimizer, rt, false, r.accumulation, r.offload);
+      judge(p);
+      // (ZeRO-1 + offload is never recommended: ZeRO-2 + offload needs less device memory for the same traffic.)
+      const bool candidate = r.offload == Offload::None || s != zero::Strategy::Zero1;
+      if (candidate && p.fits && *p.fits && !e.recommended) e.recommended = p;
       e.rows.push_back(p);
     }
-  if (r.num_processes > 1)
+  if (r.num_processes > 1 && r.offload == Offload::None)
     for (bool ckpt : {false, true}) {
       GptPeak p =
           gpt_peak(zero::Strategy::Zero3, ckpt, shape, r.num_processes, r.dtype, r.optimizer, rt, true, r.accumulation);
-      if (r.device_budget) p.fits = p.total <= *r.device_budget;
+      judge(p);
       e.rows.push_back(p);
     }
   return e;

@@ -52,7 +52,26 @@
 //   peak = overhead + states + max(gathered + in flight + activations + backward, root gathered +
 //          optimizer)
 // This is the designed bound of the gradients (bounded gradient memory); an engine that
-// keeps more gradients alive measures above it.
+// keeps more gradients alive measures above it. Parameters are gathered only where they are sharded
+// (zero::Plan::params_sharded): ZeRO-3 on one rank without parameter offload gathers nothing.
+//
+// Offload (--offload optimizer | optimizer+params, ZeRO-1/2/3 only: DDP has no row), a device's
+// states in host memory (docs/offload.md):
+//   states     the offload rows of estimate_memory.h: ZeRO-3 + optimizer p P / N (the parameter
+//              shards), + optimizer and parameters 0, plus the root unit's shard p R / N (it is not
+//              offloaded: it stays gathered, and its shard with it)
+//   gathered   with the parameters offloaded, also the two blocks prefetched ahead, which arrive as
+//              shards before their gathers: + 2 p U / N
+//   in flight  as above: the reduced gradients stream to the host as their buckets finish
+//   optimizer  0: the step runs on the host (its temporaries are host memory)
+//   cpu        the host's states per rank (estimate_memory.h: (4 + S + 4) P / N, + p P / N for
+//              offloaded parameters under mixed precision), besides its runtime
+// Measured on a GPU, one rank, 8 GB cap, fp32 AdamW, 20 layers, seq 512, batch 1, sdpa
+// (benchmarks/results/2026-11-27-h100-check-offload-mfu.md; the caching allocator's peak, so against
+// the peak less --overhead): ZeRO-3 + optimizer at d 2048 5.98 GB (estimate 6.05), at d 2304 7.38 GB
+// (7.43); with checkpointing at d 2048 4.90 GB (4.86); + parameters, checkpointed, at d 2048 1.51 GB
+// (1.67: the prefetched shards are counted as alive with everything else). A test holds them to that
+// (EstimateGpt.OffloadRowsFollowWhatAGpuMeasured).
 //
 // Node-shared ZeRO-3 (CPU ranks on one machine, accel's default there; docs/design.md): the ranks'
 // shards side by side in one buffer every rank maps are the full parameters, so nothing is gathered
@@ -102,26 +121,31 @@ struct GptPeak {
   zero::Strategy strategy = zero::Strategy::NoShard;
   bool checkpoint = false;
   bool node_shared = false;  // ZeRO-3 with its parameters in memory the machine's ranks share
+  Offload offload = Offload::None;
   double states = 0, gathered = 0, in_flight = 0, activations = 0, backward = 0, optimizer = 0, overhead = 0;
-  double total = 0;
-  std::optional<bool> fits;
+  double total = 0;          // the device's peak
+  double cpu = 0;            // the host's states per rank (offload)
+  std::string note;          // why the offload asked for does not (fully) apply, or ""
+  std::optional<bool> fits;  // within --budget and --cpu_budget
 };
 // (accumulation: the states' term as estimate_memory's rows take it, cli/estimate_memory.h)
 GptPeak gpt_peak(zero::Strategy s, bool checkpoint, const GptShape& shape, int num_processes, Dtype dtype,
                  OptimizerKind optimizer, const GptRuntime& rt, bool node_shared = false,
-                 const Accumulation& accumulation = {});
+                 const Accumulation& accumulation = {}, Offload offload = Offload::None);
 
 struct GptEstimate {
   GptShape shape;
-  EstimateRequest request;  // params = P; offload none
+  EstimateRequest request;  // params = P
   GptRuntime runtime;
   GptActivations activations;
-  // DDP, ZeRO-1, ZeRO-2, ZeRO-3, each without then with checkpointing; then, when N > 1, ZeRO-3
-  // node-shared without and with.
+  // DDP (not under offload), ZeRO-1, ZeRO-2, ZeRO-3, each without then with checkpointing; then, when
+  // N > 1 and nothing is offloaded, ZeRO-3 node-shared without and with.
   std::vector<GptPeak> rows;
-  std::optional<GptPeak> recommended;  // with a budget: the first row, in that order, that fits (not node-shared)
+  // With a budget: the first row, in that order, that fits (not node-shared; under offload not ZeRO-1,
+  // which ZeRO-2 beats with less device memory for the same traffic).
+  std::optional<GptPeak> recommended;
 };
-// Validates (shape, N >= 1, budget > 0, no offload) and fills the rows.
+// Validates (shape, N >= 1, budgets > 0) and fills the rows.
 GptEstimate estimate_gpt(const GptShape& shape, const EstimateRequest& request, const GptRuntime& rt);
 
 // The report `accel estimate-memory` prints for a GPT shape.

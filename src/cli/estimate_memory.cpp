@@ -99,7 +99,7 @@ double parse_param_count(std::string_view s) {
   return p;
 }
 
-double parse_byte_size(std::string_view s, std::string_view flag) {
+double parse_byte_size(std::string_view s, std::string_view flag, bool allow_zero) {
   const auto bad = [&](std::string_view why) {
     return EstimateError(fmt::format("{}: {} '{}' (expected a size such as 24GB, 80GiB or 512MB)", flag, why, s));
   };
@@ -128,7 +128,7 @@ double parse_byte_size(std::string_view s, std::string_view flag) {
     mult = 1024.0 * 1024 * 1024 * 1024;
   else
     throw bad("unknown unit in");
-  if (*v <= 0) throw bad("must be positive, got");
+  if (*v < 0 || (*v == 0 && !allow_zero)) throw bad(allow_zero ? "must be 0 or more, got" : "must be positive, got");
   return *v * mult;
 }
 

@@ -111,8 +111,8 @@ Offload parse_offload(std::string_view s);
 double parse_param_count(std::string_view s);
 // A positive byte size: "24GB", "24gb", "80GiB", "512MB", "1.5TB", "24G" (= GB), "24" (= GB).
 // Decimal units KB/MB/GB/TB (and K/M/G/T) are powers of 1000, binary KiB/MiB/GiB/TiB powers of 1024.
-// `flag` names the option in the error message.
-double parse_byte_size(std::string_view s, std::string_view flag = "--budget");
+// `flag` names the option in the error message; allow_zero: "0" is a size too (--overhead).
+double parse_byte_size(std::string_view s, std::string_view flag = "--budget", bool allow_zero = false);
 // A whole number of ranks, 1 or more.
 int parse_num_processes(std::string_view s);
 

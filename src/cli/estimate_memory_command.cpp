@@ -57,9 +57,8 @@ int run_estimate(const EstimateArgs& a) {
     if (a.has_shape) {
       GptShape shape = a.shape;
       shape.sdpa = a.attention == "sdpa";
-      if (a.has_cpu_budget) throw EstimateError("--cpu_budget: a GPT shape is estimated without offload");
       GptRuntime rt;
-      if (a.has_overhead) rt.overhead = parse_byte_size(a.overhead, "--overhead");
+      if (a.has_overhead) rt.overhead = parse_byte_size(a.overhead, "--overhead", /*allow_zero=*/true);
       fmt::print("{}", format_gpt_estimate(estimate_gpt(shape, r, rt)));
       std::fflush(stdout);
       return 0;
@@ -96,7 +95,7 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code) {
                       "eager (scores written out; the default, as the examples on the CPU) or sdpa (fused, as on "
                       "CUDA)")};
   auto* overhead = cmd->add_option("--overhead", args->overhead,
-                                   "per-rank memory the allocator does not count (runtime; default 0.55GB)");
+                                   "per-rank memory the allocator does not count (runtime; default 0.55GB; 0 for a device capped through its allocator)");
   cmd->add_option("--num_processes", args->num_processes, "Ranks the states are sharded over (default 1)");
   cmd->add_option("--dtype,--mixed_precision", args->dtype,
                   "bf16 | fp16 (2-byte params and grads, fp32 master) | fp32 (no) | fp8 (default bf16)");

@@ -38,6 +38,15 @@ add_test(NAME cli_estimate_memory_gpt
                  "DDP +16\\.2 .* no" "Recommendation: ZeRO-3, 9\\.8 GB"
                  -- ${ACCEL_CLI} estimate-memory --d_model 2048 --layers 20 --heads 16 --seq 64 --num_processes 2 --dtype fp32 --budget 11GB)
 
+# A GPT shape under offload, as the GPU's largest-model table runs it (one rank, 8 GB, the allocator's peak:
+# --overhead 0): ZeRO-Infinity at 2.47B needs 5.5 GB of the device (3.7 GB checkpointed) and 39.6 GB of
+# host memory; it trained there on an H200 (benchmarks/results/2026-11-27-h200-check.md).
+add_test(NAME cli_estimate_memory_gpt_offload
+         COMMAND ${_em_expect} pass "2\\.47B parameters" "ZeRO-3 \\+ checkpointing +0\\.059 .* 3\\.7 +39\\.6  yes"
+                 "No DDP row" "Recommendation: ZeRO-3 with the optimizer and parameters offloaded"
+                 -- ${ACCEL_CLI} estimate-memory --d_model 3200 --layers 20 --heads 16 --seq 512 --attention sdpa --dtype fp32
+                    --offload optimizer+params --overhead 0 --budget 8GB)
+
 # Bad input: a clear message and a non-zero exit.
 set(_em_cases
   "unknown_flag|--foo|${ACCEL_CLI} estimate-memory --params 7.5e9 --foo 3"
@@ -51,6 +60,7 @@ set(_em_cases
   "optimizer|error: --optimizer: unknown optimizer 'lion'|${ACCEL_CLI} estimate-memory --params 7.5e9 --optimizer lion"
   "offload|error: --offload: unknown offload 'nvme'|${ACCEL_CLI} estimate-memory --params 7.5e9 --offload nvme"
   "budget|error: --budget: unknown unit|${ACCEL_CLI} estimate-memory --params 7.5e9 --budget 24XB"
+  "overhead|error: --overhead: must be 0 or more|${ACCEL_CLI} estimate-memory --d_model 64 --layers 2 --heads 2 --seq 8 --overhead=-1GB"
   "accumulation_zero|error: --gradient_accumulation_steps: must be at least 1|${ACCEL_CLI} estimate-memory --params 7.5e9 --gradient_accumulation_steps 0"
   "gpt_and_params|error: give either --params or a GPT shape|${ACCEL_CLI} estimate-memory --params 1B --d_model 64 --layers 2 --heads 2 --seq 8"
   "gpt_partial|error: a GPT shape needs --d_model, --layers, --heads and --seq|${ACCEL_CLI} estimate-memory --d_model 64 --layers 2"
