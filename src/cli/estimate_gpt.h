@@ -66,9 +66,9 @@
 //   optimizer  0: the step runs on the host (its temporaries are host memory)
 //   cpu        the host's states per rank (estimate_memory.h: (4 + S + 4) P / N, + p P / N for
 //              offloaded parameters under mixed precision), besides its runtime
-// Measured on a GPU, one rank, 8 GB cap, fp32 AdamW, 20 layers, seq 512, batch 1, sdpa
-// (benchmarks/results/2026-11-27-h100-check-offload-mfu.md; the caching allocator's peak, so against
-// the peak less --overhead): ZeRO-3 + optimizer at d 2048 5.98 GB (estimate 6.05), at d 2304 7.38 GB
+// Measured on an H100 by the project's GPU check (its offload file in benchmarks/results/), one rank,
+// 8 GB cap, fp32 AdamW, 20 layers, seq 512, batch 1, sdpa (the caching allocator's peak, so against the
+// peak less --overhead): ZeRO-3 + optimizer at d 2048 5.98 GB (estimate 6.05), at d 2304 7.38 GB
 // (7.43); with checkpointing at d 2048 4.90 GB (4.86); + parameters, checkpointed, at d 2048 1.51 GB
 // (1.67: the prefetched shards are counted as alive with everything else). A test holds them to that
 // (EstimateGpt.OffloadRowsFollowWhatAGpuMeasured).
