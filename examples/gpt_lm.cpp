@@ -4,9 +4,9 @@
 //   build/bin/accel launch -n 2 build/bin/gpt_lm --config_file configs/fsdp/full_shard.yaml
 //   build/bin/accel launch -n 2 build/bin/gpt_lm --config_file configs/deepspeed/zero3.json
 //       --d_model 1024 --layers 12 --heads 16                    (one command, on one line)
-// The model is built through sharded construction (Accelerator::sharded_init, on the CPU): each block
-// is sharded as soon as it is built, so no rank ever holds the whole model and one that fits only
-// sharded can be built.
+// The model is built through sharded construction (Accelerator::sharded_init, in host memory on a
+// device too): each block is sharded as soon as it is built, so no rank ever holds the whole model and
+// one that fits only sharded can be built.
 // --comm_stats FILE: after training, the main process writes each rank's communication counters
 // there (common/comm_stats.h), with the model's sizes; the multi-node test checks them.
 // --float64: parameters, compute and loss in float64, for comparisons that must not drown in fp32
@@ -116,11 +116,9 @@ int main(int argc, char** argv) {
       at::set_default_dtype(caffe2::TypeMeta::Make<double>());  // the model's parameters are built in float64
     }
     std::shared_ptr<GPTImpl> model;
-    if (acc.device().is_cpu()) {
-      auto scope = acc.sharded_init();  // each block sharded as built
+    {
+      auto scope = acc.sharded_init();  // each block sharded as built (in host memory, on a device too)
       model = std::make_shared<GPTImpl>(shape);
-    } else {
-      model = std::make_shared<GPTImpl>(shape);  // sharded construction is CPU-only so far
     }
     {
       c10::NoGradGuard no_grad;  // small embeddings (GPT-2's 0.02): the tied head starts near uniform
@@ -169,7 +167,7 @@ int main(int argc, char** argv) {
         auto scope = acc.accumulate(model);
         at::Tensor loss;
         {
-          auto autocast = acc.autocast();  // bf16/fp16 compute under mixed precision; a no-op in fp32
+          auto autocast = acc.autocast();                    // bf16/fp16 compute under mixed precision; a no-op in fp32
           loss = lm_loss(model->forward(b.data), b.target);  // (in fp32 from the logits' dtype; fp64 in fp64)
         }
         acc.backward(loss);

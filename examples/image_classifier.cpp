@@ -56,11 +56,9 @@ int main(int argc, char** argv) {
     ShapesData train(2048, side, args.seed), eval(eval_size, side, args.seed + 1);
     at::manual_seed(static_cast<std::int64_t>(args.seed));
     std::shared_ptr<CNNImpl> model;
-    if (acc.device().is_cpu()) {
+    {
       auto scope = acc.sharded_init();  // sharded construction: each conv block sharded as built
       model = std::make_shared<CNNImpl>(side);
-    } else {
-      model = std::make_shared<CNNImpl>(side);  // sharded construction is CPU-only so far
     }
     torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(3e-3));
     DataLoader<ShapesData> loader(

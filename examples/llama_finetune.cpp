@@ -279,10 +279,8 @@ int main(int argc, char** argv) {
     Accelerator acc(accelerator_options(args));
     at::manual_seed(static_cast<std::int64_t>(args.seed));
     std::shared_ptr<models::LlamaForCausalLM> model;
-    if (acc.device().is_cpu()) {
-      auto scope = acc.sharded_init();  // each decoder layer sharded as it is built
-      model = std::make_shared<models::LlamaForCausalLM>(cfg);
-    } else {
+    {
+      auto scope = acc.sharded_init();  // each decoder layer sharded as it is built (in host memory)
       model = std::make_shared<models::LlamaForCausalLM>(cfg);
     }
     torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(lr).weight_decay(0.01));

@@ -650,8 +650,8 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict() {
 // Sharded construction
 
 std::unique_ptr<sharding::ShardedInit> Accelerator::sharded_init() {
-  if (!device_.is_cpu())
-    throw ConfigError("Accelerator::sharded_init: sharded construction runs on the CPU only so far (use_cpu)");
+  // (On a device too: the model is built on the host, and prepare() moves each unit there as this
+  // rank's shard, or the whole model where nothing shards it: zero::place_model.)
   return std::make_unique<sharding::ShardedInit>(world_, zero::groups_for(cfg_.spec, world_).shard);
 }
 

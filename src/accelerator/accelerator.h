@@ -377,7 +377,9 @@ class Accelerator {
   // Keep the returned scope alive while building the model: each module marked with accel::unit is
   // sharded over the ranks as soon as it is built (rank 0's values win), so a model larger than one
   // rank's memory can be constructed; prepare() gives each unit its values back one at a time while
-  // sharding it. Collective (every rank builds the same model). CPU only for now.
+  // sharding it. Collective (every rank builds the same model). On a device the model is built in host
+  // memory, and prepare() moves each unit there as this rank's shard (ZeRO-3, FULL_SHARD, HYBRID_SHARD
+  // over several ranks), or the whole model where nothing shards it.
   [[nodiscard]] std::unique_ptr<sharding::ShardedInit> sharded_init();
 
   // --- checkpoints (src/checkpoint/) ----------------------------------------------------------------

@@ -2,6 +2,7 @@
 #include "base/error.h"
 
 #include "base/memory.h"
+#include "sharding/sharded_init.h"
 #include "zero/optimizers.h"
 
 #include <c10/core/GradMode.h>
@@ -22,7 +23,14 @@ void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device devic
   const bool sharded = spec.shards_parameters() && (shard_size > 1 || spec.offload.param_offloaded());
   bool on_the_host = true;
   for (const auto& p : model.parameters()) on_the_host = on_the_host && p.device().is_cpu();
-  if (device.is_cpu() || !sharded || !on_the_host) {
+  if (device.is_cpu()) {  // (the engine gives units built sharded their values back, here)
+    model.to(device);
+    return;
+  }
+  if (!sharded || !on_the_host) {
+    // Units built under sharding::ShardedInit get their values back first: moved whole, the model
+    // needs them (a strategy that keeps whole parameters, or a shard group of one).
+    for (const auto& p : model.parameters()) sharding::materialize(p);
     model.to(device);
     return;
   }

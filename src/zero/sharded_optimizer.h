@@ -24,7 +24,9 @@ struct EngineAndOptimizer {
 // of shard_size > 1 ranks: the world, or a node under HYBRID_SHARD; or offloaded with offload_param,
 // ZeRO-Infinity), only its buffers, with spec.device set: prepare() then builds the flats on the host
 // and moves each to the device as its shard (or, offloaded, empty), so the device never holds the
-// whole model (as FSDP moves a module on the CPU to device_id unit by unit).
+// whole model (as FSDP moves a module on the CPU to device_id unit by unit). A model built under
+// sharding::ShardedInit takes that path too, or else gets its units' values back (collective) before it
+// is moved whole.
 void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device, int shard_size);
 
 // Throws std::invalid_argument for an optimizer it cannot shard (naming its type and the supported

@@ -173,9 +173,20 @@ struct Trained {
 };
 
 // The same training through the Accelerator under `config` (each rank its rows of the batch).
-Trained accelerated(const std::string& config, int steps, const std::function<void(Accelerator&)>& check = nullptr) {
+// build_sharded: the MLP is built under acc.sharded_init(), each rank seeded differently (rank 0's
+// values must win, as they do for the model built whole).
+Trained accelerated(const std::string& config, int steps, const std::function<void(Accelerator&)>& check = nullptr,
+                    bool build_sharded = false) {
   Accelerator acc(quiet(config));
-  auto model = make_mlp();
+  std::shared_ptr<MLPImpl> model;
+  if (build_sharded) {
+    auto scope = acc.sharded_init();
+    at::manual_seed(1234 + 100 * acc.process_index());
+    model = std::make_shared<MLPImpl>(kWidths);
+    EXPECT_EQ(scope->units_sharded(), static_cast<std::int64_t>(kWidths.size() - 1));
+  } else {
+    model = make_mlp();
+  }
   torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
   auto loader = loader_for_micro_batch();
   auto p = acc.prepare(model, adamw, loader);
@@ -353,6 +364,24 @@ TEST(CudaTraining_CUDA, OffloadedOptimizerKeepsNoGradientOnTheDevice) {
     EXPECT_LE(static_cast<double>(offloaded[1]), 0.05 * shard_bytes)
         << "offloaded: " << offloaded[1]
         << " B still allocated after the second backward (the shard's gradients: " << shard_bytes << " B)";
+  }
+}
+
+// Sharded construction on a device: the MLP's layers are sharded on the host as they are built (each
+// rank seeded differently), and prepare() moves each to the device as this rank's shard (ZeRO-3,
+// FULL_SHARD) or gives the whole model its values back and moves it (DDP, ZeRO-2, SHARD_GRAD_OP, and one
+// rank). Every strategy then trains bitwise like the model built whole.
+TEST(CudaTraining_CUDA, ShardedInitTrainsLikeTheModelBuiltWhole) {
+  SKIP_WITHOUT_CUDA();
+  for (const auto& c : strategies("no")) {
+    SCOPED_TRACE(c.name);
+    const std::string config = write_config(c.name, c.text);
+    const Trained whole = accelerated(config, 3);
+    const Trained sharded = accelerated(config, 3, nullptr, /*build_sharded=*/true);
+    EXPECT_EQ(sharding::presharded_count(), 0) << "prepare() gives every unit its values back";
+    ASSERT_EQ(whole.params.size(), sharded.params.size());
+    for (const auto& [name, v] : whole.params) EXPECT_TRUE(at::equal(sharded.params.at(name), v)) << name;
+    EXPECT_EQ(whole.losses, sharded.losses);
   }
 }
 
