@@ -69,9 +69,14 @@ void ShardedInit::shard_unit(torch::nn::Module& module) {
     shard.narrow(0, piece.shard_offset, piece.numel)
         .copy_(ps[piece.tensor].reshape({-1}).narrow(0, piece.tensor_offset, piece.numel));
   e->shard = shard;
+  const std::string freed = fmt::format(
+      "accel sharded_init: this parameter of a unit ({}) was sharded as it was built (Accelerator::sharded_init): "
+      "its values come back in prepare(). Hand the model to prepare() as it was built, without moving or reading "
+      "it first",
+      module.name());
   for (auto& p : ps) {
     full_bytes_ += p.numel() * p.element_size();
-    free_storage(p);
+    free_storage(p, freed);
   }
   shard_bytes_ += shard.numel() * shard.element_size();
   ++units_;

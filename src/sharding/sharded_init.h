@@ -6,11 +6,13 @@
 // per parameter), keeps 1/G of the unit's flattened parameters, and frees the parameters' storage
 // (their shapes, dtypes and names stay). So building a model holds, beyond the shards, one unit at a
 // time plus what is not in any unit. Engine::build gives each unit its values back (materialize: one
-// all-gather) right before it flattens and shards that unit, one unit at a time.
+// all-gather) right before it flattens and shards that unit, one unit at a time; zero::place_model
+// gives all of them back first where the model goes to a device whole. Until then, touching a sharded
+// parameter's data (moving the model, reading it) throws a message that says so.
 //
 // Parameters of a unit must share one dtype and device and be contiguous; a parameter already in an
-// earlier (nested) unit stays with that unit. CPU tensors only, for now. Collective: every rank
-// builds the same model in the same order.
+// earlier (nested) unit stays with that unit. CPU tensors (a model for a device is built in host
+// memory). Collective: every rank builds the same model in the same order.
 #pragma once
 
 #include "comm/communicator.h"

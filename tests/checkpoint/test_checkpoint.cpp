@@ -558,6 +558,14 @@ TEST(ShardedInit, UnitsAreShardedAsBuiltAndTrainLikeTheWholeModel) {
           ++block_params;
         }
       EXPECT_EQ(sharding::presharded_count(), block_params);
+      // Reading (or moving) a sharded parameter before prepare() says why it cannot.
+      try {
+        (void)model->blocks[0]->parameters()[0].sum();
+        ADD_FAILURE() << "a sharded parameter was read before prepare()";
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("Accelerator::sharded_init"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("prepare()"), std::string::npos) << e.what();
+      }
       // This rank holds its 1/n of every block (plus at most one element of padding per block).
       EXPECT_LE(scope->shard_bytes(), scope->sharded_bytes() / n + cfg.layers * 4);
       EXPECT_GE(scope->shard_bytes(), scope->sharded_bytes() / n - cfg.layers * 4);

@@ -369,11 +369,19 @@ TEST(CudaTraining_CUDA, OffloadedOptimizerKeepsNoGradientOnTheDevice) {
 
 // Sharded construction on a device: the MLP's layers are sharded on the host as they are built (each
 // rank seeded differently), and prepare() moves each to the device as this rank's shard (ZeRO-3,
-// FULL_SHARD) or gives the whole model its values back and moves it (DDP, ZeRO-2, SHARD_GRAD_OP, and one
-// rank). Every strategy then trains bitwise like the model built whole.
+// FULL_SHARD, and parameter offload at any world) or gives the whole model its values back and moves it
+// (DDP, ZeRO-1/2, SHARD_GRAD_OP, and one rank). Every strategy, fp32 and bf16, then trains bitwise like
+// the model built whole.
 TEST(CudaTraining_CUDA, ShardedInitTrainsLikeTheModelBuiltWhole) {
   SKIP_WITHOUT_CUDA();
-  for (const auto& c : strategies("no")) {
+  std::vector<Case> cases = strategies("no");
+  for (const auto& c : strategies("bf16")) cases.push_back(c);
+  // ZeRO-Infinity (the host build at one rank too) and ZeRO-1.
+  cases.push_back({"zero3_infinity_init.yaml",
+                   "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  offload_optimizer_device: cpu\n"
+                   "  offload_param_device: cpu\n"});
+  cases.push_back({"zero1_init.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 1\n"});
+  for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
     const std::string config = write_config(c.name, c.text);
     const Trained whole = accelerated(config, 3);
