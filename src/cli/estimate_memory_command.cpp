@@ -95,7 +95,8 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code) {
                       "eager (scores written out; the default, as the examples on the CPU) or sdpa (fused, as on "
                       "CUDA)")};
   auto* overhead = cmd->add_option("--overhead", args->overhead,
-                                   "per-rank memory the allocator does not count (runtime; default 0.55GB; 0 for a device capped through its allocator)");
+                                   "per-rank memory the allocator does not count (runtime; default 0.55GB; 0 for a "
+                                   "device capped through its allocator)");
   cmd->add_option("--num_processes", args->num_processes, "Ranks the states are sharded over (default 1)");
   cmd->add_option("--dtype,--mixed_precision", args->dtype,
                   "bf16 | fp16 (2-byte params and grads, fp32 master) | fp32 (no) | fp8 (default bf16)");
