@@ -338,6 +338,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
   }
   // (Parameters sharded on a device: they stay on the host until the engine moves each flat's shard.)
   zero::ShardingSpec spec = cfg_.spec;
+  zero::check_optimizer(optimizer);  // (a refused optimizer leaves the model where it was)
   zero::place_model(*model, spec, device_, spec.hybrid() ? world_->node_local()->size() : num_processes());
   {
     // Every rank starts from rank 0's weights (as DDP does), whatever each rank's seed was. The

@@ -40,9 +40,8 @@ void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device devic
   spec.device = device;
 }
 
-EngineAndOptimizer prepare(std::shared_ptr<torch::nn::Module> model, const torch::optim::Optimizer& optimizer,
-                           const ShardingSpec& spec, std::shared_ptr<comm::Communicator> world) {
-  if (!model) throw accel::InvalidArgumentError("accel::prepare: the model is null");
+namespace {
+const OptimizerRow& optimizer_row(const torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<const torch::optim::LBFGS*>(&optimizer))
     throw accel::InvalidArgumentError(fmt::format(
         "accel::prepare: torch::optim::LBFGS cannot be sharded: its line search and curvature history work on "
@@ -54,6 +53,16 @@ EngineAndOptimizer prepare(std::shared_ptr<torch::nn::Module> model, const torch
         "accel::prepare: optimizer type {} is not supported (accel rebuilds the optimizer over parameter shards and "
         "knows how for {})",
         c10::demangle(typeid(optimizer).name()), optimizer_names("and")));
+  return *row;
+}
+}  // namespace
+
+void check_optimizer(const torch::optim::Optimizer& optimizer) { (void)optimizer_row(optimizer); }
+
+EngineAndOptimizer prepare(std::shared_ptr<torch::nn::Module> model, const torch::optim::Optimizer& optimizer,
+                           const ShardingSpec& spec, std::shared_ptr<comm::Communicator> world) {
+  if (!model) throw accel::InvalidArgumentError("accel::prepare: the model is null");
+  const OptimizerRow* row = &optimizer_row(optimizer);
   auto engine = std::make_shared<Engine>(std::move(model), &optimizer, spec, std::move(world));
   engine->install_hooks();
   memory::CategoryScope cat(memory::Category::OptimizerState);  // Adagrad allocates its state here

@@ -29,6 +29,10 @@ struct EngineAndOptimizer {
 // is moved whole.
 void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device, int shard_size);
 
+// Throws std::invalid_argument for an optimizer prepare() cannot shard, naming its type and the
+// supported ones (before place_model, so that a refused optimizer leaves the model where it was).
+void check_optimizer(const torch::optim::Optimizer& optimizer);
+
 // Throws std::invalid_argument for an optimizer it cannot shard (naming its type and the supported
 // ones), a parameter shared across two units, or a bad spec.
 EngineAndOptimizer prepare(std::shared_ptr<torch::nn::Module> model, const torch::optim::Optimizer& optimizer,
