@@ -384,6 +384,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
       if (f.grad.defined() && host) {
         if (!f.grad.is_same(f.host_grad)) return false;  // added at the end of backward
         host_copies_->add_to_host(f.host_grad, g);
+        hold_for_host();
         f.host_grad_src = nullptr;  // (f.grad is the sum: nothing to copy again at the end)
         f.added_on_the_way = true;  // (ZeRO-1's reducer keeps g: not added again at the end)
       } else if (f.grad.defined()) {
@@ -396,6 +397,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
         taken = !g.is_alias_of(f.flat_param->grad_full());
       } else if (host) {
         grad_to_host(f, g);
+        hold_for_host();
       }
       if (steps_in_backward(f)) step_in_backward(f, f.added_on_the_way ? f.grad : g);
       return taken;

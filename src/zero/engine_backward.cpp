@@ -269,6 +269,7 @@ void Engine::abort_backward() {
     f.host_grad_src = nullptr;  // a copy queued from a gradient this backward threw away
   }
   wait_host_copies();
+  held_for_host_.clear();
   if (drop_window) {
     for (auto& f : flats_) {
       f.grad = at::Tensor();
@@ -383,6 +384,7 @@ void Engine::finalize_backward() {
     // The host reads the offloaded masters' gradients from here on (clipping, unscaling, the step);
     // parameter shards on their way to the device go on.
     if (host_copies_) host_copies_->synchronize_to_host();
+    held_for_host_.clear();
     // (step_in_backward: the masters are the optimizer's again. A step that failed fails the
     // optimizer's step, as a step that throws there would: the reductions are all done and agreed.)
     try {

@@ -13,6 +13,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
+#include <algorithm>
 
 #include <fmt/format.h>
 
@@ -201,6 +202,16 @@ void Engine::grad_to_host(Flat& f, const at::Tensor& g) {
   host_copies_->to_host(pinned_grad(f), g);
   f.host_grad_src = g.unsafeGetTensorImpl();
   f.host_grad_src_version = g._version();
+}
+
+void Engine::hold_for_host() {
+  // (A device that keeps up has done the oldest by now; one that does not stalls the host here rather
+  // than hold every reduced gradient of the backward until its end: 4 bytes a parameter at one rank.)
+  held_for_host_.push_back(host_copies_->to_host_event());
+  while (held_for_host_.size() > static_cast<std::size_t>(std::max(1, spec_.grad_buckets_in_flight))) {
+    held_for_host_.front().synchronize();
+    held_for_host_.pop_front();
+  }
 }
 
 void Engine::wait_host_copies() const {

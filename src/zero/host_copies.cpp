@@ -66,7 +66,11 @@ struct HostCopies::Emulation {
   // it was queued for (freed since: a device would have written memory that no one reads) is left.
   // The destination's version counts the write when it is queued, as a device's non-blocking copy_
   // counts it then (the engine tells a user's in-place zero_grad by it), not when it runs.
-  static std::function<void()> op(const at::Tensor& dst, const at::Tensor& src, bool add, const char* side) {
+  // The values taken from a host source (a copy to the device) are host memory, outside libtorch's CPU
+  // allocator as the page-locked source is (pinned_empty): accel's counting allocator sees what a
+  // device's would. Those from a device source stand for it, held until the copy runs, and count.
+  static std::function<void()> op(const at::Tensor& dst, const at::Tensor& src, bool add, const char* side,
+                                  bool from_host) {
     struct Held {
       at::Tensor t;
       const void* memory;
@@ -79,7 +83,18 @@ struct HostCopies::Emulation {
       }
     };
     const Held to{dst, memory_of(dst)}, from{src, memory_of(src)};
-    const at::Tensor values = src.clone(at::MemoryFormat::Contiguous);
+    at::Tensor values;
+    if (from_host) {
+      const at::Tensor c = src.contiguous();
+      void* p = std::malloc(std::max<std::size_t>(c.nbytes(), 1));
+      if (!p)
+        throw accel::RuntimeError(fmt::format("HostCopies (emulated device): {} bytes not allocated", c.nbytes()));
+      std::memcpy(p, c.data_ptr(), c.nbytes());
+      values = at::from_blob(
+          p, c.sizes(), [](void* q) { std::free(q); }, c.options());
+    } else {
+      values = src.clone(at::MemoryFormat::Contiguous);
+    }
     dst.unsafeGetTensorImpl()->bump_version();
     const std::thread::id queued_on = std::this_thread::get_id();
     return [to, from, values, add, side, memory_of, queued_on] {
@@ -141,8 +156,9 @@ void HostCopies::queue(const c10::Stream& side, const at::Tensor& dst, const at:
                        const at::Tensor& on_device) {
   if (emulation_) {  // (the tensors are held until the copy runs, as recordDataPtrOnStream holds memory)
     const bool to_host = &side == &to_host_;
-    emulation_->push(to_host ? Emulation::kToHost : Emulation::kToDevice,
-                     Emulation::op(dst, src, /*add=*/false, to_host ? "to the host" : "to the device"));
+    emulation_->push(
+        to_host ? Emulation::kToHost : Emulation::kToDevice,
+        Emulation::op(dst, src, /*add=*/false, to_host ? "to the host" : "to the device", /*from_host=*/!to_host));
     (to_host ? pending_host_ : pending_device_) = true;
     return;
   }
@@ -175,7 +191,8 @@ void HostCopies::to_host(const at::Tensor& dst, const at::Tensor& src) { queue(t
 
 void HostCopies::add_to_host(const at::Tensor& dst, const at::Tensor& src) {
   if (emulation_) {
-    emulation_->push(Emulation::kToHost, Emulation::op(dst, src, /*add=*/true, "added to the host"));
+    emulation_->push(Emulation::kToHost,
+                     Emulation::op(dst, src, /*add=*/true, "added to the host", /*from_host=*/false));
     pending_host_ = true;
     return;
   }
@@ -236,8 +253,17 @@ at::Tensor HostCopies::pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype
     const long p = sysconf(_SC_PAGESIZE);
     return p > 0 ? static_cast<std::size_t>(p) : std::size_t{4096};
   }();
-  if (device.is_cpu()) return at::empty(sizes, at::TensorOptions().dtype(dtype));  // (no device to lock it for)
   const std::size_t bytes = static_cast<std::size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype);
+  if (device.is_cpu()) {  // (no device to lock it for)
+    if (!emulating_device_for_tests()) return at::empty(sizes, at::TensorOptions().dtype(dtype));
+    // The emulated device's host memory: outside libtorch's CPU allocator, as a device's page-locked
+    // memory is, so that accel's counting allocator (memory::snapshot) sees what a device's would.
+    void* p = std::malloc(std::max<std::size_t>(bytes, 1));
+    if (!p)
+      throw accel::RuntimeError(fmt::format("accel: {} bytes of (emulated) host memory could not be allocated", bytes));
+    return at::from_blob(
+        p, sizes, [](void* q) { std::free(q); }, at::TensorOptions().dtype(dtype));
+  }
   const std::size_t rounded = std::max<std::size_t>(kPage, (bytes + kPage - 1) / kPage * kPage);
   std::optional<c10::DeviceGuard> on_device;
   if (!device.is_cpu()) on_device.emplace(device);

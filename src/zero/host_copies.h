@@ -75,7 +75,9 @@ class HostCopies {
   // (a build without the CUDA runtime of its own), PyTorch's pinned memory. Freed with the tensor: the
   // caller keeps it alive until no copy from or to it is in flight. `device`: the device the copies go
   // to, current while the memory is registered (a CUDA context is made there, not on device 0, for a
-  // rank on another GPU); the CPU (an emulated device): ordinary host memory.
+  // rank on another GPU); the CPU: ordinary host memory, outside libtorch's CPU allocator while a
+  // device is emulated (as a device's page-locked memory is outside it: memory::snapshot then shows
+  // what the device would hold).
   static at::Tensor pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype, c10::Device device);
   // Blocks until every copy queued so far has finished (a no-op when none is pending).
   void synchronize();

@@ -357,6 +357,84 @@ TEST(OffloadEmulatedDevice, AFailedMicroStepKeepsTheWindowUnlessItAddedToIt) {
     }
 }
 
+// What the emulated device holds: accel's counting allocator less the optimizer state (the host's,
+// under optimizer offload). The host's page-locked buffers are outside that allocator, as a device's
+// are (HostCopies::pinned_empty).
+std::int64_t device_side(const memory::Snapshot& s, bool peak) {
+  const memory::Usage& all = s.total;
+  const memory::Usage& opt = s[memory::Category::OptimizerState];
+  return peak ? all.peak - opt.current : all.current - opt.current;
+}
+
+struct Residency {
+  std::int64_t model = 0;  // the MLP's fp32 bytes
+  std::int64_t kept = 0;   // after the second backward, beyond before its forward
+  std::int64_t peak = 0;   // the second step's peak, beyond before the model was built
+};
+
+// ZeRO-3 over an MLP of `layers` hidden layers of 256 (each a unit of 257 KiB), two steps of AdamW.
+Residency residency(ShardingSpec spec, int layers) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  const EmulatedDevice emulated;
+  Residency out;
+  std::vector<int64_t> widths{64};
+  for (int l = 0; l < layers; ++l) widths.push_back(256);
+  widths.push_back(4);
+  const std::int64_t baseline = device_side(memory::snapshot(), false);
+  at::manual_seed(3);
+  auto mlp = std::make_shared<MLPImpl>(widths);
+  for (const auto& t : mlp->parameters()) out.model += 4 * t.numel();
+  auto user = make_optimizer(OptKind::AdamW, *mlp);
+  auto p = zero::prepare(mlp, *user, spec, world);
+  for (int step = 0; step < 2; ++step) {
+    at::manual_seed(40 + step);
+    const at::Tensor x = at::randn({4 * N, widths.front()}).narrow(0, 4 * r, 4);
+    const at::Tensor y = at::randn({4 * N, widths.back()}).narrow(0, 4 * r, 4);
+    memory::reset_peaks();
+    const std::int64_t before = device_side(memory::snapshot(), false);
+    p.engine->backward(at::mse_loss(mlp->forward(x), y));
+    if (step == 1) out.kept = device_side(memory::snapshot(), false) - before;
+    p.optimizer->step();
+    p.optimizer->zero_grad();
+    if (step == 1) out.peak = device_side(memory::snapshot(), true) - baseline;
+  }
+  return out;
+}
+
+// What a device holds under ZeRO-3, measured on the emulated one at 8 and 16 hidden layers: the peak
+// grows with the model's depth by what stays on the device per unit, (c / N) per fp32 byte of the
+// eight more units, plus their activations (at most two tensors of 4 x 256 floats a layer):
+//   c = 2 without offload (the parameter shards and the reduced gradients kept for the step),
+//   c = 1 with the optimizer in host memory (the parameter shards: each gradient leaves as its copy to
+//     the host is done, at most grad_buckets_in_flight of them pending: Engine::hold_for_host),
+//   c = 0 with the parameters there too (ZeRO-Infinity: a few units at a time, whatever the depth).
+// And after a backward under offload the device keeps no gradient.
+TEST(OffloadEmulatedDevice, WhatTheDeviceHoldsGrowsWithDepthOnlyByWhatStaysThere) {
+  if (!test_device().is_cpu()) GTEST_SKIP() << "emulates a device on the CPU (on one: CudaTraining_CUDA.*)";
+  const int N = test::world()->size();
+  const std::int64_t activations = 8 * 2 * 4 * 256 * 4;
+  std::int64_t peak16[3] = {0, 0, 0};
+  for (const int offload : {0, 1, 2}) {
+    SCOPED_TRACE(offload == 0 ? "no offload" : offload == 1 ? "optimizer in host memory" : "and the parameters");
+    ShardingSpec s = ShardingSpec::zero(3);
+    s.bucket_bytes = 0;  // (units of 257 KiB, one a bucket: as a GPT's blocks against 25 MiB buckets)
+    if (offload >= 1) s.offload.optimizer = OffloadDevice::Cpu;
+    if (offload >= 2) s.offload.param = OffloadDevice::Cpu;
+    const Residency a = residency(s, 8), b = residency(s, 16);
+    const std::int64_t more = b.model - a.model, per_unit_stays = (2 - offload) * more / N;
+    EXPECT_GE(b.peak - a.peak, per_unit_stays) << "8 more layers: " << more << " B of parameters";
+    EXPECT_LE(b.peak - a.peak, per_unit_stays + activations) << "8 more layers: " << more << " B of parameters";
+    if (offload > 0) {
+      EXPECT_EQ(a.kept, 0) << "the device kept gradients after backward";
+      EXPECT_EQ(b.kept, 0) << "the device kept gradients after backward";
+    }
+    peak16[offload] = b.peak;
+  }
+  EXPECT_LT(peak16[1], peak16[0]);
+  EXPECT_LT(peak16[2], peak16[1]);
+}
+
 TEST(Offload, BadNvmePathsAreNamedBeforeTraining) {
   auto world = test::world();
   Model m = make_model(ModelKind::MLP, at::kFloat);
