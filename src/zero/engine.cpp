@@ -384,7 +384,6 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
       if (f.grad.defined() && host) {
         if (!f.grad.is_same(f.host_grad)) return false;  // added at the end of backward
         host_copies_->add_to_host(f.host_grad, g);
-        hold_for_host();
         f.host_grad_src = nullptr;  // (f.grad is the sum: nothing to copy again at the end)
         f.added_on_the_way = true;  // (ZeRO-1's reducer keeps g: not added again at the end)
       } else if (f.grad.defined()) {
@@ -397,8 +396,11 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
         taken = !g.is_alias_of(f.flat_param->grad_full());
       } else if (host) {
         grad_to_host(f, g);
-        hold_for_host();
       }
+      // (The device lets go of g once its copy is done: counted for hold_for_host where the reducer lets
+      // go of it, ZeRO-2/3 within a node.)
+      if (host && plan_.reduce_mode == GradReducer::Mode::ReduceScatter && !reducer_->averages_across())
+        copied_to_host_ = true;
       if (steps_in_backward(f)) step_in_backward(f, f.added_on_the_way ? f.grad : g);
       return taken;
     });

@@ -337,9 +337,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void grad_to_host(Flat& f, const at::Tensor& g);  // queues f.host_grad := g
   // Back-pressure on the reduced gradients on their way to the host during backward: the device's
   // copy of each is let go of only once its copy is done, so no more than spec.grad_buckets_in_flight
-  // such copies may be pending; queuing one more waits for the oldest (held_for_host_).
+  // reductions' copies may be pending. Called after each GradReducer::mark_ready (whose finished
+  // buckets queued copies: copied_to_host_), it waits for the oldest beyond that (held_for_host_).
   void hold_for_host();
   std::deque<HostCopies::Done> held_for_host_;
+  bool copied_to_host_ = false;
   void setup_offload(const torch::optim::Optimizer* optimizer);
   void move_to_device();  // every flat's buffers to device_ (a no-op where they are)
   void fetch_params_ahead(std::size_t unit);

@@ -55,7 +55,10 @@ void Engine::on_grad_accumulated(std::size_t fi, std::size_t i) {
   f.ready = true;
   // Every use of the flat's parameters is behind us: reduce (under sharded parameters only at the
   // unit's end of backward, see end_units_started_after), and free the gathered parameters.
-  if (sync_ && reducer_index_[fi] != npos && !plan_.params_sharded) reducer_->mark_ready(reducer_index_[fi]);
+  if (sync_ && reducer_index_[fi] != npos && !plan_.params_sharded) {
+    reducer_->mark_ready(reducer_index_[fi]);
+    hold_for_host();
+  }
   if (unit_sharded(static_cast<std::size_t>(f.unit))) {
     wait_gather(static_cast<std::size_t>(f.unit));
     reshard_flat(f);
@@ -98,6 +101,7 @@ void Engine::mark_complete(std::size_t fi) {
   open_window(f);
   zero_untouched(f);
   reducer_->mark_ready(reducer_index_[fi]);
+  hold_for_host();
 }
 
 void Engine::forget_unit_calls() {
@@ -270,6 +274,7 @@ void Engine::abort_backward() {
   }
   wait_host_copies();
   held_for_host_.clear();
+  copied_to_host_ = false;
   if (drop_window) {
     for (auto& f : flats_) {
       f.grad = at::Tensor();
@@ -385,6 +390,7 @@ void Engine::finalize_backward() {
     // parameter shards on their way to the device go on.
     if (host_copies_) host_copies_->synchronize_to_host();
     held_for_host_.clear();
+    copied_to_host_ = false;
     // (step_in_backward: the masters are the optimizer's again. A step that failed fails the
     // optimizer's step, as a step that throws there would: the reductions are all done and agreed.)
     try {

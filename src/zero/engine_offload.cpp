@@ -205,8 +205,11 @@ void Engine::grad_to_host(Flat& f, const at::Tensor& g) {
 }
 
 void Engine::hold_for_host() {
-  // (A device that keeps up has done the oldest by now; one that does not stalls the host here rather
-  // than hold every reduced gradient of the backward until its end: 4 bytes a parameter at one rank.)
+  // After the reducer's launches (the next bucket's collective goes on meanwhile). A device that keeps
+  // up has done the oldest copy by now; one that does not stalls the host here rather than hold every
+  // reduced gradient of the backward until its end: 4 bytes a parameter at one rank.
+  if (!copied_to_host_) return;
+  copied_to_host_ = false;
   held_for_host_.push_back(host_copies_->to_host_event());
   while (held_for_host_.size() > static_cast<std::size_t>(std::max(1, spec_.grad_buckets_in_flight))) {
     held_for_host_.front().synchronize();
