@@ -13,10 +13,10 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
-#include <algorithm>
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace accel::zero {
