@@ -26,6 +26,18 @@
 #include <thread>
 
 namespace accel::zero {
+namespace {
+// An emulated device's host memory: outside libtorch's CPU allocator, as a device's page-locked memory
+// is, so that accel's counting allocator (memory::snapshot) sees what a device's would.
+at::Tensor emulated_host_empty(at::IntArrayRef sizes, c10::ScalarType dtype) {
+  const std::size_t bytes = static_cast<std::size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype);
+  void* p = std::malloc(std::max<std::size_t>(bytes, 1));
+  if (!p)
+    throw accel::RuntimeError(fmt::format("accel: {} bytes of (emulated) host memory could not be allocated", bytes));
+  return at::from_blob(
+      p, sizes, [](void* q) { std::free(q); }, at::TensorOptions().dtype(dtype));
+}
+}  // namespace
 
 // A CPU device's side streams: one queue of operations per direction, run in order by whoever waits
 // (the host thread, or the step worker waiting for a gradient), under one lock.
@@ -83,18 +95,8 @@ struct HostCopies::Emulation {
       }
     };
     const Held to{dst, memory_of(dst)}, from{src, memory_of(src)};
-    at::Tensor values;
-    if (from_host) {
-      const at::Tensor c = src.contiguous();
-      void* p = std::malloc(std::max<std::size_t>(c.nbytes(), 1));
-      if (!p)
-        throw accel::RuntimeError(fmt::format("HostCopies (emulated device): {} bytes not allocated", c.nbytes()));
-      std::memcpy(p, c.data_ptr(), c.nbytes());
-      values = at::from_blob(
-          p, c.sizes(), [](void* q) { std::free(q); }, c.options());
-    } else {
-      values = src.clone(at::MemoryFormat::Contiguous);
-    }
+    const at::Tensor values = from_host ? emulated_host_empty(src.sizes(), src.scalar_type()).copy_(src)
+                                        : src.clone(at::MemoryFormat::Contiguous);
     dst.unsafeGetTensorImpl()->bump_version();
     const std::thread::id queued_on = std::this_thread::get_id();
     return [to, from, values, add, side, memory_of, queued_on] {
@@ -255,14 +257,8 @@ at::Tensor HostCopies::pinned_empty(at::IntArrayRef sizes, c10::ScalarType dtype
   }();
   const std::size_t bytes = static_cast<std::size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype);
   if (device.is_cpu()) {  // (no device to lock it for)
-    if (!emulating_device_for_tests()) return at::empty(sizes, at::TensorOptions().dtype(dtype));
-    // The emulated device's host memory: outside libtorch's CPU allocator, as a device's page-locked
-    // memory is, so that accel's counting allocator (memory::snapshot) sees what a device's would.
-    void* p = std::malloc(std::max<std::size_t>(bytes, 1));
-    if (!p)
-      throw accel::RuntimeError(fmt::format("accel: {} bytes of (emulated) host memory could not be allocated", bytes));
-    return at::from_blob(
-        p, sizes, [](void* q) { std::free(q); }, at::TensorOptions().dtype(dtype));
+    return emulating_device_for_tests() ? emulated_host_empty(sizes, dtype)
+                                        : at::empty(sizes, at::TensorOptions().dtype(dtype));
   }
   const std::size_t rounded = std::max<std::size_t>(kPage, (bytes + kPage - 1) / kPage * kPage);
   std::optional<c10::DeviceGuard> on_device;
