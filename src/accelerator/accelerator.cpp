@@ -196,6 +196,32 @@ void check_supported(AcceleratorConfig& cfg, c10::Device device) {
         "offload to cpu: training runs on the CPU, where parameters and optimizer state "
         "already live");
 }
+// HYBRID_SHARD shards within each node and replicates across nodes, shard for shard: every node must
+// hold as many ranks (FSDP's device mesh, replicate x shard, has the same rule). Collective.
+void check_hybrid_nodes(const AcceleratorConfig& cfg, comm::Communicator& world) {
+  if (!cfg.spec.hybrid() || world.size() == 1) return;
+  const comm::Topology& topo = world.topology();
+  at::Tensor mine =
+      at::tensor({static_cast<std::int64_t>(topo.node_rank), static_cast<std::int64_t>(topo.local_world_size)});
+  at::Tensor all = at::empty({2 * world.size()}, at::kLong);
+  world.all_gather(mine, all);
+  std::map<std::int64_t, std::int64_t> ranks_of_node;
+  for (int q = 0; q < world.size(); ++q)
+    ranks_of_node[all[2 * q].item<std::int64_t>()] = all[2 * q + 1].item<std::int64_t>();
+  std::string sizes;
+  bool even = true;
+  for (const auto& [node, n] : ranks_of_node) {
+    sizes += fmt::format("{}{}", sizes.empty() ? "" : ", ", n);
+    even = even && n == ranks_of_node.begin()->second;
+  }
+  if (!even)
+    throw ConfigError(fmt::format(
+        "{}: HYBRID_SHARD needs the same number of ranks on every node (it shards within a node and mirrors "
+        "each shard on the other nodes), but the {} nodes hold {} rank(s){}. Launch as many ranks on each node, "
+        "or use FULL_SHARD, which shards over all ranks",
+        where(cfg), ranks_of_node.size(), sizes, topo.simulated ? " (ACCEL_RANKS_PER_NODE)" : ""));
+}
+
 // What the run decided, for ACCEL_LOG_LEVEL=info (the main process logs them once): the transport of
 // each kind of tensor, this rank's cores and threads, the ACCEL_* variables set in the environment.
 void log_start(comm::Communicator& world, c10::Device device) {
@@ -276,6 +302,7 @@ Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
   if (cfg_.distributed_type == DistributedType::No && world_->size() > 1)
     cfg_.distributed_type = device_.is_cuda() ? DistributedType::MultiGpu : DistributedType::MultiCpu;
   check_supported(cfg_, device_);
+  check_hybrid_nodes(cfg_, *world_);
   apply_precision_policy(cfg_);
   shrink_factor_ = shrink_factor(world_->size());
   if (shrink_factor_ > 1) {

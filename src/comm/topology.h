@@ -1,6 +1,7 @@
 // accel::comm::Topology — where this process sits: global rank, node and rank within the node.
 // Read from MPI (ranks sharing memory form a node); ACCEL_RANKS_PER_NODE=k overrides it so that one
-// machine simulates world_size/k nodes of k ranks (node_rank = rank / k), for HYBRID_SHARD tests.
+// machine simulates world_size/k nodes of k ranks (node_rank = rank / k), for HYBRID_SHARD tests, and
+// ACCEL_RANKS_PER_NODE=k0,k1,... simulates nodes of those sizes in rank order (uneven nodes: "2,1").
 #pragma once
 
 #include <string>
@@ -20,7 +21,8 @@ struct Topology {
 };
 
 // Applies ACCEL_RANKS_PER_NODE (if set) to a topology read from MPI. Throws std::invalid_argument
-// naming the variable when it is not a positive divisor of the world size.
+// naming the variable when it is neither a positive divisor of the world size nor a list of positive
+// node sizes that add up to it.
 Topology apply_node_override(Topology t, const char* ranks_per_node_env);
 
 }  // namespace accel::comm

@@ -8,7 +8,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <sstream>
+#include <vector>
 
 namespace accel::comm {
 
@@ -94,22 +96,47 @@ std::string Topology::to_string() const {
 
 Topology apply_node_override(Topology t, const char* env) {
   if (env == nullptr || *env == '\0') return t;
-  std::string s(env);
-  long k = 0;
-  try {
-    std::size_t pos = 0;
-    k = std::stol(s, &pos);
-    if (pos != s.size()) k = 0;
-  } catch (const std::exception&) {
-    k = 0;
+  const std::string s(env);
+  // "k" (nodes of k ranks each) or "k0,k1,..." (node i holds the next k_i ranks).
+  std::vector<long> sizes;
+  bool ok = true;
+  for (std::size_t at = 0; ok && at <= s.size();) {
+    const std::size_t comma = std::min(s.find(',', at), s.size());
+    const std::string part = s.substr(at, comma - at);
+    long k = 0;
+    try {
+      std::size_t pos = 0;
+      k = std::stol(part, &pos);
+      if (pos != part.size()) k = 0;
+    } catch (const std::exception&) {
+      k = 0;
+    }
+    ok = k > 0;
+    sizes.push_back(k);
+    at = comma + 1;
   }
-  if (k <= 0 || t.world_size % k != 0)
+  long total = 0;
+  for (long k : sizes) total += k;
+  if (ok && sizes.size() == 1) ok = t.world_size % sizes[0] == 0;
+  if (ok && sizes.size() > 1) ok = total == t.world_size;
+  if (!ok)
     throw accel::InvalidArgumentError(
-        fmt::format("ACCEL_RANKS_PER_NODE='{}' must be a positive divisor of the world size {}", s, t.world_size));
-  t.local_world_size = static_cast<int>(k);
-  t.local_rank = t.rank % t.local_world_size;
-  t.node_rank = t.rank / t.local_world_size;
-  t.num_nodes = t.world_size / t.local_world_size;
+        fmt::format("ACCEL_RANKS_PER_NODE='{}' must be a positive divisor of the world size {}, or a list of "
+                    "positive node sizes that add up to it (\"2,1\")",
+                    s, t.world_size));
+  if (sizes.size() == 1) sizes.assign(static_cast<std::size_t>(t.world_size / sizes[0]), sizes[0]);
+  int first = 0;
+  for (std::size_t node = 0; node < sizes.size(); ++node) {
+    const int k = static_cast<int>(sizes[node]);
+    if (t.rank < first + k) {
+      t.local_world_size = k;
+      t.local_rank = t.rank - first;
+      t.node_rank = static_cast<int>(node);
+      break;
+    }
+    first += k;
+  }
+  t.num_nodes = static_cast<int>(sizes.size());
   t.simulated = true;
   return t;
 }

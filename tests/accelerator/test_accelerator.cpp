@@ -19,7 +19,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -27,6 +29,8 @@
 #include <numeric>
 #include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 namespace accel::test {
 namespace {
@@ -381,6 +385,47 @@ TEST(Accelerator, RefusesWhatItCannotDo) {
   auto other = make_mlp();
   torch::optim::SGD sgd2(other->parameters(), torch::optim::SGDOptions(0.1));
   EXPECT_THROW(acc.prepare(other, sgd2), std::logic_error);
+}
+
+// HYBRID_SHARD mirrors each node's shards on the other nodes, so nodes of different sizes are refused
+// on every rank with a message naming them (ctest accelerator_uneven_nodes: 3 ranks as nodes of 2 and
+// 1, where every other strategy trains in TrainingLoopMatchesSingleProcessUnderEveryStrategy); on
+// nodes of one size it trains.
+TEST(Accelerator, HybridShardRefusesNodesOfDifferentSizes) {
+  // What the node sizes are, from the variable that simulated them (a machine's own ranks: one node).
+  std::vector<int> sizes;
+  std::stringstream spec(std::getenv("ACCEL_RANKS_PER_NODE") ? std::getenv("ACCEL_RANKS_PER_NODE") : "");
+  for (std::string part; std::getline(spec, part, ',');) sizes.push_back(std::stoi(part));
+  const bool uneven = sizes.size() > 1 && std::set<int>(sizes.begin(), sizes.end()).size() > 1;
+  const std::string yaml =
+      "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n"
+      "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: LinearImpl\n";
+  const auto opts = quiet(write_config("hybrid.yaml", yaml));
+  if (uneven) {
+    try {
+      Accelerator acc(opts);
+      ADD_FAILURE() << "HYBRID_SHARD on nodes of " << std::getenv("ACCEL_RANKS_PER_NODE") << " ranks: no error";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("HYBRID_SHARD needs the same number of ranks on every node"), std::string::npos) << what;
+      std::string listed;
+      for (int k : sizes) listed += (listed.empty() ? "" : ", ") + std::to_string(k);
+      EXPECT_NE(what.find("the " + std::to_string(sizes.size()) + " nodes hold " + listed + " rank(s)"),
+                std::string::npos)
+          << what;
+    }
+    world()->barrier();  // every rank threw (one that did not would wait here alone)
+    return;
+  }
+  Accelerator acc(opts);
+  auto model = make_mlp(7);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto opt = acc.prepare(model, sgd);
+  Rows rows = make_rows(6);
+  at::Tensor loss = at::mse_loss(model->forward(rows.x), rows.y);
+  acc.backward(loss);
+  opt->step();
+  EXPECT_TRUE(std::isfinite(loss.item<double>()));
 }
 
 // fsdp_activation_checkpointing: true reaches every unit of the prepared model, and training through

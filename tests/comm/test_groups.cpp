@@ -7,6 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 using namespace accel::comm;
 using accel::test::world;
@@ -57,35 +61,67 @@ TEST(Groups, KeyOrdersRanksAndNegativeColorOptsOut) {
 
 // Under ACCEL_RANKS_PER_NODE=k (ctest's comm_simulated_nodes_np4) the nodes are simulated; otherwise
 // all ranks of this machine are one node.
+// The nodes ACCEL_RANKS_PER_NODE describes ("k": nodes of k ranks; "k0,k1,...": those sizes in rank
+// order), or one node of every rank: each node's first rank and size.
+std::vector<std::pair<int, int>> expected_nodes(int n) {
+  const char* env = std::getenv("ACCEL_RANKS_PER_NODE");
+  std::vector<int> sizes;
+  std::stringstream spec(env ? env : "");
+  for (std::string part; std::getline(spec, part, ',');) sizes.push_back(std::stoi(part));
+  if (sizes.empty()) sizes = {n};
+  if (sizes.size() == 1) sizes.assign(n / sizes[0], sizes[0]);
+  std::vector<std::pair<int, int>> nodes;
+  for (int first = 0, i = 0; i < static_cast<int>(sizes.size()); first += sizes[i++])
+    nodes.emplace_back(first, sizes[i]);
+  return nodes;
+}
+
 TEST(Topology, NodesAndHybridGroups) {
   auto comm = world();
   const int n = comm->size(), r = comm->rank();
   const Topology& t = comm->topology();
   const char* env = std::getenv("ACCEL_RANKS_PER_NODE");
-  const int k = (env && *env) ? std::atoi(env) : n;
+  const auto nodes = expected_nodes(n);
+  int m = 0;
+  while (r >= nodes[m].first + nodes[m].second) ++m;
+  const auto [first, k] = nodes[m];
   EXPECT_EQ(t.rank, r);
   EXPECT_EQ(t.world_size, n);
   EXPECT_EQ(t.local_world_size, k);
-  EXPECT_EQ(t.local_rank, r % k);
-  EXPECT_EQ(t.node_rank, r / k);
-  EXPECT_EQ(t.num_nodes, n / k);
+  EXPECT_EQ(t.local_rank, r - first);
+  EXPECT_EQ(t.node_rank, m);
+  EXPECT_EQ(t.num_nodes, static_cast<int>(nodes.size()));
   EXPECT_EQ(t.simulated, env && *env);
 
   auto node = comm->node_local();
   auto cross = comm->cross_node();
   EXPECT_EQ(node->size(), k);
-  EXPECT_EQ(node->rank(), r % k);
-  EXPECT_EQ(cross->size(), n / k);
-  EXPECT_EQ(cross->rank(), r / k);
+  EXPECT_EQ(node->rank(), r - first);
+  // Across nodes: the ranks of the same local rank, one from each node that has one.
+  int with_local = 0, before = 0;
+  for (int q = 0; q < static_cast<int>(nodes.size()); ++q)
+    if (nodes[q].second > r - first) {
+      ++with_local;
+      before += q < m;
+    }
+  EXPECT_EQ(cross->size(), with_local);
+  EXPECT_EQ(cross->rank(), before);
   EXPECT_EQ(comm->node_local(), node) << "cached";
-  // HYBRID_SHARD's two steps: sum inside the node, then across nodes = sum over the world.
+  // HYBRID_SHARD's two steps: sum inside the node, then across nodes = sum over the world (on nodes of
+  // one size, where HYBRID_SHARD runs).
   at::Tensor x = at::full({3}, r, at::kDouble);
   node->all_reduce(x);
   double node_sum = 0;
-  for (int q = (r / k) * k; q < (r / k + 1) * k; ++q) node_sum += q;
+  for (int q = first; q < first + k; ++q) node_sum += q;
   EXPECT_TRUE(at::equal(x, at::full({3}, node_sum, at::kDouble)));
   cross->all_reduce(x);
-  EXPECT_TRUE(at::equal(x, at::full({3}, n * (n - 1) / 2.0, at::kDouble)));
+  double cross_sum = 0;
+  for (const auto& [f, size] : nodes)
+    if (size > r - first)
+      for (int q = f; q < f + size; ++q) cross_sum += q;
+  EXPECT_TRUE(at::equal(x, at::full({3}, cross_sum, at::kDouble)));
+  if (n % k == 0 && static_cast<int>(nodes.size()) * k == n)
+    EXPECT_TRUE(at::equal(x, at::full({3}, n * (n - 1) / 2.0, at::kDouble)));
 }
 
 TEST(TopologyOverride, RejectsBadValues) {
@@ -100,6 +136,31 @@ TEST(TopologyOverride, RejectsBadValues) {
   EXPECT_EQ(s.local_rank, 1);
   EXPECT_EQ(s.num_nodes, 2);
   EXPECT_EQ(apply_node_override(t, "").num_nodes, 1);
+}
+
+TEST(TopologyOverride, NodesOfTheSizesListed) {
+  Topology t;
+  t.world_size = 6;
+  const int node_of[] = {0, 0, 0, 1, 2, 2}, local_of[] = {0, 1, 2, 0, 0, 1}, size_of[] = {3, 3, 3, 1, 2, 2};
+  for (int r = 0; r < 6; ++r) {
+    t.rank = r;
+    Topology s = apply_node_override(t, "3,1,2");
+    EXPECT_EQ(s.node_rank, node_of[r]) << r;
+    EXPECT_EQ(s.local_rank, local_of[r]) << r;
+    EXPECT_EQ(s.local_world_size, size_of[r]) << r;
+    EXPECT_EQ(s.num_nodes, 3);
+    EXPECT_TRUE(s.simulated);
+  }
+  EXPECT_EQ(apply_node_override(t, "2,2,2").local_rank, 1);  // (rank 5) the same as "2"
+  EXPECT_EQ(apply_node_override(t, "6").num_nodes, 1);
+  for (const char* bad : {"3,2", "3,1,3", "3,,3", "3,0,3", "2,x,2", "3,3,", ",6", "-1,7"})
+    EXPECT_THROW(apply_node_override(t, bad), std::invalid_argument) << bad;
+  try {
+    apply_node_override(t, "4,1");
+    ADD_FAILURE() << "4,1 on 6 ranks: no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("ACCEL_RANKS_PER_NODE='4,1'"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Counters, BytesPerCollective) {
