@@ -54,6 +54,7 @@
 //   bash benchmarks/run_step_bench.sh      # docs/performance.md's table: every strategy at 1, 2 and 4 ranks
 //   bash benchmarks/run_step_bench.sh --precision-table   # DDP and ZERO_3 at 2 ranks, each precision
 //   mpirun --oversubscribe -np 2 build/bin/step_bench --strategy ZERO_3 --checkpoint --d-model 1024 --json
+#include "base/check_args.h"
 #include "base/files.h"
 #include "base/memory.h"
 #include "comm/communicator.h"
@@ -320,6 +321,12 @@ int run_bench(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   cfg.seq = seq;
   cfg.attention = examples::attention_from_string(attention);
+  if (check_args::active()) {  // (the names the runs below take, before any rank or device exists)
+    for (const auto& name : split_list(strategy))
+      if (name != "plain") (void)spec_for(name);
+    for (const auto& p : split_list(precision)) (void)precision_for(p);
+    check_args::stop_here("step_bench");
+  }
 
   memory::install_counting_allocator();
   auto world = comm::Communicator::world();
@@ -769,6 +776,7 @@ int run_bench(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  check_args::started(argc, argv);
   try {
     return run_bench(argc, argv);
   } catch (const c10::OutOfMemoryError& e) {  // (--device_memory: a model over the cap; its first line says so)

@@ -176,7 +176,18 @@ def profile(step, use_cuda, distributed, rank, step_ms, steps=3):
               f"{step_ms:.1f} ms step ({100 * busy_ms / step_ms:.0f}%)", file=sys.stderr)
 
 
+def check_args_file(suffix, text):
+    """ACCEL_CHECK_ARGS=DIR (accel's dry run of a script's commands, src/base/check_args.h): DIR/<pid>.start
+    with the command line as it starts, DIR/<pid>.ok once the arguments are checked."""
+    d = os.environ.get("ACCEL_CHECK_ARGS")
+    if d:
+        with open(os.path.join(d, f"{os.getpid()}{suffix}"), "w") as f:
+            f.write(text)
+    return bool(d)
+
+
 def main():
+    check_args_file(".start", "\n".join(sys.argv) + "\n")
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--strategy", default="DDP", choices=["plain", "DDP", "FSDP2", "FSDP2_NO_RESHARD"])
     ap.add_argument("--steps", type=int, default=6, help="measured steps")
@@ -204,6 +215,9 @@ def main():
     if bf16 and a.strategy == "DDP":
         sys.exit(f"torch_anchor: --precision {a.precision} runs with plain, FSDP2 or FSDP2_NO_RESHARD "
                  "(DDP has no fp32 masters)")
+    if check_args_file(".ok", "ok\n"):
+        print("torch_anchor: arguments checked (ACCEL_CHECK_ARGS); stopping before any work", file=sys.stderr)
+        sys.exit(0)
     if fp8:
         try:
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training

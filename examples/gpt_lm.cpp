@@ -25,6 +25,7 @@
 
 #include "accelerator/accelerator.h"
 #include "accelerator/lr_schedule.h"
+#include "base/check_args.h"
 #include "base/memory.h"
 #include "base/progress.h"
 
@@ -54,6 +55,7 @@ std::string progress_text(const tracking::Values& metrics) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  check_args::started(argc, argv);
   CLI::App app{"GPT language model on a generated corpus"};
   ExampleArgs args;
   args.steps = 40;
@@ -99,6 +101,15 @@ int main(int argc, char** argv) {
   }
   try {
     AcceleratorOptions options = accelerator_options(args);
+    if (check_args::active()) {  // (the config file, read as the Accelerator will, before any rank exists)
+      ConfigOverrides ov;
+      ov.config_file = options.config_file;
+      ov.mixed_precision = options.mixed_precision;
+      ov.gradient_accumulation_steps = options.gradient_accumulation_steps;
+      ov.use_cpu = options.cpu;
+      (void)resolve_config(ov);
+      check_args::stop_here("gpt_lm");
+    }
     for (const auto& name : tracking::split_names(log_with)) options.log_with.emplace_back(name);
     // Peak memory by category per rank (step_metrics) needs the counting allocator from the start.
     if (!log_with.empty()) memory::install_counting_allocator();

@@ -21,8 +21,8 @@
 #       torch_anchor.py computes it (step_bench --loss composite: against call 1's fp8 step, what the
 #       fused cross entropy is worth); the rowwise recipe under both per-column cast kernels
 #       (ACCEL_FP8_COLWISE single and chunked: which to default to); then accel against PyTorch,
-#       rounds of every pair (at most 5) until the time is up. Logs: $OUT/part2.tgz, the table in
-#       $OUT/largest_model.txt and its runs in $OUT/largest_model.log.
+#       rounds of every pair (at most LEASE_VS_ROUNDS, default 5) until the time is up. Logs:
+#       $OUT/part2.tgz, the table in $OUT/largest_model.txt and its runs in $OUT/largest_model.log.
 # The bundle is .gpu_bundle beside this checkout (scripts/gpu_bundle.sh made it; carry it).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -53,7 +53,7 @@ case "$PART" in
       --log "$OUTDIR/largest_model.log" ${LEASE_SIB:+--step-in-backward} | tee "$OUTDIR/largest_model.txt"
     left=$((SECONDS_LEFT - ($(date +%s) - t0) - 15))
     if ((left > 30)); then
-      GPU_CHECK_DEADLINE_S=$left FP8_ROUNDS=1 VS_ROUNDS=5 GPU_CHECK_OUT=/tmp/gpu_lease_part2 \
+      GPU_CHECK_DEADLINE_S=$left FP8_ROUNDS=1 VS_ROUNDS=${LEASE_VS_ROUNDS:-5} GPU_CHECK_OUT=/tmp/gpu_lease_part2 \
         GPU_CHECK_TAR="$OUTDIR/part2.tgz" bash "$ROOT/scripts/gpu_check.sh" --bundle "$BUNDLE" --bench-only \
         --only '^(fp8_bound_torchao|fp8_bound_loss|fp8_bound_torch_bf16|fp8_bound_rowwise|profile_fp8_bound|vs_torch_)'
     else

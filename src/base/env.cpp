@@ -61,7 +61,7 @@ const std::vector<Variable>& table() {
        "with gradient_clipping, and clipping by hand then throws"},
       {"ACCEL_RANKS_PER_NODE", "",
        "simulate nodes of this many ranks on one machine (node_rank = rank / k); must divide the "
-       "world size"},
+       "world size; or a list of node sizes in rank order that add up to it (\"2,1\": uneven nodes)"},
       // Set by `accel launch` from its flags; read by accel::resolve_config (an explicit Accelerator
       // argument wins over these, these win over the config file).
       {"ACCEL_CONFIG_FILE", "", "the config file to read: Accelerate-style YAML or a DeepSpeed JSON"},
@@ -96,6 +96,10 @@ const std::vector<Variable>& table() {
       {"ACCEL_LOG_LEVEL", "warning",
        "what the library and get_logger's loggers log (stderr, the rank in each line): trace, debug, "
        "info, warning, error, critical or off"},
+      {"ACCEL_CHECK_ARGS", "",
+       "DIR: a dry run of a script's commands: step_bench, the GPT example, the test binaries, accel and "
+       "torch_anchor.py write DIR/<pid>.start as they start and DIR/<pid>.ok once their arguments are "
+       "checked, then stop before any work (tests/scripts/gpu_args.sh runs the GPU scripts so)"},
       {"ACCEL_CHECKPOINT_PAUSE_MS", "0",
        "save_state pauses this long between writing and publishing a checkpoint (for crash tests)"},
       {"ACCEL_LAUNCH_STATUS_DIR", "",

@@ -9,6 +9,7 @@
 #include "cli/tune_plan.h"
 
 #include "accelerator/config.h"
+#include "base/check_args.h"
 #include "base/files.h"
 #include "comm/cuda_comm.h"
 
@@ -199,6 +200,9 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
     std::string out;
     std::remove(report.c_str());  // (a --work_dir used before: only this run's report counts)
     const int rc = run_captured(probe_args, log, out, {{"ACCEL_TUNE", "probe,report=" + report}});
+    // A dry run (ACCEL_CHECK_ARGS): the program checked its arguments and stopped before the report the
+    // candidates are planned from; what the candidates change is tune's own (its configs, tested).
+    if (check_args::active()) return rc;
     const auto j = last_report(report);
     if (rc != 0 || !j || (*j)["status"] != "probe")
       throw TuneError(
