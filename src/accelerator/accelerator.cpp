@@ -678,9 +678,16 @@ std::vector<std::pair<std::string, at::Tensor>> Accelerator::get_state_dict() {
 // Sharded construction
 
 std::unique_ptr<sharding::ShardedInit> Accelerator::sharded_init() {
-  // (On a device too: the model is built on the host, and prepare() moves each unit there as this
-  // rank's shard, or the whole model where nothing shards it: zero::place_model.)
-  return std::make_unique<sharding::ShardedInit>(world_, zero::groups_for(cfg_.spec, world_).shard);
+  // On a device the model is built on the host, and prepare() moves each unit there as this rank's
+  // shard (zero::place_model). Where nothing shards it there (a strategy that keeps whole parameters,
+  // or a shard group of one), prepare() moves it whole: sharding it while it is built would only add a
+  // gather of all of it on the host, so each rank builds it whole and prepare() takes rank 0's values,
+  // as for a model built without the scope. On the CPU it is sharded under every strategy: the engine
+  // gives each unit its values back into the node-shared parameters one at a time, so a node never
+  // holds a copy a rank.
+  const auto group = zero::groups_for(cfg_.spec, world_).shard;
+  const bool shard = device_.is_cpu() || zero::builds_on_the_host(cfg_.spec, group->size());
+  return std::make_unique<sharding::ShardedInit>(world_, group, shard);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -379,7 +379,8 @@ class Accelerator {
   // rank's memory can be constructed; prepare() gives each unit its values back one at a time while
   // sharding it. Collective (every rank builds the same model). On a device the model is built in host
   // memory, and prepare() moves each unit there as this rank's shard (ZeRO-3, FULL_SHARD, HYBRID_SHARD
-  // over several ranks), or the whole model where nothing shards it.
+  // over several ranks, and offloaded parameters); where nothing shards it there, the scope shards
+  // nothing (each rank builds the model whole and prepare() moves it, with rank 0's values).
   [[nodiscard]] std::unique_ptr<sharding::ShardedInit> sharded_init();
 
   // --- checkpoints (src/checkpoint/) ----------------------------------------------------------------

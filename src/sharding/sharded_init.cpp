@@ -34,13 +34,16 @@ thread_local ShardedInit* t_active = nullptr;
 
 }  // namespace
 
-ShardedInit::ShardedInit(std::shared_ptr<comm::Communicator> world, std::shared_ptr<comm::Communicator> shard_group)
-    : world_(std::move(world)), group_(std::move(shard_group)), previous_(t_active) {
+ShardedInit::ShardedInit(std::shared_ptr<comm::Communicator> world, std::shared_ptr<comm::Communicator> shard_group,
+                         bool shard)
+    : world_(std::move(world)), group_(std::move(shard_group)), shard_(shard), previous_(t_active) {
   if (!world_ || !group_) throw accel::InvalidArgumentError("ShardedInit: null communicator");
-  t_active = this;
+  if (shard_) t_active = this;
 }
 
-ShardedInit::~ShardedInit() { t_active = previous_; }
+ShardedInit::~ShardedInit() {
+  if (shard_) t_active = previous_;
+}
 
 ShardedInit* ShardedInit::active() { return t_active; }
 

@@ -30,8 +30,11 @@ namespace accel::sharding {
 
 class ShardedInit {
  public:
-  // world: rank 0's values are broadcast over it; shard_group: whose ranks split each unit.
-  ShardedInit(std::shared_ptr<comm::Communicator> world, std::shared_ptr<comm::Communicator> shard_group);
+  // world: rank 0's values are broadcast over it; shard_group: whose ranks split each unit. shard false:
+  // a scope that shards nothing (units are built whole, as without it; prepare() then takes rank 0's
+  // values), for where the model goes to a device whole anyway.
+  ShardedInit(std::shared_ptr<comm::Communicator> world, std::shared_ptr<comm::Communicator> shard_group,
+              bool shard = true);
   ~ShardedInit();
   ShardedInit(const ShardedInit&) = delete;
   ShardedInit& operator=(const ShardedInit&) = delete;
@@ -47,6 +50,7 @@ class ShardedInit {
 
  private:
   std::shared_ptr<comm::Communicator> world_, group_;
+  bool shard_ = true;
   ShardedInit* previous_ = nullptr;
   std::int64_t units_ = 0, shard_bytes_ = 0, full_bytes_ = 0;
 };

@@ -16,11 +16,16 @@
 
 namespace accel::zero {
 
-void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device, int shard_size) {
+bool builds_on_the_host(const ShardingSpec& spec, int shard_size) {
   // (A shard group of one rank without parameter offload shards nothing: the engine trains the
-  // parameters where they are. A model the program already put on a device, or partly, is moved whole,
-  // as before: the device held it whole already.)
-  const bool sharded = spec.shards_parameters() && (shard_size > 1 || spec.offload.param_offloaded());
+  // parameters where they are.)
+  return spec.shards_parameters() && (shard_size > 1 || spec.offload.param_offloaded());
+}
+
+void place_model(torch::nn::Module& model, ShardingSpec& spec, c10::Device device, int shard_size) {
+  // (A model the program already put on a device, or partly, is moved whole, as before: the device held
+  // it whole already.)
+  const bool sharded = builds_on_the_host(spec, shard_size);
   bool on_the_host = true;
   for (const auto& p : model.parameters()) on_the_host = on_the_host && p.device().is_cpu();
   if (device.is_cpu()) {  // (the engine gives units built sharded their values back, here)

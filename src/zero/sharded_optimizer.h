@@ -19,6 +19,11 @@ struct EngineAndOptimizer {
   std::shared_ptr<torch::optim::Optimizer> optimizer;
 };
 
+// Whether a model handed over on the host stays there for prepare() on a device, each unit reaching the
+// device as this rank's shard: the strategy shards parameters over a shard group of shard_size > 1 ranks,
+// or offloads them (offload_param). Otherwise the model goes to the device whole.
+bool builds_on_the_host(const ShardingSpec& spec, int shard_size);
+
 // Puts a model on the device it trains on, before prepare(): all of it, or, where its parameters are
 // on the host and are to be sharded on a device (ZeRO-3 / FULL_SHARD / HYBRID_SHARD over a shard group
 // of shard_size > 1 ranks: the world, or a node under HYBRID_SHARD; or offloaded with offload_param,
