@@ -321,18 +321,47 @@ int run_bench(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   cfg.seq = seq;
   cfg.attention = examples::attention_from_string(attention);
-  if (check_args::active()) {  // (the names the runs below take, before any rank or device exists)
-    for (const auto& name : split_list(strategy))
-      if (name != "plain") (void)spec_for(name);
-    for (const auto& p : split_list(precision)) (void)precision_for(p);
+  // What the arguments alone refuse, before any rank or device exists (the message; empty: nothing).
+  auto refusal = [&]() -> std::string {
+    if (cfg.d % cfg.heads != 0) return fmt::format("--heads {} does not divide --d-model {}", cfg.heads, cfg.d);
+    if (device_name != "cuda" && (offload_optimizer == "cpu" || offload_param == "cpu"))
+      return "offload to cpu moves state off a device: give --device cuda";
+    if (device_memory_gb > 0 && device_name != "cuda") return "--device_memory caps a CUDA device: give --device cuda";
+    std::vector<Precision> precs;
+    try {
+      for (const auto& p : split_list(precision)) precs.push_back(precision_for(p));
+      for (const auto& name : split_list(strategy))
+        if (name != "plain") (void)spec_for(name);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    for (const auto& name : split_list(strategy)) {
+      if (name != "plain") continue;
+      if (checkpoint) return "--checkpoint needs an accel strategy, not plain";
+      for (const auto& prec : precs)
+        if (prec.low())
+          // plain is the libtorch loop without accel: there is no engine to keep fp32 masters of
+          // low-precision parameters, so it has no precision axis.
+          return fmt::format(
+              "--strategy plain runs in fp32 only (got --precision {}); use --strategy DDP at 1 rank for a "
+              "low-precision single-process step",
+              prec.name);
+    }
+    return "";
+  };
+  if (check_args::active()) {
+    if (const std::string why = refusal(); !why.empty()) {
+      fmt::print(stderr, "step_bench: {}\n", why);
+      return 2;
+    }
     check_args::stop_here("step_bench");
   }
 
   memory::install_counting_allocator();
   auto world = comm::Communicator::world();
   const int n = world->size(), r = world->rank();
-  if (cfg.d % cfg.heads != 0) {
-    if (r == 0) fmt::print(stderr, "step_bench: --heads {} does not divide --d-model {}\n", cfg.heads, cfg.d);
+  if (const std::string why = refusal(); !why.empty()) {
+    if (r == 0) fmt::print(stderr, "step_bench: {}\n", why);
     return 2;
   }
   if (device_name == "cuda" && !at::detail::getCUDAHooks().hasCUDA()) {
@@ -340,14 +369,6 @@ int run_bench(int argc, char** argv) {
     return 2;
   }
   const bool on_cuda = device_name == "cuda";
-  if (!on_cuda && (offload_optimizer == "cpu" || offload_param == "cpu")) {
-    if (r == 0) fmt::print(stderr, "step_bench: offload to cpu moves state off a device: give --device cuda\n");
-    return 2;
-  }
-  if (device_memory_gb > 0 && !on_cuda) {
-    if (r == 0) fmt::print(stderr, "step_bench: --device_memory caps a CUDA device: give --device cuda\n");
-    return 2;
-  }
   // The Accelerator's rule: a simulated topology (ACCEL_RANKS_PER_NODE) puts every rank on this machine.
   const auto& topo = world->topology();
   const c10::Device device =
@@ -432,20 +453,6 @@ int run_bench(int argc, char** argv) {
     for (const auto& prec : precisions) {
       if ((name == "plain" || name == "NO") && n != 1) {
         if (r == 0) fmt::print(stderr, "step_bench: --strategy {} runs on 1 rank\n", name);
-        return 2;
-      }
-      if (name == "plain" && checkpoint) {
-        if (r == 0) fmt::print(stderr, "step_bench: --checkpoint needs an accel strategy, not plain\n");
-        return 2;
-      }
-      if (name == "plain" && prec.low()) {
-        // plain is the libtorch loop without accel: there is no engine to keep fp32 masters of
-        // low-precision parameters, so it has no precision axis.
-        if (r == 0)
-          fmt::print(stderr,
-                     "step_bench: --strategy plain runs in fp32 only (got --precision {}); "
-                     "use --strategy DDP at 1 rank for a low-precision single-process step\n",
-                     prec.name);
         return 2;
       }
       Run run;

@@ -181,6 +181,9 @@ def check_args_file(suffix, text):
     with the command line as it starts, DIR/<pid>.ok once the arguments are checked."""
     d = os.environ.get("ACCEL_CHECK_ARGS")
     if d:
+        if suffix == ".start":  # (an earlier process of this pid passed; this one has not yet)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(d, f"{os.getpid()}.ok"))
         with open(os.path.join(d, f"{os.getpid()}{suffix}"), "w") as f:
             f.write(text)
     return bool(d)
@@ -215,6 +218,8 @@ def main():
     if bf16 and a.strategy == "DDP":
         sys.exit(f"torch_anchor: --precision {a.precision} runs with plain, FSDP2 or FSDP2_NO_RESHARD "
                  "(DDP has no fp32 masters)")
+    if a.d % a.heads:
+        sys.exit(f"torch_anchor: --heads {a.heads} does not divide --d-model {a.d}")
     if check_args_file(".ok", "ok\n"):
         print("torch_anchor: arguments checked (ACCEL_CHECK_ARGS); stopping before any work", file=sys.stderr)
         sys.exit(0)

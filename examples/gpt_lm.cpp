@@ -107,7 +107,9 @@ int main(int argc, char** argv) {
       ov.mixed_precision = options.mixed_precision;
       ov.gradient_accumulation_steps = options.gradient_accumulation_steps;
       ov.use_cpu = options.cpu;
-      (void)resolve_config(ov);
+      const AcceleratorConfig cfg = resolve_config(ov);
+      if (float64 && cfg.mixed_precision != MixedPrecision::No)
+        throw std::invalid_argument("--float64 trains without mixed precision (mixed_precision: no)");
       check_args::stop_here("gpt_lm");
     }
     for (const auto& name : tracking::split_names(log_with)) options.log_with.emplace_back(name);

@@ -29,12 +29,13 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PART=${1:-}
 OUTDIR=${OUT:-/tmp/gpu_lease}
 BUNDLE=${LEASE_BUNDLE:-$ROOT/.gpu_bundle}
+WORK=${LEASE_WORK:-/tmp}  # where gpu_check.sh's logs go before they are packed under $OUT
 mkdir -p "$OUTDIR"
 case "$PART" in
   1)
     SECONDS_LEFT=${2:-540}
     GPU_CHECK_DEADLINE_S=$SECONDS_LEFT FP8_ROUNDS=1 OFFLOAD_BATCHES=16 OFFLOAD_ACCUM="2 4" ACCEL_COMM_TIMEOUT_S=${ACCEL_COMM_TIMEOUT_S:-60} \
-      GPU_CHECK_OUT=/tmp/gpu_lease_part1 GPU_CHECK_TAR="$OUTDIR/part1.tgz" \
+      GPU_CHECK_OUT="$WORK/gpu_lease_part1" GPU_CHECK_TAR="$OUTDIR/part1.tgz" \
       bash "$ROOT/scripts/gpu_check.sh" --bundle "$BUNDLE" --bench '^(fp8_bound_accel|fp8_bound_curve|offload_busy)'
     ;;
   2)
@@ -53,7 +54,7 @@ case "$PART" in
       --log "$OUTDIR/largest_model.log" ${LEASE_SIB:+--step-in-backward} | tee "$OUTDIR/largest_model.txt"
     left=$((SECONDS_LEFT - ($(date +%s) - t0) - 15))
     if ((left > 30)); then
-      GPU_CHECK_DEADLINE_S=$left FP8_ROUNDS=1 VS_ROUNDS=${LEASE_VS_ROUNDS:-5} GPU_CHECK_OUT=/tmp/gpu_lease_part2 \
+      GPU_CHECK_DEADLINE_S=$left FP8_ROUNDS=1 VS_ROUNDS=${LEASE_VS_ROUNDS:-5} GPU_CHECK_OUT="$WORK/gpu_lease_part2" \
         GPU_CHECK_TAR="$OUTDIR/part2.tgz" bash "$ROOT/scripts/gpu_check.sh" --bundle "$BUNDLE" --bench-only \
         --only '^(fp8_bound_torchao|fp8_bound_loss|fp8_bound_torch_bf16|fp8_bound_rowwise|profile_fp8_bound|vs_torch_)'
     else

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,41 +55,99 @@ bool glob_matches(const std::string& pattern, const std::string& name) {
   while (p < pattern.size() && pattern[p] == '*') ++p;
   return p == pattern.size();
 }
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  for (std::size_t at = 0; at <= s.size();) {
+    const std::size_t next = std::min(s.find(sep, at), s.size());
+    out.push_back(s.substr(at, next - at));
+    at = next + 1;
+  }
+  return out;
+}
+
+// ACCEL_CHECK_ARGS: whether a test binary's command line would run tests, as a script means it to. Every
+// argument a GoogleTest flag it knows (a misspelt one, or --help, makes GoogleTest print its help and
+// run nothing, successfully), and --gtest_filter selecting tests: each of its positive patterns matching
+// one (a union whose one pattern lost its tests to a rename is caught too), some test left after the
+// negative ones (GoogleTest's rules: the positive part before the first '-', empty meaning '*' only
+// when a negative part follows). Says why on stderr when not.
+bool arguments_select_tests(const std::vector<std::string>& args, const char* program) {
+  static const std::set<std::string> known = {"filter",
+                                              "also_run_disabled_tests",
+                                              "fail_fast",
+                                              "repeat",
+                                              "shuffle",
+                                              "random_seed",
+                                              "color",
+                                              "brief",
+                                              "print_time",
+                                              "print_utf8",
+                                              "output",
+                                              "list_tests",
+                                              "break_on_failure",
+                                              "catch_exceptions",
+                                              "death_test_style",
+                                              "death_test_use_fork",
+                                              "stack_trace_depth",
+                                              "throw_on_failure",
+                                              "flagfile",
+                                              "stream_result_to",
+                                              "recreate_environments_when_repeating",
+                                              "install_failure_signal_handler"};
+  for (const std::string& a : args) {
+    const std::size_t dashes = a.rfind("--gtest_", 0) == 0 ? 2 : a.rfind("-gtest_", 0) == 0 ? 1 : 0;
+    const std::string name = dashes ? a.substr(dashes + 6, a.find('=') - dashes - 6) : "";
+    if (!dashes || !known.count(name)) {
+      std::fprintf(stderr, "%s: '%s' is not a GoogleTest flag (GoogleTest would print its help and run nothing)\n",
+                   program, a.c_str());
+      return false;
+    }
+  }
+  const std::string filter = GTEST_FLAG_GET(filter);
+  const std::size_t minus = filter.find('-');
+  const std::string positive = filter.substr(0, minus);
+  const std::vector<std::string> negative =
+      minus == std::string::npos ? std::vector<std::string>{} : split(filter.substr(minus + 1), ':');
+  const std::vector<std::string> patterns =
+      positive.empty() && minus != std::string::npos ? std::vector<std::string>{"*"} : split(positive, ':');
+  std::vector<std::string> names;
+  const auto* unit = ::testing::UnitTest::GetInstance();
+  for (int i = 0; i < unit->total_test_suite_count(); ++i) {
+    const auto* suite = unit->GetTestSuite(i);
+    for (int j = 0; j < suite->total_test_count(); ++j)
+      names.push_back(std::string(suite->name()) + "." + suite->GetTestInfo(j)->name());
+  }
+  auto any = [](const std::vector<std::string>& pats, const std::string& n) {
+    return std::any_of(pats.begin(), pats.end(), [&](const std::string& p) { return glob_matches(p, n); });
+  };
+  for (const std::string& pattern : patterns)
+    if (!pattern.empty() &&
+        std::none_of(names.begin(), names.end(), [&](const std::string& n) { return glob_matches(pattern, n); })) {
+      std::fprintf(stderr, "%s: no test matches '%s' of --gtest_filter='%s'\n", program, pattern.c_str(),
+                   filter.c_str());
+      return false;
+    }
+  if (std::none_of(names.begin(), names.end(),
+                   [&](const std::string& n) { return any(patterns, n) && !any(negative, n); })) {
+    std::fprintf(stderr, "%s: --gtest_filter='%s' selects no test\n", program, filter.c_str());
+    return false;
+  }
+  return true;
+}
 }  // namespace
 }  // namespace accel::test
 
 int main(int argc, char** argv) {
   accel::check_args::started(argc, argv);
+  const std::vector<std::string> original_args(argv + 1, argv + argc);
   // A test that desynchronizes the ranks fails within a minute instead of hanging for the default.
   setenv("ACCEL_COMM_TIMEOUT_S", "60", /*overwrite=*/0);
   // Before any tensor exists, so the memory tests see every allocation.
   accel::memory::install_counting_allocator();
   ::testing::InitGoogleTest(&argc, argv);
-  if (accel::check_args::active()) {
-    // A dry run of a script's commands: each pattern of the filter must match a test (none runs; no
-    // rank is formed). A union whose one pattern lost its tests to a rename is caught too.
-    const std::string filter = GTEST_FLAG_GET(filter);
-    const std::string positive = filter.substr(0, filter.find('-'));
-    std::vector<std::string> names;
-    const auto* unit = ::testing::UnitTest::GetInstance();
-    for (int i = 0; i < unit->total_test_suite_count(); ++i) {
-      const auto* suite = unit->GetTestSuite(i);
-      for (int j = 0; j < suite->total_test_count(); ++j)
-        names.push_back(std::string(suite->name()) + "." + suite->GetTestInfo(j)->name());
-    }
-    std::size_t at = 0;
-    while (at <= positive.size()) {
-      const std::size_t colon = std::min(positive.find(':', at), positive.size());
-      const std::string pattern = positive.substr(at, colon - at);
-      at = colon + 1;
-      if (pattern.empty()) continue;
-      if (std::none_of(names.begin(), names.end(),
-                       [&](const std::string& n) { return accel::test::glob_matches(pattern, n); })) {
-        std::fprintf(stderr, "%s: no test matches '%s' of --gtest_filter='%s'\n", argv[0], pattern.c_str(),
-                     filter.c_str());
-        return 1;
-      }
-    }
+  if (accel::check_args::active()) {  // (a dry run of a script's commands: none runs, no rank is formed)
+    if (!accel::test::arguments_select_tests(original_args, argv[0])) return 1;
     accel::check_args::stop_here(argv[0]);
   }
   accel::test::g_world = accel::comm::Communicator::world();

@@ -196,30 +196,15 @@ void check_supported(AcceleratorConfig& cfg, c10::Device device) {
         "offload to cpu: training runs on the CPU, where parameters and optimizer state "
         "already live");
 }
-// HYBRID_SHARD shards within each node and replicates across nodes, shard for shard: every node must
-// hold as many ranks (FSDP's device mesh, replicate x shard, has the same rule). Collective.
+// HYBRID_SHARD on nodes of different sizes, refused at construction with the config named (zero::groups_for
+// refuses it too, for a program that builds an engine itself). Collective.
 void check_hybrid_nodes(const AcceleratorConfig& cfg, comm::Communicator& world) {
-  if (!cfg.spec.hybrid() || world.size() == 1) return;
-  const comm::Topology& topo = world.topology();
-  at::Tensor mine =
-      at::tensor({static_cast<std::int64_t>(topo.node_rank), static_cast<std::int64_t>(topo.local_world_size)});
-  at::Tensor all = at::empty({2 * world.size()}, at::kLong);
-  world.all_gather(mine, all);
-  std::map<std::int64_t, std::int64_t> ranks_of_node;
-  for (int q = 0; q < world.size(); ++q)
-    ranks_of_node[all[2 * q].item<std::int64_t>()] = all[2 * q + 1].item<std::int64_t>();
-  std::string sizes;
-  bool even = true;
-  for (const auto& [node, n] : ranks_of_node) {
-    sizes += fmt::format("{}{}", sizes.empty() ? "" : ", ", n);
-    even = even && n == ranks_of_node.begin()->second;
+  if (!cfg.spec.hybrid()) return;
+  try {
+    zero::check_hybrid_nodes(world);
+  } catch (const accel::InvalidArgumentError& e) {
+    throw ConfigError(fmt::format("{}: {}", where(cfg), e.what()));
   }
-  if (!even)
-    throw ConfigError(fmt::format(
-        "{}: HYBRID_SHARD needs the same number of ranks on every node (it shards within a node and mirrors "
-        "each shard on the other nodes), but the {} nodes hold {} rank(s){}. Launch as many ranks on each node, "
-        "or use FULL_SHARD, which shards over all ranks",
-        where(cfg), ranks_of_node.size(), sizes, topo.simulated ? " (ACCEL_RANKS_PER_NODE)" : ""));
 }
 
 // What the run decided, for ACCEL_LOG_LEVEL=info (the main process logs them once): the transport of

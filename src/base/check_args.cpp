@@ -20,6 +20,7 @@ bool active() { return !env::get("ACCEL_CHECK_ARGS").empty(); }
 
 void started(int argc, char** argv) {
   if (!active()) return;
+  std::remove(file(".ok").c_str());  // (an earlier process of this pid passed; this one has not yet)
   std::ofstream out(file(".start"));
   for (int i = 0; i < argc; ++i) out << argv[i] << '\n';
 }

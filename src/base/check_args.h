@@ -1,7 +1,8 @@
 // accel::check_args — a dry run of a script's commands, for a script that will run where time is
 // short (a lent GPU: scripts/gpu_check.sh, gpu_lease.sh). With ACCEL_CHECK_ARGS=DIR set, each program
 // that takes part writes DIR/<pid>.start with its command line as it starts, and DIR/<pid>.ok once it
-// has checked its arguments, and then stops (exit 0) before it touches a device, a peer or the data.
+// has checked its arguments, and then stops (exit 0) before it touches a device, a peer or the data
+// (`accel` instead runs its command, whose launches run such programs, and passes when it returns 0).
 // A command whose arguments would fail therefore leaves a .start without a .ok, whatever the way it
 // failed (tests/scripts/gpu_args.sh runs the GPU scripts so on this machine and lists those).
 // Taking part: step_bench and the GPT example (after their options parse), the test binaries (their

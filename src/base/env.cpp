@@ -97,9 +97,10 @@ const std::vector<Variable>& table() {
        "what the library and get_logger's loggers log (stderr, the rank in each line): trace, debug, "
        "info, warning, error, critical or off"},
       {"ACCEL_CHECK_ARGS", "",
-       "DIR: a dry run of a script's commands: step_bench, the GPT example, the test binaries, accel and "
+       "DIR: a dry run of a script's commands: step_bench, the GPT example, the test binaries and "
        "torch_anchor.py write DIR/<pid>.start as they start and DIR/<pid>.ok once their arguments are "
-       "checked, then stop before any work (tests/scripts/gpu_args.sh runs the GPU scripts so)"},
+       "checked, then stop before any work; accel runs its command as usual and writes .ok when it "
+       "returns 0 (tests/scripts/gpu_args.sh runs the GPU scripts so)"},
       {"ACCEL_CHECKPOINT_PAUSE_MS", "0",
        "save_state pauses this long between writing and publishing a checkpoint (for crash tests)"},
       {"ACCEL_LAUNCH_STATUS_DIR", "",

@@ -201,8 +201,17 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
     std::remove(report.c_str());  // (a --work_dir used before: only this run's report counts)
     const int rc = run_captured(probe_args, log, out, {{"ACCEL_TUNE", "probe,report=" + report}});
     // A dry run (ACCEL_CHECK_ARGS): the program checked its arguments and stopped before the report the
-    // candidates are planned from; what the candidates change is tune's own (its configs, tested).
-    if (check_args::active()) return rc;
+    // candidates are planned from. tune's own options are checked against stand-ins for the report's
+    // figures (one parameter, one sample a rank, on a device: every offload allowed); what the
+    // candidates change is tune's own (its configs, tested).
+    if (check_args::active()) {
+      TuneRequest stand_in = req;
+      stand_in.params = 1;
+      stand_in.device_cuda = true;
+      stand_in.global_batch = a.global_batch ? *a.global_batch : req.num_processes;
+      (void)with_defaults(stand_in);
+      return rc;
+    }
     const auto j = last_report(report);
     if (rc != 0 || !j || (*j)["status"] != "probe")
       throw TuneError(

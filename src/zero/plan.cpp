@@ -1,10 +1,45 @@
 #include "zero/plan.h"
 
+#include "base/error.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
 namespace accel::zero {
 
 Groups groups_for(const ShardingSpec& spec, const std::shared_ptr<comm::Communicator>& world) {
-  if (spec.hybrid()) return {world->node_local(), world->cross_node()};
-  return {world, nullptr};
+  if (!spec.hybrid()) return {world, nullptr};
+  check_hybrid_nodes(*world);
+  return {world->node_local(), world->cross_node()};
+}
+
+void check_hybrid_nodes(comm::Communicator& world) {
+  if (world.size() == 1) return;
+  const comm::Topology& topo = world.topology();
+  const at::Tensor mine = at::tensor(std::vector<std::int64_t>{topo.node_rank, topo.local_world_size},
+                                     at::TensorOptions().dtype(at::kLong));
+  at::Tensor all = at::empty({2 * world.size()}, at::kLong);
+  world.all_gather(mine, all);
+  const auto* v = all.data_ptr<std::int64_t>();
+  std::map<std::int64_t, std::int64_t> ranks_of_node;
+  for (int q = 0; q < world.size(); ++q) ranks_of_node[v[2 * q]] = v[2 * q + 1];
+  std::string sizes;
+  bool even = true;
+  for (const auto& [node, n] : ranks_of_node) {
+    sizes += fmt::format("{}{}", sizes.empty() ? "" : ", ", n);
+    even = even && n == ranks_of_node.begin()->second;
+  }
+  if (!even)
+    throw accel::InvalidArgumentError(fmt::format(
+        "HYBRID_SHARD needs the same number of ranks on every node (it shards within a node and mirrors each "
+        "shard on the other nodes), but the {} nodes hold {} rank(s){}. Launch as many ranks on each node, or use "
+        "FULL_SHARD, which shards over all ranks",
+        ranks_of_node.size(), sizes, topo.simulated ? " (ACCEL_RANKS_PER_NODE)" : ""));
 }
 
 Plan Plan::resolve(const ShardingSpec& spec, int world_size, int shard_size, bool dtypes_convert) {

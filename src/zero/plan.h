@@ -14,10 +14,18 @@ namespace accel::zero {
 
 // The groups a spec shards over: the world, or under HYBRID_SHARD the ranks of this node (shard) and
 // the same local rank on every node (replicate). Collective (the hybrid groups are split from world).
+// Under HYBRID_SHARD, throws InvalidArgumentError on every rank where nodes hold different numbers of
+// ranks (check_hybrid_nodes).
 struct Groups {
   std::shared_ptr<comm::Communicator> shard, replicate;  // replicate: null unless HYBRID_SHARD
 };
 Groups groups_for(const ShardingSpec& spec, const std::shared_ptr<comm::Communicator>& world);
+
+// HYBRID_SHARD shards within each node and mirrors each shard, rank for rank, on the other nodes: every
+// node must hold as many ranks (FSDP's device mesh, replicate x shard, has the same rule). Collective
+// over the world (an all-gather of the node sizes); throws InvalidArgumentError naming them on every
+// rank where they differ.
+void check_hybrid_nodes(comm::Communicator& world);
 
 struct Plan {
   // A world of one rank with no dtype conversion and nothing offloaded to disk: no hooks, no flat gradients, no masters

@@ -9,6 +9,7 @@
 #include "support/models.h"
 #include "support/scoped_env.h"
 #include "test_world.h"
+#include "zero/plan.h"
 
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
@@ -414,6 +415,8 @@ TEST(Accelerator, HybridShardRefusesNodesOfDifferentSizes) {
                 std::string::npos)
           << what;
     }
+    // A program that builds an engine itself meets the same refusal where the groups are made.
+    EXPECT_THROW(zero::groups_for(zero::ShardingSpec::fsdp("HYBRID_SHARD"), world()), InvalidArgumentError);
     world()->barrier();  // every rank threw (one that did not would wait here alone)
     return;
   }

@@ -373,11 +373,11 @@ TEST(CudaTraining_CUDA, OffloadedOptimizerKeepsNoGradientOnTheDevice) {
   }
 }
 
-// Sharded construction on a device: the MLP's layers are sharded on the host as they are built (each
-// rank seeded differently), and prepare() moves each to the device as this rank's shard (ZeRO-3,
-// FULL_SHARD, and parameter offload at any world) or gives the whole model its values back and moves it
-// (DDP, ZeRO-1/2, SHARD_GRAD_OP, and one rank). Every strategy, fp32 and bf16, then trains bitwise like
-// the model built whole.
+// Sharded construction on a device (each rank seeded differently): where prepare() moves units as this
+// rank's shards (ZeRO-3 and FULL_SHARD over several ranks, parameter offload at any world) the MLP's
+// layers are sharded on the host as they are built; elsewhere (DDP, ZeRO-1/2, SHARD_GRAD_OP, one rank)
+// the scope shards nothing and prepare() takes rank 0's values. Every strategy, fp32 and bf16, then
+// trains bitwise like the model built whole.
 TEST(CudaTraining_CUDA, ShardedInitTrainsLikeTheModelBuiltWhole) {
   SKIP_WITHOUT_CUDA();
   std::vector<Case> cases = strategies("no");

@@ -38,9 +38,10 @@ run() {  # run NAME COMMAND...: the command as a lent GPU would run it, its outp
   echo "$name: ran in $(( $(date +%s) - t0 )) s, exit $rc (not the verdict: its programs stopped early)"
 }
 # (One round of the runs the scripts repeat: each round's commands are the same.)
-run gpu_check env VS_ROUNDS=1 FP8_ROUNDS=1 bash "$ROOT/scripts/gpu_check.sh" --bundle "$TMP/bundle"
-run lease_1 env OUT="$TMP/lease" LEASE_BUNDLE="$TMP/bundle" bash "$ROOT/scripts/gpu_lease.sh" 1 600
-run lease_2 env OUT="$TMP/lease" LEASE_BUNDLE="$TMP/bundle" LEASE_VS_ROUNDS=1 bash "$ROOT/scripts/gpu_lease.sh" 2 600
+run gpu_check env VS_ROUNDS=1 FP8_ROUNDS=1 GPU_CHECK_OUT="$TMP/check" bash "$ROOT/scripts/gpu_check.sh" --bundle "$TMP/bundle"
+LEASE=(env OUT="$TMP/lease" LEASE_BUNDLE="$TMP/bundle" LEASE_WORK="$TMP" LEASE_VS_ROUNDS=1)
+run lease_1 "${LEASE[@]}" bash "$ROOT/scripts/gpu_lease.sh" 1 600
+run lease_2 "${LEASE[@]}" bash "$ROOT/scripts/gpu_lease.sh" 2 600
 
 FAILS=0
 started=0
