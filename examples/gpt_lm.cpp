@@ -102,12 +102,7 @@ int main(int argc, char** argv) {
   try {
     AcceleratorOptions options = accelerator_options(args);
     if (check_args::active()) {  // (the config file, read as the Accelerator will, before any rank exists)
-      ConfigOverrides ov;
-      ov.config_file = options.config_file;
-      ov.mixed_precision = options.mixed_precision;
-      ov.gradient_accumulation_steps = options.gradient_accumulation_steps;
-      ov.use_cpu = options.cpu;
-      const AcceleratorConfig cfg = resolve_config(ov);
+      const AcceleratorConfig cfg = resolve_config(options);
       if (float64 && cfg.mixed_precision != MixedPrecision::No)
         throw std::invalid_argument("--float64 trains without mixed precision (mixed_precision: no)");
       check_args::stop_here("gpt_lm");

@@ -269,13 +269,17 @@ void log_plan(const AcceleratorConfig& cfg, const zero::Engine& e, c10::Device d
 }
 }  // namespace
 
-Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
+AcceleratorConfig resolve_config(const AcceleratorOptions& options) {
   ConfigOverrides ov;
-  ov.config_file = opts.config_file;
-  ov.mixed_precision = opts.mixed_precision;
-  ov.gradient_accumulation_steps = opts.gradient_accumulation_steps;
-  ov.use_cpu = opts.cpu;
-  cfg_ = resolve_config(ov);
+  ov.config_file = options.config_file;
+  ov.mixed_precision = options.mixed_precision;
+  ov.gradient_accumulation_steps = options.gradient_accumulation_steps;
+  ov.use_cpu = options.cpu;
+  return resolve_config(ov);
+}
+
+Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
+  cfg_ = resolve_config(opts);
   world_ = comm::Communicator::world();
   device_ = pick_device(cfg_, *world_);
   // This rank's GPU becomes the current device (as Accelerate's PartialState does with

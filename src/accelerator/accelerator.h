@@ -86,6 +86,11 @@ struct AcceleratorOptions {
   std::vector<tracking::LogWith> log_with;
 };
 
+// The config an Accelerator built with these options starts from (resolve_config over its explicit
+// arguments), before it knows the ranks and the device. No collective: a program can check its
+// options with it before any rank exists.
+AcceleratorConfig resolve_config(const AcceleratorOptions& options);
+
 class TuneRun;  // accelerator/tuning.h
 
 // What the training loop and the Accelerator share about the current micro-step.

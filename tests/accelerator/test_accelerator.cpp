@@ -8,6 +8,7 @@
 #include "support/errors.h"
 #include "support/models.h"
 #include "support/scoped_env.h"
+#include "support/simulated_nodes.h"
 #include "test_world.h"
 #include "zero/plan.h"
 
@@ -393,11 +394,8 @@ TEST(Accelerator, RefusesWhatItCannotDo) {
 // 1, where every other strategy trains in TrainingLoopMatchesSingleProcessUnderEveryStrategy); on
 // nodes of one size it trains.
 TEST(Accelerator, HybridShardRefusesNodesOfDifferentSizes) {
-  // What the node sizes are, from the variable that simulated them (a machine's own ranks: one node).
-  std::vector<int> sizes;
-  std::stringstream spec(std::getenv("ACCEL_RANKS_PER_NODE") ? std::getenv("ACCEL_RANKS_PER_NODE") : "");
-  for (std::string part; std::getline(spec, part, ',');) sizes.push_back(std::stoi(part));
-  const bool uneven = sizes.size() > 1 && std::set<int>(sizes.begin(), sizes.end()).size() > 1;
+  const std::vector<int> sizes = simulated_node_sizes(world()->size());
+  const bool uneven = !nodes_of_one_size(sizes);
   const std::string yaml =
       "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n"
       "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: LinearImpl\n";

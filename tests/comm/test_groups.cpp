@@ -1,4 +1,5 @@
 // Sub-communicators, the (simulated) node topology, and traffic counters.
+#include "support/simulated_nodes.h"
 #include "test_world.h"
 
 #include "comm/topology.h"
@@ -7,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,17 +59,10 @@ TEST(Groups, KeyOrdersRanksAndNegativeColorOptsOut) {
   }
 }
 
-// Under ACCEL_RANKS_PER_NODE=k (ctest's comm_simulated_nodes_np4) the nodes are simulated; otherwise
-// all ranks of this machine are one node.
-// The nodes ACCEL_RANKS_PER_NODE describes ("k": nodes of k ranks; "k0,k1,...": those sizes in rank
-// order), or one node of every rank: each node's first rank and size.
+// The nodes ACCEL_RANKS_PER_NODE simulates (ctest's comm_simulated_nodes_np4, comm_uneven_nodes_np3),
+// or one node of every rank: each node's first rank and size.
 std::vector<std::pair<int, int>> expected_nodes(int n) {
-  const char* env = std::getenv("ACCEL_RANKS_PER_NODE");
-  std::vector<int> sizes;
-  std::stringstream spec(env ? env : "");
-  for (std::string part; std::getline(spec, part, ',');) sizes.push_back(std::stoi(part));
-  if (sizes.empty()) sizes = {n};
-  if (sizes.size() == 1) sizes.assign(n / sizes[0], sizes[0]);
+  const std::vector<int> sizes = accel::test::simulated_node_sizes(n);
   std::vector<std::pair<int, int>> nodes;
   for (int first = 0, i = 0; i < static_cast<int>(sizes.size()); first += sizes[i++])
     nodes.emplace_back(first, sizes[i]);

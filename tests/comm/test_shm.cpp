@@ -15,6 +15,7 @@
 #include "comm/transport/shm/node_shared.h"
 #include "comm/transport/shm/shm_backend.h"
 #include "support/scoped_env.h"
+#include "support/simulated_nodes.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -22,8 +23,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -59,21 +58,14 @@ bool env_is(const char* name, const char* value) {
 }
 
 // What the communicator must have picked for CPU tensors, from the topology alone.
-// Whether ACCEL_RANKS_PER_NODE (unset, "k" or a list of node sizes) gives every node as many ranks.
-bool nodes_of_one_size() {
-  const char* env = std::getenv("ACCEL_RANKS_PER_NODE");
-  std::stringstream spec(env ? env : "");
-  std::set<std::string> sizes;
-  for (std::string part; std::getline(spec, part, ',');) sizes.insert(part);
-  return sizes.size() <= 1;
-}
-
 // The transport of a group over nodes_spanned nodes with ranks_per_node of its ranks on each: shared
 // memory within a node, MPI across nodes (hierarchical where each node holds as many of its ranks).
 std::string expected_transport(Communicator& c, int nodes_spanned, int ranks_per_node) {
   if (c.size() == 1 || env_is("ACCEL_COMM_SHM", "0")) return "mpi";
   if (nodes_spanned == 1) return "shm";
-  return ranks_per_node > 1 && nodes_of_one_size() ? "shm+mpi" : "mpi";
+  return ranks_per_node > 1 && accel::test::nodes_of_one_size(accel::test::simulated_node_sizes(world()->size()))
+             ? "shm+mpi"
+             : "mpi";
 }
 
 // Rank r's input (int64) and the result (fp64) of one collective over n ranks, k elements per rank:
