@@ -101,16 +101,19 @@ int main(int argc, char** argv) {
   }
   try {
     AcceleratorOptions options = accelerator_options(args);
-    if (check_args::active()) {  // (the config file, read as the Accelerator will, before any rank exists)
+    for (const auto& name : tracking::split_names(log_with)) options.log_with.emplace_back(name);
+    if (check_args::active()) {  // (the config file and trackers, read as the Accelerator will, before any rank exists)
       const AcceleratorConfig cfg = resolve_config(options);
+      resolve_log_with(options, cfg);
+      check_project_dir(args, options.project_dir.empty() ? cfg.project_dir : options.project_dir);
       if (float64 && cfg.mixed_precision != MixedPrecision::No)
         throw std::invalid_argument("--float64 trains without mixed precision (mixed_precision: no)");
       check_args::stop_here("gpt_lm");
     }
-    for (const auto& name : tracking::split_names(log_with)) options.log_with.emplace_back(name);
     // Peak memory by category per rank (step_metrics) needs the counting allocator from the start.
     if (!log_with.empty()) memory::install_counting_allocator();
     Accelerator acc(options);
+    check_project_dir(args, acc.project_dir());
     const bool trackers_on = !acc.config().log_with.empty() || !options.log_with.empty();
     CharCorpus corpus(corpus_chars, seq, args.seed);
     at::manual_seed(static_cast<std::int64_t>(args.seed));

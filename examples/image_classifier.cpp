@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     Accelerator acc(accelerator_options(args));
+    check_project_dir(args, acc.project_dir());
     const std::int64_t side = 16;
     ShapesData train(2048, side, args.seed), eval(eval_size, side, args.seed + 1);
     at::manual_seed(static_cast<std::int64_t>(args.seed));
@@ -66,10 +67,11 @@ int main(int argc, char** argv) {
     DataLoader<ShapesData> eval_loader(eval, {.batch_size = 50});
     auto opt = acc.prepare(model, adam, loader);
     acc.prepare_data_loader(eval_loader);
+    maybe_resume(acc, args);  // (--resume_from_checkpoint: the loaders and the schedule go on from there)
 
     LossLog log(acc, args.log_file);
-    ProgressBar bar(args.steps, "train", acc.is_local_main_process());
-    std::int64_t step = 0;
+    ProgressBar bar(args.steps - acc.step(), "train", acc.is_local_main_process());
+    std::int64_t step = acc.step();
     double window_loss = 0;
     while (step < args.steps) {
       for (const Batch& b : loader) {
@@ -89,10 +91,12 @@ int main(int argc, char** argv) {
         std::snprintf(post, sizeof post, "loss %.4f", window_loss);
         bar.update(1, post);
         window_loss = 0;
+        maybe_checkpoint(acc, args);
         if (step == args.steps) break;
       }
     }
     bar.close();
+    maybe_save_final(acc, model, args);
 
     const double acc_eval = accuracy(acc, model, eval_loader);
     acc.print("image_classifier: accuracy ", acc_eval, " on ", eval_size, " held-out images");

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     Accelerator acc(accelerator_options(args));
+    check_project_dir(args, acc.project_dir());
     ClassificationData train(4096, 10, 5, args.seed, 0), eval(eval_size, 10, 5, args.seed, 1);
     at::manual_seed(static_cast<std::int64_t>(args.seed));
     torch::nn::Linear model(10, 5);
@@ -41,10 +42,11 @@ int main(int argc, char** argv) {
       return std::make_shared<CosineSchedule>(o, args.steps, args.steps / 10);
     });
     acc.prepare_data_loader(eval_loader);
+    maybe_resume(acc, args);  // (--resume_from_checkpoint: the loaders and the schedule go on from there)
 
     LossLog log(acc, args.log_file);
-    ProgressBar bar(args.steps, "train", acc.is_local_main_process());
-    std::int64_t step = 0;
+    ProgressBar bar(args.steps - acc.step(), "train", acc.is_local_main_process());
+    std::int64_t step = acc.step();
     double window_loss = 0;
     while (step < args.steps) {
       for (const Batch& b : loader) {
@@ -66,10 +68,12 @@ int main(int argc, char** argv) {
         std::snprintf(post, sizeof post, "loss %.4f lr %.2e", window_loss, opt->param_groups()[0].options().get_lr());
         bar.update(1, post);
         window_loss = 0;
+        maybe_checkpoint(acc, args);
         if (step == args.steps) break;
       }
     }
     bar.close();
+    maybe_save_final(acc, model, args);
 
     const double acc_eval = accuracy(acc, model, eval_loader);
     acc.print("linear_classifier: accuracy ", acc_eval, " on ", eval_size, " held-out samples");

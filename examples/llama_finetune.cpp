@@ -277,6 +277,7 @@ int main(int argc, char** argv) {
     const std::int64_t shard_bytes = parse_size(max_shard);
 
     Accelerator acc(accelerator_options(args));
+    check_project_dir(args, acc.project_dir());
     at::manual_seed(static_cast<std::int64_t>(args.seed));
     std::shared_ptr<models::LlamaForCausalLM> model;
     {

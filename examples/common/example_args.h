@@ -79,12 +79,24 @@ void maybe_save_final(Accelerator& acc, M& model, const ExampleArgs& a) {
   if (!a.save_model_to.empty()) acc.save_model(model, a.save_model_to);
 }
 
+// Before training: --checkpointing_steps and "--resume_from_checkpoint latest" need a project directory
+// (--project_dir, or project_dir in the config file: `project_dir`, as the Accelerator resolved it), so
+// that a run without one stops at once and not at its first checkpoint.
+inline void check_project_dir(const ExampleArgs& a, const std::string& project_dir) {
+  if (!project_dir.empty()) return;
+  if (a.checkpointing_steps > 0)
+    throw std::invalid_argument(
+        "--checkpointing_steps saves under PROJECT_DIR/checkpoints: give --project_dir (or project_dir in the "
+        "config file)");
+  if (a.resume_from_checkpoint == "latest")
+    throw std::invalid_argument(
+        "--resume_from_checkpoint latest reads PROJECT_DIR/checkpoints: give --project_dir (or project_dir in the "
+        "config file)");
+}
+
 // After each optimizer step: save_state every --checkpointing_steps steps.
 inline void maybe_checkpoint(Accelerator& acc, const ExampleArgs& a) {
-  if (a.checkpointing_steps > 0 && acc.step() % a.checkpointing_steps == 0) {
-    if (a.project_dir.empty()) throw std::invalid_argument("--checkpointing_steps needs --project_dir");
-    acc.save_state();
-  }
+  if (a.checkpointing_steps > 0 && acc.step() % a.checkpointing_steps == 0) acc.save_state();
 }
 
 // One line per optimizer step on the main process.

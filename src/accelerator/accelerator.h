@@ -90,6 +90,11 @@ struct AcceleratorOptions {
 // arguments), before it knows the ranks and the device. No collective: a program can check its
 // options with it before any rank exists.
 AcceleratorConfig resolve_config(const AcceleratorOptions& options);
+// The trackers such an Accelerator runs, given that config: options.log_with, else the config's
+// log_with, "all" expanded and each name once. Throws ConfigError for a name no tracker is registered
+// under, or a tracker that writes files without a project directory (options.project_dir, else the
+// config's). No collective either: the Accelerator's constructor checks its options with it.
+std::vector<tracking::LogWith> resolve_log_with(const AcceleratorOptions& options, const AcceleratorConfig& cfg);
 
 class TuneRun;  // accelerator/tuning.h
 
@@ -358,6 +363,9 @@ class Accelerator {
   tracking::Tracker& get_tracker(const std::string& name);
   // <project_dir>/<project_name> once init_trackers ran ("" before, or without project_dir).
   const std::string& logging_dir() const { return logging_dir_; }
+  // Where automatic checkpoints and the trackers' files go: AcceleratorOptions::project_dir, else the
+  // config file's project_dir ("" when neither names one).
+  const std::string& project_dir() const { return opts_.project_dir; }
 
   // What Accelerator::step_metrics reports, and what it needs told.
   struct StepMetricsOptions {

@@ -31,17 +31,18 @@ std::string joined(const std::vector<std::string>& v) {
 
 }  // namespace
 
-void Accelerator::check_log_with() {
-  if (opts_.project_dir.empty()) opts_.project_dir = cfg_.project_dir;
-  const bool from_config = opts_.log_with.empty();
+std::vector<tracking::LogWith> resolve_log_with(const AcceleratorOptions& options, const AcceleratorConfig& cfg) {
+  const std::string& project_dir = options.project_dir.empty() ? cfg.project_dir : options.project_dir;
+  const bool from_config = options.log_with.empty();
+  std::vector<tracking::LogWith> given;
   if (from_config)
-    for (const auto& n : cfg_.log_with) log_with_.emplace_back(n);
+    for (const auto& n : cfg.log_with) given.emplace_back(n);
   else
-    log_with_ = opts_.log_with;
-  const std::string where = from_config ? (cfg_.source.empty() ? "the configuration" : cfg_.source) + ": log_with"
+    given = options.log_with;
+  const std::string where = from_config ? (cfg.source.empty() ? "the configuration" : cfg.source) + ": log_with"
                                         : std::string("AcceleratorOptions::log_with");
   std::vector<tracking::LogWith> expanded;
-  for (const auto& w : log_with_) {
+  for (const auto& w : given) {
     if (w.tracker) {
       expanded.push_back(w);
       continue;
@@ -58,21 +59,27 @@ void Accelerator::check_log_with() {
     expanded.push_back(w);
   }
   // Each name once ("all" plus a name it covers).
-  log_with_.clear();
+  std::vector<tracking::LogWith> out;
   for (const auto& w : expanded) {
     bool dup = false;
-    for (const auto& x : log_with_) dup = dup || (!w.tracker && !x.tracker && x.name == w.name);
-    if (!dup) log_with_.push_back(w);
+    for (const auto& x : out) dup = dup || (!w.tracker && !x.tracker && x.name == w.name);
+    if (!dup) out.push_back(w);
   }
-  if (!opts_.project_dir.empty()) return;
+  if (!project_dir.empty()) return out;
   std::vector<std::string> need;
-  for (const auto& w : log_with_)
+  for (const auto& w : out)
     if (!w.tracker && tracking::tracker_info(w.name).requires_logging_directory) need.push_back(w.name);
   if (!need.empty())
     throw ConfigError(fmt::format(
         "{}: tracker(s) {} write files under <project_dir>/<project_name>, but no project directory is set: set "
         "AcceleratorOptions::project_dir (or project_dir in the config file; the examples' --project_dir)",
         where, joined(need)));
+  return out;
+}
+
+void Accelerator::check_log_with() {
+  log_with_ = resolve_log_with(opts_, cfg_);
+  if (opts_.project_dir.empty()) opts_.project_dir = cfg_.project_dir;
 }
 
 void Accelerator::init_trackers(const std::string& project_name, const tracking::Values& config,
