@@ -272,6 +272,13 @@ if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
   # transport (shared memory in a node, MPI between), as 2 GPU machines without NCCL would run them.
   step engine_cuda_np4_2nodes env ACCEL_TEST_DEVICE=cuda ACCEL_RANKS_PER_NODE=2 "$BIN/accel" launch -n 4 \
     "$BIN/accel_tests" --gtest_filter="$ENGINE_TESTS"
+  # The staged collectives themselves over those 2 nodes (every collective and dtype against the CPU
+  # path's bits, inputs written late by the caller's stream, outputs past 1 MiB gathered node by node),
+  # and over nodes of 2 and 1 ranks, where the host transport is MPI alone.
+  step cuda_comm_np4_2nodes env ACCEL_RANKS_PER_NODE=2 "$BIN/accel" launch -n 4 "$BIN/accel_tests" \
+    --gtest_filter='StagedComm_CUDA.*'
+  step cuda_comm_np3_uneven_nodes env ACCEL_RANKS_PER_NODE=2,1 "$BIN/accel" launch -n 3 "$BIN/accel_tests" \
+    --gtest_filter='StagedComm_CUDA.*'
   # The GPT example on the device under the shipped sharded configs at 2 ranks (and at world 1, no
   # launcher) follows the loss of ZeRO-1 at 2 ranks (whose own 2-rank run follows its world-1 run).
   EX=$OUTDIR/examples

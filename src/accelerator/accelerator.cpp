@@ -132,8 +132,7 @@ c10::Device pick_device(const AcceleratorConfig& cfg, comm::Communicator& world)
   int sharing = 0;
   if (world.size() > 1) {
     const std::string uuid = comm::cuda_device_uuid(device.index());
-    sharing = comm::ranks_sharing_a_gpu(world, uuid);
-    if (uuid.empty() && ranks_here > n) sharing = std::max(sharing, ranks_here);
+    sharing = std::max(comm::ranks_sharing_a_gpu(world, uuid), comm::ranks_sharing_by_count(topo, n, uuid));
   }
   if (sharing > 0) {
     const std::string where = cfg.source.empty() ? std::string("the configuration") : cfg.source;
@@ -215,8 +214,9 @@ void log_start(comm::Communicator& world, c10::Device device) {
   std::string transport = fmt::format("transport: CPU collectives over {} ({} rank(s) on {} node(s))",
                                       world.backend_name(at::empty({0})), world.size(), topo.num_nodes);
   if (device.is_cuda())
-    transport += "; CUDA collectives: " +
-                 comm::describe_cuda_comm(topo.local_world_size, at::detail::getCUDAHooks().deviceCount());
+    transport +=
+        "; CUDA collectives: " + comm::describe_cuda_comm(topo.simulated ? topo.world_size : topo.local_world_size,
+                                                          at::detail::getCUDAHooks().deviceCount());
   log::info(transport);
   cpu_set_t set;
   const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : -1;

@@ -96,10 +96,12 @@ std::unique_ptr<Backend> Communicator::make_cuda_backend(const at::Tensor& t) {
   // Every rank's GPU and wish, so that all ranks decide alike (a bad value on one rank fails them all).
   struct Mine {
     char uuid[16];
-    int wish;  // CudaComm, or -1: ACCEL_CUDA_COMM is bad here
+    int wish;      // CudaComm, or -1: ACCEL_CUDA_COMM is bad here
+    int by_count;  // ranks_sharing_by_count (a rank that does not know its UUID)
   } mine{};
   const std::string uuid = cuda_device_uuid(t.get_device());
   std::memcpy(mine.uuid, uuid.data(), std::min(uuid.size(), sizeof mine.uuid));
+  mine.by_count = ranks_sharing_by_count(topology(), cuda_device_count(), uuid);
   std::string bad;
   try {
     mine.wish = static_cast<int>(cuda_comm_requested());
@@ -116,7 +118,8 @@ std::unique_ptr<Backend> Communicator::make_cuda_backend(const at::Tensor& t) {
           fmt::format("ACCEL_CUDA_COMM differs between ranks 0 and {}: set it alike on every rank", q));
     uuids.append(all[q].uuid, sizeof all[q].uuid);
   }
-  const int sharing = ranks_sharing_a_gpu(uuids);
+  int sharing = ranks_sharing_a_gpu(uuids);
+  for (const Mine& m : all) sharing = std::max(sharing, m.by_count);
   if (all[0].wish < 0) throw InvalidArgument(bad.empty() ? "ACCEL_CUDA_COMM is not one of auto, nccl, host" : bad);
   const CudaCommChoice choice = choose_cuda_comm(static_cast<CudaComm>(all[0].wish), nccl_compiled(), sharing);
   std::unique_ptr<Backend> b;

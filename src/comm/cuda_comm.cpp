@@ -2,6 +2,7 @@
 
 #include "base/env.h"
 #include "comm/communicator.h"
+#include "comm/topology.h"
 #include "comm/transport/nccl/nccl_backend.h"
 #include "comm/types.h"
 
@@ -71,6 +72,11 @@ int ranks_sharing_a_gpu(Communicator& group, const std::string& my_uuid) {
   std::memcpy(in.mutable_data_ptr(), mine.data(), mine.size());
   group.all_gather(in, out);
   return ranks_sharing_a_gpu(std::string(static_cast<const char*>(out.const_data_ptr()), out.numel()));
+}
+
+int ranks_sharing_by_count(const Topology& topo, int gpus, const std::string& my_uuid) {
+  const int ranks_here = topo.simulated ? topo.world_size : topo.local_world_size;
+  return my_uuid.empty() && ranks_here > gpus ? ranks_here : 0;
 }
 
 std::string describe_cuda_comm(int ranks, int gpus) {

@@ -12,6 +12,7 @@
 namespace accel::comm {
 
 class Communicator;
+struct Topology;
 
 enum class CudaComm { Auto, Nccl, Host };
 
@@ -36,6 +37,11 @@ int ranks_sharing_a_gpu(const std::string& uuids);
 // The same over `group` (collective; every rank gets the same count): each rank gives its own GPU's
 // UUID (comm/transport/nccl's cuda_device_uuid, empty where unknown).
 int ranks_sharing_a_gpu(Communicator& group, const std::string& my_uuid);
+// Where a rank does not know its GPU's UUID (my_uuid empty: the device's properties could not be read):
+// the ranks of its node (every rank of the job under a simulated topology, which says nothing about
+// machines) when they outnumber the `gpus` it sees, else 0. Both the Accelerator's check and the
+// Communicator's choice count these as sharing too, so that they agree.
+int ranks_sharing_by_count(const Topology& topo, int gpus, const std::string& my_uuid);
 
 // One line for `accel env` and `accel launch`: what `ranks` ranks on a node with `gpus` GPUs get under
 // ACCEL_CUDA_COMM in this build ("nccl (one GPU per rank)", "host (4 ranks share a GPU, ...)", or

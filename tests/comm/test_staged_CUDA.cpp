@@ -4,10 +4,12 @@
 // every rank and leaves the group usable. And which transport ACCEL_CUDA_COMM picks (comm/cuda_comm.h),
 // which runs everywhere (no device needed). Run under mpirun with 1-4 ranks, any number per GPU.
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
 #include "comm/communicator.h"
 #include "comm/cuda_comm.h"
+#include "comm/topology.h"
 #include "comm/transport/nccl/nccl_backend.h"
 #include "support/scoped_env.h"
 #include "test_world.h"
@@ -62,6 +64,19 @@ TEST(CudaCommChoice, RanksSharingAGpuGoByTheirUuids) {
   EXPECT_EQ(comm::ranks_sharing_a_gpu(w, uuid(r < 2 ? 0 : r)), n >= 2 ? 2 : 0);
   EXPECT_EQ(comm::ranks_sharing_a_gpu(w, uuid(0)), n >= 2 ? n : 0);
   EXPECT_EQ(comm::ranks_sharing_a_gpu(w, ""), 0);
+}
+
+// A rank that does not know its GPU's UUID counts the ranks of its node against the GPUs it sees (every
+// rank, under a simulated topology): the Accelerator's check and the Communicator's choice both add it.
+TEST(CudaCommChoice, ARankWithoutItsUuidCountsTheRanksOfItsNode) {
+  comm::Topology t;
+  t.world_size = 8;
+  t.local_world_size = 4;
+  EXPECT_EQ(comm::ranks_sharing_by_count(t, 2, ""), 4);
+  EXPECT_EQ(comm::ranks_sharing_by_count(t, 4, ""), 0);
+  EXPECT_EQ(comm::ranks_sharing_by_count(t, 2, std::string(16, 'g')), 0);  // known: the UUIDs decide
+  t.simulated = true;
+  EXPECT_EQ(comm::ranks_sharing_by_count(t, 4, ""), 8);
 }
 
 TEST(CudaCommChoice, TheVariableIsReadAndABadValueNamed) {
@@ -149,18 +164,23 @@ TEST(StagedComm_CUDA, EveryCollectiveGivesTheCpuPathsBits) {
         expect_same_bits(gy.narrow(0, r * k, k), cpu_rs, "reduce_scatter in place " + what);
       }
     }
-    // all_gather (out of place and from the output's own slice) and broadcast from every root
+    // all_gather (out of place and from the output's own slice; 300000 elements a rank: an output past
+    // 1 MiB, which the hierarchical transport gathers node by node) and broadcast from every root
+    for (int64_t k : {int64_t{4099}, int64_t{300000}}) {
+      const std::string what = std::string(c10::toString(dt)) + " k=" + std::to_string(k);
+      const at::Tensor x = values(dt, k, r, ++salt);
+      at::Tensor cpu_ag = at::empty({N * k}, x.options());
+      s.comm->all_gather(x, cpu_ag);
+      at::Tensor g_ag = at::empty({N * k}, x.options().device(s.device));
+      s.comm->all_gather(x.to(s.device), g_ag);
+      expect_same_bits(g_ag, cpu_ag, "all_gather " + what);
+      at::Tensor g_ag2 = at::zeros({N * k}, x.options().device(s.device));
+      g_ag2.narrow(0, r * k, k).copy_(x);
+      s.comm->all_gather(g_ag2.narrow(0, r * k, k), g_ag2);
+      expect_same_bits(g_ag2, cpu_ag, "all_gather in place " + what);
+    }
     const int64_t k = 4099;
     const at::Tensor x = values(dt, k, r, ++salt);
-    at::Tensor cpu_ag = at::empty({N * k}, x.options());
-    s.comm->all_gather(x, cpu_ag);
-    at::Tensor g_ag = at::empty({N * k}, x.options().device(s.device));
-    s.comm->all_gather(x.to(s.device), g_ag);
-    expect_same_bits(g_ag, cpu_ag, std::string("all_gather ") + c10::toString(dt));
-    at::Tensor g_ag2 = at::zeros({N * k}, x.options().device(s.device));
-    g_ag2.narrow(0, r * k, k).copy_(x);
-    s.comm->all_gather(g_ag2.narrow(0, r * k, k), g_ag2);
-    expect_same_bits(g_ag2, cpu_ag, std::string("all_gather in place ") + c10::toString(dt));
     for (int root = 0; root < N; ++root) {
       at::Tensor cpu_b = x.clone(), gpu_b = x.to(s.device);
       s.comm->broadcast(cpu_b, {.root = root});
@@ -202,6 +222,63 @@ TEST(StagedComm_CUDA, CpuAndCudaCollectivesInterleaveInIssueOrder) {
   for (int i = 0; i < 6; ++i) {
     EXPECT_TRUE(at::equal(gpu[i].cpu(), at::full_like(gpu[i].cpu(), n * (n + 1) / 2 + n * i))) << i;
     EXPECT_TRUE(at::equal(cpu[i], at::full({1000}, n * (n + 1) / 2, at::kFloat))) << i;
+  }
+}
+
+// An input the caller's stream writes late (queued behind milliseconds of products) is what goes out,
+// for every collective: the copy to the host waits for the caller's stream, and the host transport
+// (every step of it, across simulated nodes too) for that copy. The results are read after wait() on
+// the caller's stream.
+TEST(StagedComm_CUDA, InputsWrittenLateByTheCallersStreamAreWhatIsReduced) {
+  SKIP_WITHOUT_DEVICE();
+  Staged s = staged_group();
+  const int N = s.comm->size(), r = s.comm->rank();
+  const auto on = at::TensorOptions().device(s.device);
+  const int64_t k = 300000;
+  at::Tensor ar = at::zeros({k}, on), rs_in = at::zeros({N * k}, on), rs_out = at::zeros({k}, on),
+             ag_in = at::zeros({k}, on), ag_out = at::zeros({N * k}, on), bc = at::zeros({k}, on);
+  // Busy work on the caller's stream first (the values stay finite: each product is rescaled).
+  at::Tensor busy = at::randn({2048, 2048}, on);
+  for (int i = 0; i < 40; ++i) busy = at::mm(busy, busy).div_(busy.size(0));
+  ar.fill_(r + 1);
+  rs_in.fill_(r + 1);
+  ag_in.fill_(r + 1);
+  if (r == 0) bc.fill_(7);
+  std::vector<comm::WorkPtr> works;
+  works.push_back(s.comm->all_reduce_async(ar));
+  works.push_back(s.comm->reduce_scatter_async(rs_in, rs_out));
+  works.push_back(s.comm->all_gather_async(ag_in, ag_out));
+  works.push_back(s.comm->broadcast_async(bc, {.root = 0}));
+  for (auto& w : works) w->wait();
+  const float sum = N * (N + 1) / 2.0f;
+  EXPECT_TRUE(at::equal(ar.cpu(), at::full({k}, sum))) << "all_reduce read the input before it was written";
+  EXPECT_TRUE(at::equal(rs_out.cpu(), at::full({k}, sum))) << "reduce_scatter";
+  EXPECT_TRUE(at::equal(ag_out.cpu(), at::arange(1, N + 1, at::kFloat).repeat_interleave(k))) << "all_gather";
+  EXPECT_TRUE(at::equal(bc.cpu(), at::full({k}, 7.0f))) << "broadcast";
+  EXPECT_TRUE(busy.isfinite().all().item<bool>());
+}
+
+// The result lands as raw bytes, as the CPU transports write it: the output's version counter does not
+// move, and an output made under c10::InferenceMode takes it outside that mode. (The CPU half runs
+// without a device too.)
+TEST(StagedComm_CUDA, TheResultLandsAsRawBytesAsOnTheCpu) {
+  Staged s = staged_group();
+  const float n = s.comm->size();
+  std::vector<c10::Device> devices{c10::kCPU};
+  if (s.device.is_cuda()) devices.push_back(s.device);
+  for (const c10::Device d : devices) {
+    at::Tensor t = at::ones({1000}, at::TensorOptions().device(d));
+    const auto before = t._version();
+    s.comm->all_reduce(t);
+    EXPECT_EQ(t._version(), before) << d;
+    EXPECT_TRUE(at::equal(t.cpu(), at::full({1000}, n))) << d;
+    at::Tensor inference;
+    {
+      c10::InferenceMode guard;
+      inference = at::ones({1000}, at::TensorOptions().device(d));
+    }
+    EXPECT_NO_THROW(s.comm->all_reduce(inference)) << d;
+    EXPECT_TRUE(at::equal(inference.cpu(), at::full({1000}, n))) << d;
   }
 }
 

@@ -3,6 +3,7 @@
 #include "comm/transport/staged/staged_backend.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
@@ -104,7 +105,10 @@ class StagedBackend final : public Backend {
       const c10::DeviceGuard on_device(device);
       queued->block(stream);
       c10::StreamGuard on_copy_stream(stream);
-      c10::NoGradGuard raw_bytes;
+      // Raw bytes, as the CPU transports and NCCL write them: below autograd and the in-place view
+      // tracking, so the output's version counter does not move and an inference tensor (made under
+      // c10::InferenceMode, which this thread never enters) takes the result.
+      at::AutoDispatchBelowADInplaceOrView raw_bytes;
       if (copy_back && out.numel() > 0) {
         out.copy_(h_out, /*non_blocking=*/true);
         c10::impl::VirtualGuardImpl(device.type()).recordDataPtrOnStream(out.storage().data_ptr(), stream);
