@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
     DataLoader<ShapesData> eval_loader(eval, {.batch_size = 50});
     auto opt = acc.prepare(model, adam, loader);
     acc.prepare_data_loader(eval_loader);
-    maybe_resume(acc, args);  // (--resume_from_checkpoint: the loaders and the schedule go on from there)
+    maybe_resume(acc, args);  // (--resume_from_checkpoint: the loaders go on from there)
 
     LossLog log(acc, args.log_file);
     ProgressBar bar(args.steps - acc.step(), "train", acc.is_local_main_process());
