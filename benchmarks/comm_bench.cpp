@@ -115,8 +115,12 @@ int main(int argc, char** argv) {
   std::string dtype_name = "float32";
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather"};
   std::vector<std::string> impls = {"accel", "mpi", "mpi_nb"};
-  app.add_option("-b,--min-bytes", min_bytes, "smallest size in bytes")->capture_default_str();
-  app.add_option("-e,--max-bytes", max_bytes, "largest size in bytes")->capture_default_str();
+  app.add_option("-b,--min-bytes", min_bytes, "smallest size in bytes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("-e,--max-bytes", max_bytes, "largest size in bytes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("-f,--step-factor", factor, "size multiplier between rows")
       ->capture_default_str()
       ->check(CLI::Range(2, 1024));

@@ -118,6 +118,10 @@ case "$DEVICE" in
     ;;
   *) echo "largest_model.sh: --device cpu or cuda, not '$DEVICE'" >&2; exit 2 ;;
 esac
+if [ -n "$FIXED_D" ] && { [ -z "$OFFLOAD" ] || [ "$DEVICE" != cpu ]; }; then
+  echo "largest_model.sh: --d-model is the one size of the CPU's --offload DIR run; the search grows d_model itself (--start and --max-d bound it)" >&2
+  exit 2
+fi
 if (( RES % HEADS != 0 )); then echo "largest_model.sh: --resolution $RES is not a multiple of --heads $HEADS" >&2; exit 2; fi
 for kv in $START; do
   d=${kv#*=}

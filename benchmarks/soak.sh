@@ -55,11 +55,14 @@ shm_before=$(ls /dev/shm | sort)
 
 # Kill steps: KILLS random steps, each in its own stretch of the run after RSS_AT (so a kill never
 # lands before the job reached the previous one's resume point again), in order.
-span=$(((STEPS - RSS_AT - EVERY) / KILLS))
+RANDOM=$SEED  # (the kill steps and victims below follow --seed too, as gpt_lm's data does)
 kill_at=()
-for k in $(seq 0 $((KILLS - 1))); do
-  kill_at+=($((RSS_AT + EVERY / 2 + k * span + RANDOM % (span - EVERY))))
-done
+if [ "$KILLS" -ge 1 ]; then
+  span=$(((STEPS - RSS_AT - EVERY) / KILLS))
+  for k in $(seq 0 $((KILLS - 1))); do
+    kill_at+=($((RSS_AT + EVERY / 2 + k * span + RANDOM % (span - EVERY))))
+  done
+fi
 echo "soak: $RANKS ranks, ZeRO-3, $STEPS steps, checkpoint every $EVERY (total_limit $LIMIT), kills at steps ${kill_at[*]}"
 echo "soak: output in $OUT"
 

@@ -244,7 +244,7 @@ int run_bench(int argc, char** argv) {
                  "fp32 | bf16 | fp16 | fp8 (param/reduce/master dtypes; fp8: Float8Linear blocks and fp8 "
                  "all-gathers); a comma-separated list interleaves too");
   app.add_option("--steps", steps, "measured steps")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "unmeasured steps first");
+  app.add_option("--warmup", warmup, "unmeasured steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--batch", batch, "sequences per rank per step")->check(CLI::PositiveNumber);
   app.add_flag("--show-loss", show_loss, "print rank 0's loss of every step to stderr (a sanity check)");
   app.add_option("--layers", cfg.layers, "transformer blocks (each a unit)");
@@ -335,9 +335,17 @@ int run_bench(int argc, char** argv) {
     } catch (const std::exception& e) {
       return e.what();
     }
+    if (json && (split_list(strategy).size() > 1 || precs.size() > 1))
+      return "--json prints one run's line: give one --strategy and one --precision (a list interleaves runs and "
+             "prints their ratios instead)";
     for (const auto& name : split_list(strategy)) {
       if (name != "plain") continue;
       if (checkpoint) return "--checkpoint needs an accel strategy, not plain";
+      // (plain is libtorch's loop: no engine to offload, step in backward or reduce micro-batches)
+      if (!offload_optimizer.empty() || !offload_param.empty())
+        return "--offload-optimizer and --offload-param need an accel strategy (ZERO_1-3, FULL_SHARD, ...), not plain";
+      if (step_in_backward) return "--step-in-backward needs an accel strategy, not plain";
+      if (sync_each_batch != "auto") return "--sync-each-batch needs an accel strategy, not plain";
       for (const auto& prec : precs)
         if (prec.low())
           // plain is the libtorch loop without accel: there is no engine to keep fp32 masters of

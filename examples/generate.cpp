@@ -16,7 +16,8 @@
 //
 // --drop_page_cache: after a disk layer runs its pages are also dropped from the page cache, so every
 // token reads the offloaded layers from the disk again (the disk's read bandwidth is then the bound,
-// not the page cache's copy). --measure_disk_mb N times the disk first and prints that bound.
+// not the page cache's copy). --measure_disk_mb N (with --offload_folder) times the disk after decoding and
+// prints that bound where layers are on disk.
 #include "checkpoint/safetensors.h"
 #include "dispatch/dispatch.h"
 #include "models/llama.h"
@@ -131,12 +132,14 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", prompt, "token ids, comma-separated (default: --prompt_tokens random ids)");
   app.add_option("--prompt_tokens", prompt_tokens, "random prompt length")->check(CLI::PositiveNumber);
   app.add_option("--max_new_tokens", new_tokens, "tokens to generate")->check(CLI::PositiveNumber);
-  app.add_option("--dtype", dtype_name, "fp32 | bf16 | fp16 (default: config.json's dtype)");
+  app.add_option("--dtype", dtype_name,
+                 "fp32 | bf16 | fp16 (default: config.json's dtype; a --preset's random checkpoint: fp32)");
   app.add_option("--seed", seed, "prompt / random checkpoint seed");
   app.add_option("--save_logits", save_logits, "write every step's last-position logits to this safetensors file");
   app.add_flag("--drop_page_cache", drop_page_cache, "drop disk layers from the page cache after they run");
   app.add_option("--measure_disk_mb", measure_disk_mb,
-                 "time reading this many MiB in --offload_folder first: the disk's bound on tokens/s");
+                 "after decoding, time reading this many MiB in --offload_folder: the disk's bound on tokens/s "
+                 "where layers are on disk");
   app.add_option("--make_random_checkpoint", make_dir, "write a random checkpoint into this directory and exit");
   app.add_option("--config", config_file, "with --make_random_checkpoint: a config.json (else --preset)");
   app.add_option("--preset", preset_name, "with --make_random_checkpoint: tiny | 1b");
@@ -145,11 +148,16 @@ int main(int argc, char** argv) {
   try {
     if (!make_dir.empty()) {
       models::LlamaConfig c = config_file.empty() ? preset(preset_name) : models::LlamaConfig::from_file(config_file);
-      make_random_checkpoint(make_dir, c, dtype_name.empty() ? at::kFloat : parse_dtype(dtype_name),
-                             parse_size(max_shard), seed);
+      // --dtype, else the config.json's, else (a preset) fp32
+      const c10::ScalarType dtype = !dtype_name.empty()                        ? parse_dtype(dtype_name)
+                                    : !config_file.empty() && !c.dtype.empty() ? parse_dtype(c.dtype)
+                                                                               : at::kFloat;
+      make_random_checkpoint(make_dir, c, dtype, parse_size(max_shard), seed);
       return 0;
     }
     if (model_dir.empty()) throw std::invalid_argument("--model DIR is required (or --make_random_checkpoint DIR)");
+    if (measure_disk_mb > 0 && offload_folder.empty())
+      throw std::invalid_argument("--measure_disk_mb times reads in --offload_folder: give one");
     const models::LlamaConfig config = models::LlamaConfig::from_file(model_dir);
     const c10::ScalarType dtype = parse_dtype(dtype_name.empty() ? config.dtype : dtype_name);
 
@@ -232,7 +240,9 @@ int main(int argc, char** argv) {
         ids.size(), prefill_s, static_cast<long long>(new_tokens - 1), decode_s,
         new_tokens > 1 ? (new_tokens - 1) / decode_s : 0.0, status_bytes("VmHWM") / 1048576.0, rss_start / 1048576.0,
         paging_stats().bytes_paged / 1048576.0);
-    if (measure_disk_mb > 0 && !offload_folder.empty() && r.bytes_by_place.count("disk")) {
+    if (measure_disk_mb > 0 && !r.bytes_by_place.count("disk"))
+      std::printf("--measure_disk_mb: no layer is on disk under this device map, so the disk bounds nothing\n");
+    if (measure_disk_mb > 0 && r.bytes_by_place.count("disk")) {
       files::make_dirs(offload_folder);
       const auto bw = offload::measure_disk(offload_folder, static_cast<std::uint64_t>(measure_disk_mb) << 20);
       const double per_token = r.bytes_by_place.at("disk") / 1e9;  // GB read per token from disk

@@ -89,7 +89,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup_steps", warmup_steps,
                  "raise the learning rate linearly from 0 over this many optimizer steps, then keep --lr (0: none)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--max_grad_norm", max_grad_norm, "clip the gradients to this global norm before each step (0: none)")
+  app.add_option("--max_grad_norm", max_grad_norm,
+                 "clip the gradients to this global norm before each step (0: none; a DeepSpeed config's "
+                 "gradient_clipping, where set, clips instead, as in Accelerate)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--float64", float64,
                "parameters, compute and loss in float64 (for exact comparisons; not with mixed precision)");

@@ -315,9 +315,9 @@ Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
         fmt::format("{}: {} key(s) accepted but without effect here: {}", where(cfg_), cfg_.ignored.size(), keys));
   }
   if (is_main_process()) log_start(*world_, device_);
-  if (is_main_process() && num_processes() > 1 && !cfg_.source.empty() && cfg_.num_processes != num_processes())
+  if (is_main_process() && cfg_.num_processes && *cfg_.num_processes != num_processes())
     log::warning(fmt::format("{} says num_processes {}, running with {} (the launcher's count wins)", cfg_.source,
-                             cfg_.num_processes, num_processes()));
+                             *cfg_.num_processes, num_processes()));
 }
 
 Accelerator::~Accelerator() = default;
@@ -374,7 +374,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
     nn::set_float8_recipe(
         *model, mixed_precision::float8_recipe_from_string(cfg_.fp8.recipe),
         cfg_.fp8.fp8_format == "E4M3" ? mixed_precision::Fp8Format::E4M3 : mixed_precision::Fp8Format::E5M2);
-  if (env::get("ACCEL_STEP_IN_BACKWARD") == "1") {
+  if (env::get_int("ACCEL_STEP_IN_BACKWARD") != 0) {  // (0/1, as every switch: "true" is an error, not off)
     // The step runs as each gradient is final: nothing may change the gradients between backward and step.
     if (cfg_.mixed_precision == MixedPrecision::Fp16)
       throw ConfigError(
@@ -415,7 +415,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
 void Accelerator::maybe_auto_resume() {
   // The config's resume_from_checkpoint, unless ACCEL_AUTO_RESUME says, unless the option says.
   std::string from = cfg_.resume_from_checkpoint;
-  if (env::is_set("ACCEL_AUTO_RESUME")) from = env::get("ACCEL_AUTO_RESUME") == "1" ? "latest" : "";
+  if (env::is_set("ACCEL_AUTO_RESUME")) from = env::get_int("ACCEL_AUTO_RESUME") != 0 ? "latest" : "";
   if (opts_.auto_resume) from = *opts_.auto_resume ? "latest" : "";
   if (from.empty()) return;
   if (from != "latest") {  // a directory: that checkpoint, at every start

@@ -58,9 +58,9 @@ BatchConfig resolve_batch(BatchConfig batch, int world, std::optional<std::int64
 // fp16 dynamic loss scaling, DeepSpeed's keys and defaults (fp16 block): the LossScaler's own options.
 using LossScalerConfig = mixed_precision::LossScalerOptions;
 
-// fp8_config (used by mixed_precision fp8). accel's fp8 has one recipe (Float8Linear: e4m3 forward,
-// e5m2 gradients, dynamic tensorwise scales), so Accelerate's recipe keys (backend, fp8_format,
-// amax_*, margin, interval, pad_inner_dim, use_autocast_during_eval) are accepted and ignored.
+// fp8_config (used by mixed_precision fp8): Float8Linear with dynamic scales, tensorwise or rowwise
+// (`recipe`), e4m3 forward and e5m2 or e4m3 gradients (`fp8_format`). Accelerate's other recipe keys
+// (backend, amax_*, margin, interval, pad_inner_dim, use_autocast_during_eval) are accepted and ignored.
 struct Fp8Config {
   bool enable_fsdp_float8_all_gather = true;  // ZeRO-3 / FULL_SHARD units gathered as fp8 bytes
   std::string recipe = "tensorwise";          // Float8Linear's scaling: tensorwise | rowwise (torchao's names)
@@ -78,8 +78,10 @@ struct AcceleratorConfig {
   std::string source;  // the file(s) read, "" when everything is a default
   DistributedType distributed_type = DistributedType::No;
   MixedPrecision mixed_precision = MixedPrecision::No;
-  int num_processes = 1;  // total over all machines
-  int num_machines = 1;
+  // As the file says (total over all machines); unset where it says nothing (a DeepSpeed JSON never
+  // does): the launcher's --num_processes or hostfile decides, else 1.
+  std::optional<int> num_processes;
+  std::optional<int> num_machines;
   int max_restarts = 0;  // accel launch: starts of the job again after a failure
   bool use_cpu = false;
   // Resolved once the batch triad is known; until then the value the files gave (or 1).

@@ -208,13 +208,14 @@ void read_machine(const Section& top, AcceleratorConfig& cfg) {
   if (auto v = top.integer("num_machines", 1, kIntMax, "an integer >= 1")) cfg.num_machines = static_cast<int>(*v);
   if (auto v = top.integer("max_restarts", 0, kIntMax, "an integer >= 0")) cfg.max_restarts = static_cast<int>(*v);
   // machine_rank, main_process_ip and main_process_port are ignored (kMachine), but still checked.
-  if (auto v = top.integer("machine_rank", 0, kIntMax, "an integer >= 0"); v && *v >= cfg.num_machines)
-    cd::fail(top.file(), fmt::format("machine_rank is {}, expected 0..{} (num_machines is {})", *v,
-                                     cfg.num_machines - 1, cfg.num_machines));
-  if (procs && cfg.num_processes % cfg.num_machines != 0)
+  const int machines = cfg.num_machines.value_or(1);
+  if (auto v = top.integer("machine_rank", 0, kIntMax, "an integer >= 0"); v && *v >= machines)
+    cd::fail(top.file(),
+             fmt::format("machine_rank is {}, expected 0..{} (num_machines is {})", *v, machines - 1, machines));
+  if (procs && *cfg.num_processes % machines != 0)
     cd::fail(top.file(), fmt::format("num_processes is {}, expected a multiple of num_machines ({}): every machine "
                                      "runs the same number of processes",
-                                     cfg.num_processes, cfg.num_machines));
+                                     *cfg.num_processes, machines));
   if (auto ip = top.text("main_process_ip", "a host name or IP address")) {
     const std::string s = cd::trim(*ip);
     bool ok = !s.empty();

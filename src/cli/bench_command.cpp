@@ -213,7 +213,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--precision", a->precision, "fp32, bf16, fp16, fp8, comma-separated (default fp32)");
   cmd->add_option("--out", a->out, "Directory for scaling.jsonl, the PNGs and logs/ (default accel_bench)");
   cmd->add_option("--steps", a->steps, "Measured steps per run (step_bench --steps)")->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", a->warmup, "Unmeasured steps first (step_bench --warmup)");
+  cmd->add_option("--warmup", a->warmup, "Unmeasured steps first (step_bench --warmup)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--batch", a->batch, "Sequences per rank per step")->check(CLI::PositiveNumber);
   cmd->add_option("--layers", a->layers, "Model: transformer blocks")->check(CLI::PositiveNumber);
   cmd->add_option("--d_model,--d-model", a->d_model, "Model: width")->check(CLI::PositiveNumber);

@@ -9,6 +9,7 @@
 
 #include "accelerator/config.h"
 #include "accelerator/config_keys.h"
+#include "base/error.h"
 #include "base/files.h"
 #include "comm/transport/nccl/nccl_backend.h"
 
@@ -89,14 +90,22 @@ void add_config_command(CLI::App& app, int& exit_code) {
   });
 
   auto* ex = cmd->add_subcommand("explain", "Say what a config (Accelerate YAML or DeepSpeed JSON) will do");
-  ex->add_option("file", a->explain_file, fmt::format("The config file (default: {})", default_config_path()));
+  ex->add_option(
+      "file", a->explain_file,
+      fmt::format("The config file (default: accel config's --config_file, else {})", default_config_path()));
   ex->add_option("--num_processes", a->num_processes, "Explain it for this many ranks (default: the file's)")
       ->check(CLI::PositiveNumber);
   ex->add_option("--num_machines", a->num_machines, "... on this many machines (default: the file's)")
       ->check(CLI::PositiveNumber);
   ex->callback([&exit_code, a] {
     try {
-      const std::string path = a->explain_file.empty() ? default_config_path() : a->explain_file;
+      // The file: explain's own argument, else `accel config --config_file F explain`'s, else the default.
+      if (!a->explain_file.empty() && !a->config_file.empty() && a->explain_file != a->config_file)
+        throw accel::InvalidArgumentError(
+            fmt::format("two files to explain ({} and --config_file {}): give one", a->explain_file, a->config_file));
+      const std::string path = !a->explain_file.empty()  ? a->explain_file
+                               : !a->config_file.empty() ? a->config_file
+                                                         : default_config_path();
       const AcceleratorConfig cfg = load_config_file(path);
       fmt::print("{}", explain_config(cfg, a->num_processes, a->num_machines));
       exit_code = 0;

@@ -79,8 +79,8 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
                            std::optional<int> num_machines) {
   AcceleratorConfig cfg = given;
   apply_precision_policy(cfg);  // the dtypes mixed_precision gives, as the Accelerator will use them
-  const int n = num_processes.value_or(cfg.num_processes);
-  const int m = num_machines.value_or(cfg.num_machines);
+  const int n = num_processes.value_or(cfg.num_processes.value_or(1));
+  const int m = num_machines.value_or(cfg.num_machines.value_or(1));
   const zero::ShardingSpec& s = cfg.spec;
   std::ostringstream o;
   auto row = [&](const std::string& k, const std::string& v) { o << fmt::format("{:<14}{}\n", k, v); };

@@ -221,6 +221,9 @@ std::string config_yaml(const ConfigAnswers& a) {
     y << "  fsdp_forward_prefetch: true\n";
     y << "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
     y << "  fsdp_activation_checkpointing: " << (a.activation_checkpointing ? "true" : "false") << "\n";
+    // FSDP's CPUOffload: parameters, gradients and the optimizer step on the host (accel tune's
+    // optimizer+params candidates; optimizer offload alone has no FSDP key).
+    if (a.offload_params != "none") y << "  fsdp_offload_params: true\n";
   } else {
     y << "distributed_type: " << (a.num_processes == 1 ? "NO" : a.use_cpu ? "MULTI_CPU" : "MULTI_GPU") << "\n";
   }

@@ -18,7 +18,7 @@ struct ConfigAnswers {
   // ddp, zero1, zero2, zero3, full_shard, shard_grad_op, no_shard, hybrid_shard
   std::string strategy = "ddp";
   std::string offload_optimizer = "none";  // DeepSpeed: none | cpu | nvme
-  std::string offload_params = "none";     // DeepSpeed ZeRO-3
+  std::string offload_params = "none";  // DeepSpeed ZeRO-3; FSDP: "cpu" writes fsdp_offload_params (with the optimizer)
   std::string offload_optimizer_nvme_path, offload_param_nvme_path;
   double gradient_clipping = 0;                        // DeepSpeed; 0 = none
   std::string wrap_policy = "TRANSFORMER_BASED_WRAP";  // FSDP: TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP

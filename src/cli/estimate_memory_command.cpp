@@ -43,6 +43,10 @@ int run_estimate(const EstimateArgs& a) {
           "a GPT shape needs --d_model, --layers, --heads and --seq (--micro_batch and --vocab are optional)");
     if (!a.has_shape_part && a.params.empty())
       throw EstimateError("give --params or a GPT shape (--d_model --layers --heads --seq)");
+    if (a.has_overhead && !a.has_shape)
+      throw EstimateError(
+          "--overhead goes with a GPT shape (--d_model --layers --heads --seq), whose estimate is a whole peak; "
+          "the --params estimate counts model states alone");
     if (!a.has_shape) r.params = parse_param_count(a.params);
     r.num_processes = parse_num_processes(a.num_processes);
     r.dtype = parse_dtype(a.dtype);
@@ -95,8 +99,8 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code) {
                       "eager (scores written out; the default, as the examples on the CPU) or sdpa (fused, as on "
                       "CUDA)")};
   auto* overhead = cmd->add_option("--overhead", args->overhead,
-                                   "per-rank memory the allocator does not count (runtime; default 0.55GB; 0 for a "
-                                   "device capped through its allocator)");
+                                   "with a GPT shape: per-rank memory the allocator does not count (runtime; default "
+                                   "0.55GB; 0 for a device capped through its allocator)");
   cmd->add_option("--num_processes", args->num_processes, "Ranks the states are sharded over (default 1)");
   cmd->add_option("--dtype,--mixed_precision", args->dtype,
                   "bf16 | fp16 (2-byte params and grads, fp32 master) | fp32 (no) | fp8 (default bf16)");

@@ -300,6 +300,7 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   if (o.use_cpu) req.env.emplace_back("ACCEL_USE_CPU", "1");
   if (o.zero_stage) req.env.emplace_back("ACCEL_ZERO_STAGE", std::to_string(*o.zero_stage));
   if (o.fsdp_sharding_strategy) req.env.emplace_back("ACCEL_FSDP_SHARDING_STRATEGY", *o.fsdp_sharding_strategy);
+  if (args.auto_resume) req.env.emplace_back("ACCEL_AUTO_RESUME", "1");  // (as the flags above, over an exported one)
   // Variables already set here reach ranks on other machines too (mpirun forwards only -x ones).
   std::map<std::string, bool> named;
   for (const auto& [k, v] : req.env) named[k] = true;
@@ -320,7 +321,6 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   // page faults and zeroing (perf), and the step took 6.0 s against 4.9 s with huge pages (docs/performance.md,
   // "step_bench at 0.59B"). The user's own value wins (0 turns it off).
   if (!named["THP_MEM_ALLOC_ENABLE"]) req.env.emplace_back("THP_MEM_ALLOC_ENABLE", "1");
-  if (args.auto_resume && !named["ACCEL_AUTO_RESUME"]) req.env.emplace_back("ACCEL_AUTO_RESUME", "1");
 
   if (!args.hostfile.empty()) {
     req.hosts = read_hostfile(args.hostfile);

@@ -136,8 +136,8 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
     const AcceleratorConfig base = load_config_file(a.config_file);
     req.precision = to_string(base.mixed_precision);
     req.gradient_clipping = base.gradient_clipping.value_or(0);
-    req.num_processes = base.num_processes;
-    req.num_machines = base.num_machines;
+    req.num_processes = base.num_processes.value_or(1);
+    req.num_machines = base.num_machines.value_or(1);
     base_note =
         fmt::format("base config {} (its mixed_precision {} and gradient clipping kept)", a.config_file, req.precision);
   }

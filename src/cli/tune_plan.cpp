@@ -152,6 +152,10 @@ TuneGrid plan_tune(const TuneRequest& request) {
               why = "HYBRID_SHARD needs several machines";
             else if (s == "HYBRID_SHARD" && bucket != kDefaultBucketMib)
               why = "HYBRID_SHARD's Accelerate YAML has no bucket size";
+            else if (s == "HYBRID_SHARD" && off == "optimizer")
+              why =
+                  "HYBRID_SHARD's Accelerate YAML offloads the optimizer only with the parameters "
+                  "(fsdp_offload_params)";
             else if (off != "none" && !r.device_cuda)
               why = "offload on a CPU run changes nothing (the state is in host memory already)";
             else if (off == "optimizer+params" && s != "ZERO_3" && s != "HYBRID_SHARD")
@@ -398,27 +402,39 @@ WinnerFiles winner_accelerate(const TuneCandidate& c, const TuneRequest& r, cons
   // The YAML says it inline where its keys can: the default bucket, and checkpointing only through
   // FSDP's key (ZeRO-2/3 and DDP have FSDP names; offloading the optimizer alone has none in FSDP).
   const bool default_bucket = c.bucket_mib == kDefaultBucketMib;
+  // Gradient clipping and offload have keys in DeepSpeed's section only (FSDP's offloads parameters
+  // and optimizer together): a winner with either stays there (or in the JSON), as it was measured.
+  const bool clips = r.gradient_clipping > 0;
   std::string strategy;
   if (c.strategy == "HYBRID_SHARD") {
     strategy = "hybrid_shard";
-  } else if (default_bucket && !c.checkpointing) {
+  } else if (default_bucket && !c.checkpointing && (c.strategy != "DDP" || (!clips && c.offload == "none"))) {
     strategy = c.strategy == "DDP"      ? "ddp"
                : c.strategy == "ZERO_1" ? "zero1"
                : c.strategy == "ZERO_2" ? "zero2"
                                         : "zero3";
-  } else if (default_bucket && c.offload != "optimizer" && c.strategy != "ZERO_1" &&
+  } else if (default_bucket && !clips && c.offload != "optimizer" && c.strategy != "ZERO_1" &&
              (c.accumulation == 1 || !candidate_syncs_each_batch(c))) {
     strategy = c.strategy == "DDP" ? "no_shard" : c.strategy == "ZERO_2" ? "shard_grad_op" : "full_shard";
   }
-  if (!strategy.empty()) return {commented(how_chosen, config_yaml(answers_for(c, r, strategy))), ""};
+  if (!strategy.empty()) {
+    std::vector<std::string> lines = how_chosen;
+    if (clips && strategy == "hybrid_shard")
+      lines.push_back(
+          fmt::format("The base config's gradient_clipping {} has no key in FSDP's section (measured "
+                      "without it): clip in the training loop (clip_grad_norm_).",
+                      fmt_num(r.gradient_clipping)));
+    return {commented(lines, config_yaml(answers_for(c, r, strategy))), ""};
+  }
   std::string yaml = fmt::format(
       "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: "
       "{}\nnum_machines: {}\nnum_processes: {}\nuse_cpu: {}\n",
       json_path, r.num_machines, r.num_processes, r.device_cuda ? "false" : "true");
   std::vector<std::string> lines = how_chosen;
   lines.push_back(
-      "The YAML cannot say all of it (bucket size, checkpointing under ZeRO-1 / optimizer offload, or ZeRO-2/3 "
-      "micro-steps that each reduce, as measured: FSDP's names would not): " +
+      "The YAML cannot say all of it (bucket size, checkpointing under ZeRO-1 / optimizer offload, gradient "
+      "clipping outside DeepSpeed's section, or ZeRO-2/3 micro-steps that each reduce, as measured: FSDP's names "
+      "would not): " +
       json_path + " does.");
   return {commented(lines, yaml), json_config(c, r, {})};
 }

@@ -339,7 +339,7 @@ std::string decisions(const AcceleratorConfig& c) {
              "wrap {} "
              "dtypes {}/{}/{} fp8ag {} | offload {}/{} state {} fsdp_v {} save16 {} dsfile '{}' | scaler {} {} {} {} "
              "{} {} | fp8 {}",
-             to_string(c.distributed_type), to_string(c.mixed_precision), c.num_processes, c.num_machines,
+             to_string(c.distributed_type), to_string(c.mixed_precision), opt(c.num_processes), opt(c.num_machines),
              c.max_restarts, c.use_cpu, c.gradient_accumulation_steps, opt(c.batch.train_batch_size),
              opt(c.batch.micro_batch_per_gpu), opt(c.batch.gradient_accumulation_steps), opt(c.gradient_clipping),
              s.to_string(), s.forward_prefetch, s.backward_prefetch, s.align_elements, wrap, dt(s.param_dtype),

@@ -26,8 +26,8 @@ TEST(ConfigYaml, MinimalIsDefaults) {
   const auto c = yaml("distributed_type: NO\n");
   EXPECT_EQ(c.distributed_type, DistributedType::No);
   EXPECT_EQ(c.mixed_precision, MixedPrecision::No);
-  EXPECT_EQ(c.num_processes, 1);
-  EXPECT_EQ(c.num_machines, 1);
+  EXPECT_FALSE(c.num_processes);  // (unset: the launcher decides)
+  EXPECT_FALSE(c.num_machines);
   EXPECT_FALSE(c.use_cpu);
   EXPECT_EQ(c.gradient_accumulation_steps, 1);
   EXPECT_EQ(c.spec.strategy, Strategy::NoShard);

@@ -16,6 +16,12 @@ if(ACCEL_BUILD_BENCHMARKS AND ACCEL_PYTHON)
   set_tests_properties(cli_launch_torch_anchor_parity PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 600
                        SKIP_RETURN_CODE 77)
 endif()
+# step_bench refuses what it would otherwise ignore (tests/cli/step_bench_refusals.sh), one rank.
+if(ACCEL_BUILD_BENCHMARKS)
+  add_test(NAME cli_step_bench_refusals
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/step_bench_refusals.sh $<TARGET_FILE:step_bench>)
+  set_tests_properties(cli_step_bench_refusals PROPERTIES ENVIRONMENT "${ACCEL_TEST_ENV}" TIMEOUT 120)
+endif()
 # step_bench's model FLOPs and MFU against the closed form (tests/cli/mfu_check.sh), at 1 and 2 ranks.
 if(ACCEL_BUILD_BENCHMARKS AND ACCEL_PYTHON)
   add_test(NAME cli_step_bench_mfu

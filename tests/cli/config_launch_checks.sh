@@ -113,6 +113,15 @@ dry_run)  # the mpirun command for a hostfile: one app context per machine
   grep -Eq -- "-np 2 --host node-a:2 .*/accel-rank --node_rank 0 --num_nodes 2 -- true : -np 2 --host node-b:2 .*--node_rank 1" <<<"$out" \
     && pass "two app contexts" || { fail "unexpected command"; echo "$out"; }
   grep -q "accel launch: 4 rank(s) on 2 machines (2 per machine) via mpirun" <<<"$out" && pass "summary line" || fail "no summary line"
+  # A config that names no count (a DeepSpeed JSON never does) leaves it to the hostfile: 2 x 2 ranks.
+  out=$("$ACCEL" launch --dry_run --hostfile "$WORK/hosts" --config_file "$SRC/configs/deepspeed/zero3.json" true 2>&1) ||
+    fail "dry run exited $?"
+  grep -q "accel launch: 4 rank(s) on 2 machines (2 per machine) via mpirun" <<<"$out" \
+    && pass "the hostfile's slots and hosts, under a config without counts" || { fail "hostfile counts lost"; echo "$out"; }
+  # --auto_resume wins over an ACCEL_AUTO_RESUME exported here, as the other flags win over theirs.
+  out=$(ACCEL_AUTO_RESUME=0 "$ACCEL" launch --dry_run --auto_resume -n 1 true 2>&1) || fail "dry run exited $?"
+  grep -q -- "-x ACCEL_AUTO_RESUME=1" <<<"$out" && ! grep -q "ACCEL_AUTO_RESUME=0" <<<"$out" \
+    && pass "--auto_resume over an exported ACCEL_AUTO_RESUME=0" || { fail "--auto_resume lost"; echo "$out"; }
   # A config the program gets on its own command line, or through ACCEL_CONFIG_FILE, is named, not "no config file".
   export ACCEL_HOME=$WORK/empty_home  # (no default config there)
   out=$("$ACCEL" launch --dry_run -n 2 true --steps 3 --config_file my.yaml 2>&1) || fail "dry run exited $?"
@@ -198,6 +207,12 @@ explain_shipped)  # every shipped config explains without error, and holds only 
     out=$("$ACCEL" config explain "$SRC/$f" 2>&1) && grep -q "^Strategy" <<<"$out" && grep -q "^Ignored keys  none$" <<<"$out" \
       && pass "$f" || { fail "$f"; echo "$out"; }
   done
+  # `accel config --config_file F explain` explains F (Accelerate's `accelerate config --config_file`).
+  out=$(ACCEL_HOME=$WORK/empty_home "$ACCEL" config --config_file "$SRC/configs/fsdp/full_shard.yaml" explain 2>&1) \
+    && grep -q "^Strategy.*FULL_SHARD" <<<"$out" && pass "config --config_file F explain" \
+    || { fail "config --config_file F explain"; echo "$out"; }
+  expect_error "two files to explain" "$ACCEL" config --config_file "$SRC/configs/ddp.yaml" explain \
+    "$SRC/configs/fsdp/full_shard.yaml"
   ;;
 *) echo "unknown scenario '$SCENARIO'"; exit 2 ;;
 esac

@@ -64,7 +64,8 @@ set(_em_cases
   "accumulation_zero|error: --gradient_accumulation_steps: must be at least 1|${ACCEL_CLI} estimate-memory --params 7.5e9 --gradient_accumulation_steps 0"
   "gpt_and_params|error: give either --params or a GPT shape|${ACCEL_CLI} estimate-memory --params 1B --d_model 64 --layers 2 --heads 2 --seq 8"
   "gpt_partial|error: a GPT shape needs --d_model, --layers, --heads and --seq|${ACCEL_CLI} estimate-memory --d_model 64 --layers 2"
-  "gpt_heads|error: --heads: 3 does not divide --d_model 64|${ACCEL_CLI} estimate-memory --d_model 64 --layers 2 --heads 3 --seq 8")
+  "gpt_heads|error: --heads: 3 does not divide --d_model 64|${ACCEL_CLI} estimate-memory --d_model 64 --layers 2 --heads 3 --seq 8"
+  "overhead_with_params|error: --overhead goes with a GPT shape|${ACCEL_CLI} estimate-memory --params 1B --overhead 9GB")
 foreach(_case IN LISTS _em_cases)
   string(REPLACE "|" ";" _parts "${_case}")
   list(GET _parts 0 _name)

@@ -125,8 +125,18 @@ TEST(TunePlan, TheGridKeepsTheGlobalBatchAndPrunesWhatCannotRunWithWhy) {
   h.num_machines = 2;
   const TuneGrid hg2 = plan_tune(h);
   bool hybrid = false;
-  for (const auto& c : hg2.runnable) hybrid = hybrid || c.strategy == "HYBRID_SHARD";
+  for (const auto& c : hg2.runnable) {
+    hybrid = hybrid || c.strategy == "HYBRID_SHARD";
+    // (FSDP's YAML offloads the optimizer only with the parameters: fsdp_offload_params)
+    EXPECT_FALSE(c.strategy == "HYBRID_SHARD" && c.offload == "optimizer");
+  }
   EXPECT_TRUE(hybrid);
+  bool hybrid_optimizer_pruned = false;
+  for (const auto& p : hg2.pruned)
+    hybrid_optimizer_pruned =
+        hybrid_optimizer_pruned || (p.candidate.strategy == "HYBRID_SHARD" && p.candidate.offload == "optimizer" &&
+                                    p.why.find("fsdp_offload_params") != std::string::npos);
+  EXPECT_TRUE(hybrid_optimizer_pruned);
 }
 
 TEST(TunePlan, DefaultsAndBadRequestsNameTheFlag) {
@@ -292,6 +302,7 @@ TEST(TunePlan, CandidateConfigsSayWhatTheCandidateIs) {
   // how-it-was-chosen lines on top.
   c.bucket_mib = 25;
   c.accumulation = 1;
+  r.gradient_clipping = 0;  // (clipping has a key in DeepSpeed's section only: WinnersAreWhatTheirCandidatesRan)
   const std::string json_path = write_temp("w.json", "");
   const WinnerFiles inline_w = winner_accelerate(c, r, json_path, {"how: line one", "line two"});
   EXPECT_TRUE(inline_w.json.empty());
@@ -316,43 +327,65 @@ TEST(TunePlan, CandidateConfigsSayWhatTheCandidateIs) {
   files::remove_tree(std::filesystem::path(json_path).parent_path().string());  // (not remove_all: base/files.h)
 }
 
-// A candidate's config and the winner's files resolve to the same micro-steps (the Accelerator's
-// default_sync_each_batch of the loaded config), for every strategy, accumulation, checkpointing,
-// bucket and offload: a ZeRO-2/3 winner that ran its micro-steps reducing is not written as an FSDP
-// config, which would run them NoSync (the whole gradient held on every rank: more memory than measured).
-TEST(TunePlan, WinnersKeepTheMicroStepsTheirCandidatesRan) {
+// A candidate's config and the winner's files resolve to the same training: strategy, offload, gradient
+// clipping, checkpointing, accumulation and micro-steps (the Accelerator's default_sync_each_batch of
+// the loaded config), for every strategy, accumulation, checkpointing, bucket, offload and base clipping
+// the grid runs: a ZeRO-2/3 winner that ran its micro-steps reducing is not written as an FSDP config,
+// which would run them NoSync (the whole gradient held on every rank: more memory than measured), and
+// no winner loses the clipping or the offload its candidate ran with.
+TEST(TunePlan, WinnersAreWhatTheirCandidatesRan) {
   TuneRequest r = with_defaults(tune_request(1e6, 4, 16));
   r.num_machines = 2;  // (HYBRID_SHARD candidates)
   r.device_cuda = true;
   const std::string json_path = write_temp("winner.json", "");
   int checked = 0;
-  for (const char* s : {"DDP", "ZERO_1", "ZERO_2", "ZERO_3", "HYBRID_SHARD"})
-    for (std::int64_t acc : {1, 2})
-      for (bool ckpt : {false, true})
-        for (double bucket : {25.0, 100.0})
-          for (const char* off : {"none", "optimizer"}) {
-            TuneCandidate c;
-            c.strategy = s;
-            c.micro_batch = 2;
-            c.accumulation = acc;
-            c.checkpointing = ckpt;
-            c.bucket_mib = bucket;
-            c.offload = off;
-            SCOPED_TRACE(::testing::Message()
-                         << s << " acc " << acc << " ckpt " << ckpt << " bucket " << bucket << " offload " << off);
-            const std::string ext = candidate_is_json(c) ? ".json" : ".yaml";
-            const bool ran =
-                default_sync_each_batch(load_config_file(write_temp("cand" + ext, candidate_config(c, r))));
-            EXPECT_EQ(ran, candidate_syncs_each_batch(c));
-            EXPECT_EQ(ran, (std::string(s) == "ZERO_2" || std::string(s) == "ZERO_3"));
-            const WinnerFiles w = winner_accelerate(c, r, json_path, {"how"});
-            if (!w.json.empty()) std::ofstream(json_path) << w.json;
-            const AcceleratorConfig written = load_config_file(write_temp("winner.yaml", w.yaml));
-            EXPECT_EQ(written.gradient_accumulation_steps, acc);
-            if (acc > 1) EXPECT_EQ(default_sync_each_batch(written), ran) << w.yaml;
-            ++checked;
-          }
-  EXPECT_EQ(checked, 5 * 2 * 2 * 2 * 2);
+  for (double clip : {0.0, 1.0})
+    for (const char* s : {"DDP", "ZERO_1", "ZERO_2", "ZERO_3", "HYBRID_SHARD"})
+      for (std::int64_t acc : {1, 2})
+        for (bool ckpt : {false, true})
+          for (double bucket : {25.0, 100.0})
+            for (const char* off : {"none", "optimizer", "optimizer+params"}) {
+              const std::string strategy = s, offload = off;
+              // (what the grid prunes: tests above)
+              if (strategy == "HYBRID_SHARD" && (bucket != 25.0 || offload == "optimizer")) continue;
+              if (offload == "optimizer+params" && strategy != "ZERO_3" && strategy != "HYBRID_SHARD") continue;
+              r.gradient_clipping = clip;
+              TuneCandidate c;
+              c.strategy = s;
+              c.micro_batch = 2;
+              c.accumulation = acc;
+              c.checkpointing = ckpt;
+              c.bucket_mib = bucket;
+              c.offload = off;
+              SCOPED_TRACE(::testing::Message() << s << " acc " << acc << " ckpt " << ckpt << " bucket " << bucket
+                                                << " offload " << off << " clip " << clip);
+              const std::string ext = candidate_is_json(c) ? ".json" : ".yaml";
+              const AcceleratorConfig cand = load_config_file(write_temp("cand" + ext, candidate_config(c, r)));
+              const bool ran = default_sync_each_batch(cand);
+              EXPECT_EQ(ran, candidate_syncs_each_batch(c));
+              EXPECT_EQ(ran, (strategy == "ZERO_2" || strategy == "ZERO_3"));
+              EXPECT_EQ(cand.offload_optimizer_device, offload == "none" ? "none" : "cpu");
+              EXPECT_EQ(cand.offload_param_device, offload == "optimizer+params" ? "cpu" : "none");
+              const WinnerFiles w = winner_accelerate(c, r, json_path, {"how"});
+              if (!w.json.empty()) std::ofstream(json_path) << w.json;
+              const AcceleratorConfig written = load_config_file(write_temp("winner.yaml", w.yaml));
+              EXPECT_EQ(written.spec.strategy, cand.spec.strategy) << w.yaml;
+              EXPECT_EQ(written.offload_optimizer_device, cand.offload_optimizer_device) << w.yaml;
+              EXPECT_EQ(written.offload_param_device, cand.offload_param_device) << w.yaml;
+              EXPECT_EQ(written.gradient_clipping.value_or(0), cand.gradient_clipping.value_or(0)) << w.yaml;
+              EXPECT_EQ(written.spec.activation_checkpointing, ckpt) << w.yaml;
+              EXPECT_EQ(written.gradient_accumulation_steps, acc);
+              if (acc > 1) EXPECT_EQ(default_sync_each_batch(written), ran) << w.yaml;
+              // The base config's clipping: run and kept, except by HYBRID_SHARD, which says so.
+              if (strategy != "HYBRID_SHARD") {
+                EXPECT_EQ(cand.gradient_clipping.value_or(0), clip);
+              } else if (clip > 0) {
+                EXPECT_NE(w.yaml.find("has no key in FSDP's section"), std::string::npos) << w.yaml;
+              }
+              ++checked;
+            }
+  // Per clip: DDP, ZeRO-1, ZeRO-2 with 2 offloads, ZeRO-3 with 3 (x 2 x 2 x 2); HYBRID_SHARD with 2 (x 2 x 2).
+  EXPECT_EQ(checked, 2 * ((3 * 2 + 3) * 8 + 2 * 4));
   files::remove_tree(std::filesystem::path(json_path).parent_path().string());
 }
 
