@@ -315,7 +315,7 @@ Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
         fmt::format("{}: {} key(s) accepted but without effect here: {}", where(cfg_), cfg_.ignored.size(), keys));
   }
   if (is_main_process()) log_start(*world_, device_);
-  if (is_main_process() && cfg_.num_processes && *cfg_.num_processes != num_processes())
+  if (is_main_process() && num_processes() > 1 && cfg_.num_processes && *cfg_.num_processes != num_processes())
     log::warning(fmt::format("{} says num_processes {}, running with {} (the launcher's count wins)", cfg_.source,
                              *cfg_.num_processes, num_processes()));
 }

@@ -38,6 +38,11 @@ void plan_cores(const LaunchRequest& r, LaunchPlan& p) {
     }
   if (!p.threads_from_user) p.threads_per_rank = share;
   if (p.launcher == "srun") {
+    if (r.bind != "auto")
+      throw LaunchError(
+          fmt::format("--bind {} is for mpirun; under srun, Slurm binds the ranks (give srun's own "
+                      "--cpu-bind through --launcher_args)",
+                      r.bind));
     p.binding = "slurm";
     if (!p.threads_from_user) p.threads_per_rank = 0;
     return;

@@ -10,6 +10,7 @@
 
 #include "accelerator/accelerator.h"
 #include "base/env.h"
+#include "base/error.h"
 #include "base/files.h"
 #include "cli/conformance.h"
 #include "cli/launch_plan.h"
@@ -53,11 +54,17 @@ bool under_launcher() {
   return false;
 }
 
-// The user's path: pick and validate the config, then exec `accel launch ... accel test --worker`.
-int run_user(const TestArgs& a) {
+// The config: --config_file, else ACCEL_CONFIG_FILE, else the default config if it exists ("": defaults).
+std::string pick_config(const TestArgs& a) {
   std::string config = a.config_file;
   if (config.empty()) config = env::get("ACCEL_CONFIG_FILE");
   if (config.empty() && files::is_file(default_config_path())) config = default_config_path();
+  return config;
+}
+
+// The user's path: pick and validate the config, then exec `accel launch ... accel test --worker`.
+int run_user(const TestArgs& a) {
+  std::string config = pick_config(a);
   try {
     if (!config.empty()) load_config_file(config);  // parses; ConfigError names the file and the key
     ConfigOverrides ov;                             // the ACCEL_* environment on top of it
@@ -141,7 +148,20 @@ void add_test_command(CLI::App& app, int& exit_code) {
       ->group("");
   cmd->callback([args, &exit_code] {
     try {
-      exit_code = args->worker || under_launcher() ? run_worker(*args) : run_user(*args);
+      if (!args->worker && under_launcher()) {
+        // Started by mpirun / srun directly: the ranks exist; the config is picked as on the user's path.
+        const int n = comm::Communicator::world()->size();
+        if (args->num_processes > 0 && args->num_processes != n)
+          throw accel::InvalidArgumentError(fmt::format(
+              "--num_processes {} but the launcher started {} rank(s): start them with the launcher's own count "
+              "(or run `accel test` without mpirun/srun)",
+              args->num_processes, n));
+        TestArgs a = *args;
+        a.config_file = pick_config(a);
+        exit_code = run_worker(a);
+        return;
+      }
+      exit_code = args->worker ? run_worker(*args) : run_user(*args);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "accel test: error: %s\n", e.what());
       exit_code = 1;

@@ -65,6 +65,10 @@ accel_conformance_test(cli_test_config_missing fail "accel test: error: .*no_suc
   -- ${ACCEL_CLI} test --config_file ${ACCEL_CONFORMANCE_DIR}/no_such_config.yaml)
 accel_conformance_test(cli_test_worker_config_does_not_parse_np2 fail "accel test: error: .*broken\\.yaml"
   -- ${ACCEL_CLI} launch -n 2 ${ACCEL_CLI} test --worker --config_file ${ACCEL_CONFORMANCE_DIR}/broken.yaml)
+# Started by a launcher directly (the ranks exist): a --num_processes that disagrees is refused, not ignored.
+accel_conformance_test(cli_test_under_launcher_num_processes_np2 fail
+  "--num_processes 3 but the launcher started 2 rank\\(s\\)" "!check\\(s\\) on"
+  -- ${ACCEL_CLI} launch -n 2 ${ACCEL_CLI} test --num_processes 3 --config_file ${PROJECT_SOURCE_DIR}/configs/ddp.yaml)
 accel_conformance_test(cli_test_unknown_flag fail "--no_such_flag" -- ${ACCEL_CLI} test --no_such_flag)
 accel_conformance_test(cli_test_unknown_check fail "--check.*not in|no_such_check" -- ${ACCEL_CLI} test --check no_such_check)
 

@@ -180,6 +180,10 @@ TEST(LaunchPlan, SrunInsideSlurm) {
   EXPECT_EQ(p.launcher, "srun");
   EXPECT_EQ(p.argv, (Words{"srun", "--ntasks=8", "--nodes=2", "--ntasks-per-node=4", "--kill-on-bad-exit=1",
                            "--partition=gpu", "/opt/accel/bin/accel-rank", "--num_nodes", "2", "--", "prog"}));
+  // Slurm binds the ranks: --bind core|none would be ignored there, so it is refused, naming srun's way.
+  r.bind = "core";
+  EXPECT_NE(message_of([&] { plan_launch(r); }).find("under srun, Slurm binds the ranks"), std::string::npos);
+  r.bind = "auto";
   r.hosts = {{"a", 4}, {"b", 4}};
   EXPECT_EQ(plan_launch(r).launcher, "mpirun");  // a hostfile means mpirun even inside Slurm
 }
