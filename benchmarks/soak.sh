@@ -103,7 +103,8 @@ while kill -0 $job 2> /dev/null; do
   fi
   if [ "$k" -lt "$KILLS" ] && [ "$s" -ge "${kill_at[$k]}" ] && [ -n "$sample" ]; then
     n=$(wc -l <<< "$sample")
-    read -r vr vp <<< "$(sed -n "$((RANDOM % n + 1))p" <<< "$sample")"
+    pick=$((RANDOM % n + 1))  # (in this shell: a $(...) would reseed RANDOM)
+    read -r vr vp <<< "$(sort -n <<< "$sample" | sed -n "${pick}p")"
     kill -KILL "$vp" 2> /dev/null
     killed_at_s[$k]=$(date +%s.%N)
     # The step it died at: the last one logged. The others cannot finish a step without it, and the

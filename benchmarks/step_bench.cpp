@@ -338,14 +338,20 @@ int run_bench(int argc, char** argv) {
     if (json && (split_list(strategy).size() > 1 || precs.size() > 1))
       return "--json prints one run's line: give one --strategy and one --precision (a list interleaves runs and "
              "prints their ratios instead)";
+    // plain is libtorch's loop: no engine to offload, step in backward or reduce micro-batches. Beside
+    // accel strategies (an interleaved list) those options are theirs; alone, nothing would take them.
+    bool only_plain = true;
+    for (const auto& name : split_list(strategy)) only_plain = only_plain && name == "plain";
+    if (only_plain) {
+      if (!offload_optimizer.empty() || !offload_param.empty())
+        return "--offload-optimizer and --offload-param need an accel strategy (ZERO_1-3, FULL_SHARD, ...), not "
+               "plain alone";
+      if (step_in_backward) return "--step-in-backward needs an accel strategy, not plain alone";
+      if (sync_each_batch != "auto") return "--sync-each-batch needs an accel strategy, not plain alone";
+    }
     for (const auto& name : split_list(strategy)) {
       if (name != "plain") continue;
       if (checkpoint) return "--checkpoint needs an accel strategy, not plain";
-      // (plain is libtorch's loop: no engine to offload, step in backward or reduce micro-batches)
-      if (!offload_optimizer.empty() || !offload_param.empty())
-        return "--offload-optimizer and --offload-param need an accel strategy (ZERO_1-3, FULL_SHARD, ...), not plain";
-      if (step_in_backward) return "--step-in-backward needs an accel strategy, not plain";
-      if (sync_each_batch != "auto") return "--sync-each-batch needs an accel strategy, not plain";
       for (const auto& prec : precs)
         if (prec.low())
           // plain is the libtorch loop without accel: there is no engine to keep fp32 masters of

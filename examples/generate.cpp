@@ -46,11 +46,12 @@ std::int64_t status_bytes(const std::string& field) {
   return -1;
 }
 
-c10::ScalarType parse_dtype(const std::string& s) {
+// `where`: what gave the value (--dtype, or a config.json's dtype), for the error.
+c10::ScalarType parse_dtype(const std::string& s, const std::string& where = "--dtype") {
   if (s == "fp32" || s == "float32") return at::kFloat;
   if (s == "bf16" || s == "bfloat16") return at::kBFloat16;
   if (s == "fp16" || s == "float16") return at::kHalf;
-  throw std::invalid_argument("--dtype: fp32, bf16 or fp16, not '" + s + "'");
+  throw std::invalid_argument(where + ": fp32, bf16 or fp16, not '" + s + "'");
 }
 std::string config_dtype(c10::ScalarType t) {
   return t == at::kBFloat16 ? "bfloat16" : t == at::kHalf ? "float16" : "float32";
@@ -149,9 +150,10 @@ int main(int argc, char** argv) {
     if (!make_dir.empty()) {
       models::LlamaConfig c = config_file.empty() ? preset(preset_name) : models::LlamaConfig::from_file(config_file);
       // --dtype, else the config.json's, else (a preset) fp32
-      const c10::ScalarType dtype = !dtype_name.empty()                        ? parse_dtype(dtype_name)
-                                    : !config_file.empty() && !c.dtype.empty() ? parse_dtype(c.dtype)
-                                                                               : at::kFloat;
+      const c10::ScalarType dtype = !dtype_name.empty() ? parse_dtype(dtype_name)
+                                    : !config_file.empty() && !c.dtype.empty()
+                                        ? parse_dtype(c.dtype, config_file + "'s dtype")
+                                        : at::kFloat;
       make_random_checkpoint(make_dir, c, dtype, parse_size(max_shard), seed);
       return 0;
     }
@@ -159,7 +161,8 @@ int main(int argc, char** argv) {
     if (measure_disk_mb > 0 && offload_folder.empty())
       throw std::invalid_argument("--measure_disk_mb times reads in --offload_folder: give one");
     const models::LlamaConfig config = models::LlamaConfig::from_file(model_dir);
-    const c10::ScalarType dtype = parse_dtype(dtype_name.empty() ? config.dtype : dtype_name);
+    const c10::ScalarType dtype =
+        dtype_name.empty() ? parse_dtype(config.dtype, model_dir + "/config.json's dtype") : parse_dtype(dtype_name);
 
     const std::int64_t rss_start = status_bytes("VmRSS");
     const auto t0 = std::chrono::steady_clock::now();

@@ -374,7 +374,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
     nn::set_float8_recipe(
         *model, mixed_precision::float8_recipe_from_string(cfg_.fp8.recipe),
         cfg_.fp8.fp8_format == "E4M3" ? mixed_precision::Fp8Format::E4M3 : mixed_precision::Fp8Format::E5M2);
-  if (env::get_int("ACCEL_STEP_IN_BACKWARD") != 0) {  // (0/1, as every switch: "true" is an error, not off)
+  if (env::get_int("ACCEL_STEP_IN_BACKWARD") != 0) {  // (an integer: "true" is an error, not off)
     // The step runs as each gradient is final: nothing may change the gradients between backward and step.
     if (cfg_.mixed_precision == MixedPrecision::Fp16)
       throw ConfigError(

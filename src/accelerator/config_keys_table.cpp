@@ -64,10 +64,14 @@ const std::vector<Key>& all() {
        "Compute dtype: bf16, fp16 with dynamic loss scaling, or fp8 matmuls in Float8Linear layers", nullptr},
       {D::Accelerate, "", "use_cpu", "", T::Bool, "false", "",
        "true runs on the CPU even where CUDA GPUs are present", nullptr},
-      {D::Accelerate, "", "num_processes", "", T::Int, "1", ">= 1",
-       "Processes over all machines: what accel launch starts unless --num_processes says otherwise", nullptr},
-      {D::Accelerate, "", "num_machines", "", T::Int, "1", ">= 1",
-       "Machines the processes are spread over; num_processes must be a multiple of it", nullptr},
+      {D::Accelerate, "", "num_processes", "", T::Int, "", ">= 1",
+       "Processes over all machines: what accel launch starts unless --num_processes says otherwise (unset: "
+       "the hostfile's slots, else 1)",
+       nullptr},
+      {D::Accelerate, "", "num_machines", "", T::Int, "", ">= 1",
+       "Machines the processes are spread over; num_processes must be a multiple of it (unset: "
+       "--num_machines, else the hostfile's hosts, else 1)",
+       nullptr},
       {D::Accelerate, "", "machine_rank", "", T::Int, "", "0..num_machines-1", "this machine's index", kMachine},
       {D::Accelerate, "", "max_restarts", "", T::Int, "0", ">= 0",
        "accel launch starts a failed job again up to this many times (torchrun's name; --max_restarts wins)",

@@ -49,8 +49,9 @@ struct ConfigArgs {
 void add_config_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<ConfigArgs>();
   auto* cmd = app.add_subcommand("config", "Write a config by answering questions (or: default, explain FILE, keys)");
-  cmd->add_option("--config_file", a->config_file,
-                  fmt::format("Where to write it (default: {})", default_config_path()));
+  cmd->add_option(
+      "--config_file", a->config_file,
+      fmt::format("Where to write it, or with explain the file to explain (default: {})", default_config_path()));
   cmd->callback([&exit_code, a, cmd] {
     if (!cmd->get_subcommands().empty()) return;  // `default` or `explain` ran
     try {

@@ -173,7 +173,10 @@ int run_tune(const TuneArgs& a, const std::vector<std::string>& remaining) {
   // accel launch ... PROGRAM TAIL (TAIL: the program's arguments).
   auto launch = [&](const std::string& config, const std::vector<std::string>& tail) {
     std::vector<std::string> argv = {self, "launch", "-n", std::to_string(req.num_processes)};
-    if (req.num_machines > 1) argv.insert(argv.end(), {"--num_machines", std::to_string(req.num_machines)});
+    // (With a hostfile always: a candidate's JSON names no count, so the launcher would spread it over
+    // the hostfile's hosts, not the machines the plan is for.)
+    if (req.num_machines > 1 || !a.hostfile.empty())
+      argv.insert(argv.end(), {"--num_machines", std::to_string(req.num_machines)});
     if (!a.hostfile.empty()) argv.insert(argv.end(), {"--hostfile", a.hostfile});
     if (!config.empty()) argv.insert(argv.end(), {"--config_file", config});
     argv.push_back(program);

@@ -39,8 +39,8 @@ int ranks_sharing_a_gpu(const std::string& uuids);
 int ranks_sharing_a_gpu(Communicator& group, const std::string& my_uuid);
 // Where a rank does not know its GPU's UUID (my_uuid empty: the device's properties could not be read):
 // the ranks of its node (every rank of the job under a simulated topology, which says nothing about
-// machines) when they outnumber the `gpus` it sees, else 0. Both the Accelerator's check and the
-// Communicator's choice count these as sharing too, so that they agree.
+// machines) when they outnumber the `gpus` it sees, else 0. Both the Accelerator's check (this rank's)
+// and the Communicator's choice (the most over the group) count these as sharing too.
 int ranks_sharing_by_count(const Topology& topo, int gpus, const std::string& my_uuid);
 
 // One line for `accel env` and `accel launch`: what `ranks` ranks on a node with `gpus` GPUs get under

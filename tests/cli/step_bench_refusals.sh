@@ -21,6 +21,11 @@ refused "--json prints one run's line" --strategy DDP --precision fp32,bf16 --js
 refused "--offload-optimizer and --offload-param need an accel strategy" --strategy plain --offload-optimizer /tmp/none
 refused "--offload-optimizer and --offload-param need an accel strategy" --strategy plain --offload-param /tmp/none
 refused "--step-in-backward needs an accel strategy" --strategy plain --step-in-backward
+# (beside an accel strategy the option is that strategy's: accepted, as benchmarks/run_step_bench.sh passes it)
+out=$("$SB" --steps 1 --warmup 0 --layers 1 --d-model 16 --heads 2 --seq 8 --vocab 64 --batch 1 \
+      --strategy plain,ZERO_2 --step-in-backward 2>&1)
+if [ $? -eq 0 ]; then echo "ok:   --strategy plain,ZERO_2 --step-in-backward runs"
+else echo "FAIL: --strategy plain,ZERO_2 --step-in-backward:"; tail -3 <<<"$out"; failures=$((failures + 1)); fi
 refused "--sync-each-batch needs an accel strategy" --strategy plain --accumulation 2 --sync-each-batch on
 refused "--checkpoint needs an accel strategy" --strategy plain --checkpoint
 refused "--strategy plain runs in fp32 only" --strategy plain --precision bf16

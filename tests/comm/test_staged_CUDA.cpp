@@ -237,9 +237,10 @@ TEST(StagedComm_CUDA, InputsWrittenLateByTheCallersStreamAreWhatIsReduced) {
   const int64_t k = 300000;
   at::Tensor ar = at::zeros({k}, on), rs_in = at::zeros({N * k}, on), rs_out = at::zeros({k}, on),
              ag_in = at::zeros({k}, on), ag_out = at::zeros({N * k}, on), bc = at::zeros({k}, on);
-  // Busy work on the caller's stream first (the values stay finite: each product is rescaled).
-  at::Tensor busy = at::randn({2048, 2048}, on);
-  for (int i = 0; i < 40; ++i) busy = at::mm(busy, busy).div_(busy.size(0));
+  // Busy work on the caller's stream first: 40 products of 2048 x 2048, each of the same inputs.
+  const at::Tensor a = at::randn({2048, 2048}, on);
+  at::Tensor busy;
+  for (int i = 0; i < 40; ++i) busy = at::mm(a, a);
   ar.fill_(r + 1);
   rs_in.fill_(r + 1);
   ag_in.fill_(r + 1);
@@ -255,7 +256,6 @@ TEST(StagedComm_CUDA, InputsWrittenLateByTheCallersStreamAreWhatIsReduced) {
   EXPECT_TRUE(at::equal(rs_out.cpu(), at::full({k}, sum))) << "reduce_scatter";
   EXPECT_TRUE(at::equal(ag_out.cpu(), at::arange(1, N + 1, at::kFloat).repeat_interleave(k))) << "all_gather";
   EXPECT_TRUE(at::equal(bc.cpu(), at::full({k}, 7.0f))) << "broadcast";
-  EXPECT_TRUE(busy.isfinite().all().item<bool>());
 }
 
 // The result lands as raw bytes, as the CPU transports write it: the output's version counter does not
