@@ -386,7 +386,7 @@ int run_bench(int argc, char** argv) {
   // The Accelerator's rule: a simulated topology (ACCEL_RANKS_PER_NODE) puts every rank on this machine.
   const auto& topo = world->topology();
   const c10::Device device =
-      on_cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>((topo.simulated ? topo.rank : topo.local_rank) %
+      on_cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(topo.rank_on_this_machine() %
                                                                       at::detail::getCUDAHooks().deviceCount()))
               : c10::Device(c10::kCPU);
   if (on_cuda) c10::impl::VirtualGuardImpl(c10::kCUDA).setDevice(device);  // (as the Accelerator does)

@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     if (check_args::active()) {  // (the config file and trackers, read as the Accelerator will, before any rank exists)
       const AcceleratorConfig cfg = resolve_config(options);
       resolve_log_with(options, cfg);
-      check_project_dir(args, options.project_dir.empty() ? cfg.project_dir : options.project_dir);
+      check_project_dir(args, resolve_project_dir(options, cfg));
       if (float64 && cfg.mixed_precision != MixedPrecision::No)
         throw std::invalid_argument("--float64 trains without mixed precision (mixed_precision: no)");
       check_args::stop_here("gpt_lm");

@@ -123,8 +123,8 @@ c10::Device pick_device(const AcceleratorConfig& cfg, comm::Communicator& world)
   // this one.
   const comm::Topology& topo = world.topology();
   const int n = at::detail::getCUDAHooks().deviceCount();
-  const int ranks_here = topo.simulated ? topo.world_size : topo.local_world_size;
-  const int index = topo.simulated ? topo.rank : topo.local_rank;
+  const int ranks_here = topo.ranks_on_this_machine();
+  const int index = topo.rank_on_this_machine();
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(index % n));
   // Who shares a GPU goes by the GPUs' UUIDs, as the Communicator decides: a rank given its own GPU by
   // CUDA_VISIBLE_DEVICES sees one device, though the node has more ranks than that. Where a rank does
@@ -214,9 +214,8 @@ void log_start(comm::Communicator& world, c10::Device device) {
   std::string transport = fmt::format("transport: CPU collectives over {} ({} rank(s) on {} node(s))",
                                       world.backend_name(at::empty({0})), world.size(), topo.num_nodes);
   if (device.is_cuda())
-    transport +=
-        "; CUDA collectives: " + comm::describe_cuda_comm(topo.simulated ? topo.world_size : topo.local_world_size,
-                                                          at::detail::getCUDAHooks().deviceCount());
+    transport += "; CUDA collectives: " +
+                 comm::describe_cuda_comm(topo.ranks_on_this_machine(), at::detail::getCUDAHooks().deviceCount());
   log::info(transport);
   cpu_set_t set;
   const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : -1;

@@ -90,6 +90,10 @@ struct AcceleratorOptions {
 // arguments), before it knows the ranks and the device. No collective: a program can check its
 // options with it before any rank exists.
 AcceleratorConfig resolve_config(const AcceleratorOptions& options);
+// Where its automatic checkpoints and trackers' files go: options.project_dir, else the config's.
+inline const std::string& resolve_project_dir(const AcceleratorOptions& options, const AcceleratorConfig& cfg) {
+  return options.project_dir.empty() ? cfg.project_dir : options.project_dir;
+}
 // The trackers such an Accelerator runs, given that config: options.log_with, else the config's
 // log_with, "all" expanded and each name once. Throws ConfigError for a name no tracker is registered
 // under, or a tracker that writes files without a project directory (options.project_dir, else the

@@ -32,7 +32,7 @@ std::string joined(const std::vector<std::string>& v) {
 }  // namespace
 
 std::vector<tracking::LogWith> resolve_log_with(const AcceleratorOptions& options, const AcceleratorConfig& cfg) {
-  const std::string& project_dir = options.project_dir.empty() ? cfg.project_dir : options.project_dir;
+  const std::string& project_dir = resolve_project_dir(options, cfg);
   const bool from_config = options.log_with.empty();
   std::vector<tracking::LogWith> given;
   if (from_config)
@@ -79,7 +79,7 @@ std::vector<tracking::LogWith> resolve_log_with(const AcceleratorOptions& option
 
 void Accelerator::check_log_with() {
   log_with_ = resolve_log_with(opts_, cfg_);
-  if (opts_.project_dir.empty()) opts_.project_dir = cfg_.project_dir;
+  opts_.project_dir = resolve_project_dir(opts_, cfg_);
 }
 
 void Accelerator::init_trackers(const std::string& project_name, const tracking::Values& config,

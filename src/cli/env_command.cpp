@@ -50,8 +50,7 @@ int run_env() {
   fmt::print("CUDA devices      {}{}\n", devices, devices == 0 ? " (CUDA tensors unusable; CPU/MPI only)" : "");
   if (devices > 0)
     fmt::print("CUDA collectives  {} (ACCEL_CUDA_COMM, for the {} rank(s) on rank 0's node)\n",
-               comm::describe_cuda_comm(t.simulated ? t.world_size : t.local_world_size, devices),
-               t.simulated ? t.world_size : t.local_world_size);
+               comm::describe_cuda_comm(t.ranks_on_this_machine(), devices), t.ranks_on_this_machine());
   std::string gemm;
   try {
     gemm = cpu_gemm::describe(cpu_gemm::from_env()) + ", once an engine is built";

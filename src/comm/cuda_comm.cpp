@@ -75,7 +75,7 @@ int ranks_sharing_a_gpu(Communicator& group, const std::string& my_uuid) {
 }
 
 int ranks_sharing_by_count(const Topology& topo, int gpus, const std::string& my_uuid) {
-  const int ranks_here = topo.simulated ? topo.world_size : topo.local_world_size;
+  const int ranks_here = topo.ranks_on_this_machine();
   return my_uuid.empty() && ranks_here > gpus ? ranks_here : 0;
 }
 

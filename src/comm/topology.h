@@ -17,6 +17,11 @@ struct Topology {
   int num_nodes = 1;
   bool simulated = false;  // true when ACCEL_RANKS_PER_NODE set the nodes
 
+  // The ranks on this machine: the node's, or every rank when the nodes are simulated (they then say
+  // nothing about machines).
+  int ranks_on_this_machine() const { return simulated ? world_size : local_world_size; }
+  // This rank's index among them (which GPU of the machine it takes).
+  int rank_on_this_machine() const { return simulated ? rank : local_rank; }
   std::string to_string() const;
 };
 

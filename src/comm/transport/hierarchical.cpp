@@ -271,7 +271,7 @@ std::unique_ptr<Backend> make_cpu_transport(MpiBackend& group, const Topology& t
     // poll hot for a while (peers answer within microseconds); oversubscribed, they yield at once.
     // (The machine's CPUs, not this rank's affinity: a launcher may bind each rank to its own core.)
     const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    const int here = topo.simulated ? topo.world_size : topo.local_world_size;
+    const int here = topo.ranks_on_this_machine();
     detail::set_spin_before_yield(std::chrono::microseconds(here <= cores ? 50 : 5), here <= cores);
   }
   if (n == 1) return nullptr;
