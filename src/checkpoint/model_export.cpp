@@ -1,10 +1,8 @@
 // save_model / load_model: a prepared model's full weights as Hugging Face-style safetensors files
 // (see model_export.h).
 #include "checkpoint/model_export.h"
+
 #include "base/error.h"
-
-#include "base/files.h"
-
 #include "base/memory.h"
 #include "base/progress.h"
 #include "checkpoint/safetensors.h"
@@ -13,13 +11,8 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/nn/module.h>
-#include <nlohmann/json.hpp>
-
-#include <dirent.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -28,33 +21,6 @@
 namespace accel::checkpoint {
 
 namespace {
-
-constexpr const char* kSingle = "model.safetensors";
-constexpr const char* kIndex = "model.safetensors.index.json";
-
-void mkdir_p(const std::string& dir) {
-  if (dir.empty() || files::is_dir(dir)) return;
-  try {
-    files::make_dirs(dir);
-  } catch (const std::exception& e) {
-    throw accel::RuntimeError(std::string("save_model: ") + e.what());
-  }
-  if (!files::is_dir(dir))
-    throw accel::RuntimeError(fmt::format("save_model: '{}' exists and is not a directory", dir));
-}
-
-// model-00002-of-00005.safetensors
-std::string shard_name(std::size_t k, std::size_t n) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", k + 1, n);
-  return buf;
-}
-bool is_shard_name(const std::string& s) {
-  unsigned a = 0, b = 0;
-  char tail[32] = {};
-  return s.size() == std::string("model-00001-of-00001.safetensors").size() &&
-         std::sscanf(s.c_str(), "model-%5u-of-%5u.%31s", &a, &b, tail) == 3 && std::string(tail) == "safetensors";
-}
 
 std::string export_shape(at::IntArrayRef s) {
   std::string out = "[";
@@ -110,45 +76,29 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
     std::string name;
     at::Tensor direct;  // defined: written from the model's tensor (buffers, parameters in no flat)
     std::size_t flat = 0, index = 0;
-    c10::ScalarType dtype;
-    std::vector<std::int64_t> shape;
-    std::int64_t bytes = 0;
-    std::size_t file = 0;
   };
   std::vector<Item> items;
+  std::vector<SafetensorsTensorSpec> specs;                      // in state_dict order: the files' layout follows it
   std::vector<std::vector<std::size_t>> by_param(flats.size());  // per flat: items, by parameter order
   for (auto& [name, t] : model_tensors(model)) {
     Item it;
     it.name = name;
-    it.shape = t.sizes().vec();
+    c10::ScalarType dtype = t.scalar_type();
     if (auto w = where.find(t.unsafeGetTensorImpl()); w != where.end()) {
       it.flat = w->second.first;
       it.index = w->second.second;
       const auto& f = flats[it.flat];
-      it.dtype = from_master(f) ? f.master.scalar_type() : f.flat_param->options().dtype;
+      dtype = from_master(f) ? f.master.scalar_type() : f.flat_param->options().dtype;
     } else {
       it.direct = t.detach();
-      it.dtype = t.scalar_type();
     }
-    it.bytes = t.numel() * static_cast<std::int64_t>(c10::elementSize(it.dtype));
+    specs.push_back({name, dtype, t.sizes().vec()});
     items.push_back(std::move(it));
   }
-  // Files: a new one when the next tensor would push the current one past max_shard_size.
   SaveModelResult result;
-  std::vector<std::int64_t> file_bytes{0};
-  std::vector<std::size_t> file_count{0};
-  for (auto& it : items) {
-    if (file_count.back() > 0 && file_bytes.back() + it.bytes > max_shard_size_bytes) {
-      file_bytes.push_back(0);
-      file_count.push_back(0);
-    }
-    it.file = file_bytes.size() - 1;
-    file_bytes.back() += it.bytes;
-    ++file_count.back();
-    result.total_bytes += it.bytes;
-  }
-  const std::size_t nfiles = file_bytes.size();
-  for (std::size_t k = 0; k < nfiles; ++k) result.files.push_back(nfiles == 1 ? kSingle : shard_name(k, nfiles));
+  const ModelFilesPlan plan = plan_model_files(specs, max_shard_size_bytes);  // the same on every rank
+  result.files = plan.files;
+  result.total_bytes = plan.total_bytes;
   for (std::size_t i = 0; i < items.size(); ++i)
     if (!items[i].direct.defined()) by_param[items[i].flat].push_back(i);
   for (const auto& u : engine.units()) {
@@ -164,23 +114,18 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
   // Rank 0 opens every file (headers first). A failure is remembered, not thrown, so that rank 0
   // keeps taking part in the gathers; the ranks agree on it at the end.
   std::string error;
-  std::vector<std::unique_ptr<SafetensorsWriter>> writers;
+  std::unique_ptr<ModelFilesWriter> writer;
   auto guard = [&](auto&& fn) {
     if (!writer_rank || !error.empty()) return;
     try {
       fn();
     } catch (const std::exception& e) {
       error = e.what();
-      writers.clear();  // abandons the temporaries
+      writer.reset();  // abandons the temporaries
     }
   };
   guard([&] {
-    mkdir_p(dir);
-    std::vector<std::vector<SafetensorsTensorSpec>> specs(nfiles);
-    for (const auto& it : items) specs[it.file].push_back({it.name, it.dtype, it.shape});
-    for (std::size_t k = 0; k < nfiles; ++k)
-      writers.push_back(
-          std::make_unique<SafetensorsWriter>(dir + "/" + result.files[k], std::move(specs[k]), options.metadata));
+    writer = std::make_unique<ModelFilesWriter>("save_model", dir, specs, max_shard_size_bytes, options.metadata);
   });
 
   c10::NoGradGuard no_grad;
@@ -201,7 +146,7 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
       for (auto i : by_param[fi]) {
         const Item& it = items[i];
         const at::Tensor& p = fp.params()[it.index];
-        writers[it.file]->write(it.name, buffer.narrow(0, fp.layout().offset(it.index), p.numel()).view(p.sizes()));
+        writer->write(it.name, buffer.narrow(0, fp.layout().offset(it.index), p.numel()).view(p.sizes()));
       }
     });
     buffer = at::Tensor();
@@ -209,28 +154,8 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
   }
   guard([&] {
     for (const auto& it : items)
-      if (it.direct.defined()) writers[it.file]->write(it.name, it.direct);
-    for (auto& w : writers) w->finish();
-    const std::string index_path = dir + "/" + kIndex;
-    if (nfiles > 1) {
-      nlohmann::json weight_map = nlohmann::json::object();
-      for (const auto& it : items) weight_map[it.name] = result.files[it.file];
-      nlohmann::json index = {{"metadata", {{"total_size", result.total_bytes}}}, {"weight_map", weight_map}};
-      const std::string text = index.dump(2) + "\n";
-      files::write_file_atomic(index_path, text.data(), text.size());
-    }
-    // Files of an earlier save that this one does not list.
-    std::set<std::string> keep(result.files.begin(), result.files.end());
-    if (nfiles > 1) keep.insert(kIndex);
-    if (DIR* d = ::opendir(dir.c_str())) {
-      std::vector<std::string> stale;
-      while (dirent* e = ::readdir(d)) {
-        std::string n = e->d_name;
-        if ((n == kSingle || n == kIndex || is_shard_name(n)) && !keep.count(n)) stale.push_back(n);
-      }
-      ::closedir(d);
-      for (const auto& n : stale) ::unlink((dir + "/" + n).c_str());
-    }
+      if (it.direct.defined()) writer->write(it.name, it.direct);
+    writer->finish();
   });
   bar.close();
   if (any_failed(engine, !error.empty())) {
@@ -242,54 +167,6 @@ SaveModelResult save_model(zero::Engine& engine, torch::nn::Module& model, const
 }
 
 // --- load ----------------------------------------------------------------------------------------
-
-ModelFiles resolve_model_files(const std::string& path_or_dir) {
-  ModelFiles out;
-  if (files::is_file(path_or_dir)) {
-    out.files.push_back(path_or_dir);
-    return out;
-  }
-  if (!files::is_dir(path_or_dir))
-    throw accel::RuntimeError(
-        fmt::format("load_model: '{}' is neither a safetensors file nor a directory", path_or_dir));
-  std::string dir = path_or_dir;
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  if (files::is_file(dir + "/" + kSingle)) {
-    out.files.push_back(dir + "/" + kSingle);
-    return out;
-  }
-  const std::string index_path = dir + "/" + kIndex;
-  if (!files::is_file(index_path))
-    throw accel::RuntimeError(fmt::format("load_model: directory '{}' holds neither {} nor {}", dir, kSingle, kIndex));
-  nlohmann::json index;
-  try {
-    index = nlohmann::json::parse(files::read_file(index_path));
-  } catch (const nlohmann::json::exception& e) {
-    throw accel::RuntimeError(fmt::format("load_model: index '{}' is not valid JSON: {}", index_path, e.what()));
-  }
-  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
-    throw accel::RuntimeError(fmt::format("load_model: index '{}' has no \"weight_map\" object", index_path));
-  std::set<std::string> files;
-  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-    const auto& v = it.value();
-    if (!v.is_string())
-      throw accel::RuntimeError(
-          fmt::format("load_model: index '{}': weight_map entry '{}' is not a file name", index_path, it.key()));
-    const std::string f = v.get<std::string>();
-    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-      throw accel::RuntimeError(
-          fmt::format("load_model: index '{}': tensor '{}' maps to '{}', which is not a file name inside the directory",
-                      index_path, it.key(), f));
-    const std::string path = dir + "/" + f;
-    if (!files.count(path) && !files::is_file(path))
-      throw accel::RuntimeError(fmt::format("load_model: index '{}' lists '{}' (for tensor '{}'), which does not exist",
-                                            index_path, f, it.key()));
-    files.insert(path);
-    out.where[it.key()] = path;
-  }
-  out.files.assign(files.begin(), files.end());
-  return out;
-}
 
 LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const std::string& path_or_dir,
                            const LoadModelOptions& options) {

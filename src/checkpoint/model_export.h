@@ -1,9 +1,5 @@
 // accel::checkpoint model export — a prepared (possibly sharded) model's full weights to and from
-// safetensors files in the Hugging Face layout:
-//
-//   dir/model.safetensors                                   everything fits in max_shard_size, or
-//   dir/model-00001-of-0000n.safetensors ... + dir/model.safetensors.index.json
-//        {"metadata": {"total_size": <tensor bytes>}, "weight_map": {name: file}}
+// safetensors files in the Hugging Face layout (model_files.h).
 //
 // Names are the model's own (named_parameters() then named_buffers(), as state_dict()), so the
 // files load with Python's safetensors / transformers and into an unprepared libtorch model.
@@ -30,6 +26,8 @@
 // the tensor, and what is wrong.
 #pragma once
 
+#include "checkpoint/model_files.h"
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -44,9 +42,6 @@ class Engine;
 }
 
 namespace accel::checkpoint {
-
-// Accelerate's default max_shard_size ("10GB").
-inline constexpr std::int64_t kDefaultMaxShardSize = 10'000'000'000;
 
 struct SaveModelOptions {
   std::map<std::string, std::string> metadata = {{"format", "pt"}};  // every file's __metadata__
@@ -87,13 +82,5 @@ struct LoadModelResult {
 // parameters and buffers, with the same shapes.
 LoadModelResult load_model(zero::Engine& engine, torch::nn::Module& model, const std::string& path_or_dir,
                            const LoadModelOptions& options = {});
-
-// The safetensors files of a checkpoint (as load_model resolves path_or_dir), and which file holds
-// each tensor. Throws naming the path for a missing or malformed checkpoint / index.
-struct ModelFiles {
-  std::vector<std::string> files;            // full paths
-  std::map<std::string, std::string> where;  // tensor name -> full path (empty for a single file)
-};
-ModelFiles resolve_model_files(const std::string& path_or_dir);
 
 }  // namespace accel::checkpoint

@@ -1,7 +1,7 @@
 #include "checkpoint/sharded_state.h"
 
 #include "base/files.h"
-#include "checkpoint/slice_format.h"
+#include "checkpoint/slice_reader.h"
 #include "zero/optimizers.h"
 
 #include <ATen/ATen.h>
@@ -11,11 +11,8 @@
 #include <torch/optim/optimizer.h>
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -126,75 +123,22 @@ struct Writer {
   }
 };
 
-class Reader {
- public:
-  explicit Reader(std::string dir) : dir_(std::move(dir)) {}
-  ~Reader() {
-    for (auto& [name, fd] : fds_) ::close(fd);
-  }
-
-  // Elements [lo, hi) of `key`'s flat tensor, in its saved dtype, from every slice that overlaps.
-  at::Tensor range(const std::string& key, const Entry& e, std::int64_t lo, std::int64_t hi) {
-    at::Tensor out = at::empty({hi - lo}, at::TensorOptions().dtype(e.dtype));
-    std::int64_t covered = 0;
-    for (const Slice& s : e.slices) {
-      const std::int64_t a = std::max(lo, s.begin), b = std::min(hi, s.end);
-      if (a >= b) continue;
-      const at::Tensor& whole = slice_data(key, e, s);
-      out.narrow(0, a - lo, b - a).copy_(whole.narrow(0, a - s.begin, b - a));
-      covered += b - a;
-    }
-    if (covered != hi - lo)
-      throw CheckpointError(
-          fmt::format("{}/index.json: {} elements [{}, {}) are not all in its slices (the checkpoint "
-                      "is incomplete)",
-                      dir_, key, lo, hi));
-    return out;
-  }
-
- private:
-  const at::Tensor& slice_data(const std::string& key, const Entry& e, const Slice& s) {
-    const std::string id = s.file + "@" + std::to_string(s.offset);
-    if (auto it = cache_.find(id); it != cache_.end()) return it->second;
-    const std::string path = dir_ + "/" + s.file;
-    int& fd = fds_[s.file];
-    if (fd == 0) {
-      fd = ::open(path.c_str(), O_RDONLY);
-      if (fd < 0) {
-        fd = 0;
-        throw CheckpointError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
-      }
-    }
-    struct stat st {};
-    ::fstat(fd, &st);
-    if (static_cast<std::uint64_t>(st.st_size) < s.offset + s.bytes)
-      throw CheckpointError(fmt::format("{} is truncated: {} bytes, but {} needs bytes [{}, {})", path, st.st_size, key,
-                                        s.offset, s.offset + s.bytes));
-    const std::int64_t n = s.end - s.begin;
-    const std::int64_t elem = c10::elementSize(e.dtype);
-    if (static_cast<std::uint64_t>(n * elem) != s.bytes)
-      throw CheckpointError(fmt::format("{}/index.json: {} slice [{}, {}) does not match its byte count {}", dir_, key,
-                                        s.begin, s.end, s.bytes));
-    at::Tensor t = at::empty({n}, at::TensorOptions().dtype(e.dtype));
-    char* p = static_cast<char*>(t.data_ptr());
-    std::uint64_t done = 0;
-    while (done < s.bytes) {
-      const ssize_t r = ::pread(fd, p + done, s.bytes - done, static_cast<off_t>(s.offset + done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0)
-        throw CheckpointError(fmt::format("cannot read {}: {}", path, r < 0 ? std::strerror(errno) : "unexpected end"));
-      done += static_cast<std::uint64_t>(r);
-    }
-    if (slice_crc32(p, s.bytes) != s.crc)
-      throw CheckpointError(fmt::format("{}: {} bytes [{}, {}) fail their CRC32 check (the file is corrupted)", path,
-                                        key, s.offset, s.offset + s.bytes));
-    return cache_.emplace(id, std::move(t)).first->second;
-  }
-
-  std::string dir_;
-  std::map<std::string, int> fds_;
-  std::map<std::string, at::Tensor> cache_;
-};
+// The model's tensors in state_dict order (parameters, then buffers), each with the key that holds it:
+// "param/<name>" under the name its flat parameter knows it by (a tied parameter's second name maps
+// to the first), "buffer/<name>". merge_weights writes the model's files in this order, as save_model.
+json state_dict_keys(const zero::Engine& engine, torch::nn::Module& model) {
+  std::map<const void*, std::string> flat_name;
+  for (const auto& f : engine.flats())
+    for (std::size_t i = 0; i < f.flat_param->params().size(); ++i)
+      flat_name.emplace(f.flat_param->params()[i].unsafeGetTensorImpl(), f.flat_param->names()[i]);
+  json out = json::array();
+  for (const auto& p : model.named_parameters())
+    if (auto it = flat_name.find(p.value().unsafeGetTensorImpl()); it != flat_name.end())
+      out.push_back({p.key(), "param/" + it->second});
+  for (const auto& b : model.named_buffers())
+    if (b.value().defined()) out.push_back({b.key(), "buffer/" + b.key()});
+  return out;
+}
 
 // Every rank learns whether any rank failed; the failing ranks' own messages stay theirs.
 void agree(comm::Communicator& world, const std::string& error, const std::string& what) {
@@ -322,6 +266,7 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
                       {"loaders", loaders},
                       {"loss_scaler", training.loss_scaler},
                       {"objects", objects}}},
+                    {"state_dict", state_dict_keys(engine, model)},
                     {"tensors", tensors}};
       const std::string text = index.dump(1);
       files::write_file_synced(dir + "/index.json", text.data(), text.size());
@@ -372,7 +317,7 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
     if (opt && has_state && saved_type != type)
       throw CheckpointError(
           fmt::format("{}: the checkpoint holds {} state but the optimizer is {}", idx, saved_type, type));
-    Reader reader(dir);
+    SliceReader reader(dir);
     std::set<std::string> model_names;  // every parameter the engine holds, on any rank
     for (const auto& f : engine.flats())
       for (const auto& n : f.flat_param->names()) model_names.insert(n);

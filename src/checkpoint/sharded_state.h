@@ -3,7 +3,9 @@
 // Layout of a checkpoint directory:
 //   index.json        written last by rank 0: format/version, the saving world and strategy, every
 //                     tensor's full shape and dtype and where each slice of it lives, the optimizer's
-//                     type and scalar state, the training state (step, scheduler, loaders, ...).
+//                     type and scalar state, the training state (step, scheduler, loaders, ...), and
+//                     "state_dict": [[name, key], ...], the model's tensors in state_dict order with
+//                     the key holding each (merge_weights.h writes the model's files from it).
 //   shard_<r>.bin     rank r's slices, raw little-endian, one after another (CRC32 per slice).
 //   rng_<r>.bin       rank r's CPU generator state.
 //   object_<name>.bin objects registered with register_for_checkpointing (rank 0).

@@ -29,4 +29,8 @@ void add_bench_command(CLI::App& app, int& exit_code);
 // program (cli/tune_plan.h says which, in which order) and writes the fastest that fits.
 void add_tune_command(CLI::App& app, int& exit_code);
 
+// `accel merge-weights CHECKPOINT_DIR OUTPUT_DIR [--dtype] [--max_shard_size]`: a save_state checkpoint to
+// the model's full weights as Hugging Face safetensors, offline (checkpoint/merge_weights.h).
+void add_merge_weights_command(CLI::App& app, int& exit_code);
+
 }  // namespace accel::cli

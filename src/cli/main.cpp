@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   accel::cli::add_estimate_memory_command(app, exit_code);
   accel::cli::add_bench_command(app, exit_code);
   accel::cli::add_tune_command(app, exit_code);
+  accel::cli::add_merge_weights_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

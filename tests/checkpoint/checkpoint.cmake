@@ -1,9 +1,10 @@
 # save_state / load_state with the GPT example, as users run it (tests/checkpoint/resume_checks.sh):
 # bitwise resume, resharding across strategies and world sizes (checked by an independent Python
 # reader, tests/checkpoint/ckpt_tool.py), SIGKILL during a save, a run killed 3 times under accel launch
-# --max_restarts --auto_resume, a rank that stops answering (SIGSTOP), corrupted checkpoints.
+# --max_restarts --auto_resume, a rank that stops answering (SIGSTOP), corrupted checkpoints, and
+# accel merge-weights on checkpoints saved that way.
 if(ACCEL_BUILD_EXAMPLES)
-  foreach(scenario bitwise reshard kill restarts hang corrupt)
+  foreach(scenario bitwise reshard kill restarts hang corrupt merge)
     add_test(NAME checkpoint_resume_${scenario}
              COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/resume_checks.sh ${ACCEL_LAUNCH} $<TARGET_FILE:gpt_lm>
                      ${PROJECT_SOURCE_DIR} ${ACCEL_PYTHON} ${CMAKE_BINARY_DIR}/checkpoint_runs ${scenario})

@@ -14,6 +14,9 @@
 #           rank, and the job started again finishes with the uninterrupted run's losses
 # corrupt   truncated, bit-flipped or index-less checkpoints: a message naming the file, exit non-zero,
 #           and the checkpoint files untouched
+# merge     accel merge-weights: a ZeRO-3 checkpoint at 4 ranks merges into save_model's file byte for
+#           byte; a bf16 run's full checkpoint into several files, fp32 or (--dtype bf16) rounded by torch;
+#           --remove_checkpoint_dir; errors (a project directory, a flipped byte, a bad size)
 set -uo pipefail
 ACCEL=$1 GPT=$2 SRC=$3 PY=$4 OUT=$5 SCENARIO=$6
 CFG=$SRC/configs
@@ -213,6 +216,63 @@ corrupt)
   run 2 fsdp/full_shard --steps 4 --resume_from_checkpoint bad --d_model 48 && fail "a model of another shape loaded"
   grep -Eq "parameter '.*' is \[[0-9, ]+\] in the checkpoint but \[[0-9, ]+\] in the model" last.out \
     && pass "another model shape: names the parameter and both shapes" || fail "shape mismatch message"
+  ;;
+merge)
+  # accel merge-weights, offline in one process. ZeRO-3 at 4 ranks: the merged file is save_model's at
+  # the same step byte for byte, and the checkpoint's parameters as numpy reads them (ckpt_tool.py).
+  run 4 deepspeed/zero3 --steps 4 --save_state_to ck --save_model_to model || fail "ZeRO-3 at 4 ranks"
+  if "$ACCEL" merge-weights ck merged > merge.out 2>&1; then pass "merge-weights ck merged"; else fail "merge-weights exited $?"; cat merge.out; fi
+  cmp -s merged/model.safetensors model/model.safetensors && pass "ZeRO-3@4 merged: save_model's file byte for byte" \
+    || fail "the merged file differs from save_model's"
+  grep -q "saved by ZERO_3 at 4 rank(s), step 4" merge.out && pass "it says what it merged" || { fail "summary line"; cat merge.out; }
+  if out=$("$PY" "$SRC/tests/checkpoint/ckpt_tool.py" export ck merged); then pass "numpy + safetensors: $out"; else fail "$out"; fi
+  # bf16 over fp32 masters under FULL_SHARD at 2, a full checkpoint, several files: the default keeps the
+  # fp32 masters, --dtype bf16 is them rounded (torch's rounding), both sharded with an index.
+  "$ACCEL" launch -n 2 --mixed_precision bf16 "$GPT" --config_file "$CFG/fsdp/full_shard.yaml" --seed 3 --steps 4 \
+    --save_state_to ck16 --full_state > last.out 2>&1 || { fail "bf16 FULL_SHARD at 2"; tail -3 last.out; }
+  "$ACCEL" merge-weights ck16 m32 --max_shard_size 20KB > /dev/null 2>&1 || fail "merge into 20 KB files"
+  "$ACCEL" merge-weights ck16 m16 --dtype bf16 --max-shard-size 20KB > /dev/null 2>&1 || fail "merge --dtype bf16"
+  if out=$("$PY" "$SRC/tests/checkpoint/ckpt_tool.py" export ck16 m32); then pass "bf16 run, fp32 masters: $out"; else fail "$out"; fi
+  if out=$("$PY" - m32 m16 <<'PY'
+import glob, json, sys
+import torch
+from safetensors.torch import load_file
+def load(d):
+    idx = json.load(open(f"{d}/model.safetensors.index.json"))
+    files = sorted(glob.glob(f"{d}/model-*.safetensors"))
+    assert len(files) > 1 and set(idx["weight_map"].values()) == {f.split("/")[-1] for f in files}, files
+    t = {}
+    for f in files:
+        t.update(load_file(f))
+    assert set(t) == set(idx["weight_map"]), "index and files disagree"
+    return t
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert set(a) == set(b) and all(v.dtype == torch.float32 for v in a.values()) and all(v.dtype == torch.bfloat16 for v in b.values())
+bad = [k for k in a if not torch.equal(a[k].to(torch.bfloat16), b[k])]
+print(f"{len(a)} tensors in {len(glob.glob(sys.argv[1] + '/model-*'))} files; bf16 = fp32 rounded: {len(a) - len(bad)} of {len(a)}")
+sys.exit(1 if bad else 0)
+PY
+  ); then pass "$out"; else fail "bf16 export: $out"; fi
+  # --remove_checkpoint_dir: the same weights, then the checkpoint is gone.
+  "$ACCEL" merge-weights ck16 m_one > /dev/null 2>&1 && cp -r ck16 ck16_copy \
+    && "$ACCEL" merge-weights ck16_copy m_rm --remove_checkpoint_dir > /dev/null 2>&1 \
+    && cmp -s m_rm/model.safetensors m_one/model.safetensors && [ ! -e ck16_copy ] \
+    && pass "--remove_checkpoint_dir: the same file, the checkpoint removed" || fail "--remove_checkpoint_dir"
+  # Errors: exit 1 with the reason, and an earlier merge in the output directory left as it was.
+  mkdir -p proj/checkpoints && cp -r ck proj/checkpoints/checkpoint_0
+  "$ACCEL" merge-weights proj out > err.out 2>&1 && fail "a project directory merged"
+  grep -q "no index.json in proj: not a checkpoint; its newest checkpoint is proj/checkpoints/checkpoint_0" err.out \
+    && pass "a project directory: names its newest checkpoint" || { fail "project directory message"; cat err.out; }
+  cp -r ck bad && before=$(md5sum merged/model.safetensors)
+  off=$("$PY" -c "import json; i = json.load(open('bad/index.json')); print(min(s['offset'] for k, e in i['tensors'].items() if k.startswith('param/') for s in e['slices'] if s['file'] == 'shard_0.bin'))")
+  printf '\xff' | dd of=bad/shard_0.bin bs=1 seek=$((off + 1)) conv=notrunc 2> /dev/null
+  "$ACCEL" merge-weights bad merged > err.out 2>&1; rc=$?
+  [ $rc = 1 ] && grep -Eq "bad/shard_0.bin: .* fail their CRC32 check" err.out && pass "a flipped byte: exit 1 naming the file" \
+    || { fail "flipped byte: exit $rc"; cat err.out; }
+  [ "$before" = "$(md5sum merged/model.safetensors)" ] && [ "$(ls merged)" = model.safetensors ] \
+    && pass "the earlier merge in the output directory is untouched" || fail "the output changed"
+  "$ACCEL" merge-weights ck m_x --max_shard_size 10XB > err.out 2>&1; rc=$?
+  [ $rc = 2 ] && grep -q "max_shard_size" err.out && [ ! -e m_x ] && pass "a bad size: exit 2" || { fail "bad size: exit $rc"; cat err.out; }
   ;;
 *) echo "unknown scenario $SCENARIO"; exit 2 ;;
 esac

@@ -3,13 +3,17 @@
 // and load in Python's safetensors; sharded files + index; the gathered memory stays within one
 // unit; Python-written files load into sharded models (masters included); bad checkpoints are errors
 // naming the tensor and the file on every rank, not hangs.
+#include "checkpoint/merge_weights.h"
 #include "checkpoint/model_export.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/sharded_state.h"
+#include "checkpoint/slice_format.h"
 
+#include "base/files.h"
 #include "base/memory.h"
 #include "support/harness.h"
-#include "support/scoped_env.h"
 #include "support/python.h"
+#include "support/scoped_env.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -485,6 +489,139 @@ TEST(SaveModel, BadArgumentsAndUnwritableDirectory) {
   } catch (const std::runtime_error& e) {
     if (test::world()->rank() == 0) EXPECT_NE(std::string(e.what()).find(dir / "file"), std::string::npos) << e.what();
   }
+}
+
+// --- merge_weights ------------------------------------------------------------------------------
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The directories hold the same files with the same bytes.
+::testing::AssertionResult same_files(const std::string& a, const std::string& b) {
+  const auto la = list_dir(a), lb = list_dir(b);
+  if (la != lb || la.empty())
+    return ::testing::AssertionFailure() << a << " holds " << la.size() << " files, " << b << " " << lb.size();
+  for (const auto& n : la)
+    if (file_bytes(a + "/" + n) != file_bytes(b + "/" + n)) return ::testing::AssertionFailure() << n << " differs";
+  return ::testing::AssertionSuccess();
+}
+
+// A save_state checkpoint of any strategy, merged offline on one rank, gives the files save_model
+// writes at the same point, byte for byte: sharded or full, in one file or several, the masters (fp32
+// over a bf16 model) or with dtype bf16 the compute copies; a frozen parameter (a flat without master)
+// too.
+TEST(MergeWeights, GivesTheFilesSaveModelWritesUnderEveryStrategy) {
+  SharedDir dir;
+  const int rank = test::world()->rank();
+  for (bool bf16 : {false, true})
+    for (const auto& c : strategies()) {
+      const std::string tag = std::string(bf16 ? "bf16_" : "fp32_") + c.name;
+      SCOPED_TRACE(tag);
+      ShardingSpec spec = c.spec;
+      if (bf16) spec.param_dtype = at::kBFloat16;
+      const ModelKind kind = bf16 ? ModelKind::MLP : ModelKind::GPT;
+      Prepped s = build(kind, spec, /*frozen_first=*/bf16);
+      train(s, kind, 2, bf16 ? at::kBFloat16 : at::kFloat);
+      const std::string ck = dir / ("ck_" + tag), full = dir / ("full_" + tag);
+      if (rank == 0) {
+        files::make_dirs(ck);
+        files::make_dirs(full);
+      }
+      test::world()->barrier();
+      TrainingState training;
+      training.step = 2;
+      write_state(ck, *s.p.engine, *s.model.module, s.p.optimizer.get(), training, *test::world());
+      write_state(full, *s.p.engine, *s.model.module, s.p.optimizer.get(), training, *test::world(), /*full=*/true);
+      save_model(*s.p.engine, *s.model.module, dir / ("model_" + tag));
+      const SaveModelResult several = save_model(*s.p.engine, *s.model.module, dir / ("model300_" + tag), 300);
+      SaveModelOptions o16;
+      o16.compute_dtype = true;
+      if (bf16) save_model(*s.p.engine, *s.model.module, dir / ("model16_" + tag), 300, o16);
+      if (rank == 0) {
+        const MergeResult r = merge_weights(ck, dir / ("m_" + tag));
+        EXPECT_TRUE(same_files(dir / ("m_" + tag), dir / ("model_" + tag)));
+        EXPECT_EQ(r.world_size, test::world()->size());
+        EXPECT_EQ(r.step, 2);
+        EXPECT_GT(r.bytes_read, 0u);
+        merge_weights(full, dir / ("mf_" + tag));
+        EXPECT_TRUE(same_files(dir / ("mf_" + tag), dir / ("model_" + tag)));
+        MergeOptions small;
+        small.max_shard_size = 300;
+        const MergeResult r300 = merge_weights(ck, dir / ("m300_" + tag), small);
+        EXPECT_GT(several.files.size(), 2u);
+        EXPECT_EQ(r300.files, several.files);
+        EXPECT_TRUE(same_files(dir / ("m300_" + tag), dir / ("model300_" + tag)));  // the index too
+        if (bf16) {
+          small.dtype = at::kBFloat16;
+          merge_weights(ck, dir / ("m16_" + tag), small);
+          EXPECT_TRUE(same_files(dir / ("m16_" + tag), dir / ("model16_" + tag)));
+        }
+      }
+      test::world()->barrier();
+    }
+}
+
+// Bad input is an error naming what is wrong, and a failed merge leaves the output as it was.
+TEST(MergeWeights, BadCheckpointsAreErrorsNamingTheFile) {
+  SharedDir dir;
+  Prepped s = build(ModelKind::MLP, ShardingSpec::zero(3));
+  train(s, ModelKind::MLP, 1);
+  const std::string ck = dir / "project/checkpoints/checkpoint_3";
+  if (test::world()->rank() == 0) files::make_dirs(ck);
+  test::world()->barrier();
+  write_state(ck, *s.p.engine, *s.model.module, s.p.optimizer.get(), TrainingState{}, *test::world());
+  if (test::world()->rank() != 0) return;
+  auto expect_error = [&](const std::string& from, const std::string& to, const std::vector<std::string>& parts,
+                          const MergeOptions& o = {}) {
+    try {
+      merge_weights(from, to, o);
+      ADD_FAILURE() << "merged " << from;
+    } catch (const std::exception& e) {
+      for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  };
+  // Not a checkpoint: a project directory names its newest checkpoint, and so does its checkpoints/.
+  expect_error(dir / "project", dir / "out", {"no index.json", ck});
+  expect_error(dir / "project/checkpoints", dir / "out", {"no index.json", ck});
+  expect_error(dir / "nothere", dir / "out", {dir / "nothere"});
+  expect_error(ck, ck, {"the checkpoint itself"});
+  MergeOptions to_int;
+  to_int.dtype = at::kLong;
+  expect_error(ck, dir / "out", {"floating-point"}, to_int);
+  MergeOptions zero;
+  zero.max_shard_size = 0;
+  expect_error(ck, dir / "out", {"max_shard_size"}, zero);
+  EXPECT_FALSE(files::exists(dir / "out"));
+
+  // An earlier merge in the output directory stays as it was when a later one fails.
+  merge_weights(ck, dir / "out");
+  const std::string good = file_bytes(dir / "out/model.safetensors");
+  // A byte of a parameter's slice in shard_0.bin (the optimizer's slices are not read).
+  const std::string shard = ck + "/shard_0.bin";
+  std::uint64_t at_byte = 0;
+  bool found = false;
+  for (const auto& [key, e] : entries_of(parse_index(ck), ck))
+    for (const Slice& sl : e.slices)
+      if (!found && key.rfind("param/", 0) == 0 && sl.file == "shard_0.bin" && sl.bytes > 0) {
+        at_byte = sl.offset + sl.bytes / 2;
+        found = true;
+      }
+  ASSERT_TRUE(found);
+  std::string bytes = file_bytes(shard);
+  bytes[at_byte] ^= 0x10;
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
+  expect_error(ck, dir / "out", {shard, "CRC32"});
+  expect_error(ck, dir / "out_new", {shard, "CRC32"});
+  EXPECT_FALSE(files::exists(dir / "out_new"));  // created by the failed merge, and removed
+  EXPECT_EQ(file_bytes(dir / "out/model.safetensors"), good);
+  EXPECT_EQ(list_dir(dir / "out"), std::vector<std::string>{"model.safetensors"});
+  ASSERT_EQ(::truncate(shard.c_str(), static_cast<off_t>(at_byte)), 0);
+  expect_error(ck, dir / "out", {shard, "truncated"});
+  EXPECT_EQ(file_bytes(dir / "out/model.safetensors"), good);
 }
 
 }  // namespace
