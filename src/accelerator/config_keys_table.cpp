@@ -172,7 +172,8 @@ const std::vector<Key>& all() {
        "Starts the next unit's gather during forward, in the order of the last forward", nullptr},
       {D::Accelerate, "fsdp_config", "fsdp_state_dict_type", "", T::Choice, "SHARDED_STATE_DICT",
        "FULL_STATE_DICT, SHARDED_STATE_DICT, LOCAL_STATE_DICT",
-       "What save_state() writes: FULL every tensor whole on rank 0, SHARDED or LOCAL each rank its slices",
+       "What save_state() writes: FULL every tensor whole on rank 0, SHARDED or LOCAL each rank its slices "
+       "(`accel merge-weights` turns either into safetensors)",
        nullptr},
       {D::Accelerate, "fsdp_config", "fsdp_activation_checkpointing", "", T::Bool, "false", "",
        "true makes every unit recompute its forward in backward instead of keeping its activations", nullptr},

@@ -6,10 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 namespace accel::files {
 
@@ -142,6 +145,43 @@ void sync_dir(const std::string& dir) {
 std::string absolute_path(const std::string& p) {
   char buf[PATH_MAX];
   return ::realpath(p.c_str(), buf) ? std::string(buf) : p;
+}
+
+bool is_link(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+std::string resolved_path(const std::string& p) {
+  std::string path = p.empty() || p[0] != '/' ? working_dir() + "/" + p : p;
+  std::vector<std::string> parts;  // the components, "." and ".." taken lexically
+  std::size_t pos = 0;
+  while (pos <= path.size()) {
+    const std::size_t next = std::min(path.find('/', pos), path.size());
+    const std::string c = path.substr(pos, next - pos);
+    if (c == "..") {
+      if (!parts.empty()) parts.pop_back();
+    } else if (!c.empty() && c != ".") {
+      parts.push_back(c);
+    }
+    pos = next + 1;
+  }
+  // The longest prefix that exists resolves through realpath (its links); the rest is appended.
+  for (std::size_t k = parts.size() + 1; k-- > 0;) {
+    std::string prefix = "/";
+    for (std::size_t i = 0; i < k; ++i) prefix += (i ? "/" : "") + parts[i];
+    char buf[PATH_MAX];
+    if (!::realpath(prefix.c_str(), buf)) continue;
+    std::string out = buf;
+    for (std::size_t i = k; i < parts.size(); ++i) out += (out.back() == '/' ? "" : "/") + parts[i];
+    return out;
+  }
+  return path;
+}
+
+bool is_within(const std::string& inner, const std::string& outer) {
+  const std::string i = resolved_path(inner), o = resolved_path(outer);
+  return i == o || (i.size() > o.size() && i.compare(0, o.size(), o) == 0 && (o.back() == '/' || i[o.size()] == '/'));
 }
 
 std::string self_exe_path() {

@@ -21,6 +21,8 @@ void write_file_atomic(const std::string& path, const void* data, std::size_t n)
 std::string read_file(const std::string& path);
 // lstat succeeds (a dangling link exists too).
 bool exists(const std::string& path);
+// lstat says `path` is a symbolic link.
+bool is_link(const std::string& path);
 // stat succeeds and names a regular file / a directory.
 bool is_file(const std::string& path);
 bool is_dir(const std::string& path);
@@ -37,6 +39,12 @@ std::string working_dir();
 void sync_dir(const std::string& dir);
 // realpath(p), or p itself when it does not resolve.
 std::string absolute_path(const std::string& p);
+// The absolute path `p` names, existing or not: its longest existing ancestor through realpath (links
+// resolved), then the rest with "." and ".." taken lexically. So two spellings of one place compare equal
+// before it is created ("ck/new/.." and "ck").
+std::string resolved_path(const std::string& p);
+// Whether `inner` is `outer` or lies below it (both resolved_path'ed first).
+bool is_within(const std::string& inner, const std::string& outer);
 // The running executable (/proc/self/exe).
 std::string self_exe_path();
 

@@ -68,9 +68,10 @@ MergeResult merge_weights(const std::string& checkpoint_dir, const std::string& 
   if (options.dtype && !at::isFloatingType(*options.dtype))
     throw accel::InvalidArgumentError(
         fmt::format("merge-weights: --dtype must be a floating-point type, not {}", c10::toString(*options.dtype)));
-  if (files::absolute_path(checkpoint_dir) == files::absolute_path(out_dir))
+  if (files::is_within(out_dir, checkpoint_dir))
     throw accel::InvalidArgumentError(
-        fmt::format("merge-weights: the output directory is the checkpoint itself ({}); name another", out_dir));
+        fmt::format("merge-weights: the output directory {} is inside the checkpoint {}; name one outside it", out_dir,
+                    checkpoint_dir));
   const json index = index_or_hint(checkpoint_dir);
   const auto entries = entries_of(index, checkpoint_dir);
   const auto order = tensors_in_order(index, entries, checkpoint_dir);
@@ -82,15 +83,19 @@ MergeResult merge_weights(const std::string& checkpoint_dir, const std::string& 
   result.strategy = index.value("strategy", "");
   if (index.contains("training")) result.step = index["training"].value("step", std::int64_t{0});
 
-  auto out_dtype = [&](c10::ScalarType saved) {
-    return options.dtype && at::isFloatingType(saved) ? *options.dtype : saved;
+  // --dtype converts the parameters (buffers keep their dtype, as in save_model's compute_dtype files).
+  auto out_dtype = [&](const std::string& key, c10::ScalarType saved) {
+    return options.dtype && at::isFloatingType(saved) && key.rfind("param/", 0) == 0 ? *options.dtype : saved;
   };
   std::vector<SafetensorsTensorSpec> specs;
   for (const auto& [name, key] : order) {
     const Entry& e = entries.at(key);
-    specs.push_back({name, out_dtype(e.dtype), e.shape});
+    specs.push_back({name, out_dtype(key, e.dtype), e.shape});
   }
-  const bool created = !files::exists(out_dir);
+  // The directories this merge creates (the output and any missing parents), removed again if it fails.
+  std::vector<std::string> created;
+  for (std::string d = files::resolved_path(out_dir); d.size() > 1 && !files::exists(d); d = files::parent_dir(d))
+    created.push_back(d);
   try {
     ModelFilesWriter writer("merge-weights", out_dir, specs, options.max_shard_size, options.metadata);
     result.files = writer.plan().files;
@@ -103,7 +108,7 @@ MergeResult merge_weights(const std::string& checkpoint_dir, const std::string& 
       for (auto d : e.shape) numel *= d;
       at::Tensor t = reader.range(key, e, 0, numel).view(e.shape);
       reader.forget();
-      if (t.scalar_type() != out_dtype(e.dtype)) t = t.to(out_dtype(e.dtype));
+      if (t.scalar_type() != out_dtype(key, e.dtype)) t = t.to(out_dtype(key, e.dtype));
       result.largest_tensor_bytes = std::max<std::int64_t>(result.largest_tensor_bytes, t.nbytes());
       writer.write(name, t);
       ++result.tensors;
@@ -113,7 +118,7 @@ MergeResult merge_weights(const std::string& checkpoint_dir, const std::string& 
     bar.close();
     result.bytes_read = reader.bytes_read();
   } catch (...) {
-    if (created) ::rmdir(out_dir.c_str());  // only if the failed merge left it empty
+    for (const auto& d : created) ::rmdir(d.c_str());  // deepest first; each only if left empty
     throw;
   }
   return result;

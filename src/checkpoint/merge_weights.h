@@ -6,13 +6,18 @@
 // The weights are the checkpoint's "param/<name>" tensors (the fp32 masters, or a parameter's own
 // values where it has none) and its buffers, named and ordered as the model's state_dict. So merging a
 // checkpoint gives the files save_model writes at the same point of training, byte for byte (with
-// options.dtype, those of save_model's compute_dtype where the compute copies are the masters rounded).
-// Optimizer state is left out. One tensor is held at a time (plus the slices it is read from); every
-// slice's size and CRC32 is checked as it is read.
+// options.dtype, those of save_model's compute_dtype where the compute copies are the masters rounded:
+// parameters converted, buffers as they are). A checkpoint written before index.json recorded that
+// order ("state_dict") gets its parameters, then its buffers, in name order, and a tied parameter under
+// its first name only: the same weights, split into files differently. Optimizer state is left out.
+// One tensor is held at a time (read in place from its slices); every slice's size and CRC32 is checked
+// as it is read.
 //
 // Errors: CheckpointError naming the checkpoint's file and what is wrong (not a checkpoint, a missing,
-// truncated or corrupted shard, slices that do not cover a tensor); InvalidArgumentError for bad options.
-// A failed merge leaves `out_dir`'s earlier files as they were.
+// truncated or corrupted shard, slices that do not cover a tensor exactly once); InvalidArgumentError
+// for bad options, or an out_dir inside the checkpoint. Every tensor is read before the first file is
+// renamed into place: a checkpoint that fails to read leaves `out_dir`'s earlier files as they were
+// (and removes the directories the merge created).
 #pragma once
 
 #include "checkpoint/model_files.h"

@@ -78,6 +78,11 @@ std::vector<Segment> segments_of(const zero::Engine& e, int world_rank) {
     }
     for (std::size_t i = 0; i < fp.params().size(); ++i) {
       const std::int64_t off = layout.offset(static_cast<int>(i)), n = fp.params()[i].numel();
+      if (n == 0) {  // no element for any rank to hold: rank 0 lists it (an empty slice), as a passthrough does
+        if (world_rank == 0)
+          out.push_back({fp.names()[i], fp.params()[i].sizes().vec(), 0, 0, src.narrow(0, 0, 0), {}, 0, true});
+        continue;
+      }
       const std::int64_t lo = std::max(b, off), hi = std::min(end, off + n);
       if (lo >= hi) continue;
       Segment s{fp.names()[i], fp.params()[i].sizes().vec(), lo - off, hi - off, src.narrow(0, lo - b, hi - lo), {}, 0,
@@ -322,6 +327,7 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
     for (const auto& f : engine.flats())
       for (const auto& n : f.flat_param->names()) model_names.insert(n);
     for (const Segment& s : segments_of(engine, rank)) {
+      if (s.lo == s.hi) continue;  // an empty parameter: nothing to read (older checkpoints do not list it)
       auto it = entries.find("param/" + s.name);
       if (it == entries.end())
         throw CheckpointError(fmt::format("{}: parameter '{}' of the model is not in the checkpoint", idx, s.name));

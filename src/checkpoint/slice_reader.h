@@ -22,15 +22,19 @@ class SliceReader {
 
   // Elements [lo, hi) of `key`'s flat tensor, in its saved dtype, from every slice that overlaps.
   // Throws CheckpointError naming the file for a missing, truncated or corrupted slice, and naming
-  // index.json when the slices do not cover [lo, hi).
+  // index.json when the slices do not cover [lo, hi) exactly once. A slice wholly inside [lo, hi) is
+  // read straight into the result; one that reaches outside is read whole and kept, for the other
+  // ranges that need it.
   at::Tensor range(const std::string& key, const Entry& e, std::int64_t lo, std::int64_t hi);
-  // Lets go of the slices read so far (each is kept once read, for the ranges that share it).
+  // Lets go of the slices kept so far.
   void forget() { cache_.clear(); }
   // Bytes read from the shard files so far.
   std::uint64_t bytes_read() const { return bytes_read_; }
 
  private:
-  const at::Tensor& slice_data(const std::string& key, const Entry& e, const Slice& s);
+  static std::string slice_id(const Slice& s);
+  const at::Tensor& slice_data(const std::string& key, const Entry& e, const Slice& s);  // read whole, kept
+  void read_slice(const std::string& key, const Entry& e, const Slice& s, void* dst);    // checked, into dst
   std::string dir_;
   std::map<std::string, int> fds_;
   std::map<std::string, at::Tensor> cache_;

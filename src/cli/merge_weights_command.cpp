@@ -27,17 +27,15 @@ int run_merge(const MergeArgs& a) {
   static const std::map<std::string, std::optional<c10::ScalarType>> kDtypes = {
       {"saved", std::nullopt}, {"fp32", c10::kFloat}, {"bf16", c10::kBFloat16}, {"fp16", c10::kHalf}};
   o.dtype = kDtypes.at(a.dtype);
-  try {
-    o.max_shard_size = parse_size(a.max_shard_size);
-  } catch (const std::invalid_argument& e) {
-    fmt::print(stderr, "accel merge-weights: --max_shard_size: {}\n", e.what());
-    return 2;
-  }
-  if (o.max_shard_size <= 0) {
-    fmt::print(stderr, "accel merge-weights: --max_shard_size must be positive, not '{}'\n", a.max_shard_size);
-    return 2;
-  }
+  o.max_shard_size = parse_size(a.max_shard_size);  // (checked by the option's validator)
   o.progress = true;
+  if (a.remove_checkpoint_dir && files::is_link(a.checkpoint)) {
+    fmt::print(stderr,
+               "accel merge-weights: --remove_checkpoint_dir: {} is a symbolic link; name the directory itself, "
+               "or remove it yourself\n",
+               a.checkpoint);
+    return 1;
+  }
   const checkpoint::MergeResult r = checkpoint::merge_weights(a.checkpoint, a.out, o);
   const double mb = static_cast<double>(r.total_bytes) / 1e6;
   const std::string size = mb >= 1000 ? fmt::format("{:.2f} GB", mb / 1000) : fmt::format("{:.1f} MB", mb);
@@ -46,6 +44,10 @@ int run_merge(const MergeArgs& a) {
              r.files.size() > 1 ? fmt::format(" ... {} files + model.safetensors.index.json", r.files.size()) : "");
   if (a.remove_checkpoint_dir) {
     files::remove_tree(a.checkpoint);
+    if (files::exists(a.checkpoint)) {
+      fmt::print(stderr, "accel merge-weights: could not remove all of {} (the weights are written)\n", a.checkpoint);
+      return 1;
+    }
     fmt::print("accel merge-weights: removed {}\n", a.checkpoint);
   }
   return 0;
@@ -61,8 +63,7 @@ void add_merge_weights_command(CLI::App& app, int& exit_code) {
       "weights as Hugging Face safetensors (model.safetensors, or shards + index), offline in one process");
   cmd->add_option("checkpoint_dir", args->checkpoint,
                   "the checkpoint: a directory save_state wrote (holding index.json and shard_<r>.bin)")
-      ->required()
-      ->check(CLI::ExistingDirectory);
+      ->required();
   cmd->add_option("output_dir", args->out,
                   "where the weights go (created if missing; earlier weights there are replaced)")
       ->required();
@@ -72,7 +73,16 @@ void add_merge_weights_command(CLI::App& app, int& exit_code) {
          "fp16 (floating-point tensors converted)")
       ->check(CLI::IsMember({"saved", "fp32", "bf16", "fp16"}));
   cmd->add_option("--max_shard_size,--max-shard-size", args->max_shard_size,
-                  "start a new file past this size: 10GB (default, 10^9 bytes a GB), 500MB, 2GiB, or bytes");
+                  "start a new file past this size: 10GB (default, 10^9 bytes a GB), 500MB, 2GiB, or bytes")
+      ->check(CLI::Validator(
+          [](const std::string& text) -> std::string {
+            try {
+              return parse_size(text) > 0 ? "" : "the size must be positive, not '" + text + "'";
+            } catch (const std::exception& e) {
+              return e.what();
+            }
+          },
+          "SIZE"));
   cmd->add_flag("--remove_checkpoint_dir,--remove-checkpoint-dir", args->remove_checkpoint_dir,
                 "remove the checkpoint directory once the weights are written");
   cmd->callback([args, &exit_code] { exit_code = run_merge(*args); });

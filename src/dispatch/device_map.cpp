@@ -175,7 +175,10 @@ std::int64_t parse_size(const std::string& text) {
   if (u == units.end() || value < 0)
     throw accel::InvalidArgumentError(
         fmt::format("size '{}': unknown unit '{}' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)", text, unit));
-  return static_cast<std::int64_t>(std::llround(value * u->second));
+  const double bytes = value * u->second;
+  if (!(bytes < 9.2e18))  // (past int64: llround's result would be unspecified)
+    throw accel::InvalidArgumentError(fmt::format("size '{}' is too large", text));
+  return static_cast<std::int64_t>(std::llround(bytes));
 }
 
 std::string canonical_place(const std::string& text) {

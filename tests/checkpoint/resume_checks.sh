@@ -16,7 +16,8 @@
 #           and the checkpoint files untouched
 # merge     accel merge-weights: a ZeRO-3 checkpoint at 4 ranks merges into save_model's file byte for
 #           byte; a bf16 run's full checkpoint into several files, fp32 or (--dtype bf16) rounded by torch;
-#           --remove_checkpoint_dir; errors (a project directory, a flipped byte, a bad size)
+#           --remove_checkpoint_dir; errors (a project directory, a flipped byte, a bad size, an output
+#           inside the checkpoint)
 set -uo pipefail
 ACCEL=$1 GPT=$2 SRC=$3 PY=$4 OUT=$5 SCENARIO=$6
 CFG=$SRC/configs
@@ -271,8 +272,13 @@ PY
     || { fail "flipped byte: exit $rc"; cat err.out; }
   [ "$before" = "$(md5sum merged/model.safetensors)" ] && [ "$(ls merged)" = model.safetensors ] \
     && pass "the earlier merge in the output directory is untouched" || fail "the output changed"
-  "$ACCEL" merge-weights ck m_x --max_shard_size 10XB > err.out 2>&1; rc=$?
-  [ $rc = 2 ] && grep -q "max_shard_size" err.out && [ ! -e m_x ] && pass "a bad size: exit 2" || { fail "bad size: exit $rc"; cat err.out; }
+  "$ACCEL" merge-weights ck merged --max_shard_size 10XB > err.out 2>&1; rc=$?
+  [ $rc != 0 ] && grep -q "size '10XB': unknown unit 'XB'" err.out && pass "a bad size: refused (exit $rc)" \
+    || { fail "bad size: exit $rc"; cat err.out; }
+  # An output inside the checkpoint, which --remove_checkpoint_dir would delete with it: refused.
+  "$ACCEL" merge-weights ck ck/new/../hf --remove_checkpoint_dir > err.out 2>&1; rc=$?
+  [ $rc = 1 ] && grep -q "is inside the checkpoint ck" err.out && [ -f ck/index.json ] && [ ! -e ck/hf ] \
+    && pass "an output inside the checkpoint: exit 1, the checkpoint kept" || { fail "output inside: exit $rc"; cat err.out; }
   ;;
 *) echo "unknown scenario $SCENARIO"; exit 2 ;;
 esac

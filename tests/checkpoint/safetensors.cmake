@@ -34,3 +34,7 @@ target_compile_definitions(model_export_tests PRIVATE ACCEL_SOURCE_DIR="${PROJEC
 accel_add_mpi_test(NAME checkpoint_save_model TARGET model_export_tests NP 1 2 3 4 SKIPPABLE)
 accel_add_mpi_test(NAME checkpoint_save_model_private TARGET model_export_tests NP 2 3 4 SKIPPABLE
                    FILTER -SaveModel.GatheredMemoryStaysWithinOneUnit ENV ${ACCEL_PRIVATE_SHARDS})
+# merge_weights over checkpoints of two simulated nodes (HYBRID_SHARD with two replicas: each shard
+# written once, by the first replica).
+accel_add_mpi_test(NAME checkpoint_merge_2nodes TARGET model_export_tests NP 4 FILTER MergeWeights.*
+                   ENV ACCEL_RANKS_PER_NODE=2)

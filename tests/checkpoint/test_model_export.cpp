@@ -116,12 +116,19 @@ struct Prepped {
 };
 
 // A prepared model; `frozen_first`: the MLP's first layer does not train (a flat with no master).
-Prepped build(ModelKind kind, const ShardingSpec& spec, bool frozen_first = false) {
+// `extras`: a float buffer, a parameter of no elements and (GPT) a second name for the root's `pos`.
+Prepped build(ModelKind kind, const ShardingSpec& spec, bool frozen_first = false, bool extras = false) {
   Prepped s;
   s.model = test::make_model(kind, at::kFloat);
   if (frozen_first)
     for (auto& kv : s.model.module->named_parameters())
       if (kv.key().rfind("fc0.", 0) == 0) kv.value().requires_grad_(false);
+  if (extras) {
+    torch::nn::Module& m = *s.model.module;
+    m.register_buffer("stat", at::arange(3, at::kFloat) / 7);
+    m.register_parameter("empty", at::zeros({0}));
+    if (kind == ModelKind::GPT) m.register_parameter("pos_alias", m.named_parameters(/*recurse=*/false)["pos"]);
+  }
   s.user_opt = test::make_optimizer(test::OptKind::AdamW, *s.model.module);
   s.p = zero::prepare(s.model.module, *s.user_opt, spec, test::world());
   return s;
@@ -512,8 +519,8 @@ std::string file_bytes(const std::string& path) {
 
 // A save_state checkpoint of any strategy, merged offline on one rank, gives the files save_model
 // writes at the same point, byte for byte: sharded or full, in one file or several, the masters (fp32
-// over a bf16 model) or with dtype bf16 the compute copies; a frozen parameter (a flat without master)
-// too.
+// over a bf16 model) or with dtype bf16 the compute copies (the buffer kept in fp32); a frozen
+// parameter (a flat without master), a parameter of no elements and (GPT) a tied second name too.
 TEST(MergeWeights, GivesTheFilesSaveModelWritesUnderEveryStrategy) {
   SharedDir dir;
   const int rank = test::world()->rank();
@@ -524,7 +531,7 @@ TEST(MergeWeights, GivesTheFilesSaveModelWritesUnderEveryStrategy) {
       ShardingSpec spec = c.spec;
       if (bf16) spec.param_dtype = at::kBFloat16;
       const ModelKind kind = bf16 ? ModelKind::MLP : ModelKind::GPT;
-      Prepped s = build(kind, spec, /*frozen_first=*/bf16);
+      Prepped s = build(kind, spec, /*frozen_first=*/bf16, /*extras=*/true);
       train(s, kind, 2, bf16 ? at::kBFloat16 : at::kFloat);
       const std::string ck = dir / ("ck_" + tag), full = dir / ("full_" + tag);
       if (rank == 0) {
@@ -588,7 +595,9 @@ TEST(MergeWeights, BadCheckpointsAreErrorsNamingTheFile) {
   expect_error(dir / "project", dir / "out", {"no index.json", ck});
   expect_error(dir / "project/checkpoints", dir / "out", {"no index.json", ck});
   expect_error(dir / "nothere", dir / "out", {dir / "nothere"});
-  expect_error(ck, ck, {"the checkpoint itself"});
+  for (const std::string& inside : {ck, ck + "/hf", ck + "/new/..", dir / "project/checkpoints/./checkpoint_3/x"})
+    expect_error(ck, inside, {"inside the checkpoint"});
+  EXPECT_FALSE(files::exists(ck + "/hf"));
   MergeOptions to_int;
   to_int.dtype = at::kLong;
   expect_error(ck, dir / "out", {"floating-point"}, to_int);
@@ -600,6 +609,30 @@ TEST(MergeWeights, BadCheckpointsAreErrorsNamingTheFile) {
   // An earlier merge in the output directory stays as it was when a later one fails.
   merge_weights(ck, dir / "out");
   const std::string good = file_bytes(dir / "out/model.safetensors");
+
+  // A checkpoint from before index.json recorded the state_dict order: the same tensors, by name (in one
+  // file, laid out by size and name, the same bytes).
+  const std::string old_ck = dir / "old";
+  files::make_dirs(old_ck);
+  nlohmann::json index = parse_index(ck);
+  ASSERT_TRUE(index.contains("state_dict"));
+  index.erase("state_dict");
+  for (const auto& n : list_dir(ck))
+    if (n != "index.json") std::ofstream(old_ck + "/" + n, std::ios::binary) << file_bytes(ck + "/" + n);
+  std::ofstream(old_ck + "/index.json") << index.dump();
+  merge_weights(old_ck, dir / "out_old");
+  EXPECT_EQ(file_bytes(dir / "out_old/model.safetensors"), good);
+
+  // A slice listed twice: malformed, not merged.
+  nlohmann::json twice = parse_index(ck);
+  for (auto& [key, e] : twice["tensors"].items())
+    if (key.rfind("param/", 0) == 0 && e["slices"].size() >= 1) {
+      e["slices"].push_back(e["slices"][0]);
+      break;
+    }
+  std::ofstream(old_ck + "/index.json", std::ios::trunc) << twice.dump();
+  expect_error(old_ck, dir / "deep/a/b", {"more than one slice"});
+  EXPECT_FALSE(files::exists(dir / "deep"));  // every directory the failed merge created is gone
   // A byte of a parameter's slice in shard_0.bin (the optimizer's slices are not read).
   const std::string shard = ck + "/shard_0.bin";
   std::uint64_t at_byte = 0;
