@@ -277,6 +277,15 @@ class Accelerator {
   at::Tensor gather_for_metrics(const at::Tensor& t);
   // "sum" | "mean" | "max" | "min" across ranks; every rank gets the result (a new tensor).
   at::Tensor reduce(const at::Tensor& t, const std::string& reduction = "sum");
+  // Every rank's strings (any bytes: generated text, JSON records) concatenated in rank order, on every
+  // rank (Accelerate's gather_object); lists and strings may differ in length across ranks.
+  std::vector<std::string> gather_object(const std::vector<std::string>& items);
+  // gather_object(), then on the last batch of a prepared loader drops the entries of padding
+  // duplicates (even_batches), as gather_for_metrics does rows: one string per sample of the batch.
+  std::vector<std::string> gather_for_metrics(const std::vector<std::string>& items);
+  // Rank `from`'s string on every rank (Accelerate's broadcast_object_list); the others' argument
+  // is not read.
+  std::string broadcast_object(const std::string& object, int from = 0);
   // Pads `t` along `dim` to the largest size across ranks with pad_value (at the end, or the start).
   at::Tensor pad_across_processes(const at::Tensor& t, std::int64_t dim = 0, double pad_value = 0,
                                   bool pad_first = false);

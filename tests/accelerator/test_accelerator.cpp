@@ -188,6 +188,56 @@ TEST(Accelerator, GatherForMetricsCountsEachSampleOnce) {
   }
 }
 
+// The same with one string per sample: the padding's strings are dropped too.
+TEST(Accelerator, GatherForMetricsOfStringsCountsEachSampleOnce) {
+  for (int64_t n : {7, 12, 1}) {
+    Accelerator acc(quiet());
+    DataLoader<Rows> loader(Rows(at::arange(n, at::kLong).reshape({n, 1}), at::arange(n, at::kLong)),
+                            {.batch_size = 3});
+    acc.prepare_data_loader(loader);
+    std::vector<std::string> seen;
+    for (const Batch& b : loader) {
+      std::vector<std::string> mine;
+      for (int64_t i = 0; i < b.target.numel(); ++i)
+        mine.push_back("sample " + std::to_string(b.target[i].item<int64_t>()));
+      for (auto& s : acc.gather_for_metrics(mine)) seen.push_back(s);
+    }
+    std::vector<std::string> want;
+    for (int64_t i = 0; i < n; ++i) want.push_back("sample " + std::to_string(i));
+    std::sort(seen.begin(), seen.end());
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(seen, want) << "n " << n;
+  }
+}
+
+// Strings across ranks: lists and strings of different lengths (empty ones, every byte value), in rank
+// order on every rank; a broadcast from every rank, of any length, the others' argument not read.
+TEST(Accelerator, ObjectsAreGatheredAndBroadcastAcrossRanks) {
+  Accelerator acc(quiet());
+  const int N = acc.num_processes(), me = acc.process_index();
+  auto items_of = [](int r) {
+    std::vector<std::string> v;
+    for (int i = 0; i <= r; ++i) v.emplace_back(static_cast<std::size_t>(r * 3 + i), static_cast<char>('a' + i));
+    std::string bytes(256, '\0');
+    for (int b = 0; b < 256; ++b) bytes[static_cast<std::size_t>(b)] = static_cast<char>(b);
+    v.push_back(bytes + std::to_string(r));
+    if (r % 2) v.emplace_back();
+    return v;
+  };
+  std::vector<std::string> want;
+  for (int r = 0; r < N; ++r)
+    for (auto& s : items_of(r)) want.push_back(s);
+  EXPECT_EQ(acc.gather_object(items_of(me)), want);
+  EXPECT_EQ(acc.gather_object(me == 0 ? std::vector<std::string>{"only rank 0"} : std::vector<std::string>{}),
+            std::vector<std::string>{"only rank 0"});
+  for (int from = 0; from < N; ++from) {
+    const std::string sent = std::string(static_cast<std::size_t>(1000 + from), 'x') + std::string(1, '\0');
+    EXPECT_EQ(acc.broadcast_object(me == from ? sent : "not read", from), sent) << "from " << from;
+  }
+  EXPECT_EQ(acc.broadcast_object(me == 0 ? "" : "not read"), "");
+  EXPECT_THROW(acc.broadcast_object("x", N), std::invalid_argument);
+}
+
 // The loss of the tests' models on a batch.
 at::Tensor mlp_loss(MLPImpl& m, const Batch& b) { return at::mse_loss(m.forward(b.data), b.target); }
 
