@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <csignal>
+#include <utility>
+
 namespace accel::cli {
 
 ShrinkPlan plan_shrink(const ShrinkRequest& r) {
@@ -32,6 +36,32 @@ ShrinkPlan plan_shrink(const ShrinkRequest& r) {
     p.why += fmt::format(" ({} usable, but the global batch needs a host count dividing {}: {} left out)",
                          usable.size(), r.initial_machines, usable.size() - n);
   return p;
+}
+
+const RankFailure* first_failure(const std::vector<RankFailure>& failures) {
+  const RankFailure* first = nullptr;
+  auto key = [](const RankFailure& f) { return std::make_pair(f.signal == SIGTERM, f.time_ns); };
+  for (const auto& f : failures)
+    if (!first || key(f) < key(*first)) first = &f;
+  return first;
+}
+
+std::vector<std::string> hosts_failed(const std::vector<RankFailure>& failures, int machines) {
+  std::vector<std::string> why(static_cast<std::size_t>(std::max(machines, 0)));
+  const RankFailure* first = first_failure(failures);
+  if (!first) return why;
+  if (first->signal != SIGTERM) {  // a rank killed by a signal of its own: its host
+    if (first->signal && first->node >= 0 && first->node < machines)
+      why[first->node] = fmt::format("rank {} was killed by signal {} first", first->rank, first->signal);
+    return why;
+  }
+  // Only ranks stopped by the launcher reported: the host that failed is one whose ranks could not.
+  std::vector<bool> reported(why.size());
+  for (const auto& f : failures)
+    if (f.node >= 0 && f.node < machines) reported[f.node] = true;
+  for (int m = 0; m < machines; ++m)
+    if (!reported[m]) why[m] = fmt::format("none of its ranks reported; the others were stopped (signal {})", SIGTERM);
+  return why;
 }
 
 }  // namespace accel::cli

@@ -2,9 +2,11 @@
 // rule is unit-tested (tests/cli/test_launch_plan.cpp); launch_command.cpp probes the hosts and runs.
 //
 // A host is dropped when the job's first failure was one of its ranks killed by a signal (the host
-// or its processes died: OOM killer, SIGKILL, a crash) or when it does not answer the start-up probe
-// (`mpirun -np 1 --host H:1 true` within ACCEL_HOST_PROBE_TIMEOUT_S). A rank that exited with an error
-// code is the program's failure, not the host's: the job starts again on the same hosts.
+// or its processes died: OOM killer, SIGKILL, a crash), when none of its ranks left a record while the
+// others' say only that they were stopped (SIGTERM: the launcher ending the job after losing that
+// host), or when it does not answer the start-up probe (`mpirun -np 1 --host H:1 true` within
+// ACCEL_HOST_PROBE_TIMEOUT_S). A rank that exited with an error code is the program's failure, not
+// the host's: the job starts again on the same hosts.
 //
 // The job starts again on the largest number n of the usable hosts (in hostfile order) that divides
 // the host count it started with, as long as n >= M: the Accelerator then multiplies gradient
@@ -33,5 +35,22 @@ struct ShrinkPlan {
 };
 
 ShrinkPlan plan_shrink(const ShrinkRequest& request);
+
+// What accel-rank records of a rank that ended badly (the status directory's rank_<r> files).
+struct RankFailure {
+  int rank = -1, node = -1, local_rank = -1, exit = 0, signal = 0, stop_signal = 0;
+  // When it ended; when it was last stopped and then continued (0: never).
+  long long time_ns = 0, stopped_ns = 0, continued_ns = 0;
+  std::string host;
+};
+
+// The failure that came first: the earliest record, where a rank stopped by SIGTERM counts after
+// every other kind (mpirun stops the surviving ranks with it once one has failed, and the clocks of
+// two machines need not agree on which came first). nullptr when there is none.
+const RankFailure* first_failure(const std::vector<RankFailure>& failures);
+
+// Per machine (node index < machines), why it is dropped before the job starts again ("" = kept),
+// from the records of the start that failed (see the top of this file).
+std::vector<std::string> hosts_failed(const std::vector<RankFailure>& failures, int machines);
 
 }  // namespace accel::cli

@@ -64,13 +64,6 @@ std::optional<std::string> find_program(const std::string& name) {
   return std::nullopt;
 }
 
-std::vector<std::string> split_words(const std::string& s) {
-  std::istringstream in(s);
-  std::vector<std::string> out;
-  for (std::string w; in >> w;) out.push_back(w);
-  return out;
-}
-
 // --- running and reporting ---------------------------------------------------------------------
 
 volatile pid_t g_launcher_child = 0;
@@ -83,13 +76,6 @@ void on_launch_signal(int sig, siginfo_t* info, void*) {
   g_launch_interrupted = sig;
   if (g_launcher_child > 0 && info && info->si_code <= 0) kill(g_launcher_child, sig);
 }
-
-struct RankFailure {
-  int rank = -1, node = -1, local_rank = -1, exit = 0, signal = 0, stop_signal = 0;
-  // When it ended; when it was last stopped and then continued (0: never).
-  long long time_ns = 0, stopped_ns = 0, continued_ns = 0;
-  std::string host;
-};
 
 std::vector<RankFailure> read_failures(const std::string& dir) {
   std::vector<RankFailure> out;
@@ -124,15 +110,21 @@ std::vector<RankFailure> read_failures(const std::string& dir) {
 
 struct RunResult {
   int code = 0;
-  std::optional<RankFailure> first;  // the rank that failed first, when one reported
+  std::vector<RankFailure> failures;  // what the ranks that ended badly recorded
 };
 
-RunResult run_plan(const LaunchPlan& plan, const std::string& status_dir) {
+// From here on a Ctrl-C or a kill stops the launch (g_launch_interrupted) instead of ending accel and
+// leaving what it started.
+void catch_launch_signals() {
   struct sigaction sa {};
   sa.sa_sigaction = on_launch_signal;
   sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
   for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaction(s, &sa, nullptr);
+}
+
+RunResult run_plan(const LaunchPlan& plan, const std::string& status_dir) {
+  catch_launch_signals();
 
   const pid_t child = fork();
   if (child < 0) throw LaunchError(std::string("fork failed: ") + std::strerror(errno));
@@ -158,12 +150,9 @@ RunResult run_plan(const LaunchPlan& plan, const std::string& status_dir) {
   if (g_launch_interrupted) {
     fmt::print(stderr, "accel launch: interrupted by {}; stopped all {} ranks\n", strsignal(g_launch_interrupted),
                plan.num_processes);
-    return {128 + g_launch_interrupted, std::nullopt};
+    return {128 + g_launch_interrupted, {}};
   }
-  if (!failures.empty()) {
-    const RankFailure* first = &failures[0];
-    for (const auto& f : failures)
-      if (f.time_ns < first->time_ns) first = &f;
+  if (const RankFailure* first = first_failure(failures)) {
     const std::string how = first->signal
                                 ? fmt::format("was killed by signal {} ({})", first->signal, strsignal(first->signal))
                                 : fmt::format("exited with code {}", first->exit);
@@ -181,12 +170,12 @@ RunResult run_plan(const LaunchPlan& plan, const std::string& status_dir) {
                    "signal {} ({}) {:.1f} s before rank {} failed, and stayed stopped\n",
                    f.rank, f.node, f.local_rank, f.host, f.stop_signal, strsignal(f.stop_signal),
                    static_cast<double>(first->time_ns - f.stopped_ns) / 1e9, first->rank);
-    return {first->exit, *first};
+    return {first->exit, failures};
   }
   if (launcher_code != 0) {
     fmt::print(stderr, "accel launch: {} failed with exit code {} before any rank reported an exit\n", plan.launcher,
                launcher_code);
-    return {launcher_code, std::nullopt};
+    return {launcher_code, {}};
   }
   return {};
 }
@@ -199,6 +188,8 @@ std::vector<std::string> probe_hosts(const LaunchRequest& r, const std::vector<H
   for (std::size_t h = 0; h < hosts.size(); ++h) {
     std::vector<std::string> argv = {r.mpirun, "--oversubscribe"};
     if (r.as_root) argv.push_back("--allow-run-as-root");
+    const auto extra = without_placement_args(r.launcher_args);  // --prefix, --mca ...: what reaching a host takes
+    argv.insert(argv.end(), extra.begin(), extra.end());
     argv.insert(argv.end(), {"-np", "1", "--host", hosts[h].host + ":1", "true"});
     const pid_t pid = fork();
     if (pid < 0) {
@@ -224,6 +215,13 @@ std::vector<std::string> probe_hosts(const LaunchRequest& r, const std::vector<H
       if (pids[h] < 0) continue;
       int status = 0;
       const pid_t done = waitpid(pids[h], &status, WNOHANG);
+      if (done == 0 && g_launch_interrupted) {  // Ctrl-C: the probes (in groups of their own) go too
+        kill(-pids[h], SIGKILL);
+        waitpid(pids[h], &status, 0);
+        why[h] = "interrupted";
+        pids[h] = -1;
+        continue;
+      }
       if (done == 0 && std::chrono::steady_clock::now() < deadline) {
         pending = true;
         continue;
@@ -265,7 +263,7 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   req.num_machines = args.num_machines;
   req.launcher = args.launcher;
   req.in_slurm = std::getenv("SLURM_JOB_ID") != nullptr;
-  req.launcher_args = split_words(args.launcher_args);
+  req.launcher_args = split_shell_words(args.launcher_args);
   req.bind = args.bind;
   // This machine's cores (those accel launch may use: taskset and cgroup cpusets shrink them); a
   // hostfile's machines are taken to have as many.
@@ -308,8 +306,11 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
     const std::string kv = *e;
     const auto eq = kv.find('=');
     const std::string k = kv.substr(0, eq);
-    if ((k.rfind("ACCEL_", 0) == 0 || k == "OMP_NUM_THREADS" || k == "THP_MEM_ALLOC_ENABLE") && !named[k] &&
-        k != "ACCEL_LAUNCH_STATUS_DIR" && k != "ACCEL_RESTART_COUNT") {
+    // accel's own, the threads, and (as DeepSpeed's launcher) NCCL's, Python's, UCX's, MVAPICH's and MLflow's.
+    bool forwarded = k == "OMP_NUM_THREADS" || k == "THP_MEM_ALLOC_ENABLE";
+    for (const char* prefix : {"ACCEL_", "NCCL_", "PYTHON", "UCX_", "MV2_", "MLFLOW_"})
+      forwarded = forwarded || k.rfind(prefix, 0) == 0;
+    if (forwarded && !named[k] && k != "ACCEL_LAUNCH_STATUS_DIR" && k != "ACCEL_RESTART_COUNT") {
       req.env.emplace_back(k, kv.substr(eq + 1));
       named[k] = true;
     }
@@ -371,6 +372,12 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
     if (s.ok) machines = s.machines;
     return s.ok;
   };
+  if (!args.dry_run) catch_launch_signals();
+  auto interrupted = [&](const char* when) {
+    if (!g_launch_interrupted) return false;
+    fmt::print(stderr, "accel launch: interrupted by {} {}\n", strsignal(g_launch_interrupted), when);
+    return true;
+  };
   for (int attempt = 0;; ++attempt) {
     const bool first = attempt == 0;
     req = base;
@@ -378,6 +385,7 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
     if (args.min_nodes && !args.dry_run) {
       const int probe_s = static_cast<int>(std::max(1LL, env::get_int("ACCEL_HOST_PROBE_TIMEOUT_S")));
       const auto why = probe_hosts(base, machines, probe_s);
+      if (interrupted("while probing the hosts; nothing started")) return 128 + g_launch_interrupted;
       if (std::any_of(why.begin(), why.end(), [](const std::string& w) { return !w.empty(); }) && !shrink(why))
         return 1;
     }
@@ -392,15 +400,26 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
                  "gradients per optimizer step so the global batch stays (ACCEL_INITIAL_WORLD_SIZE={})\n",
                  initial.per_machine * n, n, initial.num_machines, initial.num_machines / n, initial.num_processes);
     }
+    // Where the ranks record how they failed. With several machines, the working directory (the ranks
+    // on the other machines cannot reach this one's /tmp; a job's directory is usually on a filesystem
+    // every machine mounts), else $TMPDIR.
     char tmpl[PATH_MAX];
     const char* tmp = std::getenv("TMPDIR");
-    std::snprintf(tmpl, sizeof tmpl, "%s/accel-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    std::snprintf(tmpl, sizeof tmpl, "%s/.accel-launch-XXXXXX", files::working_dir().c_str());
     std::string status_dir;
-    if (!args.dry_run) {
+    if (!args.dry_run && initial.num_machines > 1) {
+      if (mkdtemp(tmpl))
+        status_dir = tmpl;
+      else if (first)
+        fmt::print(stderr, "accel launch: cannot create {} ({}): ranks on other machines cannot say how they failed\n",
+                   tmpl, std::strerror(errno));
+    }
+    std::snprintf(tmpl, sizeof tmpl, "%s/accel-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!args.dry_run && status_dir.empty()) {
       if (!mkdtemp(tmpl)) throw LaunchError(std::string("cannot create a status directory: ") + std::strerror(errno));
       status_dir = tmpl;
-      req.env.emplace_back("ACCEL_LAUNCH_STATUS_DIR", status_dir);
     }
+    if (!status_dir.empty()) req.env.emplace_back("ACCEL_LAUNCH_STATUS_DIR", status_dir);
 
     LaunchPlan plan;
     try {
@@ -448,16 +467,18 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
       fmt::print("{}\n", shell_join(plan.argv));
       return 0;
     }
+    if (interrupted("before the ranks started")) {
+      files::remove_tree(status_dir);
+      return 128 + g_launch_interrupted;
+    }
     const RunResult result = run_plan(plan, status_dir);
     const int code = result.code;
     if (code == 0 || g_launch_interrupted || attempt >= max_restarts) return code;
-    // A rank killed by a signal first: its host (or its processes) died; with --min_nodes it is dropped.
-    if (args.min_nodes && result.first && result.first->signal && result.first->node >= 0 &&
-        result.first->node < static_cast<int>(machines.size())) {
-      std::vector<std::string> why(machines.size());
-      why[result.first->node] =
-          fmt::format("rank {} was killed by signal {} first", result.first->rank, result.first->signal);
-      if (!shrink(why)) return code;
+    // With --min_nodes, the hosts that died are dropped (cli/elastic.h says how they are told).
+    if (args.min_nodes) {
+      const auto why = hosts_failed(result.failures, static_cast<int>(machines.size()));
+      if (std::any_of(why.begin(), why.end(), [](const std::string& w) { return !w.empty(); }) && !shrink(why))
+        return code;
     }
     fmt::print(stderr, "accel launch: the job failed (exit code {}); starting it again, restart {} of {}\n", code,
                attempt + 1, max_restarts);

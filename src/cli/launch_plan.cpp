@@ -71,6 +71,56 @@ void require_positive(const std::optional<int>& v, const char* what) {
 
 }  // namespace
 
+std::vector<std::string> split_shell_words(const std::string& text) {
+  std::vector<std::string> out;
+  std::string word;
+  bool in_word = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == ' ' || c == '\t' || c == '\n') {
+      if (in_word) out.push_back(word);
+      word.clear();
+      in_word = false;
+    } else if (c == '\'') {
+      const std::size_t end = text.find('\'', i + 1);
+      if (end == std::string::npos) throw LaunchError(fmt::format("--launcher_args: unterminated ' in: {}", text));
+      word += text.substr(i + 1, end - i - 1);
+      i = end;
+      in_word = true;
+    } else if (c == '"') {
+      std::size_t j = i + 1;
+      for (; j < text.size() && text[j] != '"'; ++j) {
+        if (text[j] == '\\' && j + 1 < text.size() && std::string("\"\\$`").find(text[j + 1]) != std::string::npos)
+          ++j;  // \" \\ \$ \` inside double quotes: the character itself
+        word += text[j];
+      }
+      if (j >= text.size()) throw LaunchError(fmt::format("--launcher_args: unterminated \" in: {}", text));
+      i = j;
+      in_word = true;
+    } else if (c == '\\' && i + 1 < text.size()) {
+      word += text[++i];
+      in_word = true;
+    } else {
+      word += c;
+      in_word = true;
+    }
+  }
+  if (in_word) out.push_back(word);
+  return out;
+}
+
+std::vector<std::string> without_placement_args(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (places_ranks({args[i]}) || args[i] == "-npernode" || args[i] == "--npernode" || args[i] == "-N") {
+      if (args[i].find('=') == std::string::npos && i + 1 < args.size() && args[i + 1].rfind("-", 0) != 0) ++i;
+      continue;
+    }
+    out.push_back(args[i]);
+  }
+  return out;
+}
+
 std::string shell_join(const std::vector<std::string>& argv) {
   std::string s;
   for (const auto& w : argv) s += fmt::format("{}{}", s.empty() ? "" : " ", quote(w));
@@ -99,15 +149,18 @@ LaunchPlan plan_launch(const LaunchRequest& r) {
     throw LaunchError(
         "--launcher srun needs a Slurm allocation (SLURM_JOB_ID is not set); use salloc/sbatch, or mpirun");
 
-  int total_slots = 0;
-  for (const auto& h : r.hosts) total_slots += h.slots;
   p.num_machines = r.num_machines          ? *r.num_machines
                    : r.config_num_machines ? *r.config_num_machines
                    : have_hosts            ? static_cast<int>(r.hosts.size())
                                            : 1;
+  // From a hostfile: the hosts used (the first num_machines) each take as many ranks as the one with
+  // the fewest slots has, so that the ranks spread evenly.
+  int slots_per_machine = 0;
+  for (int m = 0; m < std::min<int>(p.num_machines, static_cast<int>(r.hosts.size())); ++m)
+    slots_per_machine = m == 0 ? r.hosts[m].slots : std::min(slots_per_machine, r.hosts[m].slots);
   p.num_processes = r.num_processes          ? *r.num_processes
                     : r.config_num_processes ? *r.config_num_processes
-                    : have_hosts             ? total_slots
+                    : have_hosts             ? slots_per_machine * p.num_machines
                                              : 1;
   if (p.num_processes % p.num_machines != 0)
     throw LaunchError(
@@ -144,8 +197,13 @@ LaunchPlan plan_launch(const LaunchRequest& r) {
     a.insert(a.end(), r.program.begin(), r.program.end());
   };
   if (p.launcher == "srun") {
-    a = {r.srun, "--ntasks=" + std::to_string(p.num_processes), "--nodes=" + nodes,
-         "--ntasks-per-node=" + std::to_string(p.per_machine), "--kill-on-bad-exit=1"};
+    // --quit-on-interrupt: one Ctrl-C ends the job (srun's first SIGINT otherwise only reports the tasks).
+    a = {r.srun,
+         "--ntasks=" + std::to_string(p.num_processes),
+         "--nodes=" + nodes,
+         "--ntasks-per-node=" + std::to_string(p.per_machine),
+         "--kill-on-bad-exit=1",
+         "--quit-on-interrupt"};
     a.insert(a.end(), r.launcher_args.begin(), r.launcher_args.end());
     rank_command(std::nullopt);
     return p;

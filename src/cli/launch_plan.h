@@ -1,10 +1,10 @@
 // What `accel launch` runs: the mpirun (or srun) command line for a request. Pure: no processes,
 // no files, no torch, so every rule below is unit-tested.
 //
-// Counts: an explicit flag > the config file's value > the hostfile (total slots; its host count)
-// > 1. The ranks are spread evenly over the machines (num_processes % num_machines == 0, as in
-// Accelerate); with a hostfile the first num_machines hosts are used, each needing at least
-// num_processes / num_machines slots.
+// Counts: an explicit flag > the config file's value > the hostfile (its host count; for the ranks,
+// the slots of the fewest-slotted host used, times the hosts used) > 1. The ranks are spread evenly
+// over the machines (num_processes % num_machines == 0, as in Accelerate); with a hostfile the first
+// num_machines hosts are used, each needing at least num_processes / num_machines slots.
 //
 // Launchers:
 //   mpirun, one machine:   mpirun --oversubscribe -x K=V.. -np N  accel-rank --node_rank 0 --num_nodes 1 -- PROGRAM
@@ -12,7 +12,8 @@
 //                          mpirun --oversubscribe -x K=V.. -np k --host h0:k accel-rank --node_rank 0 ... : -np k
 //                          --host h1:k ...
 //   srun (in a Slurm allocation): srun --ntasks=N --nodes=M --ntasks-per-node=k --kill-on-bad-exit=1
-//                          accel-rank --num_nodes M -- PROGRAM ARGS  (node rank from SLURM_NODEID)
+//                          --quit-on-interrupt accel-rank --num_nodes M -- PROGRAM ARGS  (node rank
+//                          from SLURM_NODEID)
 // "auto" picks srun inside a Slurm allocation (SLURM_JOB_ID set) unless a hostfile is given, else mpirun.
 // mpirun forwards only the `-x` variables to other machines, so everything a rank needs (ACCEL_*)
 // travels that way; srun exports the launcher's whole environment.
@@ -83,5 +84,12 @@ LaunchPlan plan_launch(const LaunchRequest& request);
 
 // argv as one line a shell would split back into the same words (for --dry_run and messages).
 std::string shell_join(const std::vector<std::string>& argv);
+// --launcher_args' words as a POSIX shell splits them: blanks separate, '...' keeps everything,
+// "..." keeps all but \" \\ \$ \` (the character after the backslash), a backslash outside quotes
+// keeps the next character. No expansion. Throws LaunchError for an unterminated quote.
+std::vector<std::string> split_shell_words(const std::string& text);
+// `args` without the flags that place ranks (mapping, binding, cpu sets, per-node counts) and their
+// values: the rest (--prefix, --mca ..., -x ...) for a one-process probe of a host.
+std::vector<std::string> without_placement_args(const std::vector<std::string>& args);
 
 }  // namespace accel::cli

@@ -88,6 +88,24 @@ interrupt)  # Ctrl-C: to the launcher alone, then to the whole process group (as
     sleep 1
     for p in $pids; do kill -0 "$p" 2>/dev/null && { fail "$target: rank process $p still running"; kill -KILL "$p"; } || pass "$target: rank process $p gone"; done
   done
+  # Ctrl-C while --min_nodes probes the hosts (each probe an mpirun that hangs here): accel stops them
+  # and starts nothing.
+  printf '#!/bin/sh\necho $$ > "%s/probe_$$"\nexec sleep 30\n' "$WORK" > "$WORK/slow_mpirun" && chmod +x "$WORK/slow_mpirun"
+  printf 'node-a slots=1\nnode-b slots=1\n' > "$WORK/two_hosts"
+  rm -f "$WORK"/probe_* "$WORK"/pid_*
+  ACCEL_MPIRUN=$WORK/slow_mpirun setsid "$ACCEL" launch --hostfile "$WORK/two_hosts" --max_restarts 1 --min_nodes 1 \
+    "$SELF" _probe sleep "$WORK" > "$WORK/launch.out" 2>&1 &
+  lpid=$!
+  for _ in $(seq 100); do [ "$(ls "$WORK"/probe_* 2>/dev/null | wc -l)" = 2 ] && break; sleep 0.1; done
+  probes="$(cat "$WORK"/probe_* 2>/dev/null)"
+  kill -INT $lpid
+  for _ in $(seq 50); do kill -0 $lpid 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $lpid 2>/dev/null; then fail "probes: launcher still running 5 s after SIGINT"; kill -KILL -- -$lpid; fi
+  wait $lpid; rc=$?
+  [ $rc -eq 130 ] && grep -q "interrupted by Interrupt while probing the hosts; nothing started" "$WORK/launch.out" \
+    && pass "Ctrl-C during the host probes: exit 130, nothing started" || { fail "probes: exit $rc"; cat "$WORK/launch.out"; }
+  [ -z "$(ls "$WORK"/pid_* 2>/dev/null)" ] && pass "probes: no rank started" || fail "probes: a rank started"
+  for p in $probes; do kill -0 "$p" 2>/dev/null && { fail "probe $p still running"; kill -KILL "$p"; } || pass "probe $p gone"; done
   ;;
 launch_errors)  # bad input: a clear message and a non-zero exit, nothing started
   printf 'localhost slots=1\n' > "$WORK/one_slot"
@@ -132,6 +150,22 @@ dry_run)  # the mpirun command for a hostfile: one app context per machine
     || { fail "ACCEL_CONFIG_FILE not named"; echo "$out"; }
   out=$("$ACCEL" launch --dry_run -n 2 true 2>&1) || fail "dry run exited $?"
   grep -q "via mpirun; no config file" <<<"$out" && pass "no config file" || { fail "no config: line"; echo "$out"; }
+  # NCCL's, Python's, UCX's and MLflow's variables reach the other machines (-x), as under DeepSpeed's launcher.
+  out=$(NCCL_SOCKET_IFNAME=eth0 PYTHONPATH=/src MLFLOW_TRACKING_URI=file:/m "$ACCEL" launch --dry_run --hostfile "$WORK/hosts" true 2>&1) \
+    || fail "dry run exited $?"
+  grep -q -- "-x NCCL_SOCKET_IFNAME=eth0" <<<"$out" && grep -q -- "-x PYTHONPATH=/src" <<<"$out" \
+    && grep -q -- "-x MLFLOW_TRACKING_URI=file:/m" <<<"$out" && pass "NCCL_*, PYTHON*, MLFLOW_* forwarded" \
+    || { fail "variables not forwarded"; echo "$out"; }
+  # --launcher_args split as a shell splits them: a quoted value stays one word.
+  out=$("$ACCEL" launch --dry_run -n 1 --launcher_args "--mca plm_rsh_args '-p 2222' -x FOO=\"a b\"" true 2>&1) \
+    || fail "dry run exited $?"
+  grep -q -- "--mca plm_rsh_args '-p 2222' -x 'FOO=a b'" <<<"$out" && pass "--launcher_args quoted words kept" \
+    || { fail "--launcher_args split wrongly"; echo "$out"; }
+  # A hostfile's third host, not used: its slots do not count.
+  printf 'h1 slots=2\nh2 slots=2\nh3 slots=2\n' > "$WORK/hosts3"
+  out=$("$ACCEL" launch --dry_run --hostfile "$WORK/hosts3" --num_machines 2 true 2>&1) || fail "dry run exited $?"
+  grep -q "accel launch: 4 rank(s) on 2 machines (2 per machine)" <<<"$out" && pass "2 of 3 hosts: 4 ranks" \
+    || { fail "2 of 3 hosts"; echo "$out"; }
   ;;
 config_flow)  # config (questions on stdin) -> default location -> explain -> launch picks it up
   export ACCEL_HOME=$WORK/home

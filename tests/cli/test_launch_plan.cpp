@@ -97,6 +97,23 @@ TEST(LaunchPlan, FlagBeatsConfigBeatsHostfileBeatsDefault) {
   EXPECT_EQ(plan_launch(r).per_machine, 2);
 }
 
+// Without counts, a hostfile's ranks are those of the hosts used: the first num_machines, each taking
+// as many as the one with the fewest slots has.
+TEST(LaunchPlan, AHostfilesRanksAreThoseOfTheHostsUsed) {
+  auto r = request();
+  r.hosts = {{"h1", 2}, {"h2", 2}, {"h3", 2}};
+  r.hostfile = "hf3";
+  r.num_machines = 2;
+  LaunchPlan p = plan_launch(r);
+  EXPECT_EQ(p.num_processes, 4);
+  EXPECT_EQ(p.machines.size(), 2u);
+  r.hosts = {{"a", 4}, {"b", 2}};
+  r.num_machines.reset();
+  p = plan_launch(r);
+  EXPECT_EQ(p.num_processes, 4);
+  EXPECT_EQ(p.per_machine, 2);
+}
+
 TEST(LaunchPlan, HostfileGivesOneAppContextPerMachine) {
   auto r = request({"prog"});
   r.hosts = {{"10.0.0.1", 2}, {"10.0.0.2", 4}, {"10.0.0.3", 2}};
@@ -179,7 +196,8 @@ TEST(LaunchPlan, SrunInsideSlurm) {
   const LaunchPlan p = plan_launch(r);
   EXPECT_EQ(p.launcher, "srun");
   EXPECT_EQ(p.argv, (Words{"srun", "--ntasks=8", "--nodes=2", "--ntasks-per-node=4", "--kill-on-bad-exit=1",
-                           "--partition=gpu", "/opt/accel/bin/accel-rank", "--num_nodes", "2", "--", "prog"}));
+                           "--quit-on-interrupt", "--partition=gpu", "/opt/accel/bin/accel-rank", "--num_nodes", "2",
+                           "--", "prog"}));
   // Slurm binds the ranks: --bind core|none would be ignored there, so it is refused, naming srun's way.
   r.bind = "core";
   EXPECT_NE(message_of([&] { plan_launch(r); }).find("under srun, Slurm binds the ranks"), std::string::npos);
@@ -265,6 +283,23 @@ TEST(LaunchPlan, ShellJoinQuotesOnlyWhatNeedsIt) {
   EXPECT_EQ(shell_join({"mpirun", "-x", "A=b c", "it's", ""}), "mpirun -x 'A=b c' 'it'\\''s' ''");
 }
 
+// --launcher_args are split as a shell splits them, and shell_join gives the same words back.
+TEST(LaunchPlan, LauncherArgsSplitAsAShellSplitsThem) {
+  EXPECT_EQ(split_shell_words("--mca plm_rsh_args '-p 2222' -x FOO=\"a b\""),
+            (Words{"--mca", "plm_rsh_args", "-p 2222", "-x", "FOO=a b"}));
+  EXPECT_EQ(split_shell_words("  a\tb\\ c \"q\\\"uote\" 'it'\\''s' ''  "), (Words{"a", "b c", "q\"uote", "it's", ""}));
+  EXPECT_EQ(split_shell_words(""), Words{});
+  const Words odd = {"-x", "A=b c", "it's", "\\back", "\"", "$HOME", ""};
+  EXPECT_EQ(split_shell_words(shell_join(odd)), odd);
+  EXPECT_EQ(message_of([] { split_shell_words("--prefix '/opt/x"); }),
+            "--launcher_args: unterminated ' in: --prefix '/opt/x");
+  EXPECT_NE(message_of([] { split_shell_words("-x \"A=b"); }).find("unterminated \""), std::string::npos);
+  // The host probe keeps what reaching a host takes and leaves out where ranks go.
+  EXPECT_EQ(without_placement_args({"--prefix", "/opt/ompi", "--map-by", "ppr:4:node", "--bind-to=core", "-npernode",
+                                    "4", "--mca", "plm_rsh_agent", "ssh"}),
+            (Words{"--prefix", "/opt/ompi", "--mca", "plm_rsh_agent", "ssh"}));
+}
+
 std::vector<std::string> hosts_of(const ShrinkPlan& p) {
   std::vector<std::string> h;
   for (const auto& m : p.machines) h.push_back(m.host + ":" + std::to_string(m.slots));
@@ -305,6 +340,37 @@ TEST(MinNodes, FewerUsableHostsThanTheMinimumStopTheJob) {
   p = plan_shrink({three, {"x", "y", "z"}, 3, 1});
   EXPECT_FALSE(p.ok);
   EXPECT_EQ(p.why, "dropped a (x), b (y), c (z); 0 usable host(s) left, fewer than --min_nodes 1");
+}
+
+// Which failure came first, and which hosts a restart under --min_nodes leaves out.
+TEST(MinNodes, TheRanksMpirunStoppedAreNotTheFailure) {
+  auto rec = [](int rank, int node, int exit, int signal, long long t) {
+    RankFailure f;
+    f.rank = rank;
+    f.node = node;
+    f.exit = exit;
+    f.signal = signal;
+    f.time_ns = t;
+    return f;
+  };
+  // Node 1's rank exited with 7 later by its clock than mpirun's SIGTERM of node 0's: still first.
+  std::vector<RankFailure> f = {rec(0, 0, 143, 15, 100), rec(1, 0, 143, 15, 101), rec(2, 1, 7, 0, 500)};
+  ASSERT_NE(first_failure(f), nullptr);
+  EXPECT_EQ(first_failure(f)->rank, 2);
+  EXPECT_EQ(hosts_failed(f, 2), (Words{"", ""}));  // the program's failure: the same hosts
+  // A crash by a signal of its own: that host.
+  f.push_back(rec(3, 1, 137, 9, 50));
+  EXPECT_EQ(first_failure(f)->rank, 3);
+  EXPECT_EQ(hosts_failed(f, 2), (Words{"", "rank 3 was killed by signal 9 first"}));
+  // Only node 0's ranks, stopped by mpirun, reported: node 1 went away.
+  f = {rec(0, 0, 143, 15, 100), rec(1, 0, 143, 15, 101)};
+  EXPECT_EQ(first_failure(f)->rank, 0);
+  EXPECT_EQ(hosts_failed(f, 2), (Words{"", "none of its ranks reported; the others were stopped (signal 15)"}));
+  // Every rank stopped (a scheduler's SIGTERM to all): nothing to drop. No record: nothing either.
+  f.push_back(rec(2, 1, 143, 15, 99));
+  EXPECT_EQ(hosts_failed(f, 2), (Words{"", ""}));
+  EXPECT_EQ(first_failure({}), nullptr);
+  EXPECT_EQ(hosts_failed({}, 2), (Words{"", ""}));
 }
 
 // benchmarks/mfu.h's data-sheet peaks by the names the CUDA runtime reports (step_bench's MFU).
