@@ -700,6 +700,13 @@ std::string Accelerator::save_state(const std::string& dir_in, std::optional<boo
   }
   checkpoint::TrainingState t;
   t.step = state_->optimizer_steps;
+  t.accumulation_steps = state_->accumulation_steps;
+  t.micro_step = state_->micro_step % std::max<std::int64_t>(state_->accumulation_steps, 1);
+  if (state_->accumulation_steps > 1 && state_->micro_step % state_->accumulation_steps != 0 && is_main_process())
+    log::warning(fmt::format(
+        "save_state: micro-step {} of an accumulation window of {}: the gradients accumulated so far are not "
+        "saved (save where sync_gradients() is true, after the optimizer step, to resume exactly)",
+        state_->micro_step % state_->accumulation_steps, state_->accumulation_steps));
   if (scheduler_) t.scheduler_steps = scheduler_->steps();
   if (optimizer_)
     for (auto& g : optimizer_->param_groups()) t.lrs.push_back(g.options().get_lr());
@@ -707,6 +714,10 @@ std::string Accelerator::save_state(const std::string& dir_in, std::optional<boo
     t.loaders.push_back(l->resume_epoch >= 0
                             ? checkpoint::LoaderPosition{l->resume_epoch, l->resume_skip, l->global_batch}
                             : checkpoint::LoaderPosition{l->epoch, l->batches_consumed, l->global_batch});
+  for (std::size_t i = t.loaders.size(); i < pending_positions_.size(); ++i)  // loaded, not prepared yet
+    if (pending_positions_[i])
+      t.loaders.push_back(
+          {pending_positions_[i]->epoch, pending_positions_[i]->batches, pending_positions_[i]->global_batch});
   if (scaling_) t.loss_scaler = scaling_->state_text();
   if (is_main_process())
     for (const auto& [name, r] : registered_) t.objects[name] = r.save();
@@ -743,26 +754,51 @@ void Accelerator::load_state(const std::string& dir_in) {
   if (!scheduler_ && t.scheduler_steps) resumed_scheduler_steps_ = *t.scheduler_steps;
   if (optimizer_ && t.lrs.size() == optimizer_->param_groups().size())
     for (std::size_t g = 0; g < t.lrs.size(); ++g) optimizer_->param_groups()[g].options().set_lr(t.lrs[g]);
-  for (std::size_t i = 0; i < state_->loaders.size() && i < t.loaders.size(); ++i) {
-    LoaderState& l = *state_->loaders[i];
-    l.resume_epoch = t.loaders[i].epoch;
-    l.resume_skip = t.loaders[i].batches_consumed;
-    // Saved with another global batch (another world size without split_batches, or a job shrunk by
-    // `accel launch --min_nodes`): the position is the same sample of the epoch's order.
-    const std::int64_t saved = t.loaders[i].global_batch, now = l.global_batch;
-    if (saved > 0 && now > 0 && saved != now) {
-      const std::int64_t samples = l.resume_skip * saved;
-      l.resume_skip = samples / now;
-      if (samples % now != 0 && is_main_process())
-        log::warning(fmt::format(
-            "load_state: loader {} stopped after {} samples of epoch {}, not a multiple of its global batch of {} "
-            "now (it was {}): it resumes at sample {}, reading {} samples again",
-            i, samples, l.resume_epoch, now, saved, l.resume_skip * now, samples - l.resume_skip * now));
+  // Mid-window where the window is as long as it was; at a window's start otherwise (a job restarted
+  // on fewer ranks accumulates more micro-steps a window).
+  state_->micro_step = t.accumulation_steps == state_->accumulation_steps ? t.micro_step : 0;
+  pending_positions_.clear();
+  for (std::size_t i = 0; i < t.loaders.size(); ++i) {
+    const SavedPosition saved{t.loaders[i].epoch, t.loaders[i].batches_consumed, t.loaders[i].global_batch};
+    if (i < state_->loaders.size()) {
+      resume_loader(i, *state_->loaders[i], saved);
+    } else {  // its loader is prepared later
+      pending_positions_.resize(i + 1);
+      pending_positions_[i] = saved;
     }
   }
   for (const auto& [name, bytes] : t.objects)
     if (auto it = registered_.find(name); it != registered_.end()) it->second.load(bytes);
   for (const auto& tracker : trackers_) tracker->resume(t.step);  // (init_trackers came first)
+}
+
+void Accelerator::resume_loader(std::size_t i, LoaderState& l, const SavedPosition& p) {
+  l.resume_epoch = p.epoch;
+  l.resume_skip = p.batches;
+  // Saved with another global batch (another world size without split_batches, or a job shrunk by
+  // `accel launch --min_nodes`): the position is the same sample of the epoch's order.
+  const std::int64_t saved = p.global_batch, now = l.global_batch;
+  if (saved <= 0 || now <= 0 || saved == now) return;
+  const std::int64_t samples = l.resume_skip * saved;
+  if (l.dataset_size > 0 && samples >= l.dataset_size) {  // the epoch was done: the next one, from its start
+    l.resume_epoch += 1;
+    l.resume_skip = 0;
+    return;
+  }
+  l.resume_skip = samples / now;
+  if (samples % now != 0 && is_main_process())
+    log::warning(fmt::format(
+        "load_state: loader {} stopped after {} samples of epoch {}, not a multiple of its global batch of {} "
+        "now (it was {}): it resumes at sample {}, reading {} samples again",
+        i, samples, l.resume_epoch, now, saved, l.resume_skip * now, samples - l.resume_skip * now));
+}
+
+void Accelerator::loader_prepared() {
+  const std::size_t i = state_->loaders.size() - 1;
+  if (i < pending_positions_.size() && pending_positions_[i]) {
+    resume_loader(i, *state_->loaders[i], *pending_positions_[i]);
+    pending_positions_[i].reset();
+  }
 }
 
 void Accelerator::check_prepared(const std::shared_ptr<torch::nn::Module>& model) const {

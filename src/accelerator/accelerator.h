@@ -210,6 +210,7 @@ class Accelerator {
     auto st = std::make_shared<LoaderState>();
     loader.shard(process_index(), num_processes(), device(), st, shrink_factor_);
     state_->loaders.push_back(std::move(st));
+    loader_prepared();
   }
   std::shared_ptr<AcceleratedScheduler> prepare_scheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler);
 
@@ -484,7 +485,16 @@ class Accelerator {
   std::shared_ptr<torch::optim::Optimizer> optimizer_;  // the prepared (inner) optimizer
   std::shared_ptr<AcceleratedScheduler> scheduler_;
   std::int64_t resumed_scheduler_steps_ = 0;  // a load_state before prepare_scheduler: its steps
-  std::shared_ptr<LossScaling> scaling_;      // fp16 only
+  // A loader's saved position: its epoch, the batches of it consumed, and the global batch then.
+  struct SavedPosition {
+    std::int64_t epoch = 0, batches = 0, global_batch = 0;
+  };
+  // Positions load_state read for loaders not prepared yet (by prepare order; an automatic resume in
+  // prepare(model, optimizer) comes before prepare_data_loader): each applies when its loader is.
+  std::vector<std::optional<SavedPosition>> pending_positions_;
+  void resume_loader(std::size_t index, LoaderState& loader, const SavedPosition& saved);
+  void loader_prepared();
+  std::shared_ptr<LossScaling> scaling_;  // fp16 only
   struct Registered {
     std::function<std::string()> save;
     std::function<void(const std::string&)> load;

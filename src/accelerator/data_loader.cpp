@@ -1,10 +1,12 @@
 #include "accelerator/data_loader.h"
+
 #include "base/error.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -12,6 +14,11 @@
 #include <string>
 
 namespace accel {
+
+std::uint64_t next_loader_stamp() {
+  static std::atomic<std::uint64_t> stamp{0};
+  return ++stamp;
+}
 
 namespace {
 

@@ -54,9 +54,14 @@ struct LoaderState {
   // The loader's position, kept current by the loader (what save_state records).
   std::int64_t epoch = 0, batches_consumed = 0;
   std::int64_t global_batch = 0;  // samples per batch over all ranks (a position in samples: batches * this)
+  std::int64_t dataset_size = 0;  // samples in the dataset (a position past them is the epoch's end)
   // Set by load_state: the next iteration starts at batch resume_skip of epoch resume_epoch.
   std::int64_t resume_epoch = -1, resume_skip = 0;
 };
+
+// The next value of one process-wide count (LoaderState::started): which of several loaders of any
+// dataset types began its iteration last.
+std::uint64_t next_loader_stamp();
 
 // Pure arithmetic: which dataset indices rank `rank` of `world` reads in each batch of an epoch.
 // Throws std::invalid_argument for dataset_size < 0, batch_size < 1, world < 1, rank outside [0, world), or
@@ -178,18 +183,23 @@ class DataLoader {
 
   // One epoch. Not reentrant: one iteration at a time per loader.
   Iterator begin() {
+    bool resumed_at_end = false;
     if (state_->resume_epoch >= 0) {  // resuming from a checkpoint (Accelerator::load_state)
       epoch_ = state_->resume_epoch;
+      resumed_at_end = state_->resume_skip >= plan_->num_batches();
       skip_ = std::max(skip_, state_->resume_skip);
       state_->resume_epoch = -1;
       state_->resume_skip = 0;
+    }
+    if (resumed_at_end) {  // saved on its epoch's last batch: the next epoch, from its start
+      ++epoch_;
+      skip_ = 0;
     }
     batches_ = plan_->batches(epoch_);
     const std::size_t start = static_cast<std::size_t>(std::min<std::int64_t>(skip_, batches_.size()));
     skip_ = 0;
     consumed_ = static_cast<std::int64_t>(start);
-    static std::uint64_t epochs_started = 0;
-    state_->started = ++epochs_started;
+    state_->started = next_loader_stamp();
     state_->in_epoch = start < batches_.size();
     state_->end_of_dataloader = false;
     state_->remainder = -1;
@@ -218,6 +228,7 @@ class DataLoader {
   }
   void publish() {
     state_->global_batch = plan_->global_batch();
+    state_->dataset_size = size_;
     state_->epoch = epoch_;
     state_->batches_consumed = consumed_;
   }

@@ -266,6 +266,8 @@ void write_state(const std::string& dir, const zero::Engine& engine, torch::nn::
                     {"optimizer", {{"type", row ? row->name : ""}, {"scalars", all_scalars}}},
                     {"training",
                      {{"step", training.step},
+                      {"micro_step", training.micro_step},
+                      {"accumulation_steps", training.accumulation_steps},
                       {"scheduler_steps", training.scheduler_steps ? json(*training.scheduler_steps) : json(nullptr)},
                       {"lrs", training.lrs},
                       {"loaders", loaders},
@@ -380,6 +382,8 @@ TrainingState read_state(const std::string& dir, zero::Engine& engine, torch::nn
     if (cuda_device_of(model)) rng_cuda = read_rng("rng_cuda");
     const json& t = index.at("training");
     training.step = t.at("step").get<std::int64_t>();
+    training.micro_step = t.value("micro_step", std::int64_t{0});  // (older checkpoints: 0)
+    training.accumulation_steps = t.value("accumulation_steps", std::int64_t{1});
     if (!t.at("scheduler_steps").is_null()) training.scheduler_steps = t.at("scheduler_steps").get<std::int64_t>();
     training.lrs = t.at("lrs").get<std::vector<double>>();
     for (const auto& l : t.at("loaders"))

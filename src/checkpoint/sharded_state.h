@@ -46,6 +46,8 @@ struct LoaderPosition {
 // What the Accelerator saves beside the model and the optimizer.
 struct TrainingState {
   std::int64_t step = 0;                        // optimizer steps taken
+  std::int64_t micro_step = 0;                  // micro-steps into the accumulation window (0: at its start)
+  std::int64_t accumulation_steps = 1;          // the window's length then
   std::optional<std::int64_t> scheduler_steps;  // the prepared scheduler's steps, if one was prepared
   std::vector<double> lrs;                      // per optimizer param group
   std::vector<LoaderPosition> loaders;          // prepared loaders, in prepare order

@@ -188,6 +188,37 @@ TEST(Accelerator, GatherForMetricsCountsEachSampleOnce) {
   }
 }
 
+// A train loop left by `break`, then an eval loader of another dataset type: the eval loader is the
+// active one (the newest iteration, whatever the dataset type), so its padding is dropped.
+struct EvalIds : torch::data::datasets::Dataset<EvalIds> {
+  explicit EvalIds(std::int64_t n) : n(n) {}
+  torch::data::Example<> get(std::size_t i) override {
+    const at::Tensor v = at::full({1}, static_cast<std::int64_t>(i), at::kLong);
+    return {v, v.reshape({})};
+  }
+  std::optional<std::size_t> size() const override { return static_cast<std::size_t>(n); }
+  std::int64_t n;
+};
+
+TEST(Accelerator, GatherForMetricsFollowsTheNewestLoaderOfAnyDatasetType) {
+  Accelerator acc(quiet());
+  const int64_t N = acc.num_processes();
+  DataLoader<Rows> train(Rows(at::arange(8 * N, at::kLong).reshape({8 * N, 1}), at::arange(8 * N, at::kLong)),
+                         {.batch_size = 2});
+  DataLoader<EvalIds> eval(EvalIds(3), {.batch_size = 2});
+  acc.prepare_data_loader(train);
+  acc.prepare_data_loader(eval);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const Batch& b : train) {
+      (void)b;
+      break;  // (max_steps reached, say), then an evaluation; then again from inside the train epoch
+    }
+    std::int64_t seen = 0;
+    for (const Batch& b : eval) seen += acc.gather_for_metrics(b.target).numel();
+    EXPECT_EQ(seen, 3) << "pass " << pass;
+  }
+}
+
 // The same with one string per sample: the padding's strings are dropped too.
 TEST(Accelerator, GatherForMetricsOfStringsCountsEachSampleOnce) {
   for (int64_t n : {7, 12, 1}) {

@@ -26,6 +26,7 @@
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
+#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 #include <algorithm>
@@ -534,6 +535,159 @@ TEST(Checkpoint, AJobOnFewerRanksKeepsTheGlobalBatchAndResumesAtTheSameSample) {
     EXPECT_THROW(Accelerator(with_config("", dir)), ConfigError);
     unsetenv("ACCEL_INITIAL_WORLD_SIZE");
   }
+}
+
+// The samples a loader's next pass yields, over all ranks, batch by batch.
+std::vector<std::vector<std::int64_t>> one_pass(Accelerator& acc, DataLoader<SampleIds>& loader) {
+  std::vector<std::vector<std::int64_t>> out;
+  for (const Batch& b : loader) {
+    const at::Tensor all = acc.gather(b.data).reshape({-1}).to(at::kLong);
+    out.emplace_back(all.data_ptr<std::int64_t>(), all.data_ptr<std::int64_t>() + all.numel());
+  }
+  return out;
+}
+
+// An Accelerator with a model of its own (Linear 1 -> 1 in float64) and a loader over n samples,
+// prepared together.
+struct PreparedRun {
+  PreparedRun(const AcceleratorOptions& o, std::int64_t n, const DataLoaderOptions& lo)
+      : acc(o), loader(SampleIds(static_cast<std::size_t>(n)), lo) {
+    net->to(at::kDouble);
+    opt = acc.prepare(net, sgd, loader);
+  }
+  Accelerator acc;
+  DataLoader<SampleIds> loader;
+  std::shared_ptr<torch::nn::LinearImpl> net = std::make_shared<torch::nn::LinearImpl>(1, 1);
+  torch::optim::SGD sgd{net->parameters(), torch::optim::SGDOptions(0.01)};
+  std::shared_ptr<AcceleratedOptimizer> opt;
+};
+
+// Where a loader resumes: saved on its epoch's last batch, the next pass is the next epoch (also after
+// the user's set_epoch, as Accelerate's recipe does); a position past the dataset under another global
+// batch is the epoch's end too; a loader prepared after an automatic resume (prepare(model,
+// optimizer), then prepare_data_loader) still gets its position.
+TEST(Checkpoint, LoadersResumeWhereTheyStopped) {
+  const int W = world()->size();
+  const std::string dir = scratch("loader_resume");
+  const DataLoaderOptions opts{.batch_size = 2, .shuffle = true, .seed = 5};
+  std::vector<std::vector<std::int64_t>> epoch1;  // what an uninterrupted run reads in epoch 1
+  {
+    PreparedRun r(with_config("", dir), 8 * W, opts);
+    Accelerator& acc = r.acc;
+    auto& loader = r.loader;
+    one_pass(acc, loader);
+    epoch1 = one_pass(acc, loader);
+  }
+  ASSERT_EQ(epoch1.size(), 4u);
+  {  // stopped on the epoch's last batch (before the loop ends it), then saved
+    PreparedRun r(with_config("", dir), 8 * W, opts);
+    Accelerator& acc = r.acc;
+    auto& loader = r.loader;
+    int k = 0;
+    for (const Batch& b : loader) {
+      (void)b;
+      if (++k == 4) break;
+    }
+    acc.save_state(dir + "/at_end");
+  }
+  for (bool set_epoch : {false, true}) {
+    PreparedRun r(with_config("", dir), 8 * W, opts);
+    Accelerator& acc = r.acc;
+    auto& loader = r.loader;
+    acc.load_state(dir + "/at_end");
+    if (set_epoch) loader.set_epoch(1);
+    EXPECT_EQ(one_pass(acc, loader), epoch1) << "set_epoch " << set_epoch;
+  }
+  // A dataset of 7W samples, all of epoch 0 read under a global batch of W (as if saved at world 1
+  // with batch W: the index edited so). Under a global batch of 2W now, 7W samples are 3.5 batches:
+  // the next pass is epoch 1, not the rest of batch 3 again.
+  std::vector<std::vector<std::int64_t>> epoch1_of_7;
+  {
+    PreparedRun r(with_config("", dir), 7 * W, opts);
+    Accelerator& acc = r.acc;
+    auto& loader = r.loader;
+    one_pass(acc, loader);
+    epoch1_of_7 = one_pass(acc, loader);
+  }
+  if (world()->rank() == 0) {
+    nlohmann::json index = nlohmann::json::parse(files::read_file(dir + "/at_end/index.json"));
+    index["training"]["loaders"][0]["batches_consumed"] = 7;
+    index["training"]["loaders"][0]["global_batch"] = W;
+    const std::string text = index.dump();
+    files::write_file_synced(dir + "/at_end/index.json", text.data(), text.size());
+  }
+  world()->barrier();
+  {
+    PreparedRun r(with_config("", dir), 7 * W, opts);
+    Accelerator& acc = r.acc;
+    auto& loader = r.loader;
+    acc.load_state(dir + "/at_end");
+    EXPECT_EQ(one_pass(acc, loader), epoch1_of_7) << "under another global batch";
+  }
+  // Mid-epoch (2 of 4 batches), resumed by auto_resume in prepare(model, optimizer), the loader after.
+  {
+    PreparedRun r(with_config("", dir), 8 * W, opts);
+    Accelerator& acc = r.acc;
+    auto& loader = r.loader;
+    one_pass(acc, loader);  // epoch 0
+    int k = 0;
+    for (const Batch& b : loader) {
+      (void)b;
+      if (++k == 2) break;
+    }
+    acc.save_state();  // <dir>/checkpoints/checkpoint_0
+  }
+  {
+    AcceleratorOptions o = with_config("", dir);
+    o.auto_resume = true;
+    Accelerator acc(o);
+    auto net = std::make_shared<torch::nn::LinearImpl>(1, 1);
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01));
+    acc.prepare(net, sgd);
+    DataLoader<SampleIds> loader(SampleIds(8 * W), opts);
+    acc.prepare_data_loader(loader);
+    EXPECT_EQ(one_pass(acc, loader), std::vector(epoch1.begin() + 2, epoch1.end())) << "auto_resume, loader after";
+  }
+}
+
+// Accumulation windows stay where they were: a checkpoint saved mid-window (a warning says its
+// gradients are not in it) resumes with the window's micro-step count, so the next syncs fall on the
+// batches an uninterrupted run syncs on.
+TEST(Checkpoint, AccumulationWindowsResumeWhereTheyWere) {
+  const int W = world()->size();
+  const std::string dir = scratch("micro_step");
+  auto syncs = [&](PreparedRun& r, int stop_after) {
+    std::vector<bool> out;
+    for (const Batch& b : r.loader) {
+      auto scope = r.acc.accumulate(r.net);
+      r.acc.backward(at::mse_loss(r.net->forward(b.data), b.target));
+      r.opt->step();
+      r.opt->zero_grad();
+      out.push_back(r.acc.sync_gradients());
+      if (static_cast<int>(out.size()) == stop_after) break;
+    }
+    return out;
+  };
+  AcceleratorOptions o = with_config("", dir);
+  o.gradient_accumulation_steps = 2;
+  std::vector<bool> straight, first, rest;
+  {
+    PreparedRun r(o, 16 * W, {.batch_size = 2});
+    straight = syncs(r, 8);
+  }
+  {
+    PreparedRun r(o, 16 * W, {.batch_size = 2});
+    first = syncs(r, 3);  // mid-window
+    r.acc.save_state(dir + "/mid");
+  }
+  {
+    PreparedRun r(o, 16 * W, {.batch_size = 2});
+    r.acc.load_state(dir + "/mid");
+    rest = syncs(r, 5);
+  }
+  ASSERT_EQ(straight.size(), 8u);
+  EXPECT_EQ(first, std::vector(straight.begin(), straight.begin() + 3));
+  EXPECT_EQ(rest, std::vector(straight.begin() + 3, straight.end()));
 }
 
 // Sharded construction (zero.Init): the GPT's blocks are sharded as they are built, each rank keeps

@@ -345,13 +345,7 @@ TEST(MinNodes, FewerUsableHostsThanTheMinimumStopTheJob) {
 // Which failure came first, and which hosts a restart under --min_nodes leaves out.
 TEST(MinNodes, TheRanksMpirunStoppedAreNotTheFailure) {
   auto rec = [](int rank, int node, int exit, int signal, long long t) {
-    RankFailure f;
-    f.rank = rank;
-    f.node = node;
-    f.exit = exit;
-    f.signal = signal;
-    f.time_ns = t;
-    return f;
+    return RankFailure{.rank = rank, .node = node, .exit = exit, .signal = signal, .time_ns = t};
   };
   // Node 1's rank exited with 7 later by its clock than mpirun's SIGTERM of node 0's: still first.
   std::vector<RankFailure> f = {rec(0, 0, 143, 15, 100), rec(1, 0, 143, 15, 101), rec(2, 1, 7, 0, 500)};
