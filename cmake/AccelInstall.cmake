@@ -20,6 +20,7 @@ set(ACCEL_INTERNAL_HEADERS
   checkpoint/checkpoint_dir.h  # save_state's directories (Accelerator::save_state is the interface)
   checkpoint/sharded_state.h   # save_state's format
   checkpoint/slice_format.h    # ... and its slice records
+  checkpoint/slice_reader.h    # ... and their reading (read_state, merge_weights)
   checkpoint/checkpoint_error.h
   accelerator/config_text.h    # the config parsers' text helpers
   comm/dtype.h

@@ -417,6 +417,11 @@ void Accelerator::maybe_auto_resume() {
   if (env::is_set("ACCEL_AUTO_RESUME")) from = env::get_int("ACCEL_AUTO_RESUME") != 0 ? "latest" : "";
   if (opts_.auto_resume) from = *opts_.auto_resume ? "latest" : "";
   if (from.empty()) return;
+  resuming_automatically_ = true;  // loaders prepared after this resume still get their positions
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{resuming_automatically_};
   if (from != "latest") {  // a directory: that checkpoint, at every start
     load_state(from);
     print("accel: resumed from ", from, " at step ", state_->optimizer_steps);
@@ -762,7 +767,7 @@ void Accelerator::load_state(const std::string& dir_in) {
     const SavedPosition saved{t.loaders[i].epoch, t.loaders[i].batches_consumed, t.loaders[i].global_batch};
     if (i < state_->loaders.size()) {
       resume_loader(i, *state_->loaders[i], saved);
-    } else {  // its loader is prepared later
+    } else if (resuming_automatically_) {  // its loader is prepared later
       pending_positions_.resize(i + 1);
       pending_positions_[i] = saved;
     }

@@ -489,9 +489,11 @@ class Accelerator {
   struct SavedPosition {
     std::int64_t epoch = 0, batches = 0, global_batch = 0;
   };
-  // Positions load_state read for loaders not prepared yet (by prepare order; an automatic resume in
-  // prepare(model, optimizer) comes before prepare_data_loader): each applies when its loader is.
+  // Positions the automatic resume read for loaders not prepared yet (by prepare order: it runs in
+  // prepare(model, optimizer), before a prepare_data_loader): each applies when its loader is. An
+  // explicit load_state, as Accelerate's, restores the loaders prepared by then only.
   std::vector<std::optional<SavedPosition>> pending_positions_;
+  bool resuming_automatically_ = false;
   void resume_loader(std::size_t index, LoaderState& loader, const SavedPosition& saved);
   void loader_prepared();
   std::shared_ptr<LossScaling> scaling_;  // fp16 only

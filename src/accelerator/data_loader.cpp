@@ -90,6 +90,12 @@ std::int64_t ShardPlan::num_batches() const {
   return full + (rank_ * per_process_batch() < rem ? 1 : 0);
 }
 
+std::int64_t ShardPlan::epoch_batches() const {
+  ShardPlan first = *this;
+  first.rank_ = 0;  // the first ranks get the uneven last batch's samples
+  return first.num_batches();
+}
+
 std::vector<std::int64_t> ShardPlan::order(std::int64_t epoch) const {
   std::vector<std::int64_t> o(static_cast<std::size_t>(size_));
   std::iota(o.begin(), o.end(), std::int64_t{0});

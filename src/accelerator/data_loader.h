@@ -79,8 +79,9 @@ class ShardPlan {
   std::vector<std::int64_t> order(std::int64_t epoch) const;
   // This rank's batches for the epoch, in order.
   std::vector<std::vector<std::int64_t>> batches(std::int64_t epoch) const;
-  std::int64_t num_batches() const;                     // per rank (equal on every rank with even_batches)
-  std::int64_t remainder() const;                       // real samples in the last batch when it holds padding, else -1
+  std::int64_t num_batches() const;    // per rank (equal on every rank with even_batches)
+  std::int64_t epoch_batches() const;  // global batches in an epoch: the most any rank has (rank 0's count)
+  std::int64_t remainder() const;      // real samples in the last batch when it holds padding, else -1
   std::int64_t real_samples(std::int64_t batch) const;  // the same for global batch `batch` of the epoch
   std::int64_t global_batch() const;                    // G above
   std::int64_t per_process_batch() const;
@@ -186,7 +187,7 @@ class DataLoader {
     bool resumed_at_end = false;
     if (state_->resume_epoch >= 0) {  // resuming from a checkpoint (Accelerator::load_state)
       epoch_ = state_->resume_epoch;
-      resumed_at_end = state_->resume_skip >= plan_->num_batches();
+      resumed_at_end = state_->resume_skip >= plan_->epoch_batches();  // (rank 0's position, for every rank)
       skip_ = std::max(skip_, state_->resume_skip);
       state_->resume_epoch = -1;
       state_->resume_skip = 0;

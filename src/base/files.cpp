@@ -148,35 +148,38 @@ std::string absolute_path(const std::string& p) {
 }
 
 bool is_link(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();  // ("link/" would name what it points to)
   struct stat st {};
-  return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+  return ::lstat(p.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
 }
 
 std::string resolved_path(const std::string& p) {
-  std::string path = p.empty() || p[0] != '/' ? working_dir() + "/" + p : p;
-  std::vector<std::string> parts;  // the components, "." and ".." taken lexically
+  // Component by component: while the path so far exists it is resolved through realpath (links),
+  // and ".." then goes to the parent of where a link led; past the first missing component, the rest
+  // is taken lexically.
+  std::string cur = p.empty() || p[0] != '/' ? absolute_path(working_dir()) : "/";
+  bool exists = true;
   std::size_t pos = 0;
-  while (pos <= path.size()) {
-    const std::size_t next = std::min(path.find('/', pos), path.size());
-    const std::string c = path.substr(pos, next - pos);
-    if (c == "..") {
-      if (!parts.empty()) parts.pop_back();
-    } else if (!c.empty() && c != ".") {
-      parts.push_back(c);
-    }
+  while (pos <= p.size()) {
+    const std::size_t next = std::min(p.find('/', pos), p.size());
+    const std::string c = p.substr(pos, next - pos);
     pos = next + 1;
-  }
-  // The longest prefix that exists resolves through realpath (its links); the rest is appended.
-  for (std::size_t k = parts.size() + 1; k-- > 0;) {
-    std::string prefix = "/";
-    for (std::size_t i = 0; i < k; ++i) prefix += (i ? "/" : "") + parts[i];
+    if (c.empty() || c == ".") continue;
+    if (c == "..") {
+      cur = cur == "/" ? cur : parent_dir(cur);
+      exists = is_dir(cur);
+      continue;
+    }
+    cur += (cur.back() == '/' ? "" : "/") + c;
+    if (!exists) continue;
     char buf[PATH_MAX];
-    if (!::realpath(prefix.c_str(), buf)) continue;
-    std::string out = buf;
-    for (std::size_t i = k; i < parts.size(); ++i) out += (out.back() == '/' ? "" : "/") + parts[i];
-    return out;
+    if (::realpath(cur.c_str(), buf))
+      cur = buf;
+    else
+      exists = false;
   }
-  return path;
+  return cur;
 }
 
 bool is_within(const std::string& inner, const std::string& outer) {

@@ -39,9 +39,10 @@ std::string working_dir();
 void sync_dir(const std::string& dir);
 // realpath(p), or p itself when it does not resolve.
 std::string absolute_path(const std::string& p);
-// The absolute path `p` names, existing or not: its longest existing ancestor through realpath (links
-// resolved), then the rest with "." and ".." taken lexically. So two spellings of one place compare equal
-// before it is created ("ck/new/.." and "ck").
+// The absolute path `p` names, existing or not, as the kernel would walk it: component by component,
+// links resolved while the path exists (so ".." after a link goes to the parent of where it led), the
+// rest taken lexically. So two spellings of one place compare equal before it is created ("ck/new/..",
+// "link_into_ck/../x" and "ck", "ck/x").
 std::string resolved_path(const std::string& p);
 // Whether `inner` is `outer` or lies below it (both resolved_path'ed first).
 bool is_within(const std::string& inner, const std::string& outer);

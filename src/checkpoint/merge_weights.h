@@ -34,7 +34,8 @@ namespace accel::checkpoint {
 
 struct MergeOptions {
   std::int64_t max_shard_size = kDefaultMaxShardSize;  // bytes per file before the next one starts
-  // Floating-point tensors converted to this dtype (bf16, fp16 for a smaller export); none: as saved.
+  // Floating-point parameters converted to this dtype (bf16, fp16 for a smaller export; buffers keep
+  // theirs, as in save_model's compute_dtype files); none: as saved.
   std::optional<c10::ScalarType> dtype;
   std::map<std::string, std::string> metadata = {{"format", "pt"}};  // every file's __metadata__
   bool progress = false;                                             // a progress bar, one step per tensor

@@ -46,8 +46,9 @@ const RankFailure* first_failure(const std::vector<RankFailure>& failures) {
   return first;
 }
 
-std::vector<std::string> hosts_failed(const std::vector<RankFailure>& failures, int machines) {
-  std::vector<std::string> why(static_cast<std::size_t>(std::max(machines, 0)));
+std::vector<std::string> hosts_failed(const std::vector<RankFailure>& failures, const std::vector<bool>& reached) {
+  const int machines = static_cast<int>(reached.size());
+  std::vector<std::string> why(reached.size());
   const RankFailure* first = first_failure(failures);
   if (!first) return why;
   if (first->signal != SIGTERM) {  // a rank killed by a signal of its own: its host
@@ -55,12 +56,14 @@ std::vector<std::string> hosts_failed(const std::vector<RankFailure>& failures, 
       why[first->node] = fmt::format("rank {} was killed by signal {} first", first->rank, first->signal);
     return why;
   }
-  // Only ranks stopped by the launcher reported: the host that failed is one whose ranks could not.
+  // Only ranks stopped by the launcher reported: the host that failed is one whose ranks started (and
+  // reached the status directory) but could not.
   std::vector<bool> reported(why.size());
   for (const auto& f : failures)
     if (f.node >= 0 && f.node < machines) reported[f.node] = true;
   for (int m = 0; m < machines; ++m)
-    if (!reported[m]) why[m] = fmt::format("none of its ranks reported; the others were stopped (signal {})", SIGTERM);
+    if (reached[m] && !reported[m])
+      why[m] = fmt::format("its ranks started, then none reported; the others were stopped (signal {})", SIGTERM);
   return why;
 }
 

@@ -2,9 +2,10 @@
 // rule is unit-tested (tests/cli/test_launch_plan.cpp); launch_command.cpp probes the hosts and runs.
 //
 // A host is dropped when the job's first failure was one of its ranks killed by a signal (the host
-// or its processes died: OOM killer, SIGKILL, a crash), when none of its ranks left a record while the
-// others' say only that they were stopped (SIGTERM: the launcher ending the job after losing that
-// host), or when it does not answer the start-up probe (`mpirun -np 1 --host H:1 true` within
+// or its processes died: OOM killer, SIGKILL, a crash), when its ranks started and could write to the
+// launcher's status directory but none of them left a record while the others' say only that they
+// were stopped (SIGTERM: the launcher ending the job after losing that host), or when it does not
+// answer the start-up probe (`mpirun -np 1 --host H:1 true` within
 // ACCEL_HOST_PROBE_TIMEOUT_S). A rank that exited with an error code is the program's failure, not
 // the host's: the job starts again on the same hosts.
 //
@@ -50,7 +51,9 @@ struct RankFailure {
 const RankFailure* first_failure(const std::vector<RankFailure>& failures);
 
 // Per machine (node index < machines), why it is dropped before the job starts again ("" = kept),
-// from the records of the start that failed (see the top of this file).
-std::vector<std::string> hosts_failed(const std::vector<RankFailure>& failures, int machines);
+// from the records of the start that failed (see the top of this file). reached[m]: some rank of
+// machine m wrote its start to the status directory (where it is not shared, a machine's silence says
+// nothing).
+std::vector<std::string> hosts_failed(const std::vector<RankFailure>& failures, const std::vector<bool>& reached);
 
 }  // namespace accel::cli

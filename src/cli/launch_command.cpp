@@ -108,9 +108,27 @@ std::vector<RankFailure> read_failures(const std::string& dir) {
   return out;
 }
 
+// The nodes some rank of which wrote its start (accel-rank's started_<rank>: "node N").
+std::vector<bool> nodes_started(const std::string& dir, int machines) {
+  std::vector<bool> out(static_cast<std::size_t>(std::max(machines, 0)));
+  DIR* d = opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("started_", 0) != 0) continue;
+    std::ifstream f(dir + "/" + name);
+    std::string key;
+    int node = -1;
+    if (f >> key >> node && key == "node" && node >= 0 && node < machines) out[static_cast<std::size_t>(node)] = true;
+  }
+  closedir(d);
+  return out;
+}
+
 struct RunResult {
   int code = 0;
   std::vector<RankFailure> failures;  // what the ranks that ended badly recorded
+  std::vector<bool> started;          // per machine: a rank of it wrote its start (nodes_started)
 };
 
 // From here on a Ctrl-C or a kill stops the launch (g_launch_interrupted) instead of ending accel and
@@ -127,7 +145,10 @@ RunResult run_plan(const LaunchPlan& plan, const std::string& status_dir) {
   catch_launch_signals();
 
   const pid_t child = fork();
-  if (child < 0) throw LaunchError(std::string("fork failed: ") + std::strerror(errno));
+  if (child < 0) {
+    files::remove_tree(status_dir);
+    throw LaunchError(std::string("fork failed: ") + std::strerror(errno));
+  }
   if (child == 0) {
     for (int s : {SIGINT, SIGTERM, SIGHUP}) signal(s, SIG_DFL);
     for (const auto& [k, v] : plan.env) setenv(k.c_str(), v.c_str(), 1);
@@ -146,6 +167,7 @@ RunResult run_plan(const LaunchPlan& plan, const std::string& status_dir) {
   const int launcher_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 
   auto failures = read_failures(status_dir);
+  const std::vector<bool> started = nodes_started(status_dir, plan.num_machines);
   files::remove_tree(status_dir);
   if (g_launch_interrupted) {
     fmt::print(stderr, "accel launch: interrupted by {}; stopped all {} ranks\n", strsignal(g_launch_interrupted),
@@ -170,7 +192,7 @@ RunResult run_plan(const LaunchPlan& plan, const std::string& status_dir) {
                    "signal {} ({}) {:.1f} s before rank {} failed, and stayed stopped\n",
                    f.rank, f.node, f.local_rank, f.host, f.stop_signal, strsignal(f.stop_signal),
                    static_cast<double>(first->time_ns - f.stopped_ns) / 1e9, first->rank);
-    return {first->exit, failures};
+    return {first->exit, failures, started};
   }
   if (launcher_code != 0) {
     fmt::print(stderr, "accel launch: {} failed with exit code {} before any rank reported an exit\n", plan.launcher,
@@ -476,7 +498,9 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
     if (code == 0 || g_launch_interrupted || attempt >= max_restarts) return code;
     // With --min_nodes, the hosts that died are dropped (cli/elastic.h says how they are told).
     if (args.min_nodes) {
-      const auto why = hosts_failed(result.failures, static_cast<int>(machines.size()));
+      std::vector<bool> reached = result.started;
+      reached.resize(machines.size());
+      const auto why = hosts_failed(result.failures, reached);
       if (std::any_of(why.begin(), why.end(), [](const std::string& w) { return !w.empty(); }) && !shrink(why))
         return code;
     }
@@ -515,8 +539,9 @@ void add_launch_command(CLI::App& app, int& exit_code) {
                   "times; ranks see ACCEL_RESTART_COUNT (torchrun's name; default: the config's max_restarts, 0)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--min_nodes", args->min_nodes,
-                  "With --hostfile and --max_restarts: a restart drops the host whose rank was killed first and "
-                  "hosts that do not answer a start-up probe, and goes on with the rest while at least M remain "
+                  "With --hostfile and --max_restarts: a restart drops the host whose rank was killed first, a "
+                  "host whose started ranks all went silent, and hosts that do not answer a start-up probe, and "
+                  "goes on with the rest while at least M remain "
                   "(gradient accumulation grows so the global batch stays)");
   cmd->add_flag("--auto_resume", args->auto_resume,
                 "Ranks resume from the newest checkpoint of their project_dir when there is one (ACCEL_AUTO_RESUME=1)");

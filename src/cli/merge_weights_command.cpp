@@ -70,7 +70,7 @@ void add_merge_weights_command(CLI::App& app, int& exit_code) {
   cmd->add_option(
          "--dtype", args->dtype,
          "saved (default: as the checkpoint holds them, the fp32 masters under mixed precision), fp32, bf16 or "
-         "fp16 (floating-point tensors converted)")
+         "fp16 (floating-point parameters converted; buffers keep their dtype)")
       ->check(CLI::IsMember({"saved", "fp32", "bf16", "fp16"}));
   cmd->add_option("--max_shard_size,--max-shard-size", args->max_shard_size,
                   "start a new file past this size: 10GB (default, 10^9 bytes a GB), 500MB, 2GiB, or bytes")

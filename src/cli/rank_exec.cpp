@@ -10,7 +10,8 @@
 // 2. Runs PROGRAM as its child and passes SIGINT/SIGTERM/SIGHUP on to it. Both ends die together:
 //    the child gets SIGKILL if accel-rank dies, and accel-rank gets SIGTERM if its parent (mpirun's
 //    daemon, srun) dies, so no rank outlives its launcher.
-// 3. When PROGRAM fails and ACCEL_LAUNCH_STATUS_DIR is set, writes rank_<R> there (exit code or
+// 3. When ACCEL_LAUNCH_STATUS_DIR is set, writes started_<R> there (its node) before PROGRAM starts,
+//    and, when PROGRAM fails, rank_<R> (exit code or
 //    signal, the time it ended, node, host, and a stop that lasted until the job was ended: SIGSTOP,
 //    a debugger), from which `accel launch` names the first failing rank and a rank that hung.
 //    A stopped PROGRAM is continued after a terminating signal is passed on, so that it ends.
@@ -152,6 +153,14 @@ int main(int argc, char** argv) {
                                  : std::max(1, accel::cli::physical_cores(accel::cli::affinity_cpus()) / local_world);
     setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
   }
+
+  // The launcher learns which machines reach its status directory: a machine whose ranks wrote this
+  // and then went silent went away (cli/elastic.h).
+  if (const std::string dir = accel::env::get("ACCEL_LAUNCH_STATUS_DIR"); !dir.empty())
+    if (FILE* f = std::fopen((dir + "/started_" + std::to_string(rank)).c_str(), "w")) {
+      std::fprintf(f, "node %d\n", node_rank);
+      std::fclose(f);
+    }
 
   // If mpirun's daemon (or srun) goes away, so do we (and, through the child's death signal, the program).
   prctl(PR_SET_PDEATHSIG, SIGTERM);

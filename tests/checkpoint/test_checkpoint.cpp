@@ -650,6 +650,42 @@ TEST(Checkpoint, LoadersResumeWhereTheyStopped) {
   }
 }
 
+// Without even_batches the first ranks hold one batch more than the others. A checkpoint (rank 0's
+// position) saved before the epoch's end keeps every rank in that epoch: the ranks that had read all
+// of theirs read nothing more of it, and the next pass is epoch 1 on every rank.
+TEST(Checkpoint, UnevenLoadersResumeInTheSameEpochOnEveryRank) {
+  const int W = world()->size();
+  const std::string dir = scratch("uneven_resume");
+  const DataLoaderOptions opts{.batch_size = 2, .even_batches = false};
+  auto local_pass = [](DataLoader<SampleIds>& loader) {  // this rank's samples (no collective: counts differ)
+    std::vector<std::int64_t> out;
+    for (const Batch& b : loader)
+      for (std::int64_t k = 0; k < b.data.numel(); ++k)
+        out.push_back(static_cast<std::int64_t>(b.data[k].item<double>()));
+    return out;
+  };
+  std::vector<std::int64_t> rest_of_epoch0;
+  {
+    PreparedRun r(with_config("", dir), 2 * W + 1, opts);  // rank 0: 2 batches, the others 1
+    int k = 0;
+    for (const Batch& b : r.loader) {
+      (void)b;
+      if (++k == 1) break;
+    }
+    r.acc.save_state(dir + "/one_batch");
+  }
+  {
+    PreparedRun r(with_config("", dir), 2 * W + 1, opts);
+    r.acc.load_state(dir + "/one_batch");
+    const auto got = local_pass(r.loader);
+    if (world()->rank() == 0)
+      EXPECT_EQ(got, std::vector<std::int64_t>{2 * W});  // its second batch: the last sample
+    else
+      EXPECT_TRUE(got.empty()) << "rank " << world()->rank() << " read " << got.size() << " samples of epoch 1";
+    EXPECT_EQ(r.loader.epoch(), 1);
+  }
+}
+
 // Accumulation windows stay where they were: a checkpoint saved mid-window (a warning says its
 // gradients are not in it) resumes with the window's micro-step count, so the next syncs fall on the
 // batches an uninterrupted run syncs on.

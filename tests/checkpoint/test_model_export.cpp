@@ -595,7 +595,10 @@ TEST(MergeWeights, BadCheckpointsAreErrorsNamingTheFile) {
   expect_error(dir / "project", dir / "out", {"no index.json", ck});
   expect_error(dir / "project/checkpoints", dir / "out", {"no index.json", ck});
   expect_error(dir / "nothere", dir / "out", {dir / "nothere"});
-  for (const std::string& inside : {ck, ck + "/hf", ck + "/new/..", dir / "project/checkpoints/./checkpoint_3/x"})
+  files::make_dirs(ck + "/sub");
+  ASSERT_EQ(::symlink((ck + "/sub").c_str(), (dir / "into_ck").c_str()), 0);  // "into_ck/.." is ck
+  for (const std::string& inside :
+       {ck, ck + "/hf", ck + "/new/..", dir / "project/checkpoints/./checkpoint_3/x", dir / "into_ck/../hf"})
     expect_error(ck, inside, {"inside the checkpoint"});
   EXPECT_FALSE(files::exists(ck + "/hf"));
   MergeOptions to_int;

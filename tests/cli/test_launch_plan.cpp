@@ -351,20 +351,24 @@ TEST(MinNodes, TheRanksMpirunStoppedAreNotTheFailure) {
   std::vector<RankFailure> f = {rec(0, 0, 143, 15, 100), rec(1, 0, 143, 15, 101), rec(2, 1, 7, 0, 500)};
   ASSERT_NE(first_failure(f), nullptr);
   EXPECT_EQ(first_failure(f)->rank, 2);
-  EXPECT_EQ(hosts_failed(f, 2), (Words{"", ""}));  // the program's failure: the same hosts
+  const std::vector<bool> both = {true, true};
+  EXPECT_EQ(hosts_failed(f, both), (Words{"", ""}));  // the program's failure: the same hosts
   // A crash by a signal of its own: that host.
   f.push_back(rec(3, 1, 137, 9, 50));
   EXPECT_EQ(first_failure(f)->rank, 3);
-  EXPECT_EQ(hosts_failed(f, 2), (Words{"", "rank 3 was killed by signal 9 first"}));
-  // Only node 0's ranks, stopped by mpirun, reported: node 1 went away.
+  EXPECT_EQ(hosts_failed(f, both), (Words{"", "rank 3 was killed by signal 9 first"}));
+  // Only node 0's ranks, stopped by mpirun, reported: node 1, whose ranks had started, went away.
   f = {rec(0, 0, 143, 15, 100), rec(1, 0, 143, 15, 101)};
   EXPECT_EQ(first_failure(f)->rank, 0);
-  EXPECT_EQ(hosts_failed(f, 2), (Words{"", "none of its ranks reported; the others were stopped (signal 15)"}));
+  EXPECT_EQ(hosts_failed(f, both),
+            (Words{"", "its ranks started, then none reported; the others were stopped (signal 15)"}));
+  // Node 1 never reached the status directory (not a shared filesystem): its silence says nothing.
+  EXPECT_EQ(hosts_failed(f, {true, false}), (Words{"", ""}));
   // Every rank stopped (a scheduler's SIGTERM to all): nothing to drop. No record: nothing either.
   f.push_back(rec(2, 1, 143, 15, 99));
-  EXPECT_EQ(hosts_failed(f, 2), (Words{"", ""}));
+  EXPECT_EQ(hosts_failed(f, both), (Words{"", ""}));
   EXPECT_EQ(first_failure({}), nullptr);
-  EXPECT_EQ(hosts_failed({}, 2), (Words{"", ""}));
+  EXPECT_EQ(hosts_failed({}, both), (Words{"", ""}));
 }
 
 // benchmarks/mfu.h's data-sheet peaks by the names the CUDA runtime reports (step_bench's MFU).
