@@ -417,13 +417,8 @@ void Accelerator::maybe_auto_resume() {
   if (env::is_set("ACCEL_AUTO_RESUME")) from = env::get_int("ACCEL_AUTO_RESUME") != 0 ? "latest" : "";
   if (opts_.auto_resume) from = *opts_.auto_resume ? "latest" : "";
   if (from.empty()) return;
-  resuming_automatically_ = true;  // loaders prepared after this resume still get their positions
-  struct Reset {
-    bool& flag;
-    ~Reset() { flag = false; }
-  } reset{resuming_automatically_};
   if (from != "latest") {  // a directory: that checkpoint, at every start
-    load_state(from);
+    restore_state(from, /*for_later_loaders=*/true);
     print("accel: resumed from ", from, " at step ", state_->optimizer_steps);
     return;
   }
@@ -436,7 +431,7 @@ void Accelerator::maybe_auto_resume() {
     if (is_main_process()) log::info("auto_resume: no checkpoint in " + opts_.project_dir + "/checkpoints yet");
     return;
   }
-  load_state(existing.back().second);
+  restore_state(existing.back().second, /*for_later_loaders=*/true);
   const std::string restart = env::get("ACCEL_RESTART_COUNT");
   print("accel: resumed from ", existing.back().second, " at step ", state_->optimizer_steps,
         restart.empty() ? std::string() : " (restart " + restart + ")");
@@ -738,7 +733,9 @@ std::string Accelerator::save_state(const std::string& dir_in, std::optional<boo
   return dir;
 }
 
-void Accelerator::load_state(const std::string& dir_in) {
+void Accelerator::load_state(const std::string& dir) { restore_state(dir, /*for_later_loaders=*/false); }
+
+void Accelerator::restore_state(const std::string& dir_in, bool for_later_loaders) {
   if (!model_) throw accel::LogicError("Accelerator::load_state: prepare the model (and optimizer) first");
   std::string dir = dir_in;
   if (dir.empty()) {
@@ -767,7 +764,7 @@ void Accelerator::load_state(const std::string& dir_in) {
     const SavedPosition saved{t.loaders[i].epoch, t.loaders[i].batches_consumed, t.loaders[i].global_batch};
     if (i < state_->loaders.size()) {
       resume_loader(i, *state_->loaders[i], saved);
-    } else if (resuming_automatically_) {  // its loader is prepared later
+    } else if (for_later_loaders) {  // its loader is prepared later
       pending_positions_.resize(i + 1);
       pending_positions_[i] = saved;
     }

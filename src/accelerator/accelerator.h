@@ -493,7 +493,9 @@ class Accelerator {
   // prepare(model, optimizer), before a prepare_data_loader): each applies when its loader is. An
   // explicit load_state, as Accelerate's, restores the loaders prepared by then only.
   std::vector<std::optional<SavedPosition>> pending_positions_;
-  bool resuming_automatically_ = false;
+  // load_state; for_later_loaders (the automatic resume): positions of loaders not prepared yet wait
+  // in pending_positions_.
+  void restore_state(const std::string& dir, bool for_later_loaders);
   void resume_loader(std::size_t index, LoaderState& loader, const SavedPosition& saved);
   void loader_prepared();
   std::shared_ptr<LossScaling> scaling_;  // fp16 only
