@@ -29,6 +29,7 @@
 #include "accelerator/data_loader.h"
 #include "comm/communicator.h"
 #include "mixed_precision/autocast.h"
+#include "optim/from_config.h"
 #include "sharding/sharded_init.h"
 #include "tracking/tracker.h"
 #include "zero/engine.h"
@@ -213,6 +214,20 @@ class Accelerator {
     loader_prepared();
   }
   std::shared_ptr<AcceleratedScheduler> prepare_scheduler(std::shared_ptr<torch::optim::LRScheduler> scheduler);
+
+  // --- the config's optimizer and schedule (a DeepSpeed config's "optimizer" and "scheduler") ------
+  // As Accelerate's DummyOptim and DummyScheduler: the config file says which optimizer and schedule
+  // run, the program which values "auto" stands for and what runs without a block
+  // (optim/from_config.h). The optimizer, over `params`, is then passed to prepare() as any other:
+  //   auto adamw = acc.create_optimizer(model->parameters(), {.lr = 3e-4, .weight_decay = 0.1});
+  //   auto opt = acc.prepare(model, *adamw, loader);
+  //   auto sched = acc.create_scheduler({.total_num_steps = steps, .warmup_num_steps = steps / 10});
+  // A program that passes its own optimizer or scheduler keeps it; a block it leaves unused is
+  // warned about at prepare() / prepare_scheduler().
+  std::shared_ptr<torch::optim::Optimizer> create_optimizer(const std::vector<at::Tensor>& params,
+                                                            const optim::OptimizerDefaults& defaults = {});
+  // Over the prepared optimizer (after prepare()), and prepared: the scheduler prepare_scheduler returns.
+  std::shared_ptr<AcceleratedScheduler> create_scheduler(const optim::SchedulerDefaults& defaults = {});
 
   // --- the step -----------------------------------------------------------------------------------
   // loss / gradient_accumulation_steps (fp16: times the loss scale), then backward through the
@@ -484,6 +499,8 @@ class Accelerator {
   std::shared_ptr<zero::Engine> engine_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;  // the prepared (inner) optimizer
   std::shared_ptr<AcceleratedScheduler> scheduler_;
+  const torch::optim::Optimizer* created_optimizer_ = nullptr;  // create_optimizer's latest (never dereferenced)
+  bool creating_scheduler_ = false;                             // prepare_scheduler called by create_scheduler
   std::int64_t resumed_scheduler_steps_ = 0;  // a load_state before prepare_scheduler: its steps
   // A loader's saved position: its epoch, the batches of it consumed, and the global batch then.
   struct SavedPosition {

@@ -18,6 +18,7 @@
 #include "base/error.h"
 
 #include "mixed_precision/loss_scaler_options.h"
+#include "optim/config_block.h"
 #include "zero/spec.h"
 
 #include <cstdint>
@@ -99,6 +100,10 @@ struct AcceleratorConfig {
   std::string deepspeed_config_file;  // as resolved (absolute, or relative to the working directory)
   LossScalerConfig loss_scaler;
   Fp8Config fp8;
+  // DeepSpeed's optimizer and scheduler blocks, checked (optim/from_config.h); Accelerator::
+  // create_optimizer and create_scheduler build them. Unset without the block.
+  std::optional<optim::ConfigBlock> optimizer;
+  std::optional<optim::ConfigBlock> scheduler;
   std::vector<std::string> ignored;  // "KEY: reason", in file order, each key once
   // Trackers (accel extensions of the YAML: log_with, project_dir; DeepSpeed JSON: the tensorboard
   // and csv_monitor blocks with enabled: true). AcceleratorOptions' own values win.

@@ -15,10 +15,12 @@
 
 #include "accelerator/config_detail.h"
 #include "accelerator/config_keys.h"
+#include "optim/from_config.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -298,6 +300,52 @@ std::optional<c10::ScalarType> comm_dtype(const Block& top, const std::string& f
   return c10::ScalarType::Float;
 }
 
+// The optimizer or scheduler block ({"type": ..., "params": {...}}), checked as create_optimizer /
+// create_scheduler will build it.
+optim::ConfigBlock read_optim_block(const json& v, const std::string& file, const std::string& name) {
+  if (!v.is_object()) cd::fail_value(file, name, show_json(v), "an object {\"type\": ..., \"params\": {...}}");
+  optim::ConfigBlock b;
+  b.name = name;
+  for (const auto& [k, x] : v.items())
+    if (k != "type" && k != "params") cd::fail_unknown_key(file, name + "." + k, {"type", "params"});
+  if (!v.contains("type") || !v["type"].is_string())
+    cd::fail(file, fmt::format("{}.type is missing or not a string: name the {} (e.g. \"{}\")", name, name,
+                           name == "optimizer" ? "AdamW" : "WarmupLR"));
+  b.type = v["type"].get<std::string>();
+  if (v.contains("params") && !v["params"].is_null()) {
+    const json& params = v["params"];
+    if (!params.is_object()) cd::fail_value(file, name + ".params", show_json(params), "an object");
+    for (const auto& [k, x] : params.items()) {
+      if (x.is_null()) continue;  // (DeepSpeed passes None: the default)
+      optim::ConfigValue c;
+      c.text = show_json(x);
+      if (is_auto(x)) {
+        c.kind = optim::ConfigValue::Kind::Auto;
+      } else if (x.is_boolean()) {
+        c.kind = optim::ConfigValue::Kind::Bool;
+        c.flag = x.get<bool>();
+      } else if (x.is_number()) {
+        c.number = x.get<double>();
+      } else if (x.is_array() && std::all_of(x.begin(), x.end(), [](const json& e) { return e.is_number(); })) {
+        c.kind = optim::ConfigValue::Kind::Numbers;
+        for (const auto& e : x) c.numbers.push_back(e.get<double>());
+      } else {
+        c.kind = optim::ConfigValue::Kind::String;  // (a string, or anything else: every reader refuses it)
+      }
+      b.params.emplace_back(k, std::move(c));
+    }
+  }
+  try {
+    if (name == "optimizer")
+      optim::check_optimizer_block(b);
+    else
+      optim::check_scheduler_block(b);
+  } catch (const accel::InvalidArgumentError& e) {
+    cd::fail(file, e.what());
+  }
+  return b;
+}
+
 }  // namespace
 
 namespace config_detail {
@@ -333,6 +381,8 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   }
 
   read_zero(top.has("zero_optimization") ? top.value("zero_optimization") : json(), source, cfg);
+  if (top.has("optimizer")) cfg.optimizer = read_optim_block(top.value("optimizer"), source, "optimizer");
+  if (top.has("scheduler")) cfg.scheduler = read_optim_block(top.value("scheduler"), source, "scheduler");
 
   // DeepSpeed's monitors that accel has a tracker for: enabled: true adds it to log_with.
   for (const auto& [block, tracker] :

@@ -21,7 +21,6 @@ constexpr const char* kFp8Recipe =
     "no delayed scaling (the recipe and fp8_format keys choose)";
 
 // Reasons shared by several keys of the DeepSpeed JSON.
-constexpr const char* kOptimizer = "accel uses the optimizer/scheduler passed to prepare()";
 constexpr const char* kMonitor =
     "DeepSpeed's own logging/monitoring; accel's trackers are log_with (tensorboard, jsonl, csv: docs/trackers.md)";
 constexpr const char* kNoCounterpart = "a DeepSpeed feature with no accel counterpart";
@@ -285,9 +284,12 @@ const std::vector<Key>& all() {
       {D::DeepSpeed, "", "amp", "", T::Object, "", "",
        "NVIDIA Apex AMP: enabled true is an error (use fp16 or bf16), else the block is listed as ignored",
        nullptr},
-      {D::DeepSpeed, "", "optimizer", "", T::Any, "", "", "optimizer type and parameters", kOptimizer},
-      {D::DeepSpeed, "", "scheduler", "", T::Any, "", "", "learning-rate scheduler type and parameters",
-       kOptimizer},
+      {D::DeepSpeed, "", "optimizer", "", T::Object, "the program's", "{type, params}: Adam, AdamW, SGD, Adagrad, RMSprop",
+       "The optimizer Accelerator::create_optimizer builds (a program passing its own to prepare() keeps it)",
+       nullptr},
+      {D::DeepSpeed, "", "scheduler", "", T::Object, "the program's",
+       "{type, params}: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest",
+       "The learning-rate schedule Accelerator::create_scheduler builds", nullptr},
       {D::DeepSpeed, "", "steps_per_print", "", T::Any, "", "", "print progress every this many steps", kMonitor},
       {D::DeepSpeed, "", "wall_clock_breakdown", "", T::Any, "", "", "time forward, backward and step",
        kMonitor},

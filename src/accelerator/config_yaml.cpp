@@ -418,6 +418,8 @@ void merge_deepspeed_json(const Section& s, const std::string& base_dir, const T
   cfg.offload_param_device = j.offload_param_device;
   cfg.zero3_save_16bit_model = j.zero3_save_16bit_model;
   cfg.loss_scaler = j.loss_scaler;
+  cfg.optimizer = j.optimizer;
+  cfg.scheduler = j.scheduler;
   for (const auto& t : j.log_with)  // the JSON's enabled monitors join the YAML's log_with
     if (std::find(cfg.log_with.begin(), cfg.log_with.end(), t) == cfg.log_with.end()) cfg.log_with.push_back(t);
   for (const auto& entry : j.ignored) {

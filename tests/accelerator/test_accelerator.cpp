@@ -412,6 +412,62 @@ TEST(Accelerator, TrainingLoopMatchesSingleProcessUnderEveryStrategy) {
   }
 }
 
+// A DeepSpeed config's optimizer and scheduler blocks, built by create_optimizer / create_scheduler
+// with "auto" from the program, train as the same optimizer and schedule written out by hand on one
+// process (ZeRO-2 at 2 and 3 ranks).
+TEST(Accelerator, ConfigOptimizerAndScheduleTrainAsWrittenOutByHand) {
+  const std::string json = write_config("optim_blocks.json", R"({"train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2},
+    "optimizer": {"type": "Adam", "params": {"lr": "auto", "betas": [0.9, 0.95], "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                  "warmup_num_steps": "auto", "total_num_steps": "auto", "warmup_type": "linear"}}})");
+  Accelerator acc(quiet(json));
+  const int64_t G = 6, steps = 8;
+  auto model = make_mlp(1234);
+  auto reference = make_mlp(1234);
+  auto adam = acc.create_optimizer(model->parameters(), {.lr = 0.01, .weight_decay = 0.1});
+  ASSERT_NE(dynamic_cast<torch::optim::AdamW*>(adam.get()), nullptr);  // DeepSpeed's "Adam": adam_w_mode
+  Rows rows = make_rows(G * steps);
+  DataLoader<Rows> loader(rows, {.batch_size = G, .shuffle = true, .split_batches = true, .seed = 5});
+  auto opt = acc.prepare(model, *adam, loader);
+  auto sched = acc.create_scheduler({.total_num_steps = steps, .warmup_num_steps = 2});
+  // By hand: the k-th step runs at DeepSpeed's iteration k - 2 (-1 at construction): warmup_min_lr 0,
+  // a linear warmup over 2 steps to the optimizer's 0.01, then down by (8 - i) / (8 - 2).
+  const std::vector<double> lrs = {0, 0, 0.005, 0.01, 0.01 * 5 / 6, 0.01 * 4 / 6, 0.01 * 3 / 6, 0.01 * 2 / 6};
+  std::vector<double> seen;
+  for (const Batch& b : loader) {
+    seen.push_back(opt->param_groups()[0].options().get_lr());
+    acc.backward(mlp_loss(*model, b));
+    opt->step();
+    sched->step();
+    opt->zero_grad();
+  }
+  ASSERT_EQ(seen.size(), lrs.size());
+  for (std::size_t k = 0; k < lrs.size(); ++k) EXPECT_NEAR(seen[k], lrs[k], 1e-17) << "step " << k + 1;
+
+  torch::optim::AdamW ref_opt(reference->parameters(),
+                              torch::optim::AdamWOptions(0.01).betas(std::make_tuple(0.9, 0.95)).weight_decay(0.1));
+  ShardPlan plan(G * steps, {.batch_size = G, .shuffle = true, .split_batches = true, .seed = 5}, 0, 1);
+  auto global = plan.batches(0);
+  ASSERT_EQ(global.size(), lrs.size());
+  for (std::size_t i = 0; i < global.size(); ++i) {
+    ref_opt.param_groups()[0].options().set_lr(lrs[i]);
+    at::Tensor idx = at::tensor(global[i], at::kLong);
+    at::mse_loss(reference->forward(rows.x.index_select(0, idx)), rows.y.index_select(0, idx)).backward();
+    ref_opt.step();
+    ref_opt.zero_grad();
+  }
+  auto state = acc.get_state_dict();
+  if (acc.is_main_process()) {
+    std::map<std::string, at::Tensor> got(state.begin(), state.end());
+    for (const auto& kv : reference->named_parameters()) {
+      ASSERT_TRUE(got.count(kv.key())) << kv.key();
+      EXPECT_TRUE(at::allclose(got[kv.key()], kv.value(), 1e-10, 1e-12)) << kv.key();
+    }
+  }
+  acc.end_training();
+}
+
 TEST(Accelerator, ClipGradValue) {
   {
     Accelerator acc(quiet(write_config("clip_ddp.yaml", "distributed_type: MULTI_CPU\n")));

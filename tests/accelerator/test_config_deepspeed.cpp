@@ -80,8 +80,8 @@ TEST(ConfigJson, PythonOnlyTopLevelKeysAreIgnored) {
     "scheduler": {"type": "WarmupLR"}, "steps_per_print": 10, "wall_clock_breakdown": false,
     "zero_allow_untested_optimizer": true, "tensorboard": {"enabled": false},
     "prescale_gradients": false, "data_types": {"grad_accum_dtype": "fp32"}, "checkpoint": {}})");
-  EXPECT_HAS(ignored_entry(c, "optimizer"), "accel uses the optimizer/scheduler passed to prepare()");
-  EXPECT_HAS(ignored_entry(c, "scheduler"), "accel uses the optimizer/scheduler passed to prepare()");
+  EXPECT_FALSE(ignored(c, "optimizer"));  // (create_optimizer / create_scheduler build them)
+  EXPECT_FALSE(ignored(c, "scheduler"));
   for (const char* k : {"steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "tensorboard",
                         "prescale_gradients", "data_types", "checkpoint"})
     EXPECT_TRUE(ignored(c, k)) << k;
@@ -144,6 +144,37 @@ TEST(ConfigJson, TransformersZero3Example) {
   EXPECT_EQ(c.mixed_precision, MixedPrecision::No);
   EXPECT_TRUE(c.zero3_save_16bit_model);
   EXPECT_TRUE(ignored(c, "zero_optimization.stage3_max_live_parameters"));
+}
+
+// The optimizer and scheduler blocks, as written, checked when the file is read
+// (tests/optim/test_from_config.cpp builds them).
+TEST(ConfigJson, OptimizerAndSchedulerBlocksAreKeptAndChecked) {
+  const auto c = ds(R"({"optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": [0.9, 0.95],
+                                       "weight_decay": 0.1, "torch_adam": true, "eps": null}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto", "warmup_num_steps": 100}}})");
+  ASSERT_TRUE(c.optimizer && c.scheduler);
+  EXPECT_EQ(c.optimizer->name, "optimizer");
+  EXPECT_EQ(c.optimizer->type, "AdamW");
+  ASSERT_EQ(c.optimizer->params.size(), 4u);  // (null: DeepSpeed's default, dropped)
+  EXPECT_EQ(c.optimizer->params[0].first, "lr");
+  EXPECT_EQ(c.optimizer->params[0].second.kind, optim::ConfigValue::Kind::Auto);
+  EXPECT_EQ(c.optimizer->params[1].second.numbers, (std::vector<double>{0.9, 0.95}));
+  EXPECT_EQ(c.optimizer->params[2].second.number, 0.1);
+  EXPECT_TRUE(c.optimizer->params[3].second.flag);
+  EXPECT_EQ(c.scheduler->type, "WarmupDecayLR");
+  EXPECT_EQ(c.scheduler->params[1].second.number, 100);
+  EXPECT_FALSE(ds(R"({"zero_optimization": {"stage": 2}})").optimizer);
+
+  EXPECT_HAS(ds_error(R"({"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}})"),
+             "ds.json: optimizer.type: optimizer type 'Lamb' is not one accel builds");
+  EXPECT_HAS(ds_error(R"({"optimizer": {"params": {"lr": 1e-3}}})"), "ds.json: optimizer.type is missing");
+  EXPECT_HAS(ds_error(R"({"optimizer": {"type": "AdamW", "param": {}}})"),
+             "ds.json: unknown key 'optimizer.param'; did you mean 'params'?");
+  EXPECT_HAS(ds_error(R"({"optimizer": {"type": "AdamW", "params": {"betas": "0.9,0.99"}}})"),
+             "ds.json: optimizer.params.betas is '0.9,0.99', expected two numbers");
+  EXPECT_HAS(ds_error(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 10}}})"),
+             "ds.json: scheduler: WarmupCosineLR needs total_num_steps");
+  EXPECT_HAS(ds_error(R"({"scheduler": "WarmupLR"})"), "ds.json: scheduler is 'WarmupLR', expected an object");
 }
 
 TEST(ConfigJson, SyntaxDuplicatesAndShape) {

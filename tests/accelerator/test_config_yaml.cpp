@@ -529,7 +529,9 @@ const char* kZero3Json = R"({
   "gradient_accumulation_steps": 2,
   "gradient_clipping": 1.0,
   "bf16": {"enabled": true},
-  "zero_optimization": {"stage": 3, "overlap_comm": true, "reduce_bucket_size": 1e6}
+  "zero_optimization": {"stage": 3, "overlap_comm": true, "reduce_bucket_size": 1e6},
+  "optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}},
+  "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}
 })";
 
 TEST(ConfigDeepSpeedFile, LoadsTheJsonBesideTheYaml) {
@@ -552,6 +554,9 @@ TEST(ConfigDeepSpeedFile, LoadsTheJsonBesideTheYaml) {
   EXPECT_HAS(c.source, "z3.json");
   EXPECT_TRUE(ignored(c, "zero_optimization.overlap_comm"));
   EXPECT_TRUE(ignored(c, "deepspeed_config.zero3_init_flag"));
+  ASSERT_TRUE(c.optimizer && c.scheduler);  // the JSON's blocks come along
+  EXPECT_EQ(c.optimizer->type, "SGD");
+  EXPECT_EQ(c.scheduler->type, "WarmupLR");
 }
 
 TEST(ConfigDeepSpeedFile, MissingJson) {

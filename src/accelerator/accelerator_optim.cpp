@@ -1,0 +1,56 @@
+// Accelerator::create_optimizer / create_scheduler (accelerator.h): the optimizer and the schedule a
+// DeepSpeed config's blocks name, built by optim/from_config.h.
+#include "accelerator/accelerator.h"
+
+#include "base/error.h"
+#include "base/log.h"
+
+#include <fmt/format.h>
+
+namespace accel {
+
+namespace {
+std::string config_name(const AcceleratorConfig& cfg) { return cfg.source.empty() ? "the config" : cfg.source; }
+}  // namespace
+
+std::shared_ptr<torch::optim::Optimizer> Accelerator::create_optimizer(const std::vector<at::Tensor>& params,
+                                                                       const optim::OptimizerDefaults& defaults) {
+  std::shared_ptr<torch::optim::Optimizer> opt;
+  try {
+    opt = optim::make_optimizer(cfg_.optimizer ? &*cfg_.optimizer : nullptr, params, defaults);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const accel::InvalidArgumentError& e) {
+    throw ConfigError(fmt::format("{}: {}", cfg_.optimizer ? config_name(cfg_) : "create_optimizer", e.what()));
+  }
+  created_optimizer_ = opt.get();
+  if (is_main_process())
+    log::info(fmt::format("optimizer: {} ({})", optim::describe(*opt),
+                          cfg_.optimizer ? "the optimizer block of " + config_name(cfg_) : "the program's defaults"));
+  return opt;
+}
+
+std::shared_ptr<AcceleratedScheduler> Accelerator::create_scheduler(const optim::SchedulerDefaults& defaults) {
+  if (!optimizer_)
+    throw accel::LogicError("Accelerator::create_scheduler: prepare the model and optimizer first (the schedule "
+                            "steps the prepared optimizer)");
+  std::shared_ptr<torch::optim::LRScheduler> s;
+  try {
+    s = optim::make_scheduler(cfg_.scheduler ? &*cfg_.scheduler : nullptr, *optimizer_, defaults);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const accel::InvalidArgumentError& e) {
+    throw ConfigError(fmt::format("{}: {}", cfg_.scheduler ? config_name(cfg_) : "create_scheduler", e.what()));
+  }
+  if (is_main_process() && (cfg_.scheduler || !defaults.type.empty()))
+    log::info(fmt::format("scheduler: {} ({})", cfg_.scheduler ? cfg_.scheduler->type : defaults.type,
+                          cfg_.scheduler ? "the scheduler block of " + config_name(cfg_) : "the program's defaults"));
+  creating_scheduler_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{creating_scheduler_};
+  return prepare_scheduler(std::move(s));
+}
+
+}  // namespace accel
