@@ -137,21 +137,25 @@ int main(int argc, char** argv) {
       c10::NoGradGuard no_grad;  // small embeddings (GPT-2's 0.02): the tied head starts near uniform
       model->tok->weight.normal_(0.0, 0.02);
     }
-    torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(lr).weight_decay(0.01));
+    // AdamW (lr, weight decay 0.01), unless a DeepSpeed config's optimizer block names another.
+    auto adamw = acc.create_optimizer(model->parameters(), {.lr = lr, .weight_decay = 0.01});
     DataLoader<CharCorpus> loader(
         corpus, {.batch_size = args.batch, .shuffle = true, .split_batches = true, .seed = args.seed});
     std::shared_ptr<AcceleratedOptimizer> opt;
     std::shared_ptr<AcceleratedScheduler> scheduler;
-    if (warmup_steps > 0) {
+    if (acc.config().scheduler) {  // the config's schedule, "auto" from --steps and --warmup_steps
+      opt = acc.prepare(model, *adamw, loader);
+      scheduler = acc.create_scheduler({.total_num_steps = args.steps, .warmup_num_steps = warmup_steps});
+    } else if (warmup_steps > 0) {
       // (CosineSchedule with min_lr_ratio 1: the warmup, then no decay)
       const std::int64_t total = std::max<std::int64_t>(args.steps, warmup_steps);
-      auto prepared = acc.prepare(model, adamw, loader, [&](torch::optim::Optimizer& o) {
+      auto prepared = acc.prepare(model, *adamw, loader, [&](torch::optim::Optimizer& o) {
         return std::make_shared<CosineSchedule>(o, total, warmup_steps, /*min_lr_ratio=*/1.0);
       });
       opt = prepared.optimizer;
       scheduler = prepared.scheduler;
     } else {
-      opt = acc.prepare(model, adamw, loader);
+      opt = acc.prepare(model, *adamw, loader);
     }
     acc.print("gpt_lm: ", acc.num_processes(), " process(es) on ", acc.device().type() == c10::kCUDA ? "cuda" : "cpu",
               ", ", strategy_name(acc.config()), ", ", corpus.vocab_size(), " tokens, ", loader.dataset_size(),

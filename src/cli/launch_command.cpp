@@ -172,7 +172,7 @@ RunResult run_plan(const LaunchPlan& plan, const std::string& status_dir) {
   if (g_launch_interrupted) {
     fmt::print(stderr, "accel launch: interrupted by {}; stopped all {} ranks\n", strsignal(g_launch_interrupted),
                plan.num_processes);
-    return {128 + g_launch_interrupted, {}};
+    return {128 + g_launch_interrupted, {}, {}};
   }
   if (const RankFailure* first = first_failure(failures)) {
     const std::string how = first->signal
@@ -197,7 +197,7 @@ RunResult run_plan(const LaunchPlan& plan, const std::string& status_dir) {
   if (launcher_code != 0) {
     fmt::print(stderr, "accel launch: {} failed with exit code {} before any rank reported an exit\n", plan.launcher,
                launcher_code);
-    return {launcher_code, {}};
+    return {launcher_code, {}, {}};
   }
   return {};
 }

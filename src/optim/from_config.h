@@ -52,7 +52,7 @@ struct OptimizerDefaults {
 
 // The program's schedule: what "auto" means, and what runs when the config has no scheduler block.
 struct SchedulerDefaults {
-  std::string type;                   // "" (constant lr) or one of the five names
+  std::string type{};                 // "" (constant lr) or one of the five names
   std::int64_t total_num_steps = 0;   // optimizer steps in the run (WarmupDecayLR, WarmupCosineLR); 0: unknown
   std::int64_t warmup_num_steps = 0;  // 0: no warmup
 };
