@@ -216,6 +216,18 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
             n, n == 1 ? "" : "s"));
   }
   if (cfg.gradient_clipping) row("Clipping", fmt::format("every step, to global norm {}", *cfg.gradient_clipping));
+  // The optimizer and scheduler blocks: what create_optimizer / create_scheduler build from them.
+  for (const auto* b : {cfg.optimizer ? &*cfg.optimizer : nullptr, cfg.scheduler ? &*cfg.scheduler : nullptr}) {
+    if (!b) continue;
+    std::string params;
+    for (const auto& [k, v] : b->params)
+      params += fmt::format("{}{} {}", params.empty() ? "" : ", ", k,
+                            v.kind == optim::ConfigValue::Kind::Auto ? std::string("auto (the program's)") : v.text);
+    row(b->name == "optimizer" ? "Optimizer" : "Schedule",
+        fmt::format("{}{}, built by Accelerator::create_{} (a program passing its own to prepare keeps it)", b->type,
+                    params.empty() ? "" : " (" + params + ")",
+                    b->name == "optimizer" ? "optimizer" : "scheduler"));
+  }
   row("Activations", s.activation_checkpointing
                          ? "checkpointed per unit: each unit keeps only its inputs and recomputes its forward in "
                            "backward (one more forward of compute; same results, dropout included)"

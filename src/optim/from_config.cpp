@@ -181,6 +181,11 @@ std::shared_ptr<torch::optim::Optimizer> build_optimizer(const ConfigBlock& bloc
                                                          const std::vector<at::Tensor>& params,
                                                          const OptimizerDefaults& d) {
   const std::string type = canonical_optimizer(block.type, block.name + ".type");
+  for (const auto& [k, v] : block.params)
+    if (k == "max_grad_norm")
+      fail(fmt::format("{}.params.max_grad_norm is not an optimizer parameter (DeepSpeed refuses it too): use the "
+                       "top-level gradient_clipping",
+                       block.name));
   Params p(block);
   std::shared_ptr<torch::optim::Optimizer> out;
   if (type == "Adam" || type == "AdamW") {
@@ -192,7 +197,7 @@ std::shared_ptr<torch::optim::Optimizer> build_optimizer(const ConfigBlock& bloc
     if (type == "AdamW" || adam_w_mode) {
       // (torch.optim.AdamW's weight decay is 0.01 by default; DeepSpeed's FusedAdam's is 0.)
       out = std::make_shared<torch::optim::AdamW>(
-          params, adam_options<torch::optim::AdamWOptions>(p, d, torch_adam && type == "AdamW" ? 1e-2 : 0.0));
+          params, adam_options<torch::optim::AdamWOptions>(p, d, torch_adam ? 1e-2 : 0.0));
     } else {
       out = std::make_shared<torch::optim::Adam>(params, adam_options<torch::optim::AdamOptions>(p, d, 0.0));
     }

@@ -135,6 +135,22 @@ TEST(ConfigExplain, DeepSpeedJsonBatchTriadAndIgnoredKeys) {
   EXPECT_NE(explain_config(c, 3, 1).find("does not work out at this world size"), std::string::npos);
 }
 
+TEST(ConfigExplain, OptimizerAndSchedulerBlocks) {
+  const AcceleratorConfig c = parse_deepspeed_json(
+      R"({"zero_optimization": {"stage": 1}, "optimizer": {"type": "SGD", "params": {"lr": "auto", "momentum": 0.9}},
+          "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 50}}})",
+      "ds.json");
+  const std::string e = explain_config(c);
+  EXPECT_NE(e.find("Optimizer     SGD (lr auto (the program's), momentum 0.9), built by Accelerator::create_optimizer"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("Schedule      WarmupLR (warmup_num_steps 50), built by Accelerator::create_scheduler"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(explain_config(parse_deepspeed_json(R"({"zero_optimization": {"stage": 1}})", "ds.json")).find("Optimizer"),
+            std::string::npos);
+}
+
 TEST(ConfigExplain, DdpReplicatesEverything) {
   const AcceleratorConfig c = load_config_file(std::string(ACCEL_SOURCE_DIR) + "/configs/ddp.yaml");
   const std::string e = explain_config(c);

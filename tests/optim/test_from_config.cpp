@@ -90,6 +90,10 @@ TEST(OptimizerFromConfig, AdamIsAdamWUnlessAdamWModeIsFalse) {
   auto c = make_optimizer(&aw, params(), {});
   ASSERT_NE(dynamic_cast<torch::optim::AdamW*>(c.get()), nullptr);
   EXPECT_DOUBLE_EQ(static_cast<const torch::optim::AdamWOptions&>(c->defaults()).weight_decay(), 0.01);
+  const ConfigBlock at = block("optimizer", "Adam", {{"torch_adam", flag(true)}});  // torch.optim.AdamW too
+  EXPECT_DOUBLE_EQ(static_cast<const torch::optim::AdamWOptions&>(make_optimizer(&at, params(), {})->defaults())
+                       .weight_decay(),
+                   0.01);
 }
 
 TEST(OptimizerFromConfig, AutoTakesTheProgramsValues) {
@@ -166,6 +170,7 @@ TEST(OptimizerFromConfig, BlocksItCannotBuildAreRefusedWithTheKey) {
              "unknown key 'optimizer.params.weight_decy' for optimizer 'AdamW'; did you mean 'weight_decay'?");
   EXPECT_HAS(check(block("optimizer", "AdamW", {{"bias_correction", flag(false)}})), "always correct the bias");
   EXPECT_HAS(check(block("optimizer", "SGD", {{"nesterov", flag(true)}})), "nesterov needs a momentum > 0");
+  EXPECT_HAS(check(block("optimizer", "AdamW", {{"max_grad_norm", num(1)}})), "use the top-level gradient_clipping");
   EXPECT_HAS(check(block("optimizer", "AdamW", {{"lr", num(0.1)}, {"lr", num(0.2)}})), "'lr' is given twice");
   EXPECT_EQ(check(block("optimizer", "AdamW", {{"lr", text("auto")}, {"torch_adam", flag(false)}})), "(no error)");
 }
