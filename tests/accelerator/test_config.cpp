@@ -347,7 +347,8 @@ std::string decisions(const AcceleratorConfig& c) {
              c.offload_param_device, to_string(c.state_dict_type), c.fsdp_version, c.zero3_save_16bit_model,
              c.deepspeed_config_file, l.loss_scale, l.initial_scale_power, l.loss_scale_window, l.hysteresis,
              l.consecutive_hysteresis, l.min_loss_scale, c.fp8.enable_fsdp_float8_all_gather) +
-         " recipe " + c.fp8.recipe + " format " + c.fp8.fp8_format;
+         " recipe " + c.fp8.recipe + " format " + c.fp8.fp8_format + " optimizer " +
+         (c.optimizer ? c.optimizer->type : "-") + " scheduler " + (c.scheduler ? c.scheduler->type : "-");
 }
 
 // What setting one key to a non-default value must do, when it is not simply "changes the config".
@@ -557,6 +558,8 @@ const std::map<std::string, KeyCase>& json_cases() {
       {"tensorboard.enabled", {"true"}},
       {"csv_monitor", {R"({"enabled": true})"}},
       {"csv_monitor.enabled", {"true"}},
+      {"optimizer", {R"({"type": "SGD", "params": {"lr": 0.1}})"}},
+      {"scheduler", {R"({"type": "WarmupLR"})"}},
   };
   return cases;
 }
