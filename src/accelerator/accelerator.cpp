@@ -354,7 +354,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
   // (Parameters sharded on a device: they stay on the host until the engine moves each flat's shard.)
   zero::ShardingSpec spec = cfg_.spec;
   zero::check_optimizer(optimizer);  // (a refused optimizer leaves the model where it was)
-  if (cfg_.optimizer && &optimizer != created_optimizer_ && is_main_process())
+  if (cfg_.optimizer && &optimizer != created_optimizer_.lock().get() && is_main_process())
     log::warning(fmt::format("{}: the optimizer block ({}) is not used: the program passed its own optimizer to "
                              "prepare(); Accelerator::create_optimizer builds the block's",
                              where(cfg_), cfg_.optimizer->type));
@@ -762,7 +762,11 @@ void Accelerator::restore_state(const std::string& dir_in, bool for_later_loader
   if (scaling_ && !t.loss_scaler.empty()) scaling_->load_state_text(t.loss_scaler);
   if (scheduler_ && t.scheduler_steps) scheduler_->fast_forward(*t.scheduler_steps);
   if (!scheduler_ && t.scheduler_steps) resumed_scheduler_steps_ = *t.scheduler_steps;
-  if (optimizer_ && t.lrs.size() == optimizer_->param_groups().size())
+  // A schedule prepared after this (prepare_scheduler fast-forwards it) takes the learning rates the
+  // program set as its base, and steps them to the saved ones: those, already scheduled, would scale
+  // the whole schedule a second time. So they are set here only where no schedule follows.
+  const bool schedule_follows = !scheduler_ && t.scheduler_steps && *t.scheduler_steps > 0;
+  if (optimizer_ && !schedule_follows && t.lrs.size() == optimizer_->param_groups().size())
     for (std::size_t g = 0; g < t.lrs.size(); ++g) optimizer_->param_groups()[g].options().set_lr(t.lrs[g]);
   // Mid-window where the window is as long as it was; at a window's start otherwise (a job restarted
   // on fewer ranks accumulates more micro-steps a window).

@@ -226,6 +226,10 @@ class Accelerator {
   // warned about at prepare() / prepare_scheduler().
   std::shared_ptr<torch::optim::Optimizer> create_optimizer(const std::vector<at::Tensor>& params,
                                                             const optim::OptimizerDefaults& defaults = {});
+  // Param groups with their own lr or weight_decay (a group without weight decay, as Accelerate's
+  // DummyOptim takes them).
+  std::shared_ptr<torch::optim::Optimizer> create_optimizer(const std::vector<optim::ParamGroup>& groups,
+                                                            const optim::OptimizerDefaults& defaults = {});
   // Over the prepared optimizer (after prepare()), and prepared: the scheduler prepare_scheduler returns.
   std::shared_ptr<AcceleratedScheduler> create_scheduler(const optim::SchedulerDefaults& defaults = {});
 
@@ -499,7 +503,7 @@ class Accelerator {
   std::shared_ptr<zero::Engine> engine_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;  // the prepared (inner) optimizer
   std::shared_ptr<AcceleratedScheduler> scheduler_;
-  const torch::optim::Optimizer* created_optimizer_ = nullptr;  // create_optimizer's latest (never dereferenced)
+  std::weak_ptr<torch::optim::Optimizer> created_optimizer_;  // create_optimizer's latest
   bool creating_scheduler_ = false;                             // prepare_scheduler called by create_scheduler
   std::int64_t resumed_scheduler_steps_ = 0;  // a load_state before prepare_scheduler: its steps
   // A loader's saved position: its epoch, the batches of it consumed, and the global batch then.

@@ -15,15 +15,20 @@ std::string config_name(const AcceleratorConfig& cfg) { return cfg.source.empty(
 
 std::shared_ptr<torch::optim::Optimizer> Accelerator::create_optimizer(const std::vector<at::Tensor>& params,
                                                                        const optim::OptimizerDefaults& defaults) {
+  return create_optimizer(std::vector<optim::ParamGroup>{optim::ParamGroup{params}}, defaults);
+}
+
+std::shared_ptr<torch::optim::Optimizer> Accelerator::create_optimizer(const std::vector<optim::ParamGroup>& groups,
+                                                                       const optim::OptimizerDefaults& defaults) {
   std::shared_ptr<torch::optim::Optimizer> opt;
   try {
-    opt = optim::make_optimizer(cfg_.optimizer ? &*cfg_.optimizer : nullptr, params, defaults);
+    opt = optim::make_optimizer(cfg_.optimizer ? &*cfg_.optimizer : nullptr, groups, defaults);
   } catch (const ConfigError&) {
     throw;
   } catch (const accel::InvalidArgumentError& e) {
     throw ConfigError(fmt::format("{}: {}", cfg_.optimizer ? config_name(cfg_) : "create_optimizer", e.what()));
   }
-  created_optimizer_ = opt.get();
+  created_optimizer_ = opt;
   if (is_main_process())
     log::info(fmt::format("optimizer: {} ({})", optim::describe(*opt),
                           cfg_.optimizer ? "the optimizer block of " + config_name(cfg_) : "the program's defaults"));
@@ -36,7 +41,7 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::create_scheduler(const optim:
                             "steps the prepared optimizer)");
   std::shared_ptr<torch::optim::LRScheduler> s;
   try {
-    s = optim::make_scheduler(cfg_.scheduler ? &*cfg_.scheduler : nullptr, *optimizer_, defaults);
+    s = optim::make_scheduler(cfg_.scheduler ? &*cfg_.scheduler : nullptr, *optimizer_, defaults, is_main_process());
   } catch (const ConfigError&) {
     throw;
   } catch (const accel::InvalidArgumentError& e) {

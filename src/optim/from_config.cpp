@@ -138,7 +138,7 @@ class Params {
   T auto_or_fail(const std::string& name, const std::optional<T>& value) const {
     if (!value)
       fail(fmt::format("{} is 'auto', which has no value here: 'auto' stands for the program's value of {}", key(name),
-                       b_.name == "optimizer" ? "lr, betas, eps and weight_decay"
+                       b_.name == "optimizer" ? "lr, betas, eps, weight_decay and momentum"
                                               : "warmup_min_lr, warmup_max_lr, warmup_num_steps and total_num_steps"));
     return *value;
   }
@@ -177,8 +177,38 @@ Options adam_options(Params& p, const OptimizerDefaults& d, double default_weigh
   return o;
 }
 
-std::shared_ptr<torch::optim::Optimizer> build_optimizer(const ConfigBlock& block,
-                                                         const std::vector<at::Tensor>& params,
+// The optimizer over the groups: a group's own lr or weight_decay on a copy of the options.
+template <class Opt, class Options>
+std::shared_ptr<torch::optim::Optimizer> with_groups(const std::vector<ParamGroup>& groups, const Options& options) {
+  std::vector<torch::optim::OptimizerParamGroup> gs;
+  for (const auto& g : groups) {
+    if (!g.lr && !g.weight_decay) {
+      gs.emplace_back(g.params);
+      continue;
+    }
+    auto o = std::make_unique<Options>(options);
+    if (g.lr) o->lr(*g.lr);
+    if (g.weight_decay) o->weight_decay(*g.weight_decay);
+    gs.emplace_back(g.params, std::move(o));
+  }
+  return std::make_shared<Opt>(std::move(gs), options);
+}
+
+// Keys torch.optim or DeepSpeed accept that choose an implementation, not the arithmetic: accepted
+// with any value, except `maximize` (torch's sign flip), which libtorch does not have.
+const std::vector<std::string> kImplementationKeys = {"foreach", "fused", "capturable", "differentiable", "maximize"};
+void read_implementation_keys(Params& p) {
+  for (const auto& k : kImplementationKeys) {
+    const auto b = p.boolean(k);
+    if (k == "maximize" && b && *b) fail(fmt::format("{} is true: libtorch's optimizers only minimize", p.key(k)));
+  }
+}
+std::vector<std::string> with_implementation_keys(std::vector<std::string> keys) {
+  keys.insert(keys.end(), kImplementationKeys.begin(), kImplementationKeys.end());
+  return keys;
+}
+
+std::shared_ptr<torch::optim::Optimizer> build_optimizer(const ConfigBlock& block, const std::vector<ParamGroup>& groups,
                                                          const OptimizerDefaults& d) {
   const std::string type = canonical_optimizer(block.type, block.name + ".type");
   for (const auto& [k, v] : block.params)
@@ -187,50 +217,61 @@ std::shared_ptr<torch::optim::Optimizer> build_optimizer(const ConfigBlock& bloc
                        "top-level gradient_clipping",
                        block.name));
   Params p(block);
-  std::shared_ptr<torch::optim::Optimizer> out;
+  read_implementation_keys(p);
   if (type == "Adam" || type == "AdamW") {
     // DeepSpeed: AdamW for "AdamW" whatever adam_w_mode says, and for "Adam" unless it says false.
     const bool adam_w_mode = p.boolean("adam_w_mode").value_or(true);
     const bool torch_adam = p.boolean("torch_adam").value_or(false);
     if (!p.boolean("bias_correction").value_or(true))
       fail(fmt::format("{} is false: torch's Adam and AdamW always correct the bias", p.key("bias_correction")));
+    if (!p.boolean("fp32_optimizer_states").value_or(true))
+      fail(fmt::format("{} is false: accel keeps the optimizer state in fp32", p.key("fp32_optimizer_states")));
+    (void)p.boolean("set_grad_none");  // (FusedAdam's zero_grad(set_to_none): zero_grad's argument here)
+    const std::vector<std::string> keys = with_implementation_keys({"lr", "betas", "eps", "weight_decay", "amsgrad",
+                                                                    "adam_w_mode", "torch_adam", "bias_correction",
+                                                                    "fp32_optimizer_states", "set_grad_none"});
+    // (torch.optim.AdamW's weight decay is 0.01 by default; DeepSpeed's FusedAdam's is 0.)
     if (type == "AdamW" || adam_w_mode) {
-      // (torch.optim.AdamW's weight decay is 0.01 by default; DeepSpeed's FusedAdam's is 0.)
-      out = std::make_shared<torch::optim::AdamW>(
-          params, adam_options<torch::optim::AdamWOptions>(p, d, torch_adam ? 1e-2 : 0.0));
-    } else {
-      out = std::make_shared<torch::optim::Adam>(params, adam_options<torch::optim::AdamOptions>(p, d, 0.0));
+      const auto o = adam_options<torch::optim::AdamWOptions>(p, d, torch_adam ? 1e-2 : 0.0);
+      p.finish(keys);
+      return with_groups<torch::optim::AdamW>(groups, o);
     }
-    p.finish({"lr", "betas", "eps", "weight_decay", "amsgrad", "adam_w_mode", "torch_adam", "bias_correction"});
-  } else if (type == "SGD") {
+    const auto o = adam_options<torch::optim::AdamOptions>(p, d, 0.0);
+    p.finish(keys);
+    return with_groups<torch::optim::Adam>(groups, o);
+  }
+  if (type == "SGD") {
     torch::optim::SGDOptions o(p.number("lr", 0, d.lr).value_or(1e-3));
-    o.momentum(p.number("momentum", 0).value_or(0.0));
+    o.momentum(p.number("momentum", 0, d.momentum).value_or(0.0));
     o.dampening(p.number("dampening", 0).value_or(0.0));
     o.weight_decay(p.number("weight_decay", 0, d.weight_decay).value_or(0.0));
     o.nesterov(p.boolean("nesterov").value_or(false));
     if (o.nesterov() && (o.momentum() <= 0 || o.dampening() != 0))
       fail(fmt::format("{}: nesterov needs a momentum > 0 and dampening 0", block.name + ".params"));
-    p.finish({"lr", "momentum", "dampening", "weight_decay", "nesterov"});
-    out = std::make_shared<torch::optim::SGD>(params, o);
-  } else if (type == "Adagrad") {
+    p.finish(with_implementation_keys({"lr", "momentum", "dampening", "weight_decay", "nesterov"}));
+    return with_groups<torch::optim::SGD>(groups, o);
+  }
+  if (type == "Adagrad") {
     torch::optim::AdagradOptions o(p.number("lr", 0, d.lr).value_or(1e-2));
     o.lr_decay(p.number("lr_decay", 0).value_or(0.0));
     o.weight_decay(p.number("weight_decay", 0, d.weight_decay).value_or(0.0));
     o.initial_accumulator_value(p.number("initial_accumulator_value", 0).value_or(0.0));
     o.eps(p.number("eps", 0, d.eps).value_or(1e-10));
-    p.finish({"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps"});
-    out = std::make_shared<torch::optim::Adagrad>(params, o);
-  } else {  // RMSprop
-    torch::optim::RMSpropOptions o(p.number("lr", 0, d.lr).value_or(1e-2));
-    o.alpha(p.number("alpha", 0).value_or(0.99));
-    o.eps(p.number("eps", 0, d.eps).value_or(1e-8));
-    o.weight_decay(p.number("weight_decay", 0, d.weight_decay).value_or(0.0));
-    o.momentum(p.number("momentum", 0).value_or(0.0));
-    o.centered(p.boolean("centered").value_or(false));
-    p.finish({"lr", "alpha", "eps", "weight_decay", "momentum", "centered"});
-    out = std::make_shared<torch::optim::RMSprop>(params, o);
+    (void)p.boolean("adam_w_mode");  // (DeepSpeed drops Adam's two switches for Adagrad)
+    (void)p.boolean("torch_adam");
+    p.finish(with_implementation_keys(
+        {"lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps", "adam_w_mode", "torch_adam"}));
+    return with_groups<torch::optim::Adagrad>(groups, o);
   }
-  return out;
+  // RMSprop
+  torch::optim::RMSpropOptions o(p.number("lr", 0, d.lr).value_or(1e-2));
+  o.alpha(p.number("alpha", 0).value_or(0.99));
+  o.eps(p.number("eps", 0, d.eps).value_or(1e-8));
+  o.weight_decay(p.number("weight_decay", 0, d.weight_decay).value_or(0.0));
+  o.momentum(p.number("momentum", 0, d.momentum).value_or(0.0));
+  o.centered(p.boolean("centered").value_or(false));
+  p.finish(with_implementation_keys({"lr", "alpha", "eps", "weight_decay", "momentum", "centered"}));
+  return with_groups<torch::optim::RMSprop>(groups, o);
 }
 
 // The program's defaults as a block: the same construction, with every value from them.
@@ -267,8 +308,8 @@ const std::vector<std::string> kSchedules = {"WarmupLR", "WarmupDecayLR", "Warmu
 std::string canonical_schedule(const std::string& type, const std::string& where) {
   for (const auto& n : kSchedules)
     if (lower(type) == lower(n)) return n;
-  fail(fmt::format("{}: unknown scheduler type '{}'; expected one of {} (DeepSpeed's schedules; torch.optim's are not "
-                   "in libtorch)",
+  fail(fmt::format("{}: unknown scheduler type '{}'; expected one of {} (DeepSpeed's schedules; for another, build it "
+                   "in the program and pass it to prepare_scheduler())",
                    where, type, join(kSchedules)));
 }
 
@@ -280,15 +321,27 @@ WarmupType warmup_type(Params& p) {
   fail(fmt::format("{} is '{}', expected log or linear", p.key("warmup_type"), *t));
 }
 
-// checking: only the block is looked at (no warnings; "auto" total_num_steps is taken as known).
+// A schedule's constructor, its errors named as the block's ("scheduler.params.warmup_min_lr: ...").
+template <class S, class... Args>
+std::shared_ptr<torch::optim::LRScheduler> construct(const ConfigBlock& block, Args&&... args) {
+  try {
+    return std::make_shared<S>(std::forward<Args>(args)...);
+  } catch (const accel::InvalidArgumentError& e) {
+    fail(fmt::format("{}.params.{}", block.name, e.what()));
+  }
+}
+
+// checking: only the block is looked at ("auto" total_num_steps is taken as known); warn: say what
+// DeepSpeed warns about (a schedule shorter than its warmup, OneCycle's momentum off).
 std::shared_ptr<torch::optim::LRScheduler> build_schedule(const ConfigBlock& block, torch::optim::Optimizer& opt,
-                                                          const SchedulerDefaults& d, bool checking) {
+                                                          const SchedulerDefaults& d, bool checking, bool warn) {
   const std::string type = canonical_schedule(block.type, block.name + ".type");
   Params p(block);
+  if (opt.param_groups().empty()) fail(fmt::format("{}: the optimizer has no param groups", block.name));
   if (auto it = p.integer("last_batch_iteration", -1); it && *it != -1)
     fail(fmt::format("{} is {}: accel starts a schedule at -1 and resumes it from its checkpoints",
                      p.key("last_batch_iteration"), *it));
-  const double optimizer_lr = opt.param_groups().at(0).options().get_lr();
+  const double optimizer_lr = opt.param_groups()[0].options().get_lr();
   std::optional<std::int64_t> auto_total;
   if (checking)
     auto_total = 1;
@@ -304,7 +357,7 @@ std::shared_ptr<torch::optim::LRScheduler> build_schedule(const ConfigBlock& blo
     return *t;
   };
   auto warn_short = [&](std::int64_t total_steps, std::int64_t warmup) {
-    if (!checking && total_steps < warmup)
+    if (warn && !checking && total_steps < warmup)
       log::warning(fmt::format("{}: total_num_steps {} is less than warmup_num_steps {}", type, total_steps, warmup));
   };
 
@@ -316,13 +369,13 @@ std::shared_ptr<torch::optim::LRScheduler> build_schedule(const ConfigBlock& blo
     o.warmup_type = warmup_type(p);
     if (type == "WarmupLR") {
       p.finish({"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"});
-      return std::make_shared<WarmupLR>(opt, o);
+      return construct<WarmupLR>(block, opt, o);
     }
     const std::int64_t t = total();
     p.finish({"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
               "last_batch_iteration"});
     warn_short(t, o.warmup_num_steps);
-    return std::make_shared<WarmupDecayLR>(opt, t, o);
+    return construct<WarmupDecayLR>(block, opt, t, o);
   }
   if (type == "WarmupCosineLR") {
     WarmupCosineOptions o;
@@ -334,7 +387,7 @@ std::shared_ptr<torch::optim::LRScheduler> build_schedule(const ConfigBlock& blo
     p.finish({"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type",
               "last_batch_iteration"});
     warn_short(t, o.warmup_num_steps);
-    return std::make_shared<WarmupCosineLR>(opt, t, o);
+    return construct<WarmupCosineLR>(block, opt, t, o);
   }
   if (type == "LRRangeTest") {
     LRRangeTestOptions o;
@@ -344,7 +397,7 @@ std::shared_ptr<torch::optim::LRScheduler> build_schedule(const ConfigBlock& blo
     o.lr_range_test_staircase = p.boolean("lr_range_test_staircase").value_or(false);
     p.finish({"lr_range_test_min_lr", "lr_range_test_step_size", "lr_range_test_step_rate", "lr_range_test_staircase",
               "last_batch_iteration"});
-    return std::make_shared<LRRangeTest>(opt, o);
+    return construct<LRRangeTest>(block, opt, o);
   }
   // OneCycle
   OneCycleOptions o;
@@ -355,8 +408,9 @@ std::shared_ptr<torch::optim::LRScheduler> build_schedule(const ConfigBlock& blo
   o.decay_lr_rate = p.number("decay_lr_rate", 0).value_or(0.0);
   o.cycle_first_step_size = p.integer("cycle_first_step_size", 1).value_or(2000);
   o.cycle_second_step_size = p.integer("cycle_second_step_size", 1).value_or(-1);
-  o.cycle_first_stair_count = p.integer("cycle_first_stair_count", 0).value_or(0);
-  o.cycle_second_stair_count = p.integer("cycle_second_stair_count", 0).value_or(-1);
+  // (A stair count of -1, DeepSpeed's command-line default, is no stairs; an absent second count is the first's.)
+  o.cycle_first_stair_count = std::max<std::int64_t>(0, p.integer("cycle_first_stair_count", -1).value_or(0));
+  if (const auto second = p.integer("cycle_second_stair_count", -1)) o.cycle_second_stair_count = std::max<std::int64_t>(0, *second);
   o.decay_step_size = p.integer("decay_step_size", 0).value_or(0);
   o.cycle_momentum = p.boolean("cycle_momentum").value_or(true);
   o.cycle_min_mom = p.number("cycle_min_mom", 0).value_or(0.8);
@@ -365,7 +419,11 @@ std::shared_ptr<torch::optim::LRScheduler> build_schedule(const ConfigBlock& blo
   p.finish({"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
             "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum",
             "cycle_min_mom", "cycle_max_mom", "decay_mom_rate", "last_batch_iteration"});
-  return std::make_shared<OneCycle>(opt, o);
+  auto s = construct<OneCycle>(block, opt, o);
+  if (warn && !checking && o.cycle_momentum && !static_cast<const OneCycle&>(*s).cycles_momentum())
+    log::warning("OneCycle: cycle_momentum is off: the optimizer has no betas (DeepSpeed cycles Adam's and AdamW's "
+                 "beta1 only)");
+  return s;
 }
 
 ConfigBlock schedule_defaults_block(const SchedulerDefaults& d) {
@@ -398,25 +456,44 @@ auto torch_checked(const std::string& where, F&& f) -> decltype(f()) {
 }  // namespace
 
 void check_optimizer_block(const ConfigBlock& block) {
-  torch_checked(block.name, [&] { return build_optimizer(block, {at::zeros({1})}, OptimizerDefaults{}); });
+  torch_checked(block.name, [&] { return build_optimizer(block, {ParamGroup{{at::zeros({1})}}}, OptimizerDefaults{}); });
 }
 
 void check_scheduler_block(const ConfigBlock& block) {
-  torch::optim::AdamW probe(std::vector<at::Tensor>{at::zeros({1})});
-  torch_checked(block.name, [&] { return build_schedule(block, probe, SchedulerDefaults{}, /*checking=*/true); });
+  // A probe optimizer with as many groups as the longest list asks for: the count is checked against
+  // the program's optimizer when the schedule is built.
+  std::size_t groups = 1;
+  for (const auto& [k, v] : block.params)
+    if (v.kind == ConfigValue::Kind::Numbers) groups = std::max(groups, v.numbers.size());
+  std::vector<torch::optim::OptimizerParamGroup> gs;
+  for (std::size_t g = 0; g < groups; ++g) gs.emplace_back(std::vector<at::Tensor>{at::zeros({1})});
+  torch::optim::AdamW probe(std::move(gs));
+  torch_checked(block.name, [&] { return build_schedule(block, probe, SchedulerDefaults{}, true, false); });
+}
+
+std::shared_ptr<torch::optim::Optimizer> make_optimizer(const ConfigBlock* block, const std::vector<ParamGroup>& groups,
+                                                        const OptimizerDefaults& defaults) {
+  const ConfigBlock b = block ? *block : defaults_block(defaults);
+  return torch_checked(b.name, [&] { return build_optimizer(b, groups, defaults); });
 }
 
 std::shared_ptr<torch::optim::Optimizer> make_optimizer(const ConfigBlock* block, const std::vector<at::Tensor>& params,
                                                         const OptimizerDefaults& defaults) {
-  const ConfigBlock b = block ? *block : defaults_block(defaults);
-  return torch_checked(b.name, [&] { return build_optimizer(b, params, defaults); });
+  return make_optimizer(block, std::vector<ParamGroup>{ParamGroup{params}}, defaults);
 }
 
 std::shared_ptr<torch::optim::LRScheduler> make_scheduler(const ConfigBlock* block, torch::optim::Optimizer& optimizer,
-                                                          const SchedulerDefaults& defaults) {
+                                                          const SchedulerDefaults& defaults, bool warn) {
   if (!block && defaults.type.empty()) return std::make_shared<ConstantLR>(optimizer);
+  if (!block) {
+    const std::string t = lower(defaults.type);
+    if (t != "warmuplr" && t != "warmupdecaylr" && t != "warmupcosinelr")
+      fail(fmt::format("SchedulerDefaults::type '{}': without a scheduler block the program's schedule is one of "
+                       "WarmupLR, WarmupDecayLR, WarmupCosineLR (or \"\": a constant learning rate)",
+                       defaults.type));
+  }
   const ConfigBlock b = block ? *block : schedule_defaults_block(defaults);
-  return torch_checked(b.name, [&] { return build_schedule(b, optimizer, defaults, false); });
+  return torch_checked(b.name, [&] { return build_schedule(b, optimizer, defaults, false, warn); });
 }
 
 std::string describe(const torch::optim::Optimizer& opt) {

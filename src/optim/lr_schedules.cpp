@@ -2,7 +2,6 @@
 #include "optim/lr_schedules.h"
 
 #include "base/error.h"
-#include "base/log.h"
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -43,17 +42,18 @@ std::vector<double> IterationSchedule::per_group(const std::vector<double>& valu
   return values;
 }
 
-WarmupType warmup_type_from_string(const std::string& s) {
-  if (s == "log") return WarmupType::Log;
-  if (s == "linear") return WarmupType::Linear;
-  throw accel::InvalidArgumentError(fmt::format("warmup_type '{}': expected log or linear", s));
-}
-
 // ---------------------------------------------------------------------------------------------------
 // WarmupLR, WarmupDecayLR
 
+namespace {
+double first_lr(const torch::optim::Optimizer& optimizer) {
+  require(!optimizer.param_groups().empty(), "the optimizer has no param groups");
+  return optimizer.param_groups()[0].options().get_lr();
+}
+}  // namespace
+
 WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, const WarmupOptions& options)
-    : WarmupLR(optimizer, options, optimizer.param_groups().at(0).options().get_lr()) {}
+    : WarmupLR(optimizer, options, first_lr(optimizer)) {}
 
 WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, const WarmupOptions& o, double default_max_lr)
     : IterationSchedule(optimizer),
@@ -75,7 +75,8 @@ double WarmupLR::warmup_gamma(std::int64_t i) const {
 double WarmupLR::gamma(std::int64_t i) const { return i < warmup_steps_ ? warmup_gamma(i) : 1.0; }
 
 std::vector<double> WarmupLR::lr_at(std::int64_t i) const {
-  if (i < 0) return min_;
+  if (i < 0 && warmup_steps_ > 0) return min_;  // (no warmup: the first step runs at iteration 0's value)
+  if (i < 0) return lr_at(0);
   const double g = gamma(i);
   std::vector<double> lrs(min_.size());
   for (std::size_t k = 0; k < lrs.size(); ++k) lrs[k] = min_[k] + (max_[k] - min_[k]) * g;
@@ -110,7 +111,7 @@ WarmupCosineLR::WarmupCosineLR(torch::optim::Optimizer& optimizer, std::int64_t 
 }
 
 double WarmupCosineLR::ratio(std::int64_t i) const {
-  if (i < 0) return 0.0;
+  if (i < 0) return warmup_steps_ > 0 ? 0.0 : 1.0;  // (no warmup: the first step runs at the cosine's start)
   if (i < warmup_steps_) {
     const double g = o_.warmup_type == WarmupType::Log
                          ? std::log(static_cast<double>(i + 1)) / std::log(static_cast<double>(warmup_steps_))
@@ -172,12 +173,7 @@ OneCycle::OneCycle(torch::optim::Optimizer& optimizer, const OneCycleOptions& o)
   require(second_ >= 1, fmt::format("cycle_second_step_size {}: expected >= 1", second_));
   require(o.cycle_first_stair_count >= 0 && second_stairs_ >= 0, "cycle stair counts: expected >= 0");
   require(o.decay_step_size >= 0, fmt::format("decay_step_size {}: expected >= 0", o.decay_step_size));
-  if (momentum_ && !has_betas(optimizer)) {
-    log::warning(
-        "OneCycle: cycle_momentum is off: the optimizer has no betas (DeepSpeed cycles Adam's and AdamW's beta1 "
-        "only)");
-    momentum_ = false;
-  }
+  if (momentum_ && !has_betas(optimizer)) momentum_ = false;
   apply(lr_at(-1));
   if (momentum_) set_momentum(o_.cycle_min_mom);  // (DeepSpeed starts the momentum at its minimum)
 }

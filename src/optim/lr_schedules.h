@@ -9,11 +9,13 @@
 // lr_at(i) gives the value for each param group without touching the optimizer.
 //
 // Defaults are DeepSpeed's constructors' (deepspeed/runtime/lr_schedules.py), its quirks included:
-//   * WarmupLR's and WarmupDecayLR's warmup lasts max(2, warmup_num_steps) steps (0: no warmup, an
-//     accel extension for a program's fallback), and "log" warmup is ln(i + 1) / ln(steps);
+//   * the warmup lasts max(2, warmup_num_steps) steps, and "log" warmup is ln(i + 1) / ln(steps);
+//     warmup_num_steps 0 (accel's, for "auto" from a program without warmup; DeepSpeed refuses 0)
+//     means none: the first step already runs at the peak (the cosine's start);
 //   * WarmupLR's warmup_max_lr defaults to the first group's learning rate, WarmupDecayLR's to 0.001;
 //   * OneCycle with cycle_momentum sets Adam's betas to (momentum, 0.99) (beta2 too), and turns the
-//     momentum cycle off, with a warning, for an optimizer without betas (SGD, RMSprop, Adagrad).
+//     momentum cycle off for an optimizer without betas (SGD, RMSprop, Adagrad; cycles_momentum()).
+// total_num_steps below the warmup is allowed (make_scheduler warns, as DeepSpeed does).
 #pragma once
 
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -45,7 +47,6 @@ class IterationSchedule : public torch::optim::LRScheduler {
 };
 
 enum class WarmupType { Log, Linear };
-WarmupType warmup_type_from_string(const std::string& s);  // "log" | "linear", else InvalidArgumentError
 
 struct WarmupOptions {
   std::vector<double> warmup_min_lr{0.0};  // one value, or one per group
@@ -87,7 +88,8 @@ struct WarmupCosineOptions {
 };
 
 // lr = the group's lr at construction * ratio(i): warmup from warmup_min_ratio to 1, then a half
-// cosine down to cos_min_ratio at total_num_steps (and there after). 0 before the first step().
+// cosine down to cos_min_ratio at total_num_steps (and there after). 0 before the first step()
+// (1 without warmup).
 class WarmupCosineLR : public IterationSchedule {
  public:
   WarmupCosineLR(torch::optim::Optimizer& optimizer, std::int64_t total_num_steps, const WarmupCosineOptions& options);

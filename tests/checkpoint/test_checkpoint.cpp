@@ -5,6 +5,7 @@
 #include "test_world.h"
 
 #include "accelerator/accelerator.h"
+#include "accelerator/lr_schedule.h"
 #include "base/files.h"
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/sharded_state.h"
@@ -647,6 +648,74 @@ TEST(Checkpoint, LoadersResumeWhereTheyStopped) {
     DataLoader<SampleIds> loader(SampleIds(8 * W), opts);
     acc.prepare_data_loader(loader);
     EXPECT_EQ(one_pass(acc, loader), std::vector(epoch1.begin() + 2, epoch1.end())) << "auto_resume, loader after";
+  }
+}
+
+// A schedule prepared after an automatic resume (prepare(model, optimizer) loads the checkpoint; the
+// schedule comes after) takes the program's learning rate as its base and steps on from the saved
+// count: the learning rates, and OneCycle's betas, are those of a run never stopped. Before, the
+// saved (already scheduled) learning rate became the base and scaled the rest of the schedule again.
+TEST(Checkpoint, SchedulesPreparedAfterAResumeFollowTheUninterruptedRun) {
+  const std::string dir = scratch("schedule_resume");
+  struct Case {
+    std::string name, config;  // config: a DeepSpeed JSON ("" for none: the program's own schedule)
+  };
+  const std::vector<Case> cases = {
+      {"cosine_block", R"({"zero_optimization": {"stage": 1}, "train_batch_size": 12,
+        "optimizer": {"type": "Adam", "params": {"lr": "auto"}},
+        "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": "auto", "warmup_num_steps": 3,
+                                                           "warmup_type": "linear", "cos_min_ratio": 0.1}}})"},
+      {"onecycle_block", R"({"zero_optimization": {"stage": 2}, "train_batch_size": 12,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.02}},
+        "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01,
+                                                     "cycle_first_step_size": 3, "cycle_second_step_size": 4}}})"},
+      {"program_cosine", ""},
+  };
+  const int total = 10, stop = 4;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string project = dir + "/" + c.name;
+    const std::string config = c.config.empty() ? "" : write_config(dir, c.name, c.config);
+    // Trains from the checkpoint in project (auto_resume) or from the start, to step `to`; returns the
+    // learning rate and beta1 each step ran at.
+    auto run = [&](bool resume, int to, bool save) {
+      AcceleratorOptions o = with_config(config, project);
+      o.auto_resume = resume;
+      Accelerator acc(o);
+      auto net = make_net();
+      std::shared_ptr<AcceleratedOptimizer> opt;
+      std::shared_ptr<AcceleratedScheduler> sched;
+      std::shared_ptr<torch::optim::Optimizer> inner;
+      if (c.config.empty()) {
+        inner = std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(0.01));
+        opt = acc.prepare(net, *inner);
+        sched = acc.prepare_scheduler(std::make_shared<CosineSchedule>(opt->inner(), total, 3, 0.1));
+      } else {
+        inner = acc.create_optimizer(net->parameters(), {.lr = 0.01});
+        opt = acc.prepare(net, *inner);
+        sched = acc.create_scheduler({.total_num_steps = total});
+      }
+      std::vector<std::pair<double, double>> seen;
+      for (int s = static_cast<int>(acc.step()); s < to; ++s) {
+        const auto& g = opt->param_groups()[0].options();
+        const auto* w = dynamic_cast<const torch::optim::AdamWOptions*>(&g);
+        seen.emplace_back(g.get_lr(), w ? std::get<0>(w->betas()) : -1.0);
+        train(acc, *net, *opt, s, s + 1);
+        sched->step();
+      }
+      if (save) acc.save_state();
+      return seen;
+    };
+    const auto whole = run(false, total, false);
+    ASSERT_EQ(whole.size(), static_cast<std::size_t>(total));
+    run(false, stop, true);
+    const auto rest = run(true, total, false);
+    ASSERT_EQ(rest.size(), static_cast<std::size_t>(total - stop));
+    for (int k = 0; k < total - stop; ++k) {
+      EXPECT_DOUBLE_EQ(rest[k].first, whole[stop + k].first) << "lr of step " << stop + k + 1;
+      EXPECT_DOUBLE_EQ(rest[k].second, whole[stop + k].second) << "beta1 of step " << stop + k + 1;
+    }
+    EXPECT_NE(whole[stop].first, whole[stop + 1].first);  // (the schedule moves there)
   }
 }
 

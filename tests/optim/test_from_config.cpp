@@ -112,10 +112,30 @@ TEST(OptimizerFromConfig, AutoTakesTheProgramsValues) {
   EXPECT_TRUE(o.amsgrad());
   EXPECT_EQ(describe(*opt), "AdamW (lr 0.0003, betas [0.9, 0.95], eps 1e-06, weight_decay 0.1, amsgrad)");
   EXPECT_HAS(error_of([] {
-               const ConfigBlock x = block("optimizer", "SGD", {{"momentum", text("auto")}});
+               const ConfigBlock x = block("optimizer", "SGD", {{"dampening", text("auto")}});
                make_optimizer(&x, params(), {});
              }),
-             "optimizer.params.momentum is 'auto', which has no value here");
+             "optimizer.params.dampening is 'auto', which has no value here");
+  const ConfigBlock sgd = block("optimizer", "SGD", {{"momentum", text("auto")}});
+  EXPECT_DOUBLE_EQ(
+      static_cast<const torch::optim::SGDOptions&>(make_optimizer(&sgd, params(), {.momentum = 0.8})->defaults())
+          .momentum(),
+      0.8);
+}
+
+TEST(OptimizerFromConfig, GroupsKeepTheirOwnLearningRateAndWeightDecay) {
+  const ConfigBlock b = block("optimizer", "AdamW", {{"lr", num(0.01)}, {"weight_decay", num(0.1)}});
+  auto opt = make_optimizer(&b, std::vector<ParamGroup>{{params()}, {params(), std::nullopt, 0.0}, {params(), 0.5}},
+                            {});
+  ASSERT_EQ(opt->param_groups().size(), 3u);
+  auto wd = [&](std::size_t g) {
+    return static_cast<const torch::optim::AdamWOptions&>(opt->param_groups()[g].options()).weight_decay();
+  };
+  EXPECT_DOUBLE_EQ(wd(0), 0.1);
+  EXPECT_DOUBLE_EQ(wd(1), 0.0);  // a group without weight decay
+  EXPECT_DOUBLE_EQ(wd(2), 0.1);
+  EXPECT_DOUBLE_EQ(opt->param_groups()[1].options().get_lr(), 0.01);
+  EXPECT_DOUBLE_EQ(opt->param_groups()[2].options().get_lr(), 0.5);
 }
 
 TEST(OptimizerFromConfig, TorchOptimizersTakeTheirParameters) {
@@ -173,6 +193,12 @@ TEST(OptimizerFromConfig, BlocksItCannotBuildAreRefusedWithTheKey) {
   EXPECT_HAS(check(block("optimizer", "AdamW", {{"max_grad_norm", num(1)}})), "use the top-level gradient_clipping");
   EXPECT_HAS(check(block("optimizer", "AdamW", {{"lr", num(0.1)}, {"lr", num(0.2)}})), "'lr' is given twice");
   EXPECT_EQ(check(block("optimizer", "AdamW", {{"lr", text("auto")}, {"torch_adam", flag(false)}})), "(no error)");
+  // torch's and DeepSpeed's implementation switches are accepted; maximize, which changes the sign, is not.
+  EXPECT_EQ(check(block("optimizer", "AdamW", {{"foreach", flag(true)}, {"fused", flag(false)}, {"set_grad_none", flag(true)}})),
+            "(no error)");
+  EXPECT_EQ(check(block("optimizer", "Adagrad", {{"adam_w_mode", flag(true)}})), "(no error)");
+  EXPECT_HAS(check(block("optimizer", "SGD", {{"maximize", flag(true)}})), "only minimize");
+  EXPECT_HAS(check(block("optimizer", "Adam", {{"fp32_optimizer_states", flag(false)}})), "in fp32");
 }
 
 double current_lr(const torch::optim::Optimizer& o) { return o.param_groups()[0].options().get_lr(); }
@@ -208,15 +234,36 @@ TEST(SchedulerFromConfig, WithoutABlockTheLearningRateStaysOrTheProgramsTypeRuns
   EXPECT_DOUBLE_EQ(current_lr(opt), 0.3);
   // The program's WarmupDecayLR without warmup: from the optimizer's 0.3 down to 0 at step 10.
   auto d = make_scheduler(nullptr, opt, {.type = "WarmupDecayLR", .total_num_steps = 10});
+  EXPECT_DOUBLE_EQ(current_lr(opt), 0.3);  // no warmup: the first step already runs at the peak
   d->step();
   EXPECT_DOUBLE_EQ(current_lr(opt), 0.3);  // i = 0
   for (int k = 0; k < 5; ++k) d->step();
   EXPECT_DOUBLE_EQ(current_lr(opt), 0.3 * 5 / 10);  // i = 5
+  EXPECT_HAS(error_of([&] { make_scheduler(nullptr, opt, {.type = "OneCycle"}); }),
+             "SchedulerDefaults::type 'OneCycle': without a scheduler block");
+}
+
+TEST(SchedulerFromConfig, ValuesPerGroupAreCheckedAgainstTheProgramsOptimizer) {
+  const ConfigBlock b = block("scheduler", "WarmupLR", {{"warmup_min_lr", nums({0.0, 0.01})}});
+  EXPECT_EQ(error_of([&] { check_scheduler_block(b); }), "(no error)");  // (the file does not know the groups)
+  torch::optim::SGD one(params(), torch::optim::SGDOptions(0.3));
+  EXPECT_HAS(error_of([&] { make_scheduler(&b, one, {}); }),
+             "scheduler.params.warmup_min_lr: 2 values for 1 param groups");
+  std::vector<torch::optim::OptimizerParamGroup> gs;
+  gs.emplace_back(params());
+  gs.emplace_back(params());
+  torch::optim::SGD two(std::move(gs), torch::optim::SGDOptions(0.3));
+  make_scheduler(&b, two, {});
+  EXPECT_DOUBLE_EQ(two.param_groups()[1].options().get_lr(), 0.01);
 }
 
 TEST(SchedulerFromConfig, BlocksItCannotBuildAreRefusedWithTheKey) {
   auto check = [](ConfigBlock b) { return error_of([&] { check_scheduler_block(b); }); };
   EXPECT_HAS(check(block("scheduler", "StepLR")), "unknown scheduler type 'StepLR'; expected one of WarmupLR");
+  // A stair count of -1 (DeepSpeed's command-line default) is no stairs.
+  EXPECT_EQ(check(block("scheduler", "OneCycle",
+                        {{"cycle_min_lr", num(0.1)}, {"cycle_max_lr", num(1)}, {"cycle_first_stair_count", num(-1)}})),
+            "(no error)");
   EXPECT_HAS(check(block("scheduler", "WarmupLR", {{"warmup_type", text("cosine")}})),
              "scheduler.params.warmup_type is 'cosine', expected log or linear");
   EXPECT_HAS(check(block("scheduler", "WarmupLR", {{"warmup_num_steps", num(0)}})),

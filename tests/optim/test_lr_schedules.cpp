@@ -59,6 +59,7 @@ TEST(LrSchedules, WarmupLRLinearAndTheOptimizersLearningRateAsItsMaximum) {
   EXPECT_DOUBLE_EQ(after(s1, one, 2), 0.1);  // i = 1: 1/2
   torch::optim::SGD none(one_param(), torch::optim::SGDOptions(0.2));
   WarmupLR s0(none, {.warmup_num_steps = 0});
+  EXPECT_DOUBLE_EQ(lr_of(none), 0.2);  // no warmup: the first step runs at the peak
   EXPECT_DOUBLE_EQ(after(s0, none, 1), 0.2);
 }
 
@@ -86,6 +87,11 @@ TEST(LrSchedules, WarmupCosineLRScalesTheGroupsLearningRate) {
   EXPECT_NEAR(after(s, opt, 7), 0.2 * 0.505, 1e-12);
   EXPECT_NEAR(after(s, opt, 8), 0.2 * 0.01, 1e-15);  // i = 19: the end
   EXPECT_NEAR(after(s, opt, 10), 0.2 * 0.01, 1e-15);  // and after it
+  // Without warmup the first step runs at the cosine's start, the second 1 of 20 steps down it.
+  torch::optim::AdamW cold(one_param(), torch::optim::AdamWOptions(0.2));
+  WarmupCosineLR c(cold, 20, {.warmup_num_steps = 0, .cos_min_ratio = 0.0});
+  EXPECT_DOUBLE_EQ(lr_of(cold), 0.2);
+  EXPECT_NEAR(after(c, cold, 1), 0.2 * (1 + std::cos(M_PI / 20)) / 2, 1e-15);
 }
 
 TEST(LrSchedules, LRRangeTestGrowsContinuouslyOrInStairs) {
