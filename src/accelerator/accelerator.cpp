@@ -457,6 +457,13 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(std::shared
 // The step
 
 void Accelerator::backward(const at::Tensor& loss) {
+  if (cfg_.scheduler && !scheduler_ && !scheduler_block_noted_) {  // (the other ways are noted where they pass)
+    scheduler_block_noted_ = true;
+    if (is_main_process())
+      log::warning(fmt::format("{}: the scheduler block ({}) is not used: the program trains without a prepared "
+                               "scheduler; Accelerator::create_scheduler builds the block's",
+                               where(cfg_), cfg_.scheduler->type));
+  }
   at::Tensor l = state_->accumulation_steps > 1 ? loss / static_cast<double>(state_->accumulation_steps) : loss;
   if (scaling_) {
     scaling_->new_backward();

@@ -223,7 +223,7 @@ class Accelerator {
   //   auto opt = acc.prepare(model, *adamw, loader);
   //   auto sched = acc.create_scheduler({.total_num_steps = steps, .warmup_num_steps = steps / 10});
   // A program that passes its own optimizer or scheduler keeps it; a block it leaves unused is
-  // warned about at prepare() / prepare_scheduler().
+  // warned about (at prepare(), at prepare_scheduler(), or at the first backward without a scheduler).
   std::shared_ptr<torch::optim::Optimizer> create_optimizer(const std::vector<at::Tensor>& params,
                                                             const optim::OptimizerDefaults& defaults = {});
   // Param groups with their own lr or weight_decay (a group without weight decay, as Accelerate's
@@ -505,6 +505,7 @@ class Accelerator {
   std::shared_ptr<AcceleratedScheduler> scheduler_;
   std::weak_ptr<torch::optim::Optimizer> created_optimizer_;  // create_optimizer's latest
   bool creating_scheduler_ = false;                             // prepare_scheduler called by create_scheduler
+  bool scheduler_block_noted_ = false;  // the first backward without a scheduler warned of an unused scheduler block
   std::int64_t resumed_scheduler_steps_ = 0;  // a load_state before prepare_scheduler: its steps
   // A loader's saved position: its epoch, the batches of it consumed, and the global batch then.
   struct SavedPosition {

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A DeepSpeed config's optimizer and scheduler blocks reach a program that asks for them
 # (gpt_lm: Accelerator::create_optimizer / create_scheduler), once, from the main process; a program
-# that passes its own optimizer (linear_classifier) keeps it and is told the block went unused.
-# Usage: config_optimizer.sh ACCEL_CLI GPT_LM LINEAR_CLASSIFIER
+# that passes its own optimizer and scheduler (linear_classifier), or prepares no scheduler
+# (image_classifier), keeps what it has and is told, once, which block went unused.
+# Usage: config_optimizer.sh ACCEL_CLI GPT_LM LINEAR_CLASSIFIER IMAGE_CLASSIFIER
 set -u
-ACCEL=$1 GPT=$2 LINEAR=$3
+ACCEL=$1 GPT=$2 LINEAR=$3 IMAGE=$4
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 dir=$(mktemp -d)
@@ -30,5 +31,11 @@ for block in optimizer scheduler; do
   n=$(grep -c "the $block block (.*) is not used: the program" <<<"$out2")
   [ "$n" -eq 1 ] && echo "ok: the unused $block block, once" || fail "$n warnings of the unused $block block (want 1)"
 done
-[ $failures -eq 0 ] && echo "PASSED" || { echo "$out"; echo "$out2"; echo "FAILED ($failures)"; }
+# image_classifier passes its own optimizer and prepares no scheduler: both blocks unused, each said once.
+out3=$("$ACCEL" launch -n 2 "$IMAGE" --config_file "$dir/sgd.json" --steps 2 --batch 8 2>&1) || fail "image_classifier exited $?"
+n=$(grep -c "the optimizer block (SGD) is not used" <<<"$out3")
+[ "$n" -eq 1 ] && echo "ok: image_classifier's unused optimizer block, once" || fail "$n warnings of its unused optimizer block"
+n=$(grep -c "the scheduler block (WarmupDecayLR) is not used: the program trains without a prepared scheduler" <<<"$out3")
+[ "$n" -eq 1 ] && echo "ok: image_classifier's unused scheduler block, once" || fail "$n warnings of its unused scheduler block"
+[ $failures -eq 0 ] && echo "PASSED" || { echo "$out"; echo "$out2"; echo "$out3"; echo "FAILED ($failures)"; }
 [ $failures -eq 0 ]
