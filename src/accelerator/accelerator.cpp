@@ -355,9 +355,10 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
   zero::ShardingSpec spec = cfg_.spec;
   zero::check_optimizer(optimizer);  // (a refused optimizer leaves the model where it was)
   if (cfg_.optimizer && &optimizer != created_optimizer_.lock().get() && is_main_process())
-    log::warning(fmt::format("{}: the optimizer block ({}) is not used: the program passed its own optimizer to "
-                             "prepare(); Accelerator::create_optimizer builds the block's",
-                             where(cfg_), cfg_.optimizer->type));
+    log::warning(
+        fmt::format("{}: the optimizer block ({}) is not used: the program passed its own optimizer to "
+                    "prepare(); Accelerator::create_optimizer builds the block's",
+                    where(cfg_), cfg_.optimizer->type));
   zero::place_model(*model, spec, device_, spec.hybrid() ? world_->node_local()->size() : num_processes());
   {
     // Every rank starts from rank 0's weights (as DDP does), whatever each rank's seed was. The
@@ -444,9 +445,10 @@ void Accelerator::maybe_auto_resume() {
 std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(std::shared_ptr<torch::optim::LRScheduler> s) {
   if (!s) throw accel::InvalidArgumentError("Accelerator::prepare_scheduler: null scheduler");
   if (cfg_.scheduler && !creating_scheduler_ && is_main_process())
-    log::warning(fmt::format("{}: the scheduler block ({}) is not used: the program prepared its own scheduler; "
-                             "Accelerator::create_scheduler builds the block's",
-                             where(cfg_), cfg_.scheduler->type));
+    log::warning(
+        fmt::format("{}: the scheduler block ({}) is not used: the program prepared its own scheduler; "
+                    "Accelerator::create_scheduler builds the block's",
+                    where(cfg_), cfg_.scheduler->type));
   scheduler_ = std::make_shared<AcceleratedScheduler>(std::move(s), state_);
   // (prepare() with a scheduler makes it after the model: a resume there leaves it to catch up here.)
   if (resumed_scheduler_steps_ > 0) scheduler_->fast_forward(resumed_scheduler_steps_);
@@ -460,9 +462,10 @@ void Accelerator::backward(const at::Tensor& loss) {
   if (cfg_.scheduler && !scheduler_ && !scheduler_block_noted_) {  // (the other ways are noted where they pass)
     scheduler_block_noted_ = true;
     if (is_main_process())
-      log::warning(fmt::format("{}: the scheduler block ({}) is not used: the program trains without a prepared "
-                               "scheduler; Accelerator::create_scheduler builds the block's",
-                               where(cfg_), cfg_.scheduler->type));
+      log::warning(
+          fmt::format("{}: the scheduler block ({}) is not used: the program trains without a prepared "
+                      "scheduler; Accelerator::create_scheduler builds the block's",
+                      where(cfg_), cfg_.scheduler->type));
   }
   at::Tensor l = state_->accumulation_steps > 1 ? loss / static_cast<double>(state_->accumulation_steps) : loss;
   if (scaling_) {

@@ -504,7 +504,7 @@ class Accelerator {
   std::shared_ptr<torch::optim::Optimizer> optimizer_;  // the prepared (inner) optimizer
   std::shared_ptr<AcceleratedScheduler> scheduler_;
   std::weak_ptr<torch::optim::Optimizer> created_optimizer_;  // create_optimizer's latest
-  bool creating_scheduler_ = false;                             // prepare_scheduler called by create_scheduler
+  bool creating_scheduler_ = false;                           // prepare_scheduler called by create_scheduler
   bool scheduler_block_noted_ = false;  // the first backward without a scheduler warned of an unused scheduler block
   std::int64_t resumed_scheduler_steps_ = 0;  // a load_state before prepare_scheduler: its steps
   // A loader's saved position: its epoch, the batches of it consumed, and the global batch then.

@@ -37,8 +37,9 @@ std::shared_ptr<torch::optim::Optimizer> Accelerator::create_optimizer(const std
 
 std::shared_ptr<AcceleratedScheduler> Accelerator::create_scheduler(const optim::SchedulerDefaults& defaults) {
   if (!optimizer_)
-    throw accel::LogicError("Accelerator::create_scheduler: prepare the model and optimizer first (the schedule "
-                            "steps the prepared optimizer)");
+    throw accel::LogicError(
+        "Accelerator::create_scheduler: prepare the model and optimizer first (the schedule "
+        "steps the prepared optimizer)");
   std::shared_ptr<torch::optim::LRScheduler> s;
   try {
     s = optim::make_scheduler(cfg_.scheduler ? &*cfg_.scheduler : nullptr, *optimizer_, defaults, is_main_process());

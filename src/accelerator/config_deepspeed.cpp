@@ -310,7 +310,7 @@ optim::ConfigBlock read_optim_block(const json& v, const std::string& file, cons
     if (k != "type" && k != "params") cd::fail_unknown_key(file, name + "." + k, {"type", "params"});
   if (!v.contains("type") || !v["type"].is_string())
     cd::fail(file, fmt::format("{}.type is missing or not a string: name the {} (e.g. \"{}\")", name, name,
-                           name == "optimizer" ? "AdamW" : "WarmupLR"));
+                               name == "optimizer" ? "AdamW" : "WarmupLR"));
   b.type = v["type"].get<std::string>();
   if (v.contains("params") && !v["params"].is_null()) {
     const json& params = v["params"];

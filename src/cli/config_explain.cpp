@@ -225,8 +225,7 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
                             v.kind == optim::ConfigValue::Kind::Auto ? std::string("auto (the program's)") : v.text);
     row(b->name == "optimizer" ? "Optimizer" : "Schedule",
         fmt::format("{}{}, built by Accelerator::create_{} (a program passing its own to prepare keeps it)", b->type,
-                    params.empty() ? "" : " (" + params + ")",
-                    b->name == "optimizer" ? "optimizer" : "scheduler"));
+                    params.empty() ? "" : " (" + params + ")", b->name == "optimizer" ? "optimizer" : "scheduler"));
   }
   row("Activations", s.activation_checkpointing
                          ? "checkpointed per unit: each unit keeps only its inputs and recomputes its forward in "

@@ -20,8 +20,8 @@ struct ConfigValue {
 };
 
 struct ConfigBlock {
-  std::string name;  // "optimizer" | "scheduler": the block's key, for messages
-  std::string type;  // as written ("AdamW", "WarmupLR", ...)
+  std::string name;                                         // "optimizer" | "scheduler": the block's key, for messages
+  std::string type;                                         // as written ("AdamW", "WarmupLR", ...)
   std::vector<std::pair<std::string, ConfigValue>> params;  // in file order
 };
 

@@ -96,8 +96,9 @@ class Params {
     if (v->kind == ConfigValue::Kind::Auto) return auto_or_fail(name, auto_value);
     if (v->kind == ConfigValue::Kind::Number && std::isfinite(v->number) && v->number >= 0)
       return std::vector<double>{v->number};
-    const bool ok = v->kind == ConfigValue::Kind::Numbers && !v->numbers.empty() &&
-                    std::all_of(v->numbers.begin(), v->numbers.end(), [](double d) { return std::isfinite(d) && d >= 0; });
+    const bool ok =
+        v->kind == ConfigValue::Kind::Numbers && !v->numbers.empty() &&
+        std::all_of(v->numbers.begin(), v->numbers.end(), [](double d) { return std::isfinite(d) && d >= 0; });
     if (!ok) fail(fmt::format("{} is '{}', expected a number >= 0 or a list of them", key(name), v->text));
     return v->numbers;
   }
@@ -155,14 +156,14 @@ const std::vector<std::string> kOptimizers = {"Adam", "AdamW", "SGD", "Adagrad",
 std::string canonical_optimizer(const std::string& type, const std::string& where) {
   for (const auto& n : kOptimizers)
     if (lower(type) == lower(n)) return n;
-  static const std::set<std::string> deepspeed_own = {"lamb",   "onebitadam", "zerooneadam", "onebitlamb", "lion",
-                                                      "muon",   "muadam",     "muadamw",     "musgd",      "adafactor",
-                                                      "adamax", "nadam",      "radam",       "asgd",       "sparseadam",
-                                                      "lbfgs",  "rprop",      "adadelta"};
+  static const std::set<std::string> deepspeed_own = {
+      "lamb",      "onebitadam", "zerooneadam", "onebitlamb", "lion", "muon",       "muadam", "muadamw", "musgd",
+      "adafactor", "adamax",     "nadam",       "radam",      "asgd", "sparseadam", "lbfgs",  "rprop",   "adadelta"};
   if (deepspeed_own.count(lower(type)))
-    fail(fmt::format("{}: optimizer type '{}' is not one accel builds; use one of {} (or build the optimizer in the "
-                     "program and pass it to prepare())",
-                     where, type, join(kOptimizers)));
+    fail(
+        fmt::format("{}: optimizer type '{}' is not one accel builds; use one of {} (or build the optimizer in the "
+                    "program and pass it to prepare())",
+                    where, type, join(kOptimizers)));
   fail(fmt::format("{}: unknown optimizer type '{}'; expected one of {}", where, type, join(kOptimizers)));
 }
 
@@ -208,14 +209,16 @@ std::vector<std::string> with_implementation_keys(std::vector<std::string> keys)
   return keys;
 }
 
-std::shared_ptr<torch::optim::Optimizer> build_optimizer(const ConfigBlock& block, const std::vector<ParamGroup>& groups,
+std::shared_ptr<torch::optim::Optimizer> build_optimizer(const ConfigBlock& block,
+                                                         const std::vector<ParamGroup>& groups,
                                                          const OptimizerDefaults& d) {
   const std::string type = canonical_optimizer(block.type, block.name + ".type");
   for (const auto& [k, v] : block.params)
     if (k == "max_grad_norm")
-      fail(fmt::format("{}.params.max_grad_norm is not an optimizer parameter (DeepSpeed refuses it too): use the "
-                       "top-level gradient_clipping",
-                       block.name));
+      fail(
+          fmt::format("{}.params.max_grad_norm is not an optimizer parameter (DeepSpeed refuses it too): use the "
+                      "top-level gradient_clipping",
+                      block.name));
   Params p(block);
   read_implementation_keys(p);
   if (type == "Adam" || type == "AdamW") {
@@ -227,9 +230,9 @@ std::shared_ptr<torch::optim::Optimizer> build_optimizer(const ConfigBlock& bloc
     if (!p.boolean("fp32_optimizer_states").value_or(true))
       fail(fmt::format("{} is false: accel keeps the optimizer state in fp32", p.key("fp32_optimizer_states")));
     (void)p.boolean("set_grad_none");  // (FusedAdam's zero_grad(set_to_none): zero_grad's argument here)
-    const std::vector<std::string> keys = with_implementation_keys({"lr", "betas", "eps", "weight_decay", "amsgrad",
-                                                                    "adam_w_mode", "torch_adam", "bias_correction",
-                                                                    "fp32_optimizer_states", "set_grad_none"});
+    const std::vector<std::string> keys =
+        with_implementation_keys({"lr", "betas", "eps", "weight_decay", "amsgrad", "adam_w_mode", "torch_adam",
+                                  "bias_correction", "fp32_optimizer_states", "set_grad_none"});
     // (torch.optim.AdamW's weight decay is 0.01 by default; DeepSpeed's FusedAdam's is 0.)
     if (type == "AdamW" || adam_w_mode) {
       const auto o = adam_options<torch::optim::AdamWOptions>(p, d, torch_adam ? 1e-2 : 0.0);
@@ -308,9 +311,10 @@ const std::vector<std::string> kSchedules = {"WarmupLR", "WarmupDecayLR", "Warmu
 std::string canonical_schedule(const std::string& type, const std::string& where) {
   for (const auto& n : kSchedules)
     if (lower(type) == lower(n)) return n;
-  fail(fmt::format("{}: unknown scheduler type '{}'; expected one of {} (DeepSpeed's schedules; for another, build it "
-                   "in the program and pass it to prepare_scheduler())",
-                   where, type, join(kSchedules)));
+  fail(
+      fmt::format("{}: unknown scheduler type '{}'; expected one of {} (DeepSpeed's schedules; for another, build it "
+                  "in the program and pass it to prepare_scheduler())",
+                  where, type, join(kSchedules)));
 }
 
 WarmupType warmup_type(Params& p) {
@@ -349,9 +353,10 @@ std::shared_ptr<torch::optim::LRScheduler> build_schedule(const ConfigBlock& blo
     auto_total = d.total_num_steps;
   auto total = [&]() -> std::int64_t {
     if (!auto_total && p.is_auto("total_num_steps"))
-      fail(fmt::format("{} is 'auto': give the program's SchedulerDefaults::total_num_steps (the optimizer steps of "
-                       "the run), or a number here",
-                       p.key("total_num_steps")));
+      fail(
+          fmt::format("{} is 'auto': give the program's SchedulerDefaults::total_num_steps (the optimizer steps of "
+                      "the run), or a number here",
+                      p.key("total_num_steps")));
     const auto t = p.integer("total_num_steps", 1, auto_total);
     if (!t) fail(fmt::format("{}: {} needs total_num_steps (the optimizer steps of the run)", block.name, type));
     return *t;
@@ -410,19 +415,21 @@ std::shared_ptr<torch::optim::LRScheduler> build_schedule(const ConfigBlock& blo
   o.cycle_second_step_size = p.integer("cycle_second_step_size", 1).value_or(-1);
   // (A stair count of -1, DeepSpeed's command-line default, is no stairs; an absent second count is the first's.)
   o.cycle_first_stair_count = std::max<std::int64_t>(0, p.integer("cycle_first_stair_count", -1).value_or(0));
-  if (const auto second = p.integer("cycle_second_stair_count", -1)) o.cycle_second_stair_count = std::max<std::int64_t>(0, *second);
+  if (const auto second = p.integer("cycle_second_stair_count", -1))
+    o.cycle_second_stair_count = std::max<std::int64_t>(0, *second);
   o.decay_step_size = p.integer("decay_step_size", 0).value_or(0);
   o.cycle_momentum = p.boolean("cycle_momentum").value_or(true);
   o.cycle_min_mom = p.number("cycle_min_mom", 0).value_or(0.8);
   o.cycle_max_mom = p.number("cycle_max_mom", 0).value_or(0.9);
   o.decay_mom_rate = p.number("decay_mom_rate", 0).value_or(0.0);
   p.finish({"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
-            "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum",
-            "cycle_min_mom", "cycle_max_mom", "decay_mom_rate", "last_batch_iteration"});
+            "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum", "cycle_min_mom",
+            "cycle_max_mom", "decay_mom_rate", "last_batch_iteration"});
   auto s = construct<OneCycle>(block, opt, o);
   if (warn && !checking && o.cycle_momentum && !static_cast<const OneCycle&>(*s).cycles_momentum())
-    log::warning("OneCycle: cycle_momentum is off: the optimizer has no betas (DeepSpeed cycles Adam's and AdamW's "
-                 "beta1 only)");
+    log::warning(
+        "OneCycle: cycle_momentum is off: the optimizer has no betas (DeepSpeed cycles Adam's and AdamW's "
+        "beta1 only)");
   return s;
 }
 
@@ -456,7 +463,8 @@ auto torch_checked(const std::string& where, F&& f) -> decltype(f()) {
 }  // namespace
 
 void check_optimizer_block(const ConfigBlock& block) {
-  torch_checked(block.name, [&] { return build_optimizer(block, {ParamGroup{{at::zeros({1})}}}, OptimizerDefaults{}); });
+  torch_checked(block.name,
+                [&] { return build_optimizer(block, {ParamGroup{{at::zeros({1})}}}, OptimizerDefaults{}); });
 }
 
 void check_scheduler_block(const ConfigBlock& block) {
@@ -488,9 +496,10 @@ std::shared_ptr<torch::optim::LRScheduler> make_scheduler(const ConfigBlock* blo
   if (!block) {
     const std::string t = lower(defaults.type);
     if (t != "warmuplr" && t != "warmupdecaylr" && t != "warmupcosinelr")
-      fail(fmt::format("SchedulerDefaults::type '{}': without a scheduler block the program's schedule is one of "
-                       "WarmupLR, WarmupDecayLR, WarmupCosineLR (or \"\": a constant learning rate)",
-                       defaults.type));
+      fail(
+          fmt::format("SchedulerDefaults::type '{}': without a scheduler block the program's schedule is one of "
+                      "WarmupLR, WarmupDecayLR, WarmupCosineLR (or \"\": a constant learning rate)",
+                      defaults.type));
   }
   const ConfigBlock b = block ? *block : schedule_defaults_block(defaults);
   return torch_checked(b.name, [&] { return build_schedule(b, optimizer, defaults, false, warn); });

@@ -58,8 +58,7 @@ WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, const WarmupOptions& opti
 WarmupLR::WarmupLR(torch::optim::Optimizer& optimizer, const WarmupOptions& o, double default_max_lr)
     : IterationSchedule(optimizer),
       min_(per_group(o.warmup_min_lr, "warmup_min_lr")),
-      max_(per_group(o.warmup_max_lr.empty() ? std::vector<double>{default_max_lr} : o.warmup_max_lr,
-                     "warmup_max_lr")),
+      max_(per_group(o.warmup_max_lr.empty() ? std::vector<double>{default_max_lr} : o.warmup_max_lr, "warmup_max_lr")),
       warmup_steps_(o.warmup_num_steps == 0 ? 0 : std::max<std::int64_t>(2, o.warmup_num_steps)),
       type_(o.warmup_type) {
   require(o.warmup_num_steps >= 0, fmt::format("warmup_num_steps {}: expected >= 0", o.warmup_num_steps));
@@ -194,8 +193,8 @@ double OneCycle::scale(std::int64_t i) const {
   }
   if (stairs > 0) {  // flat across each stair, counted from the integer position in the cycle
     const double at = std::fmod(bi, total_);
-    const double position =
-        at <= first_ ? at * static_cast<double>(stairs) / first_ : (total_ - at) * static_cast<double>(stairs) / second_;
+    const double position = at <= first_ ? at * static_cast<double>(stairs) / first_
+                                         : (total_ - at) * static_cast<double>(stairs) / second_;
     s = std::floor(position) / static_cast<double>(stairs);
   }
   return s;

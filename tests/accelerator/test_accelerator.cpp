@@ -352,6 +352,21 @@ std::vector<LoopCase> loop_cases() {
   };
 }
 
+// The prepared model's full weights (on the main process) are the single-process reference's.
+void expect_weights_of(Accelerator& acc, torch::nn::Module& reference) {
+  auto state = acc.get_state_dict();
+  if (!acc.is_main_process()) {
+    EXPECT_TRUE(state.empty());
+    return;
+  }
+  std::map<std::string, at::Tensor> got(state.begin(), state.end());
+  for (const auto& kv : reference.named_parameters()) {
+    ASSERT_TRUE(got.count(kv.key())) << kv.key();
+    EXPECT_TRUE(at::allclose(got[kv.key()], kv.value(), 1e-10, 1e-12)) << kv.key();
+  }
+  EXPECT_EQ(got.size(), reference.named_parameters().size());
+}
+
 TEST(Accelerator, TrainingLoopMatchesSingleProcessUnderEveryStrategy) {
   for (const LoopCase& c : loop_cases()) {
     SCOPED_TRACE(c.name);
@@ -397,17 +412,7 @@ TEST(Accelerator, TrainingLoopMatchesSingleProcessUnderEveryStrategy) {
     ASSERT_EQ(norms.size(), ref_norms.size());
     for (std::size_t i = 0; i < norms.size(); ++i) EXPECT_NEAR(norms[i], ref_norms[i], 1e-10 * ref_norms[i]);
 
-    auto state = acc.get_state_dict();
-    if (acc.is_main_process()) {
-      std::map<std::string, at::Tensor> got(state.begin(), state.end());
-      for (const auto& kv : reference->named_parameters()) {
-        ASSERT_TRUE(got.count(kv.key())) << kv.key();
-        EXPECT_TRUE(at::allclose(got[kv.key()], kv.value(), 1e-10, 1e-12)) << kv.key();
-      }
-      EXPECT_EQ(got.size(), reference->named_parameters().size());
-    } else {
-      EXPECT_TRUE(state.empty());
-    }
+    expect_weights_of(acc, *reference);
     acc.end_training();
   }
 }
@@ -457,14 +462,7 @@ TEST(Accelerator, ConfigOptimizerAndScheduleTrainAsWrittenOutByHand) {
     ref_opt.step();
     ref_opt.zero_grad();
   }
-  auto state = acc.get_state_dict();
-  if (acc.is_main_process()) {
-    std::map<std::string, at::Tensor> got(state.begin(), state.end());
-    for (const auto& kv : reference->named_parameters()) {
-      ASSERT_TRUE(got.count(kv.key())) << kv.key();
-      EXPECT_TRUE(at::allclose(got[kv.key()], kv.value(), 1e-10, 1e-12)) << kv.key();
-    }
-  }
+  expect_weights_of(acc, *reference);
   acc.end_training();
 }
 

@@ -91,9 +91,9 @@ TEST(OptimizerFromConfig, AdamIsAdamWUnlessAdamWModeIsFalse) {
   ASSERT_NE(dynamic_cast<torch::optim::AdamW*>(c.get()), nullptr);
   EXPECT_DOUBLE_EQ(static_cast<const torch::optim::AdamWOptions&>(c->defaults()).weight_decay(), 0.01);
   const ConfigBlock at = block("optimizer", "Adam", {{"torch_adam", flag(true)}});  // torch.optim.AdamW too
-  EXPECT_DOUBLE_EQ(static_cast<const torch::optim::AdamWOptions&>(make_optimizer(&at, params(), {})->defaults())
-                       .weight_decay(),
-                   0.01);
+  EXPECT_DOUBLE_EQ(
+      static_cast<const torch::optim::AdamWOptions&>(make_optimizer(&at, params(), {})->defaults()).weight_decay(),
+      0.01);
 }
 
 TEST(OptimizerFromConfig, AutoTakesTheProgramsValues) {
@@ -125,8 +125,8 @@ TEST(OptimizerFromConfig, AutoTakesTheProgramsValues) {
 
 TEST(OptimizerFromConfig, GroupsKeepTheirOwnLearningRateAndWeightDecay) {
   const ConfigBlock b = block("optimizer", "AdamW", {{"lr", num(0.01)}, {"weight_decay", num(0.1)}});
-  auto opt = make_optimizer(&b, std::vector<ParamGroup>{{params()}, {params(), std::nullopt, 0.0}, {params(), 0.5}},
-                            {});
+  auto opt =
+      make_optimizer(&b, std::vector<ParamGroup>{{params()}, {params(), std::nullopt, 0.0}, {params(), 0.5}}, {});
   ASSERT_EQ(opt->param_groups().size(), 3u);
   auto wd = [&](std::size_t g) {
     return static_cast<const torch::optim::AdamWOptions&>(opt->param_groups()[g].options()).weight_decay();
@@ -139,9 +139,9 @@ TEST(OptimizerFromConfig, GroupsKeepTheirOwnLearningRateAndWeightDecay) {
 }
 
 TEST(OptimizerFromConfig, TorchOptimizersTakeTheirParameters) {
-  const ConfigBlock sgd = block("optimizer", "SGD",
-                                {{"lr", num(0.1)}, {"momentum", num(0.9)}, {"nesterov", flag(true)},
-                                 {"weight_decay", num(1e-4)}});
+  const ConfigBlock sgd =
+      block("optimizer", "SGD",
+            {{"lr", num(0.1)}, {"momentum", num(0.9)}, {"nesterov", flag(true)}, {"weight_decay", num(1e-4)}});
   auto s = make_optimizer(&sgd, params(), {});
   const auto& so = static_cast<const torch::optim::SGDOptions&>(dynamic_cast<torch::optim::SGD&>(*s).defaults());
   EXPECT_DOUBLE_EQ(so.lr(), 0.1);
@@ -151,14 +151,16 @@ TEST(OptimizerFromConfig, TorchOptimizersTakeTheirParameters) {
 
   const ConfigBlock ada = block("optimizer", "Adagrad", {{"lr_decay", num(0.01)}});
   auto a = make_optimizer(&ada, params(), {});
-  const auto& ao = static_cast<const torch::optim::AdagradOptions&>(dynamic_cast<torch::optim::Adagrad&>(*a).defaults());
+  const auto& ao =
+      static_cast<const torch::optim::AdagradOptions&>(dynamic_cast<torch::optim::Adagrad&>(*a).defaults());
   EXPECT_DOUBLE_EQ(ao.lr(), 1e-2);  // torch.optim.Adagrad's defaults
   EXPECT_DOUBLE_EQ(ao.eps(), 1e-10);
   EXPECT_DOUBLE_EQ(ao.lr_decay(), 0.01);
 
   const ConfigBlock rms = block("optimizer", "rmsprop", {{"centered", flag(true)}, {"alpha", num(0.9)}});
   auto r = make_optimizer(&rms, params(), {});
-  const auto& ro = static_cast<const torch::optim::RMSpropOptions&>(dynamic_cast<torch::optim::RMSprop&>(*r).defaults());
+  const auto& ro =
+      static_cast<const torch::optim::RMSpropOptions&>(dynamic_cast<torch::optim::RMSprop&>(*r).defaults());
   EXPECT_DOUBLE_EQ(ro.lr(), 1e-2);
   EXPECT_DOUBLE_EQ(ro.alpha(), 0.9);
   EXPECT_TRUE(ro.centered());
@@ -180,7 +182,8 @@ TEST(OptimizerFromConfig, WithoutABlockTheProgramsDefaultsDecide) {
 
 TEST(OptimizerFromConfig, BlocksItCannotBuildAreRefusedWithTheKey) {
   auto check = [](ConfigBlock b) { return error_of([&] { check_optimizer_block(b); }); };
-  EXPECT_HAS(check(block("optimizer", "Lamb")), "optimizer type 'Lamb' is not one accel builds; use one of Adam, AdamW");
+  EXPECT_HAS(check(block("optimizer", "Lamb")),
+             "optimizer type 'Lamb' is not one accel builds; use one of Adam, AdamW");
   EXPECT_HAS(check(block("optimizer", "Adamm")), "unknown optimizer type 'Adamm'");
   EXPECT_HAS(check(block("optimizer", "AdamW", {{"betas", nums({0.9})}})),
              "optimizer.params.betas is '[...]', expected two numbers in [0, 1)");
@@ -194,7 +197,8 @@ TEST(OptimizerFromConfig, BlocksItCannotBuildAreRefusedWithTheKey) {
   EXPECT_HAS(check(block("optimizer", "AdamW", {{"lr", num(0.1)}, {"lr", num(0.2)}})), "'lr' is given twice");
   EXPECT_EQ(check(block("optimizer", "AdamW", {{"lr", text("auto")}, {"torch_adam", flag(false)}})), "(no error)");
   // torch's and DeepSpeed's implementation switches are accepted; maximize, which changes the sign, is not.
-  EXPECT_EQ(check(block("optimizer", "AdamW", {{"foreach", flag(true)}, {"fused", flag(false)}, {"set_grad_none", flag(true)}})),
+  EXPECT_EQ(check(block("optimizer", "AdamW",
+                        {{"foreach", flag(true)}, {"fused", flag(false)}, {"set_grad_none", flag(true)}})),
             "(no error)");
   EXPECT_EQ(check(block("optimizer", "Adagrad", {{"adam_w_mode", flag(true)}})), "(no error)");
   EXPECT_HAS(check(block("optimizer", "SGD", {{"maximize", flag(true)}})), "only minimize");

@@ -35,7 +35,7 @@ double after(S& s, torch::optim::Optimizer& o, int steps) {
 TEST(LrSchedules, WarmupLRLogRisesToItsMaximumAndStays) {
   torch::optim::AdamW opt(one_param(), torch::optim::AdamWOptions(0.5));
   WarmupLR s(opt, {.warmup_min_lr = {0.01}, .warmup_max_lr = {0.1}, .warmup_num_steps = 10});
-  EXPECT_DOUBLE_EQ(lr_of(opt), 0.01);  // construction: the minimum
+  EXPECT_DOUBLE_EQ(lr_of(opt), 0.01);          // construction: the minimum
   EXPECT_NEAR(after(s, opt, 1), 0.01, 1e-15);  // iteration 0: ln(1) = 0
   // iteration 4: 0.01 + 0.09 * ln 5 / ln 10 = 0.01 + 0.09 * 0.6989700043
   EXPECT_NEAR(after(s, opt, 4), 0.0729073004, 1e-10);
@@ -66,26 +66,26 @@ TEST(LrSchedules, WarmupLRLinearAndTheOptimizersLearningRateAsItsMaximum) {
 TEST(LrSchedules, WarmupDecayLRFallsInAStraightLineToZero) {
   torch::optim::AdamW opt(one_param(), torch::optim::AdamWOptions(0.5));
   WarmupDecayLR s(opt, 20, {.warmup_num_steps = 10, .warmup_type = WarmupType::Linear});  // max: DeepSpeed's 0.001
-  EXPECT_DOUBLE_EQ(after(s, opt, 6), 0.0005);  // i = 5: 5/10
-  EXPECT_DOUBLE_EQ(after(s, opt, 5), 0.001);   // i = 10: (20 - 10) / 10
-  EXPECT_DOUBLE_EQ(after(s, opt, 5), 0.0005);  // i = 15: (20 - 15) / 10
-  EXPECT_DOUBLE_EQ(after(s, opt, 5), 0.0);     // i = 20
-  EXPECT_DOUBLE_EQ(after(s, opt, 5), 0.0);     // after: 0, not negative
+  EXPECT_DOUBLE_EQ(after(s, opt, 6), 0.0005);                                             // i = 5: 5/10
+  EXPECT_DOUBLE_EQ(after(s, opt, 5), 0.001);                                              // i = 10: (20 - 10) / 10
+  EXPECT_DOUBLE_EQ(after(s, opt, 5), 0.0005);                                             // i = 15: (20 - 15) / 10
+  EXPECT_DOUBLE_EQ(after(s, opt, 5), 0.0);                                                // i = 20
+  EXPECT_DOUBLE_EQ(after(s, opt, 5), 0.0);                                                // after: 0, not negative
   EXPECT_THROW(WarmupDecayLR(opt, 0, {}), accel::InvalidArgumentError);
 }
 
 TEST(LrSchedules, WarmupCosineLRScalesTheGroupsLearningRate) {
   torch::optim::AdamW opt(one_param(), torch::optim::AdamWOptions(0.2));
-  WarmupCosineLR s(opt, 20,
-                   {.warmup_min_ratio = 0.1, .warmup_num_steps = 4, .cos_min_ratio = 0.01,
-                    .warmup_type = WarmupType::Linear});
-  EXPECT_DOUBLE_EQ(lr_of(opt), 0.0);             // 0 before the first step, as DeepSpeed's
+  WarmupCosineLR s(
+      opt, 20,
+      {.warmup_min_ratio = 0.1, .warmup_num_steps = 4, .cos_min_ratio = 0.01, .warmup_type = WarmupType::Linear});
+  EXPECT_DOUBLE_EQ(lr_of(opt), 0.0);               // 0 before the first step, as DeepSpeed's
   EXPECT_DOUBLE_EQ(after(s, opt, 3), 0.2 * 0.55);  // i = 2: 0.1 + 2/4 * 0.9
   // i = 4: 1 of 16 steps of the cosine: 0.01 + 0.99 * (1 + cos(pi/16)) / 2 = 0.01 + 0.99 * 0.9903926402
   EXPECT_NEAR(after(s, opt, 2), 0.2 * 0.9904887138, 1e-10);
   // i = 11: halfway (8 of 16): 0.01 + 0.99 / 2
   EXPECT_NEAR(after(s, opt, 7), 0.2 * 0.505, 1e-12);
-  EXPECT_NEAR(after(s, opt, 8), 0.2 * 0.01, 1e-15);  // i = 19: the end
+  EXPECT_NEAR(after(s, opt, 8), 0.2 * 0.01, 1e-15);   // i = 19: the end
   EXPECT_NEAR(after(s, opt, 10), 0.2 * 0.01, 1e-15);  // and after it
   // Without warmup the first step runs at the cosine's start, the second 1 of 20 steps down it.
   torch::optim::AdamW cold(one_param(), torch::optim::AdamWOptions(0.2));
@@ -104,9 +104,9 @@ TEST(LrSchedules, LRRangeTestGrowsContinuouslyOrInStairs) {
                          .lr_range_test_step_size = 4,
                          .lr_range_test_step_rate = 0.5,
                          .lr_range_test_staircase = true});
-  EXPECT_DOUBLE_EQ(after(t, stairs, 3), 0.01);    // i = 2: floor(3/4) = 0
-  EXPECT_DOUBLE_EQ(after(t, stairs, 4), 0.015);   // i = 6: floor(7/4) = 1
-  EXPECT_DOUBLE_EQ(after(t, stairs, 1), 0.02);    // i = 7: floor(8/4) = 2
+  EXPECT_DOUBLE_EQ(after(t, stairs, 3), 0.01);   // i = 2: floor(3/4) = 0
+  EXPECT_DOUBLE_EQ(after(t, stairs, 4), 0.015);  // i = 6: floor(7/4) = 1
+  EXPECT_DOUBLE_EQ(after(t, stairs, 1), 0.02);   // i = 7: floor(8/4) = 2
 }
 
 double beta1_of(const torch::optim::Adam& o) {
@@ -148,8 +148,9 @@ TEST(LrSchedules, OneCycleCyclesTheLearningRateUpAndMomentumDownThenDecays) {
 
 TEST(LrSchedules, OneCycleStairsHoldEachValueAndSgdKeepsItsMomentum) {
   torch::optim::SGD opt(one_param(), torch::optim::SGDOptions(0.5).momentum(0.7));
-  OneCycle s(opt, {.cycle_min_lr = 0.01, .cycle_max_lr = 0.1, .cycle_first_step_size = 4, .cycle_first_stair_count = 2});
-  EXPECT_FALSE(s.cycles_momentum());  // SGD has no betas: DeepSpeed turns the momentum cycle off
+  OneCycle s(opt,
+             {.cycle_min_lr = 0.01, .cycle_max_lr = 0.1, .cycle_first_step_size = 4, .cycle_first_stair_count = 2});
+  EXPECT_FALSE(s.cycles_momentum());          // SGD has no betas: DeepSpeed turns the momentum cycle off
   EXPECT_DOUBLE_EQ(after(s, opt, 1), 0.01);   // i = 0: position 1 * 2 / 4 = 0.5, the first stair
   EXPECT_DOUBLE_EQ(after(s, opt, 1), 0.055);  // i = 1: position 1, the second stair
   EXPECT_DOUBLE_EQ(after(s, opt, 1), 0.055);  // i = 2: position 1.5, still
@@ -162,7 +163,9 @@ TEST(LrSchedules, ValuesPerGroupAndTheirCount) {
   groups.emplace_back(one_param());
   groups.emplace_back(one_param());
   torch::optim::AdamW opt(groups, torch::optim::AdamWOptions(0.5));
-  WarmupLR s(opt, {.warmup_min_lr = {0.0, 0.01}, .warmup_max_lr = {0.1, 0.2}, .warmup_num_steps = 4,
+  WarmupLR s(opt, {.warmup_min_lr = {0.0, 0.01},
+                   .warmup_max_lr = {0.1, 0.2},
+                   .warmup_num_steps = 4,
                    .warmup_type = WarmupType::Linear});
   EXPECT_DOUBLE_EQ(lr_of(opt, 0), 0.0);
   EXPECT_DOUBLE_EQ(lr_of(opt, 1), 0.01);
