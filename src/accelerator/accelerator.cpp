@@ -71,6 +71,12 @@ AcceleratedOptimizer::AcceleratedOptimizer(std::shared_ptr<torch::optim::Optimiz
 void AcceleratedOptimizer::step() {
   if (!state_->sync_gradients) return;
   state_->step_was_skipped = false;
+  if (!state_->pending_lrs.empty()) {  // resumed, and no schedule was prepared after all: the saved rates
+    auto& groups = inner_->param_groups();
+    for (std::size_t g = 0; g < groups.size() && g < state_->pending_lrs.size(); ++g)
+      groups[g].options().set_lr(state_->pending_lrs[g]);
+    state_->pending_lrs.clear();
+  }
   std::optional<double> clip;
   if (clip_ && *clip_ > 0) clip = clip_;
   if (scaling_) {
@@ -450,6 +456,7 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::prepare_scheduler(std::shared
                     "Accelerator::create_scheduler builds the block's",
                     where(cfg_), cfg_.scheduler->type));
   scheduler_ = std::make_shared<AcceleratedScheduler>(std::move(s), state_);
+  state_->pending_lrs.clear();  // (the fast-forward below reaches the saved rates from the program's)
   // (prepare() with a scheduler makes it after the model: a resume there leaves it to catch up here.)
   if (resumed_scheduler_steps_ > 0) scheduler_->fast_forward(resumed_scheduler_steps_);
   return scheduler_;
@@ -774,10 +781,16 @@ void Accelerator::restore_state(const std::string& dir_in, bool for_later_loader
   if (!scheduler_ && t.scheduler_steps) resumed_scheduler_steps_ = *t.scheduler_steps;
   // A schedule prepared after this (prepare_scheduler fast-forwards it) takes the learning rates the
   // program set as its base, and steps them to the saved ones: those, already scheduled, would scale
-  // the whole schedule a second time. So they are set here only where no schedule follows.
-  const bool schedule_follows = !scheduler_ && t.scheduler_steps && *t.scheduler_steps > 0;
-  if (optimizer_ && !schedule_follows && t.lrs.size() == optimizer_->param_groups().size())
-    for (std::size_t g = 0; g < t.lrs.size(); ++g) optimizer_->param_groups()[g].options().set_lr(t.lrs[g]);
+  // the whole schedule a second time (or, saved at a warmup's 0, stop it). Where the saving run had a
+  // schedule and none is prepared yet, the saved rates wait for the first optimizer step.
+  const bool schedule_follows = !scheduler_ && t.scheduler_steps.has_value();
+  state_->pending_lrs.clear();
+  if (optimizer_ && t.lrs.size() == optimizer_->param_groups().size()) {
+    if (schedule_follows)
+      state_->pending_lrs = t.lrs;  // (set by the first step if no schedule comes; prepare_scheduler drops them)
+    else
+      for (std::size_t g = 0; g < t.lrs.size(); ++g) optimizer_->param_groups()[g].options().set_lr(t.lrs[g]);
+  }
   // Mid-window where the window is as long as it was; at a window's start otherwise (a job restarted
   // on fewer ranks accumulates more micro-steps a window).
   state_->micro_step = t.accumulation_steps == state_->accumulation_steps ? t.micro_step : 0;

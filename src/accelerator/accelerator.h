@@ -116,6 +116,9 @@ struct GradientState {
   std::int64_t optimizer_steps = 0;                   // steps the optimizer took (saved in checkpoints)
   std::vector<std::shared_ptr<LoaderState>> loaders;  // prepared loaders
   std::shared_ptr<TuneRun> tune;                      // ACCEL_TUNE: `accel tune` measures this run
+  // A checkpoint's learning rates, held back for a schedule that may be prepared after the load (it
+  // steps to them from the program's own); the first optimizer step without one sets them.
+  std::vector<double> pending_lrs;
   bool end_of_dataloader() const;
   // Real samples in the current batch of the loader iterating when it holds padding, else -1.
   std::int64_t remainder() const;

@@ -224,8 +224,9 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
       params += fmt::format("{}{} {}", params.empty() ? "" : ", ", k,
                             v.kind == optim::ConfigValue::Kind::Auto ? std::string("auto (the program's)") : v.text);
     row(b->name == "optimizer" ? "Optimizer" : "Schedule",
-        fmt::format("{}{}, built by Accelerator::create_{} (a program passing its own to prepare keeps it)", b->type,
-                    params.empty() ? "" : " (" + params + ")", b->name == "optimizer" ? "optimizer" : "scheduler"));
+        fmt::format("{}{}, built by Accelerator::create_{} (a program passing its own to {} keeps it)", b->type,
+                    params.empty() ? "" : " (" + params + ")", b->name == "optimizer" ? "optimizer" : "scheduler",
+                    b->name == "optimizer" ? "prepare" : "prepare_scheduler"));
   }
   row("Activations", s.activation_checkpointing
                          ? "checkpointed per unit: each unit keeps only its inputs and recomputes its forward in "

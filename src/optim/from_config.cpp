@@ -463,16 +463,29 @@ auto torch_checked(const std::string& where, F&& f) -> decltype(f()) {
 }  // namespace
 
 void check_optimizer_block(const ConfigBlock& block) {
-  torch_checked(block.name,
-                [&] { return build_optimizer(block, {ParamGroup{{at::zeros({1})}}}, OptimizerDefaults{}); });
+  // ("auto" momentum is the program's: a probe above 0, so that nesterov's check waits for the real one.)
+  OptimizerDefaults probe;
+  probe.momentum = 0.9;
+  torch_checked(block.name, [&] { return build_optimizer(block, {ParamGroup{{at::zeros({1})}}}, probe); });
 }
 
 void check_scheduler_block(const ConfigBlock& block) {
   // A probe optimizer with as many groups as the longest list asks for: the count is checked against
   // the program's optimizer when the schedule is built.
   std::size_t groups = 1;
-  for (const auto& [k, v] : block.params)
-    if (v.kind == ConfigValue::Kind::Numbers) groups = std::max(groups, v.numbers.size());
+  std::string first;  // the first list of more than one value
+  for (const auto& [k, v] : block.params) {
+    if (v.kind != ConfigValue::Kind::Numbers || v.numbers.size() < 2) continue;
+    if (first.empty()) {
+      first = k;
+      groups = v.numbers.size();
+    } else if (v.numbers.size() != groups) {
+      fail(
+          fmt::format("{}.params: {} has {} values and {} has {}; lists give one value per param group, so they are "
+                      "as long as each other",
+                      block.name, first, groups, k, v.numbers.size()));
+    }
+  }
   std::vector<torch::optim::OptimizerParamGroup> gs;
   for (std::size_t g = 0; g < groups; ++g) gs.emplace_back(std::vector<at::Tensor>{at::zeros({1})});
   torch::optim::AdamW probe(std::move(gs));

@@ -82,11 +82,16 @@ std::vector<double> WarmupLR::lr_at(std::int64_t i) const {
   return lrs;
 }
 
+namespace {
+torch::optim::Optimizer& with_total(torch::optim::Optimizer& optimizer, std::int64_t total_num_steps) {
+  require(total_num_steps >= 1, fmt::format("total_num_steps {}: expected >= 1", total_num_steps));
+  return optimizer;  // (checked before WarmupLR sets the optimizer's learning rates)
+}
+}  // namespace
+
 WarmupDecayLR::WarmupDecayLR(torch::optim::Optimizer& optimizer, std::int64_t total_num_steps,
                              const WarmupOptions& options)
-    : WarmupLR(optimizer, options, 0.001), total_(total_num_steps) {
-  require(total_num_steps >= 1, fmt::format("total_num_steps {}: expected >= 1", total_num_steps));
-}
+    : WarmupLR(with_total(optimizer, total_num_steps), options, 0.001), total_(total_num_steps) {}
 
 double WarmupDecayLR::gamma(std::int64_t i) const {
   if (i < warmup_steps_) return warmup_gamma(i);

@@ -653,8 +653,9 @@ TEST(Checkpoint, LoadersResumeWhereTheyStopped) {
 
 // A schedule prepared after an automatic resume (prepare(model, optimizer) loads the checkpoint; the
 // schedule comes after) takes the program's learning rate as its base and steps on from the saved
-// count: the learning rates, and OneCycle's betas, are those of a run never stopped. Before, the
-// saved (already scheduled) learning rate became the base and scaled the rest of the schedule again.
+// count: the learning rates, and OneCycle's betas, are those of a run never stopped (the saved rate,
+// already scheduled, is not the base), also from a checkpoint of step 0, whose rate is the warmup's 0.
+// A resume that prepares no schedule runs at the saved rate.
 TEST(Checkpoint, SchedulesPreparedAfterAResumeFollowTheUninterruptedRun) {
   const std::string dir = scratch("schedule_resume");
   struct Case {
@@ -671,14 +672,13 @@ TEST(Checkpoint, SchedulesPreparedAfterAResumeFollowTheUninterruptedRun) {
                                                      "cycle_first_step_size": 3, "cycle_second_step_size": 4}}})"},
       {"program_cosine", ""},
   };
-  const int total = 10, stop = 4;
+  const int total = 10;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const std::string project = dir + "/" + c.name;
     const std::string config = c.config.empty() ? "" : write_config(dir, c.name, c.config);
-    // Trains from the checkpoint in project (auto_resume) or from the start, to step `to`; returns the
-    // learning rate and beta1 each step ran at.
-    auto run = [&](bool resume, int to, bool save) {
+    // Trains from the newest checkpoint in `project` (auto_resume) or from the start, to step `to`, with
+    // the schedule or without one; returns the learning rate and beta1 each step ran at.
+    auto run = [&](const std::string& project, bool resume, int to, bool save, bool schedule) {
       AcceleratorOptions o = with_config(config, project);
       o.auto_resume = resume;
       Accelerator acc(o);
@@ -689,33 +689,41 @@ TEST(Checkpoint, SchedulesPreparedAfterAResumeFollowTheUninterruptedRun) {
       if (c.config.empty()) {
         inner = std::make_shared<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(0.01));
         opt = acc.prepare(net, *inner);
-        sched = acc.prepare_scheduler(std::make_shared<CosineSchedule>(opt->inner(), total, 3, 0.1));
+        if (schedule) sched = acc.prepare_scheduler(std::make_shared<CosineSchedule>(opt->inner(), total, 3, 0.1));
       } else {
         inner = acc.create_optimizer(net->parameters(), {.lr = 0.01});
         opt = acc.prepare(net, *inner);
-        sched = acc.create_scheduler({.total_num_steps = total});
+        if (schedule) sched = acc.create_scheduler({.total_num_steps = total});
       }
       std::vector<std::pair<double, double>> seen;
       for (int s = static_cast<int>(acc.step()); s < to; ++s) {
-        const auto& g = opt->param_groups()[0].options();
+        train(acc, *net, *opt, s, s + 1);
+        const auto& g = opt->param_groups()[0].options();  // (what the step ran at: the schedule steps next)
         const auto* w = dynamic_cast<const torch::optim::AdamWOptions*>(&g);
         seen.emplace_back(g.get_lr(), w ? std::get<0>(w->betas()) : -1.0);
-        train(acc, *net, *opt, s, s + 1);
-        sched->step();
+        if (sched) sched->step();
       }
       if (save) acc.save_state();
       return seen;
     };
-    const auto whole = run(false, total, false);
+    const auto whole = run(dir + "/" + c.name + "_whole", false, total, false, true);
     ASSERT_EQ(whole.size(), static_cast<std::size_t>(total));
-    run(false, stop, true);
-    const auto rest = run(true, total, false);
-    ASSERT_EQ(rest.size(), static_cast<std::size_t>(total - stop));
-    for (int k = 0; k < total - stop; ++k) {
-      EXPECT_DOUBLE_EQ(rest[k].first, whole[stop + k].first) << "lr of step " << stop + k + 1;
-      EXPECT_DOUBLE_EQ(rest[k].second, whole[stop + k].second) << "beta1 of step " << stop + k + 1;
+    EXPECT_NE(whole[4].first, whole[5].first);  // (the schedule moves there)
+    for (const int stop : {0, 4}) {
+      SCOPED_TRACE("stopped after step " + std::to_string(stop));
+      const std::string project = dir + "/" + c.name + "_" + std::to_string(stop);
+      run(project, false, stop, true, true);
+      const auto rest = run(project, true, total, false, true);
+      ASSERT_EQ(rest.size(), static_cast<std::size_t>(total - stop));
+      for (int k = 0; k < total - stop; ++k) {
+        EXPECT_DOUBLE_EQ(rest[k].first, whole[stop + k].first) << "lr of step " << stop + k + 1;
+        EXPECT_DOUBLE_EQ(rest[k].second, whole[stop + k].second) << "beta1 of step " << stop + k + 1;
+      }
     }
-    EXPECT_NE(whole[stop].first, whole[stop + 1].first);  // (the schedule moves there)
+    // Resumed without a schedule: every step at the saved rate (the one step 5 ran at).
+    const auto unscheduled = run(dir + "/" + c.name + "_4", true, total, false, false);
+    ASSERT_EQ(unscheduled.size(), static_cast<std::size_t>(total - 4));
+    for (const auto& [lr, beta1] : unscheduled) EXPECT_DOUBLE_EQ(lr, whole[4].first);
   }
 }
 

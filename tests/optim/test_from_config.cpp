@@ -193,6 +193,8 @@ TEST(OptimizerFromConfig, BlocksItCannotBuildAreRefusedWithTheKey) {
              "unknown key 'optimizer.params.weight_decy' for optimizer 'AdamW'; did you mean 'weight_decay'?");
   EXPECT_HAS(check(block("optimizer", "AdamW", {{"bias_correction", flag(false)}})), "always correct the bias");
   EXPECT_HAS(check(block("optimizer", "SGD", {{"nesterov", flag(true)}})), "nesterov needs a momentum > 0");
+  // ("auto" momentum is the program's: the file alone cannot be refused for it.)
+  EXPECT_EQ(check(block("optimizer", "SGD", {{"nesterov", flag(true)}, {"momentum", text("auto")}})), "(no error)");
   EXPECT_HAS(check(block("optimizer", "AdamW", {{"max_grad_norm", num(1)}})), "use the top-level gradient_clipping");
   EXPECT_HAS(check(block("optimizer", "AdamW", {{"lr", num(0.1)}, {"lr", num(0.2)}})), "'lr' is given twice");
   EXPECT_EQ(check(block("optimizer", "AdamW", {{"lr", text("auto")}, {"torch_adam", flag(false)}})), "(no error)");
@@ -250,6 +252,11 @@ TEST(SchedulerFromConfig, WithoutABlockTheLearningRateStaysOrTheProgramsTypeRuns
 TEST(SchedulerFromConfig, ValuesPerGroupAreCheckedAgainstTheProgramsOptimizer) {
   const ConfigBlock b = block("scheduler", "WarmupLR", {{"warmup_min_lr", nums({0.0, 0.01})}});
   EXPECT_EQ(error_of([&] { check_scheduler_block(b); }), "(no error)");  // (the file does not know the groups)
+  EXPECT_HAS(error_of([] {
+               check_scheduler_block(block("scheduler", "WarmupLR",
+                                           {{"warmup_min_lr", nums({0.0, 0.01})}, {"warmup_max_lr", nums({1, 2, 3})}}));
+             }),
+             "scheduler.params: warmup_min_lr has 2 values and warmup_max_lr has 3");
   torch::optim::SGD one(params(), torch::optim::SGDOptions(0.3));
   EXPECT_HAS(error_of([&] { make_scheduler(&b, one, {}); }),
              "scheduler.params.warmup_min_lr: 2 values for 1 param groups");
