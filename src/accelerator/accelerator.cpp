@@ -733,8 +733,12 @@ std::string Accelerator::save_state(const std::string& dir_in, std::optional<boo
         "saved (save where sync_gradients() is true, after the optimizer step, to resume exactly)",
         state_->micro_step % state_->accumulation_steps, state_->accumulation_steps));
   if (scheduler_) t.scheduler_steps = scheduler_->steps();
-  if (optimizer_)
+  if (!state_->pending_lrs.empty()) {  // resumed, neither a schedule nor a step since: still what was loaded
+    if (!scheduler_) t.scheduler_steps = resumed_scheduler_steps_;
+    t.lrs = state_->pending_lrs;
+  } else if (optimizer_) {
     for (auto& g : optimizer_->param_groups()) t.lrs.push_back(g.options().get_lr());
+  }
   for (const auto& l : state_->loaders)  // a resume not yet started is still the position
     t.loaders.push_back(l->resume_epoch >= 0
                             ? checkpoint::LoaderPosition{l->resume_epoch, l->resume_skip, l->global_batch}

@@ -25,8 +25,9 @@ std::shared_ptr<torch::optim::Optimizer> Accelerator::create_optimizer(const std
     opt = optim::make_optimizer(cfg_.optimizer ? &*cfg_.optimizer : nullptr, groups, defaults);
   } catch (const ConfigError&) {
     throw;
-  } catch (const accel::InvalidArgumentError& e) {
-    throw ConfigError(fmt::format("{}: {}", cfg_.optimizer ? config_name(cfg_) : "create_optimizer", e.what()));
+  } catch (const accel::InvalidArgumentError& e) {  // (the block's, or else the program's defaults)
+    if (!cfg_.optimizer) throw accel::InvalidArgumentError(std::string("Accelerator::create_optimizer: ") + e.what());
+    throw ConfigError(fmt::format("{}: {}", config_name(cfg_), e.what()));
   }
   created_optimizer_ = opt;
   if (is_main_process())
@@ -46,7 +47,8 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::create_scheduler(const optim:
   } catch (const ConfigError&) {
     throw;
   } catch (const accel::InvalidArgumentError& e) {
-    throw ConfigError(fmt::format("{}: {}", cfg_.scheduler ? config_name(cfg_) : "create_scheduler", e.what()));
+    if (!cfg_.scheduler) throw accel::InvalidArgumentError(std::string("Accelerator::create_scheduler: ") + e.what());
+    throw ConfigError(fmt::format("{}: {}", config_name(cfg_), e.what()));
   }
   if (is_main_process() && (cfg_.scheduler || !defaults.type.empty()))
     log::info(fmt::format("scheduler: {} ({})", cfg_.scheduler ? cfg_.scheduler->type : defaults.type,

@@ -655,7 +655,8 @@ TEST(Checkpoint, LoadersResumeWhereTheyStopped) {
 // schedule comes after) takes the program's learning rate as its base and steps on from the saved
 // count: the learning rates, and OneCycle's betas, are those of a run never stopped (the saved rate,
 // already scheduled, is not the base), also from a checkpoint of step 0, whose rate is the warmup's 0.
-// A resume that prepares no schedule runs at the saved rate.
+// A resume that prepares no schedule runs at the saved rate; one saved again before a step or a
+// schedule is still the checkpoint it loaded.
 TEST(Checkpoint, SchedulesPreparedAfterAResumeFollowTheUninterruptedRun) {
   const std::string dir = scratch("schedule_resume");
   struct Case {
@@ -724,6 +725,11 @@ TEST(Checkpoint, SchedulesPreparedAfterAResumeFollowTheUninterruptedRun) {
     const auto unscheduled = run(dir + "/" + c.name + "_4", true, total, false, false);
     ASSERT_EQ(unscheduled.size(), static_cast<std::size_t>(total - 4));
     for (const auto& [lr, beta1] : unscheduled) EXPECT_DOUBLE_EQ(lr, whole[4].first);
+    // Saved again right after a resume, before a step or a schedule: still the checkpoint it loaded.
+    run(dir + "/" + c.name + "_4", true, 4, true, false);
+    const auto again = run(dir + "/" + c.name + "_4", true, total, false, true);
+    ASSERT_EQ(again.size(), static_cast<std::size_t>(total - 4));
+    for (int k = 0; k < total - 4; ++k) EXPECT_DOUBLE_EQ(again[k].first, whole[4 + k].first) << "step " << 5 + k;
   }
 }
 
