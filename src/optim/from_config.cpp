@@ -470,7 +470,7 @@ void check_optimizer_block(const ConfigBlock& block) {
 }
 
 void check_scheduler_block(const ConfigBlock& block) {
-  // A probe optimizer with as many groups as the longest list asks for: the count is checked against
+  // A probe optimizer with as many groups as the lists give values: their count is checked against
   // the program's optimizer when the schedule is built.
   std::size_t groups = 1;
   std::string first;  // the first list of more than one value
