@@ -143,7 +143,7 @@ bool has_weights(const std::string& dir) {
 struct Run {
   Accelerator& acc;
   std::shared_ptr<models::LlamaForCausalLM>& model;
-  torch::optim::AdamW& adamw;
+  torch::optim::Optimizer& adamw;  // (AdamW unless a DeepSpeed config's optimizer block names another)
   const ExampleArgs& args;
   const models::LlamaConfig& cfg;
   std::optional<data::TokenWindows>& val;
@@ -154,6 +154,9 @@ struct Run {
   template <class Dataset>
   int operator()(DataLoader<Dataset> loader) {
     auto opt = acc.prepare(model, adamw, loader);
+    // A DeepSpeed config's scheduler block, "auto" total_num_steps from --steps (none: a constant rate).
+    std::shared_ptr<AcceleratedScheduler> scheduler;
+    if (acc.config().scheduler) scheduler = acc.create_scheduler({.total_num_steps = args.steps});
     if (has_weights(model_path)) {
       auto loaded = models::load_pretrained(*acc.engine(), *model, model_path);
       acc.print("llama_finetune: loaded ", loaded.tensors, " tensors from ", model_path);
@@ -183,6 +186,7 @@ struct Run {
         window_loss += acc.reduce(loss.detach(), "mean").item<double>() / acc.gradient_accumulation_steps();
         if (acc.sync_gradients()) acc.clip_grad_norm_(1.0);
         opt->step();
+        if (scheduler) scheduler->step();
         opt->zero_grad();
         if (!acc.sync_gradients()) continue;
         log.write(++step, window_loss);
@@ -284,7 +288,7 @@ int main(int argc, char** argv) {
       auto scope = acc.sharded_init();  // each decoder layer sharded as it is built (in host memory)
       model = std::make_shared<models::LlamaForCausalLM>(cfg);
     }
-    torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(lr).weight_decay(0.01));
+    auto adamw = acc.create_optimizer(model->parameters(), {.lr = lr, .weight_decay = 0.01});
     const DataLoaderOptions loader_options{
         .batch_size = args.batch, .shuffle = true, .split_batches = true, .seed = args.seed};
     std::optional<data::TokenWindows> val;
@@ -302,7 +306,7 @@ int main(int argc, char** argv) {
     }
     Run run{acc,
             model,
-            adamw,
+            *adamw,
             args,
             cfg,
             val,
