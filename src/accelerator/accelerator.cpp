@@ -12,6 +12,7 @@
 #include "comm/transport/nccl/nccl_backend.h"
 #include "dispatch/dispatch.h"
 #include "mixed_precision/float8_linear.h"
+#include "optim/lr_schedules.h"
 #include "zero/host_copies.h"
 #include "zero/optimizer_offload.h"
 #include "zero/param_offload.h"
@@ -107,6 +108,16 @@ void AcceleratedScheduler::step() {
 }
 
 void AcceleratedScheduler::fast_forward(std::int64_t n) {
+  if (auto* s = dynamic_cast<optim::IterationSchedule*>(inner_.get())) {  // accel's: either way, exactly
+    s->set_steps(n);
+    steps_ = n;
+    return;
+  }
+  if (steps_ > n)
+    log::warning(
+        fmt::format("load_state: the scheduler has taken {} steps, past the checkpoint's {}; a libtorch "
+                    "scheduler cannot go back (accel's schedules can), so its learning rates stay as they are",
+                    steps_, n));
   for (; steps_ < n; ++steps_) inner_->step();
 }
 

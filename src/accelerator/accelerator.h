@@ -162,8 +162,9 @@ class AcceleratedScheduler {
   void step();
   torch::optim::LRScheduler& inner() { return *inner_; }
   std::int64_t steps() const { return steps_; }
-  // Resuming: steps the inner scheduler until it has taken n steps in all (schedules are functions
-  // of the step count), as if the training had run them.
+  // Resuming: the inner scheduler as if it had taken n steps in all (schedules are functions of the
+  // step count): accel's (optim::IterationSchedule) set there, earlier or later; others stepped
+  // forward (they cannot go back: a warning).
   void fast_forward(std::int64_t n);
 
  private:

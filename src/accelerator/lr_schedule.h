@@ -4,10 +4,12 @@
 // After s optimizer steps each group's lr is base * f(s), base being the group's lr at construction:
 //   f(s) = s / warmup                                         for s < warmup
 //   f(s) = r + (1 - r) * 0.5 * (1 + cos(pi * p)),  p = (s - warmup) / (total - warmup) (clamped to 1)
-// with r = min_lr_ratio. The constructor sets lr = base * f(0); each step() applies f(steps + 1).
+// with r = min_lr_ratio. The constructor sets lr = base * f(0); each step() applies f(steps + 1)
+// (an optim::IterationSchedule with lr_at(i) = base * f(i + 1): set_steps rewinds it too).
 #pragma once
 
 #include "base/error.h"
+#include "optim/lr_schedules.h"
 
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -21,11 +23,11 @@
 
 namespace accel {
 
-class CosineSchedule : public torch::optim::LRScheduler {
+class CosineSchedule : public optim::IterationSchedule {
  public:
   CosineSchedule(torch::optim::Optimizer& optimizer, std::int64_t total_steps, std::int64_t warmup_steps = 0,
                  double min_lr_ratio = 0.0)
-      : LRScheduler(optimizer), total_(total_steps), warmup_(warmup_steps), min_ratio_(min_lr_ratio) {
+      : IterationSchedule(optimizer), total_(total_steps), warmup_(warmup_steps), min_ratio_(min_lr_ratio) {
     if (total_steps < 1 || warmup_steps < 0 || warmup_steps > total_steps || min_lr_ratio < 0 || min_lr_ratio > 1)
       throw accel::InvalidArgumentError(
           "CosineSchedule: need total_steps >= 1, 0 <= warmup_steps <= total_steps, "
@@ -44,11 +46,10 @@ class CosineSchedule : public torch::optim::LRScheduler {
     return min_ratio_ + (1.0 - min_ratio_) * 0.5 * (1.0 + std::cos(M_PI * p));
   }
 
- protected:
-  std::vector<double> get_lrs() override {
-    const double f = factor(static_cast<std::int64_t>(step_count_) + 1);
+  std::vector<double> lr_at(std::int64_t i) const override {
+    const double f = factor(i + 1);
     std::vector<double> lrs(base_.size());
-    for (std::size_t i = 0; i < base_.size(); ++i) lrs[i] = base_[i] * f;
+    for (std::size_t k = 0; k < base_.size(); ++k) lrs[k] = base_[k] * f;
     return lrs;
   }
 

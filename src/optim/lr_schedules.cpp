@@ -30,6 +30,12 @@ std::vector<double> IterationSchedule::get_lrs() { return lr_at(static_cast<std:
 
 std::size_t IterationSchedule::groups() const { return optimizer_.param_groups().size(); }
 
+void IterationSchedule::set_steps(std::int64_t steps) {
+  require(steps >= 0, fmt::format("set_steps({}): expected >= 0", steps));
+  step_count_ = static_cast<unsigned>(steps);
+  apply_iteration(steps - 1);
+}
+
 void IterationSchedule::apply(const std::vector<double>& lrs) {
   auto& gs = optimizer_.param_groups();
   for (std::size_t g = 0; g < gs.size(); ++g) gs[g].options().set_lr(lrs.at(g));
@@ -236,6 +242,11 @@ void OneCycle::set_momentum(double beta1) {
     else if (auto* w = dynamic_cast<torch::optim::AdamWOptions*>(&opts))
       w->betas(std::make_tuple(beta1, 0.99));
   }
+}
+
+void OneCycle::apply_iteration(std::int64_t i) {
+  apply(lr_at(i));
+  if (momentum_) set_momentum(momentum_at(i));
 }
 
 std::vector<double> OneCycle::get_lrs() {

@@ -34,9 +34,14 @@ class IterationSchedule : public torch::optim::LRScheduler {
   virtual std::vector<double> lr_at(std::int64_t i) const = 0;
   // The iteration the optimizer's learning rates now belong to (-1 until the first step()).
   std::int64_t iteration() const { return static_cast<std::int64_t>(step_count_) - 1; }
+  // As if exactly `steps` step() calls had been made since construction, earlier or later than now
+  // (a checkpoint loaded after the schedule went past it).
+  void set_steps(std::int64_t steps);
 
  protected:
   std::vector<double> get_lrs() override;  // lr_at(step_count_): step() then counts one more
+  // Sets what iteration i sets: each group's learning rate (OneCycle: and the betas).
+  virtual void apply_iteration(std::int64_t i) { apply(lr_at(i)); }
   // Sets each group's learning rate (the constructors' lr_at(-1)).
   void apply(const std::vector<double>& lrs);
   // A value per group: one value for all, or one each (DeepSpeed's "float or list").
@@ -144,6 +149,7 @@ class OneCycle : public IterationSchedule {
 
  protected:
   std::vector<double> get_lrs() override;  // also sets the betas
+  void apply_iteration(std::int64_t i) override;
 
  private:
   double scale(std::int64_t i) const;  // 0 at the cycle's ends, 1 at its peak

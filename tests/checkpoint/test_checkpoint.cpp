@@ -656,7 +656,8 @@ TEST(Checkpoint, LoadersResumeWhereTheyStopped) {
 // count: the learning rates, and OneCycle's betas, are those of a run never stopped (the saved rate,
 // already scheduled, is not the base), also from a checkpoint of step 0, whose rate is the warmup's 0.
 // A resume that prepares no schedule runs at the saved rate; one saved again before a step or a
-// schedule is still the checkpoint it loaded.
+// schedule is still the checkpoint it loaded; a load_state of an earlier checkpoint takes the schedule
+// back to it.
 TEST(Checkpoint, SchedulesPreparedAfterAResumeFollowTheUninterruptedRun) {
   const std::string dir = scratch("schedule_resume");
   struct Case {
@@ -678,8 +679,9 @@ TEST(Checkpoint, SchedulesPreparedAfterAResumeFollowTheUninterruptedRun) {
     SCOPED_TRACE(c.name);
     const std::string config = c.config.empty() ? "" : write_config(dir, c.name, c.config);
     // Trains from the newest checkpoint in `project` (auto_resume) or from the start, to step `to`, with
-    // the schedule or without one; returns the learning rate and beta1 each step ran at.
-    auto run = [&](const std::string& project, bool resume, int to, bool save, bool schedule) {
+    // the schedule or without one; returns the learning rate and beta1 each step ran at. rewind: after
+    // step 7, load the checkpoint of step 4 saved on the way (the schedule goes back) and go on.
+    auto run = [&](const std::string& project, bool resume, int to, bool save, bool schedule, bool rewind = false) {
       AcceleratorOptions o = with_config(config, project);
       o.auto_resume = resume;
       Accelerator acc(o);
@@ -697,7 +699,15 @@ TEST(Checkpoint, SchedulesPreparedAfterAResumeFollowTheUninterruptedRun) {
         if (schedule) sched = acc.create_scheduler({.total_num_steps = total});
       }
       std::vector<std::pair<double, double>> seen;
+      bool rewound = false;
       for (int s = static_cast<int>(acc.step()); s < to; ++s) {
+        if (rewind && !rewound && s == 4) acc.save_state(project + "/at4");
+        if (rewind && !rewound && s == 7) {
+          acc.load_state(project + "/at4");
+          rewound = true;
+          s = 4;
+          seen.resize(4);
+        }
         train(acc, *net, *opt, s, s + 1);
         const auto& g = opt->param_groups()[0].options();  // (what the step ran at: the schedule steps next)
         const auto* w = dynamic_cast<const torch::optim::AdamWOptions*>(&g);
@@ -725,6 +735,13 @@ TEST(Checkpoint, SchedulesPreparedAfterAResumeFollowTheUninterruptedRun) {
     const auto unscheduled = run(dir + "/" + c.name + "_4", true, total, false, false);
     ASSERT_EQ(unscheduled.size(), static_cast<std::size_t>(total - 4));
     for (const auto& [lr, beta1] : unscheduled) EXPECT_DOUBLE_EQ(lr, whole[4].first);
+    // A checkpoint loaded after the schedule went past it: the schedule goes back to it.
+    const auto rewound = run(dir + "/" + c.name + "_rewind", false, total, false, true, true);
+    ASSERT_EQ(rewound.size(), static_cast<std::size_t>(total));
+    for (int k = 4; k < total; ++k) {
+      EXPECT_DOUBLE_EQ(rewound[k].first, whole[k].first) << "rewound, lr of step " << k + 1;
+      EXPECT_DOUBLE_EQ(rewound[k].second, whole[k].second) << "rewound, beta1 of step " << k + 1;
+    }
     // Saved again right after a resume, before a step or a schedule: still the checkpoint it loaded.
     run(dir + "/" + c.name + "_4", true, 4, true, false);
     const auto again = run(dir + "/" + c.name + "_4", true, total, false, true);
