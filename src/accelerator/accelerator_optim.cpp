@@ -11,6 +11,20 @@ namespace accel {
 
 namespace {
 std::string config_name(const AcceleratorConfig& cfg) { return cfg.source.empty() ? "the config" : cfg.source; }
+
+// build() with its errors named: the config file's where the block decided, else the program's call.
+template <class F>
+auto built(const AcceleratorConfig& cfg, const std::optional<optim::ConfigBlock>& block, const char* call, F&& build)
+    -> decltype(build(nullptr)) {
+  try {
+    return build(block ? &*block : nullptr);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const accel::InvalidArgumentError& e) {
+    if (!block) throw accel::InvalidArgumentError(fmt::format("Accelerator::{}: {}", call, e.what()));
+    throw ConfigError(fmt::format("{}: {}", config_name(cfg), e.what()));
+  }
+}
 }  // namespace
 
 std::shared_ptr<torch::optim::Optimizer> Accelerator::create_optimizer(const std::vector<at::Tensor>& params,
@@ -20,15 +34,8 @@ std::shared_ptr<torch::optim::Optimizer> Accelerator::create_optimizer(const std
 
 std::shared_ptr<torch::optim::Optimizer> Accelerator::create_optimizer(const std::vector<optim::ParamGroup>& groups,
                                                                        const optim::OptimizerDefaults& defaults) {
-  std::shared_ptr<torch::optim::Optimizer> opt;
-  try {
-    opt = optim::make_optimizer(cfg_.optimizer ? &*cfg_.optimizer : nullptr, groups, defaults);
-  } catch (const ConfigError&) {
-    throw;
-  } catch (const accel::InvalidArgumentError& e) {  // (the block's, or else the program's defaults)
-    if (!cfg_.optimizer) throw accel::InvalidArgumentError(std::string("Accelerator::create_optimizer: ") + e.what());
-    throw ConfigError(fmt::format("{}: {}", config_name(cfg_), e.what()));
-  }
+  auto opt = built(cfg_, cfg_.optimizer, "create_optimizer",
+                   [&](const optim::ConfigBlock* b) { return optim::make_optimizer(b, groups, defaults); });
   created_optimizer_ = opt;
   if (is_main_process())
     log::info(fmt::format("optimizer: {} ({})", optim::describe(*opt),
@@ -41,15 +48,9 @@ std::shared_ptr<AcceleratedScheduler> Accelerator::create_scheduler(const optim:
     throw accel::LogicError(
         "Accelerator::create_scheduler: prepare the model and optimizer first (the schedule "
         "steps the prepared optimizer)");
-  std::shared_ptr<torch::optim::LRScheduler> s;
-  try {
-    s = optim::make_scheduler(cfg_.scheduler ? &*cfg_.scheduler : nullptr, *optimizer_, defaults, is_main_process());
-  } catch (const ConfigError&) {
-    throw;
-  } catch (const accel::InvalidArgumentError& e) {
-    if (!cfg_.scheduler) throw accel::InvalidArgumentError(std::string("Accelerator::create_scheduler: ") + e.what());
-    throw ConfigError(fmt::format("{}: {}", config_name(cfg_), e.what()));
-  }
+  auto s = built(cfg_, cfg_.scheduler, "create_scheduler", [&](const optim::ConfigBlock* b) {
+    return optim::make_scheduler(b, *optimizer_, defaults, is_main_process());
+  });
   if (is_main_process() && (cfg_.scheduler || !defaults.type.empty()))
     log::info(fmt::format("scheduler: {} ({})", cfg_.scheduler ? cfg_.scheduler->type : defaults.type,
                           cfg_.scheduler ? "the scheduler block of " + config_name(cfg_) : "the program's defaults"));
