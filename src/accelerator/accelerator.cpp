@@ -212,12 +212,25 @@ void check_supported(AcceleratorConfig& cfg, c10::Device device) {
         "offload to cpu: training runs on the CPU, where parameters and optimizer state "
         "already live");
 }
-// HYBRID_SHARD on nodes of different sizes, refused at construction with the config named (zero::groups_for
-// refuses it too, for a program that builds an engine itself). Collective.
-void check_hybrid_nodes(const AcceleratorConfig& cfg, comm::Communicator& world) {
-  if (!cfg.spec.hybrid()) return;
+// Shard groups the world cannot hold, refused at construction with the config named (zero::groups_for
+// refuses them too, for a program that builds an engine itself): HYBRID_SHARD on nodes of different
+// sizes (collective), groups of n ranks that do not divide the world, and a parallelism_config whose
+// dp_replicate_size x dp_shard_size is not the job's number of processes (`initial_world`: the size the
+// job started with, which a job restarted on fewer ranks no longer has).
+void check_shard_groups(const AcceleratorConfig& cfg, comm::Communicator& world, int initial_world) {
+  const std::string source = shard_group_source(cfg);
+  if (cfg.parallelism && cfg.parallelism->processes() != initial_world)
+    throw ConfigError(fmt::format(
+        "{}: {} is {} processes, but the job has {}; launch {} processes, or make the "
+        "sizes multiply to {}",
+        where(cfg), source, cfg.parallelism->processes(), initial_world, cfg.parallelism->processes(), initial_world));
   try {
-    zero::check_hybrid_nodes(world);
+    if (const int n = cfg.spec.groups_of_ranks()) zero::check_shard_groups(n, world.size());
+  } catch (const accel::InvalidArgumentError& e) {
+    throw ConfigError(fmt::format("{}: {}{}", where(cfg), source.empty() ? "" : source + ": ", e.what()));
+  }
+  try {
+    if (cfg.spec.groups_by_node()) zero::check_hybrid_nodes(world, cfg.spec);
   } catch (const accel::InvalidArgumentError& e) {
     throw ConfigError(fmt::format("{}: {}", where(cfg), e.what()));
   }
@@ -307,9 +320,9 @@ Accelerator::Accelerator(AcceleratorOptions opts) : opts_(opts) {
   if (cfg_.distributed_type == DistributedType::No && world_->size() > 1)
     cfg_.distributed_type = device_.is_cuda() ? DistributedType::MultiGpu : DistributedType::MultiCpu;
   check_supported(cfg_, device_);
-  check_hybrid_nodes(cfg_, *world_);
   apply_precision_policy(cfg_);
   shrink_factor_ = shrink_factor(world_->size());
+  check_shard_groups(cfg_, *world_, world_->size() * shrink_factor_);
   if (shrink_factor_ > 1) {
     const std::int64_t before = cfg_.gradient_accumulation_steps;
     cfg_.gradient_accumulation_steps *= shrink_factor_;
@@ -376,7 +389,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_model(std::shared_ptr
         fmt::format("{}: the optimizer block ({}) is not used: the program passed its own optimizer to "
                     "prepare(); Accelerator::create_optimizer builds the block's",
                     where(cfg_), cfg_.optimizer->type));
-  zero::place_model(*model, spec, device_, spec.hybrid() ? world_->node_local()->size() : num_processes());
+  zero::place_model(*model, spec, device_, zero::groups_for(spec, world_).shard->size());
   {
     // Every rank starts from rank 0's weights (as DDP does), whatever each rank's seed was. The
     // engine broadcasts the contiguous parameters itself; the rest, and the buffers, are sent here.

@@ -5,6 +5,7 @@
 #include "accelerator/config.h"
 
 #include "accelerator/config_detail.h"
+#include "base/check.h"
 #include "base/env.h"
 #include "base/files.h"
 
@@ -31,23 +32,55 @@ void note_ignored(AcceleratorConfig& cfg, const std::string& key, const std::str
 
 std::string fsdp_strategy_name(const std::string& where, const std::string& key, const std::string& text) {
   // Accelerate's numbering (FSDP's ShardingStrategy enum, the table's fsdp_number): 1 .. 4, and 5
-  // HYBRID_SHARD_ZERO2.
+  // HYBRID_SHARD_ZERO2 (not a row of the table: ZeRO-2 with a node as the shard group).
   std::vector<std::string> names, numbers;
   for (int n = 1; const zero::StrategyInfo* row = zero::find_fsdp(n); ++n) {
     names.emplace_back(row->fsdp_name);
     numbers.push_back(fmt::format("{} {}", n, names.back()));
   }
+  ACCEL_CHECK(static_cast<int>(names.size()) + 1 == zero::kHybridShardZero2Number,
+              "the FSDP strategy numbers are not 1..{}", names.size());
+  names.emplace_back(zero::kHybridShardZero2);
+  numbers.push_back(fmt::format("{} {}", zero::kHybridShardZero2Number, zero::kHybridShardZero2));
   const auto number = parse_integer(text);
-  if ((number && *number == 5) || upper(trim(text)) == "HYBRID_SHARD_ZERO2")
-    fail(where, fmt::format("{} is '{}': HYBRID_SHARD_ZERO2 is not supported yet; use {} ({} inside a node, "
-                            "replicated across nodes) or {} ({} over all ranks)",
-                            key, text, zero::info(zero::Strategy::HybridShard).fsdp_name,
-                            zero::info(zero::Strategy::Zero3).fsdp_name, zero::info(zero::Strategy::Zero2).fsdp_name,
-                            zero::info(zero::Strategy::Zero2).short_label));
   if (!number) return match_enum(where, key, text, names);
   if (*number < 1 || *number > static_cast<std::int64_t>(names.size()))
     fail_value(where, key, text, fmt::format("a strategy name or its number: {}", join(numbers)));
   return names[static_cast<std::size_t>(*number - 1)];
+}
+
+void apply_parallelism(AcceleratorConfig& cfg, const std::string& where) {
+  if (!cfg.parallelism) return;
+  const int r = cfg.parallelism->replicate, n = cfg.parallelism->shard;
+  const std::string sizes = shard_group_source(cfg);
+  switch (cfg.distributed_type) {
+    case DistributedType::Fsdp:
+      if (cfg.spec.shards_gradients()) {
+        cfg.spec.shard_group_size = n;  // r copies, each sharded over a block of n ranks (r = 1: every rank)
+        return;
+      }
+      if (n > 1)
+        fail(where, fmt::format("{} shards each copy over {} ranks, but fsdp_sharding_strategy {} shards nothing; "
+                                "use FULL_SHARD or SHARD_GRAD_OP, or set dp_shard_size to 1",
+                                sizes, n, zero::info(cfg.spec.strategy).fsdp_name));
+      return;  // r whole copies: NO_SHARD is DDP
+    case DistributedType::DeepSpeed:
+      if (r > 1)
+        fail(where, fmt::format("{} replicates the model {} times, but DeepSpeed's ZeRO shards over every rank; "
+                                "use distributed_type FSDP for copies sharded in groups, or DeepSpeed's MiCS "
+                                "(zero_optimization.mics_shard_size in the DeepSpeed JSON)",
+                                sizes, r));
+      if (cfg.spec.groups_of_ranks() > 0)
+        fail(where, fmt::format("{} shards one copy over every rank, but {} shards in blocks of {} ranks; keep one",
+                                sizes, cfg.shard_group_key, cfg.spec.groups_of_ranks()));
+      return;  // one copy over every rank: what ZeRO does
+    default:
+      if (n > 1)
+        fail(where, fmt::format("{} shards each copy over {} ranks, which needs distributed_type FSDP (under {} every "
+                                "rank holds the whole model); use FSDP, or set dp_shard_size to 1",
+                                sizes, n, to_string(cfg.distributed_type)));
+      return;  // r whole copies: DDP, which is what the distributed type does
+  }
 }
 
 std::string offload_device(const std::string& where, const std::string& key, const std::string& text) {
@@ -85,11 +118,26 @@ bool default_sync_each_batch(const AcceleratorConfig& cfg) {
   return cfg.distributed_type == DistributedType::DeepSpeed && cfg.spec.shards_gradients();
 }
 
+std::string shard_group_source(const AcceleratorConfig& cfg) {
+  if (cfg.parallelism)
+    return fmt::format("parallelism_config's dp_replicate_size x dp_shard_size ({} x {})", cfg.parallelism->replicate,
+                       cfg.parallelism->shard);
+  return cfg.spec.groups_of_ranks() > 0 ? cfg.shard_group_key : std::string();
+}
+
 std::string strategy_name(const AcceleratorConfig& cfg) {
   const zero::StrategyInfo& row = zero::info(cfg.spec.strategy);
   switch (cfg.distributed_type) {
-    case DistributedType::Fsdp: return std::string("FSDP ") + (row.fsdp_name ? row.fsdp_name : row.short_label);
-    case DistributedType::DeepSpeed: return std::string("DeepSpeed ") + row.short_label;
+    case DistributedType::Fsdp: {
+      if (cfg.spec.groups_by_node() && !cfg.spec.hybrid()) return std::string("FSDP ") + zero::kHybridShardZero2;
+      const std::string name = std::string("FSDP ") + (row.fsdp_name ? row.fsdp_name : row.short_label);
+      const int g = cfg.spec.groups_of_ranks();
+      return g > 0 ? fmt::format("{} in groups of {} ranks", name, g) : name;
+    }
+    case DistributedType::DeepSpeed: {
+      const int g = cfg.spec.groups_of_ranks();
+      return fmt::format("DeepSpeed {}{}", row.short_label, g > 0 ? fmt::format(" (MiCS, groups of {} ranks)", g) : "");
+    }
     case DistributedType::MultiCpu:
     case DistributedType::MultiGpu: return "DDP";
     case DistributedType::No: return "single process";
@@ -252,6 +300,10 @@ void force_deepspeed(AcceleratorConfig& cfg, int stage) {
   const zero::ShardingSpec fresh = zero::ShardingSpec::zero(stage);
   if (cfg.distributed_type == DistributedType::DeepSpeed) {
     cfg.spec.strategy = fresh.strategy;  // keep the file's buckets and dtypes
+    if (!fresh.shards_parameters()) {    // MiCS is stage 3 only
+      cfg.spec.shard_group_size = fresh.shard_group_size;
+      cfg.shard_group_key.clear();
+    }
   } else {
     cfg.distributed_type = DistributedType::DeepSpeed;
     cfg.spec = fresh;
@@ -262,9 +314,12 @@ void force_fsdp(AcceleratorConfig& cfg, const std::string& strategy) {
   const zero::ShardingSpec fresh = zero::ShardingSpec::fsdp(strategy);
   if (cfg.distributed_type == DistributedType::Fsdp) {
     cfg.spec.strategy = fresh.strategy;  // keep the file's wrap policy and prefetch
+    // The groups go with the strategy (HYBRID_SHARD_ZERO2's nodes); a parallelism_config's are set again.
+    cfg.spec.shard_group_size = fresh.shard_group_size;
   } else {
     cfg.distributed_type = DistributedType::Fsdp;
     cfg.spec = fresh;
+    cfg.shard_group_key.clear();  // (a DeepSpeed file's MiCS goes with its spec)
   }
 }
 }  // namespace
@@ -324,6 +379,11 @@ AcceleratorConfig resolve_config(const ConfigOverrides& args) {
     if (stage)
       cd::note_ignored(cfg, fmt::format("zero_stage ({})", stage->where),
                        fmt::format("overridden by fsdp_sharding_strategy ({})", strategy->where));
+  }
+  if (stage || strategy) {  // the file's parallelism_config, against the strategy now in force
+    const std::string& by = stage && (!strategy || stage->level > strategy->level) ? stage->where : strategy->where;
+    cd::apply_parallelism(cfg, fmt::format("{} (with the strategy from {})",
+                                           cfg.source.empty() ? std::string("the configuration") : cfg.source, by));
   }
 
   try {

@@ -87,9 +87,19 @@ struct AcceleratorConfig {
   bool use_cpu = false;
   // Resolved once the batch triad is known; until then the value the files gave (or 1).
   std::int64_t gradient_accumulation_steps = 1;
-  BatchConfig batch;                                       // DeepSpeed's triad as written ("auto" = unset)
-  std::optional<double> gradient_clipping;                 // DeepSpeed: clip every step to this global norm
-  zero::ShardingSpec spec;                                 // strategy, wrap policy, prefetch, buckets, dtypes
+  BatchConfig batch;                        // DeepSpeed's triad as written ("auto" = unset)
+  std::optional<double> gradient_clipping;  // DeepSpeed: clip every step to this global norm
+  zero::ShardingSpec spec;                  // strategy, wrap policy, prefetch, buckets, dtypes
+  // Accelerate's parallelism_config as copies x shards (FSDP2's HSDP mesh), unset where it gives no size
+  // other than 1. The strategy's shard groups come from it (config_detail::apply_parallelism, again after
+  // an override of the strategy); its product must be the job's number of processes.
+  struct DataParallelSizes {
+    int replicate = 1, shard = 1;
+    int processes() const { return replicate * shard; }
+  };
+  std::optional<DataParallelSizes> parallelism;
+  // The key that set spec.shard_group_size by itself: DeepSpeed's "zero_optimization.mics_shard_size".
+  std::string shard_group_key;
   std::string offload_optimizer_device = "none";           // none | cpu | nvme
   std::string offload_param_device = "none";               // none | cpu | nvme
   StateDictType state_dict_type = StateDictType::Sharded;  // fsdp_state_dict_type
@@ -114,6 +124,10 @@ struct AcceleratorConfig {
   // "" nothing. ACCEL_AUTO_RESUME and AcceleratorOptions::auto_resume win over it.
   std::string resume_from_checkpoint;
 };
+
+// What set spec.shard_group_size, for messages: "parallelism_config's dp_replicate_size x dp_shard_size
+// (2 x 4)", "zero_optimization.mics_shard_size", or "" (nothing in the config did).
+std::string shard_group_source(const AcceleratorConfig& cfg);
 
 // The strategy as the config's own dialect names it, for logs and banners: "FSDP FULL_SHARD",
 // "DeepSpeed ZeRO-3", "DDP" (MULTI_CPU / MULTI_GPU), "single process" (NO).

@@ -246,6 +246,20 @@ void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
                    cfg, off.param_nvme_path, off.param_buffer_count);
   if (auto n = zero.integer("sub_group_size", 1, std::numeric_limits<std::int64_t>::max(), "a number of elements >= 1"))
     off.sub_group_size = *n;
+  // MiCS: stage 3 shards each copy of the model over a block of n ranks, the copies averaging gradients
+  // (DeepSpeed's MiCS_Init and MiCS_Optimizer; -1 or 0 is off, and stages 0-2 ignore it as DeepSpeed does).
+  if (auto n = zero.integer("mics_shard_size", -1, std::numeric_limits<int>::max(),
+                            "-1 or 0 (off), or a number of ranks >= 1");
+      n && *n > 0) {
+    if (stage == 3) {
+      cfg.spec.shard_group_size = static_cast<int>(*n);
+      cfg.shard_group_key = zero.path("mics_shard_size");
+    } else {
+      cd::note_ignored(
+          cfg, zero.path("mics_shard_size"),
+          fmt::format("MiCS shards ZeRO-3: it acts only with stage 3 (zero_optimization.stage is {})", stage));
+    }
+  }
   if (cfg.offload_param_device != "none" && stage != 3)
     cd::fail(file, fmt::format("{} offloads parameters to '{}', which needs stage 3 (zero_optimization.stage is {}); "
                                "use stage 3 or set the device to \"none\"",

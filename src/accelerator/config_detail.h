@@ -16,8 +16,14 @@ namespace accel::config_detail {
 void note_ignored(AcceleratorConfig& cfg, const std::string& key, const std::string& reason);
 
 // An FSDP sharding strategy given as a name (any case) or Accelerate's 1-based number; returns the
-// row's fsdp_name (zero/spec.h). HYBRID_SHARD_ZERO2 and anything else throw, naming WHERE and KEY.
+// row's fsdp_name (zero/spec.h), or HYBRID_SHARD_ZERO2 (5); anything else throws, naming WHERE and KEY.
 std::string fsdp_strategy_name(const std::string& where, const std::string& key, const std::string& text);
+
+// cfg.parallelism against the distributed type and strategy: under FSDP a strategy that shards
+// gradients takes blocks of `shard` ranks as its shard groups; anything the type cannot do (shards under
+// DDP, copies under DeepSpeed, shards under NO_SHARD, a contradicting mics_shard_size) throws, naming
+// WHERE. Nothing without cfg.parallelism.
+void apply_parallelism(AcceleratorConfig& cfg, const std::string& where);
 
 // "none" | "cpu" | "nvme" (any case), else throws.
 std::string offload_device(const std::string& where, const std::string& key, const std::string& text);

@@ -16,6 +16,8 @@ constexpr const char* kHostfile = "give the hostfile to accel launch (mpirun)";
 constexpr const char* kMachine =
     "a torchrun rendezvous setting; accel launch starts the ranks of every machine from one mpirun "
     "(--hostfile), and each rank learns its machine from MPI";
+constexpr const char* kNoSequenceParallel =
+    "accel has no context or sequence parallelism (cp_size and sp_size must be 1), so it has nothing to set";
 constexpr const char* kFp8Recipe =
     "accel's fp8 scales dynamically from each tensor's (or, rowwise, each row's or column's) current amax: "
     "no delayed scaling (the recipe and fp8_format keys choose)";
@@ -30,7 +32,6 @@ constexpr const char* kFetcher =
 constexpr const char* kGather = "accel all-gathers each unit's flat parameter in one collective";
 constexpr const char* kDetail = "a DeepSpeed implementation detail with no accel counterpart";
 constexpr const char* kZeroPP = "ZeRO++ is not implemented in accel";
-constexpr const char* kMics = "MiCS is not implemented in accel";
 constexpr const char* kPinned =
     "accel always pins the host memory it offloads to from a GPU (a model on the CPU needs no pinning)";
 constexpr const char* kAioThreads =
@@ -99,8 +100,8 @@ const std::vector<Key>& all() {
       {D::Accelerate, "", "fp16", "", T::Bool, "", "",
        "Accelerate's old spelling: true is mixed_precision fp16, false is no; must agree with mixed_precision",
        nullptr},
-      {D::Accelerate, "", "parallelism_config", "", T::Object, "", "empty",
-       "Tensor/context/N-D parallelism, which accel does not have: only an empty block is accepted", nullptr},
+      {D::Accelerate, "", "parallelism_config", "", T::Object, "", "",
+       "Data parallelism as copies x shards (FSDP2's HSDP); tensor, context and sequence sizes must be 1", nullptr},
       {D::Accelerate, "", "debug", "", T::Any, "", "", "check collectives across ranks",
        "accel checks every collective across ranks unless ACCEL_COMM_CHECK=0"},
       {D::Accelerate, "", "gpu_ids", "", T::Any, "", "", "the GPUs the job may use",
@@ -225,6 +226,33 @@ const std::vector<Key>& all() {
        kHostfile},
       {D::Accelerate, "deepspeed_config", "deepspeed_moe_layer_cls_names", "", T::Any, "", "",
        "Mixture-of-Experts layer classes", "Mixture-of-Experts leaf modules are not supported"},
+
+      // ---- Accelerate YAML: parallelism_config (each key also without its parallelism_config_ prefix) ------
+      {D::Accelerate, "parallelism_config", "parallelism_config_dp_replicate_size", "", T::Int, "1", ">= 1",
+       "copies of the model (with dp_shard_size: FSDP shards each copy over a block of dp_shard_size consecutive "
+       "ranks and averages gradients across the copies); dp_replicate_size x dp_shard_size = num_processes",
+       nullptr},
+      {D::Accelerate, "parallelism_config", "parallelism_config_dp_shard_size", "", T::Int, "1", ">= 1",
+       "ranks each copy is sharded over (FSDP only; under FULL_SHARD/SHARD_GRAD_OP/HYBRID_SHARD the shard group)",
+       nullptr},
+      {D::Accelerate, "parallelism_config", "parallelism_config_tp_size", "", T::Int, "1", "1",
+       "tensor parallel size: accel has none, only 1 is accepted", nullptr},
+      {D::Accelerate, "parallelism_config", "parallelism_config_cp_size", "", T::Int, "1", "1",
+       "context parallel size: accel has none, only 1 is accepted", nullptr},
+      {D::Accelerate, "parallelism_config", "parallelism_config_sp_size", "", T::Int, "1", "1",
+       "sequence parallel size (DeepSpeed Ulysses): accel has none, only 1 is accepted", nullptr},
+      {D::Accelerate, "parallelism_config", "parallelism_config_cp_comm_strategy", "", T::Any, "", "",
+       "context parallel exchange (allgather, alltoall)", kNoSequenceParallel},
+      {D::Accelerate, "parallelism_config", "parallelism_config_cp_backend", "", T::Any, "", "",
+       "context parallel implementation", kNoSequenceParallel},
+      {D::Accelerate, "parallelism_config", "parallelism_config_sp_backend", "", T::Any, "", "",
+       "sequence parallel implementation", kNoSequenceParallel},
+      {D::Accelerate, "parallelism_config", "parallelism_config_sp_seq_length", "", T::Any, "", "",
+       "sequence parallel: the sequence length", kNoSequenceParallel},
+      {D::Accelerate, "parallelism_config", "parallelism_config_sp_seq_length_is_variable", "", T::Bool, "", "",
+       "sequence parallel: lengths vary between batches", kNoSequenceParallel},
+      {D::Accelerate, "parallelism_config", "parallelism_config_sp_attn_implementation", "", T::Any, "", "",
+       "sequence parallel: the attention kernel", kNoSequenceParallel},
 
       // ---- Accelerate YAML: fp8_config -------------------------------------------------------------
       {D::Accelerate, "fp8_config", "backend", "", T::Choice, "", "AO, TE, MSAMP",
@@ -440,9 +468,14 @@ const std::vector<Key>& all() {
        "ZeRO++ quantized gradient reduction (qgZ)", kZeroPP},
       {D::DeepSpeed, "zero_optimization", "zeropp_loco_param", "", T::Any, "", "",
        "ZeRO++ LoCo error-feedback settings", kZeroPP},
-      {D::DeepSpeed, "zero_optimization", "mics_shard_size", "", T::Int, "", "", "MiCS shard group size", kMics},
+      {D::DeepSpeed, "zero_optimization", "mics_shard_size", "", T::Int, "-1", "-1 or 0 (off), >= 1",
+       "MiCS: stage 3 shards each copy of the model over blocks of this many consecutive ranks (dividing the "
+       "world) and averages gradients across the copies; -1 or 0 shards over every rank",
+       nullptr},
       {D::DeepSpeed, "zero_optimization", "mics_hierarchical_params_gather", "", T::Bool, "", "",
-       "MiCS hierarchical parameter all-gather", kMics},
+       "MiCS hierarchical parameter all-gather",
+       "accel's CPU all-gather over ranks on several nodes is hierarchical already (across the nodes over MPI, "
+       "then inside each node in shared memory); NCCL picks its own algorithm"},
 
       // ---- DeepSpeed JSON: zero_optimization.offload_optimizer -------------------------------------
       {D::DeepSpeed, "zero_optimization.offload_optimizer", "device", "", T::Choice, "none", "none, cpu, nvme",

@@ -414,6 +414,7 @@ void merge_deepspeed_json(const Section& s, const std::string& base_dir, const T
   cfg.gradient_accumulation_steps = accumulation;
   cfg.gradient_clipping = j.gradient_clipping;
   cfg.spec = j.spec;
+  cfg.shard_group_key = j.shard_group_key;
   cfg.offload_optimizer_device = j.offload_optimizer_device;
   cfg.offload_param_device = j.offload_param_device;
   cfg.zero3_save_16bit_model = j.zero3_save_16bit_model;
@@ -493,6 +494,30 @@ void read_fp8(const Section& s, AcceleratorConfig& cfg) {
   if (auto v = s.choice("recipe", {"tensorwise", "rowwise"})) cfg.fp8.recipe = *v;
 }
 
+// parallelism_config (Accelerate's ParallelismConfig): data parallelism as a 2-D mesh, dp_replicate_size
+// copies of the model, each sharded over dp_shard_size consecutive ranks (FSDP2's HSDP). accel has no
+// tensor, context or sequence parallelism: their sizes must be 1. Read after the strategy.
+void read_parallelism(const Section& s, AcceleratorConfig& cfg) {
+  const std::string& file = s.file();
+  for (const char* size : {"parallelism_config_tp_size", "parallelism_config_cp_size", "parallelism_config_sp_size"})
+    if (auto v = s.integer(size, 1, kIntMax, "an integer >= 1"); v && *v != 1)
+      cd::fail(file, fmt::format("{} is {}: accel has no tensor, context or sequence parallelism (every rank holds "
+                                 "whole layers and whole sequences); set it to 1 or remove it",
+                                 s.path(size), *v));
+  const auto replicate = s.integer("parallelism_config_dp_replicate_size", 1, kIntMax, "an integer >= 1");
+  const auto shard = s.integer("parallelism_config_dp_shard_size", 1, kIntMax, "an integer >= 1");
+  const AcceleratorConfig::DataParallelSizes sizes{static_cast<int>(replicate.value_or(1)),
+                                                   static_cast<int>(shard.value_or(1))};
+  if (sizes.replicate == 1 && sizes.shard == 1) return;  // sizes of 1 say nothing: the strategy as it is
+  cfg.parallelism = sizes;
+  if (static_cast<std::int64_t>(sizes.replicate) * sizes.shard > kIntMax)
+    cd::fail(file, fmt::format("{} is more processes than accel can run", shard_group_source(cfg)));
+  if (cfg.num_processes && *cfg.num_processes != sizes.processes())
+    cd::fail(file, fmt::format("{} is {} processes, but num_processes is {}; make them agree", shard_group_source(cfg),
+                               sizes.processes(), *cfg.num_processes));
+  cd::apply_parallelism(cfg, file);
+}
+
 YAML::Node load_yaml(const std::string& text, const std::string& source) {
   try {
     return YAML::Load(text);
@@ -524,11 +549,6 @@ AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::stri
     if (cfg.distributed_type == DistributedType::DeepSpeed) cfg.batch.gradient_accumulation_steps = *tl.accumulation;
   }
   read_trackers(top, cfg);
-  if (top.has("parallelism_config") &&
-      !(top.node("parallelism_config").IsMap() && top.node("parallelism_config").size() == 0))
-    cd::fail(source,
-             "parallelism_config is set, but tensor/context/N-D parallelism is not supported; remove it "
-             "(data parallel sharding comes from distributed_type)");
 
   const Section fsdp(top.has("fsdp_config") ? top.node("fsdp_config") : YAML::Node(), source, "fsdp_config.",
                      accelerate_keys("fsdp_config"), cfg, "fsdp_");
@@ -536,6 +556,8 @@ AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::stri
                    "deepspeed_config.", accelerate_keys("deepspeed_config"), cfg);
   const Section fp8(top.has("fp8_config") ? top.node("fp8_config") : YAML::Node(), source, "fp8_config.",
                     accelerate_keys("fp8_config"), cfg);
+  const Section parallelism(top.has("parallelism_config") ? top.node("parallelism_config") : YAML::Node(), source,
+                            "parallelism_config.", accelerate_keys("parallelism_config"), cfg, "parallelism_config_");
   const std::string type = to_string(cfg.distributed_type);
   if (!fsdp.empty() && cfg.distributed_type != DistributedType::Fsdp)
     cd::fail(source, fmt::format("fsdp_config is set but distributed_type is {}; set distributed_type: FSDP or remove "
@@ -552,6 +574,7 @@ AcceleratorConfig parse_accelerate_yaml(const std::string& text, const std::stri
     default: cfg.spec = zero::ShardingSpec::ddp(); break;
   }
 
+  read_parallelism(parallelism, cfg);
   read_fp8(fp8, cfg);
   if (!fp8.empty() && cfg.mixed_precision != MixedPrecision::Fp8)
     cd::fail(source, fmt::format("fp8_config is set but mixed_precision is '{}'; set mixed_precision: fp8 or remove "

@@ -48,12 +48,27 @@ const char* dtype_name(const std::optional<c10::ScalarType>& t, const char* unse
 
 std::string explained_strategy(const AcceleratorConfig& c) {
   const zero::StrategyInfo& row = zero::info(c.spec.strategy);
+  // Shard groups other than the strategy's own: blocks of n ranks (MiCS, parallelism_config), or a
+  // node's ranks under ZeRO-2 (HYBRID_SHARD_ZERO2).
+  const int g = c.spec.groups_of_ranks();
+  const std::string source = shard_group_source(c);
+  const std::string blocks =
+      g > 0 ? fmt::format(", each copy sharded over {} consecutive rank{} ({})", g, g == 1 ? "" : "s",
+                          source.empty() ? "ShardingSpec::shard_group_size" : source)
+            : "";
   switch (c.distributed_type) {
     case DistributedType::No: return fmt::format("NO (one process; several ranks make it {})", row.short_label);
     case DistributedType::MultiCpu:
     case DistributedType::MultiGpu: return fmt::format("{} ({})", row.short_label, to_string(c.distributed_type));
-    case DistributedType::DeepSpeed: return fmt::format("DeepSpeed ZeRO stage {}", row.zero_stage);
-    case DistributedType::Fsdp: return fmt::format("FSDP {}; FSDP version {}", row.fsdp_label, c.fsdp_version);
+    case DistributedType::DeepSpeed:
+      return fmt::format("DeepSpeed ZeRO stage {}{}", row.zero_stage, g > 0 ? " with MiCS" + blocks : "");
+    case DistributedType::Fsdp:
+      if (c.spec.groups_by_node() && !c.spec.hybrid())
+        return fmt::format("FSDP {} ({} inside each machine, replicated across machines); FSDP version {}",
+                           zero::kHybridShardZero2, row.fsdp_name, c.fsdp_version);
+      // (HYBRID_SHARD's label says machines: in blocks, its name alone)
+      return fmt::format("FSDP {}{}; FSDP version {}", g > 0 && c.spec.hybrid() ? row.fsdp_name : row.fsdp_label,
+                         blocks, c.fsdp_version);
   }
   return "?";
 }
@@ -79,7 +94,8 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
                            std::optional<int> num_machines) {
   AcceleratorConfig cfg = given;
   apply_precision_policy(cfg);  // the dtypes mixed_precision gives, as the Accelerator will use them
-  const int n = num_processes.value_or(cfg.num_processes.value_or(1));
+  // (a parallelism_config's copies x shards is the only count it runs at)
+  const int n = num_processes.value_or(cfg.num_processes.value_or(cfg.parallelism ? cfg.parallelism->processes() : 1));
   const int m = num_machines.value_or(cfg.num_machines.value_or(1));
   const zero::ShardingSpec& s = cfg.spec;
   std::ostringstream o;
@@ -95,13 +111,22 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
                         : fmt::format("{} processes on {} machines, {} per machine", n, m, n / m));
   }
 
-  // Which ranks a shard is split over: every rank, or (HYBRID_SHARD) the ranks of one machine.
+  // Which ranks a shard is split over: every rank, the ranks of one machine (HYBRID_SHARD), or blocks
+  // of g consecutive ranks (MiCS, parallelism_config).
   const int per_machine = m > 0 && n % m == 0 ? n / m : n;
-  const int shard_over = s.hybrid() ? per_machine : n;
+  const int g = s.groups_of_ranks();
+  const bool blocks = g > 0 && n % g == 0;
+  const int shard_over = blocks ? g : s.groups_by_node() ? per_machine : n;
   const std::string fraction =
       shard_over == 1 ? std::string("all of it (one rank in the group)") : fmt::format("1/{} of it", shard_over);
-  const std::string over = s.hybrid() ? fmt::format("sharded over the {} ranks of its machine", shard_over)
-                                      : fmt::format("sharded over all {} ranks", shard_over);
+  const std::string over = blocks               ? fmt::format("sharded over a block of {} consecutive ranks", g)
+                           : s.groups_by_node() ? fmt::format("sharded over the {} ranks of its machine", shard_over)
+                                                : fmt::format("sharded over all {} ranks", shard_over);
+  std::string across;  // how the copies' gradients meet
+  if (blocks && n / g > 1)
+    across = fmt::format(" inside the block, then all-reduce across the {} copies", n / g);
+  else if (s.groups_by_node() && m > 1)
+    across = fmt::format(" inside the machine, then all-reduce across the {} machines", m);
   o << "Each rank holds\n";
   const std::string master = dtype_name(s.master_dtype, "the model's dtype");
   if (s.shards_optimizer()) {
@@ -110,10 +135,7 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
     row("  optimizer", fmt::format("all of it (replicated on every rank), master weights in {}", master));
   }
   if (s.shards_gradients()) {
-    row("  gradients",
-        fmt::format("{}: reduce-scatter{}", fraction,
-                    s.hybrid() && m > 1 ? fmt::format(" inside the machine, then all-reduce across the {} machines", m)
-                                        : std::string("")));
+    row("  gradients", fmt::format("{}: reduce-scatter{}", fraction, across));
   } else if (s.shards_optimizer()) {
     row("  gradients", "a full buffer; reduce-scatter fills its own slice, which the optimizer steps");
   } else {
@@ -153,14 +175,32 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
         "only units are gathered one at a time; parameters in no unit form the root unit, kept whole on every rank "
         "from step to step: a model that marks no module with accel::unit stays whole on every rank (DDP's "
         "parameter memory), and prepare warns when that is at least half of the model");
-  if (s.hybrid()) {
+  if (cfg.parallelism && cfg.parallelism->processes() != n) {
+    row("Shard groups",
+        fmt::format("{} is {} processes, not {}: accel refuses this (launch {})", shard_group_source(cfg),
+                    cfg.parallelism->processes(), n, cfg.parallelism->processes()));
+  } else if (g > 0) {
+    if (!blocks)
+      row("Shard groups", fmt::format("blocks of {} consecutive ranks, which do not divide the {} process{}: accel "
+                                      "refuses this (launch a multiple of {})",
+                                      g, n, n == 1 ? "" : "es", g));
+    else if (n / g > 1) {
+      row("Shard groups", groups(n, g, false));
+      row("Replicas", groups(n, n / g, true) + " (all-reduce across the copies)");
+    } else {
+      row("Shard group", rank_range(0, n) + " (one copy: the block is every rank)");
+    }
+  } else if (s.groups_by_node()) {
     if (m > 1 && n % m == 0) {
       row("Shard groups", groups(n, per_machine, false));
       row("Replicas", groups(n, m, true) + " (all-reduce across machines)");
     } else {
-      row("Shard groups",
-          fmt::format("one machine: {} shards like {} over all ranks",
-                      zero::info(zero::Strategy::HybridShard).fsdp_name, zero::info(zero::Strategy::Zero3).fsdp_name));
+      row("Shard groups", s.hybrid()
+                              ? fmt::format("one machine: {} shards like {} over all ranks",
+                                            zero::info(zero::Strategy::HybridShard).fsdp_name,
+                                            zero::info(zero::Strategy::Zero3).fsdp_name)
+                              : fmt::format("one machine: {} shards like {} over all ranks", zero::kHybridShardZero2,
+                                            zero::info(zero::Strategy::Zero2).fsdp_name));
     }
   } else if (s.shards_optimizer() && n > 1) {
     row("Shard group", rank_range(0, n));
@@ -235,7 +275,9 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
                            "{.checkpoint = true}) still checkpoints single units)");
   row("Checkpoints", cfg.state_dict_type == StateDictType::Full
                          ? "save_state writes full checkpoints (rank 0 writes every tensor whole)"
-                         : "save_state writes sharded checkpoints (each rank its own slices)");
+                     : !across.empty() ? "save_state writes sharded checkpoints (each rank of the first "
+                                         "copy its own slices)"
+                                       : "save_state writes sharded checkpoints (each rank its own slices)");
   if (cfg.offload_optimizer_device != "none" || cfg.offload_param_device != "none") {
     const auto& off = s.offload;
     const std::string share =

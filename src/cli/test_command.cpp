@@ -107,9 +107,13 @@ int run_worker(const TestArgs& a) {
   try {
     Accelerator acc(o.accelerator);  // reports the ignored keys once; a bad config fails here
     const AcceleratorConfig& c = acc.config();
-    header = fmt::format("accel test: {}: {} ({}), {} process(es) on {}, mixed_precision {}",
+    const int g = c.spec.groups_of_ranks();
+    const std::string groups = g > 0 ? fmt::format(" in shard groups of {} rank(s)", g)
+                               : c.spec.groups_by_node() && !c.spec.hybrid() ? " in shard groups of a node's ranks"
+                                                                             : "";
+    header = fmt::format("accel test: {}: {} ({}{}), {} process(es) on {}, mixed_precision {}",
                          c.source.empty() ? std::string("no config file (defaults)") : c.source,
-                         to_string(c.distributed_type), zero::to_string(c.spec.strategy), acc.num_processes(),
+                         to_string(c.distributed_type), zero::to_string(c.spec.strategy), groups, acc.num_processes(),
                          acc.device().str(), to_string(c.mixed_precision));
   } catch (const std::exception& e) {
     if (comm::Communicator::world()->rank() == 0) std::fprintf(stderr, "accel test: error: %s\n", e.what());

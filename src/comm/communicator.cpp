@@ -286,6 +286,26 @@ std::shared_ptr<Communicator> Communicator::cross_node() {
   return cross_node_;
 }
 
+void Communicator::make_blocks(int n) {
+  if (size_ != topo_->world_size) throw InvalidArgument("block: only the world communicator cuts itself into blocks");
+  if (n < 1 || size_ % n != 0)
+    throw InvalidArgument(fmt::format("block: {} ranks do not cut into blocks of {}", size_, n));
+  if (blocks_.count(n)) return;
+  auto mine = split(rank_ / n, rank_);
+  auto across = split(rank_ % n, rank_);
+  blocks_.emplace(n, std::make_pair(std::move(mine), std::move(across)));
+}
+
+std::shared_ptr<Communicator> Communicator::block(int n) {
+  make_blocks(n);
+  return blocks_.at(n).first;
+}
+
+std::shared_ptr<Communicator> Communicator::across_blocks(int n) {
+  make_blocks(n);
+  return blocks_.at(n).second;
+}
+
 void Communicator::abandon(const std::string& why) {
   log::error(fmt::format("{}: this rank cannot follow its peers any more; the job ends when this process exits", why));
   broken_->store(true);

@@ -21,6 +21,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -74,6 +75,12 @@ class Communicator {
   // HYBRID_SHARD groups). World communicator only; created on first use (collective), then cached.
   std::shared_ptr<Communicator> node_local();
   std::shared_ptr<Communicator> cross_node();
+  // The world cut into blocks of n consecutive ranks (n divides the world size): this rank's block,
+  // and the ranks at this rank's place in every block (a 2-D mesh, replicate x shard, as FSDP's HSDP
+  // and DeepSpeed's MiCS lay it out). World communicator only; created on first use (collective, every
+  // rank passing the same n), then cached per n.
+  std::shared_ptr<Communicator> block(int n);
+  std::shared_ptr<Communicator> across_blocks(int n);
 
   // --- memory every rank of the group maps ------------------------------------------------------
   // Collective over this group: a zero-filled CPU tensor of `numel` elements whose memory every rank of
@@ -124,6 +131,8 @@ class Communicator {
   Counters counters_;
   std::shared_ptr<std::atomic<std::int64_t>> wait_ns_ = std::make_shared<std::atomic<std::int64_t>>(0);
   std::shared_ptr<Communicator> node_local_, cross_node_;
+  std::map<int, std::pair<std::shared_ptr<Communicator>, std::shared_ptr<Communicator>>> blocks_;
+  void make_blocks(int n);
 };
 
 }  // namespace accel::comm

@@ -13,12 +13,25 @@
 namespace accel::zero {
 
 Groups groups_for(const ShardingSpec& spec, const std::shared_ptr<comm::Communicator>& world) {
-  if (!spec.hybrid()) return {world, nullptr};
-  check_hybrid_nodes(*world);
+  if (const int n = spec.groups_of_ranks()) {
+    check_shard_groups(n, world->size());
+    if (n == world->size()) return {world, nullptr};
+    return {world->block(n), world->across_blocks(n)};
+  }
+  if (!spec.groups_by_node()) return {world, nullptr};
+  check_hybrid_nodes(*world, spec);
   return {world->node_local(), world->cross_node()};
 }
 
-void check_hybrid_nodes(comm::Communicator& world) {
+void check_shard_groups(int group_size, int world_size) {
+  if (group_size >= 1 && world_size % group_size == 0) return;
+  throw accel::InvalidArgumentError(fmt::format(
+      "shard groups of {} rank{} do not divide the {} ranks of the job (each group holds a whole sharded copy of "
+      "the model): launch a multiple of {} ranks, or choose a group size that divides {}",
+      group_size, group_size == 1 ? "" : "s", world_size, group_size, world_size));
+}
+
+void check_hybrid_nodes(comm::Communicator& world, const ShardingSpec& spec) {
   if (world.size() == 1) return;
   const comm::Topology& topo = world.topology();
   const at::Tensor mine = at::tensor(std::vector<std::int64_t>{topo.node_rank, topo.local_world_size},
@@ -34,12 +47,17 @@ void check_hybrid_nodes(comm::Communicator& world) {
     sizes += fmt::format("{}{}", sizes.empty() ? "" : ", ", n);
     even = even && n == ranks_of_node.begin()->second;
   }
-  if (!even)
+  if (!even) {
+    // HYBRID_SHARD is FULL_SHARD so; HYBRID_SHARD_ZERO2 (ZeRO-2 with node groups) is SHARD_GRAD_OP so.
+    const bool zero3 = spec.shards_parameters();
     throw accel::InvalidArgumentError(fmt::format(
-        "HYBRID_SHARD needs the same number of ranks on every node (it shards within a node and mirrors each "
-        "shard on the other nodes), but the {} nodes hold {} rank(s){}. Launch as many ranks on each node, or use "
-        "FULL_SHARD, which shards over all ranks",
-        ranks_of_node.size(), sizes, topo.simulated ? " (ACCEL_RANKS_PER_NODE)" : ""));
+        "{} needs the same number of ranks on every node (it shards within a node and mirrors each shard on the "
+        "other nodes), but the {} nodes hold {} rank(s){}. Launch as many ranks on each node, or use {}, which "
+        "shards over all ranks",
+        zero3 ? info(Strategy::HybridShard).fsdp_name : kHybridShardZero2, ranks_of_node.size(), sizes,
+        topo.simulated ? " (ACCEL_RANKS_PER_NODE)" : "",
+        zero3 ? info(Strategy::Zero3).fsdp_name : info(Strategy::Zero2).fsdp_name));
+  }
 }
 
 Plan Plan::resolve(const ShardingSpec& spec, int world_size, int shard_size, bool dtypes_convert) {

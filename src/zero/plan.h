@@ -12,20 +12,25 @@
 
 namespace accel::zero {
 
-// The groups a spec shards over: the world, or under HYBRID_SHARD the ranks of this node (shard) and
-// the same local rank on every node (replicate). Collective (the hybrid groups are split from world).
-// Under HYBRID_SHARD, throws InvalidArgumentError on every rank where nodes hold different numbers of
-// ranks (check_hybrid_nodes).
+// The groups a spec shards over (ShardingSpec::shard_group_size): the world; under HYBRID_SHARD (or
+// kNodeGroup) the ranks of this node (shard) and the same local rank on every node (replicate); with
+// groups of n ranks, this rank's block of n consecutive ranks and the ranks at its place in every
+// block. Collective (the groups are split from world, once). Throws InvalidArgumentError on every
+// rank where nodes hold different numbers of ranks (check_hybrid_nodes), or n does not divide the world
+// (check_shard_groups).
 struct Groups {
-  std::shared_ptr<comm::Communicator> shard, replicate;  // replicate: null unless HYBRID_SHARD
+  std::shared_ptr<comm::Communicator> shard, replicate;  // replicate: null when one group holds every rank
 };
 Groups groups_for(const ShardingSpec& spec, const std::shared_ptr<comm::Communicator>& world);
 
-// HYBRID_SHARD shards within each node and mirrors each shard, rank for rank, on the other nodes: every
-// node must hold as many ranks (FSDP's device mesh, replicate x shard, has the same rule). Collective
-// over the world (an all-gather of the node sizes); throws InvalidArgumentError naming them on every
-// rank where they differ.
-void check_hybrid_nodes(comm::Communicator& world);
+// Throws InvalidArgumentError unless groups of `group_size` ranks cut `world_size` ranks evenly.
+void check_shard_groups(int group_size, int world_size);
+
+// HYBRID_SHARD (and HYBRID_SHARD_ZERO2) shards within each node and mirrors each shard, rank for rank,
+// on the other nodes: every node must hold as many ranks (FSDP's device mesh, replicate x shard, has the
+// same rule). Collective over the world (an all-gather of the node sizes); throws InvalidArgumentError
+// naming them, and spec's strategy, on every rank where they differ.
+void check_hybrid_nodes(comm::Communicator& world, const ShardingSpec& spec);
 
 struct Plan {
   // A world of one rank with no dtype conversion and nothing offloaded to disk: no hooks, no flat gradients, no masters

@@ -76,9 +76,15 @@ ShardingSpec ShardingSpec::zero(int stage) {
 }
 
 ShardingSpec ShardingSpec::fsdp(const std::string& name) {
+  if (name == kHybridShardZero2) {
+    ShardingSpec s = zero(2);
+    s.shard_group_size = kNodeGroup;
+    return s;
+  }
   const StrategyInfo* row = find_fsdp(name);
   if (!row)
-    throw accel::InvalidArgumentError(fmt::format("FSDP sharding strategy '{}' is not one of {}", name, fsdp_names()));
+    throw accel::InvalidArgumentError(
+        fmt::format("FSDP sharding strategy '{}' is not one of {}, {}", name, fsdp_names(), kHybridShardZero2));
   ShardingSpec s;
   s.strategy = row->strategy;
   return s;
@@ -106,6 +112,15 @@ void ShardingSpec::validate() const {
                                                   offload.optimizer_buffer_count, offload.param_buffer_count));
   if (offload.sub_group_size < 1)
     throw accel::InvalidArgumentError(fmt::format("sub_group_size must be >= 1, got {}", offload.sub_group_size));
+  if (shard_group_size < kNodeGroup)
+    throw accel::InvalidArgumentError(
+        fmt::format("ShardingSpec.shard_group_size must be >= 1 ranks (or 0: the strategy's, -1: a node's), got {}",
+                    shard_group_size));
+  if (shard_group_size != kStrategyGroup && !shards_gradients())
+    throw accel::InvalidArgumentError(
+        fmt::format("shard groups other than the strategy's own need a strategy that shards gradients (ZeRO-2, "
+                    "ZeRO-3, SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD); the strategy is {}",
+                    zero::to_string(strategy)));
   for (auto dt : {param_dtype, reduce_dtype, master_dtype})
     if (dt && !c10::isFloatingType(*dt))
       throw accel::InvalidArgumentError(
@@ -118,7 +133,10 @@ std::string ShardingSpec::to_string() const {
                   shards_optimizer() ? "sharded" : "replicated", shards_gradients() ? "sharded" : "replicated",
                   shards_parameters() ? "sharded" : "replicated");
   if (shards_parameters()) s += reshard_after_forward ? " (freed after forward)" : " (kept through backward)";
-  if (hybrid()) s += ", replicated across nodes";
+  if (groups_of_ranks() > 0)
+    s += fmt::format(", in groups of {} ranks replicated across the groups", groups_of_ranks());
+  else if (groups_by_node())
+    s += ", replicated across nodes";
   s += fmt::format(", bucket {} B, {} in flight", bucket_bytes, grad_buckets_in_flight);
   if (activation_checkpointing) s += ", activation checkpointing";
   if (offload.optimizer != OffloadDevice::None)

@@ -6,6 +6,7 @@
 //   ZeRO-2/SHARD_GRAD_OP| sharded         | sharded (reduce-scatter) | replicated, all-gathered after step | -
 //   ZeRO-3 / FULL_SHARD | sharded         | sharded              | sharded, gathered per unit | yes
 //   (reshard_after_forward) HYBRID_SHARD        | FULL_SHARD inside a node, gradients all-reduced across nodes
+//   (shard_group_size: ZeRO-2/3 inside groups of n ranks, or of a node, replicated across the groups)
 //
 // ZeRO-1 reduce-scatters rather than all-reduces: it only needs its own slice of the reduced
 // gradient, and that is what keeps its traffic at DDP's 2Ψ (ZeRO paper, Table 1).
@@ -50,6 +51,10 @@ const StrategyInfo* find_fsdp(const std::string& fsdp_name);
 const StrategyInfo* find_fsdp(int fsdp_number);
 // FSDP's names in Accelerate's order ("FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD" with ", ").
 std::string fsdp_names(const char* sep = ", ");
+// FSDP's fifth strategy (Accelerate's number 5): SHARD_GRAD_OP inside each node, replicated across
+// nodes. Not a row: ShardingSpec::fsdp makes it ZeRO-2 with the node as the shard group.
+inline constexpr const char* kHybridShardZero2 = "HYBRID_SHARD_ZERO2";
+inline constexpr int kHybridShardZero2Number = 5;
 const char* to_string(Strategy s);  // info(s).name
 
 using sharding::WrapPolicy;
@@ -109,6 +114,14 @@ struct ShardingSpec {
   // disk, step in step() as before. (ACCEL_STEP_IN_BACKWARD=1 through the Accelerator.)
   bool step_in_backward = false;
   OffloadSpec offload;
+  // Which ranks hold one sharded copy of the model (FSDP's HSDP device mesh, replicate x shard;
+  // DeepSpeed's MiCS): kStrategyGroup, every rank (HYBRID_SHARD: the ranks of a node); kNodeGroup, the
+  // ranks of a node (FSDP's HYBRID_SHARD_ZERO2 is ZeRO-2 so); n > 0, blocks of n consecutive ranks (n
+  // divides the world size). Each group holds a whole sharded copy, and the groups average their
+  // reduced gradient shards (an all-reduce across the ranks at the same place in every group). For
+  // the strategies that shard gradients (ZeRO-2, ZeRO-3, HYBRID_SHARD).
+  static constexpr int kStrategyGroup = 0, kNodeGroup = -1;
+  int shard_group_size = kStrategyGroup;
   // Where the model trains, when it is handed over somewhere else: the engine flattens and shards it
   // where it is (the host) and moves each flat's buffers there, its shard with its values (or empty,
   // once an offloaded shard has left). For parameters sharded over ranks of a device (ZeRO-3,
@@ -121,11 +134,19 @@ struct ShardingSpec {
   bool shards_gradients() const { return info(strategy).shards_gradients; }
   bool shards_parameters() const { return info(strategy).shards_parameters; }
   bool hybrid() const { return info(strategy).hybrid; }
+  // Shard groups are a node's ranks (HYBRID_SHARD's own, or kNodeGroup), or blocks of n ranks (0: neither).
+  bool groups_by_node() const {
+    return shard_group_size == kNodeGroup || (shard_group_size == kStrategyGroup && hybrid());
+  }
+  int groups_of_ranks() const { return shard_group_size > 0 ? shard_group_size : 0; }
+  // Shard groups other than the whole world may be replicated (by node, or in blocks).
+  bool replicates_groups() const { return groups_by_node() || groups_of_ranks() > 0; }
 
   // Named points: DeepSpeed stages and FSDP sharding strategies.
   static ShardingSpec ddp();
   static ShardingSpec zero(int stage);  // 0..3; throws std::invalid_argument otherwise
-  // A row's fsdp_name (Accelerate/FSDP sharding_strategy); throws otherwise, listing them.
+  // A row's fsdp_name (Accelerate/FSDP sharding_strategy), or kHybridShardZero2; throws otherwise,
+  // listing them.
   static ShardingSpec fsdp(const std::string& sharding_strategy);
 
   // Throws std::invalid_argument naming the field for a bad value.

@@ -104,6 +104,7 @@ class EnvGuard {
     }
   }
   void set(const char* name, const std::string& value) { ::setenv(name, value.c_str(), 1); }
+  void unset(const char* name) { ::unsetenv(name); }
 
  private:
   std::map<std::string, std::optional<std::string>> saved_;

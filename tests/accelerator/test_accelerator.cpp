@@ -349,6 +349,11 @@ std::vector<LoopCase> loop_cases() {
        true},
       {"zero3_no_sync",
        "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  gradient_accumulation_steps: 2\n", false},
+      // DeepSpeed's MiCS in groups of one rank (a DeepSpeed JSON): every rank a copy of its own, the
+      // copies averaging their gradients across the replicate group, at any world size.
+      {"mics_groups_of_1",
+       R"({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 2,
+           "zero_optimization": {"stage": 3, "mics_shard_size": 1}})"},
   };
 }
 
@@ -374,7 +379,7 @@ TEST(Accelerator, TrainingLoopMatchesSingleProcessUnderEveryStrategy) {
         quiet(c.yaml.empty() ? std::nullopt : std::optional<std::string>(write_config(c.name + ".yaml", c.yaml)));
     opts.sync_each_batch = c.sync_each_batch;
     Accelerator acc(opts);
-    const bool deepspeed_sharded = c.name == "zero2" || c.name == "zero3";
+    const bool deepspeed_sharded = c.name == "zero2" || c.name == "zero3" || c.name == "mics_groups_of_1";
     EXPECT_EQ(acc.sync_each_batch(), c.sync_each_batch.value_or(deepspeed_sharded));
     const int N = acc.num_processes();
     const int64_t accum = acc.gradient_accumulation_steps(), G = 6, batches = 8;
@@ -524,6 +529,67 @@ TEST(Accelerator, RefusesWhatItCannotDo) {
   EXPECT_THROW(acc.prepare(other, sgd2), std::logic_error);
 }
 
+// One SGD step of a fresh MLP prepared by `acc`: whether its loss was finite.
+bool one_step_is_finite(Accelerator& acc) {
+  auto model = make_mlp(7);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto opt = acc.prepare(model, sgd);
+  Rows rows = make_rows(6);
+  at::Tensor loss = at::mse_loss(model->forward(rows.x), rows.y);
+  acc.backward(loss);
+  opt->step();
+  return std::isfinite(loss.item<double>());
+}
+
+// Shard groups from the config (DeepSpeed's MiCS, Accelerate's parallelism_config) are checked against
+// the job when the Accelerator is made, naming the key: groups of 2 at 2 ranks train as one copy over
+// both; at 1 or 3 ranks they do not divide the world. A parallelism_config of 2 copies of 1 rank fits only
+// a job of 2, where the engine's groups are the copies.
+TEST(Accelerator, ShardGroupsFromTheConfigAreCheckedAgainstTheJob) {
+  const int N = world()->size();
+  const auto mics = quiet(write_config("mics2.json", R"({"train_micro_batch_size_per_gpu": 3,
+    "zero_optimization": {"stage": 3, "mics_shard_size": 2}})"));
+  const auto hsdp = quiet(write_config("hsdp_2x1.yaml",
+                                       "distributed_type: FSDP\nparallelism_config:\n  dp_replicate_size: 2\n"
+                                       "  dp_shard_size: 1\n"));
+  if (N % 2 == 0) {
+    Accelerator acc(mics);
+    EXPECT_TRUE(one_step_is_finite(acc));
+    EXPECT_EQ(acc.engine()->shard_group()->size(), 2);
+    EXPECT_EQ(static_cast<bool>(acc.engine()->replicate_group()), N > 2);
+  } else {
+    try {
+      Accelerator acc(mics);
+      ADD_FAILURE() << "MiCS groups of 2 at " << N << " ranks: no error";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("mics2.json: zero_optimization.mics_shard_size: shard groups of 2 ranks do not divide the " +
+                          std::to_string(N) + " ranks of the job"),
+                std::string::npos)
+          << what;
+    }
+  }
+  if (N == 2) {
+    Accelerator two(hsdp);
+    EXPECT_TRUE(one_step_is_finite(two));
+    EXPECT_EQ(two.engine()->shard_group()->size(), 1);
+    ASSERT_TRUE(two.engine()->replicate_group());
+    EXPECT_EQ(two.engine()->replicate_group()->size(), 2);
+    return;
+  }
+  try {
+    Accelerator acc(hsdp);
+    ADD_FAILURE() << "2 copies at " << N << " ranks: no error";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("hsdp_2x1.yaml: parallelism_config's dp_replicate_size x dp_shard_size (2 x 1) is 2 "
+                        "processes, but the job has " +
+                        std::to_string(N)),
+              std::string::npos)
+        << what;
+  }
+}
+
 // HYBRID_SHARD mirrors each node's shards on the other nodes, so nodes of different sizes are refused
 // on every rank with a message naming them (ctest accelerator_uneven_nodes: 3 ranks as nodes of 2 and
 // 1, where every other strategy trains in TrainingLoopMatchesSingleProcessUnderEveryStrategy); on
@@ -554,14 +620,7 @@ TEST(Accelerator, HybridShardRefusesNodesOfDifferentSizes) {
     return;
   }
   Accelerator acc(opts);
-  auto model = make_mlp(7);
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
-  auto opt = acc.prepare(model, sgd);
-  Rows rows = make_rows(6);
-  at::Tensor loss = at::mse_loss(model->forward(rows.x), rows.y);
-  acc.backward(loss);
-  opt->step();
-  EXPECT_TRUE(std::isfinite(loss.item<double>()));
+  EXPECT_TRUE(one_step_is_finite(acc));
 }
 
 // fsdp_activation_checkpointing: true reaches every unit of the prepared model, and training through

@@ -119,10 +119,15 @@ TEST(ConfigHelpers, Names) {
 // Banners name the strategy as the config file does (a FULL_SHARD config is not "ZERO_3").
 TEST(ConfigHelpers, StrategyInTheConfigsOwnTerms) {
   const std::vector<std::pair<std::string, std::string>> want = {
-      {"configs/fsdp/full_shard.yaml", "FSDP FULL_SHARD"},  {"configs/fsdp/shard_grad_op.yaml", "FSDP SHARD_GRAD_OP"},
-      {"configs/fsdp/no_shard.yaml", "FSDP NO_SHARD"},      {"configs/fsdp/hybrid_shard.yaml", "FSDP HYBRID_SHARD"},
-      {"configs/deepspeed/zero1.yaml", "DeepSpeed ZeRO-1"}, {"configs/deepspeed/zero3.yaml", "DeepSpeed ZeRO-3"},
-      {"configs/deepspeed/zero2.json", "DeepSpeed ZeRO-2"}, {"configs/ddp.yaml", "DDP"},
+      {"configs/fsdp/full_shard.yaml", "FSDP FULL_SHARD"},
+      {"configs/fsdp/shard_grad_op.yaml", "FSDP SHARD_GRAD_OP"},
+      {"configs/fsdp/no_shard.yaml", "FSDP NO_SHARD"},
+      {"configs/fsdp/hybrid_shard.yaml", "FSDP HYBRID_SHARD"},
+      {"configs/fsdp/hsdp.yaml", "FSDP FULL_SHARD in groups of 2 ranks"},
+      {"configs/deepspeed/zero1.yaml", "DeepSpeed ZeRO-1"},
+      {"configs/deepspeed/zero3.yaml", "DeepSpeed ZeRO-3"},
+      {"configs/deepspeed/zero2.json", "DeepSpeed ZeRO-2"},
+      {"configs/ddp.yaml", "DDP"},
   };
   for (const auto& [file, name] : want) EXPECT_EQ(strategy_name(load_config_file(source_path(file))), name) << file;
   EXPECT_EQ(strategy_name(AcceleratorConfig{}), "single process");
@@ -233,10 +238,32 @@ TEST(ConfigEnv, FsdpStrategyForcesFsdp) {
   c = resolve_config();
   EXPECT_EQ(c.spec.strategy, Strategy::NoShard);
   EXPECT_EQ(c.spec.wrap.kind, WrapKind::TypeName);
+  // FSDP's fifth strategy: ZeRO-2 sharded inside each node; a strategy after it takes the node groups away.
   env.set("ACCEL_FSDP_SHARDING_STRATEGY", "HYBRID_SHARD_ZERO2");
+  c = resolve_config();
+  EXPECT_EQ(c.spec.strategy, Strategy::Zero2);
+  EXPECT_TRUE(c.spec.groups_by_node());
+  EXPECT_EQ(strategy_name(c), "FSDP HYBRID_SHARD_ZERO2");
+  env.set("ACCEL_CONFIG_FILE", source_path("configs/fsdp/hsdp.yaml"));
+  env.set("ACCEL_FSDP_SHARDING_STRATEGY", "SHARD_GRAD_OP");  // over a parallelism_config: its groups stay
+  c = resolve_config();
+  EXPECT_EQ(c.spec.strategy, Strategy::Zero2);
+  EXPECT_EQ(c.spec.shard_group_size, 2);
+  env.set("ACCEL_FSDP_SHARDING_STRATEGY", "HYBRID_SHARD_ZERO2");  // the blocks take the place of the nodes
+  c = resolve_config();
+  EXPECT_EQ(c.spec.strategy, Strategy::Zero2);
+  EXPECT_EQ(c.spec.shard_group_size, 2);
+  env.set("ACCEL_FSDP_SHARDING_STRATEGY", "NO_SHARD");
   EXPECT_HAS(error_of([] { resolve_config(); }),
-             "ACCEL_FSDP_SHARDING_STRATEGY (environment): fsdp_sharding_strategy is 'HYBRID_SHARD_ZERO2': "
-             "HYBRID_SHARD_ZERO2 is not supported yet");
+             "hsdp.yaml (with the strategy from ACCEL_FSDP_SHARDING_STRATEGY (environment)): parallelism_config's "
+             "dp_replicate_size x dp_shard_size (2 x 2) shards each copy over 2 ranks, but fsdp_sharding_strategy "
+             "NO_SHARD shards nothing");
+  env.unset("ACCEL_FSDP_SHARDING_STRATEGY");
+  env.set("ACCEL_ZERO_STAGE", "3");  // DeepSpeed cannot hold 2 copies: refused, not dropped
+  EXPECT_HAS(error_of([] { resolve_config(); }),
+             "(2 x 2) replicates the model 2 times, but DeepSpeed's ZeRO shards over every rank");
+  env.unset("ACCEL_ZERO_STAGE");
+  env.set("ACCEL_CONFIG_FILE", source_path("configs/fsdp/full_shard.yaml"));
   // Both at the same level is ambiguous; an argument beats the environment.
   env.set("ACCEL_FSDP_SHARDING_STRATEGY", "FULL_SHARD");
   env.set("ACCEL_ZERO_STAGE", "2");
@@ -347,8 +374,11 @@ std::string decisions(const AcceleratorConfig& c) {
              c.offload_param_device, to_string(c.state_dict_type), c.fsdp_version, c.zero3_save_16bit_model,
              c.deepspeed_config_file, l.loss_scale, l.initial_scale_power, l.loss_scale_window, l.hysteresis,
              l.consecutive_hysteresis, l.min_loss_scale, c.fp8.enable_fsdp_float8_all_gather) +
-         " recipe " + c.fp8.recipe + " format " + c.fp8.fp8_format + " optimizer " +
-         (c.optimizer ? c.optimizer->type : "-") + " scheduler " + (c.scheduler ? c.scheduler->type : "-");
+         " recipe " + c.fp8.recipe + " format " + c.fp8.fp8_format +
+         fmt::format(" groups {} of '{}' dp {}", s.shard_group_size, c.shard_group_key,
+                     c.parallelism ? c.parallelism->processes() : 0) +
+         " optimizer " + (c.optimizer ? c.optimizer->type : "-") + " scheduler " +
+         (c.scheduler ? c.scheduler->type : "-");
 }
 
 // What setting one key to a non-default value must do, when it is not simply "changes the config".
@@ -379,7 +409,16 @@ const std::map<std::string, KeyCase>& yaml_cases() {
       {"deepspeed_config", {"{zero_stage: 1}", "", "deepspeed_config is set but distributed_type is"}},
       {"fp8_config", {"{margin: 1}", "", "fp8_config is set but mixed_precision is"}},
       {"fp16", {"true"}},
-      {"parallelism_config", {"{tp_size: 2}", "", "tensor/context/N-D parallelism is not supported"}},
+      // (at the top level under MULTI_CPU: DDP copies only, so a shard size is refused)
+      {"parallelism_config",
+       {"{dp_shard_size: 2}", "",
+        "dp_shard_size (1 x 2) shards each copy over 2 ranks, which "
+        "needs distributed_type FSDP"}},
+      {"parallelism_config.parallelism_config_dp_replicate_size", {"2", "  parallelism_config_dp_shard_size: 2\n"}},
+      {"parallelism_config.parallelism_config_dp_shard_size", {"2", "  parallelism_config_dp_replicate_size: 2\n"}},
+      {"parallelism_config.parallelism_config_tp_size", {"2", "", "accel has no tensor, context or sequence"}},
+      {"parallelism_config.parallelism_config_cp_size", {"2", "", "accel has no tensor, context or sequence"}},
+      {"parallelism_config.parallelism_config_sp_size", {"2", "", "accel has no tensor, context or sequence"}},
       {"fsdp_config.fsdp_version", {"2"}},
       {"fsdp_config.fsdp_sharding_strategy", {"SHARD_GRAD_OP"}},
       {"fsdp_config.fsdp_reshard_after_forward", {"false"}},
@@ -418,6 +457,7 @@ std::string yaml_doc(const std::string& section, const std::string& key_lines, c
   if (section.empty()) return "distributed_type: MULTI_CPU\n" + base + key_lines;
   if (section == "fsdp_config") return "distributed_type: FSDP\nfsdp_config:\n" + base + key_lines;
   if (section == "deepspeed_config") return "distributed_type: DEEPSPEED\ndeepspeed_config:\n" + base + key_lines;
+  if (section == "parallelism_config") return "distributed_type: FSDP\nparallelism_config:\n" + base + key_lines;
   return "distributed_type: FSDP\nmixed_precision: fp8\nfp8_config:\n" + base + key_lines;
 }
 
@@ -520,6 +560,7 @@ const std::map<std::string, KeyCase>& json_cases() {
       {"gradient_allreduce_op", {R"("sum")", "", "\"mean\" (accel averages gradients; \"sum\" is not supported)"}},
       {"amp", {R"({"enabled": true})", "", "NVIDIA Apex AMP is Python only"}},
       {"zero_optimization.stage", {"1"}},
+      {"zero_optimization.mics_shard_size", {"2"}},
       {"zero_optimization.reduce_bucket_size", {"1000"}},
       {"zero_optimization.offload_optimizer", {R"({"device": "cpu"})"}},
       {"zero_optimization.offload_param", {R"({"device": "cpu"})"}},

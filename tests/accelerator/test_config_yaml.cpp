@@ -210,7 +210,90 @@ TEST(ConfigYaml, BlocksUnderTheWrongDistributedType) {
   EXPECT_HAS(yaml_error("distributed_type: FSDP\ndeepspeed_config:\n  zero_stage: 3\n"),
              "t.yaml: deepspeed_config is set but distributed_type is FSDP; set distributed_type: DEEPSPEED");
   EXPECT_HAS(yaml_error("distributed_type: FSDP\nparallelism_config:\n  parallelism_config_tp_size: 2\n"),
-             "t.yaml: parallelism_config is set");
+             "t.yaml: parallelism_config.parallelism_config_tp_size is 2: accel has no tensor, context or sequence "
+             "parallelism");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// parallelism_config: data parallelism as dp_replicate_size copies of dp_shard_size ranks (FSDP2's HSDP)
+
+AcceleratorConfig parallel(const std::string& head, const std::string& block) {
+  return yaml(head + "parallelism_config:\n" + block);
+}
+std::string parallel_error(const std::string& head, const std::string& block) {
+  return yaml_error(head + "parallelism_config:\n" + block);
+}
+
+TEST(ConfigParallelism, CopiesOfShardGroupsUnderFsdp) {
+  const std::string fsdp = "distributed_type: FSDP\nnum_processes: 4\n";
+  // Accelerate's FSDP2 file: 2 copies, each FULL_SHARD over a block of 2 consecutive ranks.
+  auto c = parallel(fsdp,
+                    "  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 2\n"
+                    "  parallelism_config_tp_size: 1\n  parallelism_config_cp_size: 1\n");
+  EXPECT_EQ(c.spec.strategy, Strategy::Zero3);
+  EXPECT_EQ(c.spec.shard_group_size, 2);
+  ASSERT_TRUE(c.parallelism);
+  EXPECT_EQ(c.parallelism->replicate, 2);
+  EXPECT_EQ(c.parallelism->shard, 2);
+  EXPECT_TRUE(c.ignored.empty());
+  EXPECT_HAS(c.spec.to_string(), "in groups of 2 ranks replicated across the groups");
+  // Without the prefix too (Accelerate adds it); SHARD_GRAD_OP in groups (FSDP's HYBRID_SHARD_ZERO2 shape).
+  c = parallel(fsdp + "fsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n",
+               "  dp_replicate_size: 2\n  dp_shard_size: 2\n");
+  EXPECT_EQ(c.spec.strategy, Strategy::Zero2);
+  EXPECT_EQ(c.spec.shard_group_size, 2);
+  // HYBRID_SHARD takes the block instead of the node.
+  c = parallel(fsdp + "fsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n",
+               "  dp_replicate_size: 4\n  dp_shard_size: 1\n");
+  EXPECT_EQ(c.spec.strategy, Strategy::HybridShard);
+  EXPECT_EQ(c.spec.shard_group_size, 1);
+  EXPECT_FALSE(c.spec.groups_by_node());
+  // One copy over every rank: FSDP as it is, the process count still checked.
+  c = parallel(fsdp, "  dp_shard_size: 4\n");
+  EXPECT_EQ(c.spec.shard_group_size, 4);
+  EXPECT_EQ(c.parallelism->processes(), 4);
+  // Sizes of 1 (or none) say nothing.
+  c = parallel(fsdp, "  dp_replicate_size: 1\n  dp_shard_size: 1\n  tp_size: 1\n");
+  EXPECT_EQ(c.spec.shard_group_size, zero::ShardingSpec::kStrategyGroup);
+  EXPECT_FALSE(c.parallelism);
+  // Context and sequence settings are listed as ignored, with why.
+  c = parallel(fsdp, "  dp_shard_size: 4\n  cp_comm_strategy: alltoall\n  sp_seq_length_is_variable: true\n");
+  EXPECT_HAS(ignored_entry(c, "parallelism_config.cp_comm_strategy"), "no context or sequence parallelism");
+  EXPECT_HAS(ignored_entry(c, "parallelism_config.sp_seq_length_is_variable"), "no context or sequence");
+  // DDP and DeepSpeed: copies only as they already are.
+  c = parallel("distributed_type: MULTI_CPU\n", "  dp_replicate_size: 2\n");
+  EXPECT_EQ(c.spec.strategy, Strategy::NoShard);
+  EXPECT_EQ(c.parallelism->processes(), 2);
+  c = parallel("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n", "  dp_shard_size: 2\n");
+  EXPECT_EQ(c.spec.strategy, Strategy::Zero3);
+  EXPECT_EQ(c.spec.shard_group_size, zero::ShardingSpec::kStrategyGroup);
+}
+
+TEST(ConfigParallelism, WhatCannotBeDoneIsRefused) {
+  const std::string fsdp = "distributed_type: FSDP\n";
+  EXPECT_HAS(parallel_error(fsdp + "num_processes: 8\n", "  dp_replicate_size: 2\n  dp_shard_size: 2\n"),
+             "t.yaml: parallelism_config's dp_replicate_size x dp_shard_size (2 x 2) is 4 processes, but "
+             "num_processes is 8");
+  for (const char* k : {"tp_size", "cp_size", "sp_size"})
+    EXPECT_HAS(parallel_error(fsdp, std::string("  ") + k + ": 2\n"),
+               "is 2: accel has no tensor, context or sequence parallelism");
+  EXPECT_HAS(parallel_error(fsdp, "  dp_shard_size: 0\n"),
+             "parallelism_config.dp_shard_size is '0', expected an integer >= 1");
+  EXPECT_HAS(parallel_error(fsdp + "fsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n",
+                            "  dp_replicate_size: 2\n  dp_shard_size: 2\n"),
+             "but fsdp_sharding_strategy NO_SHARD shards nothing");
+  EXPECT_HAS(parallel_error("distributed_type: MULTI_GPU\n", "  dp_shard_size: 2\n"),
+             "needs distributed_type FSDP (under MULTI_GPU every rank holds the whole model)");
+  EXPECT_HAS(parallel_error("distributed_type: DEEPSPEED\n", "  dp_replicate_size: 2\n  dp_shard_size: 2\n"),
+             "replicates the model 2 times, but DeepSpeed's ZeRO shards over every rank");
+  EXPECT_HAS(parallel_error(fsdp, "  dp_sharding: 2\n"), "parallelism_config.dp_sharding");
+  // One copy over every rank, but a DeepSpeed JSON's MiCS shards in blocks: they contradict.
+  TempDir dir;
+  const std::string json = dir.write("mics.json", R"({"zero_optimization": {"stage": 3, "mics_shard_size": 2}})");
+  EXPECT_HAS(yaml_error("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: " + json +
+                        "\nparallelism_config:\n  dp_shard_size: 4\n"),
+             "(1 x 4) shards one copy over every rank, but zero_optimization.mics_shard_size shards in blocks of 2 "
+             "ranks; keep one");
 }
 
 TEST(ConfigYaml, JsonSyntaxAccelerateConfig) {
@@ -311,15 +394,24 @@ TEST(ConfigFsdp, ShardingStrategyNamesAndNumbers) {
 TEST(ConfigFsdp, ShardingStrategyInvalid) {
   auto m = fsdp_error("  fsdp_sharding_strategy: FULL\n");
   EXPECT_HAS(m, "t.yaml: fsdp_config.fsdp_sharding_strategy is 'FULL'");
-  EXPECT_HAS(m, "allowed values: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
+  EXPECT_HAS(m, "allowed values: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2");
   EXPECT_HAS(fsdp_error("  fsdp_sharding_strategy: 7\n"),
              "fsdp_config.fsdp_sharding_strategy is '7', expected a strategy name");
-  for (const char* v : {"HYBRID_SHARD_ZERO2", "5"}) {
-    m = fsdp_error(std::string("  fsdp_sharding_strategy: ") + v + "\n");
-    EXPECT_HAS(m, "t.yaml: fsdp_config.fsdp_sharding_strategy is '");
-    EXPECT_HAS(m, "HYBRID_SHARD_ZERO2 is not supported yet; use HYBRID_SHARD");
-    EXPECT_HAS(m, "SHARD_GRAD_OP");
+}
+
+// FSDP's fifth strategy: SHARD_GRAD_OP inside each node, replicated across nodes (ZeRO-2 with the node
+// as its shard group).
+TEST(ConfigFsdp, HybridShardZero2IsZero2InsideEachNode) {
+  for (const char* v : {"HYBRID_SHARD_ZERO2", "5", "hybrid_shard_zero2"}) {
+    SCOPED_TRACE(v);
+    const auto c = fsdp(std::string("  fsdp_sharding_strategy: ") + v + "\n");
+    EXPECT_EQ(c.spec.strategy, Strategy::Zero2);
+    EXPECT_EQ(c.spec.shard_group_size, zero::ShardingSpec::kNodeGroup);
+    EXPECT_TRUE(c.spec.groups_by_node());
+    EXPECT_HAS(c.spec.to_string(), "replicated across nodes");
+    EXPECT_EQ(strategy_name(c), "FSDP HYBRID_SHARD_ZERO2");
   }
+  EXPECT_HAS(fsdp_error("  fsdp_sharding_strategy: 6\n"), "5 HYBRID_SHARD_ZERO2");
 }
 
 TEST(ConfigFsdp, ReshardAfterForward) {

@@ -2,7 +2,8 @@
 # Checkpoint scenarios with the GPT example, run as a user would (`accel launch`, several launches):
 #   resume_checks.sh ACCEL_CLI GPT_LM SOURCE_DIR PYTHON OUT_DIR SCENARIO
 # bitwise   10 steps in one go vs 5 + save + resume: steps 6-10 bitwise equal (FULL_SHARD and ZeRO-1 at 2)
-# reshard   ZeRO-3 at 4 -> ZeRO-1 at 2 -> DDP at 1 -> ZeRO-1 at 2 -> ZeRO-3 at 4, 4 steps each, against
+# reshard   ZeRO-3 at 4 -> ZeRO-1 at 2 -> DDP at 1 -> HSDP at 4 (2 copies of FULL_SHARD over 2 ranks:
+#           configs/fsdp/hsdp.yaml) -> ZeRO-3 at 4, 4 steps each, against
 #           20 uninterrupted steps (rtol 2e-4); and pure resharding (load, save, no step) reproduces
 #           every tensor, optimizer moments included, bit for bit (tests/checkpoint/ckpt_tool.py);
 #           save_model's safetensors equal the checkpoint's parameters
@@ -59,7 +60,7 @@ reshard)
   run 4 deepspeed/zero3 --steps 20 --log_file full.log || fail "uninterrupted ZeRO-3 at 4"
   prev=""
   step=0
-  for leg in "4 deepspeed/zero3" "2 deepspeed/zero1" "1 ddp" "2 deepspeed/zero1" "4 deepspeed/zero3"; do
+  for leg in "4 deepspeed/zero3" "2 deepspeed/zero1" "1 ddp" "4 fsdp/hsdp" "4 deepspeed/zero3"; do
     set -- $leg
     step=$((step + 4))
     resume=()
@@ -68,11 +69,14 @@ reshard)
     if msg=$(close "leg_$step.log" full.log $((step - 3)) $step 2e-4); then pass "$2 at $1 ranks, $msg"; else fail "$2 at $1 ranks, $msg"; fi
     prev=ckpt_$step
   done
-  # Pure resharding: ZeRO-3 at 4 -> ZeRO-1 at 2 -> DDP at 1 and back, loading and saving without a step.
+  # Pure resharding: ZeRO-3 at 4 -> ZeRO-1 at 2 -> DDP at 1 -> SHARD_GRAD_OP at 2 -> HSDP at 4 (the first
+  # copy's ranks write) and back, loading and saving without a step.
   run 2 deepspeed/zero1 --steps 4 --resume_from_checkpoint ckpt_4 --save_state_to re_zero1_2 || fail "reshard to ZeRO-1 at 2"
   run 1 ddp --steps 4 --resume_from_checkpoint re_zero1_2 --save_state_to re_ddp_1 || fail "reshard to DDP at 1"
   run 2 fsdp/shard_grad_op --steps 4 --resume_from_checkpoint re_ddp_1 --save_state_to re_sgo_2 || fail "reshard to SHARD_GRAD_OP at 2"
-  run 4 deepspeed/zero3 --steps 4 --resume_from_checkpoint re_sgo_2 --save_state_to re_zero3_4 || fail "reshard back to ZeRO-3 at 4"
+  run 4 fsdp/hsdp --steps 4 --resume_from_checkpoint re_sgo_2 --save_state_to re_hsdp_4 || fail "reshard to HSDP at 4"
+  for r in 2 3; do [ "$(stat -c %s re_hsdp_4/shard_$r.bin)" = 0 ] || fail "HSDP: rank $r of the second copy wrote data"; done
+  run 4 deepspeed/zero3 --steps 4 --resume_from_checkpoint re_hsdp_4 --save_state_to re_zero3_4 || fail "reshard back to ZeRO-3 at 4"
   # save_model from ZeRO-3 at 4: the safetensors weights equal the checkpoint's parameters.
   run 4 deepspeed/zero3 --steps 4 --resume_from_checkpoint ckpt_4 --save_model_to model_4 || fail "save_model"
   if out=$("$PY" "$SRC/tests/checkpoint/ckpt_tool.py" export ckpt_4 model_4); then pass "save_model: $out"; else fail "save_model: $out"; fi
@@ -81,7 +85,7 @@ reshard)
   for r in 1 2 3; do [ "$(stat -c %s re_full_4/shard_$r.bin)" = 0 ] || fail "full save: rank $r wrote data"; done
   run 2 deepspeed/zero1 --steps 8 --resume_from_checkpoint re_full_4 --log_file leg_full.log || fail "resuming from the full checkpoint"
   if msg=$(close leg_full.log full.log 5 8 2e-4); then pass "resumed from the full checkpoint at ZeRO-1@2, $msg"; else fail "full resume, $msg"; fi
-  for c in re_zero1_2 re_ddp_1 re_sgo_2 re_zero3_4 re_full_4; do
+  for c in re_zero1_2 re_ddp_1 re_sgo_2 re_hsdp_4 re_zero3_4 re_full_4; do
     if out=$("$PY" "$SRC/tests/checkpoint/ckpt_tool.py" same ckpt_4 "$c"); then pass "$c: $out"; else fail "$c"; echo "$out"; fi
   done
   ;;

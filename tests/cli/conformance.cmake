@@ -22,6 +22,10 @@ foreach(case "ddp;ddp;2" "zero3;deepspeed/zero3;3" "full_shard;fsdp/full_shard;2
     "6 check\\(s\\) on ${np} process\\(es\\): 6 passed, 0 failed"
     -- ${ACCEL_CLI} launch -n ${np} ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/${cfg}.yaml)
 endforeach()
+# HSDP: 2 copies of FULL_SHARD over blocks of 2 ranks (parallelism_config).
+accel_conformance_test(cli_test_worker_hsdp_np4 pass ${ACCEL_CONFORMANCE_ALL_PASS}
+  "FSDP \\(ZERO_3 in shard groups of 2 rank\\(s\\)\\)" "6 check\\(s\\) on 4 process\\(es\\): 6 passed, 0 failed"
+  -- ${ACCEL_CLI} launch -n 4 ${ACCEL_CLI} test --worker --config_file ${PROJECT_SOURCE_DIR}/configs/fsdp/hsdp.yaml)
 # HYBRID_SHARD over 2 simulated nodes of 2 ranks.
 accel_conformance_test(cli_test_worker_hybrid_shard_np4 pass ${ACCEL_CONFORMANCE_ALL_PASS}
   "HYBRID_SHARD" "6 check\\(s\\) on 4 process\\(es\\): 6 passed, 0 failed"

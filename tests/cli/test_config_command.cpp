@@ -121,6 +121,41 @@ TEST(ConfigExplain, HybridShardNamesItsGroupsAndWhatEachRankHolds) {
   EXPECT_NE(e.find("{0,4}, {1,5}, {2,6}, {3,7}"), std::string::npos) << e;
 }
 
+// Copies of shard groups: parallelism_config's blocks (configs/fsdp/hsdp.yaml, 2 x 2), DeepSpeed's MiCS,
+// and HYBRID_SHARD_ZERO2's nodes.
+TEST(ConfigExplain, ShardGroupsInBlocksAndTheirCopies) {
+  const AcceleratorConfig h = load_config_file(std::string(ACCEL_SOURCE_DIR) + "/configs/fsdp/hsdp.yaml");
+  std::string e = explain_config(h);
+  EXPECT_NE(e.find("FSDP FULL_SHARD (like ZeRO-3), each copy sharded over 2 consecutive ranks (parallelism_config's "
+                   "dp_replicate_size x dp_shard_size (2 x 2))"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("1/2 of it (sharded over a block of 2 consecutive ranks)"), std::string::npos) << e;
+  EXPECT_NE(e.find("reduce-scatter inside the block, then all-reduce across the 2 copies"), std::string::npos) << e;
+  EXPECT_NE(e.find("Shard groups  {0..1}, {2..3}"), std::string::npos) << e;
+  EXPECT_NE(e.find("Replicas      {0,2}, {1,3} (all-reduce across the copies)"), std::string::npos) << e;
+  EXPECT_NE(e.find("Ignored keys  none"), std::string::npos) << e;
+
+  const AcceleratorConfig m =
+      parse_deepspeed_json(R"({"zero_optimization": {"stage": 3, "mics_shard_size": 4}})", "mics.json");
+  e = explain_config(m, 8, 1);
+  EXPECT_NE(e.find("DeepSpeed ZeRO stage 3 with MiCS, each copy sharded over 4 consecutive ranks "
+                   "(zero_optimization.mics_shard_size)"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("{0..3}, {4..7}"), std::string::npos) << e;
+  EXPECT_NE(e.find("{0,4}, {1,5}, {2,6}, {3,7}"), std::string::npos) << e;
+  EXPECT_NE(explain_config(m, 6, 1).find("blocks of 4 consecutive ranks, which do not divide the 6 processes"),
+            std::string::npos);
+
+  const AcceleratorConfig z2 = parse_accelerate_yaml(
+      "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD_ZERO2\n", "z2.yaml");
+  e = explain_config(z2, 8, 2);
+  EXPECT_NE(e.find("FSDP HYBRID_SHARD_ZERO2 (SHARD_GRAD_OP inside each machine"), std::string::npos) << e;
+  EXPECT_NE(e.find("1/4 of it (sharded over the 4 ranks of its machine)"), std::string::npos) << e;
+  EXPECT_NE(e.find("{0,4}, {1,5}, {2,6}, {3,7}"), std::string::npos) << e;
+}
+
 TEST(ConfigExplain, DeepSpeedJsonBatchTriadAndIgnoredKeys) {
   const AcceleratorConfig c = parse_deepspeed_json(
       R"({"train_batch_size": 32, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2},

@@ -17,7 +17,15 @@ using zero::ShardingSpec;
 struct StrategyCase {
   std::string name;
   std::function<ShardingSpec()> make;
+  int group = 0;         // shard groups of this many ranks (ShardingSpec::shard_group_size): worlds it divides only
+  bool by_node = false;  // shard groups are the ranks of a node (HYBRID_SHARD, HYBRID_SHARD_ZERO2)
+  bool fits(int world) const { return group == 0 || world % group == 0; }
 };
+
+ShardingSpec in_groups(ShardingSpec s, int ranks) {
+  s.shard_group_size = ranks;  // blocks of consecutive ranks, replicated across the blocks
+  return s;
+}
 
 ShardingSpec with_bucket(ShardingSpec s, std::int64_t bytes) {
   s.bucket_bytes = bytes;  // 0: one collective per flat parameter
@@ -39,7 +47,13 @@ std::vector<StrategyCase> strategies() {
          return s;
        }},
       {"FULL_SHARD", [] { return with_bucket(ShardingSpec::fsdp("FULL_SHARD"), 0); }},
-      {"HYBRID_SHARD", [] { return with_bucket(ShardingSpec::fsdp("HYBRID_SHARD"), 0); }},
+      {"HYBRID_SHARD", [] { return with_bucket(ShardingSpec::fsdp("HYBRID_SHARD"), 0); }, 0, true},
+      // FSDP2's HSDP / DeepSpeed's MiCS (ZeRO-3 in blocks of 2 ranks), and ZeRO-2 in blocks of 2: at 4
+      // ranks two copies average their shards' gradients.
+      {"HybridGroupsOf2", [] { return in_groups(ShardingSpec::zero(3), 2); }, 2},
+      {"HybridZeRO2GroupsOf2", [] { return in_groups(with_bucket(ShardingSpec::zero(2), 300), 2); }, 2},
+      // FSDP's HYBRID_SHARD_ZERO2: ZeRO-2 inside each node (across simulated nodes in sharding_*2nodes*).
+      {"HYBRID_SHARD_ZERO2", [] { return ShardingSpec::fsdp(zero::kHybridShardZero2); }, 0, true},
   };
 }
 
@@ -68,6 +82,7 @@ void run_parity(const StrategyCase& sc, ModelKind mk, OptKind ok, int accum, c10
                                     << (how == Accumulate::NoSync ? "" : " each micro-step reducing"));
   auto world = test::world();
   const int N = world->size(), r = world->rank();
+  if (!sc.fits(N)) return;  // (the TEST_Ps skip it; the loops over every strategy pass over it)
   const int64_t local = G / N;
   const int steps = 5;
 
@@ -78,6 +93,29 @@ void run_parity(const StrategyCase& sc, ModelKind mk, OptKind ok, int accum, c10
   auto prepared = zero::prepare(mdl.module, *user_opt, sc.make(), world);
   auto& engine = *prepared.engine;
   auto& opt = *prepared.optimizer;
+  if (sc.group > 0) {  // blocks of consecutive ranks, and the ranks at the same place in every block
+    ASSERT_EQ(engine.shard_group()->size(), sc.group);
+    EXPECT_EQ(engine.shard_group()->rank(), r % sc.group);
+    if (N > sc.group) {
+      ASSERT_TRUE(engine.replicate_group());
+      EXPECT_EQ(engine.replicate_group()->size(), N / sc.group);
+      EXPECT_EQ(engine.replicate_group()->rank(), r / sc.group);
+    } else {
+      EXPECT_FALSE(engine.replicate_group()) << "one block holds every rank: nothing to replicate";
+    }
+  }
+  if (sc.by_node) {  // the ranks of this node, and this local rank on every node
+    const comm::Topology& topo = world->topology();
+    ASSERT_EQ(engine.shard_group()->size(), topo.local_world_size);
+    EXPECT_EQ(engine.shard_group()->rank(), topo.local_rank);
+    const int nodes = N / topo.local_world_size;
+    if (nodes > 1) {
+      ASSERT_TRUE(engine.replicate_group());
+      EXPECT_EQ(engine.replicate_group()->size(), nodes);
+    } else {  // (one node: a replicate group of one rank, or none)
+      EXPECT_TRUE(!engine.replicate_group() || engine.replicate_group()->size() == 1);
+    }
+  }
 
   for (int step = 0; step < steps; ++step) {
     for (int m = 0; m < accum; ++m) {
@@ -135,6 +173,7 @@ class Parity : public ::testing::TestWithParam<std::tuple<int, ModelKind>> {};
 
 TEST_P(Parity, Float64MatchesReference) {
   const StrategyCase sc = strategies()[std::get<0>(GetParam())];
+  if (!sc.fits(world()->size())) GTEST_SKIP() << "shard groups of " << sc.group << " ranks";
   for (int accum : {1, 3})
     for (OptKind ok : {OptKind::AdamW, OptKind::SGD})
       run_parity(sc, std::get<1>(GetParam()), ok, accum, at::kDouble, 1e-10);
@@ -142,6 +181,7 @@ TEST_P(Parity, Float64MatchesReference) {
 
 TEST_P(Parity, Float32MatchesReference) {
   const StrategyCase sc = strategies()[std::get<0>(GetParam())];
+  if (!sc.fits(world()->size())) GTEST_SKIP() << "shard groups of " << sc.group << " ranks";
   run_parity(sc, std::get<1>(GetParam()), OptKind::AdamW, 2, at::kFloat, 1e-5);
 }
 
@@ -179,7 +219,8 @@ TEST(OneDnnParity, LargeProductsThroughOneDnnFollowTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, Parity,
-                         ::testing::Combine(::testing::Range(0, 8), ::testing::Values(ModelKind::MLP, ModelKind::GPT)),
+                         ::testing::Combine(::testing::Range(0, static_cast<int>(strategies().size())),
+                                            ::testing::Values(ModelKind::MLP, ModelKind::GPT)),
                          [](const auto& info) {
                            return strategies()[std::get<0>(info.param)].name + "_" + name(std::get<1>(info.param));
                          });
