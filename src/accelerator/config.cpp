@@ -49,38 +49,54 @@ std::string fsdp_strategy_name(const std::string& where, const std::string& key,
   return names[static_cast<std::size_t>(*number - 1)];
 }
 
+void apply_mics(AcceleratorConfig& cfg) {
+  if (!cfg.mics_shard_size) return;
+  const std::string head = std::string(kMicsKey) + ":";
+  std::erase_if(cfg.ignored, [&](const std::string& e) { return e.compare(0, head.size(), head) == 0; });
+  if (cfg.distributed_type == DistributedType::DeepSpeed && cfg.spec.strategy == zero::Strategy::Zero3) {
+    cfg.spec.shard_group_size = *cfg.mics_shard_size;
+    return;
+  }
+  if (cfg.distributed_type == DistributedType::DeepSpeed)
+    note_ignored(cfg, kMicsKey,
+                 fmt::format("MiCS shards ZeRO-3: it acts only with stage 3 (the stage in force is {})",
+                             zero::info(cfg.spec.strategy).zero_stage));
+  else
+    note_ignored(cfg, kMicsKey,
+                 fmt::format("MiCS is DeepSpeed's ZeRO-3: the distributed type in force is {}",
+                             to_string(cfg.distributed_type)));
+}
+
 void apply_parallelism(AcceleratorConfig& cfg, const std::string& where) {
   if (!cfg.parallelism) return;
   const int r = cfg.parallelism->replicate, n = cfg.parallelism->shard;
   const std::string sizes = shard_group_source(cfg);
-  switch (cfg.distributed_type) {
-    case DistributedType::Fsdp:
-      if (cfg.spec.shards_gradients()) {
-        cfg.spec.shard_group_size = n;  // r copies, each sharded over a block of n ranks (r = 1: every rank)
-        return;
-      }
-      if (n > 1)
-        fail(where, fmt::format("{} shards each copy over {} ranks, but fsdp_sharding_strategy {} shards nothing; "
-                                "use FULL_SHARD or SHARD_GRAD_OP, or set dp_shard_size to 1",
-                                sizes, n, zero::info(cfg.spec.strategy).fsdp_name));
-      return;  // r whole copies: NO_SHARD is DDP
-    case DistributedType::DeepSpeed:
-      if (r > 1)
-        fail(where, fmt::format("{} replicates the model {} times, but DeepSpeed's ZeRO shards over every rank; "
-                                "use distributed_type FSDP for copies sharded in groups, or DeepSpeed's MiCS "
-                                "(zero_optimization.mics_shard_size in the DeepSpeed JSON)",
-                                sizes, r));
-      if (cfg.spec.groups_of_ranks() > 0)
-        fail(where, fmt::format("{} shards one copy over every rank, but {} shards in blocks of {} ranks; keep one",
-                                sizes, cfg.shard_group_key, cfg.spec.groups_of_ranks()));
-      return;  // one copy over every rank: what ZeRO does
-    default:
-      if (n > 1)
-        fail(where, fmt::format("{} shards each copy over {} ranks, which needs distributed_type FSDP (under {} every "
-                                "rank holds the whole model); use FSDP, or set dp_shard_size to 1",
-                                sizes, n, to_string(cfg.distributed_type)));
-      return;  // r whole copies: DDP, which is what the distributed type does
+  const bool deepspeed = cfg.distributed_type == DistributedType::DeepSpeed;
+  if (cfg.distributed_type == DistributedType::Fsdp && cfg.spec.shards_gradients()) {
+    cfg.spec.shard_group_size = n;  // r copies, each sharded over a block of n ranks (r = 1: every rank)
+    return;
   }
+  if (deepspeed && cfg.spec.shards_optimizer()) {  // ZeRO-1/2/3: one copy over every rank, or MiCS's blocks
+    const int mics = cfg.spec.groups_of_ranks();
+    if (mics > 0 && mics != n)
+      fail(where,
+           fmt::format("{} shards each copy over {} ranks, but {} is {}; make them agree", sizes, n, kMicsKey, mics));
+    if (mics == 0 && r > 1)
+      fail(where, fmt::format("{} replicates the model {} times, but DeepSpeed's ZeRO stage {} shards over every "
+                              "rank; use distributed_type FSDP for copies sharded in groups, or ZeRO-3 with {} in "
+                              "the DeepSpeed JSON (MiCS)",
+                              sizes, r, zero::info(cfg.spec.strategy).zero_stage, kMicsKey));
+    return;
+  }
+  // What shards nothing (DDP, NO_SHARD, DeepSpeed's stage 0): r whole copies, and nothing to shard.
+  if (n > 1)
+    fail(where, fmt::format("{} shards each copy over {} ranks, but {} shards nothing; {}, or set dp_shard_size to 1",
+                            sizes, n,
+                            cfg.distributed_type == DistributedType::Fsdp
+                                ? fmt::format("fsdp_sharding_strategy {}", zero::info(cfg.spec.strategy).fsdp_name)
+                            : deepspeed ? std::string("DeepSpeed's stage 0")
+                                        : fmt::format("{} (DDP)", to_string(cfg.distributed_type)),
+                            deepspeed ? "use a ZeRO stage" : "use FSDP with FULL_SHARD or SHARD_GRAD_OP"));
 }
 
 std::string offload_device(const std::string& where, const std::string& key, const std::string& text) {
@@ -122,7 +138,7 @@ std::string shard_group_source(const AcceleratorConfig& cfg) {
   if (cfg.parallelism)
     return fmt::format("parallelism_config's dp_replicate_size x dp_shard_size ({} x {})", cfg.parallelism->replicate,
                        cfg.parallelism->shard);
-  return cfg.spec.groups_of_ranks() > 0 ? cfg.shard_group_key : std::string();
+  return cfg.spec.groups_of_ranks() > 0 && cfg.mics_shard_size ? std::string(cd::kMicsKey) : std::string();
 }
 
 std::string strategy_name(const AcceleratorConfig& cfg) {
@@ -299,11 +315,8 @@ std::int64_t env_integer(const char* var, const char* key, std::int64_t lo, std:
 void force_deepspeed(AcceleratorConfig& cfg, int stage) {
   const zero::ShardingSpec fresh = zero::ShardingSpec::zero(stage);
   if (cfg.distributed_type == DistributedType::DeepSpeed) {
-    cfg.spec.strategy = fresh.strategy;  // keep the file's buckets and dtypes
-    if (!fresh.shards_parameters()) {    // MiCS is stage 3 only
-      cfg.spec.shard_group_size = fresh.shard_group_size;
-      cfg.shard_group_key.clear();
-    }
+    cfg.spec.strategy = fresh.strategy;                  // keep the file's buckets and dtypes
+    cfg.spec.shard_group_size = fresh.shard_group_size;  // (MiCS's are set again by apply_mics)
   } else {
     cfg.distributed_type = DistributedType::DeepSpeed;
     cfg.spec = fresh;
@@ -319,7 +332,6 @@ void force_fsdp(AcceleratorConfig& cfg, const std::string& strategy) {
   } else {
     cfg.distributed_type = DistributedType::Fsdp;
     cfg.spec = fresh;
-    cfg.shard_group_key.clear();  // (a DeepSpeed file's MiCS goes with its spec)
   }
 }
 }  // namespace
@@ -380,8 +392,9 @@ AcceleratorConfig resolve_config(const ConfigOverrides& args) {
       cd::note_ignored(cfg, fmt::format("zero_stage ({})", stage->where),
                        fmt::format("overridden by fsdp_sharding_strategy ({})", strategy->where));
   }
-  if (stage || strategy) {  // the file's parallelism_config, against the strategy now in force
+  if (stage || strategy) {  // the file's MiCS and parallelism_config, against the strategy now in force
     const std::string& by = stage && (!strategy || stage->level > strategy->level) ? stage->where : strategy->where;
+    cd::apply_mics(cfg);
     cd::apply_parallelism(cfg, fmt::format("{} (with the strategy from {})",
                                            cfg.source.empty() ? std::string("the configuration") : cfg.source, by));
   }

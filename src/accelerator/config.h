@@ -98,8 +98,10 @@ struct AcceleratorConfig {
     int processes() const { return replicate * shard; }
   };
   std::optional<DataParallelSizes> parallelism;
-  // The key that set spec.shard_group_size by itself: DeepSpeed's "zero_optimization.mics_shard_size".
-  std::string shard_group_key;
+  // DeepSpeed's zero_optimization.mics_shard_size as the JSON gives it (> 0): at stage 3 it is the spec's
+  // shard group size (config_detail::apply_mics, again after an override of the strategy), otherwise it
+  // is listed as ignored.
+  std::optional<int> mics_shard_size;
   std::string offload_optimizer_device = "none";           // none | cpu | nvme
   std::string offload_param_device = "none";               // none | cpu | nvme
   StateDictType state_dict_type = StateDictType::Sharded;  // fsdp_state_dict_type

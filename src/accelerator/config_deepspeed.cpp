@@ -251,14 +251,8 @@ void read_zero(const json& z, const std::string& file, AcceleratorConfig& cfg) {
   if (auto n = zero.integer("mics_shard_size", -1, std::numeric_limits<int>::max(),
                             "-1 or 0 (off), or a number of ranks >= 1");
       n && *n > 0) {
-    if (stage == 3) {
-      cfg.spec.shard_group_size = static_cast<int>(*n);
-      cfg.shard_group_key = zero.path("mics_shard_size");
-    } else {
-      cd::note_ignored(
-          cfg, zero.path("mics_shard_size"),
-          fmt::format("MiCS shards ZeRO-3: it acts only with stage 3 (zero_optimization.stage is {})", stage));
-    }
+    cfg.mics_shard_size = static_cast<int>(*n);
+    cd::apply_mics(cfg);
   }
   if (cfg.offload_param_device != "none" && stage != 3)
     cd::fail(file, fmt::format("{} offloads parameters to '{}', which needs stage 3 (zero_optimization.stage is {}); "

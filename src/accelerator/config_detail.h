@@ -19,10 +19,16 @@ void note_ignored(AcceleratorConfig& cfg, const std::string& key, const std::str
 // row's fsdp_name (zero/spec.h), or HYBRID_SHARD_ZERO2 (5); anything else throws, naming WHERE and KEY.
 std::string fsdp_strategy_name(const std::string& where, const std::string& key, const std::string& text);
 
+// cfg.mics_shard_size against the distributed type and stage in force: DeepSpeed at stage 3 shards in
+// blocks of that many ranks; anything else lists the key as ignored, saying why (replacing an earlier
+// reason). Nothing without cfg.mics_shard_size.
+void apply_mics(AcceleratorConfig& cfg);
+inline constexpr const char* kMicsKey = "zero_optimization.mics_shard_size";
+
 // cfg.parallelism against the distributed type and strategy: under FSDP a strategy that shards
 // gradients takes blocks of `shard` ranks as its shard groups; anything the type cannot do (shards under
-// DDP, copies under DeepSpeed, shards under NO_SHARD, a contradicting mics_shard_size) throws, naming
-// WHERE. Nothing without cfg.parallelism.
+// DDP, NO_SHARD or DeepSpeed's stage 0, copies under ZeRO without MiCS, a mics_shard_size of another
+// size) throws, naming WHERE. Nothing without cfg.parallelism.
 void apply_parallelism(AcceleratorConfig& cfg, const std::string& where);
 
 // "none" | "cpu" | "nvme" (any case), else throws.

@@ -233,7 +233,8 @@ const std::vector<Key>& all() {
        "ranks and averages gradients across the copies); dp_replicate_size x dp_shard_size = num_processes",
        nullptr},
       {D::Accelerate, "parallelism_config", "parallelism_config_dp_shard_size", "", T::Int, "1", ">= 1",
-       "ranks each copy is sharded over (FSDP only; under FULL_SHARD/SHARD_GRAD_OP/HYBRID_SHARD the shard group)",
+       "ranks each copy is sharded over: FSDP's shard group under FULL_SHARD/SHARD_GRAD_OP/HYBRID_SHARD; under "
+       "DeepSpeed every rank (or mics_shard_size's blocks, which it must equal); 1 where nothing is sharded",
        nullptr},
       {D::Accelerate, "parallelism_config", "parallelism_config_tp_size", "", T::Int, "1", "1",
        "tensor parallel size: accel has none, only 1 is accepted", nullptr},

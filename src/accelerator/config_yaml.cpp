@@ -414,7 +414,7 @@ void merge_deepspeed_json(const Section& s, const std::string& base_dir, const T
   cfg.gradient_accumulation_steps = accumulation;
   cfg.gradient_clipping = j.gradient_clipping;
   cfg.spec = j.spec;
-  cfg.shard_group_key = j.shard_group_key;
+  cfg.mics_shard_size = j.mics_shard_size;
   cfg.offload_optimizer_device = j.offload_optimizer_device;
   cfg.offload_param_device = j.offload_param_device;
   cfg.zero3_save_16bit_model = j.zero3_save_16bit_model;

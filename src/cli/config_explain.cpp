@@ -115,6 +115,7 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
   // of g consecutive ranks (MiCS, parallelism_config).
   const int per_machine = m > 0 && n % m == 0 ? n / m : n;
   const int g = s.groups_of_ranks();
+  const bool refused = cfg.parallelism && cfg.parallelism->processes() != n;  // (said under Shard groups)
   const bool blocks = g > 0 && n % g == 0;
   const int shard_over = blocks ? g : s.groups_by_node() ? per_machine : n;
   const std::string fraction =
@@ -122,10 +123,10 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
   const std::string over = blocks               ? fmt::format("sharded over a block of {} consecutive ranks", g)
                            : s.groups_by_node() ? fmt::format("sharded over the {} ranks of its machine", shard_over)
                                                 : fmt::format("sharded over all {} ranks", shard_over);
-  std::string across;  // how the copies' gradients meet
-  if (blocks && n / g > 1)
+  std::string across;  // how the copies' gradients meet (none at a count the job refuses)
+  if (!refused && blocks && n / g > 1)
     across = fmt::format(" inside the block, then all-reduce across the {} copies", n / g);
-  else if (s.groups_by_node() && m > 1)
+  else if (!refused && s.groups_by_node() && m > 1)
     across = fmt::format(" inside the machine, then all-reduce across the {} machines", m);
   o << "Each rank holds\n";
   const std::string master = dtype_name(s.master_dtype, "the model's dtype");
@@ -175,7 +176,7 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
         "only units are gathered one at a time; parameters in no unit form the root unit, kept whole on every rank "
         "from step to step: a model that marks no module with accel::unit stays whole on every rank (DDP's "
         "parameter memory), and prepare warns when that is at least half of the model");
-  if (cfg.parallelism && cfg.parallelism->processes() != n) {
+  if (refused) {
     row("Shard groups",
         fmt::format("{} is {} processes, not {}: accel refuses this (launch {})", shard_group_source(cfg),
                     cfg.parallelism->processes(), n, cfg.parallelism->processes()));

@@ -300,6 +300,15 @@ int run_launch(const LaunchArgs& args, std::vector<std::string> program) {
   if (!config_path.empty()) {
     const AcceleratorConfig file = load_config_file(config_path);
     req.config_num_processes = file.num_processes;
+    if (file.parallelism) {  // copies x shards is the one count the job runs at
+      if (!req.config_num_processes) req.config_num_processes = file.parallelism->processes();
+      if (args.num_processes && *args.num_processes != file.parallelism->processes())
+        throw ConfigError(
+            fmt::format("{}: {} is {} processes, but --num_processes is {}; launch {}, or change the "
+                        "sizes",
+                        config_path, shard_group_source(file), file.parallelism->processes(), *args.num_processes,
+                        file.parallelism->processes()));
+    }
     req.config_num_machines = file.num_machines;
     config_restarts = file.max_restarts;
     config_path = files::absolute_path(config_path);

@@ -392,6 +392,10 @@ TEST(Accelerator, TrainingLoopMatchesSingleProcessUnderEveryStrategy) {
     DataLoader<Rows> loader(rows, {.batch_size = G, .shuffle = true, .split_batches = true, .seed = 5});
     auto opt = acc.prepare(model, adamw, loader);
     ASSERT_EQ(G % N, 0);
+    if (c.name == "mics_groups_of_1") {  // every rank a copy: a shard group of one, the copies across all
+      EXPECT_EQ(acc.engine()->shard_group()->size(), 1);
+      EXPECT_EQ(acc.engine()->replicate_group() ? acc.engine()->replicate_group()->size() : 1, N);
+    }
 
     std::vector<double> norms, ref_norms;
     for (const Batch& b : loader) {
@@ -616,6 +620,18 @@ TEST(Accelerator, HybridShardRefusesNodesOfDifferentSizes) {
     }
     // A program that builds an engine itself meets the same refusal where the groups are made.
     EXPECT_THROW(zero::groups_for(zero::ShardingSpec::fsdp("HYBRID_SHARD"), world()), InvalidArgumentError);
+    // HYBRID_SHARD_ZERO2 (ZeRO-2 inside each node) the same, with ZeRO-2's way out.
+    try {
+      Accelerator acc(
+          quiet(write_config("hybrid_zero2.yaml",
+                             "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD_ZERO2\n")));
+      ADD_FAILURE() << "HYBRID_SHARD_ZERO2 on uneven nodes: no error";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("HYBRID_SHARD_ZERO2 needs the same number of ranks on every node"), std::string::npos)
+          << what;
+      EXPECT_NE(what.find("or use SHARD_GRAD_OP, which shards over all ranks"), std::string::npos) << what;
+    }
     world()->barrier();  // every rank threw (one that did not would wait here alone)
     return;
   }

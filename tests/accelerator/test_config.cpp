@@ -261,7 +261,7 @@ TEST(ConfigEnv, FsdpStrategyForcesFsdp) {
   env.unset("ACCEL_FSDP_SHARDING_STRATEGY");
   env.set("ACCEL_ZERO_STAGE", "3");  // DeepSpeed cannot hold 2 copies: refused, not dropped
   EXPECT_HAS(error_of([] { resolve_config(); }),
-             "(2 x 2) replicates the model 2 times, but DeepSpeed's ZeRO shards over every rank");
+             "(2 x 2) replicates the model 2 times, but DeepSpeed's ZeRO stage 3 shards over every rank");
   env.unset("ACCEL_ZERO_STAGE");
   env.set("ACCEL_CONFIG_FILE", source_path("configs/fsdp/full_shard.yaml"));
   // Both at the same level is ambiguous; an argument beats the environment.
@@ -279,6 +279,36 @@ TEST(ConfigEnv, FsdpStrategyForcesFsdp) {
 
 // ---------------------------------------------------------------------------------------------------
 // The shipped configs
+
+// DeepSpeed's MiCS acts at stage 3 only, also when an override sets the stage: a stage-3 file overridden
+// to stage 2 (or to FSDP) lists the key as ignored, naming what is in force; a stage-2 file overridden to
+// stage 3 gets its groups, and the key leaves the ignored list.
+TEST(ConfigEnv, MicsFollowsTheStageInForce) {
+  EnvGuard env;
+  TempDir dir;
+  env.set("ACCEL_CONFIG_FILE", dir.write("m3.json", R"({"zero_optimization": {"stage": 3, "mics_shard_size": 2}})"));
+  auto c = resolve_config();
+  EXPECT_EQ(c.spec.shard_group_size, 2);
+  EXPECT_EQ(ignored_entry(c, "zero_optimization.mics_shard_size"), "");
+  env.set("ACCEL_ZERO_STAGE", "2");
+  c = resolve_config();
+  EXPECT_EQ(c.spec.shard_group_size, zero::ShardingSpec::kStrategyGroup);
+  EXPECT_HAS(ignored_entry(c, "zero_optimization.mics_shard_size"), "the stage in force is 2");
+  env.unset("ACCEL_ZERO_STAGE");
+  env.set("ACCEL_FSDP_SHARDING_STRATEGY", "FULL_SHARD");
+  c = resolve_config();
+  EXPECT_EQ(c.spec.shard_group_size, zero::ShardingSpec::kStrategyGroup);
+  EXPECT_HAS(ignored_entry(c, "zero_optimization.mics_shard_size"), "the distributed type in force is FSDP");
+  env.unset("ACCEL_FSDP_SHARDING_STRATEGY");
+  env.set("ACCEL_CONFIG_FILE", dir.write("m2.json", R"({"zero_optimization": {"stage": 2, "mics_shard_size": 2}})"));
+  c = resolve_config();
+  EXPECT_EQ(c.spec.shard_group_size, zero::ShardingSpec::kStrategyGroup);
+  EXPECT_HAS(ignored_entry(c, "zero_optimization.mics_shard_size"), "the stage in force is 2");
+  env.set("ACCEL_ZERO_STAGE", "3");
+  c = resolve_config();
+  EXPECT_EQ(c.spec.shard_group_size, 2);
+  EXPECT_EQ(ignored_entry(c, "zero_optimization.mics_shard_size"), "");
+}
 
 TEST(ConfigShipped, Ddp) {
   const auto c = load_config_file(source_path("configs/ddp.yaml"));
@@ -375,7 +405,7 @@ std::string decisions(const AcceleratorConfig& c) {
              c.deepspeed_config_file, l.loss_scale, l.initial_scale_power, l.loss_scale_window, l.hysteresis,
              l.consecutive_hysteresis, l.min_loss_scale, c.fp8.enable_fsdp_float8_all_gather) +
          " recipe " + c.fp8.recipe + " format " + c.fp8.fp8_format +
-         fmt::format(" groups {} of '{}' dp {}", s.shard_group_size, c.shard_group_key,
+         fmt::format(" groups {} of '{}' dp {}", s.shard_group_size, c.mics_shard_size.value_or(0),
                      c.parallelism ? c.parallelism->processes() : 0) +
          " optimizer " + (c.optimizer ? c.optimizer->type : "-") + " scheduler " +
          (c.scheduler ? c.scheduler->type : "-");
@@ -412,8 +442,7 @@ const std::map<std::string, KeyCase>& yaml_cases() {
       // (at the top level under MULTI_CPU: DDP copies only, so a shard size is refused)
       {"parallelism_config",
        {"{dp_shard_size: 2}", "",
-        "dp_shard_size (1 x 2) shards each copy over 2 ranks, which "
-        "needs distributed_type FSDP"}},
+        "dp_shard_size (1 x 2) shards each copy over 2 ranks, but MULTI_CPU (DDP) shards nothing"}},
       {"parallelism_config.parallelism_config_dp_replicate_size", {"2", "  parallelism_config_dp_shard_size: 2\n"}},
       {"parallelism_config.parallelism_config_dp_shard_size", {"2", "  parallelism_config_dp_replicate_size: 2\n"}},
       {"parallelism_config.parallelism_config_tp_size", {"2", "", "accel has no tensor, context or sequence"}},

@@ -283,17 +283,29 @@ TEST(ConfigParallelism, WhatCannotBeDoneIsRefused) {
                             "  dp_replicate_size: 2\n  dp_shard_size: 2\n"),
              "but fsdp_sharding_strategy NO_SHARD shards nothing");
   EXPECT_HAS(parallel_error("distributed_type: MULTI_GPU\n", "  dp_shard_size: 2\n"),
-             "needs distributed_type FSDP (under MULTI_GPU every rank holds the whole model)");
+             "shards each copy over 2 ranks, but MULTI_GPU (DDP) shards nothing; use FSDP with FULL_SHARD or "
+             "SHARD_GRAD_OP");
   EXPECT_HAS(parallel_error("distributed_type: DEEPSPEED\n", "  dp_replicate_size: 2\n  dp_shard_size: 2\n"),
-             "replicates the model 2 times, but DeepSpeed's ZeRO shards over every rank");
+             "replicates the model 2 times, but DeepSpeed's ZeRO stage 2 shards over every rank; use distributed_type "
+             "FSDP for copies sharded in groups, or ZeRO-3 with zero_optimization.mics_shard_size");
   EXPECT_HAS(parallel_error(fsdp, "  dp_sharding: 2\n"), "parallelism_config.dp_sharding");
-  // One copy over every rank, but a DeepSpeed JSON's MiCS shards in blocks: they contradict.
+  // DeepSpeed's stage 0 shards nothing: copies are DDP, a shard size is refused.
+  EXPECT_HAS(
+      parallel_error("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 0\n", "  dp_shard_size: 4\n"),
+      "shards each copy over 4 ranks, but DeepSpeed's stage 0 shards nothing; use a ZeRO stage");
+  EXPECT_EQ(parallel("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 0\n", "  dp_replicate_size: 4\n")
+                .spec.strategy,
+            Strategy::NoShard);
+  // A DeepSpeed JSON's MiCS: the same blocks agree (2 copies of 2), other blocks do not.
   TempDir dir;
-  const std::string json = dir.write("mics.json", R"({"zero_optimization": {"stage": 3, "mics_shard_size": 2}})");
-  EXPECT_HAS(yaml_error("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: " + json +
-                        "\nparallelism_config:\n  dp_shard_size: 4\n"),
-             "(1 x 4) shards one copy over every rank, but zero_optimization.mics_shard_size shards in blocks of 2 "
-             "ranks; keep one");
+  const std::string yaml = "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: " +
+                           dir.write("mics.json", R"({"zero_optimization": {"stage": 3, "mics_shard_size": 2}})") +
+                           "\n";
+  const auto agree = parallel(yaml, "  dp_replicate_size: 2\n  dp_shard_size: 2\n");
+  EXPECT_EQ(agree.spec.shard_group_size, 2);
+  EXPECT_EQ(agree.parallelism->processes(), 4);
+  EXPECT_HAS(parallel_error(yaml, "  dp_shard_size: 4\n"),
+             "(1 x 4) shards each copy over 4 ranks, but zero_optimization.mics_shard_size is 2; make them agree");
 }
 
 TEST(ConfigYaml, JsonSyntaxAccelerateConfig) {
