@@ -139,8 +139,6 @@ struct ShardingSpec {
     return shard_group_size == kNodeGroup || (shard_group_size == kStrategyGroup && hybrid());
   }
   int groups_of_ranks() const { return shard_group_size > 0 ? shard_group_size : 0; }
-  // Shard groups other than the whole world may be replicated (by node, or in blocks).
-  bool replicates_groups() const { return groups_by_node() || groups_of_ranks() > 0; }
 
   // Named points: DeepSpeed stages and FSDP sharding strategies.
   static ShardingSpec ddp();
