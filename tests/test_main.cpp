@@ -3,6 +3,7 @@
 #include "test_world.h"
 
 #include "base/check_args.h"
+#include "base/files.h"
 #include "base/memory.h"
 
 #include <ATen/ATen.h>
@@ -15,10 +16,31 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 namespace accel::test {
 
 static std::shared_ptr<comm::Communicator> g_world;
 std::shared_ptr<comm::Communicator> world() { return g_world; }
+
+static std::string g_job_dir;  // empty until a test asks for a scratch directory
+
+std::string scratch_dir(const std::string& name) {
+  if (g_job_dir.empty()) {
+    at::Tensor pid = at::full({1}, static_cast<int64_t>(::getpid()), at::kLong);
+    g_world->broadcast(pid);
+    const char* tmp = std::getenv("TMPDIR");
+    g_job_dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/accel_test_np" + std::to_string(g_world->size()) + "_" +
+                std::to_string(pid.item<int64_t>());
+  }
+  const std::string dir = g_job_dir + "/" + name;
+  if (g_world->rank() == 0) {  // (base/files.h, not std::filesystem: libtorch's copy of remove_all crashes)
+    files::remove_tree(dir);
+    files::make_dirs(dir);
+  }
+  g_world->barrier();
+  return dir;
+}
 
 namespace {
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
@@ -160,6 +182,9 @@ int main(int argc, char** argv) {
   int rc = RUN_ALL_TESTS();
   at::Tensor worst = at::full({1}, rc, at::kInt);
   accel::test::g_world->all_reduce(worst, {accel::comm::ReduceOp::Max});
+  // Kept when a test failed, to look at.
+  if (worst.item<int>() == 0 && rank == 0 && !accel::test::g_job_dir.empty())
+    accel::files::remove_tree(accel::test::g_job_dir);
   accel::test::g_world.reset();
   return worst.item<int>();
 }

@@ -94,9 +94,12 @@ inline void check_project_dir(const ExampleArgs& a, const std::string& project_d
         "config file)");
 }
 
-// After each optimizer step: save_state every --checkpointing_steps steps.
+// After each optimizer step: save_state every --checkpointing_steps steps. A step fp16 skipped
+// (an overflow) did not advance acc.step(): the state is the one saved at this count already, or,
+// before the first step taken, none worth saving.
 inline void maybe_checkpoint(Accelerator& acc, const ExampleArgs& a) {
-  if (a.checkpointing_steps > 0 && acc.step() % a.checkpointing_steps == 0) acc.save_state();
+  if (a.checkpointing_steps > 0 && !acc.optimizer_step_was_skipped() && acc.step() % a.checkpointing_steps == 0)
+    acc.save_state();
 }
 
 // One line per optimizer step on the main process.

@@ -324,10 +324,14 @@ optim::ConfigBlock read_optim_block(const json& v, const std::string& file, cons
     const json& params = v["params"];
     if (!params.is_object()) cd::fail_value(file, name + ".params", show_json(params), "an object");
     for (const auto& [k, x] : params.items()) {
-      if (x.is_null()) continue;  // (DeepSpeed passes None: the default)
+      // DeepSpeed passes null on as None: the constructor's default, but for warmup_max_lr, where WarmupLR
+      // takes None as the first group's rate (also under WarmupDecayLR, whose default is 0.001), which is
+      // what "auto" is here.
+      const bool null_max_lr = x.is_null() && name == "scheduler" && k == "warmup_max_lr";
+      if (x.is_null() && !null_max_lr) continue;
       optim::ConfigValue c;
       c.text = show_json(x);
-      if (is_auto(x)) {
+      if (is_auto(x) || null_max_lr) {
         c.kind = optim::ConfigValue::Kind::Auto;
       } else if (x.is_boolean()) {
         c.kind = optim::ConfigValue::Kind::Bool;

@@ -263,7 +263,9 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
     std::string params;
     for (const auto& [k, v] : b->params)
       params += fmt::format("{}{} {}", params.empty() ? "" : ", ", k,
-                            v.kind == optim::ConfigValue::Kind::Auto ? std::string("auto (the program's)") : v.text);
+                            v.kind != optim::ConfigValue::Kind::Auto ? v.text
+                            : v.text == "null"                       ? std::string("null (the optimizer's lr)")
+                                                                     : std::string("auto (the program's)"));
     row(b->name == "optimizer" ? "Optimizer" : "Schedule",
         fmt::format("{}{}, built by Accelerator::create_{} (a program passing its own to {} keeps it)", b->type,
                     params.empty() ? "" : " (" + params + ")", b->name == "optimizer" ? "optimizer" : "scheduler",

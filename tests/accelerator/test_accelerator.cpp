@@ -39,17 +39,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A config file in a directory every rank agrees on (rank 0 makes it, the others wait).
+// A config file in the job's directory for them (test::scratch_dir; rank 0 writes it, the others wait).
 std::string write_config(const std::string& name, const std::string& text) {
+  static const std::string dir = scratch_dir("configs");
   auto w = world();
-  fs::path dir = fs::temp_directory_path() / ("accel_test_accel_" + std::to_string(w->size()));
-  fs::path p = dir / name;
-  if (w->rank() == 0) {
-    fs::create_directories(dir);
-    std::ofstream(p) << text;
-  }
+  const std::string p = dir + "/" + name;
+  if (w->rank() == 0) std::ofstream(p) << text;
   w->barrier();
-  return p.string();
+  return p;
 }
 
 AcceleratorOptions quiet(std::optional<std::string> file = std::nullopt) {
@@ -153,9 +150,7 @@ TEST(Accelerator, TriggerReachesEveryRank) {
 
 TEST(Accelerator, MainProcessFirst) {
   Accelerator acc(quiet());
-  fs::path marker = fs::temp_directory_path() / ("accel_mpf_" + std::to_string(acc.num_processes()));
-  if (acc.is_main_process()) fs::remove(marker);
-  acc.wait_for_everyone();
+  const fs::path marker = fs::path(scratch_dir("main_process_first")) / "marker";
   {
     auto first = acc.main_process_first();
     if (acc.is_main_process())
@@ -670,7 +665,7 @@ TEST(Accelerator, ActivationCheckpointingFromTheConfigReachesEveryUnit) {
 TEST(Accelerator, CheckpointsRoundTripBetweenOffloadedAndNot) {
   auto w = world();
   const int N = w->size(), r = w->rank();
-  const std::string root = (fs::temp_directory_path() / ("accel_test_offload_ckpt_" + std::to_string(N))).string();
+  const std::string root = scratch_dir("offload_checkpoints");
   const std::string nvme = root + "/nvme";
   if (r == 0) fs::create_directories(nvme);
   w->barrier();
@@ -737,7 +732,7 @@ TEST(Accelerator, FsdpStateDictTypeDecidesWhatSaveStateWrites) {
       if (e.path().filename().string().rfind("shard_", 0) == 0 && fs::file_size(e.path()) > 0) ++n;
     return n;
   };
-  const std::string root = (fs::temp_directory_path() / ("accel_test_state_dict_" + std::to_string(N))).string();
+  const std::string root = scratch_dir("state_dict_type");
   struct Case {
     const char* type;         // fsdp_state_dict_type, "" for none
     std::optional<bool> arg;  // save_state's `full`
@@ -825,7 +820,7 @@ TEST(Accelerator, ShardedParametersAtRestNameGetStateDictAndSaveModel) {
     EXPECT_EQ(freed, sharded ? 6 : 0);  // fc0..fc2, weight and bias
 
     auto state = acc.get_state_dict();
-    const std::string dir = (fs::temp_directory_path() / ("accel_test_rest_" + std::to_string(N)) / name).string();
+    const std::string dir = scratch_dir("at_rest_" + name);
     acc.save_model(model, dir);
     if (acc.is_main_process()) {
       std::map<std::string, at::Tensor> got(state.begin(), state.end());
@@ -859,7 +854,7 @@ TEST(Accelerator, ShardedParametersAtRestNameGetStateDictAndSaveModel) {
 // save_model writes the bf16 compute weights; without it, the fp32 masters.
 TEST(Accelerator, Save16BitModelWritesTheComputeDtype) {
   auto w = world();
-  const std::string root = (fs::temp_directory_path() / ("accel_test_save16_" + std::to_string(w->size()))).string();
+  const std::string root = scratch_dir("save_16bit");
   for (bool sixteen : {false, true}) {
     SCOPED_TRACE(sixteen ? "gather_16bit_weights_on_model_save: true" : "gather_16bit_weights_on_model_save: false");
     const std::string json = fmt::format(R"({{"train_micro_batch_size_per_gpu": 4, "bf16": {{"enabled": true}},

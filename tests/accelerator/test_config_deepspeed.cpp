@@ -3,8 +3,12 @@
 #include "accelerator/config.h"
 
 #include "config_test_support.h"
+#include "optim/from_config.h"
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/optim/sgd.h>
 
 #include <cstdlib>
 #include <optional>
@@ -175,6 +179,24 @@ TEST(ConfigJson, OptimizerAndSchedulerBlocksAreKeptAndChecked) {
   EXPECT_HAS(ds_error(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 10}}})"),
              "ds.json: scheduler: WarmupCosineLR needs total_num_steps");
   EXPECT_HAS(ds_error(R"({"scheduler": "WarmupLR"})"), "ds.json: scheduler is 'WarmupLR', expected an object");
+}
+
+// A null is DeepSpeed's None, which is the constructor's default, except for warmup_max_lr: WarmupLR takes
+// None as the first group's rate, also under WarmupDecayLR, whose own default (the key absent) is 0.001.
+// WarmupDecayLR over 10 steps with a linear warmup of 2 is at its maximum after three steps.
+TEST(ConfigJson, NullWarmupMaxLrIsTheOptimizersRate) {
+  auto lr_after_warmup = [](const std::string& max_lr) {
+    const auto c = ds(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 10,
+        "warmup_num_steps": 2, "warmup_type": "linear")" +
+                      max_lr + "}}}");
+    torch::optim::SGD sgd(std::vector<at::Tensor>{at::zeros({1})}, torch::optim::SGDOptions(0.05));
+    auto sched = optim::make_scheduler(&*c.scheduler, sgd, {}, /*warn=*/false);
+    for (int i = 0; i < 3; ++i) sched->step();
+    return sgd.param_groups()[0].options().get_lr();
+  };
+  EXPECT_DOUBLE_EQ(lr_after_warmup(R"(, "warmup_max_lr": null)"), 0.05);
+  EXPECT_DOUBLE_EQ(lr_after_warmup(""), 0.001);
+  EXPECT_DOUBLE_EQ(lr_after_warmup(R"(, "warmup_max_lr": 0.2)"), 0.2);
 }
 
 TEST(ConfigJson, SyntaxDuplicatesAndShape) {

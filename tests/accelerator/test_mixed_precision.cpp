@@ -12,7 +12,6 @@
 //   * the loss scaler's state (scale and hysteresis) in save_state / load_state.
 #include "accelerator/accelerator.h"
 #include "accelerator/rows.h"
-#include "base/files.h"
 #include "mixed_precision/float8_linear.h"
 #include "mixed_precision/loss_scaler.h"
 #include "support/models.h"
@@ -24,10 +23,8 @@
 #include <torch/optim/sgd.h>
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -35,34 +32,11 @@
 namespace accel::test {
 namespace {
 
-namespace fs = std::filesystem;
-
-// A directory for this run that every rank agrees on (named after rank 0's pid, so two runs at the
-// same world size do not share it), removed by rank 0 after the last test.
-bool g_dir_made = false;
+// The job's directory for config files (test::scratch_dir), made by the first test that asks.
 const std::string& run_dir() {
-  static const std::string dir = [] {
-    auto w = world();
-    at::Tensor pid = at::full({1}, static_cast<int64_t>(::getpid()), at::kLong);
-    w->broadcast(pid);
-    std::string d = (fs::temp_directory_path() /
-                     ("accel_test_mp_np" + std::to_string(w->size()) + "_" + std::to_string(pid.item<int64_t>())))
-                        .string();
-    if (w->rank() == 0) files::make_dirs(d);
-    w->barrier();
-    g_dir_made = true;
-    return d;
-  }();
+  static const std::string dir = scratch_dir("mixed_precision");
   return dir;
 }
-struct RemoveRunDir : ::testing::Environment {
-  void TearDown() override {
-    if (!g_dir_made) return;
-    world()->barrier();
-    if (world()->rank() == 0) files::remove_tree(run_dir());
-  }
-};
-[[maybe_unused]] ::testing::Environment* const g_cleanup = ::testing::AddGlobalTestEnvironment(new RemoveRunDir);
 
 std::string mp_config_file(const std::string& name, const std::string& text) {
   const std::string p = run_dir() + "/" + name;

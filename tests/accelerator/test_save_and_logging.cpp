@@ -23,19 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory every rank agrees on (rank 0 makes it, the others wait).
-std::string shared_dir(const std::string& name) {
-  auto w = world();
-  const std::string dir =
-      (fs::temp_directory_path() / ("accel_test_save_" + std::to_string(w->size())) / name).string();
-  if (w->rank() == 0) {
-    files::remove_tree(dir);
-    files::make_dirs(dir);
-  }
-  w->barrier();
-  return dir;
-}
-
 AcceleratorOptions quiet_options() {
   AcceleratorOptions o;
   o.report_ignored_keys = false;
@@ -56,7 +43,7 @@ std::string python_summary(const std::string& path) {
 TEST(AcceleratorSave, MainProcessWritesTensorsAndTextAtomically) {
   if (!python_available(ACCEL_PYTHON)) GTEST_SKIP() << "ACCEL_PYTHON (the venv with safetensors) is not configured";
   Accelerator acc(quiet_options());
-  const std::string dir = shared_dir("save");
+  const std::string dir = scratch_dir("save");
   // Each rank passes its own values: only rank 0's may reach the file.
   const double r = acc.process_index();
   acc.save({{"weights", at::arange(6, at::kFloat).reshape({2, 3}) + r}, {"steps", at::full({1}, 7 + r, at::kLong)}},
@@ -119,7 +106,7 @@ std::vector<std::string> lines_of(const std::string& text) {
 TEST(Logger, RankPrefixMainProcessFilterInOrderAndLevel) {
   auto w = world();
   const int n = w->size(), me = w->rank();
-  const std::string log = shared_dir("logger") + "/stderr.log";
+  const std::string log = scratch_dir("logger") + "/stderr.log";
   auto logger = get_logger("train", log::Level::Info);
   with_stderr_to(log, [&] {
     logger.info("hello from the main process");

@@ -16,7 +16,6 @@ endif()
 # load that changes nothing, automatic naming, the total limit, registered objects), and sharded
 # construction (Accelerator::sharded_init).
 accel_test_binary(checkpoint_tests test_checkpoint.cpp)
-target_compile_definitions(checkpoint_tests PRIVATE ACCEL_BINARY_DIR="${CMAKE_BINARY_DIR}")
 target_link_libraries(checkpoint_tests PRIVATE nlohmann_json::nlohmann_json)
 accel_add_mpi_test(NAME checkpoint TARGET checkpoint_tests NP 1 2 3 4)
 accel_add_mpi_test(NAME checkpoint_private TARGET checkpoint_tests NP 2 3 4 ENV ${ACCEL_PRIVATE_SHARDS})

@@ -92,18 +92,6 @@ void expect_same(const std::map<std::string, at::Tensor>& a, const std::map<std:
   }
 }
 
-// A fresh directory per test, the same on every rank.
-std::string scratch(const std::string& name) {
-  const std::string d =
-      std::string(ACCEL_BINARY_DIR) + "/checkpoint_unit/" + name + "_np" + std::to_string(world()->size());
-  if (world()->rank() == 0) {
-    files::remove_tree(d);
-    files::make_dirs(d);
-  }
-  world()->barrier();
-  return d;
-}
-
 std::string write_config(const std::string& dir, const std::string& name, const std::string& yaml) {
   const std::string p = dir + "/" + name + ".yaml";
   if (world()->rank() == 0) std::ofstream(p) << yaml;
@@ -163,7 +151,7 @@ const std::vector<std::pair<std::string, std::string>>& strategies() {
 }
 
 TEST(Checkpoint, EveryOptimizersStateRoundTripsUnderEveryStrategy) {
-  const std::string dir = scratch("round_trip");
+  const std::string dir = scratch_dir("round_trip");
   for (const auto& [sname, yaml] : strategies()) {
     for (const auto& oc : optimizers()) {
       SCOPED_TRACE(sname + " / " + oc.name);
@@ -196,7 +184,7 @@ TEST(Checkpoint, EveryOptimizersStateRoundTripsUnderEveryStrategy) {
 // strategy without offload, not emulated, which trains on to the same bits. load_state writes the
 // host masters while copies to and from them may be queued; save_state reads them.
 TEST(Checkpoint, OffloadFromADeviceRoundTripsAndLoadsWithoutIt) {
-  const std::string dir = scratch("offload_device");
+  const std::string dir = scratch_dir("offload_device");
   struct Case {
     std::string name, offloaded, plain;
     bool params;  // parameter shards in host memory too
@@ -260,7 +248,7 @@ TEST(Checkpoint, OffloadFromADeviceRoundTripsAndLoadsWithoutIt) {
 // A frozen parameter in the root unit, which ZeRO-3 and FULL_SHARD keep gathered from step to step:
 // load_state gives it the checkpoint's values where the forward reads them, not only in its shard.
 TEST(Checkpoint, FrozenRootParametersTakeTheCheckpointsValues) {
-  const std::string dir = scratch("frozen_root");
+  const std::string dir = scratch_dir("frozen_root");
   const at::Tensor x = at::sin(at::arange(18, at::kDouble) * 0.7).view({3, 6});
   for (const auto& [sname, yaml] : strategies()) {
     SCOPED_TRACE(sname);
@@ -298,7 +286,7 @@ TEST(Checkpoint, FrozenRootParametersTakeTheCheckpointsValues) {
 }
 
 TEST(Checkpoint, AFailedLoadChangesNothing) {
-  const std::string dir = scratch("failed_load");
+  const std::string dir = scratch_dir("failed_load");
   Accelerator acc(with_config(write_config(dir, "zero3", strategies()[2].second)));
   auto net = make_net();
   torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(0.01));
@@ -335,7 +323,7 @@ TEST(Checkpoint, AFailedLoadChangesNothing) {
 // A checkpoint saved before the first step holds no optimizer state: loading it must also drop the
 // state the optimizer built since, or the steps after it would differ.
 TEST(Checkpoint, ACheckpointFromBeforeTheFirstStepResetsTheOptimizer) {
-  const std::string dir = scratch("before_first_step");
+  const std::string dir = scratch_dir("before_first_step");
   for (const auto& [sname, yaml] : strategies()) {
     SCOPED_TRACE(sname);
     Accelerator acc(with_config(write_config(dir, sname, yaml)));
@@ -354,7 +342,7 @@ TEST(Checkpoint, ACheckpointFromBeforeTheFirstStepResetsTheOptimizer) {
 }
 
 TEST(Checkpoint, OptimizerMismatchNamesBothTypes) {
-  const std::string dir = scratch("mismatch");
+  const std::string dir = scratch_dir("mismatch");
   std::string ckpt;
   {
     Accelerator acc(with_config(""));
@@ -423,7 +411,7 @@ TEST(OptimizerTable, EveryRowIsFoundAndTheRefusalNamesEveryRow) {
 }
 
 TEST(Checkpoint, AutomaticNamesTotalLimitAndRegisteredObjects) {
-  const std::string dir = scratch("automatic");
+  const std::string dir = scratch_dir("automatic");
   AcceleratorOptions o = with_config("", dir);
   o.total_limit = 2;
   Accelerator acc(o);
@@ -493,7 +481,7 @@ std::vector<std::vector<std::int64_t>> step_samples(Accelerator& acc, std::share
 // at one world size: ACCEL_INITIAL_WORLD_SIZE = 2 x this world.
 TEST(Checkpoint, AJobOnFewerRanksKeepsTheGlobalBatchAndResumesAtTheSameSample) {
   const int W = world()->size();
-  const std::string dir = scratch("shrink");
+  const std::string dir = scratch_dir("shrink");
   const std::int64_t batch = 4 * W;  // global (split_batches): 4 samples per rank
   auto run = [&](int from_step, int steps) {
     Accelerator acc(with_config("", dir));
@@ -569,7 +557,7 @@ struct PreparedRun {
 // optimizer), then prepare_data_loader) still gets its position.
 TEST(Checkpoint, LoadersResumeWhereTheyStopped) {
   const int W = world()->size();
-  const std::string dir = scratch("loader_resume");
+  const std::string dir = scratch_dir("loader_resume");
   const DataLoaderOptions opts{.batch_size = 2, .shuffle = true, .seed = 5};
   std::vector<std::vector<std::int64_t>> epoch1;  // what an uninterrupted run reads in epoch 1
   {
@@ -659,7 +647,7 @@ TEST(Checkpoint, LoadersResumeWhereTheyStopped) {
 // schedule is still the checkpoint it loaded; a load_state of an earlier checkpoint takes the schedule
 // back to it.
 TEST(Checkpoint, SchedulesPreparedAfterAResumeFollowTheUninterruptedRun) {
-  const std::string dir = scratch("schedule_resume");
+  const std::string dir = scratch_dir("schedule_resume");
   struct Case {
     std::string name, config;  // config: a DeepSpeed JSON ("" for none: the program's own schedule)
   };
@@ -755,7 +743,7 @@ TEST(Checkpoint, SchedulesPreparedAfterAResumeFollowTheUninterruptedRun) {
 // of theirs read nothing more of it, and the next pass is epoch 1 on every rank.
 TEST(Checkpoint, UnevenLoadersResumeInTheSameEpochOnEveryRank) {
   const int W = world()->size();
-  const std::string dir = scratch("uneven_resume");
+  const std::string dir = scratch_dir("uneven_resume");
   const DataLoaderOptions opts{.batch_size = 2, .even_batches = false};
   auto local_pass = [](DataLoader<SampleIds>& loader) {  // this rank's samples (no collective: counts differ)
     std::vector<std::int64_t> out;
@@ -791,7 +779,7 @@ TEST(Checkpoint, UnevenLoadersResumeInTheSameEpochOnEveryRank) {
 // batches an uninterrupted run syncs on.
 TEST(Checkpoint, AccumulationWindowsResumeWhereTheyWere) {
   const int W = world()->size();
-  const std::string dir = scratch("micro_step");
+  const std::string dir = scratch_dir("micro_step");
   auto syncs = [&](PreparedRun& r, int stop_after) {
     std::vector<bool> out;
     for (const Batch& b : r.loader) {
@@ -830,7 +818,7 @@ TEST(Checkpoint, AccumulationWindowsResumeWhereTheyWere) {
 // 1/N of them, and the prepared model trains exactly as the one built whole. The ranks seed
 // differently: only rank 0's values may survive.
 TEST(ShardedInit, UnitsAreShardedAsBuiltAndTrainLikeTheWholeModel) {
-  const std::string dir = scratch("sharded_init");
+  const std::string dir = scratch_dir("sharded_init");
   const examples::GPTConfig cfg{11, 8, 2, 3, 5};
   auto run = [&](const std::string& yaml, bool sharded) {
     Accelerator acc(with_config(write_config(dir, "cfg", yaml)));

@@ -173,13 +173,14 @@ TEST(ConfigExplain, DeepSpeedJsonBatchTriadAndIgnoredKeys) {
 TEST(ConfigExplain, OptimizerAndSchedulerBlocks) {
   const AcceleratorConfig c = parse_deepspeed_json(
       R"({"zero_optimization": {"stage": 1}, "optimizer": {"type": "SGD", "params": {"lr": "auto", "momentum": 0.9}},
-          "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 50}}})",
+          "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 50, "warmup_max_lr": null}}})",
       "ds.json");
   const std::string e = explain_config(c);
   EXPECT_NE(e.find("Optimizer     SGD (lr auto (the program's), momentum 0.9), built by Accelerator::create_optimizer"),
             std::string::npos)
       << e;
-  EXPECT_NE(e.find("Schedule      WarmupLR (warmup_num_steps 50), built by Accelerator::create_scheduler"),
+  EXPECT_NE(e.find("Schedule      WarmupLR (warmup_num_steps 50, warmup_max_lr null (the optimizer's lr)), built by "
+                   "Accelerator::create_scheduler"),
             std::string::npos)
       << e;
   EXPECT_EQ(explain_config(parse_deepspeed_json(R"({"zero_optimization": {"stage": 1}})", "ds.json")).find("Optimizer"),

@@ -43,7 +43,6 @@
 #include <torch/optim/adamw.h>
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -82,16 +81,9 @@ c10::Device my_device() {
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index % comm::cuda_device_count()));
 }
 
-// A config file every rank reads (rank 0 writes it under a directory named after rank 0's pid).
+// A config file every rank reads (rank 0 writes it in the job's directory for them, test::scratch_dir).
 std::string write_config(const std::string& name, const std::string& text) {
-  static const std::string dir = [] {
-    at::Tensor pid = at::full({1}, static_cast<int64_t>(::getpid()), at::kLong);
-    world()->broadcast(pid);
-    std::string d = (fs::temp_directory_path() / ("accel_cuda_test_" + std::to_string(pid.item<int64_t>()))).string();
-    if (world()->rank() == 0) fs::create_directories(d);
-    world()->barrier();
-    return d;
-  }();
+  static const std::string dir = scratch_dir("configs");
   const std::string p = dir + "/" + name;
   if (world()->rank() == 0) std::ofstream(p) << text;
   world()->barrier();

@@ -42,17 +42,6 @@ const std::string kScript = std::string(ACCEL_SOURCE_DIR) + "/tests/models/llama
 
 bool have_python() { return test::python_available(ACCEL_PYTHON); }
 
-// A directory for this world size's run, the same path on every rank (fresh on rank 0).
-std::string run_dir(const std::string& name) {
-  const std::string d = std::string(ACCEL_BINARY_DIR) + "/llama_runs/np" + std::to_string(world()->size()) + "/" + name;
-  if (world()->rank() == 0) {
-    files::remove_tree(d);
-    files::make_dirs(d);
-  }
-  world()->barrier();
-  return d;
-}
-
 // Rank 0 runs the script; every rank gets its exit status (and rank 0 prints the output).
 int python_on_rank0(const std::string& args) {
   at::Tensor status = at::zeros({1}, at::kInt);
@@ -456,7 +445,7 @@ class LlamaInterop : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     // configs/fsdp/full_shard.yaml wrapping Llama's layers instead of the GPT's BlockImpl.
-    const std::string dir = run_dir("configs");
+    const std::string dir = test::scratch_dir("configs");
     llama_full_shard_ = dir + "/full_shard_llama.yaml";
     if (world()->rank() == 0) {
       std::string yaml = files::read_file(std::string(ACCEL_SOURCE_DIR) + "/configs/fsdp/full_shard.yaml");
@@ -467,7 +456,7 @@ class LlamaInterop : public ::testing::Test {
     }
     world()->barrier();
     if (!have_python()) return;
-    made_ = run_dir("transformers_saved");
+    made_ = test::scratch_dir("transformers_saved");
     made_ok_ = python_on_rank0("make '" + made_ + "'") == 0;
   }
   static inline std::string made_, llama_full_shard_;
@@ -586,7 +575,7 @@ at::Tensor rule_tokens(std::int64_t batch, std::int64_t seq, std::int64_t vocab,
 
 TEST_F(LlamaInterop, TrainedUnderZero3OpensInTransformersWithTheSameLogits) {
   if (!have_python()) GTEST_SKIP() << "ACCEL_PYTHON not configured";
-  const std::string out = run_dir("trained");
+  const std::string out = test::scratch_dir("trained");
   std::string check_args;
   // Llama untied and tied, Qwen2 (q/k/v biases, tied), Mistral (a window of 5 on 16-token windows).
   for (const std::string name : {"untied", "tied", "qwen2", "mistral"}) {

@@ -29,12 +29,10 @@ namespace {
 using zero::OffloadDevice;
 using zero::ShardingSpec;
 
-// One per world size: ctest may run the np1/np2/np3 tests at the same time.
-std::string scratch_dir() {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("accel-offload-test-np" + std::to_string(test::world()->size()));
-  std::filesystem::create_directories(dir);
-  return dir.string();
+// The job's directory for offload files (test::scratch_dir), made by the first test that asks.
+std::string offload_dir() {
+  static const std::string dir = test::scratch_dir("offload");
+  return dir;
 }
 
 struct TrainedRun {
@@ -130,7 +128,7 @@ std::vector<Case> cases() {
 
 TEST(Offload, OnDiskEqualsInMemoryBitwise) {
   ASSERT_TRUE(memory::counting_installed());
-  const std::string dir = scratch_dir();
+  const std::string dir = offload_dir();
   for (OptKind opt : {OptKind::AdamW, OptKind::SGD})
     for (const Case& c : cases()) {
       SCOPED_TRACE(std::string(c.name) + " " + name(opt));
@@ -215,7 +213,7 @@ TEST(OffloadEmulatedDevice, CopiesRunWhenWaitedForAndARacingWriteIsAnError) {
 TEST(OffloadEmulatedDevice, HostMemoryAndDiskEqualInMemoryBitwise) {
   if (!test_device().is_cpu()) GTEST_SKIP() << "emulates a device on the CPU (on one: CudaTraining_CUDA.Offload*)";
   ASSERT_TRUE(memory::counting_installed());
-  const std::string dir = scratch_dir();
+  const std::string dir = offload_dir();
   std::vector<Case> all = cases();
   // (across simulated nodes, sharding_hybrid_2nodes: averaged across them at the end of backward)
   all.push_back({"HYBRID_SHARD both", ShardingSpec::fsdp("HYBRID_SHARD"), true, true, at::kFloat});
@@ -457,7 +455,7 @@ TEST(Offload, OptimizersWithoutFusedKernelsAreRefused) {
   torch::optim::RMSprop rms(m.module->parameters(), torch::optim::RMSpropOptions(0.01));
   ShardingSpec s = ShardingSpec::zero(2);
   s.offload.optimizer = OffloadDevice::Nvme;
-  s.offload.optimizer_nvme_path = scratch_dir();
+  s.offload.optimizer_nvme_path = offload_dir();
   try {
     zero::prepare(m.module, rms, s, world);
     FAIL() << "RMSprop accepted";
@@ -473,7 +471,7 @@ TEST(Offload, OptimizersWithoutFusedKernelsAreRefused) {
 TEST(OffloadOptimizerFile, AStepThatFailsPartwayIsRefusedUntilTheStateIsLoadedAgain) {
   zero::OffloadSpec spec;
   spec.optimizer = OffloadDevice::Nvme;
-  spec.optimizer_nvme_path = scratch_dir();
+  spec.optimizer_nvme_path = offload_dir();
   spec.sub_group_size = 4096;  // two regions of 8192 elements: four chunks
   spec.optimizer_buffer_count = 2;
   zero::OffloadRule adam;
