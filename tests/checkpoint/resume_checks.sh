@@ -93,8 +93,10 @@ kill)
   run 2 fsdp/full_shard --steps 10 --log_file full.log || fail "uninterrupted run"
   run 2 fsdp/full_shard --steps 3 --project_dir p --checkpointing_steps 3 --log_file a.log || fail "first run"
   [ -f p/checkpoints/checkpoint_0/index.json ] && pass "checkpoint_0 saved" || fail "no checkpoint_0"
-  # The second run pauses 60 s between writing checkpoint_1 and publishing it; it is killed there.
-  ACCEL_CHECKPOINT_PAUSE_MS=60000 setsid "$ACCEL" launch -n 2 "$GPT" --config_file "$CFG/fsdp/full_shard.yaml" --seed 3 \
+  # The second run pauses 60 s between writing checkpoint_1 and publishing it; it is killed there,
+  # accel launch with it (its status directory goes to tmp/ here: a SIGKILL leaves it behind).
+  mkdir -p tmp
+  ACCEL_CHECKPOINT_PAUSE_MS=60000 TMPDIR=$PWD/tmp setsid "$ACCEL" launch -n 2 "$GPT" --config_file "$CFG/fsdp/full_shard.yaml" --seed 3 \
     --steps 10 --project_dir p --checkpointing_steps 3 --resume_from_checkpoint latest > b.out 2>&1 &
   pid=$!
   for _ in $(seq 150); do [ -f p/checkpoints/checkpoint_1.partial/index.json ] && break; sleep 0.2; done
