@@ -100,6 +100,7 @@ GptEstimate estimate_gpt(const GptShape& shape, const EstimateRequest& r, const 
   validate(shape);
   if (r.num_processes < 1)
     throw EstimateError(fmt::format("--num_processes: must be at least 1, got {}", r.num_processes));
+  validate_shard_groups(r);
   if (r.device_budget && !(*r.device_budget > 0 && std::isfinite(*r.device_budget)))
     throw EstimateError(fmt::format("--budget: must be positive, got {} bytes", *r.device_budget));
   if (r.cpu_budget && !(*r.cpu_budget > 0 && std::isfinite(*r.cpu_budget)))
@@ -121,17 +122,17 @@ GptEstimate estimate_gpt(const GptShape& shape, const EstimateRequest& r, const 
   if (r.offload == Offload::None) strategies.insert(strategies.begin(), zero::Strategy::NoShard);
   for (zero::Strategy s : strategies)
     for (bool ckpt : {false, true}) {
-      GptPeak p = gpt_peak(s, ckpt, shape, r.num_processes, r.dtype, r.optimizer, rt, false, r.accumulation, r.offload);
+      GptPeak p = gpt_peak(s, ckpt, shape, r.shard_over(), r.dtype, r.optimizer, rt, false, r.accumulation, r.offload);
       judge(p);
       // (ZeRO-1 + offload is never recommended: ZeRO-2 + offload needs less device memory for the same traffic.)
       const bool candidate = r.offload == Offload::None || s != zero::Strategy::Zero1;
       if (candidate && p.fits && *p.fits && !e.recommended) e.recommended = p;
       e.rows.push_back(p);
     }
-  if (r.num_processes > 1 && r.offload == Offload::None)
+  if (r.shard_over() > 1 && r.offload == Offload::None)
     for (bool ckpt : {false, true}) {
       GptPeak p =
-          gpt_peak(zero::Strategy::Zero3, ckpt, shape, r.num_processes, r.dtype, r.optimizer, rt, true, r.accumulation);
+          gpt_peak(zero::Strategy::Zero3, ckpt, shape, r.shard_over(), r.dtype, r.optimizer, rt, true, r.accumulation);
       judge(p);
       e.rows.push_back(p);
     }

@@ -40,9 +40,9 @@ std::string format_gpt_estimate(const GptEstimate& e) {
   std::string out;
   out += fmt::format(
       "GPT: d_model {}, {} layers, {} heads, seq {}, micro-batch {}, vocab {}, {} attention: {} parameters ({:.0f}), "
-      "{} rank{}\n",
+      "{} rank{}{}\n",
       s.d_model, s.layers, s.heads, s.seq, s.micro_batch, s.vocab, s.sdpa ? "sdpa" : "eager",
-      format_param_count(r.params), r.params, r.num_processes, r.num_processes == 1 ? "" : "s");
+      format_param_count(r.params), r.params, r.num_processes, r.num_processes == 1 ? "" : "s", shard_groups_line(r));
   out += fmt::format("  precision  {}, optimizer {}; activations in {:g}-byte elements\n", to_string(r.dtype),
                      to_string(r.optimizer), a.element_bytes);
   out += accumulation_line(r.accumulation, /*notes=*/false);
@@ -96,7 +96,7 @@ std::string format_gpt_estimate(const GptEstimate& e) {
   for (const auto& p : e.rows)
     if (!p.note.empty() && !p.checkpoint)  // (once per strategy)
       out += fmt::format("* {}: {}\n", zero::info(p.strategy).short_label, p.note);
-  if (r.num_processes > 1 && !offload) {
+  if (r.shard_over() > 1 && !offload) {
     const GptPeak& ns = e.rows[e.rows.size() - 2];
     out += fmt::format(
         "ZeRO-3 node-shared: CPU ranks on one machine (accel's default there) keep the parameter shards side\n"
@@ -105,7 +105,7 @@ std::string format_gpt_estimate(const GptEstimate& e) {
         "  {} GB for the {} ranks. ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0 turn it off (the\n"
         "  ZeRO-3 rows: the path GPUs and several machines take).\n",
         gb_figure(ns.total),
-        gb_figure(bytes_per_param(r.dtype, r.optimizer).param * r.params * (r.num_processes - 1) / r.num_processes),
+        gb_figure(bytes_per_param(r.dtype, r.optimizer).param * r.params * (r.shard_over() - 1) / r.shard_over()),
         gb_figure(ns.total * r.num_processes), r.num_processes);
   }
   out += "\n";
@@ -115,8 +115,9 @@ std::string format_gpt_estimate(const GptEstimate& e) {
   }
   if (!e.recommended) {
     out +=
-        fmt::format("Recommendation: none fits in {} per rank at N = {}; add ranks{} or shrink the model.\n", budgets,
-                    r.num_processes, r.offload == Offload::OptimizerAndParams ? "" : ", offload more (--offload)");
+        fmt::format("Recommendation: none fits in {} per rank at N = {}; {}{} or shrink the model.\n", budgets,
+                    r.shard_over(), r.shard_group_size > 0 ? "larger shard groups (--shard_group_size)" : "add ranks",
+                    r.offload == Offload::OptimizerAndParams ? "" : ", offload more (--offload)");
     return out;
   }
   const GptPeak& best = *e.recommended;

@@ -132,14 +132,14 @@ double parse_byte_size(std::string_view s, std::string_view flag, bool allow_zer
   return *v * mult;
 }
 
-int parse_num_processes(std::string_view s) {
+int parse_num_processes(std::string_view s, std::string_view flag) {
   long long v = 0;
   const char* end = s.data() + s.size();
   auto [ptr, ec] = std::from_chars(s.data(), end, v);
   if (ec != std::errc() || ptr != end || s.empty())
-    throw EstimateError(fmt::format("--num_processes: not a whole number: '{}'", s));
-  if (v < 1) throw EstimateError(fmt::format("--num_processes: must be at least 1, got {}", v));
-  if (v > 1'000'000'000) throw EstimateError(fmt::format("--num_processes: more than 1e9 ranks: {}", v));
+    throw EstimateError(fmt::format("{}: not a whole number: '{}'", flag, s));
+  if (v < 1) throw EstimateError(fmt::format("{}: must be at least 1, got {}", flag, v));
+  if (v > 1'000'000'000) throw EstimateError(fmt::format("{}: more than 1e9 ranks: {}", flag, v));
   return static_cast<int>(v);
 }
 
@@ -241,7 +241,7 @@ StrategyCoefficients step_coefficients(zero::Strategy s, const BytesPerParam& b,
   if (s == zero::Strategy::HybridShard)
     throw EstimateError(
         fmt::format("{} is not a row of the estimate: it stores per rank what {} stores over the "
-                    "ranks of one machine (read that row at --num_processes = ranks per machine)",
+                    "ranks of one machine (read that row with --shard_group_size = ranks per machine)",
                     zero::info(s).short_label, zero::info(zero::Strategy::Zero3).short_label));
   StrategyCoefficients c;
   const double p = b.param, g = b.grad, k = b.optimizer();
@@ -321,6 +321,16 @@ std::optional<long long> min_ranks_to_fit(double rep, double shard, double param
   return n;
 }
 
+void validate_shard_groups(const EstimateRequest& r) {
+  const int s = r.shard_group_size, n = r.num_processes;
+  if (s < 0) throw EstimateError(fmt::format("--shard_group_size: must be at least 1, got {}", s));
+  if (s > 0 && (s > n || n % s != 0))
+    throw EstimateError(
+        fmt::format("--shard_group_size {} does not divide --num_processes {}: the job's ranks form whole shard "
+                    "groups, each holding a copy of every shard",
+                    s, n));
+}
+
 void validate(const Accumulation& a) {
   if (a.steps < 1)
     throw EstimateError(fmt::format("--gradient_accumulation_steps: must be at least 1, got {}", a.steps));
@@ -331,6 +341,7 @@ Estimate estimate_memory(const EstimateRequest& r) {
     throw EstimateError(fmt::format("--params: must be at least 1, got {}", r.params));
   if (r.num_processes < 1)
     throw EstimateError(fmt::format("--num_processes: must be at least 1, got {}", r.num_processes));
+  validate_shard_groups(r);
   if (r.device_budget && !(*r.device_budget > 0 && std::isfinite(*r.device_budget)))
     throw EstimateError(fmt::format("--budget: must be positive, got {} bytes", *r.device_budget));
   if (r.cpu_budget && !(*r.cpu_budget > 0 && std::isfinite(*r.cpu_budget)))
@@ -346,8 +357,8 @@ Estimate estimate_memory(const EstimateRequest& r) {
     StrategyRow row;
     row.strategy = s;
     row.coef = coefficients(s, e.bytes, r.offload, r.accumulation);
-    row.device_bytes = device_bytes(row.coef, r.params, r.num_processes);
-    row.cpu_bytes = cpu_bytes(row.coef, r.params, r.num_processes);
+    row.device_bytes = device_bytes(row.coef, r.params, r.shard_over());
+    row.cpu_bytes = cpu_bytes(row.coef, r.params, r.shard_over());
     if (budgeted) {
       row.fits = fits(row.device_bytes, row.cpu_bytes, r);
       row.min_ranks = min_ranks_within_budgets(row.coef, r);
@@ -359,7 +370,7 @@ Estimate estimate_memory(const EstimateRequest& r) {
   std::vector<Choice> choices;
   for (auto [s, o] : recommendation_order()) {
     const auto c = coefficients(s, e.bytes, o, r.accumulation);
-    choices.push_back({s, o, device_bytes(c, r.params, r.num_processes), cpu_bytes(c, r.params, r.num_processes)});
+    choices.push_back({s, o, device_bytes(c, r.params, r.shard_over()), cpu_bytes(c, r.params, r.shard_over())});
   }
   for (std::size_t i = 0; i < choices.size(); ++i) {
     if (!fits(choices[i].device_bytes, choices[i].cpu_bytes, r)) continue;

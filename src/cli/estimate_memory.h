@@ -8,7 +8,9 @@
 // buckets that stream to the CPU under offload), the CUDA context and allocator fragmentation. Real
 // peaks are higher; the table is a lower bound that tells the strategies apart.
 //
-// Notation: P parameters (the paper's Ψ), N ranks (--num_processes), all sharding over all N ranks.
+// Notation: P parameters (the paper's Ψ), N ranks a state is sharded over: --num_processes, or with
+// --shard_group_size S the S ranks of a shard group, whose copies hold the same shards (FSDP2's HSDP,
+// DeepSpeed's MiCS, HYBRID_SHARD with S the ranks of a machine): per rank, the figures at N = S.
 // Bytes per parameter, by precision (--dtype):
 //   p  working parameters    g  gradients    K  optimizer state = fp32 master copy (if any) + moments
 //   fp16, bf16  p = 2, g = 2, K = 4 + S   mixed precision over fp32 master weights (the paper's 2 + 2 + K)
@@ -113,8 +115,8 @@ double parse_param_count(std::string_view s);
 // Decimal units KB/MB/GB/TB (and K/M/G/T) are powers of 1000, binary KiB/MiB/GiB/TiB powers of 1024.
 // `flag` names the option in the error message; allow_zero: "0" is a size too (--overhead).
 double parse_byte_size(std::string_view s, std::string_view flag = "--budget", bool allow_zero = false);
-// A whole number of ranks, 1 or more.
-int parse_num_processes(std::string_view s);
+// A whole number of ranks, 1 or more; `flag` names the option in the error message.
+int parse_num_processes(std::string_view s, std::string_view flag = "--num_processes");
 
 const char* to_string(Dtype d);
 const char* to_string(OptimizerKind o);
@@ -138,8 +140,11 @@ struct Accumulation {
 };
 
 struct EstimateRequest {
-  double params = 0;      // P
-  int num_processes = 1;  // N
+  double params = 0;         // P
+  int num_processes = 1;     // the job's ranks
+  int shard_group_size = 0;  // S, dividing num_processes; 0: every rank (one group)
+  // N of the formulas: the ranks a state is sharded over.
+  int shard_over() const { return shard_group_size > 0 ? shard_group_size : num_processes; }
   Dtype dtype = Dtype::Bf16;
   OptimizerKind optimizer = OptimizerKind::AdamW;
   Offload offload = Offload::None;
@@ -147,6 +152,9 @@ struct EstimateRequest {
   std::optional<double> cpu_budget;     // bytes of CPU memory per rank (--cpu_budget)
   Accumulation accumulation;
 };
+
+// Throws EstimateError unless r.shard_group_size is 0 or a divisor of r.num_processes.
+void validate_shard_groups(const EstimateRequest& r);
 
 // One strategy under one offload mode: bytes per parameter, replicated and sharded over N.
 struct StrategyCoefficients {
@@ -156,8 +164,8 @@ struct StrategyCoefficients {
 };
 // The rows are the first four of the strategy table (zero/spec.h), named by its label and
 // short_label: NoShard (DDP), Zero1, Zero2, Zero3. HybridShard is not a row: each rank stores what
-// ZeRO-3 stores over the ranks of one machine, so its figures are the Zero3 row's at
-// --num_processes = ranks per machine; coefficients() throws EstimateError for it.
+// ZeRO-3 stores over the ranks of one machine, so its figures are the Zero3 row's with
+// --shard_group_size = ranks per machine; coefficients() throws EstimateError for it.
 // With accumulation (K > 1), each row gains what its micro-steps hold (the table above), with a note.
 StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offload offload,
                                   const Accumulation& accumulation = {});
@@ -211,6 +219,10 @@ std::string formula(double rep, double shard);
 std::string format_gb(double bytes);
 // 7.5e9 -> "7.5B", 3.5e8 -> "350M", 1.25e5 -> "125k".
 std::string format_param_count(double params);
+
+// " in shard groups of S (C copies of each shard: ...)" after the header's rank count with
+// --shard_group_size, else "".
+std::string shard_groups_line(const EstimateRequest& r);
 
 // The header's line for --gradient_accumulation_steps K > 1 ("" without accumulation), pointing at the
 // table's notes or (the GPT report, which has none) at its states column.

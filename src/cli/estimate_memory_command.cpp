@@ -1,5 +1,5 @@
-// `accel estimate-memory --params P [--num_processes N] [--dtype D] [--optimizer O] [--offload M]
-// [--gradient_accumulation_steps K [--sync_each_batch]] [--budget SIZE] [--cpu_budget SIZE]`: the
+// `accel estimate-memory --params P [--num_processes N [--shard_group_size S]] [--dtype D] [--optimizer O]
+// [--offload M] [--gradient_accumulation_steps K [--sync_each_batch]] [--budget SIZE] [--cpu_budget SIZE]`: the
 // model-state memory per rank of DDP and ZeRO-1/2/3 (ZeRO paper formulas, see cli/estimate_memory.h)
 // and, with a budget, which fit and which to use. With a GPT shape instead of --params (--d_model
 // --layers --heads --seq [--micro_batch] [--vocab] [--attention eager|sdpa]), the whole per-rank peak
@@ -21,7 +21,7 @@ namespace accel::cli {
 namespace {
 
 struct EstimateArgs {
-  std::string params, num_processes = "1", dtype = "bf16", optimizer = "adamw", offload = "none";
+  std::string params, num_processes = "1", shard_group_size, dtype = "bf16", optimizer = "adamw", offload = "none";
   std::string budget, cpu_budget;
   bool has_budget = false, has_cpu_budget = false;  // given at all (an empty value is an error, not "none")
   GptShape shape;
@@ -49,6 +49,7 @@ int run_estimate(const EstimateArgs& a) {
           "the --params estimate counts model states alone");
     if (!a.has_shape) r.params = parse_param_count(a.params);
     r.num_processes = parse_num_processes(a.num_processes);
+    if (!a.shard_group_size.empty()) r.shard_group_size = parse_num_processes(a.shard_group_size, "--shard_group_size");
     r.dtype = parse_dtype(a.dtype);
     r.optimizer = parse_optimizer(a.optimizer);
     r.offload = parse_offload(a.offload);
@@ -101,7 +102,11 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code) {
   auto* overhead = cmd->add_option("--overhead", args->overhead,
                                    "with a GPT shape: per-rank memory the allocator does not count (runtime; default "
                                    "0.55GB; 0 for a device capped through its allocator)");
-  cmd->add_option("--num_processes", args->num_processes, "Ranks the states are sharded over (default 1)");
+  cmd->add_option("--num_processes", args->num_processes, "Ranks of the job (default 1)");
+  cmd->add_option("--shard_group_size", args->shard_group_size,
+                  "Ranks a state is sharded over, when fewer than the job's: the rest hold copies (Accelerate's "
+                  "parallelism_config dp_shard_size, DeepSpeed's mics_shard_size, HYBRID_SHARD's ranks per machine; "
+                  "default: every rank)");
   cmd->add_option("--dtype,--mixed_precision", args->dtype,
                   "bf16 | fp16 (2-byte params and grads, fp32 master) | fp32 (no) | fp8 (default bf16)");
   cmd->add_option("--optimizer", args->optimizer, "adamw | adam (8 bytes of state) | sgd with momentum (4)");

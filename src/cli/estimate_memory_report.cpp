@@ -131,6 +131,13 @@ std::string format_param_count(double params) {
   return fmt::format("{:.0f}", params);
 }
 
+std::string shard_groups_line(const EstimateRequest& r) {
+  if (r.shard_group_size <= 0) return "";
+  const int copies = r.num_processes / r.shard_over();
+  return fmt::format(" in shard groups of {} ({} cop{} of each shard: the figures are a group's, at N = {})",
+                     r.shard_over(), copies, copies == 1 ? "y" : "ies", r.shard_over());
+}
+
 std::string accumulation_line(const Accumulation& a, bool notes) {
   if (a.steps <= 1) return "";
   return fmt::format("  accumulate {} micro-steps a step, {}: {}\n", a.steps,
@@ -144,8 +151,8 @@ std::string format_estimate(const Estimate& e) {
   std::string out;
 
   // What the figures are.
-  out += fmt::format("Model states per rank: {} parameters ({}), {} rank{}\n", format_param_count(r.params),
-                     with_commas(r.params), r.num_processes, r.num_processes == 1 ? "" : "s");
+  out += fmt::format("Model states per rank: {} parameters ({}), {} rank{}{}\n", format_param_count(r.params),
+                     with_commas(r.params), r.num_processes, r.num_processes == 1 ? "" : "s", shard_groups_line(r));
   switch (r.dtype) {
     case Dtype::Fp32:
       out += "  precision  fp32: 4-byte parameters and gradients; the parameters are the master weights\n";
@@ -186,7 +193,8 @@ std::string format_estimate(const Estimate& e) {
   out += accumulation_line(r.accumulation);
   out +=
       "Model states only: activations, temporary buffers (buckets, gathered parameters) and fragmentation\n"
-      "come on top, as in the ZeRO paper. GB = 1e9 bytes; P = parameters, N = ranks.\n\n";
+      "come on top, as in the ZeRO paper. GB = 1e9 bytes; P = parameters, N = ranks";
+  out += r.shard_group_size > 0 ? fmt::format(" of a shard group ({}).\n\n", r.shard_over()) : std::string(".\n\n");
 
   // The table.
   const bool budgeted = r.device_budget || r.cpu_budget;
@@ -238,7 +246,7 @@ std::string format_estimate(const Estimate& e) {
         names += (names.empty() ? "" : ", ") + std::string(short_label(e.rows[j].strategy));
     out += wrap(fmt::format("* {}: {}", names, note), 100, "  ");
   }
-  if (r.num_processes > 1 && r.offload != Offload::OptimizerAndParams) {
+  if (r.shard_over() > 1 && r.offload != Offload::OptimizerAndParams) {
     // (accel's CPU default for a shard group on one machine: zero/engine.cpp, comm/transport/shm/node_shared.cpp)
     const double zero3 = e.rows[3].device_bytes + e.rows[3].cpu_bytes;
     out += wrap(
@@ -252,7 +260,7 @@ std::string format_estimate(const Estimate& e) {
                     zero::info(zero::Strategy::Zero3).short_label, zero::info(zero::Strategy::Zero2).short_label,
                     zero::info(zero::Strategy::Zero3).short_label, gb(zero3),
                     zero::info(zero::Strategy::Zero3).short_label, gb(zero3 * r.num_processes), r.num_processes,
-                    gb(b.param * r.params * (r.num_processes - 1) / r.num_processes)),
+                    gb(b.param * r.params * (r.shard_over() - 1) / r.shard_over())),
         100, "  ");
   }
 
@@ -271,7 +279,7 @@ std::string format_estimate(const Estimate& e) {
     std::string text = fmt::format(
         "Recommendation: none. Nothing fits in {} at N = {}, not even {} with "
         "full offload.",
-        where, r.num_processes, short_label(zero::Strategy::Zero3));
+        where, r.shard_over(), short_label(zero::Strategy::Zero3));
     auto n = min_ranks_within_budgets(coefficients(zero::Strategy::Zero3, b, Offload::None), r);
     if (n) text += fmt::format(" {} without offload fits from N = {} ranks.", short_label(zero::Strategy::Zero3), *n);
     out += wrap(text, 100, "  ");
@@ -300,6 +308,10 @@ std::string format_estimate(const Estimate& e) {
     text += fmt::format(" Everything fits in {}, so nothing needs sharding.", where);
   }
   text += " " + communication(c.strategy, c.offload);
+  if (r.shard_group_size > 0 && r.shard_over() < r.num_processes && c.strategy != zero::Strategy::NoShard)
+    text +=
+        " With shard groups, the copies also all-reduce each rank's P/N gradient shard with the ranks at its place in "
+        "the other groups (up to 2P/N more values per rank per step): the only traffic between groups.";
   if (r.device_budget) {
     const double spare = *r.device_budget - c.device_bytes;
     text += fmt::format(" It leaves {} per device for activations and buffers.", gb(spare));

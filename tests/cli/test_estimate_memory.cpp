@@ -366,6 +366,49 @@ TEST(EstimateMemory, Formatting) {
   EXPECT_NE(text.find("4P + 12P/N"), std::string::npos) << text;
 }
 
+// Copies of shard groups (--shard_group_size S): each rank stores what it would in a job of S ranks,
+// whatever the job's size; DDP stores 16P anyway. The paper's example at 64 ranks in groups of 8.
+TEST(EstimateMemory, ShardGroupsStoreWhatAJobOfTheirSizeStores) {
+  EstimateRequest r = em_request(kP, kN);
+  r.shard_group_size = 8;
+  EXPECT_EQ(r.shard_over(), 8);
+  const Estimate e = estimate_memory(r);
+  expect_device(e, 16 * kP, 4 * kP + 12 * kP / 8, 2 * kP + 14 * kP / 8, 16 * kP / 8);
+  // (15.0 GB for ZeRO-3 where the 64-rank group needed 1.9)
+  EXPECT_EQ(format_gb(e.rows[3].device_bytes), "15.0");
+  // 40 GB: ZeRO-1 over 64 (31.4 GB) would fit, over 8 (4P + 12P/8 = 41.25 GB) it does not; ZeRO-2 over 8
+  // (2P + 14P/8 = 28.1 GB) does.
+  r.device_budget = 40e9;
+  const Estimate b = estimate_memory(r);
+  ASSERT_TRUE(b.recommended.has_value());
+  EXPECT_EQ(b.recommended->strategy, zero::Strategy::Zero2);
+  EXPECT_EQ(b.recommended->offload, Offload::None);
+  EXPECT_FALSE(*b.rows[1].fits);
+  const std::string text = format_estimate(b);
+  EXPECT_NE(text.find("64 ranks in shard groups of 8 (8 copies of each shard"), std::string::npos) << text;
+  EXPECT_NE(text.find("N = ranks of a shard group (8)"), std::string::npos) << text;
+  EXPECT_NE(text.find("the copies also all-reduce each rank's P/N gradient shard"), std::string::npos) << text;
+  // One group of every rank is the plain table.
+  r.shard_group_size = kN;
+  r.device_budget.reset();
+  expect_device(estimate_memory(r), 16 * kP, 4 * kP + 12 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
+  // Groups that do not divide the job, or more ranks than it has, are refused naming both flags.
+  for (int bad : {7, 128}) {
+    r.shard_group_size = bad;
+    try {
+      estimate_memory(r);
+      ADD_FAILURE() << "--shard_group_size " << bad << " accepted";
+    } catch (const EstimateError& err) {
+      EXPECT_NE(std::string(err.what())
+                    .find("--shard_group_size " + std::to_string(bad) +
+                          " does not divide "
+                          "--num_processes 64"),
+                std::string::npos)
+          << err.what();
+    }
+  }
+}
+
 TEST(EstimateMemory, RowsAreTheTableLabelsAndHybridShardIsNotARow) {
   EstimateRequest r;
   r.params = 1e9;
@@ -466,6 +509,25 @@ TEST(EstimateGpt, PeakTermsPerStrategy) {
   const GptShape tiny = shape(64, 2, 2, 16, 1);
   const GptPeak z2 = gpt_peak(zero::Strategy::Zero2, false, tiny, 2, Dtype::Fp32, OptimizerKind::AdamW, rt);
   EXPECT_DOUBLE_EQ(z2.in_flight, 4 * gpt_params(tiny));
+}
+
+// A GPT shape with copies of shard groups: ZeRO-3 over groups of 2 in a job of 8 holds 16P/2 of fp32
+// AdamW states per rank, and its rows are those of a job of 2.
+TEST(EstimateGpt, ShardGroupsAreRowsOfAJobOfTheirSize) {
+  const GptShape s = shape(2048, 20, 16, 64, 1);
+  EstimateRequest grouped, two;
+  grouped.dtype = two.dtype = Dtype::Fp32;
+  grouped.num_processes = 8;
+  grouped.shard_group_size = 2;
+  two.num_processes = 2;
+  const GptEstimate g = estimate_gpt(s, grouped, {}), t = estimate_gpt(s, two, {});
+  ASSERT_EQ(g.rows.size(), t.rows.size());
+  for (std::size_t i = 0; i < g.rows.size(); ++i) {
+    EXPECT_EQ(g.rows[i].strategy, t.rows[i].strategy);
+    EXPECT_DOUBLE_EQ(g.rows[i].total, t.rows[i].total) << i;
+    if (g.rows[i].strategy == zero::Strategy::Zero3) EXPECT_DOUBLE_EQ(g.rows[i].states, 16 * gpt_params(s) / 2);
+  }
+  EXPECT_NE(format_gpt_estimate(g).find("8 ranks in shard groups of 2 (4 copies of each shard"), std::string::npos);
 }
 
 TEST(EstimateGpt, NodeSharedZero3GathersNothing) {
