@@ -124,8 +124,9 @@ bool is_fsdp(const std::string& s) { return s != "ddp" && !is_deepspeed(s); }
 }  // namespace
 
 const std::vector<std::string>& strategy_names() {
-  static const std::vector<std::string> names{"ddp",        "zero1",         "zero2",    "zero3",
-                                              "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"};
+  static const std::vector<std::string> names{"ddp",      "zero1",        "zero2",
+                                              "zero3",    "full_shard",   "shard_grad_op",
+                                              "no_shard", "hybrid_shard", "hybrid_shard_zero2"};
   return names;
 }
 
@@ -144,9 +145,22 @@ ConfigAnswers ask_config_questions(std::istream& in, std::ostream& out, int cuda
   }
   a.use_cpu = q.yes_no("Train on the CPU only?", cuda_devices == 0);
   a.strategy = q.choice("Which strategy?", strategy_names(), "ddp");
-  if (a.strategy == "hybrid_shard" && a.num_machines == 1)
-    out << fmt::format("  note: on one machine {} shards like {} (it replicates across machines)\n",
-                       zero::info(zero::Strategy::HybridShard).fsdp_name, zero::info(zero::Strategy::Zero3).fsdp_name);
+  if (a.strategy.rfind("hybrid_shard", 0) == 0 && a.num_machines == 1)
+    out << fmt::format(
+        "  note: on one machine {} shards like {} (it replicates across machines)\n", config_detail::upper(a.strategy),
+        zero::info(a.strategy == "hybrid_shard" ? zero::Strategy::Zero3 : zero::Strategy::Zero2).fsdp_name);
+  if ((a.strategy == "full_shard" || a.strategy == "shard_grad_op") && a.num_processes > 1)
+    for (;;) {
+      a.shard_group_size = static_cast<int>(
+          q.integer("Shard over how many processes? Each group of that many holds one whole copy, and the groups "
+                    "average their gradients (FSDP2's HSDP); all of them: one copy",
+                    a.num_processes, 1, a.num_processes));
+      if (a.num_processes % a.shard_group_size == 0) break;
+      out << "  " << a.num_processes << " processes do not split into groups of " << a.shard_group_size << "\n";
+    }
+  if (a.strategy == "shard_grad_op" && a.shard_group_size < a.num_processes)
+    out << "  note: copies of shard groups are FSDP2's, where SHARD_GRAD_OP is fsdp_reshard_after_forward: false "
+           "(a unit's parameters stay gathered from its forward to its backward, sharded between steps)\n";
   if (is_deepspeed(a.strategy)) {
     const auto nvme_path = [&](const char* what) {
       std::string path;
@@ -207,9 +221,17 @@ std::string config_yaml(const ConfigAnswers& a) {
     y << "  gradient_accumulation_steps: " << a.gradient_accumulation_steps << "\n";
     if (a.gradient_clipping > 0) y << "  gradient_clipping: " << a.gradient_clipping << "\n";
   } else if (is_fsdp(a.strategy)) {
+    // Copies of shard groups are FSDP2's (Accelerate takes a parallelism_config with fsdp_version 2 only),
+    // whose reshard_after_forward names the strategy and which has no prefetch keys.
+    const bool copies = a.shard_group_size > 0 && a.shard_group_size < a.num_processes;
     y << "distributed_type: FSDP\n";
     y << "fsdp_config:\n";
-    y << "  fsdp_sharding_strategy: " << config_detail::upper(a.strategy) << "\n";
+    if (copies) {
+      y << "  fsdp_version: 2\n";
+      y << "  fsdp_reshard_after_forward: " << (a.strategy == "full_shard" ? "true" : "false") << "\n";
+    } else {
+      y << "  fsdp_sharding_strategy: " << config_detail::upper(a.strategy) << "\n";
+    }
     y << "  fsdp_auto_wrap_policy: " << a.wrap_policy << "\n";
     if (a.wrap_policy == "TRANSFORMER_BASED_WRAP" && !a.layer_types.empty()) {
       y << "  fsdp_transformer_layer_cls_to_wrap: ";
@@ -217,13 +239,19 @@ std::string config_yaml(const ConfigAnswers& a) {
       y << "\n";
     }
     if (a.wrap_policy == "SIZE_BASED_WRAP") y << "  fsdp_min_num_params: " << a.min_num_params << "\n";
-    y << "  fsdp_backward_prefetch: BACKWARD_PRE\n";
-    y << "  fsdp_forward_prefetch: true\n";
+    if (!copies) {
+      y << "  fsdp_backward_prefetch: BACKWARD_PRE\n";
+      y << "  fsdp_forward_prefetch: true\n";
+    }
     y << "  fsdp_state_dict_type: SHARDED_STATE_DICT\n";
     y << "  fsdp_activation_checkpointing: " << (a.activation_checkpointing ? "true" : "false") << "\n";
     // FSDP's CPUOffload: parameters, gradients and the optimizer step on the host (accel tune's
     // optimizer+params candidates; optimizer offload alone has no FSDP key).
     if (a.offload_params != "none") y << "  fsdp_offload_params: true\n";
+    if (copies)
+      y << "parallelism_config:\n"
+        << "  parallelism_config_dp_replicate_size: " << a.num_processes / a.shard_group_size << "\n"
+        << "  parallelism_config_dp_shard_size: " << a.shard_group_size << "\n";
   } else {
     y << "distributed_type: " << (a.num_processes == 1 ? "NO" : a.use_cpu ? "MULTI_CPU" : "MULTI_GPU") << "\n";
   }

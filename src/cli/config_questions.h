@@ -15,8 +15,11 @@ struct ConfigAnswers {
   int num_machines = 1;
   int num_processes = 1;  // total over all machines
   bool use_cpu = true;
-  // ddp, zero1, zero2, zero3, full_shard, shard_grad_op, no_shard, hybrid_shard
+  // ddp, zero1, zero2, zero3, full_shard, shard_grad_op, no_shard, hybrid_shard, hybrid_shard_zero2
   std::string strategy = "ddp";
+  // full_shard, shard_grad_op: the ranks each shard group holds, the others copies of it (FSDP2's HSDP,
+  // written as a parallelism_config); 0 or num_processes: one group of every rank.
+  int shard_group_size = 0;
   std::string offload_optimizer = "none";  // DeepSpeed: none | cpu | nvme
   std::string offload_params = "none";  // DeepSpeed ZeRO-3; FSDP: "cpu" writes fsdp_offload_params (with the optimizer)
   std::string offload_optimizer_nvme_path, offload_param_nvme_path;

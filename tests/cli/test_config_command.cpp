@@ -69,18 +69,45 @@ TEST(ConfigQuestions, FsdpHybridOverTwoMachinesWithLayerTypes) {
   EXPECT_EQ(c.mixed_precision, MixedPrecision::Bf16);
 }
 
+// FULL_SHARD over 8 processes in groups of 4 (3 does not divide 8 and is asked again): FSDP2's HSDP, a
+// parallelism_config of 2 copies x 4 shards with fsdp_version 2, as Accelerate takes it; the file acts as
+// ZeRO-3 in blocks of 4. SHARD_GRAD_OP in groups is FSDP2's reshard_after_forward false. HYBRID_SHARD_ZERO2
+// is offered too.
+TEST(ConfigQuestions, ShardGroupsWriteAParallelismConfig) {
+  std::string transcript;
+  const AcceleratorConfig c = ask_and_parse("1\n8\nyes\nfull_shard\n3\n4\n\n\n\n\n\n", &transcript);
+  EXPECT_NE(transcript.find("8 processes do not split into groups of 3"), std::string::npos) << transcript;
+  ASSERT_TRUE(c.parallelism.has_value());
+  EXPECT_EQ(c.parallelism->replicate, 2);
+  EXPECT_EQ(c.parallelism->shard, 4);
+  EXPECT_EQ(c.fsdp_version, 2);
+  EXPECT_EQ(c.spec.strategy, zero::Strategy::Zero3);
+  EXPECT_EQ(c.spec.shard_group_size, 4);
+  EXPECT_TRUE(c.spec.reshard_after_forward);
+  for (const std::string& i : c.ignored) EXPECT_EQ(i.rfind("machine_rank:", 0), 0u) << i;  // the rest act
+  const AcceleratorConfig grad_op = ask_and_parse("1\n4\nyes\nshard_grad_op\n2\n\n\n\n\n\n", &transcript);
+  EXPECT_NE(transcript.find("fsdp_reshard_after_forward: false"), std::string::npos) << transcript;
+  EXPECT_EQ(grad_op.spec.strategy, zero::Strategy::Zero3);
+  EXPECT_FALSE(grad_op.spec.reshard_after_forward);
+  EXPECT_EQ(grad_op.spec.shard_group_size, 2);
+  const AcceleratorConfig zero2_hybrid = ask_and_parse("2\n4\nyes\nhybrid_shard_zero2\n\n\n\n\n\n");
+  EXPECT_EQ(zero2_hybrid.spec.strategy, zero::Strategy::Zero2);
+  EXPECT_EQ(zero2_hybrid.spec.shard_group_size, zero::ShardingSpec::kNodeGroup);
+}
+
 TEST(ConfigQuestions, BadAnswersAreExplainedAndAskedAgain) {
   std::string transcript;
   // "two" and 0 are not counts; 3 processes do not spread over 2 machines; "maybe" is not yes/no;
   // "zero4" is not a strategy; SIZE_BASED_WRAP then 1e6 parameters.
   const AcceleratorConfig c =
-      ask_and_parse("two\n2\n3\n0\n4\nmaybe\nno\nzero4\nshard_grad_op\nSIZE_BASED_WRAP\n1e6\n\n\n\n", &transcript);
+      ask_and_parse("two\n2\n3\n0\n4\nmaybe\nno\nzero4\nshard_grad_op\n\nSIZE_BASED_WRAP\n1e6\n\n\n\n", &transcript);
   EXPECT_NE(transcript.find("please answer a whole number from 1 to"), std::string::npos) << transcript;
   EXPECT_NE(transcript.find("3 processes do not spread evenly over 2 machines"), std::string::npos);
   EXPECT_NE(transcript.find("please answer yes or no"), std::string::npos);
   EXPECT_NE(transcript.find("please answer one of: ddp, zero1"), std::string::npos);
   EXPECT_EQ(c.spec.strategy, zero::Strategy::Zero2);
   EXPECT_EQ(c.num_processes, 4);
+  EXPECT_FALSE(c.parallelism.has_value());  // (shard over all 4: the default)
   EXPECT_FALSE(c.use_cpu);
   EXPECT_EQ(c.spec.wrap.kind, zero::WrapPolicy::Kind::Size);
   EXPECT_EQ(c.spec.wrap.min_num_params, 1000000);
