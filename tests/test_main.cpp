@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -26,12 +27,19 @@ std::shared_ptr<comm::Communicator> world() { return g_world; }
 static std::string g_job_dir;  // empty until a test asks for a scratch directory
 
 std::string scratch_dir(const std::string& name) {
-  if (g_job_dir.empty()) {
-    at::Tensor pid = at::full({1}, static_cast<int64_t>(::getpid()), at::kLong);
-    g_world->broadcast(pid);
-    const char* tmp = std::getenv("TMPDIR");
-    g_job_dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/accel_test_np" + std::to_string(g_world->size()) + "_" +
-                std::to_string(pid.item<int64_t>());
+  if (g_job_dir.empty()) {  // rank 0's name for it, under rank 0's $TMPDIR, sent to every rank
+    std::string mine;
+    if (g_world->rank() == 0) {
+      const char* tmp = std::getenv("TMPDIR");
+      mine = std::string(tmp && *tmp ? tmp : "/tmp") + "/accel_test_np" + std::to_string(g_world->size()) + "_" +
+             std::to_string(::getpid());
+    }
+    at::Tensor n = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+    g_world->broadcast(n);
+    at::Tensor bytes = at::zeros({n.item<int64_t>()}, at::kByte);
+    if (g_world->rank() == 0) std::copy(mine.begin(), mine.end(), bytes.data_ptr<std::uint8_t>());
+    g_world->broadcast(bytes);
+    g_job_dir.assign(reinterpret_cast<const char*>(bytes.data_ptr<std::uint8_t>()), bytes.numel());
   }
   const std::string dir = g_job_dir + "/" + name;
   if (g_world->rank() == 0) {  // (base/files.h, not std::filesystem: libtorch's copy of remove_all crashes)
@@ -182,9 +190,14 @@ int main(int argc, char** argv) {
   int rc = RUN_ALL_TESTS();
   at::Tensor worst = at::full({1}, rc, at::kInt);
   accel::test::g_world->all_reduce(worst, {accel::comm::ReduceOp::Max});
-  // Kept when a test failed, to look at.
-  if (worst.item<int>() == 0 && rank == 0 && !accel::test::g_job_dir.empty())
-    accel::files::remove_tree(accel::test::g_job_dir);
+  // Kept when a test failed (or ACCEL_KEEP_TEST_FILES is set), to look at.
+  if (rank == 0 && !accel::test::g_job_dir.empty()) {
+    const char* keep = std::getenv("ACCEL_KEEP_TEST_FILES");
+    if (worst.item<int>() == 0 && !(keep && *keep))
+      accel::files::remove_tree(accel::test::g_job_dir);
+    else
+      std::fprintf(stderr, "test files kept in %s\n", accel::test::g_job_dir.c_str());
+  }
   accel::test::g_world.reset();
   return worst.item<int>();
 }

@@ -128,7 +128,8 @@ struct GptPeak {
   std::string note;          // why the offload asked for does not (fully) apply, or ""
   std::optional<bool> fits;  // within --budget and --cpu_budget
 };
-// (accumulation: the states' term as estimate_memory's rows take it, cli/estimate_memory.h)
+// (accumulation: the states' term as estimate_memory's rows take it, cli/estimate_memory.h; num_processes:
+// the ranks a state is sharded over, EstimateRequest::shard_over())
 GptPeak gpt_peak(zero::Strategy s, bool checkpoint, const GptShape& shape, int num_processes, Dtype dtype,
                  OptimizerKind optimizer, const GptRuntime& rt, bool node_shared = false,
                  const Accumulation& accumulation = {}, Offload offload = Offload::None);

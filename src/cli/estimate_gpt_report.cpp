@@ -98,15 +98,21 @@ std::string format_gpt_estimate(const GptEstimate& e) {
       out += fmt::format("* {}: {}\n", zero::info(p.strategy).short_label, p.note);
   if (r.shard_over() > 1 && !offload) {
     const GptPeak& ns = e.rows[e.rows.size() - 2];
+    const std::string together =
+        r.shard_over() < r.num_processes
+            ? fmt::format("The {} ranks of a shard\n  group hold {} GB, each of its {} copies as much.", r.shard_over(),
+                          gb_figure(ns.total * r.shard_over()), r.num_processes / r.shard_over())
+            : fmt::format("The machine holds\n  {} GB for the {} ranks.", gb_figure(ns.total * r.num_processes),
+                          r.num_processes);
     out += fmt::format(
         "ZeRO-3 node-shared: CPU ranks on one machine (accel's default there) keep the parameter shards side\n"
         "  by side in one buffer they all map, so nothing is gathered. Per rank: its share, what its PSS\n"
-        "  shows ({} GB); its RSS also counts the peers' {} GB of parameters it maps. The machine holds\n"
-        "  {} GB for the {} ranks. ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0 turn it off (the\n"
-        "  ZeRO-3 rows: the path GPUs and several machines take).\n",
+        "  shows ({} GB); its RSS also counts the peers' {} GB of parameters it maps. {}\n"
+        "  ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0 turn it off (the ZeRO-3 rows: the path GPUs\n"
+        "  and several machines take).\n",
         gb_figure(ns.total),
         gb_figure(bytes_per_param(r.dtype, r.optimizer).param * r.params * (r.shard_over() - 1) / r.shard_over()),
-        gb_figure(ns.total * r.num_processes), r.num_processes);
+        together);
   }
   out += "\n";
   if (!budgeted) {
@@ -114,10 +120,10 @@ std::string format_gpt_estimate(const GptEstimate& e) {
     return out;
   }
   if (!e.recommended) {
-    out +=
-        fmt::format("Recommendation: none fits in {} per rank at N = {}; {}{} or shrink the model.\n", budgets,
-                    r.shard_over(), r.shard_group_size > 0 ? "larger shard groups (--shard_group_size)" : "add ranks",
-                    r.offload == Offload::OptimizerAndParams ? "" : ", offload more (--offload)");
+    out += fmt::format("Recommendation: none fits in {} per rank at N = {}; {}{} or shrink the model.\n", budgets,
+                       r.shard_over(),
+                       r.shard_over() < r.num_processes ? "larger shard groups (--shard_group_size)" : "add ranks",
+                       r.offload == Offload::OptimizerAndParams ? "" : ", offload more (--offload)");
     return out;
   }
   const GptPeak& best = *e.recommended;

@@ -407,6 +407,10 @@ std::optional<long long> min_ranks_within_budgets(const StrategyCoefficients& c,
     if (!d) return std::nullopt;
     n = std::max(n, *d);
   }
+  if (r.shard_group_size > 0) {  // groups that divide the job's ranks
+    while (n <= r.num_processes && r.num_processes % n != 0) ++n;
+    if (n > r.num_processes) return std::nullopt;
+  }
   return n;
 }
 

@@ -173,10 +173,11 @@ StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offl
 struct StrategyRow {
   zero::Strategy strategy = zero::Strategy::NoShard;
   StrategyCoefficients coef;
-  double device_bytes = 0;             // per rank
-  double cpu_bytes = 0;                // per rank
-  std::optional<bool> fits;            // set when a budget was given
-  std::optional<long long> min_ranks;  // smallest N at which it fits (all budgets); nullopt: never or no budget
+  double device_bytes = 0;   // per rank
+  double cpu_bytes = 0;      // per rank
+  std::optional<bool> fits;  // set when a budget was given
+  std::optional<long long>
+      min_ranks;  // smallest N (group size) at which it fits (all budgets); nullopt: never or no budget
 };
 
 // A strategy under an offload mode, with its per-rank bytes.
@@ -210,7 +211,8 @@ Estimate estimate_memory(const EstimateRequest& request);
 // The smallest N >= 1 at which (rep + shard / N) * P <= budget, or nullopt if there is none (rep * P
 // reaches the budget) or it is above 1e12.
 std::optional<long long> min_ranks_to_fit(double rep, double shard, double params, double budget);
-// The smallest N at which a row fits every budget of the request (device and CPU), or nullopt.
+// The smallest N at which a row fits every budget of the request (device and CPU), or nullopt. With
+// --shard_group_size, N is a group's size, so the smallest that also divides the job's ranks.
 std::optional<long long> min_ranks_within_budgets(const StrategyCoefficients& c, const EstimateRequest& r);
 
 // "4P + 12P/N", "16P", "16P/N", "0" (device or CPU side of a row).

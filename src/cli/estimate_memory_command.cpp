@@ -24,6 +24,7 @@ struct EstimateArgs {
   std::string params, num_processes = "1", shard_group_size, dtype = "bf16", optimizer = "adamw", offload = "none";
   std::string budget, cpu_budget;
   bool has_budget = false, has_cpu_budget = false;  // given at all (an empty value is an error, not "none")
+  bool has_shard_group_size = false;
   GptShape shape;
   bool has_shape = false, has_shape_part = false;  // any of the GPT flags given; all of the required ones
   std::string overhead;
@@ -49,7 +50,7 @@ int run_estimate(const EstimateArgs& a) {
           "the --params estimate counts model states alone");
     if (!a.has_shape) r.params = parse_param_count(a.params);
     r.num_processes = parse_num_processes(a.num_processes);
-    if (!a.shard_group_size.empty()) r.shard_group_size = parse_num_processes(a.shard_group_size, "--shard_group_size");
+    if (a.has_shard_group_size) r.shard_group_size = parse_num_processes(a.shard_group_size, "--shard_group_size");
     r.dtype = parse_dtype(a.dtype);
     r.optimizer = parse_optimizer(a.optimizer);
     r.offload = parse_offload(a.offload);
@@ -103,10 +104,11 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code) {
                                    "with a GPT shape: per-rank memory the allocator does not count (runtime; default "
                                    "0.55GB; 0 for a device capped through its allocator)");
   cmd->add_option("--num_processes", args->num_processes, "Ranks of the job (default 1)");
-  cmd->add_option("--shard_group_size", args->shard_group_size,
-                  "Ranks a state is sharded over, when fewer than the job's: the rest hold copies (Accelerate's "
-                  "parallelism_config dp_shard_size, DeepSpeed's mics_shard_size, HYBRID_SHARD's ranks per machine; "
-                  "default: every rank)");
+  auto* shard_group_size = cmd->add_option(
+      "--shard_group_size", args->shard_group_size,
+      "Ranks a state is sharded over, when fewer than the job's: the rest hold copies (Accelerate's "
+      "parallelism_config dp_shard_size, DeepSpeed's mics_shard_size, HYBRID_SHARD's ranks per machine; "
+      "default: every rank)");
   cmd->add_option("--dtype,--mixed_precision", args->dtype,
                   "bf16 | fp16 (2-byte params and grads, fp32 master) | fp32 (no) | fp8 (default bf16)");
   cmd->add_option("--optimizer", args->optimizer, "adamw | adam (8 bytes of state) | sgd with momentum (4)");
@@ -125,8 +127,9 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code) {
                                  "Memory of one device: 24GB, 80GiB, 40 (= GB); GB = 1e9 bytes, GiB = 2^30");
   auto* cpu_budget =
       cmd->add_option("--cpu_budget,--cpu_memory", args->cpu_budget, "CPU memory available per rank, for offload");
-  cmd->callback([args, budget, cpu_budget, overhead, shape_opts, shape_extra, &exit_code] {
+  cmd->callback([args, budget, cpu_budget, shard_group_size, overhead, shape_opts, shape_extra, &exit_code] {
     args->has_budget = budget->count() > 0;
+    args->has_shard_group_size = shard_group_size->count() > 0;
     args->has_cpu_budget = cpu_budget->count() > 0;
     args->has_overhead = overhead->count() > 0;
     args->has_shape = true;

@@ -62,6 +62,14 @@ std::string gb(double bytes) { return format_gb(bytes) + " GB"; }
 // A budget as given: 24e9 -> "24 GB", 24 GiB -> "25.77 GB".
 std::string budget_gb(double bytes) { return fmt::format("{:.4g} GB", bytes / 1e9); }
 
+// What the node-shared ranks hold together, `bytes` being what the ranks of one shard group hold.
+std::string held_together(const EstimateRequest& r, const std::string& bytes) {
+  if (r.shard_group_size > 0 && r.shard_over() < r.num_processes)
+    return fmt::format("the {} ranks of a shard group hold {} in all, and each of its {} copies as much",
+                       r.shard_over(), bytes, r.num_processes / r.shard_over());
+  return fmt::format("the machine holds {} in all for the {} ranks", bytes, r.num_processes);
+}
+
 std::string communication(zero::Strategy s, Offload o) {
   const bool off = s != zero::Strategy::NoShard && o != Offload::None;
   std::string t;
@@ -218,9 +226,10 @@ std::string format_estimate(const Estimate& e) {
       if (*row.fits)
         c[5] = r.device_budget ? fmt::format("yes, {} spare", gb(*r.device_budget - row.device_bytes)) : "yes";
       else if (row.min_ranks)
-        c[5] = fmt::format("no, fits from N = {}", *row.min_ranks);
+        c[5] = r.shard_group_size > 0 ? fmt::format("no, fits in shard groups of {}", *row.min_ranks)
+                                      : fmt::format("no, fits from N = {}", *row.min_ranks);
       else
-        c[5] = "no, at any N";
+        c[5] = r.shard_group_size > 0 ? "no, in any shard group of the job" : "no, at any N";
     }
     cells.push_back(c);
   }
@@ -253,13 +262,13 @@ std::string format_estimate(const Estimate& e) {
         fmt::format("Node-shared (CPU ranks on one machine, accel's default there): {} keeps its parameter shards "
                     "side by side in one buffer every rank maps, and {} and {} take the gradients they "
                     "reduce-scatter from a shared pool. Each rank's figures stay its share (what its PSS shows: {} "
-                    "for {}); the machine holds {} in all for the {} ranks, and nothing is all-gathered. Each "
+                    "for {}); {}, and nothing is all-gathered. Each "
                     "rank's RSS also counts the {} of its peers' parameters it maps. "
                     "ACCEL_NODE_SHARED_PARAMS=0 ACCEL_NODE_SHARED_GRADS=0 turn it off (the path GPUs and several "
                     "machines take).",
                     zero::info(zero::Strategy::Zero3).short_label, zero::info(zero::Strategy::Zero2).short_label,
                     zero::info(zero::Strategy::Zero3).short_label, gb(zero3),
-                    zero::info(zero::Strategy::Zero3).short_label, gb(zero3 * r.num_processes), r.num_processes,
+                    zero::info(zero::Strategy::Zero3).short_label, held_together(r, gb(zero3 * r.shard_over())),
                     gb(b.param * r.params * (r.shard_over() - 1) / r.shard_over())),
         100, "  ");
   }
@@ -281,7 +290,11 @@ std::string format_estimate(const Estimate& e) {
         "full offload.",
         where, r.shard_over(), short_label(zero::Strategy::Zero3));
     auto n = min_ranks_within_budgets(coefficients(zero::Strategy::Zero3, b, Offload::None), r);
-    if (n) text += fmt::format(" {} without offload fits from N = {} ranks.", short_label(zero::Strategy::Zero3), *n);
+    if (n)
+      text +=
+          r.shard_group_size > 0
+              ? fmt::format(" {} without offload fits in shard groups of {}.", short_label(zero::Strategy::Zero3), *n)
+              : fmt::format(" {} without offload fits from N = {} ranks.", short_label(zero::Strategy::Zero3), *n);
     out += wrap(text, 100, "  ");
     return out;
   }

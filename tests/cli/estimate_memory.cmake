@@ -38,6 +38,7 @@ add_test(NAME cli_estimate_memory_accumulation_sync_each_batch
 add_test(NAME cli_estimate_memory_shard_groups
          COMMAND ${_em_expect} pass "64 ranks in shard groups of 8 \\(8 copies" "ZeRO-1 +41\\.2 .*no"
                  "ZeRO-2 \\(SHARD_GRAD_OP\\) +28\\.1 .*yes" "ZeRO-3 \\(FULL_SHARD\\) +15\\.0 " "Recommendation: ZeRO-2"
+                 "no, fits in shard groups of 16"
                  -- ${ACCEL_CLI} estimate-memory --params 7.5B --num_processes 64 --shard_group_size 8 --budget 40GB)
 
 # A GPT shape: 1.02B parameters, the whole per-rank peak with activations, ZeRO-3 fits 11 GB at 2 ranks.
@@ -70,6 +71,7 @@ set(_em_cases
   "budget|error: --budget: unknown unit|${ACCEL_CLI} estimate-memory --params 7.5e9 --budget 24XB"
   "overhead|error: --overhead: must be 0 or more|${ACCEL_CLI} estimate-memory --d_model 64 --layers 2 --heads 2 --seq 8 --overhead=-1GB"
   "shard_groups|error: --shard_group_size 3 does not divide --num_processes 8|${ACCEL_CLI} estimate-memory --params 1B --num_processes 8 --shard_group_size 3"
+  "shard_groups_empty|--shard_group_size: 1 required TEXT missing|${ACCEL_CLI} estimate-memory --params 1B --num_processes 8 --shard_group_size="
   "accumulation_zero|error: --gradient_accumulation_steps: must be at least 1|${ACCEL_CLI} estimate-memory --params 7.5e9 --gradient_accumulation_steps 0"
   "gpt_and_params|error: give either --params or a GPT shape|${ACCEL_CLI} estimate-memory --params 1B --d_model 64 --layers 2 --heads 2 --seq 8"
   "gpt_partial|error: a GPT shape needs --d_model, --layers, --heads and --seq|${ACCEL_CLI} estimate-memory --d_model 64 --layers 2"

@@ -384,10 +384,14 @@ TEST(EstimateMemory, ShardGroupsStoreWhatAJobOfTheirSizeStores) {
   EXPECT_EQ(b.recommended->strategy, zero::Strategy::Zero2);
   EXPECT_EQ(b.recommended->offload, Offload::None);
   EXPECT_FALSE(*b.rows[1].fits);
+  // ZeRO-1 would fit from groups of 9 (30 + 90/N <= 40 GB), but groups divide the 64 ranks: 16.
+  EXPECT_EQ(b.rows[1].min_ranks, 16);
   const std::string text = format_estimate(b);
   EXPECT_NE(text.find("64 ranks in shard groups of 8 (8 copies of each shard"), std::string::npos) << text;
   EXPECT_NE(text.find("N = ranks of a shard group (8)"), std::string::npos) << text;
   EXPECT_NE(text.find("the copies also all-reduce each rank's P/N gradient shard"), std::string::npos) << text;
+  EXPECT_NE(text.find("no, fits in shard groups of 16"), std::string::npos) << text;
+  EXPECT_NE(text.find("shard group hold"), std::string::npos) << text;  // (node-shared: a group, not the job)
   // One group of every rank is the plain table.
   r.shard_group_size = kN;
   r.device_budget.reset();
@@ -527,7 +531,9 @@ TEST(EstimateGpt, ShardGroupsAreRowsOfAJobOfTheirSize) {
     EXPECT_DOUBLE_EQ(g.rows[i].total, t.rows[i].total) << i;
     if (g.rows[i].strategy == zero::Strategy::Zero3) EXPECT_DOUBLE_EQ(g.rows[i].states, 16 * gpt_params(s) / 2);
   }
-  EXPECT_NE(format_gpt_estimate(g).find("8 ranks in shard groups of 2 (4 copies of each shard"), std::string::npos);
+  const std::string text = format_gpt_estimate(g);
+  EXPECT_NE(text.find("8 ranks in shard groups of 2 (4 copies of each shard"), std::string::npos) << text;
+  EXPECT_NE(text.find("The 2 ranks of a shard\n  group hold"), std::string::npos) << text;
 }
 
 TEST(EstimateGpt, NodeSharedZero3GathersNothing) {

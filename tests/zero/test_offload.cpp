@@ -10,6 +10,7 @@
 #include "offload/async_file.h"
 #include "support/emulated_device.h"
 #include "support/harness.h"
+#include "test_world.h"
 #include "zero/host_copies.h"
 #include "zero/optimizer_offload.h"
 #include "zero/param_offload.h"
