@@ -120,6 +120,8 @@ class Asker {
 
 bool is_deepspeed(const std::string& s) { return s.rfind("zero", 0) == 0; }
 bool is_fsdp(const std::string& s) { return s != "ddp" && !is_deepspeed(s); }
+// Shard groups of fewer processes than the job's, each holding a copy.
+bool has_copies(const ConfigAnswers& a) { return a.shard_group_size > 0 && a.shard_group_size < a.num_processes; }
 
 }  // namespace
 
@@ -158,9 +160,10 @@ ConfigAnswers ask_config_questions(std::istream& in, std::ostream& out, int cuda
       if (a.num_processes % a.shard_group_size == 0) break;
       out << "  " << a.num_processes << " processes do not split into groups of " << a.shard_group_size << "\n";
     }
-  if (a.strategy == "shard_grad_op" && a.shard_group_size < a.num_processes)
+  if (a.strategy == "shard_grad_op" && has_copies(a))
     out << "  note: copies of shard groups are FSDP2's, where SHARD_GRAD_OP is fsdp_reshard_after_forward: false "
-           "(a unit's parameters stay gathered from its forward to its backward, sharded between steps)\n";
+           "(a unit's parameters stay gathered from its forward to its backward, sharded between steps; accel "
+           "explains it as FULL_SHARD keeping them through backward)\n";
   if (is_deepspeed(a.strategy)) {
     const auto nvme_path = [&](const char* what) {
       std::string path;
@@ -223,7 +226,7 @@ std::string config_yaml(const ConfigAnswers& a) {
   } else if (is_fsdp(a.strategy)) {
     // Copies of shard groups are FSDP2's (Accelerate takes a parallelism_config with fsdp_version 2 only),
     // whose reshard_after_forward names the strategy and which has no prefetch keys.
-    const bool copies = a.shard_group_size > 0 && a.shard_group_size < a.num_processes;
+    const bool copies = has_copies(a);
     y << "distributed_type: FSDP\n";
     y << "fsdp_config:\n";
     if (copies) {

@@ -99,7 +99,7 @@ std::string format_gpt_estimate(const GptEstimate& e) {
   if (r.shard_over() > 1 && !offload) {
     const GptPeak& ns = e.rows[e.rows.size() - 2];
     const std::string together =
-        r.shard_over() < r.num_processes
+        r.has_copies()
             ? fmt::format("The {} ranks of a shard\n  group hold {} GB, each of its {} copies as much.", r.shard_over(),
                           gb_figure(ns.total * r.shard_over()), r.num_processes / r.shard_over())
             : fmt::format("The machine holds\n  {} GB for the {} ranks.", gb_figure(ns.total * r.num_processes),
@@ -121,8 +121,7 @@ std::string format_gpt_estimate(const GptEstimate& e) {
   }
   if (!e.recommended) {
     out += fmt::format("Recommendation: none fits in {} per rank at N = {}; {}{} or shrink the model.\n", budgets,
-                       r.shard_over(),
-                       r.shard_over() < r.num_processes ? "larger shard groups (--shard_group_size)" : "add ranks",
+                       r.shard_over(), r.has_copies() ? "larger shard groups (--shard_group_size)" : "add ranks",
                        r.offload == Offload::OptimizerAndParams ? "" : ", offload more (--offload)");
     return out;
   }

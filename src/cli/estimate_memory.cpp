@@ -407,9 +407,15 @@ std::optional<long long> min_ranks_within_budgets(const StrategyCoefficients& c,
     if (!d) return std::nullopt;
     n = std::max(n, *d);
   }
-  if (r.shard_group_size > 0) {  // groups that divide the job's ranks
-    while (n <= r.num_processes && r.num_processes % n != 0) ++n;
-    if (n > r.num_processes) return std::nullopt;
+  if (r.has_copies()) {  // the smallest group size from n up that divides the job's ranks
+    const long long total = r.num_processes;
+    std::optional<long long> best;
+    for (long long d = 1; d * d <= total; ++d) {
+      if (total % d != 0) continue;
+      for (long long g : {d, total / d})
+        if (g >= n && (!best || g < *best)) best = g;
+    }
+    return best;
   }
   return n;
 }

@@ -145,6 +145,8 @@ struct EstimateRequest {
   int shard_group_size = 0;  // S, dividing num_processes; 0: every rank (one group)
   // N of the formulas: the ranks a state is sharded over.
   int shard_over() const { return shard_group_size > 0 ? shard_group_size : num_processes; }
+  // Groups of fewer ranks than the job's, each holding a copy (S = num_processes is the plain table).
+  bool has_copies() const { return shard_group_size > 0 && shard_group_size < num_processes; }
   Dtype dtype = Dtype::Bf16;
   OptimizerKind optimizer = OptimizerKind::AdamW;
   Offload offload = Offload::None;

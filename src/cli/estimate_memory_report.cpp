@@ -64,7 +64,7 @@ std::string budget_gb(double bytes) { return fmt::format("{:.4g} GB", bytes / 1e
 
 // What the node-shared ranks hold together, `bytes` being what the ranks of one shard group hold.
 std::string held_together(const EstimateRequest& r, const std::string& bytes) {
-  if (r.shard_group_size > 0 && r.shard_over() < r.num_processes)
+  if (r.has_copies())
     return fmt::format("the {} ranks of a shard group hold {} in all, and each of its {} copies as much",
                        r.shard_over(), bytes, r.num_processes / r.shard_over());
   return fmt::format("the machine holds {} in all for the {} ranks", bytes, r.num_processes);
@@ -140,7 +140,7 @@ std::string format_param_count(double params) {
 }
 
 std::string shard_groups_line(const EstimateRequest& r) {
-  if (r.shard_group_size <= 0) return "";
+  if (!r.has_copies()) return "";
   const int copies = r.num_processes / r.shard_over();
   return fmt::format(" in shard groups of {} ({} cop{} of each shard: the figures are a group's, at N = {})",
                      r.shard_over(), copies, copies == 1 ? "y" : "ies", r.shard_over());
@@ -202,7 +202,7 @@ std::string format_estimate(const Estimate& e) {
   out +=
       "Model states only: activations, temporary buffers (buckets, gathered parameters) and fragmentation\n"
       "come on top, as in the ZeRO paper. GB = 1e9 bytes; P = parameters, N = ranks";
-  out += r.shard_group_size > 0 ? fmt::format(" of a shard group ({}).\n\n", r.shard_over()) : std::string(".\n\n");
+  out += r.has_copies() ? fmt::format(" of a shard group ({}).\n\n", r.shard_over()) : std::string(".\n\n");
 
   // The table.
   const bool budgeted = r.device_budget || r.cpu_budget;
@@ -226,10 +226,10 @@ std::string format_estimate(const Estimate& e) {
       if (*row.fits)
         c[5] = r.device_budget ? fmt::format("yes, {} spare", gb(*r.device_budget - row.device_bytes)) : "yes";
       else if (row.min_ranks)
-        c[5] = r.shard_group_size > 0 ? fmt::format("no, fits in shard groups of {}", *row.min_ranks)
-                                      : fmt::format("no, fits from N = {}", *row.min_ranks);
+        c[5] = r.has_copies() ? fmt::format("no, fits in shard groups of {}", *row.min_ranks)
+                              : fmt::format("no, fits from N = {}", *row.min_ranks);
       else
-        c[5] = r.shard_group_size > 0 ? "no, in any shard group of the job" : "no, at any N";
+        c[5] = r.has_copies() ? "no, in any shard group of the job" : "no, at any N";
     }
     cells.push_back(c);
   }
@@ -292,7 +292,7 @@ std::string format_estimate(const Estimate& e) {
     auto n = min_ranks_within_budgets(coefficients(zero::Strategy::Zero3, b, Offload::None), r);
     if (n)
       text +=
-          r.shard_group_size > 0
+          r.has_copies()
               ? fmt::format(" {} without offload fits in shard groups of {}.", short_label(zero::Strategy::Zero3), *n)
               : fmt::format(" {} without offload fits from N = {} ranks.", short_label(zero::Strategy::Zero3), *n);
     out += wrap(text, 100, "  ");
@@ -321,7 +321,7 @@ std::string format_estimate(const Estimate& e) {
     text += fmt::format(" Everything fits in {}, so nothing needs sharding.", where);
   }
   text += " " + communication(c.strategy, c.offload);
-  if (r.shard_group_size > 0 && r.shard_over() < r.num_processes && c.strategy != zero::Strategy::NoShard)
+  if (r.has_copies() && c.strategy != zero::Strategy::NoShard)
     text +=
         " With shard groups, the copies also all-reduce each rank's P/N gradient shard with the ranks at its place in "
         "the other groups (up to 2P/N more values per rank per step): the only traffic between groups.";

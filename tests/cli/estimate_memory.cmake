@@ -41,6 +41,11 @@ add_test(NAME cli_estimate_memory_shard_groups
                  "no, fits in shard groups of 16"
                  -- ${ACCEL_CLI} estimate-memory --params 7.5B --num_processes 64 --shard_group_size 8 --budget 40GB)
 
+# An empty group size as its own argument is refused, not taken as every rank.
+add_test(NAME cli_estimate_memory_bad_shard_groups_empty_argument
+         COMMAND ${_em_expect} fail "error: --shard_group_size: not a whole number: ''"
+                 -- ${ACCEL_CLI} estimate-memory --params 1B --num_processes 8 --shard_group_size "")
+
 # A GPT shape: 1.02B parameters, the whole per-rank peak with activations, ZeRO-3 fits 11 GB at 2 ranks.
 add_test(NAME cli_estimate_memory_gpt
          COMMAND ${_em_expect} pass "1\\.02B parameters \\(1015566336\\)" "ZeRO-3 \\+ checkpointing .* 9\\.7  yes"

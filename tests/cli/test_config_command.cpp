@@ -90,6 +90,11 @@ TEST(ConfigQuestions, ShardGroupsWriteAParallelismConfig) {
   EXPECT_EQ(grad_op.spec.strategy, zero::Strategy::Zero3);
   EXPECT_FALSE(grad_op.spec.reshard_after_forward);
   EXPECT_EQ(grad_op.spec.shard_group_size, 2);
+  // One process: no group to ask for, no note, FSDP1's SHARD_GRAD_OP.
+  const AcceleratorConfig one = ask_and_parse("1\n1\nyes\nshard_grad_op\n\n\n\n\n\n", &transcript);
+  EXPECT_EQ(transcript.find("copies of shard groups"), std::string::npos) << transcript;
+  EXPECT_EQ(one.spec.strategy, zero::Strategy::Zero2);
+  EXPECT_FALSE(one.parallelism.has_value());
   const AcceleratorConfig zero2_hybrid = ask_and_parse("2\n4\nyes\nhybrid_shard_zero2\n\n\n\n\n\n");
   EXPECT_EQ(zero2_hybrid.spec.strategy, zero::Strategy::Zero2);
   EXPECT_EQ(zero2_hybrid.spec.shard_group_size, zero::ShardingSpec::kNodeGroup);

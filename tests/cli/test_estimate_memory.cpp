@@ -392,10 +392,12 @@ TEST(EstimateMemory, ShardGroupsStoreWhatAJobOfTheirSizeStores) {
   EXPECT_NE(text.find("the copies also all-reduce each rank's P/N gradient shard"), std::string::npos) << text;
   EXPECT_NE(text.find("no, fits in shard groups of 16"), std::string::npos) << text;
   EXPECT_NE(text.find("shard group hold"), std::string::npos) << text;  // (node-shared: a group, not the job)
-  // One group of every rank is the plain table.
+  // One group of every rank is the plain table, to the letter.
   r.shard_group_size = kN;
-  r.device_budget.reset();
   expect_device(estimate_memory(r), 16 * kP, 4 * kP + 12 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
+  EstimateRequest plain = r;
+  plain.shard_group_size = 0;
+  EXPECT_EQ(format_estimate(estimate_memory(r)), format_estimate(estimate_memory(plain)));
   // Groups that do not divide the job, or more ranks than it has, are refused naming both flags.
   for (int bad : {7, 128}) {
     r.shard_group_size = bad;
