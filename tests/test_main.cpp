@@ -5,12 +5,12 @@
 #include "base/check_args.h"
 #include "base/files.h"
 #include "base/memory.h"
+#include "comm/broadcast_text.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -34,12 +34,7 @@ std::string scratch_dir(const std::string& name) {
       mine = std::string(tmp && *tmp ? tmp : "/tmp") + "/accel_test_np" + std::to_string(g_world->size()) + "_" +
              std::to_string(::getpid());
     }
-    at::Tensor n = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
-    g_world->broadcast(n);
-    at::Tensor bytes = at::zeros({n.item<int64_t>()}, at::kByte);
-    if (g_world->rank() == 0) std::copy(mine.begin(), mine.end(), bytes.data_ptr<std::uint8_t>());
-    g_world->broadcast(bytes);
-    g_job_dir.assign(reinterpret_cast<const char*>(bytes.data_ptr<std::uint8_t>()), bytes.numel());
+    g_job_dir = comm::broadcast_text(*g_world, mine);
   }
   const std::string dir = g_job_dir + "/" + name;
   if (g_world->rank() == 0) {  // (base/files.h, not std::filesystem: libtorch's copy of remove_all crashes)

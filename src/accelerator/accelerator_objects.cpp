@@ -3,6 +3,7 @@
 #include "accelerator/accelerator.h"
 
 #include "base/error.h"
+#include "comm/broadcast_text.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -75,13 +76,7 @@ std::string Accelerator::broadcast_object(const std::string& object, int from) {
     throw accel::InvalidArgumentError(
         fmt::format("broadcast_object: from rank {} of {} processes", from, num_processes()));
   if (num_processes() == 1) return object;
-  at::Tensor len = at::full({1}, static_cast<std::int64_t>(object.size()), at::kLong);
-  world_->broadcast(len, {from});
-  const std::int64_t n = len.item<std::int64_t>();
-  at::Tensor buf = at::empty({n}, at::kByte);
-  if (process_index() == from) std::memcpy(buf.data_ptr(), object.data(), object.size());
-  if (n > 0) world_->broadcast(buf, {from});
-  return std::string(static_cast<const char*>(buf.data_ptr()), static_cast<std::size_t>(n));
+  return comm::broadcast_text(*world_, object, from);
 }
 
 }  // namespace accel
