@@ -92,6 +92,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
     std::size_t fired_count = 0, need = 0;
     bool grad_live = false;     // grad_full holds this accumulation window's gradients
     std::vector<char> touched;  // per parameter: its region of grad_full written in this window
+    // Where the reduce dtype is wider than the gradients (bf16/fp16 compute, fp32 reduction): the
+    // window's earlier backward passes summed in it (NoSync), grad_full holding only the current one's;
+    // the sync backward adds grad_full and reduces the sum (FSDP2 accumulates in reduce_dtype too).
+    at::Tensor grad_sum;
+    // DDP under such a reduction: .grad shows f.grad rounded into grad_full, so a backward that did not
+    // settle it first (a plain loss.backward()) has it in its reduction already.
+    bool grad_shown = false;
     bool ready = false;
     bool added_on_the_way = false;           // this backward's reduced gradient is already added to the pending grad
     bool stepped_in_backward = false;        // spec.step_in_backward: its step was posted as its gradient was final
@@ -290,7 +297,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void end_unit(std::size_t unit);
   // Flat fi's gradients of this window are complete: zero-fill what no gradient reached, mark it ready.
   void mark_complete(std::size_t fi);
-  void forget_unit_calls();  // a forward/backward's unit ticks and ends
+  // Hands flat fi's gradients of this window to the reducer (with grad_sum, where there is one).
+  void mark_ready(std::size_t fi);
+  // The reduce dtype is wider than f's gradients: a window's backward passes are summed in it.
+  bool sums_wider(const Flat& f) const;
+  void add_to_grad_sum(Flat& f);     // grad_sum += grad_full (complete), in the reduce dtype
+  void fold_into_grad_sum(Flat& f);  // ... and grad_full goes (NoSync): the next backward starts it afresh
+  void forget_unit_calls();          // a forward/backward's unit ticks and ends
   void gather(std::size_t unit, bool async);
   void wait_gather(std::size_t unit);
   void reshard(std::size_t unit);

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 namespace accel::zero {
 
@@ -54,11 +55,11 @@ void Engine::on_grad_accumulated(std::size_t fi, std::size_t i) {
   if (++f.fired_count < f.need) return;
   f.ready = true;
   // Every use of the flat's parameters is behind us: reduce (under sharded parameters only at the
-  // unit's end of backward, see end_units_started_after), and free the gathered parameters.
-  if (sync_ && reducer_index_[fi] != npos && !plan_.params_sharded) {
-    reducer_->mark_ready(reducer_index_[fi]);
-    hold_for_host();
-  }
+  // unit's end of backward, see end_units_started_after), or add to the window's wider sum and let go
+  // of the gradient buffer, and free the gathered parameters. (A gradient that still came would open
+  // the buffer again, and be added at the end of backward.)
+  if (sync_ && reducer_index_[fi] != npos && !plan_.params_sharded) mark_ready(fi);
+  if (!sync_ && sums_wider(f)) fold_into_grad_sum(f);
   if (unit_sharded(static_cast<std::size_t>(f.unit))) {
     wait_gather(static_cast<std::size_t>(f.unit));
     reshard_flat(f);
@@ -100,8 +101,41 @@ void Engine::mark_complete(std::size_t fi) {
   CategoryScope cat(Category::Gradients);
   open_window(f);
   zero_untouched(f);
-  reducer_->mark_ready(reducer_index_[fi]);
+  mark_ready(fi);
+}
+
+void Engine::mark_ready(std::size_t fi) {
+  Flat& f = flats_[fi];
+  if (f.grad_sum.defined()) {
+    add_to_grad_sum(f);
+    reducer_->mark_ready(reducer_index_[fi], std::exchange(f.grad_sum, at::Tensor()));
+  } else {
+    reducer_->mark_ready(reducer_index_[fi]);
+  }
   hold_for_host();
+}
+
+bool Engine::sums_wider(const Flat& f) const {
+  const std::size_t fi = static_cast<std::size_t>(&f - flats_.data());
+  if (!reducer_ || reducer_index_[fi] == npos) return false;
+  const c10::ScalarType r = reducer_->reduce_dtype(), g = f.flat_param->full().scalar_type();
+  return r != g && c10::promoteTypes(r, g) == r;
+}
+
+void Engine::fold_into_grad_sum(Flat& f) {
+  add_to_grad_sum(f);
+  f.flat_param->free_grad();
+  f.grad_live = false;
+}
+
+void Engine::add_to_grad_sum(Flat& f) {
+  CategoryScope cat(Category::Gradients);
+  zero_untouched(f);
+  const at::Tensor& g = f.flat_param->grad_full();
+  if (f.grad_sum.defined())
+    f.grad_sum.add_(g);
+  else
+    f.grad_sum = g.to(reducer_->reduce_dtype());
 }
 
 void Engine::forget_unit_calls() {
@@ -180,7 +214,9 @@ void Engine::drop_discarded_grads() {
     f.master_grad_set = false;
     f.master.mutable_grad() = at::Tensor();
     f.grad = at::Tensor();
+    f.grad_sum = at::Tensor();
     f.grad_live = false;
+    f.grad_shown = false;
     f.flat_param->detach_grads();
   }
 }
@@ -269,6 +305,7 @@ void Engine::abort_backward() {
     f.ready = false;
     f.added_on_the_way = false;
     f.grad_live = false;
+    f.grad_sum = at::Tensor();  // (the window goes, as grad_full's part of it does)
     f.flat_param->detach_grads();
     f.host_grad_src = nullptr;  // a copy queued from a gradient this backward threw away
   }
@@ -293,13 +330,20 @@ void Engine::settle_pending() {
   // A reduced gradient still living in the flat buffer (DDP, ZeRO-1) moves to its own tensor and the
   // window closes: this backward accumulates from zero, so neither a second sync backward nor one
   // that throws can mix into what is pending.
+  // (DDP under a wider reduction: the reduced gradient has a tensor of its own already, and grad_full
+  // only shows it.)
   for (auto& f : flats_) {
-    if (!f.grad.defined() || !f.grad.is_alias_of(f.flat_param->grad_full())) continue;
-    CategoryScope cat(Category::Gradients);
-    f.grad = f.grad.clone();
-    set_master_grad(f);
+    if (!f.grad.defined()) continue;
+    if (f.grad.is_alias_of(f.flat_param->grad_full())) {
+      CategoryScope cat(Category::Gradients);
+      f.grad = f.grad.clone();
+      set_master_grad(f);
+    } else if (!f.grad_shown) {
+      continue;
+    }
     f.flat_param->detach_grads();
     f.grad_live = false;
+    f.grad_shown = false;
   }
 }
 
@@ -357,9 +401,12 @@ void Engine::finalize_backward() {
         // DDP: .grad shows the averaged gradient, and the window stays open until the step: a
         // second loss.backward() adds its local gradients and averages again, which sums the
         // averages. (engine->backward() settles the first average into its own tensor first.)
-        if (f.grad.defined() && !f.grad.is_alias_of(g)) g.add_(f.grad);
+        // Under a wider reduction .grad shows the average rounded into grad_full: what is pending is in
+        // this reduction already unless engine->backward() settled it first.
+        if (f.grad.defined() && !f.grad.is_alias_of(g) && !f.grad_shown) g.add_(f.grad);
         f.grad = g;
         f.flat_param->attach_grads();
+        f.grad_shown = !g.is_alias_of(f.flat_param->grad_full());
       } else {
         // The reduced shard is the pending gradient until the step, and the window closes: a second
         // sync backward before the step reduces into a fresh window and adds to it. ZeRO-2/3 give
@@ -400,27 +447,34 @@ void Engine::finalize_backward() {
     }
   } else {
     // Accumulating: keep the parameters' .grad on their flat views so the next backward adds in place.
-    for (auto& f : flats_)
+    // Where the reduce dtype is wider, the window lives in grad_sum (a flat that was ready folded in
+    // on the way) and the next backward starts grad_full afresh.
+    for (auto& f : flats_) {
+      if (f.grad_live && sums_wider(f)) fold_into_grad_sum(f);
       if (f.grad_live) {
         zero_untouched(f);
         f.flat_param->attach_grads();
-        // A placeholder master.grad (this rank's unreduced region), so that optimizer->zero_grad()
-        // during accumulation is noticed and discards the window, as it would in PyTorch. A device's
-        // master in host memory cannot take the device's buffer: its pinned gradient, zero-filled (no
-        // copy into it is in flight: the last sync backward waited for them), where the window's sum
-        // arrives at the sync backward.
-        if (!f.master.defined() || f.grad.defined() || f.master.grad().defined()) continue;
-        if (host_master(f)) {
-          f.master.mutable_grad() = pinned_grad(f).zero_();
-          note_master_grad(f);
-        } else if (f.master.scalar_type() == f.flat_param->grad_full().scalar_type() &&
-                   (f.master.is_meta() || f.master.device() == f.flat_param->grad_full().device())) {
-          const at::Tensor& gf = f.flat_param->grad_full();
-          auto [b, e] = f.flat_param->layout().shard_range(f.flat_param->options().rank);
-          f.master.mutable_grad() = sharding::storage_alias(plan_.masters_are_shards ? gf.narrow(0, b, e - b) : gf);
-          note_master_grad(f);
-        }
+      } else if (!f.grad_sum.defined()) {
+        continue;
       }
+      // A placeholder master.grad (this rank's unreduced region), so that optimizer->zero_grad()
+      // during accumulation is noticed and discards the window, as it would in PyTorch. A device's
+      // master in host memory cannot take the device's buffer: its pinned gradient, zero-filled (no
+      // copy into it is in flight: the last sync backward waited for them), where the window's sum
+      // arrives at the sync backward.
+      if (!f.master.defined() || f.grad.defined() || f.master.grad().defined()) continue;
+      const at::Tensor& window = f.grad_sum.defined() ? f.grad_sum : f.flat_param->grad_full();
+      if (host_master(f)) {
+        f.master.mutable_grad() = pinned_grad(f).zero_();
+        note_master_grad(f);
+      } else if (f.master.scalar_type() == window.scalar_type() &&
+                 (f.master.is_meta() || f.master.device() == window.device())) {
+        auto [b, e] = f.flat_param->layout().shard_range(f.flat_param->options().rank);
+        f.master.mutable_grad() =
+            sharding::storage_alias(plan_.masters_are_shards ? window.narrow(0, b, e - b) : window);
+        note_master_grad(f);
+      }
+    }
   }
   for (auto& f : flats_) {
     std::fill(f.fired.begin(), f.fired.end(), 0);

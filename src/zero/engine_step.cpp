@@ -97,6 +97,8 @@ void Engine::close_step() {
     f.grad_live = false;
     f.flat_param->detach_grads();
     f.grad = at::Tensor();  // after a step, master.grad keeps it until zero_grad
+    f.grad_sum = at::Tensor();
+    f.grad_shown = false;
     f.master_grad_set = false;
     f.stepped_in_backward = false;
   }

@@ -72,6 +72,7 @@ GradReducer::GradReducer(std::vector<sharding::FlatParam*> flats, Mode mode, c10
                            c10::toString(dtype_), bucket_bytes, in_flight, sizes));
   }
   marked_.assign(flats_.size(), 0);
+  sums_.resize(flats_.size());
   results_.resize(flats_.size());
   for (const auto& b : buckets_) {
     std::int64_t out = 0;
@@ -140,9 +141,25 @@ std::int64_t GradReducer::node_shared_grad_bytes() const {
   return shared_.defined() ? static_cast<std::int64_t>(shared_.nbytes()) : 0;
 }
 
-void GradReducer::mark_ready(std::size_t i) {
+const at::Tensor& GradReducer::input(std::size_t m) const {
+  return sums_[m].defined() ? sums_[m] : flats_[m]->grad_full();
+}
+
+void GradReducer::let_go_of_input(std::size_t m) {
+  flats_[m]->free_grad();
+  sums_[m] = at::Tensor();
+}
+
+void GradReducer::mark_ready(std::size_t i, at::Tensor sum) {
   if (marked_.at(i)) return;
   marked_[i] = 1;
+  if (sum.defined()) {
+    ACCEL_CHECK(sum.numel() == flats_[i]->layout().padded() && sum.is_contiguous() && sum.scalar_type() == dtype_ &&
+                    !buckets_[bucket_of_[i]].buffer.defined(),
+                "GradReducer: the sum of {} must be a contiguous {} tensor of {} elements, outside a fused bucket",
+                flats_[i]->name(), c10::toString(dtype_), flats_[i]->layout().padded());
+    sums_[i] = std::move(sum);
+  }
   buckets_[bucket_of_[i]].ready++;
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].ready == buckets_[next_launch_].members.size()) {
     // Back-pressure: at most in_flight buckets hold full gradients, the one being filled included.
@@ -159,43 +176,43 @@ void GradReducer::launch(Bucket& b) {
   const int n = shard_->size();
   b.launched = true;
   if (n == 1 && !replicate_) return;  // nothing to reduce: each flat's own buffer is the result
-  const bool direct = b.members.size() == 1 && flats_[b.members[0]]->grad_full().scalar_type() == dtype_;
+  const bool direct = b.members.size() == 1 && input(b.members[0]).scalar_type() == dtype_;
   if (mode_ == Mode::AllReduce) {
     if (b.buffer.defined()) {
       b.work = shard_->all_reduce_async(b.buffer, {comm::ReduceOp::Avg});
     } else if (direct) {
-      b.work = shard_->all_reduce_async(flats_[b.members[0]]->grad_full(), {comm::ReduceOp::Avg});
+      b.work = shard_->all_reduce_async(input(b.members[0]), {comm::ReduceOp::Avg});
     } else {
       std::vector<at::Tensor> parts;
-      for (auto m : b.members) parts.push_back(flats_[m]->grad_full());
+      for (auto m : b.members) parts.push_back(input(m));
       b.staging_in = at::cat(parts).to(dtype_);
       b.work = shard_->all_reduce_async(b.staging_in, {comm::ReduceOp::Avg});
     }
   } else if (direct) {
     sharding::FlatParam* f = flats_[b.members[0]];
+    const at::Tensor& in = input(b.members[0]);
     auto [begin, end] = f->layout().shard_range(f->options().rank);
-    b.staging_out = mode_ == Mode::ReduceScatterInPlace ? f->grad_full().narrow(0, begin, end - begin)
-                                                        : output(b, end - begin, f->grad_full().options());
-    b.work = shard_->reduce_scatter_async(f->grad_full(), b.staging_out, {comm::ReduceOp::Avg});
+    b.staging_out =
+        mode_ == Mode::ReduceScatterInPlace ? in.narrow(0, begin, end - begin) : output(b, end - begin, in.options());
+    b.work = shard_->reduce_scatter_async(in, b.staging_out, {comm::ReduceOp::Avg});
   } else {
     // Rank-major staging: [flat0 chunk r, flat1 chunk r, ...] for r = 0..n-1.
     std::int64_t per_rank = 0;
     for (auto m : b.members) per_rank += flats_[m]->layout().shard_size();
-    const bool shareable = mode_ == Mode::ReduceScatter && flats_[b.members[0]]->grad_full().is_cpu();
+    const bool shareable = mode_ == Mode::ReduceScatter && input(b.members[0]).is_cpu();
     b.staging_in = shareable ? free_buffer(per_rank * n) : at::Tensor();
-    if (!b.staging_in.defined())
-      b.staging_in = at::empty({per_rank * n}, flats_[b.members[0]]->grad_full().options().dtype(dtype_));
+    if (!b.staging_in.defined()) b.staging_in = at::empty({per_rank * n}, input(b.members[0]).options().dtype(dtype_));
     for (int r = 0; r < n; ++r) {
       std::int64_t at = r * per_rank;
       for (auto m : b.members) {
         std::int64_t k = flats_[m]->layout().shard_size();
-        b.staging_in.narrow(0, at, k).copy_(flats_[m]->grad_full().narrow(0, r * k, k));
+        b.staging_in.narrow(0, at, k).copy_(input(m).narrow(0, r * k, k));
         at += k;
       }
     }
     // ZeRO-2/3: the staging copy is all the reduction needs; the full gradients can go now.
     if (mode_ == Mode::ReduceScatter)
-      for (auto m : b.members) flats_[m]->free_grad();
+      for (auto m : b.members) let_go_of_input(m);
     b.staging_out = output(b, per_rank, b.staging_in.options());
     b.work = shard_->reduce_scatter_async(b.staging_in, b.staging_out, {comm::ReduceOp::Avg});
   }
@@ -237,21 +254,27 @@ at::Tensor GradReducer::output(Bucket& b, std::int64_t numel, const at::TensorOp
 
 namespace {
 // a's dtype holds b's values and more (fp32 against bf16/fp16).
-bool wider(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() != b.scalar_type() && c10::promoteTypes(a.scalar_type(), b.scalar_type()) == a.scalar_type();
-}
+bool wider(c10::ScalarType a, c10::ScalarType b) { return a != b && c10::promoteTypes(a, b) == a; }
+bool wider(const at::Tensor& a, const at::Tensor& b) { return wider(a.scalar_type(), b.scalar_type()); }
 }  // namespace
 
 void GradReducer::finish(Bucket& b) {
-  if (!b.work) {  // a group of one rank
-    for (auto m : b.members) results_[m] = flats_[m]->grad_full();
+  if (!b.work) {  // a group of one rank: the flat's own gradient, in the reduce dtype
+    for (auto m : b.members) {
+      const at::Tensor& in = input(m);
+      results_[m] = wider(dtype_, in.scalar_type()) ? in.to(dtype_) : in;
+      if (mode_ == Mode::AllReduce && sums_[m].defined()) flats_[m]->grad_full().copy_(in);  // what .grad shows
+    }
     notify(b);
     return;
   }
   b.work->wait();
   b.work.reset();
   if (mode_ == Mode::AllReduce) {
-    for (auto m : b.members) results_[m] = flats_[m]->grad_full();
+    for (auto m : b.members) {
+      results_[m] = input(m);
+      if (sums_[m].defined() && !b.staging_in.defined()) flats_[m]->grad_full().copy_(sums_[m]);  // what .grad shows
+    }
     if (b.staging_in.defined()) {
       std::int64_t at = 0;
       for (auto m : b.members) {
@@ -267,7 +290,7 @@ void GradReducer::finish(Bucket& b) {
   } else if (b.members.size() == 1 && !b.staging_in.defined()) {
     results_[b.members[0]] = b.staging_out;
     // ZeRO-2/3: reduce-scattered straight from the full gradient, which nothing needs any more.
-    if (mode_ == Mode::ReduceScatter) flats_[b.members[0]]->free_grad();
+    if (mode_ == Mode::ReduceScatter) let_go_of_input(b.members[0]);
   } else {
     std::int64_t at = 0;
     for (auto m : b.members) {
@@ -310,7 +333,7 @@ void GradReducer::let_go_of_output(Bucket& b) {
 bool GradReducer::take(std::size_t m, const at::Tensor& g) {
   if (!on_reduced_(m, g) || mode_ != Mode::ReduceScatter) return false;
   // A group of one reduces nothing: its result was the flat's own full gradient.
-  if (g.is_alias_of(flats_[m]->grad_full())) flats_[m]->free_grad();
+  if (g.is_alias_of(input(m)) || g.is_alias_of(flats_[m]->grad_full())) let_go_of_input(m);
   return true;
 }
 
@@ -322,6 +345,7 @@ void GradReducer::reset() {
     b.launched = false;
   }
   marked_.assign(flats_.size(), 0);
+  sums_.assign(flats_.size(), at::Tensor());
   results_.assign(flats_.size(), at::Tensor());
   next_launch_ = 0;
   next_finish_ = 0;

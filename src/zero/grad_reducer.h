@@ -52,8 +52,14 @@ class GradReducer {
               std::shared_ptr<comm::Communicator> shard, std::shared_ptr<comm::Communicator> replicate,
               std::int64_t bucket_bytes, int in_flight, bool node_shared_grads = false);
 
-  // Flat i (index into flats) has all its gradients in grad_full(): launch what is launchable.
-  void mark_ready(std::size_t i);
+  // Flat i (index into flats) has all its gradients in grad_full(), or in `sum`: launch what is
+  // launchable. sum: the flat's whole gradient in the reduce dtype where it is not grad_full() (a window
+  // of micro-steps summed wider than the gradients, in fp32 under bf16/fp16 compute); it is reduced
+  // instead, as grad_full() would be, and held until its bucket's reduction needs it no more. The
+  // parameters' .grad (AllReduce) then show the average copied back into grad_full(). (Not for flats of
+  // a fused all-reduce bucket: their gradients are in the reduce dtype already.)
+  void mark_ready(std::size_t i, at::Tensor sum = {});
+  c10::ScalarType reduce_dtype() const { return dtype_; }
   // A free node-shared buffer for flat i's full gradient (FlatParam::alloc_grad(in)), or undefined:
   // none exist, flat i is not reduced alone in the reduce dtype, or every buffer is in use.
   at::Tensor grad_buffer(std::size_t i);
@@ -119,6 +125,9 @@ class GradReducer {
   // new kept_out
   at::Tensor output(Bucket& b, std::int64_t numel, const at::TensorOptions& options);
   void let_go_of_output(Bucket& b);  // every member's result went elsewhere
+  // Flat m's full gradient as it is reduced: the sum mark_ready was given, else grad_full().
+  const at::Tensor& input(std::size_t m) const;
+  void let_go_of_input(std::size_t m);  // ReduceScatter: the reduction needs it no more
   // A view of free node-shared memory, or undefined.
   at::Tensor free_buffer(std::int64_t numel);
 
@@ -130,6 +139,7 @@ class GradReducer {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;
   std::vector<char> marked_;
+  std::vector<at::Tensor> sums_;  // per flat: mark_ready's sum (undefined: grad_full())
   std::vector<at::Tensor> results_;
   std::size_t next_launch_ = 0, next_finish_ = 0;
   std::function<bool(std::size_t, const at::Tensor&)> on_reduced_;
