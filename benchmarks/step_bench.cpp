@@ -318,6 +318,12 @@ int run_bench(int argc, char** argv) {
                  "zero::Engine::MoreMicroSteps), off (they accumulate unreduced, NoSync) or auto (on for ZERO_2 and "
                  "ZERO_3, as DeepSpeed and the Accelerator's default)")
       ->check(CLI::IsMember({"auto", "on", "off"}));
+  std::string grad_accum_dtype = "reduce";
+  app.add_option("--grad-accum-dtype,--grad_accum_dtype", grad_accum_dtype,
+                 "with --accumulation: the dtype a window's gradients add up in where it is wider than the "
+                 "parameters' (ShardingSpec::accumulate_dtype, DeepSpeed's data_types.grad_accum_dtype): reduce "
+                 "(the reduction's, fp32 under bf16/fp16: the default), fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"reduce", "fp32", "bf16", "fp16"}));
   CLI11_PARSE(app, argc, argv);
   cfg.seq = seq;
   cfg.attention = examples::attention_from_string(attention);
@@ -481,6 +487,10 @@ int run_bench(int argc, char** argv) {
         spec->param_dtype = prec.param;
         spec->reduce_dtype = prec.reduce;
         spec->master_dtype = prec.master;
+        if (grad_accum_dtype != "reduce")
+          spec->accumulate_dtype = grad_accum_dtype == "fp32"   ? c10::kFloat
+                                   : grad_accum_dtype == "bf16" ? c10::kBFloat16
+                                                                : c10::kHalf;
         spec->fp8_all_gather = prec.fp8 && spec->shards_parameters() && fp8_recipe == "tensorwise";
         spec->activation_checkpointing = checkpoint;
         if (offload_optimizer == "cpu")
@@ -745,7 +755,7 @@ int run_bench(int argc, char** argv) {
       fmt::print(
           "{{\"strategy\": \"{}\", \"precision\": \"{}\", \"ranks\": {}, \"checkpoint\": {}, \"params\": {}, "
           "\"vocab\": {}, \"d_model\": {}, \"heads\": {}, \"layers\": {}, \"seq\": {}, \"batch\": {}, "
-          "\"accumulation\": {}, \"sync_each_batch\": {}, "
+          "\"accumulation\": {}, \"sync_each_batch\": {}, \"grad_accum_dtype\": \"{}\", "
           "\"step_ms\": {:.3f}, \"wait_ms\": {:.3f}, \"wait_share\": {:.3f}, \"peak_rss\": {:.0f}, \"rss_base\": "
           "{:.0f}, \"rss_built\": {:.0f}, \"counted_peak\": "
           "{:.0f}, "
@@ -759,7 +769,7 @@ int run_bench(int argc, char** argv) {
           "\"peak_tflops\": {}, \"mfu\": {}, \"device_busy_share\": {}, \"device_compute_share\": {}, "
           "\"scaled_mm_products_per_step\": {:g}}}\n",
           run.name, run.prec.name, n, checkpoint ? "true" : "false", psi, cfg.vocab, cfg.d, cfg.heads, cfg.layers, seq,
-          batch, accumulation, reduces_each(run) ? "true" : "false", step_ms, wait_ms,
+          batch, accumulation, reduces_each(run) ? "true" : "false", grad_accum_dtype, step_ms, wait_ms,
           step_ms > 0 ? wait_ms / step_ms : 0.0, rss, rss0, rss1, b_total, b_param, b_grad, b_opt, b_gath, b_act,
           b_other, device_name, cuda_peak, disk_bytes, disk_read, disk_written, moved, world->topology().num_nodes,
           world->topology().local_world_size, gemm, onednn_products,

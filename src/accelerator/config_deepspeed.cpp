@@ -295,10 +295,11 @@ void read_bf16(const json& obj, const std::string& file, const std::string& name
     cfg.spec.master_dtype = c10::ScalarType::BFloat16;
 }
 
-std::optional<c10::ScalarType> comm_dtype(const Block& top, const std::string& file) {
-  if (!top.has("communication_data_type")) return std::nullopt;
-  const json& v = top.value("communication_data_type");
-  const std::string path = top.path("communication_data_type");
+// A dtype key of block b: fp32, fp16 or bf16.
+std::optional<c10::ScalarType> dtype_key(const Block& b, const std::string& key, const std::string& file) {
+  if (!b.has(key)) return std::nullopt;
+  const json& v = b.value(key);
+  const std::string path = b.path(key);
   if (!v.is_string()) cd::fail_value(file, path, show_json(v), "a string: fp32, fp16 or bf16");
   std::string s = cd::lower(v.get<std::string>());
   if (s == "bfp16") s = "bf16";  // DeepSpeed's older spelling
@@ -427,7 +428,11 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
     if (lower(op) != "mean")
       fail_value(source, "gradient_allreduce_op", op, "\"mean\" (accel averages gradients; \"sum\" is not supported)");
   }
-  cfg.spec.reduce_dtype = comm_dtype(top, source);
+  cfg.spec.reduce_dtype = dtype_key(top, "communication_data_type", source);
+  if (top.has("data_types")) {
+    Block types(top.value("data_types"), source, top.path("data_types") + ".", deepspeed_keys("data_types"), cfg);
+    cfg.spec.accumulate_dtype = dtype_key(types, "grad_accum_dtype", source);
+  }
   if (top.has("aio")) {
     Block aio(top.value("aio"), source, top.path("aio") + ".", deepspeed_keys("aio"), cfg);
     auto& o = cfg.spec.offload.aio;

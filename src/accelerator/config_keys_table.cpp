@@ -344,8 +344,8 @@ const std::vector<Key>& all() {
        "DeepSpeedCPUAdam belongs to DeepSpeed's Python package; accel steps the optimizer passed to prepare()"},
       {D::DeepSpeed, "", "activation_checkpointing", "", T::Object, "", "",
        "Its presence makes every unit recompute its forward in backward (activation checkpointing)", nullptr},
-      {D::DeepSpeed, "", "data_types", "", T::Any, "", "", "dtypes, e.g. of gradient accumulation",
-       "accel accumulates gradients in the parameters' dtype"},
+      {D::DeepSpeed, "", "data_types", "", T::Object, "", "", "dtypes of training (the data_types block)",
+       nullptr},
       {D::DeepSpeed, "", "checkpoint", "", T::Any, "", "", "checkpoint options (tag validation, engine)",
        "DeepSpeed checkpoint-engine options; accel writes its own checkpoint format"},
       {D::DeepSpeed, "", "managed_gradient_accumulation", "", T::Any, "", "",
@@ -550,6 +550,13 @@ const std::vector<Key>& all() {
        "accel's autocast follows mixed_precision"},
       {D::DeepSpeed, "fp16", "fp16_master_weights_and_grads", "", T::Bool, "", "",
        "keep master weights and gradients in fp16", kMaster},
+
+      // ---- DeepSpeed JSON: data_types --------------------------------------------------------------
+      {D::DeepSpeed, "data_types", "grad_accum_dtype", "", T::Any, "the reduction's (fp32 under fp16/bf16)",
+       "fp32, fp16, bf16 (bfp16 is taken as bf16)",
+       "The dtype an accumulation window's gradients add up in where it is wider than the parameters' (fp16 or "
+       "bf16: in the parameters' own, half the memory of fp32 between micro-steps)",
+       nullptr},
 
       // ---- DeepSpeed JSON: bf16 --------------------------------------------------------------------
       {D::DeepSpeed, "bf16", "enabled", "", T::Bool, "false", "",

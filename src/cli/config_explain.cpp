@@ -234,10 +234,11 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
                                                                   zero::info(zero::Strategy::Zero3).label)));
       break;
   }
-  if (s.param_dtype || s.reduce_dtype || s.master_dtype)
+  if (s.param_dtype || s.reduce_dtype || s.master_dtype || s.accumulate_dtype)
     row("Dtypes",
-        fmt::format("parameters {}, gradient reduction {}, master {}", dtype_name(s.param_dtype, "as the model"),
-                    dtype_name(s.reduce_dtype, "as the parameters"), dtype_name(s.master_dtype, "as the model")));
+        fmt::format("parameters {}, gradient reduction {}, accumulation {}, master {}",
+                    dtype_name(s.param_dtype, "as the model"), dtype_name(s.reduce_dtype, "as the parameters"),
+                    dtype_name(s.accumulate_dtype, "as the reduction"), dtype_name(s.master_dtype, "as the model")));
 
   const std::int64_t acc = cfg.gradient_accumulation_steps;
   row("Accumulation", fmt::format("{} micro-step{} per optimizer step", acc, acc == 1 ? "" : "s"));

@@ -190,6 +190,7 @@ BytesPerParam bytes_per_param(Dtype dtype, OptimizerKind optimizer) {
       break;
   }
   b.moments = optimizer == OptimizerKind::Sgd ? 4 : 8;
+  b.sum = 4;
   return b;
 }
 
@@ -204,26 +205,33 @@ StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offl
   if (accumulation.steps <= 1) return c;
   const bool shards_grads = s == zero::Strategy::Zero2 || s == zero::Strategy::Zero3;
   std::string held;
+  const bool wider_sum = b.sum != b.grad;  // mixed precision: the sum in fp32 beside the gradient buffer
   if (!accumulation.sync_each_batch) {
     if (shards_grads) {
-      c.device_rep += b.grad;
+      c.device_rep += b.sum;
       held = fmt::format(
-          "with {} micro-steps that do not reduce (NoSync), every rank also holds its whole gradient ({:g}P) on "
-          "the device between them; --sync_each_batch reduces each micro-step instead.",
-          accumulation.steps, b.grad);
+          "with {} micro-steps that do not reduce (NoSync), every rank also holds its whole gradient summed so far "
+          "({:g}P{}) on the device between them; --sync_each_batch reduces each micro-step instead.",
+          accumulation.steps, b.sum, wider_sum ? ", in fp32" : "");
+    } else if (wider_sum) {
+      c.device_rep += b.sum;
+      held = fmt::format(
+          "with {} micro-steps that do not reduce (NoSync), the gradient summed so far ({:g}P, in fp32) is held "
+          "beside the gradient buffer each backward fills.",
+          accumulation.steps, b.sum);
     }
   } else if (s == zero::Strategy::NoShard) {
-    c.device_rep += b.grad;
+    c.device_rep += b.sum;
     held = fmt::format(
         "with {} micro-steps that each reduce (--sync_each_batch), the gradient summed so far ({:g}P) is held "
-        "beside each new one; micro-steps that do not reduce hold no more.",
-        accumulation.steps, b.grad);
+        "beside each new one; micro-steps that do not reduce hold {}.",
+        accumulation.steps, b.sum, wider_sum ? "as much" : "no more");
   } else if (!shards_grads) {  // ZeRO-1: its slice of the full buffer is reduced into again
-    c.device_shard += b.grad;
+    c.device_shard += b.sum;
     held = fmt::format(
         "with {} micro-steps that each reduce (--sync_each_batch), the shard summed so far ({:g}P/N) is held "
         "beside each new one.",
-        accumulation.steps, b.grad);
+        accumulation.steps, b.sum);
   } else {
     held = fmt::format(
         "with {} micro-steps that each reduce (--sync_each_batch), each reduced shard is added to the sum as its "

@@ -45,15 +45,20 @@
 //                       ZeRO-1/2 offload the optimizer only: their parameters are replicated.
 // DDP offloads nothing: offload needs ZeRO (as in DeepSpeed), so its row is the same in every mode.
 //
-// Gradient accumulation (--gradient_accumulation_steps K > 1), as accel's engine holds it:
+// Gradient accumulation (--gradient_accumulation_steps K > 1), as accel's engine holds it. A window's
+// gradients add up in the reduction's dtype, fp32 under fp16/bf16/fp8 (s = 4 bytes, as FSDP2 with an
+// fp32 reduce_dtype; DeepSpeed's data_types.grad_accum_dtype can keep them in bf16), and in the gradient
+// buffer itself under fp32 (s = g):
 //   micro-steps that do not reduce (NoSync, Accelerate's default): every rank keeps its whole,
-//     unsharded gradient on the device until the window's last backward reduces it. ZeRO-2 and ZeRO-3
-//     then hold g P more, replicated, beside what they shard or stream to the host. DDP and ZeRO-1
-//     hold the whole gradient anyway: no more.
+//     unsharded sum on the device until the window's last backward reduces it. ZeRO-2 and ZeRO-3
+//     then hold s P more, replicated, beside what they shard or stream to the host. DDP and ZeRO-1
+//     hold the whole gradient anyway: no more under fp32, and s P more under mixed precision (the sum
+//     beside the gradient buffer each backward fills).
 //   micro-steps that reduce (--sync_each_batch; DeepSpeed's way, and accel's default under a DeepSpeed
-//     ZeRO-2/3 config): the sum so far is held beside each new reduced gradient until the end of the
-//     backward adds them. That is g P more for DDP and g P / N for ZeRO-1/2/3. ZeRO-2/3 with the
-//     optimizer offloaded add on the host on the way, so they hold no more on the device.
+//     ZeRO-2/3 config): the sum so far (reduced, in the reduction's dtype) is held beside each new
+//     reduced gradient until the end of the backward adds them. That is s P more for DDP and s P / N
+//     for ZeRO-1. ZeRO-2/3 add each reduced shard to the sum as its bucket finishes (on the host under
+//     optimizer offload): they hold no more.
 // Measured, 19.33M-parameter GPT in fp32 (gP = 77.3 MB) at 2 private ranks: the gradients' peak rises
 // by 77.3 MB (DDP) and 38.6 MB (ZeRO-1) when reducing each micro-step, and by 49.7 MB (NoSync) and
 // 21.3 MB (reducing) for ZeRO-2/3. Their in-flight buffers shrink at the same time (in place,
@@ -128,6 +133,7 @@ struct BytesPerParam {
   double grad = 0;     // g: gradients
   double master = 0;   // fp32 master copy (0 under fp32: the parameters are the master)
   double moments = 0;  // S: the optimizer's own state, fp32
+  double sum = 0;      // s: a gradient summed over micro-steps, in the reduction's dtype (fp32)
   double optimizer() const { return master + moments; }  // the paper's K
   double total() const { return param + grad + optimizer(); }
 };

@@ -289,12 +289,20 @@ std::string format_estimate(const Estimate& e) {
         "Recommendation: none. Nothing fits in {} at N = {}, not even {} with "
         "full offload.",
         where, r.shard_over(), short_label(zero::Strategy::Zero3));
-    auto n = min_ranks_within_budgets(coefficients(zero::Strategy::Zero3, b, Offload::None), r);
+    auto n = min_ranks_within_budgets(coefficients(zero::Strategy::Zero3, b, Offload::None, r.accumulation), r);
     if (n)
       text +=
           r.has_copies()
               ? fmt::format(" {} without offload fits in shard groups of {}.", short_label(zero::Strategy::Zero3), *n)
               : fmt::format(" {} without offload fits from N = {} ranks.", short_label(zero::Strategy::Zero3), *n);
+    if (r.accumulation.steps > 1 && !r.accumulation.sync_each_batch) {  // (NoSync's replicated sum is in the way)
+      EstimateRequest each = r;
+      each.accumulation.sync_each_batch = true;
+      if (const Estimate alt = estimate_memory(each); alt.recommended)
+        text += fmt::format(" With each micro-step reducing (--sync_each_batch), {} fits: {} per device.",
+                            choice_label(alt.recommended->strategy, alt.recommended->offload),
+                            gb(alt.recommended->device_bytes));
+    }
     out += wrap(text, 100, "  ");
     return out;
   }

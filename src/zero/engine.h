@@ -92,9 +92,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
     std::size_t fired_count = 0, need = 0;
     bool grad_live = false;     // grad_full holds this accumulation window's gradients
     std::vector<char> touched;  // per parameter: its region of grad_full written in this window
-    // Where the reduce dtype is wider than the gradients (bf16/fp16 compute, fp32 reduction): the
-    // window's earlier backward passes summed in it (NoSync), grad_full holding only the current one's;
-    // the sync backward adds grad_full and reduces the sum (FSDP2 accumulates in reduce_dtype too).
+    // Where the accumulation dtype is wider than the gradients (bf16/fp16 compute, fp32 reduction):
+    // the window's earlier backward passes summed in it (NoSync), grad_full holding only the current
+    // one's; the sync backward adds grad_full and reduces the sum (FSDP2 accumulates in reduce_dtype).
     at::Tensor grad_sum;
     // DDP under such a reduction: .grad shows f.grad rounded into grad_full, so a backward that did not
     // settle it first (a plain loss.backward()) has it in its reduction already.
@@ -299,9 +299,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void mark_complete(std::size_t fi);
   // Hands flat fi's gradients of this window to the reducer (with grad_sum, where there is one).
   void mark_ready(std::size_t fi);
-  // The reduce dtype is wider than f's gradients: a window's backward passes are summed in it.
+  // The accumulation dtype (spec.accumulate_dtype, else the reduce dtype) is wider than f's gradients:
+  // a window's backward passes are summed in it.
+  c10::ScalarType sum_dtype() const;
   bool sums_wider(const Flat& f) const;
-  void add_to_grad_sum(Flat& f);     // grad_sum += grad_full (complete), in the reduce dtype
+  void add_to_grad_sum(Flat& f);     // grad_sum += grad_full (complete), in sum_dtype()
   void fold_into_grad_sum(Flat& f);  // ... and grad_full goes (NoSync): the next backward starts it afresh
   void forget_unit_calls();          // a forward/backward's unit ticks and ends
   void gather(std::size_t unit, bool async);

@@ -115,11 +115,13 @@ void Engine::mark_ready(std::size_t fi) {
   hold_for_host();
 }
 
+c10::ScalarType Engine::sum_dtype() const { return spec_.accumulate_dtype.value_or(reducer_->reduce_dtype()); }
+
 bool Engine::sums_wider(const Flat& f) const {
   const std::size_t fi = static_cast<std::size_t>(&f - flats_.data());
   if (!reducer_ || reducer_index_[fi] == npos) return false;
-  const c10::ScalarType r = reducer_->reduce_dtype(), g = f.flat_param->full().scalar_type();
-  return r != g && c10::promoteTypes(r, g) == r;
+  const c10::ScalarType s = sum_dtype(), g = f.flat_param->full().scalar_type();
+  return s != g && c10::promoteTypes(s, g) == s;
 }
 
 void Engine::fold_into_grad_sum(Flat& f) {
@@ -135,7 +137,7 @@ void Engine::add_to_grad_sum(Flat& f) {
   if (f.grad_sum.defined())
     f.grad_sum.add_(g);
   else
-    f.grad_sum = g.to(reducer_->reduce_dtype());
+    f.grad_sum = g.to(sum_dtype());
 }
 
 void Engine::forget_unit_calls() {

@@ -154,10 +154,10 @@ void GradReducer::mark_ready(std::size_t i, at::Tensor sum) {
   if (marked_.at(i)) return;
   marked_[i] = 1;
   if (sum.defined()) {
-    ACCEL_CHECK(sum.numel() == flats_[i]->layout().padded() && sum.is_contiguous() && sum.scalar_type() == dtype_ &&
-                    !buckets_[bucket_of_[i]].buffer.defined(),
-                "GradReducer: the sum of {} must be a contiguous {} tensor of {} elements, outside a fused bucket",
-                flats_[i]->name(), c10::toString(dtype_), flats_[i]->layout().padded());
+    ACCEL_CHECK(
+        sum.numel() == flats_[i]->layout().padded() && sum.is_contiguous() && !buckets_[bucket_of_[i]].buffer.defined(),
+        "GradReducer: the sum of {} must be a contiguous tensor of {} elements, outside a fused bucket",
+        flats_[i]->name(), flats_[i]->layout().padded());
     sums_[i] = std::move(sum);
   }
   buckets_[bucket_of_[i]].ready++;

@@ -53,11 +53,12 @@ class GradReducer {
               std::int64_t bucket_bytes, int in_flight, bool node_shared_grads = false);
 
   // Flat i (index into flats) has all its gradients in grad_full(), or in `sum`: launch what is
-  // launchable. sum: the flat's whole gradient in the reduce dtype where it is not grad_full() (a window
-  // of micro-steps summed wider than the gradients, in fp32 under bf16/fp16 compute); it is reduced
-  // instead, as grad_full() would be, and held until its bucket's reduction needs it no more. The
-  // parameters' .grad (AllReduce) then show the average copied back into grad_full(). (Not for flats of
-  // a fused all-reduce bucket: their gradients are in the reduce dtype already.)
+  // launchable. sum: the flat's whole gradient where it is not grad_full() (a window of micro-steps
+  // summed wider than the gradients, in fp32 under bf16/fp16 compute); it is reduced instead, as
+  // grad_full() would be (cast to the reduce dtype where that differs), and held until its bucket's
+  // reduction needs it no more. The parameters' .grad (AllReduce) then show the average copied back
+  // into grad_full(). (Not for flats of a fused all-reduce bucket: their gradients are in the reduce
+  // dtype already.)
   void mark_ready(std::size_t i, at::Tensor sum = {});
   c10::ScalarType reduce_dtype() const { return dtype_; }
   // A free node-shared buffer for flat i's full gradient (FlatParam::alloc_grad(in)), or undefined:

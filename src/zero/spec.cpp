@@ -121,7 +121,7 @@ void ShardingSpec::validate() const {
         fmt::format("shard groups other than the strategy's own need a strategy that shards gradients (ZeRO-2, "
                     "ZeRO-3, SHARD_GRAD_OP, FULL_SHARD or HYBRID_SHARD); the strategy is {}",
                     zero::to_string(strategy)));
-  for (auto dt : {param_dtype, reduce_dtype, master_dtype})
+  for (auto dt : {param_dtype, reduce_dtype, master_dtype, accumulate_dtype})
     if (dt && !c10::isFloatingType(*dt))
       throw accel::InvalidArgumentError(
           fmt::format("ShardingSpec dtypes must be floating point, got {}", c10::toString(*dt)));

@@ -11,7 +11,9 @@
 // ZeRO-1 reduce-scatters rather than all-reduces: it only needs its own slice of the reduced
 // gradient, and that is what keeps its traffic at DDP's 2Ψ (ZeRO paper, Table 1).
 // Dtypes: parameters are computed (and gathered) in param_dtype, gradients reduced in reduce_dtype,
-// the optimizer steps master_dtype shards. Unset dtypes follow the model's parameters.
+// the optimizer steps master_dtype shards. Unset dtypes follow the model's parameters. The backward
+// passes of an accumulation window add up in accumulate_dtype where it is wider than the gradients
+// (unset: reduce_dtype, as FSDP2; so fp32 under bf16/fp16 compute with fp32 reductions).
 #pragma once
 
 #include "offload/async_file.h"
@@ -101,6 +103,7 @@ struct ShardingSpec {
   std::int64_t align_elements = 1;
   WrapPolicy wrap;
   std::optional<c10::ScalarType> param_dtype, reduce_dtype, master_dtype;
+  std::optional<c10::ScalarType> accumulate_dtype;  // DeepSpeed data_types.grad_accum_dtype
   // ZeRO-3 / FULL_SHARD: sharded units travel as e4m3 bytes (1 per element) with one scale per
   // parameter, agreed across the shard group after each step (one all-reduce of amaxes for all
   // units), and are dequantized into param_dtype on arrival. Half the gather bytes of bf16.

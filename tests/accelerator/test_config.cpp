@@ -394,16 +394,18 @@ std::string decisions(const AcceleratorConfig& c) {
              "{}/{} "
              "align {} "
              "wrap {} "
-             "dtypes {}/{}/{} fp8ag {} | offload {}/{} state {} fsdp_v {} save16 {} dsfile '{}' | scaler {} {} {} {} "
+             "dtypes {}/{}/{}/{} fp8ag {} | offload {}/{} state {} fsdp_v {} save16 {} dsfile '{}' | scaler {} {} {} "
+             "{} "
              "{} {} | fp8 {}",
              to_string(c.distributed_type), to_string(c.mixed_precision), opt(c.num_processes), opt(c.num_machines),
              c.max_restarts, c.use_cpu, c.gradient_accumulation_steps, opt(c.batch.train_batch_size),
              opt(c.batch.micro_batch_per_gpu), opt(c.batch.gradient_accumulation_steps), opt(c.gradient_clipping),
              s.to_string(), s.forward_prefetch, s.backward_prefetch, s.align_elements, wrap, dt(s.param_dtype),
-             dt(s.reduce_dtype), dt(s.master_dtype), s.fp8_all_gather, c.offload_optimizer_device,
-             c.offload_param_device, to_string(c.state_dict_type), c.fsdp_version, c.zero3_save_16bit_model,
-             c.deepspeed_config_file, l.loss_scale, l.initial_scale_power, l.loss_scale_window, l.hysteresis,
-             l.consecutive_hysteresis, l.min_loss_scale, c.fp8.enable_fsdp_float8_all_gather) +
+             dt(s.reduce_dtype), dt(s.master_dtype), dt(s.accumulate_dtype), s.fp8_all_gather,
+             c.offload_optimizer_device, c.offload_param_device, to_string(c.state_dict_type), c.fsdp_version,
+             c.zero3_save_16bit_model, c.deepspeed_config_file, l.loss_scale, l.initial_scale_power,
+             l.loss_scale_window, l.hysteresis, l.consecutive_hysteresis, l.min_loss_scale,
+             c.fp8.enable_fsdp_float8_all_gather) +
          " recipe " + c.fp8.recipe + " format " + c.fp8.fp8_format +
          fmt::format(" groups {} of '{}' dp {}", s.shard_group_size, c.mics_shard_size.value_or(0),
                      c.parallelism ? c.parallelism->processes() : 0) +
@@ -586,6 +588,8 @@ const std::map<std::string, KeyCase>& json_cases() {
       {"bf16", {R"({"enabled": true})"}},
       {"zero_optimization", {R"({"stage": 2})"}},
       {"communication_data_type", {R"("fp16")"}},
+      {"data_types", {R"({"grad_accum_dtype": "bf16"})"}},
+      {"data_types.grad_accum_dtype", {R"("bf16")"}},
       {"gradient_allreduce_op", {R"("sum")", "", "\"mean\" (accel averages gradients; \"sum\" is not supported)"}},
       {"amp", {R"({"enabled": true})", "", "NVIDIA Apex AMP is Python only"}},
       {"zero_optimization.stage", {"1"}},
@@ -648,6 +652,7 @@ TEST(ConfigKeys, EveryDeepSpeedKeyIsActedOnOrIgnoredWithItsReason) {
       {"bf16", json::parse(R"({"bf16": {"enabled": true}})")},
       {"activation_checkpointing", json::parse(R"({"activation_checkpointing": {}})")},
       {"aio", json::parse(R"({"aio": {}})")},
+      {"data_types", json::parse(R"({"data_types": {}})")},
       {"tensorboard", json::parse(R"({"tensorboard": {}})")},
       {"csv_monitor", json::parse(R"({"csv_monitor": {}})")},
   };

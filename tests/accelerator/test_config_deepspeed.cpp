@@ -83,11 +83,11 @@ TEST(ConfigJson, PythonOnlyTopLevelKeysAreIgnored) {
   const auto c = ds(R"({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
     "scheduler": {"type": "WarmupLR"}, "steps_per_print": 10, "wall_clock_breakdown": false,
     "zero_allow_untested_optimizer": true, "tensorboard": {"enabled": false},
-    "prescale_gradients": false, "data_types": {"grad_accum_dtype": "fp32"}, "checkpoint": {}})");
+    "prescale_gradients": false, "checkpoint": {}})");
   EXPECT_FALSE(ignored(c, "optimizer"));  // (create_optimizer / create_scheduler build them)
   EXPECT_FALSE(ignored(c, "scheduler"));
   for (const char* k : {"steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "tensorboard",
-                        "prescale_gradients", "data_types", "checkpoint"})
+                        "prescale_gradients", "checkpoint"})
     EXPECT_TRUE(ignored(c, k)) << k;
 }
 
@@ -311,6 +311,17 @@ TEST(ConfigJson, CommunicationDataTypeAndClipping) {
   EXPECT_FALSE(ds("{}").spec.reduce_dtype.has_value());
   EXPECT_HAS(ds_error(R"({"communication_data_type": "int8"})"),
              "ds.json: communication_data_type is 'int8'; allowed values: fp32, fp16, bf16");
+  // The accumulation dtype (data_types.grad_accum_dtype): unset, the reduction's.
+  EXPECT_EQ(ds(R"({"data_types": {"grad_accum_dtype": "bf16"}})").spec.accumulate_dtype, c10::ScalarType::BFloat16);
+  EXPECT_EQ(ds(R"({"data_types": {"grad_accum_dtype": "FP32"}})").spec.accumulate_dtype, c10::ScalarType::Float);
+  EXPECT_FALSE(ds(R"({"data_types": {}})").spec.accumulate_dtype.has_value());
+  EXPECT_FALSE(ds(R"({"data_types": {"grad_accum_dtype": null}})").spec.accumulate_dtype.has_value());
+  EXPECT_FALSE(ignored(ds(R"({"data_types": {"grad_accum_dtype": "fp32"}})"), "data_types"));
+  EXPECT_HAS(ds_error(R"({"data_types": {"grad_accum_dtype": "int8"}})"),
+             "ds.json: data_types.grad_accum_dtype is 'int8'; allowed values: fp32, fp16, bf16");
+  EXPECT_HAS(ds_error(R"({"data_types": {"grad_acum_dtype": "fp32"}})"),
+             "unknown key 'data_types.grad_acum_dtype'; did you mean 'grad_accum_dtype'?");
+  EXPECT_HAS(ds_error(R"({"data_types": "fp32"})"), "ds.json: data_types is 'fp32', expected an object");
   EXPECT_EQ(ds(R"({"gradient_clipping": 0.5})").gradient_clipping, std::optional<double>(0.5));
   EXPECT_FALSE(ds(R"({"gradient_clipping": "auto"})").gradient_clipping.has_value());
   EXPECT_HAS(ds_error(R"({"gradient_clipping": -1})"), "ds.json: gradient_clipping is '-1', expected a number >= 0");

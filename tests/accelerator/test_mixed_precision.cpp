@@ -815,6 +815,49 @@ TEST(MixedPrecision, Bf16AccumulationAddsInFp32) {
   }
 }
 
+// DeepSpeed's data_types.grad_accum_dtype "bf16" keeps the window in the parameters' dtype (half the
+// memory between micro-steps): at one rank, where the reduction is the rank's own gradient, the window
+// is each micro-batch's bf16 gradient added in bf16, one after the other, exactly; at more ranks it
+// differs from the fp32 sum by bf16 rounding.
+TEST(MixedPrecision, Bf16AccumulationInBf16WhenAskedFor) {
+  const std::int64_t K = 4;
+  const std::vector<int> batches = {0, 1, 2, 3};
+  for (int stage : {1, 3}) {
+    SCOPED_TRACE("ZeRO-" + std::to_string(stage));
+    const std::string base = R"({"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": true},
+        "zero_optimization": {"stage": )" +
+                             std::to_string(stage) + "}";
+    const Case fp32{"acc_ds_fp32_" + std::to_string(stage) + ".json", base + "}"};
+    const Case bf16{"acc_ds_bf16_" + std::to_string(stage) + ".json",
+                    base + R"(, "data_types": {"grad_accum_dtype": "bf16"}})"};
+    std::vector<at::Tensor> in_bf16, in_fp32;  // each micro-batch's gradients added in bf16 / fp32
+    for (int k : batches) {
+      auto g = grads_after(fp32, {k}, 1);
+      if (in_bf16.empty()) {
+        in_bf16 = g;
+        in_fp32 = g;
+        continue;
+      }
+      for (std::size_t i = 0; i < g.size(); ++i)
+        if (g[i].defined()) {
+          in_bf16[i] = (in_bf16[i] + g[i]).to(at::kBFloat16).to(at::kDouble);
+          in_fp32[i] = in_fp32[i] + g[i];
+        }
+    }
+    auto got = grads_after(bf16, batches, K, /*sync_each_batch=*/false);
+    double off_fp32 = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].defined(), in_bf16[i].defined()) << i;
+      if (!got[i].defined()) continue;
+      if (world()->size() == 1) EXPECT_EQ(rel_err(got[i] * K, in_bf16[i]), 0) << "flat " << i;
+      off_fp32 = std::max(off_fp32, rel_err(got[i] * K, in_fp32[i]));
+    }
+    at::Tensor t = at::full({1}, off_fp32, at::kDouble);
+    world()->all_reduce(t, {comm::ReduceOp::Max});
+    EXPECT_GT(t.item<double>(), 1e-4) << "the window was added in fp32, not in bf16";
+  }
+}
+
 // Two sync backwards before a step add their reduced gradients, under bf16 compute as in fp32 (DDP
 // once added the first average twice: 0.54 off at 2 ranks; the sum was in bf16 at one rank).
 TEST(MixedPrecision, Bf16TwoSyncBackwardsAdd) {

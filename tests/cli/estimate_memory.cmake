@@ -19,13 +19,15 @@ add_test(NAME cli_estimate_memory_offload
          COMMAND ${_em_expect} pass "ZeRO-2 \\(SHARD_GRAD_OP\\) +15\\.0 +1\\.9 +2P +16P/N"
                  -- ${ACCEL_CLI} estimate-memory --params 7.5e9 --num_processes 64 --offload optimizer --dtype fp16 --optimizer adam)
 
-# The budget example with 4 micro-steps a step. Not reducing (NoSync), ZeRO-2 also holds the whole 2-byte
-# gradient: 4P + 14P/N = 31.6 GB, over 24 GB, so ZeRO-3 (2P + 16P/N = 16.9 GB) is recommended. Reducing
-# each micro-step (--sync_each_batch), ZeRO-2 adds each reduced shard to the sum as its bucket
-# finishes and holds what it does without accumulation, 2P + 14P/N = 16.6 GB: recommended again.
+# The budget example with 4 micro-steps a step. Not reducing (NoSync), every rank also holds the
+# window's whole sum in fp32: ZeRO-2 6P + 14P/N = 46.6 GB, ZeRO-3 4P + 16P/N = 31.9 GB, both over 24 GB,
+# and no offload moves that sum: nothing fits, and the recommendation names what does with each
+# micro-step reducing. Reducing (--sync_each_batch), ZeRO-2 adds each reduced shard to the sum as its
+# bucket finishes and holds what it does without accumulation, 2P + 14P/N = 16.6 GB: recommended.
 add_test(NAME cli_estimate_memory_accumulation
-         COMMAND ${_em_expect} pass "accumulate 4 micro-steps a step, not reducing" "ZeRO-2 \\(SHARD_GRAD_OP\\) \\* +31\\.6 .*no"
-                 "Recommendation: ZeRO-3 \\(FULL_SHARD\\), 16\\.9 GB"
+         COMMAND ${_em_expect} pass "accumulate 4 micro-steps a step, not reducing" "ZeRO-2 \\(SHARD_GRAD_OP\\) \\* +46\\.6 .*no"
+                 "ZeRO-3 \\(FULL_SHARD\\) \\* +31\\.9 .*no" "Recommendation: none"
+                 "With each micro-step reducing \\(--sync_each_batch\\), ZeRO-2 \\(SHARD_GRAD_OP\\) fits: 16\\.6 GB"
                  -- ${ACCEL_CLI} estimate-memory --params 7.5B --num_processes 64 --budget 24GB --gradient_accumulation_steps 4)
 add_test(NAME cli_estimate_memory_accumulation_sync_each_batch
          COMMAND ${_em_expect} pass "ZeRO-2 \\(SHARD_GRAD_OP\\) \\* +16\\.6 .*yes" "Recommendation: ZeRO-2"

@@ -128,22 +128,25 @@ TEST(EstimateMemory, OffloadOptimizerAndParams) {
   EXPECT_DOUBLE_EQ(estimate_memory(r).rows[3].cpu_bytes, 14 * kP / kN);
 }
 
-// Gradient accumulation, K = 4, mixed-precision AdamW (g = 2 bytes), the paper's P and N.
+// Gradient accumulation, K = 4, mixed-precision AdamW (g = 2 bytes, the window's sum s = 4 in fp32),
+// the paper's P and N.
 TEST(EstimateMemory, AccumulationAddsWhatTheMicroStepsHold) {
   EstimateRequest r = em_request(kP, kN);
   r.accumulation.steps = 4;
-  // NoSync: ZeRO-2/3 hold the whole gradient, 2P, beside their shards; DDP and ZeRO-1 hold it anyway.
+  // NoSync: ZeRO-2/3 hold the whole sum, 4P, beside their shards; DDP and ZeRO-1 hold it beside the
+  // gradient buffer.
   Estimate e = estimate_memory(r);
-  expect_device(e, 16 * kP, 4 * kP + 12 * kP / kN, 4 * kP + 14 * kP / kN, 2 * kP + 16 * kP / kN);
-  EXPECT_TRUE(e.rows[0].coef.note.empty());
-  EXPECT_TRUE(e.rows[1].coef.note.empty());
+  expect_device(e, 20 * kP, 8 * kP + 12 * kP / kN, 6 * kP + 14 * kP / kN, 4 * kP + 16 * kP / kN);
+  EXPECT_NE(e.rows[0].coef.note.find("beside the gradient buffer"), std::string::npos);
+  EXPECT_EQ(e.rows[1].coef.note, e.rows[0].coef.note);
   EXPECT_NE(e.rows[2].coef.note.find("NoSync"), std::string::npos);
+  EXPECT_NE(e.rows[2].coef.note.find("in fp32"), std::string::npos);
   EXPECT_EQ(e.rows[3].coef.note, e.rows[2].coef.note);
-  // Each micro-step reducing: the sum so far beside each new gradient, 2P for DDP, 2P/N for ZeRO-1;
+  // Each micro-step reducing: the sum so far beside each new gradient, 4P for DDP, 4P/N for ZeRO-1;
   // ZeRO-2/3 add each reduced shard to the sum as its bucket finishes, and hold no more.
   r.accumulation.sync_each_batch = true;
   e = estimate_memory(r);
-  expect_device(e, 18 * kP, 4 * kP + 14 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
+  expect_device(e, 20 * kP, 4 * kP + 16 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
   for (const auto& row : e.rows) EXPECT_NE(row.coef.note.find("--sync_each_batch"), std::string::npos);
   EXPECT_NE(e.rows[2].coef.note.find("nothing more"), std::string::npos);
   // One micro-step a step: no accumulation, whichever way it would reduce.
@@ -162,17 +165,17 @@ TEST(EstimateMemory, AccumulationAddsWhatTheMicroStepsHold) {
 TEST(EstimateMemory, AccumulationUnderOptimizerOffload) {
   // ZeRO-2/3 with the optimizer on the host add each reducing micro-step there, on the way: the device
   // holds no more (ZeRO-2 2P, ZeRO-3 2P/N as without accumulation). ZeRO-1's shard stays on the device.
-  // NoSync holds the whole gradient on the device all the same: 2P more for ZeRO-2/3.
+  // NoSync holds the whole sum on the device all the same: 4P more (fp32) for every strategy.
   EstimateRequest r = em_request(kP, kN);
   r.offload = Offload::Optimizer;
   r.accumulation.steps = 2;
   r.accumulation.sync_each_batch = true;
   Estimate e = estimate_memory(r);
-  expect_device(e, 18 * kP, 4 * kP + 2 * kP / kN, 2 * kP, 2 * kP / kN);
+  expect_device(e, 20 * kP, 4 * kP + 4 * kP / kN, 2 * kP, 2 * kP / kN);
   for (int i = 1; i < 4; ++i) EXPECT_DOUBLE_EQ(e.rows[i].cpu_bytes, 16 * kP / kN);
   r.accumulation.sync_each_batch = false;
   e = estimate_memory(r);
-  expect_device(e, 16 * kP, 4 * kP, 4 * kP, 2 * kP + 2 * kP / kN);
+  expect_device(e, 20 * kP, 8 * kP, 6 * kP, 4 * kP + 2 * kP / kN);
   // The GPT estimate's states take the same terms: ZeRO-3 in fp32 at 2 ranks, NoSync: 4P + 16P/2.
   const GptShape s{.d_model = 256, .layers = 2, .heads = 4, .seq = 32};
   const double P = gpt_params(s);
