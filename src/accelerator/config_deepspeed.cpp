@@ -295,14 +295,21 @@ void read_bf16(const json& obj, const std::string& file, const std::string& name
     cfg.spec.master_dtype = c10::ScalarType::BFloat16;
 }
 
-// A dtype key of block b: fp32, fp16 or bf16.
-std::optional<c10::ScalarType> dtype_key(const Block& b, const std::string& key, const std::string& file) {
+// A dtype key of block b: fp32, fp16 or bf16. torch_names: also the other names DeepSpeed's DtypeEnum
+// takes (float32, float, torch.float32; float16, half, torch.float16; bfloat16, torch.bfloat16).
+std::optional<c10::ScalarType> dtype_key(const Block& b, const std::string& key, const std::string& file,
+                                         bool torch_names = false) {
   if (!b.has(key)) return std::nullopt;
   const json& v = b.value(key);
   const std::string path = b.path(key);
   if (!v.is_string()) cd::fail_value(file, path, show_json(v), "a string: fp32, fp16 or bf16");
   std::string s = cd::lower(v.get<std::string>());
   if (s == "bfp16") s = "bf16";  // DeepSpeed's older spelling
+  if (torch_names) {
+    if (s == "float32" || s == "float" || s == "torch.float32") s = "fp32";
+    if (s == "float16" || s == "half" || s == "torch.float16") s = "fp16";
+    if (s == "bfloat16" || s == "torch.bfloat16") s = "bf16";
+  }
   s = cd::match_enum(file, path, s, {"fp32", "fp16", "bf16"});
   if (s == "fp16") return c10::ScalarType::Half;
   if (s == "bf16") return c10::ScalarType::BFloat16;
@@ -431,7 +438,7 @@ DeepSpeedJson read_deepspeed_json(const std::string& text, const std::string& so
   cfg.spec.reduce_dtype = dtype_key(top, "communication_data_type", source);
   if (top.has("data_types")) {
     Block types(top.value("data_types"), source, top.path("data_types") + ".", deepspeed_keys("data_types"), cfg);
-    cfg.spec.accumulate_dtype = dtype_key(types, "grad_accum_dtype", source);
+    cfg.spec.accumulate_dtype = dtype_key(types, "grad_accum_dtype", source, /*torch_names=*/true);
   }
   if (top.has("aio")) {
     Block aio(top.value("aio"), source, top.path("aio") + ".", deepspeed_keys("aio"), cfg);

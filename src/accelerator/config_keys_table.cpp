@@ -344,8 +344,8 @@ const std::vector<Key>& all() {
        "DeepSpeedCPUAdam belongs to DeepSpeed's Python package; accel steps the optimizer passed to prepare()"},
       {D::DeepSpeed, "", "activation_checkpointing", "", T::Object, "", "",
        "Its presence makes every unit recompute its forward in backward (activation checkpointing)", nullptr},
-      {D::DeepSpeed, "", "data_types", "", T::Object, "", "", "dtypes of training (the data_types block)",
-       nullptr},
+      {D::DeepSpeed, "", "data_types", "", T::Object, "", "",
+       "The dtype gradient accumulation adds up in (the data_types block)", nullptr},
       {D::DeepSpeed, "", "checkpoint", "", T::Any, "", "", "checkpoint options (tag validation, engine)",
        "DeepSpeed checkpoint-engine options; accel writes its own checkpoint format"},
       {D::DeepSpeed, "", "managed_gradient_accumulation", "", T::Any, "", "",
@@ -552,10 +552,12 @@ const std::vector<Key>& all() {
        "keep master weights and gradients in fp16", kMaster},
 
       // ---- DeepSpeed JSON: data_types --------------------------------------------------------------
-      {D::DeepSpeed, "data_types", "grad_accum_dtype", "", T::Any, "the reduction's (fp32 under fp16/bf16)",
-       "fp32, fp16, bf16 (bfp16 is taken as bf16)",
-       "The dtype an accumulation window's gradients add up in where it is wider than the parameters' (fp16 or "
-       "bf16: in the parameters' own, half the memory of fp32 between micro-steps)",
+      {D::DeepSpeed, "data_types", "grad_accum_dtype", "", T::Any,
+       "the reduction's (fp32 under fp16/bf16; DeepSpeed's is the parameters')",
+       "fp32, fp16, bf16 (and DeepSpeed's other names: float32, half, bfloat16, ...)",
+       "The dtype an accumulation window's gradients add up in. Under bf16/fp16 compute: fp32, or the compute "
+       "dtype itself (half the memory between micro-steps); the other 16-bit dtype is refused. Without mixed "
+       "precision the gradients add up in their own dtype",
        nullptr},
 
       // ---- DeepSpeed JSON: bf16 --------------------------------------------------------------------

@@ -205,7 +205,7 @@ StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offl
   if (accumulation.steps <= 1) return c;
   const bool shards_grads = s == zero::Strategy::Zero2 || s == zero::Strategy::Zero3;
   std::string held;
-  const bool wider_sum = b.sum != b.grad;  // mixed precision: the sum in fp32 beside the gradient buffer
+  const bool wider_sum = b.sum != b.grad;  // mixed precision: the window sums in fp32, not in the buffer
   if (!accumulation.sync_each_batch) {
     if (shards_grads) {
       c.device_rep += b.sum;
@@ -213,19 +213,19 @@ StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offl
           "with {} micro-steps that do not reduce (NoSync), every rank also holds its whole gradient summed so far "
           "({:g}P{}) on the device between them; --sync_each_batch reduces each micro-step instead.",
           accumulation.steps, b.sum, wider_sum ? ", in fp32" : "");
-    } else if (wider_sum) {
-      c.device_rep += b.sum;
+    } else if (wider_sum) {  // (each flat's part of the buffer goes once it is added to the sum)
+      c.device_rep += b.sum - b.grad;
       held = fmt::format(
-          "with {} micro-steps that do not reduce (NoSync), the gradient summed so far ({:g}P, in fp32) is held "
-          "beside the gradient buffer each backward fills.",
-          accumulation.steps, b.sum);
+          "with {} micro-steps that do not reduce (NoSync), the gradient summed so far is held in fp32 ({:g}P "
+          "more than the {:g}P gradient buffer, which each flat lets go of once it is added).",
+          accumulation.steps, b.sum - b.grad, b.grad);
     }
   } else if (s == zero::Strategy::NoShard) {
     c.device_rep += b.sum;
     held = fmt::format(
         "with {} micro-steps that each reduce (--sync_each_batch), the gradient summed so far ({:g}P) is held "
         "beside each new one; micro-steps that do not reduce hold {}.",
-        accumulation.steps, b.sum, wider_sum ? "as much" : "no more");
+        accumulation.steps, b.sum, wider_sum ? fmt::format("{:g}P", b.sum - b.grad) : std::string("no more"));
   } else if (!shards_grads) {  // ZeRO-1: its slice of the full buffer is reduced into again
     c.device_shard += b.sum;
     held = fmt::format(

@@ -238,6 +238,7 @@ void FlatParam::bind_grad(const at::Tensor& buffer) {
     throw accel::InvalidArgumentError(
         fmt::format("FlatParam {}: bind_grad needs a contiguous buffer of {} elements", name_, layout_.padded()));
   grad_full_ = buffer;
+  grad_bound_ = true;
   for (std::size_t i = 0; i < params_.size(); ++i)
     grad_views_.push_back(grad_full_.narrow(0, layout_.offset(i), params_[i].numel()).view(params_[i].sizes()));
   zero_grad_padding();
@@ -278,7 +279,7 @@ void FlatParam::zero_grad_padding() {
 
 void FlatParam::free_grad() {
   detach_grads();
-  if (storage_allocated(grad_full_)) free_storage(grad_full_);
+  if (!grad_bound_ && storage_allocated(grad_full_)) free_storage(grad_full_);
 }
 
 bool FlatParam::grad_is_view(std::size_t i) const {

@@ -97,15 +97,17 @@ class FlatParam {
   const at::Tensor& grad_full() const { return grad_full_; }
   bool grad_allocated() const;
   // Makes grad_full() this view of a caller's buffer (e.g. a fused reduction bucket, so the bucket
-  // needs no staging copy). Before any gradient exists; free_grad() must not be used afterwards.
+  // needs no staging copy). Before any gradient exists; free_grad() then only detaches (the buffer is
+  // the caller's).
   void bind_grad(const at::Tensor& buffer);
+  bool grad_bound() const { return grad_bound_; }
   // Allocates grad_full() (no-op if allocated). Only the padding is zeroed: each parameter's region
   // is the caller's to fill (take_grad without accumulate, or zero_grad_of). With `in` (a contiguous
   // tensor of at least padded() elements in grad_full's dtype and device), grad_full's storage is
   // in's memory until free_grad(): its data pointer holds a reference to `in`, so in's storage stays
   // referenced exactly as long as this window (a gradient buffer handed out from a pool, e.g.).
   void alloc_grad(const at::Tensor& in = at::Tensor());
-  // Detaches the parameters' .grad and returns grad_full()'s storage.
+  // Detaches the parameters' .grad and returns grad_full()'s storage (not a bound one's).
   void free_grad();
   // Moves params[i].grad into its view of grad_full() (copy, or add when `accumulate`), and points
   // .grad at the view. No-op if .grad already is the view or is undefined.
@@ -127,6 +129,7 @@ class FlatParam {
   ShardLayout layout_;
   bool requires_grad_ = false;
   bool node_shared_ = false;
+  bool grad_bound_ = false;  // bind_grad
   // Node-shared: this rank's shard counted as its parameters, the whole buffer as the node's.
   std::shared_ptr<memory::ExternalCharge> shared_charge_;
   at::Tensor full_, shard_, grad_full_;

@@ -392,7 +392,7 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
         CategoryScope cat(Category::Gradients);
         f.grad.add_(g);
         f.added_on_the_way = true;
-        // (A group of one reduces nothing: g is the flat's full gradient, kept for the next window.)
+        // (A group of one reduces nothing: g may be the flat's full gradient, kept for the next window.)
         taken = !g.is_alias_of(f.flat_param->grad_full());
       } else if (host) {
         grad_to_host(f, g);

@@ -55,9 +55,9 @@ void Engine::on_grad_accumulated(std::size_t fi, std::size_t i) {
   if (++f.fired_count < f.need) return;
   f.ready = true;
   // Every use of the flat's parameters is behind us: reduce (under sharded parameters only at the
-  // unit's end of backward, see end_units_started_after), or add to the window's wider sum and let go
-  // of the gradient buffer, and free the gathered parameters. (A gradient that still came would open
-  // the buffer again, and be added at the end of backward.)
+  // unit's end of backward, see end_units_started_after), or (NoSync) add to the window's wider sum and
+  // let go of the gradient buffer, and free the gathered parameters. (Under NoSync a gradient that still
+  // came would open the buffer again, and be added at the end of backward.)
   if (sync_ && reducer_index_[fi] != npos && !plan_.params_sharded) mark_ready(fi);
   if (!sync_ && sums_wider(f)) fold_into_grad_sum(f);
   if (unit_sharded(static_cast<std::size_t>(f.unit))) {
@@ -106,11 +106,30 @@ void Engine::mark_complete(std::size_t fi) {
 
 void Engine::mark_ready(std::size_t fi) {
   Flat& f = flats_[fi];
-  if (f.grad_sum.defined()) {
-    add_to_grad_sum(f);
-    reducer_->mark_ready(reducer_index_[fi], std::exchange(f.grad_sum, at::Tensor()));
-  } else {
+  if (!f.grad_sum.defined()) {
     reducer_->mark_ready(reducer_index_[fi]);
+    hold_for_host();
+    return;
+  }
+  add_to_grad_sum(f);
+  at::Tensor sum = std::exchange(f.grad_sum, at::Tensor());
+  // The placeholder master.grad shares the sum's memory: it goes, so that the sum goes as soon as the
+  // reduction needs it no more (the reduced gradient replaces it).
+  if (f.master_grad_set && f.master.grad().defined() && f.master.grad().is_alias_of(sum)) {
+    f.master.mutable_grad() = at::Tensor();
+    f.master_grad_set = false;
+  }
+  const c10::ScalarType r = reducer_->reduce_dtype(), g = f.flat_param->full().scalar_type();
+  if (r == g) {
+    // Reduced in the gradients' own dtype (DeepSpeed's communication_data_type): the sum, rounded once,
+    // goes back into the buffer, which is reduced as without a sum (a fused bucket's included).
+    f.flat_param->grad_full().copy_(sum);
+    reducer_->mark_ready(reducer_index_[fi]);
+  } else {
+    reducer_->mark_ready(reducer_index_[fi], sum.scalar_type() == r ? sum : sum.to(r));
+    // The reduction reads the sum: the gradient buffer can go now, except under DDP, whose .grad show
+    // the average copied back into it.
+    if (plan_.reduce_mode != GradReducer::Mode::AllReduce) f.flat_param->free_grad();
   }
   hold_for_host();
 }
@@ -412,7 +431,8 @@ void Engine::finalize_backward() {
       } else {
         // The reduced shard is the pending gradient until the step, and the window closes: a second
         // sync backward before the step reduces into a fresh window and adds to it. ZeRO-2/3 give
-        // the full buffer back; ZeRO-1 keeps it (and so does a group of one): g is their buffer's own slice.
+        // the full buffer back; ZeRO-1 keeps it (and so does a group of one): g is their buffer's own slice
+        // (not where the window was summed wider, or a group of one converted it to the reduce dtype).
         // Taken on its way: to the host (offload: the pinned copy is the gradient), or added to the
         // gradient pending from an earlier micro-step (which is then the sum).
         if (!g.defined()) g = host_master(f) ? f.host_grad : f.grad;

@@ -154,10 +154,10 @@ void GradReducer::mark_ready(std::size_t i, at::Tensor sum) {
   if (marked_.at(i)) return;
   marked_[i] = 1;
   if (sum.defined()) {
-    ACCEL_CHECK(
-        sum.numel() == flats_[i]->layout().padded() && sum.is_contiguous() && !buckets_[bucket_of_[i]].buffer.defined(),
-        "GradReducer: the sum of {} must be a contiguous tensor of {} elements, outside a fused bucket",
-        flats_[i]->name(), flats_[i]->layout().padded());
+    ACCEL_CHECK(sum.numel() == flats_[i]->layout().padded() && sum.is_contiguous() && sum.scalar_type() == dtype_ &&
+                    !buckets_[bucket_of_[i]].buffer.defined(),
+                "GradReducer: the sum of {} must be a contiguous {} tensor of {} elements, outside a fused bucket",
+                flats_[i]->name(), c10::toString(dtype_), flats_[i]->layout().padded());
     sums_[i] = std::move(sum);
   }
   buckets_[bucket_of_[i]].ready++;
@@ -186,6 +186,7 @@ void GradReducer::launch(Bucket& b) {
       std::vector<at::Tensor> parts;
       for (auto m : b.members) parts.push_back(input(m));
       b.staging_in = at::cat(parts).to(dtype_);
+      for (auto m : b.members) sums_[m] = at::Tensor();  // (the staging copy is the reduction's input)
       b.work = shard_->all_reduce_async(b.staging_in, {comm::ReduceOp::Avg});
     }
   } else if (direct) {
@@ -259,38 +260,42 @@ bool wider(const at::Tensor& a, const at::Tensor& b) { return wider(a.scalar_typ
 }  // namespace
 
 void GradReducer::finish(Bucket& b) {
-  if (!b.work) {  // a group of one rank: the flat's own gradient, in the reduce dtype
+  if (!b.work) {  // a group of one rank: the flat's own gradient (a sum is in the reduce dtype already)
     for (auto m : b.members) {
       const at::Tensor& in = input(m);
-      results_[m] = wider(dtype_, in.scalar_type()) ? in.to(dtype_) : in;
+      const bool convert = wider(dtype_, in.scalar_type());
+      results_[m] = convert ? in.to(dtype_) : in;
       if (mode_ == Mode::AllReduce && sums_[m].defined()) flats_[m]->grad_full().copy_(in);  // what .grad shows
+      // ZeRO-2/3: the converted copy is the result; the gradient buffer can go.
+      if (convert && mode_ == Mode::ReduceScatter) let_go_of_input(m);
     }
     notify(b);
     return;
   }
   b.work->wait();
   b.work.reset();
-  if (mode_ == Mode::AllReduce) {
+  if (mode_ == Mode::AllReduce && !b.staging_in.defined()) {
     for (auto m : b.members) {
       results_[m] = input(m);
-      if (sums_[m].defined() && !b.staging_in.defined()) flats_[m]->grad_full().copy_(sums_[m]);  // what .grad shows
+      if (sums_[m].defined()) flats_[m]->grad_full().copy_(sums_[m]);  // what .grad shows
     }
-    if (b.staging_in.defined()) {
-      std::int64_t at = 0;
-      for (auto m : b.members) {
-        const at::Tensor& g = flats_[m]->grad_full();
-        at::Tensor piece = b.staging_in.narrow(0, at, g.numel());
-        g.copy_(piece);  // what the parameters' .grad shows
-        // Reduced in a wider dtype than the gradients (bf16 compute, fp32 reduction): the result
-        // stays in it, so the master is not fed a rounded copy.
-        if (wider(piece, g)) results_[m] = piece;
-        at += g.numel();
-      }
+  } else if (mode_ == Mode::AllReduce) {
+    std::int64_t at = 0;
+    for (auto m : b.members) {
+      const at::Tensor& g = flats_[m]->grad_full();
+      at::Tensor piece = b.staging_in.narrow(0, at, g.numel());
+      g.copy_(piece);  // what the parameters' .grad shows
+      // Reduced in a wider dtype than the gradients (bf16 compute, fp32 reduction): the result
+      // stays in it, so the master is not fed a rounded copy.
+      results_[m] = wider(piece, g) ? piece : g;
+      at += g.numel();
     }
   } else if (b.members.size() == 1 && !b.staging_in.defined()) {
-    results_[b.members[0]] = b.staging_out;
+    const std::size_t m = b.members[0];
+    // ZeRO-1 reduced a sum in place: its own slice, copied, so that the rest of the sum can go.
+    results_[m] = mode_ == Mode::ReduceScatterInPlace && sums_[m].defined() ? b.staging_out.clone() : b.staging_out;
     // ZeRO-2/3: reduce-scattered straight from the full gradient, which nothing needs any more.
-    if (mode_ == Mode::ReduceScatter) let_go_of_input(b.members[0]);
+    if (mode_ == Mode::ReduceScatter) let_go_of_input(m);
   } else {
     std::int64_t at = 0;
     for (auto m : b.members) {

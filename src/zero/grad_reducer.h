@@ -53,12 +53,12 @@ class GradReducer {
               std::int64_t bucket_bytes, int in_flight, bool node_shared_grads = false);
 
   // Flat i (index into flats) has all its gradients in grad_full(), or in `sum`: launch what is
-  // launchable. sum: the flat's whole gradient where it is not grad_full() (a window of micro-steps
-  // summed wider than the gradients, in fp32 under bf16/fp16 compute); it is reduced instead, as
-  // grad_full() would be (cast to the reduce dtype where that differs), and held until its bucket's
-  // reduction needs it no more. The parameters' .grad (AllReduce) then show the average copied back
-  // into grad_full(). (Not for flats of a fused all-reduce bucket: their gradients are in the reduce
-  // dtype already.)
+  // launchable. sum: the flat's whole gradient, in the reduce dtype, where it is not grad_full() (a
+  // window of micro-steps summed wider than the gradients, in fp32 under bf16/fp16 compute); it is
+  // reduced instead, as
+  // grad_full() would be, and held until its bucket's reduction needs it no more. The parameters'
+  // .grad (AllReduce) then show the average copied back into grad_full(). (Not for flats of a fused
+  // all-reduce bucket: their gradients are in the reduce dtype already.)
   void mark_ready(std::size_t i, at::Tensor sum = {});
   c10::ScalarType reduce_dtype() const { return dtype_; }
   // A free node-shared buffer for flat i's full gradient (FlatParam::alloc_grad(in)), or undefined:
@@ -68,8 +68,10 @@ class GradReducer {
   std::int64_t node_shared_grad_bytes() const;
   // Launches every bucket not launched yet (all flats must be marked ready first), waits for all,
   // finishes the replicate-group averaging and resets for the next backward. Returns, per flat, the
-  // reduced gradient: grad_full() (AllReduce), its own-slice view (ReduceScatterInPlace) or a fresh
-  // shard tensor in the reduce dtype (ReduceScatter).
+  // reduced gradient: grad_full() or the sum reduced in its place (AllReduce), its own-slice view
+  // (ReduceScatterInPlace; a copy of it from a sum) or a fresh shard tensor in the reduce dtype
+  // (ReduceScatter). Reduced in a wider dtype than the gradients (staged), the result stays in that
+  // dtype; a group of one gives its gradient converted to the reduce dtype where that is wider.
   std::vector<at::Tensor> flush();
 
   // Forgets a backward that did not finish (it threw): waits for what was launched, drops it all.

@@ -314,6 +314,12 @@ TEST(ConfigJson, CommunicationDataTypeAndClipping) {
   // The accumulation dtype (data_types.grad_accum_dtype): unset, the reduction's.
   EXPECT_EQ(ds(R"({"data_types": {"grad_accum_dtype": "bf16"}})").spec.accumulate_dtype, c10::ScalarType::BFloat16);
   EXPECT_EQ(ds(R"({"data_types": {"grad_accum_dtype": "FP32"}})").spec.accumulate_dtype, c10::ScalarType::Float);
+  // DeepSpeed's DtypeEnum names too (here, not for communication_data_type, as in DeepSpeed).
+  EXPECT_EQ(ds(R"({"data_types": {"grad_accum_dtype": "half"}})").spec.accumulate_dtype, c10::ScalarType::Half);
+  EXPECT_EQ(ds(R"({"data_types": {"grad_accum_dtype": "torch.bfloat16"}})").spec.accumulate_dtype,
+            c10::ScalarType::BFloat16);
+  EXPECT_EQ(ds(R"({"data_types": {"grad_accum_dtype": "float"}})").spec.accumulate_dtype, c10::ScalarType::Float);
+  EXPECT_HAS(ds_error(R"({"communication_data_type": "half"})"), "communication_data_type is 'half'");
   EXPECT_FALSE(ds(R"({"data_types": {}})").spec.accumulate_dtype.has_value());
   EXPECT_FALSE(ds(R"({"data_types": {"grad_accum_dtype": null}})").spec.accumulate_dtype.has_value());
   EXPECT_FALSE(ignored(ds(R"({"data_types": {"grad_accum_dtype": "fp32"}})"), "data_types"));

@@ -785,24 +785,30 @@ std::vector<at::Tensor> grads_after(const Case& c, const std::vector<int>& batch
   return master_grads(acc);
 }
 
+// The sum, in fp64, of each batch's master gradients after a sync backward of it alone.
+std::vector<at::Tensor> summed_alone(const Case& c, const std::vector<int>& batches) {
+  std::vector<at::Tensor> sum;
+  for (int k : batches) {
+    auto g = grads_after(c, {k}, 1);
+    if (sum.empty())
+      sum = g;
+    else
+      for (std::size_t i = 0; i < g.size(); ++i)
+        if (g[i].defined()) sum[i] += g[i];
+  }
+  return sum;
+}
+
 // bf16 compute, fp32 reduction: the gradients of an accumulation window add up in fp32, as FSDP2
 // (reduce_dtype) and DeepSpeed's bf16 optimizer do, not in the bf16 gradient buffer, whether the
 // micro-steps reduce (sync_each_batch) or not (no_sync). The window's master gradient, times accum (a
 // power of two: exact), equals the sum of each micro-batch's own reduced gradient to fp32 rounding
-// (measured: 0 at 1 and 2 ranks, 8.3e-8 at 3); adding in bf16 was off by 1.4e-3 to 5.4e-3.
+// (measured: 0 at 1 and 2 ranks, 8.3e-8 at 3); adding in bf16 was off by 2.9e-3 to 5.4e-3.
 TEST(MixedPrecision, Bf16AccumulationAddsInFp32) {
   const std::int64_t K = 4;
   const std::vector<int> batches = {0, 1, 2, 3};
   for (const auto& c : bf16_cases()) {
-    std::vector<at::Tensor> want;
-    for (int k : batches) {
-      auto g = grads_after(c, {k}, 1);
-      if (want.empty())
-        want = g;
-      else
-        for (std::size_t i = 0; i < g.size(); ++i)
-          if (g[i].defined()) want[i] += g[i];
-    }
+    const std::vector<at::Tensor> want = summed_alone(c, batches);
     for (bool each : {false, true}) {
       SCOPED_TRACE(c.name + (each ? " sync_each_batch" : " no_sync"));
       auto got = grads_after(c, batches, K, each);
@@ -855,6 +861,60 @@ TEST(MixedPrecision, Bf16AccumulationInBf16WhenAskedFor) {
     at::Tensor t = at::full({1}, off_fp32, at::kDouble);
     world()->all_reduce(t, {comm::ReduceOp::Max});
     EXPECT_GT(t.item<double>(), 1e-4) << "the window was added in fp32, not in bf16";
+  }
+}
+
+// An fp32 window under bf16 reductions (DeepSpeed's communication_data_type bf16 with
+// grad_accum_dtype fp32): the sum is rounded to bf16 once and reduced as the gradients would be, DDP's
+// fused buckets and ZeRO-1's in-place reduction included. Against each micro-batch's own reduced
+// gradient, summed: at one rank exactly that sum rounded to bf16; at 2 and 3 ranks within the bf16
+// roundings of the reductions (measured at most 4.6e-3; bf16's unit roundoff is 3.9e-3). A rank that
+// stepped on its own unreduced sum would be off by the spread of the ranks' gradients, order 1.
+TEST(MixedPrecision, Fp32WindowUnderBf16Reductions) {
+  const std::int64_t K = 4;
+  const std::vector<int> batches = {0, 1, 2, 3};
+  for (int stage : {0, 1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string base = R"({"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": true},
+        "communication_data_type": "bf16", "zero_optimization": {"stage": )" +
+                             std::to_string(stage) + "}";
+    const Case alone{"acc_bf16_reduce_" + std::to_string(stage) + ".json", base + "}"};
+    const Case window{"acc_bf16_reduce_fp32_window_" + std::to_string(stage) + ".json",
+                      base + R"(, "data_types": {"grad_accum_dtype": "fp32"}})"};
+    const std::vector<at::Tensor> want = summed_alone(alone, batches);
+    auto got = grads_after(window, batches, K, /*sync_each_batch=*/false);
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].defined(), want[i].defined()) << i;
+      if (!got[i].defined()) continue;
+      worst = std::max(worst, rel_err(got[i] * K, want[i]));
+      if (world()->size() == 1)  // (the reduction is the rank's own gradient: the sum rounded to bf16 once)
+        EXPECT_EQ(rel_err(got[i] * K, want[i].to(at::kBFloat16).to(at::kDouble)), 0) << "flat " << i;
+    }
+    EXPECT_LE(worst, 1e-2);
+  }
+}
+
+// An accumulation dtype that holds neither the compute dtype nor more (fp16 under bf16, bf16 under
+// fp16) is refused at construction, naming the key; fp32 and the compute dtype are taken.
+TEST(MixedPrecision, GradAccumDtypeMustHoldTheComputeDtype) {
+  auto config = [](const std::string& precision, const std::string& accum) {
+    return mp_config_file("accum_" + precision + "_" + accum + ".json",
+                          R"({"train_micro_batch_size_per_gpu": "auto", ")" + precision +
+                              R"(": {"enabled": true}, "data_types": {"grad_accum_dtype": ")" + accum + R"("}})");
+  };
+  for (const auto& [precision, other] : {std::pair{"bf16", "half"}, std::pair{"fp16", "bf16"}}) {
+    SCOPED_TRACE(precision);
+    try {
+      Accelerator acc(mp_options(config(precision, other)));
+      ADD_FAILURE() << "no error for grad_accum_dtype " << other << " under " << precision;
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("data_types.grad_accum_dtype"), std::string::npos) << m;
+      EXPECT_NE(m.find("use fp32, or"), std::string::npos) << m;
+    }
+    for (const char* fine : {"fp32", precision})
+      EXPECT_NO_THROW(Accelerator acc(mp_options(config(precision, fine)))) << fine;
   }
 }
 

@@ -202,6 +202,20 @@ TEST(ConfigExplain, DeepSpeedJsonBatchTriadAndIgnoredKeys) {
   EXPECT_NE(explain_config(c, 3, 1).find("does not work out at this world size"), std::string::npos);
 }
 
+// The dtypes row names the accumulation dtype: the reduction's unless data_types.grad_accum_dtype
+// says otherwise.
+TEST(ConfigExplain, DtypesNameTheAccumulation) {
+  auto dtypes = [](const std::string& json) {
+    const std::string e = explain_config(parse_deepspeed_json(json, "ds.json"), 2, 1);
+    const auto at = e.find("parameters bf16");
+    return at == std::string::npos ? e : e.substr(at, e.find('\n', at) - at);
+  };
+  EXPECT_EQ(dtypes(R"({"bf16": {"enabled": true}})"),
+            "parameters bf16, gradient reduction fp32, accumulation as the reduction, master fp32");
+  EXPECT_EQ(dtypes(R"({"bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "bf16"}})"),
+            "parameters bf16, gradient reduction fp32, accumulation bf16, master fp32");
+}
+
 TEST(ConfigExplain, OptimizerAndSchedulerBlocks) {
   const AcceleratorConfig c = parse_deepspeed_json(
       R"({"zero_optimization": {"stage": 1}, "optimizer": {"type": "SGD", "params": {"lr": "auto", "momentum": 0.9}},

@@ -133,11 +133,11 @@ TEST(EstimateMemory, OffloadOptimizerAndParams) {
 TEST(EstimateMemory, AccumulationAddsWhatTheMicroStepsHold) {
   EstimateRequest r = em_request(kP, kN);
   r.accumulation.steps = 4;
-  // NoSync: ZeRO-2/3 hold the whole sum, 4P, beside their shards; DDP and ZeRO-1 hold it beside the
-  // gradient buffer.
+  // NoSync: ZeRO-2/3 hold the whole sum, 4P, beside their shards; DDP and ZeRO-1 hold it in place of
+  // the gradient buffer, 2P more.
   Estimate e = estimate_memory(r);
-  expect_device(e, 20 * kP, 8 * kP + 12 * kP / kN, 6 * kP + 14 * kP / kN, 4 * kP + 16 * kP / kN);
-  EXPECT_NE(e.rows[0].coef.note.find("beside the gradient buffer"), std::string::npos);
+  expect_device(e, 18 * kP, 6 * kP + 12 * kP / kN, 6 * kP + 14 * kP / kN, 4 * kP + 16 * kP / kN);
+  EXPECT_NE(e.rows[0].coef.note.find("in fp32 (2P more than the 2P gradient buffer"), std::string::npos);
   EXPECT_EQ(e.rows[1].coef.note, e.rows[0].coef.note);
   EXPECT_NE(e.rows[2].coef.note.find("NoSync"), std::string::npos);
   EXPECT_NE(e.rows[2].coef.note.find("in fp32"), std::string::npos);
@@ -165,7 +165,8 @@ TEST(EstimateMemory, AccumulationAddsWhatTheMicroStepsHold) {
 TEST(EstimateMemory, AccumulationUnderOptimizerOffload) {
   // ZeRO-2/3 with the optimizer on the host add each reducing micro-step there, on the way: the device
   // holds no more (ZeRO-2 2P, ZeRO-3 2P/N as without accumulation). ZeRO-1's shard stays on the device.
-  // NoSync holds the whole sum on the device all the same: 4P more (fp32) for every strategy.
+  // NoSync holds the whole sum on the device all the same: 4P more (fp32) for ZeRO-2/3, 2P more for
+  // DDP and ZeRO-1 (in place of their gradient buffer).
   EstimateRequest r = em_request(kP, kN);
   r.offload = Offload::Optimizer;
   r.accumulation.steps = 2;
@@ -175,7 +176,7 @@ TEST(EstimateMemory, AccumulationUnderOptimizerOffload) {
   for (int i = 1; i < 4; ++i) EXPECT_DOUBLE_EQ(e.rows[i].cpu_bytes, 16 * kP / kN);
   r.accumulation.sync_each_batch = false;
   e = estimate_memory(r);
-  expect_device(e, 20 * kP, 8 * kP, 6 * kP, 4 * kP + 2 * kP / kN);
+  expect_device(e, 18 * kP, 6 * kP, 6 * kP, 4 * kP + 2 * kP / kN);
   // The GPT estimate's states take the same terms: ZeRO-3 in fp32 at 2 ranks, NoSync: 4P + 16P/2.
   const GptShape s{.d_model = 256, .layers = 2, .heads = 4, .seq = 32};
   const double P = gpt_params(s);
