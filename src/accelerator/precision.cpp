@@ -34,12 +34,13 @@ void apply_precision_policy(AcceleratorConfig& cfg) {
   if (!s.reduce_dtype) s.reduce_dtype = c10::kFloat;
   if (!s.master_dtype) s.master_dtype = c10::kFloat;
   // The window adds up in the compute dtype or a wider one: another 16-bit dtype would hold neither.
-  if (const auto a = s.accumulate_dtype; a && *a != *s.param_dtype && c10::promoteTypes(*a, *s.param_dtype) != *a)
+  if (const auto a = s.accumulate_dtype; a && *a != *s.param_dtype && c10::promoteTypes(*a, *s.param_dtype) != *a) {
+    auto name = [](c10::ScalarType t) { return t == c10::kHalf ? "fp16" : t == c10::kBFloat16 ? "bf16" : "fp32"; };
     throw ConfigError(
         fmt::format("{}: data_types.grad_accum_dtype {} cannot hold the {} gradients of mixed_precision "
                     "{}: use fp32, or {} itself",
-                    where, c10::toString(*a), c10::toString(*s.param_dtype), to_string(cfg.mixed_precision),
-                    c10::toString(*s.param_dtype)));
+                    where, name(*a), name(*s.param_dtype), to_string(cfg.mixed_precision), name(*s.param_dtype)));
+  }
 }
 
 std::optional<c10::ScalarType> autocast_dtype(MixedPrecision p) {
