@@ -34,12 +34,21 @@ void apply_precision_policy(AcceleratorConfig& cfg) {
   if (!s.reduce_dtype) s.reduce_dtype = c10::kFloat;
   if (!s.master_dtype) s.master_dtype = c10::kFloat;
   // The window adds up in the compute dtype or a wider one: another 16-bit dtype would hold neither.
-  if (const auto a = s.accumulate_dtype; a && *a != *s.param_dtype && c10::promoteTypes(*a, *s.param_dtype) != *a) {
-    auto name = [](c10::ScalarType t) { return t == c10::kHalf ? "fp16" : t == c10::kBFloat16 ? "bf16" : "fp32"; };
+  if (const auto a = s.accumulate_dtype; a && *a != *s.param_dtype && c10::promoteTypes(*a, *s.param_dtype) != *a)
     throw ConfigError(
         fmt::format("{}: data_types.grad_accum_dtype {} cannot hold the {} gradients of mixed_precision "
                     "{}: use fp32, or {} itself",
-                    where, name(*a), name(*s.param_dtype), to_string(cfg.mixed_precision), name(*s.param_dtype)));
+                    where, dtype_label(*a), dtype_label(*s.param_dtype), to_string(cfg.mixed_precision),
+                    dtype_label(*s.param_dtype)));
+}
+
+const char* dtype_label(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float: return "fp32";
+    case c10::ScalarType::Double: return "fp64";
+    case c10::ScalarType::Half: return "fp16";
+    case c10::ScalarType::BFloat16: return "bf16";
+    default: return c10::toString(t);
   }
 }
 

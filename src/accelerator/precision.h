@@ -31,6 +31,9 @@ void apply_precision_policy(AcceleratorConfig& cfg);
 // nullopt for fp32.
 std::optional<c10::ScalarType> autocast_dtype(MixedPrecision p);
 
+// A dtype as configs write it: fp32, fp64, fp16, bf16 (else libtorch's name).
+const char* dtype_label(c10::ScalarType t);
+
 // fp16 loss scaling over a prepared engine (DeepSpeed's semantics, mixed_precision/loss_scaler.h):
 //   backward:          loss * scale()
 //   clip_grad_norm_:   unscale(max_norm): checks overflow on every rank, unscales, clips

@@ -36,14 +36,7 @@ std::string groups(int world, int size, bool strided) {
 }
 
 const char* dtype_name(const std::optional<c10::ScalarType>& t, const char* unset) {
-  if (!t) return unset;
-  switch (*t) {
-    case c10::ScalarType::Float: return "fp32";
-    case c10::ScalarType::Double: return "fp64";
-    case c10::ScalarType::Half: return "fp16";
-    case c10::ScalarType::BFloat16: return "bf16";
-    default: return c10::toString(*t);
-  }
+  return t ? dtype_label(*t) : unset;
 }
 
 std::string explained_strategy(const AcceleratorConfig& c) {

@@ -100,7 +100,6 @@ class FlatParam {
   // needs no staging copy). Before any gradient exists; free_grad() then only detaches (the buffer is
   // the caller's).
   void bind_grad(const at::Tensor& buffer);
-  bool grad_bound() const { return grad_bound_; }
   // Allocates grad_full() (no-op if allocated). Only the padding is zeroed: each parameter's region
   // is the caller's to fill (take_grad without accumulate, or zero_grad_of). With `in` (a contiguous
   // tensor of at least padded() elements in grad_full's dtype and device), grad_full's storage is
