@@ -101,7 +101,9 @@ const std::vector<Key>& all() {
        "Accelerate's old spelling: true is mixed_precision fp16, false is no; must agree with mixed_precision",
        nullptr},
       {D::Accelerate, "", "parallelism_config", "", T::Object, "", "",
-       "Data parallelism as copies x shards (FSDP2's HSDP); tensor, context and sequence sizes must be 1", nullptr},
+       "Data parallelism as copies x shards (FSDP2's HSDP); tensor, context and sequence sizes must be 1. "
+       "Accelerate takes it under fsdp_version 2 or DDP only; accel also under fsdp_version 1 and DeepSpeed",
+       nullptr},
       {D::Accelerate, "", "debug", "", T::Any, "", "", "check collectives across ranks",
        "accel checks every collective across ranks unless ACCEL_COMM_CHECK=0"},
       {D::Accelerate, "", "gpu_ids", "", T::Any, "", "", "the GPUs the job may use",

@@ -52,7 +52,7 @@ GptActivations gpt_activations(const GptShape& s, Dtype dtype) {
 
 GptPeak gpt_peak(zero::Strategy s, bool checkpoint, const GptShape& shape, int n, Dtype dtype, OptimizerKind opt,
                  const GptRuntime& rt, bool node_shared, const Accumulation& accumulation, Offload offload) {
-  const BytesPerParam b = bytes_per_param(dtype, opt);
+  const BytesPerParam b = bytes_per_param(dtype, opt, accumulation.dtype);
   const StrategyCoefficients c = coefficients(s, b, offload, accumulation);
   const double P = gpt_params(shape), R = gpt_root_params(shape), U = gpt_block_params(shape);
   const GptActivations a = gpt_activations(shape, dtype);
@@ -106,7 +106,7 @@ GptEstimate estimate_gpt(const GptShape& shape, const EstimateRequest& r, const 
   if (r.cpu_budget && !(*r.cpu_budget > 0 && std::isfinite(*r.cpu_budget)))
     throw EstimateError(fmt::format("--cpu_budget: must be positive, got {} bytes", *r.cpu_budget));
   if (!(rt.overhead >= 0)) throw EstimateError(fmt::format("--overhead: must be 0 or more, got {}", rt.overhead));
-  validate(r.accumulation);
+  validate(r.accumulation, r.dtype);
   GptEstimate e;
   e.shape = shape;
   e.request = r;

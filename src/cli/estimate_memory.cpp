@@ -39,13 +39,13 @@ bool fits(double dev, double cpu, const EstimateRequest& r) {
 
 }  // namespace
 
-Dtype parse_dtype(std::string_view s) {
+Dtype parse_dtype(std::string_view s, std::string_view flag) {
   const std::string v = config_detail::lower(std::string(s));
   if (v == "fp32" || v == "float32" || v == "no") return Dtype::Fp32;
   if (v == "fp16" || v == "float16" || v == "half") return Dtype::Fp16;
   if (v == "bf16" || v == "bfloat16") return Dtype::Bf16;
   if (v == "fp8") return Dtype::Fp8;
-  throw EstimateError(fmt::format("--dtype: unknown precision '{}' (expected fp32, fp16, bf16 or fp8)", s));
+  throw EstimateError(fmt::format("{}: unknown precision '{}' (expected fp32, fp16, bf16 or fp8)", flag, s));
 }
 
 OptimizerKind parse_optimizer(std::string_view s) {
@@ -169,7 +169,7 @@ const char* to_string(Offload o) {
   return "?";
 }
 
-BytesPerParam bytes_per_param(Dtype dtype, OptimizerKind optimizer) {
+BytesPerParam bytes_per_param(Dtype dtype, OptimizerKind optimizer, std::optional<Dtype> accumulate) {
   BytesPerParam b;
   switch (dtype) {
     case Dtype::Fp32:
@@ -190,7 +190,7 @@ BytesPerParam bytes_per_param(Dtype dtype, OptimizerKind optimizer) {
       break;
   }
   b.moments = optimizer == OptimizerKind::Sgd ? 4 : 8;
-  b.sum = 4;
+  b.sum = accumulate == Dtype::Bf16 || accumulate == Dtype::Fp16 ? 2 : 4;
   return b;
 }
 
@@ -205,7 +205,7 @@ StrategyCoefficients coefficients(zero::Strategy s, const BytesPerParam& b, Offl
   if (accumulation.steps <= 1) return c;
   const bool shards_grads = s == zero::Strategy::Zero2 || s == zero::Strategy::Zero3;
   std::string held;
-  const bool wider_sum = b.sum != b.grad;  // mixed precision: the window sums in fp32, not in the buffer
+  const bool wider_sum = b.sum != b.grad;  // mixed precision summing in fp32, not in the buffer's dtype
   if (!accumulation.sync_each_batch) {
     if (shards_grads) {
       c.device_rep += b.sum;
@@ -339,9 +339,16 @@ void validate_shard_groups(const EstimateRequest& r) {
                     s, n));
 }
 
-void validate(const Accumulation& a) {
+void validate(const Accumulation& a, Dtype compute) {
   if (a.steps < 1)
     throw EstimateError(fmt::format("--gradient_accumulation_steps: must be at least 1, got {}", a.steps));
+  if (!a.dtype || *a.dtype == Dtype::Fp32) return;
+  // The gradients are fp32 under fp32, bf16 under fp8: the sum holds them, or is wider.
+  const Dtype grads = compute == Dtype::Fp8 ? Dtype::Bf16 : compute;
+  if (*a.dtype != grads)
+    throw EstimateError(fmt::format("--grad_accum_dtype: {} cannot hold {} gradients; fp32{}", to_string(*a.dtype),
+                                    to_string(grads),
+                                    grads == Dtype::Fp32 ? "" : fmt::format(" or {}", to_string(grads))));
 }
 
 Estimate estimate_memory(const EstimateRequest& r) {
@@ -354,11 +361,11 @@ Estimate estimate_memory(const EstimateRequest& r) {
     throw EstimateError(fmt::format("--budget: must be positive, got {} bytes", *r.device_budget));
   if (r.cpu_budget && !(*r.cpu_budget > 0 && std::isfinite(*r.cpu_budget)))
     throw EstimateError(fmt::format("--cpu_budget: must be positive, got {} bytes", *r.cpu_budget));
-  validate(r.accumulation);
+  validate(r.accumulation, r.dtype);
 
   Estimate e;
   e.request = r;
-  e.bytes = bytes_per_param(r.dtype, r.optimizer);
+  e.bytes = bytes_per_param(r.dtype, r.optimizer, r.accumulation.dtype);
   const bool budgeted = r.device_budget || r.cpu_budget;
   for (zero::Strategy s :
        {zero::Strategy::NoShard, zero::Strategy::Zero1, zero::Strategy::Zero2, zero::Strategy::Zero3}) {

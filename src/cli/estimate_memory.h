@@ -47,8 +47,9 @@
 //
 // Gradient accumulation (--gradient_accumulation_steps K > 1), as accel's engine holds it. A window's
 // gradients add up in the reduction's dtype, fp32 under fp16/bf16/fp8 (s = 4 bytes, as FSDP2 with an
-// fp32 reduce_dtype; DeepSpeed's data_types.grad_accum_dtype can keep them in bf16), and in the gradient
-// buffer itself under fp32 (s = g):
+// fp32 reduce_dtype), and in the gradient buffer itself under fp32 (s = g). --grad_accum_dtype bf16
+// (fp16 under fp16) is DeepSpeed's data_types.grad_accum_dtype keeping the sum in the gradients' own
+// dtype: s = g = 2, as without accumulation for DDP and ZeRO-1.
 //   micro-steps that do not reduce (NoSync, Accelerate's default): every rank keeps its whole,
 //     unsharded sum on the device until the window's last backward reduces it. ZeRO-2 and ZeRO-3
 //     then hold s P more, replicated, beside what they shard or stream to the host. DDP and ZeRO-1
@@ -109,8 +110,9 @@ enum class Dtype { Fp32, Fp16, Bf16, Fp8 };
 enum class OptimizerKind { AdamW, Adam, Sgd };
 enum class Offload { None, Optimizer, OptimizerAndParams };
 
-// "fp32" (also "no", "float32"), "fp16", "bf16", "fp8"; case-insensitive.
-Dtype parse_dtype(std::string_view s);
+// "fp32" (also "no", "float32"), "fp16", "bf16", "fp8"; case-insensitive. `flag` names the option in
+// the error message.
+Dtype parse_dtype(std::string_view s, std::string_view flag = "--dtype");
 // "adamw", "adam", "sgd"; case-insensitive.
 OptimizerKind parse_optimizer(std::string_view s);
 // "none", "optimizer" (also "cpu"), "optimizer+params" (also "all"); case-insensitive.
@@ -135,16 +137,18 @@ struct BytesPerParam {
   double grad = 0;     // g: gradients
   double master = 0;   // fp32 master copy (0 under fp32: the parameters are the master)
   double moments = 0;  // S: the optimizer's own state, fp32
-  double sum = 0;      // s: a gradient summed over micro-steps, in the reduction's dtype (fp32)
+  double sum = 0;      // s: a gradient summed over micro-steps: fp32 (4) unless the accumulation dtype says 2
   double optimizer() const { return master + moments; }  // the paper's K
   double total() const { return param + grad + optimizer(); }
 };
-BytesPerParam bytes_per_param(Dtype dtype, OptimizerKind optimizer);
+// accumulate: the dtype the window sums in (--grad_accum_dtype); unset, fp32.
+BytesPerParam bytes_per_param(Dtype dtype, OptimizerKind optimizer, std::optional<Dtype> accumulate = {});
 
 // Gradient accumulation as the estimate sees it (see the table above).
 struct Accumulation {
   int steps = 1;                 // micro-steps a step (--gradient_accumulation_steps)
   bool sync_each_batch = false;  // each micro-step reduces (--sync_each_batch)
+  std::optional<Dtype> dtype;    // what the window sums in (--grad_accum_dtype); unset: fp32
 };
 
 struct EstimateRequest {
@@ -213,7 +217,10 @@ struct Estimate {
 };
 
 // Throws EstimateError unless steps >= 1.
-void validate(const Accumulation& a);
+// Throws EstimateError for fewer than 1 micro-step, or an accumulation dtype that cannot hold the
+// gradients of `compute` (fp8; bf16 under fp32 or fp16; fp16 under anything but fp16), as the
+// config's data_types.grad_accum_dtype is refused.
+void validate(const Accumulation& a, Dtype compute);
 
 // Validates the request (P >= 1, N >= 1, budgets > 0; throws EstimateError) and fills the table.
 Estimate estimate_memory(const EstimateRequest& request);

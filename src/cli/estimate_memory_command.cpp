@@ -1,10 +1,10 @@
 // `accel estimate-memory --params P [--num_processes N [--shard_group_size S]] [--dtype D] [--optimizer O]
-// [--offload M] [--gradient_accumulation_steps K [--sync_each_batch]] [--budget SIZE] [--cpu_budget SIZE]`: the
-// model-state memory per rank of DDP and ZeRO-1/2/3 (ZeRO paper formulas, see cli/estimate_memory.h)
-// and, with a budget, which fit and which to use. With a GPT shape instead of --params (--d_model
-// --layers --heads --seq [--micro_batch] [--vocab] [--attention eager|sdpa]), the whole per-rank peak
-// of a step, activations included, with and without checkpointing (cli/estimate_gpt.h). Single
-// process, no torch: it runs anywhere, mpirun or not.
+// [--offload M] [--gradient_accumulation_steps K [--sync_each_batch] [--grad_accum_dtype D]] [--budget SIZE]
+// [--cpu_budget SIZE]`: the model-state memory per rank of DDP and ZeRO-1/2/3 (ZeRO paper formulas, see
+// cli/estimate_memory.h) and, with a budget, which fit and which to use. With a GPT shape instead of
+// --params (--d_model --layers --heads --seq [--micro_batch] [--vocab] [--attention eager|sdpa]), the
+// whole per-rank peak of a step, activations included, with and without checkpointing
+// (cli/estimate_gpt.h). Single process, no torch: it runs anywhere, mpirun or not.
 #include "cli/commands.h"
 #include "cli/estimate_gpt.h"
 #include "cli/estimate_memory.h"
@@ -32,6 +32,7 @@ struct EstimateArgs {
   std::string attention = "eager";
   int accumulation_steps = 1;
   bool sync_each_batch = false;
+  std::string grad_accum_dtype;  // empty: not given (fp32)
 };
 
 int run_estimate(const EstimateArgs& a) {
@@ -56,6 +57,7 @@ int run_estimate(const EstimateArgs& a) {
     r.offload = parse_offload(a.offload);
     r.accumulation.steps = a.accumulation_steps;
     r.accumulation.sync_each_batch = a.sync_each_batch;
+    if (!a.grad_accum_dtype.empty()) r.accumulation.dtype = parse_dtype(a.grad_accum_dtype, "--grad_accum_dtype");
     if (a.has_budget) r.device_budget = parse_byte_size(a.budget, "--budget");
     if (a.has_cpu_budget) r.cpu_budget = parse_byte_size(a.cpu_budget, "--cpu_budget");
     if (a.attention != "eager" && a.attention != "sdpa")
@@ -123,6 +125,9 @@ void add_estimate_memory_command(CLI::App& app, int& exit_code) {
                   zero::info(zero::Strategy::Zero2).short_label, zero::info(zero::Strategy::Zero3).short_label));
   cmd->add_flag("--sync_each_batch", args->sync_each_batch,
                 "each micro-step reduces its gradients (DeepSpeed's ZeRO-2/3, Accelerate's sync_each_batch)");
+  cmd->add_option("--grad_accum_dtype", args->grad_accum_dtype,
+                  "what the micro-steps' gradients add up in (DeepSpeed's data_types.grad_accum_dtype): fp32 (the "
+                  "default), or bf16/fp16 as the gradients themselves, which holds less");
   auto* budget = cmd->add_option("--budget,--device_memory", args->budget,
                                  "Memory of one device: 24GB, 80GiB, 40 (= GB); GB = 1e9 bytes, GiB = 2^30");
   auto* cpu_budget =

@@ -148,8 +148,9 @@ std::string shard_groups_line(const EstimateRequest& r) {
 
 std::string accumulation_line(const Accumulation& a, bool notes) {
   if (a.steps <= 1) return "";
-  return fmt::format("  accumulate {} micro-steps a step, {}: {}\n", a.steps,
+  return fmt::format("  accumulate {} micro-steps a step, {}, summed in {}: {}\n", a.steps,
                      a.sync_each_batch ? "each reducing (--sync_each_batch)" : "not reducing (NoSync)",
+                     a.dtype ? fmt::format("{} (--grad_accum_dtype)", to_string(*a.dtype)) : std::string("fp32"),
                      notes ? "the notes say what each row holds for it" : "the states column holds it");
 }
 

@@ -34,6 +34,16 @@ add_test(NAME cli_estimate_memory_accumulation_sync_each_batch
                  -- ${ACCEL_CLI} estimate-memory --params 7.5B --num_processes 64 --budget 24GB --gradient_accumulation_steps 4
                     --sync_each_batch)
 
+# The same window summed in bf16 (--grad_accum_dtype): ZeRO-3 holds 2P + 16P/N = 16.9 GB and fits.
+add_test(NAME cli_estimate_memory_accumulation_bf16_sum
+         COMMAND ${_em_expect} pass "summed in bf16 \\(--grad_accum_dtype\\)" "ZeRO-3 \\(FULL_SHARD\\) \\* +16\\.9 .*yes"
+                 "Recommendation: ZeRO-3"
+                 -- ${ACCEL_CLI} estimate-memory --params 7.5B --num_processes 64 --budget 24GB --gradient_accumulation_steps 4
+                    --grad_accum_dtype bf16)
+add_test(NAME cli_estimate_memory_accumulation_bad_sum
+         COMMAND ${_em_expect} fail "--grad_accum_dtype: fp16 cannot hold bf16 gradients"
+                 -- ${ACCEL_CLI} estimate-memory --params 7.5B --gradient_accumulation_steps 4 --grad_accum_dtype fp16)
+
 # Copies of shard groups (HSDP, MiCS): 64 ranks in groups of 8 store per rank what 8 ranks store.
 # In 40 GB, ZeRO-1 over 8 (4P + 12P/8 = 41.2 GB) does not fit where over 64 (31.4 GB) it would:
 # ZeRO-2 over 8 (28.1 GB) is recommended; ZeRO-3 16P/8 = 15.0 GB.

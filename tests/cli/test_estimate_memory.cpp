@@ -162,6 +162,48 @@ TEST(EstimateMemory, AccumulationAddsWhatTheMicroStepsHold) {
       EstimateError);
 }
 
+// --grad_accum_dtype bf16 (DeepSpeed's data_types.grad_accum_dtype): the window sums in the gradients'
+// own 2 bytes. DDP and ZeRO-1 then hold, under NoSync, what they hold without accumulation (the buffer
+// is the sum, as measured: 8.00 bytes a parameter both ways in 2026-11-29-fp32-accumulation.md);
+// ZeRO-2/3 hold 2P whole beside their shards, not 4P; reducing each micro-step, DDP holds 2P more.
+TEST(EstimateMemory, AccumulationInTheGradientsDtype) {
+  EstimateRequest r = em_request(kP, kN);
+  r.accumulation.steps = 4;
+  r.accumulation.dtype = Dtype::Bf16;
+  Estimate e = estimate_memory(r);
+  expect_device(e, 16 * kP, 4 * kP + 12 * kP / kN, 4 * kP + 14 * kP / kN, 2 * kP + 16 * kP / kN);
+  EXPECT_TRUE(e.rows[0].coef.note.empty());
+  EXPECT_EQ(e.rows[2].coef.note.find("in fp32"), std::string::npos);
+  r.accumulation.sync_each_batch = true;
+  e = estimate_memory(r);
+  expect_device(e, 18 * kP, 4 * kP + 14 * kP / kN, 2 * kP + 14 * kP / kN, 16 * kP / kN);
+  // fp32 named is the default.
+  r.accumulation.dtype = Dtype::Fp32;
+  EXPECT_DOUBLE_EQ(estimate_memory(r).rows[0].device_bytes, 20 * kP);
+  // fp16 gradients sum in fp16 alike; fp8's gradients are bf16.
+  r.dtype = Dtype::Fp16;
+  r.accumulation.dtype = Dtype::Fp16;
+  EXPECT_DOUBLE_EQ(estimate_memory(r).rows[0].device_bytes, 18 * kP);
+  r.dtype = Dtype::Fp8;
+  r.accumulation.dtype = Dtype::Bf16;
+  EXPECT_DOUBLE_EQ(estimate_memory(r).rows[0].device_bytes, (1 + 2 + 12 + 2) * kP);
+  // A sum that cannot hold the gradients is refused, naming the flag and what would do.
+  const auto refused = [&](Dtype compute, Dtype sum, const std::string& says) {
+    r.dtype = compute;
+    r.accumulation.dtype = sum;
+    try {
+      estimate_memory(r);
+      ADD_FAILURE() << to_string(sum) << " under " << to_string(compute) << " was accepted";
+    } catch (const EstimateError& err) {
+      EXPECT_NE(std::string(err.what()).find(says), std::string::npos) << err.what();
+    }
+  };
+  refused(Dtype::Bf16, Dtype::Fp16, "--grad_accum_dtype: fp16 cannot hold bf16 gradients; fp32 or bf16");
+  refused(Dtype::Fp16, Dtype::Bf16, "--grad_accum_dtype: bf16 cannot hold fp16 gradients; fp32 or fp16");
+  refused(Dtype::Fp32, Dtype::Bf16, "--grad_accum_dtype: bf16 cannot hold fp32 gradients; fp32");
+  refused(Dtype::Fp8, Dtype::Fp8, "--grad_accum_dtype: fp8 cannot hold bf16 gradients; fp32 or bf16");
+}
+
 TEST(EstimateMemory, AccumulationUnderOptimizerOffload) {
   // ZeRO-2/3 with the optimizer on the host add each reducing micro-step there, on the way: the device
   // holds no more (ZeRO-2 2P, ZeRO-3 2P/N as without accumulation). ZeRO-1's shard stays on the device.
