@@ -555,7 +555,8 @@ const std::vector<Key>& all() {
 
       // ---- DeepSpeed JSON: data_types --------------------------------------------------------------
       {D::DeepSpeed, "data_types", "grad_accum_dtype", "", T::Any,
-       "the reduction's (fp32 under fp16/bf16; DeepSpeed's is the parameters')",
+       "the reduction's (fp32 under fp16/bf16; bf16 under bf16_master_weights_and_grads; DeepSpeed's is the "
+       "parameters')",
        "fp32, fp16, bf16 (and DeepSpeed's other names: float32, half, bfloat16, ...)",
        "The dtype an accumulation window's gradients add up in. Under bf16/fp16 compute: fp32, or the compute "
        "dtype itself (half the memory between micro-steps); the other 16-bit dtype is refused. Without mixed "
@@ -570,7 +571,9 @@ const std::vector<Key>& all() {
       {D::DeepSpeed, "bf16", "check_grad_overflow", "", T::Bool, "", "", "check bf16 gradients for inf/nan",
        kDetail},
       {D::DeepSpeed, "bf16", "bf16_master_weights_and_grads", "", T::Bool, "false", "",
-       "true (with bf16 enabled): bf16 master weights and optimizer state, half the memory of fp32", nullptr},
+       "true (with bf16 enabled): bf16 master weights and optimizer state, half the memory of fp32; "
+       "accumulation windows add up in bf16 unless data_types.grad_accum_dtype says otherwise",
+       nullptr},
       {D::DeepSpeed, "bf16", "bf16_optimizer_states", "", T::Bool, "", "", "keep optimizer states in bf16",
        "the optimizer state follows the master dtype (bf16_master_weights_and_grads)"},
 

@@ -234,8 +234,10 @@ __global__ void tile_transpose_kernel(const T* __restrict__ x, std::int64_t rows
 // ceil(row_tiles / kSumGroups); a warp reads 32 neighbouring floats), then the groups are added in order
 // ty = 0, 1, ... A fixed order, so the same bits every run.
 constexpr int kSumCols = 32, kSumGroups = 32;
-__global__ void sum_partials_kernel(const float* __restrict__ col_partial, std::int64_t row_tiles, std::int64_t cols,
-                                    float* __restrict__ out) {
+// (__launch_bounds__: the compiler keeps each thread's registers within what a block of 1024 can have.)
+__global__ void __launch_bounds__(kSumCols* kSumGroups)
+    sum_partials_kernel(const float* __restrict__ col_partial, std::int64_t row_tiles, std::int64_t cols,
+                        float* __restrict__ out) {
   __shared__ float part[kSumGroups][kSumCols + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kSumCols + tx;

@@ -134,7 +134,7 @@ void Engine::mark_ready(std::size_t fi) {
   hold_for_host();
 }
 
-c10::ScalarType Engine::sum_dtype() const { return spec_.accumulate_dtype.value_or(reducer_->reduce_dtype()); }
+c10::ScalarType Engine::sum_dtype() const { return spec_.window_dtype(reducer_->reduce_dtype()); }
 
 bool Engine::sums_wider(const Flat& f) const {
   const std::size_t fi = static_cast<std::size_t>(&f - flats_.data());
@@ -326,7 +326,14 @@ void Engine::abort_backward() {
     f.ready = false;
     f.added_on_the_way = false;
     f.grad_live = false;
-    f.grad_sum = at::Tensor();  // (the window goes, as grad_full's part of it does)
+    // (The window goes, as grad_full's part of it does, and so does a placeholder master.grad over it:
+    // it would hold the sum's memory until the next sync backward.)
+    if (f.grad_sum.defined() && f.master_grad_set && f.master.grad().defined() &&
+        f.master.grad().is_alias_of(f.grad_sum)) {
+      f.master.mutable_grad() = at::Tensor();
+      f.master_grad_set = false;
+    }
+    f.grad_sum = at::Tensor();
     f.flat_param->detach_grads();
     f.host_grad_src = nullptr;  // a copy queued from a gradient this backward threw away
   }
@@ -484,7 +491,9 @@ void Engine::finalize_backward() {
       // master in host memory cannot take the device's buffer: its pinned gradient, zero-filled (no
       // copy into it is in flight: the last sync backward waited for them), where the window's sum
       // arrives at the sync backward.
-      if (!f.master.defined() || f.grad.defined() || f.master.grad().defined()) continue;
+      // (A master.grad we did not set is what a zero_grad(set_to_none=false) after the last step left:
+      // the placeholder takes its place, or a zero_grad in this window would go unnoticed.)
+      if (!f.master.defined() || f.grad.defined() || (f.master.grad().defined() && f.master_grad_set)) continue;
       const at::Tensor& window = f.grad_sum.defined() ? f.grad_sum : f.flat_param->grad_full();
       if (host_master(f)) {
         f.master.mutable_grad() = pinned_grad(f).zero_();
@@ -494,6 +503,12 @@ void Engine::finalize_backward() {
         auto [b, e] = f.flat_param->layout().shard_range(f.flat_param->options().rank);
         f.master.mutable_grad() =
             sharding::storage_alias(plan_.masters_are_shards ? window.narrow(0, b, e - b) : window);
+        note_master_grad(f);
+      } else if (!f.master.is_meta()) {
+        // A master of another dtype than the window (fp32 window over bf16 masters named in
+        // grad_accum_dtype, fp64 masters): zeros of its own, so that the discard is noticed all the same.
+        CategoryScope cat(Category::Gradients);
+        f.master.mutable_grad() = at::zeros_like(f.master);
         note_master_grad(f);
       }
     }

@@ -175,7 +175,9 @@ void GradReducer::mark_ready(std::size_t i, at::Tensor sum) {
 void GradReducer::launch(Bucket& b) {
   const int n = shard_->size();
   b.launched = true;
-  if (n == 1 && !replicate_) return;  // nothing to reduce: each flat's own buffer is the result
+  // A group of one reduces nothing: each flat's own buffer is the result (averaged across the copies in
+  // flush() where there are some), with no collective over a group of one.
+  if (n == 1) return;
   const bool direct = b.members.size() == 1 && input(b.members[0]).scalar_type() == dtype_;
   if (mode_ == Mode::AllReduce) {
     if (b.buffer.defined()) {
@@ -261,6 +263,8 @@ bool wider(const at::Tensor& a, const at::Tensor& b) { return wider(a.scalar_typ
 
 void GradReducer::finish(Bucket& b) {
   if (!b.work) {  // a group of one rank: the flat's own gradient (a sum is in the reduce dtype already)
+    ACCEL_CHECK(shard_->size() == 1, "GradReducer: bucket finished without a reduction in a group of {}",
+                shard_->size());
     for (auto m : b.members) {
       const at::Tensor& in = input(m);
       const bool convert = wider(dtype_, in.scalar_type());

@@ -9,6 +9,12 @@
 
 namespace accel::zero {
 
+c10::ScalarType ShardingSpec::window_dtype(c10::ScalarType reduce) const {
+  if (accumulate_dtype) return *accumulate_dtype;
+  if (master_dtype == c10::kBFloat16 && param_dtype == c10::kBFloat16) return c10::kBFloat16;
+  return reduce;
+}
+
 namespace {
 
 // clang-format off

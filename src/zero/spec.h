@@ -12,8 +12,9 @@
 // gradient, and that is what keeps its traffic at DDP's 2Ψ (ZeRO paper, Table 1).
 // Dtypes: parameters are computed (and gathered) in param_dtype, gradients reduced in reduce_dtype,
 // the optimizer steps master_dtype shards. Unset dtypes follow the model's parameters. The backward
-// passes of an accumulation window add up in accumulate_dtype where it is wider than the gradients
-// (unset: reduce_dtype, as FSDP2; so fp32 under bf16/fp16 compute with fp32 reductions).
+// passes of an accumulation window add up in window_dtype() where it is wider than the gradients
+// (accumulate_dtype; unset, reduce_dtype as FSDP2, so fp32 under bf16/fp16 compute with fp32
+// reductions, except under bf16 masters).
 #pragma once
 
 #include "offload/async_file.h"
@@ -104,6 +105,11 @@ struct ShardingSpec {
   WrapPolicy wrap;
   std::optional<c10::ScalarType> param_dtype, reduce_dtype, master_dtype;
   std::optional<c10::ScalarType> accumulate_dtype;  // DeepSpeed data_types.grad_accum_dtype
+  // The dtype a window of micro-steps adds up in, for gradients reduced in `reduce`: accumulate_dtype;
+  // else bf16 under bf16 compute over bf16 masters (DeepSpeed's bf16_master_weights_and_grads keeps
+  // its gradients in bf16, and the masters step on bf16 gradients whatever the window held); else
+  // the reduction's.
+  c10::ScalarType window_dtype(c10::ScalarType reduce) const;
   // ZeRO-3 / FULL_SHARD: sharded units travel as e4m3 bytes (1 per element) with one scale per
   // parameter, agreed across the shard group after each step (one all-reduce of amaxes for all
   // units), and are dequantized into param_dtype on arrival. Half the gather bytes of bf16.

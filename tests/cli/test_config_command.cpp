@@ -214,6 +214,13 @@ TEST(ConfigExplain, DtypesNameTheAccumulation) {
             "parameters bf16, gradient reduction fp32, accumulation as the reduction, master fp32");
   EXPECT_EQ(dtypes(R"({"bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "bf16"}})"),
             "parameters bf16, gradient reduction fp32, accumulation bf16, master fp32");
+  // bf16 masters step on bf16 gradients: their window adds up in bf16 unless the config names another.
+  EXPECT_EQ(
+      dtypes(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}})"),
+      "parameters bf16, gradient reduction fp32, accumulation bf16 (as the bf16 masters' gradients), master bf16");
+  EXPECT_EQ(dtypes(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true},
+                       "data_types": {"grad_accum_dtype": "fp32"}})"),
+            "parameters bf16, gradient reduction fp32, accumulation fp32, master bf16");
 }
 
 TEST(ConfigExplain, OptimizerAndSchedulerBlocks) {

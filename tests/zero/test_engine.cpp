@@ -545,6 +545,119 @@ TEST(EngineLifecycle, InPlaceZeroGradDiscardsConvertedMasterGradients) {
   }
 }
 
+// A zero_grad() inside a NoSync window discards the window whatever the masters' dtype: bf16 masters
+// (DeepSpeed's bf16_master_weights_and_grads: the window adds up in bf16 by default, in fp32 where
+// named, where the masters' gradient cannot be a view of it), fp64 masters over fp32 compute (an fp32
+// window), fp32; and whether zero_grad sets the gradients to none or zeroes them in place (after a
+// step's zero_grad(false), the masters' gradients are zeros nobody set for this window). The run with
+// a discarded micro-step equals the run without it, exactly.
+TEST(EngineLifecycle, ZeroGradInAWindowDiscardsItWhateverTheMasterDtype) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  const int64_t local = 12 / N;
+  struct Dtypes {
+    const char* name;
+    c10::ScalarType param, master;
+    std::optional<c10::ScalarType> window;
+  };
+  const Dtypes cases[] = {{"bf16 masters", at::kBFloat16, at::kBFloat16, std::nullopt},
+                          {"bf16 masters, fp32 window", at::kBFloat16, at::kBFloat16, at::kFloat},
+                          {"fp64 masters", at::kFloat, at::kDouble, std::nullopt},
+                          {"fp32", at::kFloat, at::kFloat, std::nullopt}};
+  for (auto [name, spec] : all_specs())
+    for (const Dtypes& d : cases)
+      for (bool to_none : {true, false}) {
+        SCOPED_TRACE(name + ", " + d.name + (to_none ? ", zero_grad to none" : ", zero_grad in place"));
+        spec.param_dtype = d.param;
+        spec.master_dtype = d.master;
+        spec.reduce_dtype = at::kFloat;
+        spec.accumulate_dtype = d.window;
+        std::vector<at::Tensor> shards[2];
+        for (int discard = 0; discard < 2; ++discard) {
+          at::manual_seed(11);
+          auto mdl = std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});
+          mdl->to(test_device());
+          torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+          auto p = zero::prepare(mdl, user_opt, spec, world);
+          auto loss = [&](const at::Tensor& x, const at::Tensor& y) {
+            return at::mse_loss(mdl->forward(x.narrow(0, r * local, local).to(d.param)),
+                                y.narrow(0, r * local, local).to(d.param));
+          };
+          for (int step = 0; step < 2; ++step) {
+            auto [x1, y1] = make_batch(ModelKind::MLP, at::kFloat, step, 0);
+            auto [x2, y2] = make_batch(ModelKind::MLP, at::kFloat, step, 1);
+            if (discard) {
+              {
+                zero::Engine::NoSync ns(*p.engine);
+                p.engine->backward(loss(x1, y1));
+              }
+              p.optimizer->zero_grad(to_none);
+            }
+            p.engine->backward(loss(x2, y2));
+            p.optimizer->step();
+            p.optimizer->zero_grad(to_none);
+          }
+          for (const auto& f : p.engine->flats())
+            shards[discard].push_back(f.master.defined() ? f.master.clone() : f.flat_param->shard().clone());
+        }
+        for (std::size_t i = 0; i < shards[0].size(); ++i) EXPECT_TRUE(at::equal(shards[0][i], shards[1][i])) << i;
+      }
+}
+
+// A NoSync backward that throws drops the window's fp32 sum (bf16 compute), and the placeholder
+// master.grad over it with it: kept, it would hold the sum's memory until the next sync backward. The
+// next micro-step's placeholder is a view of its own sum again.
+TEST(EngineLifecycle, AFailedMicroStepLetsGoOfTheWindowsSum) {
+  auto world = test::world();
+  const int N = world->size(), r = world->rank();
+  const int64_t local = 12 / N;
+  for (auto [name, spec] : all_specs()) {
+    SCOPED_TRACE(name);
+    spec.param_dtype = at::kBFloat16;
+    spec.master_dtype = at::kFloat;
+    spec.reduce_dtype = at::kFloat;
+    at::manual_seed(11);
+    auto mdl = std::make_shared<MLPImpl>(std::vector<int64_t>{6, 10, 10, 3});
+    mdl->to(test_device());
+    torch::optim::SGD user_opt(mdl->parameters(), torch::optim::SGDOptions(0.1));
+    auto p = zero::prepare(mdl, user_opt, spec, world);
+    zero::Engine& e = *p.engine;
+    if (e.plan().passthrough) continue;
+    auto [x, y] = make_batch(ModelKind::MLP, at::kFloat, 0, 0);
+    at::Tensor xl = x.narrow(0, r * local, local).to(at::kBFloat16),
+               yl = y.narrow(0, r * local, local).to(at::kBFloat16);
+    // Each flat with a master has a placeholder over its window's sum.
+    auto expect_placeholders = [&] {
+      for (const auto& f : e.flats()) {
+        if (!f.master.defined()) continue;
+        ASSERT_TRUE(f.grad_sum.defined()) << f.flat_param->name();
+        ASSERT_TRUE(f.master.grad().defined()) << f.flat_param->name();
+        EXPECT_TRUE(f.master.grad().is_alias_of(f.grad_sum)) << f.flat_param->name();
+      }
+    };
+    {
+      zero::Engine::NoSync ns(e);
+      e.backward(at::mse_loss(mdl->forward(xl), yl));
+      expect_placeholders();
+      at::Tensor out = mdl->forward(xl);
+      out.register_hook([](const at::Tensor& g) -> at::Tensor {
+        if (g.defined()) throw std::runtime_error("injected");
+        return g;
+      });
+      EXPECT_THROW(e.backward(at::mse_loss(out, yl) * mdl->scale), std::exception);
+      for (const auto& f : e.flats()) {
+        EXPECT_FALSE(f.grad_sum.defined()) << f.flat_param->name();
+        EXPECT_FALSE(f.master.defined() && f.master.grad().defined())
+            << "a placeholder over the dropped sum of " << f.flat_param->name();
+      }
+      e.backward(at::mse_loss(mdl->forward(xl), yl));
+      expect_placeholders();
+    }
+    e.backward(at::mse_loss(mdl->forward(xl), yl));
+    p.optimizer->step();
+  }
+}
+
 // A unit whose extra parameter only rank 0's forward uses (data-dependent, as in a mixture of
 // experts): under ZeRO-3 that rank's reduce-scatter launches at a different time than the others'.
 struct MaybeBonus : torch::nn::Module {

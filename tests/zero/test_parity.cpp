@@ -52,6 +52,9 @@ std::vector<StrategyCase> strategies() {
       // ranks two copies average their shards' gradients.
       {"HybridGroupsOf2", [] { return in_groups(ShardingSpec::zero(3), 2); }, 2},
       {"HybridZeRO2GroupsOf2", [] { return in_groups(with_bucket(ShardingSpec::zero(2), 300), 2); }, 2},
+      // Groups of one rank (dp_shard_size 1, mics_shard_size 1): every rank a whole copy, averaged across
+      // the copies with no collective inside a group.
+      {"ZeRO3GroupsOf1", [] { return in_groups(ShardingSpec::zero(3), 1); }, 1},
       // FSDP's HYBRID_SHARD_ZERO2: ZeRO-2 inside each node (across simulated nodes in sharding_*2nodes*).
       {"HYBRID_SHARD_ZERO2", [] { return ShardingSpec::fsdp(zero::kHybridShardZero2); }, 0, true},
   };
@@ -155,6 +158,10 @@ void run_parity(const StrategyCase& sc, ModelKind mk, OptKind ok, int accum, c10
     ref_opt->zero_grad();
     opt.step();
     opt.zero_grad();
+  }
+  if (sc.group == 1) {  // nothing reduced inside a group of one: the copies average across groups only
+    const auto& c = engine.shard_group()->counters();
+    EXPECT_EQ(c[comm::Collective::ReduceScatter].calls + c[comm::Collective::AllReduce].calls, 0u);
   }
   // Parameter shards against the reference's slices, and the full parameters where they are kept.
   auto ref_params = params_by_name(*ref.module);
