@@ -279,6 +279,10 @@ if "$BIN/accel" launch -n 2 true >/dev/null 2>&1; then
     --gtest_filter='StagedComm_CUDA.*'
   step cuda_comm_np3_uneven_nodes env ACCEL_RANKS_PER_NODE=2,1 "$BIN/accel" launch -n 3 "$BIN/accel_tests" \
     --gtest_filter='StagedComm_CUDA.*'
+  # Copies of shard groups (HSDP, MiCS, groups of one rank) over 4 simulated nodes of one rank each: the
+  # shard and replicate groups' staged collectives with MPI between every pair of ranks.
+  step engine_cuda_np4_4nodes_groups env ACCEL_TEST_DEVICE=cuda ACCEL_RANKS_PER_NODE=1 "$BIN/accel" launch -n 4 \
+    "$BIN/accel_tests" --gtest_filter='*Parity.*/*GroupsOf*'
   # The GPT example on the device under the shipped sharded configs at 2 ranks (and at world 1, no
   # launcher) follows the loss of ZeRO-1 at 2 ranks (whose own 2-rank run follows its world-1 run).
   EX=$OUTDIR/examples

@@ -11,7 +11,8 @@
 //   * more ranks on a node than GPUs share them, and are refused when the Accelerator starts under
 //     ACCEL_CUDA_COMM=nccl;
 //   * a checkpoint restores each rank's device generator (dropout resumes exactly);
-//   * the sharded step on device masters runs PyTorch's fused multi-tensor kernels;
+//   * the sharded step on device masters runs PyTorch's fused multi-tensor kernels, also for a
+//     DeepSpeed config's optimizer block (Adam with amsgrad) under its OneCycle schedule;
 //   * offload_optimizer device cpu: the masters in pinned host memory train like the device, no reduced
 //     gradient stays on the device after backward, and the side stream's copies queue behind the
 //     compute stream without blocking the host.
@@ -40,10 +41,12 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -259,6 +262,78 @@ TEST(CudaTraining_CUDA, TheShardedStepOnTheDeviceRunsPyTorchsFusedKernels) {
   EXPECT_EQ(optim::fused_steps() - before, static_cast<std::uint64_t>(steps));
   const auto ref = plain_reference(t.device, steps);
   for (const auto& [name, want] : ref) EXPECT_LE(rel_err(t.params.at(name), want), 1e-5) << name;
+}
+
+// A DeepSpeed config's optimizer and scheduler blocks on the device (Accelerator::create_optimizer,
+// create_scheduler): Adam with L2 weight decay and amsgrad (adam_w_mode false: at several ranks PyTorch's
+// fused Adam over the device masters, its max_exp_avg_sq list included) under OneCycle, which sets the
+// learning rate and both betas before every step. Plain libtorch's Adam on the device, given each
+// step's lr and betas as the schedule set them, trains to the same weights.
+TEST(CudaTraining_CUDA, AConfigsOptimizerAndScheduleTrainOnTheDeviceLikePlainLibtorch) {
+  SKIP_WITHOUT_CUDA();
+  const int steps = 6;
+  Accelerator acc(quiet(write_config("config_blocks.json", R"({
+    "train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2},
+    "optimizer": {"type": "Adam", "params": {"lr": "auto", "weight_decay": 0.01, "amsgrad": true,
+                                             "adam_w_mode": false}},
+    "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-3, "cycle_max_lr": 1e-2,
+                                                 "cycle_first_step_size": 2, "cycle_min_mom": 0.85,
+                                                 "cycle_max_mom": 0.95}}})")));
+  ASSERT_TRUE(acc.device().is_cuda()) << "the Accelerator should train on the GPU";
+  auto model = make_mlp();
+  auto opt = acc.create_optimizer(model->parameters(), {.lr = 5e-3});
+  ASSERT_TRUE(dynamic_cast<torch::optim::Adam*>(opt.get())) << "adam_w_mode false builds torch's Adam";
+  auto loader = loader_for_micro_batch();
+  auto p = acc.prepare(model, *opt, loader);
+  auto sched = acc.create_scheduler({.total_num_steps = steps});
+  struct Hyper {
+    double lr, beta1, beta2;
+  };
+  std::vector<Hyper> hyper;  // each step's, as the schedule set them
+  const std::uint64_t fused_before = optim::fused_steps();
+  for (int k = 0; k < steps; ++k) {
+    Batch b = my_rows(global_batch(k, acc.device()), acc.process_index(), acc.num_processes());
+    acc.backward(at::mse_loss(model->forward(b.x), b.y));
+    const auto& o = static_cast<const torch::optim::AdamOptions&>(p->inner().param_groups()[0].options());
+    hyper.push_back({o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas())});
+    p->step();
+    sched->step();
+    p->zero_grad();
+  }
+  if (world()->size() > 1)  // (one rank in fp32 is a passthrough: the optimizer itself steps)
+    EXPECT_EQ(optim::fused_steps() - fused_before, static_cast<std::uint64_t>(steps)) << "not PyTorch's fused Adam";
+  EXPECT_TRUE(std::any_of(hyper.begin(), hyper.end(), [&](const Hyper& h) { return h.lr != hyper[0].lr; }))
+      << "OneCycle did not move the learning rate";
+  EXPECT_TRUE(std::any_of(hyper.begin(), hyper.end(), [&](const Hyper& h) { return h.beta1 != hyper[0].beta1; }))
+      << "OneCycle did not move beta1";
+
+  auto ref = make_mlp();
+  ref->to(acc.device());
+  torch::optim::Adam adam(ref->parameters(), torch::optim::AdamOptions(hyper[0].lr).weight_decay(0.01).amsgrad(true));
+  for (int k = 0; k < steps; ++k) {
+    auto& o = static_cast<torch::optim::AdamOptions&>(adam.param_groups()[0].options());
+    o.lr(hyper[k].lr);
+    o.betas({hyper[k].beta1, hyper[k].beta2});
+    Batch b = global_batch(k, acc.device());
+    at::mse_loss(ref->forward(b.x), b.y).backward();
+    adam.step();
+    adam.zero_grad();
+  }
+  // The full weights (get_state_dict's, on the main process) to every rank, against the reference.
+  std::map<std::string, at::Tensor> full;
+  for (auto& [name, v] : acc.get_state_dict()) full[name] = v;
+  const double tol = world()->size() == 1 ? 1e-6 : 1e-5;  // (as EveryStrategyTrainsLikePlainLibtorchOnTheDevice)
+  for (const auto& kv : ref->named_parameters()) {
+    at::Tensor v = at::zeros(kv.value().sizes(), at::kFloat);
+    if (acc.is_main_process()) {
+      if (full.count(kv.key()))
+        v.copy_(full.at(kv.key()));
+      else
+        ADD_FAILURE() << "get_state_dict has no " << kv.key();
+    }
+    world()->broadcast(v);
+    EXPECT_LE(rel_err(v, kv.value().detach().cpu()), tol) << kv.key();
+  }
 }
 
 // save_state keeps each rank's device generator beside its CPU one, and load_state puts it back:
