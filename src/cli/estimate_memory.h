@@ -216,10 +216,10 @@ struct Estimate {
   std::optional<Choice> without_offload;  // when it offloads: the first one after it that fits without
 };
 
-// Throws EstimateError unless steps >= 1.
 // Throws EstimateError for fewer than 1 micro-step, or an accumulation dtype that cannot hold the
 // gradients of `compute` (fp8; bf16 under fp32 or fp16; fp16 under anything but fp16), as the
-// config's data_types.grad_accum_dtype is refused.
+// config's data_types.grad_accum_dtype is refused under mixed precision (under fp32 the window is the
+// gradient buffer whatever the key says).
 void validate(const Accumulation& a, Dtype compute);
 
 // Validates the request (P >= 1, N >= 1, budgets > 0; throws EstimateError) and fills the table.

@@ -332,13 +332,14 @@ void Engine::build(torch::nn::Module& model, const torch::optim::Optimizer* opti
   // parameter unused (data-dependent branches) launches its reduce-scatters later than the others,
   // and on one communicator that would reorder them against the backward all-gathers.
   gather_ = sharded_params ? shard_->split(0, shard_->rank()) : shard_;
-  // Each group of several ranks chooses how it moves CUDA tensors (NCCL or staged through host memory,
-  // an exchange among its members) here, where every rank is and nothing is in flight: at its first
-  // collective instead, mid-backward, that exchange would wait on the MPI thread behind requests
-  // still waiting for their copies to the host.
+  // Each group of several ranks that reduces or gathers in backward chooses how it moves CUDA tensors
+  // (NCCL or staged through host memory, an exchange among its members) here, where every rank is and
+  // nothing is in flight: at its first collective instead, mid-backward, that exchange would wait on
+  // the MPI thread behind requests still waiting for their copies to the host. (The world moves no
+  // device tensor in backward.)
   if (device_.is_cuda() && device_.has_index()) {  // (no index: decided by the first collective's tensor)
     const at::Tensor probe = at::empty({0}, at::TensorOptions().device(device_));
-    for (comm::Communicator* g : {world_.get(), shard_.get(), replicate_.get(), gather_.get()})
+    for (comm::Communicator* g : {shard_.get(), replicate_.get(), gather_.get()})
       if (g && g->size() > 1) g->backend_name(probe);
   }
 

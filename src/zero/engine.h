@@ -299,8 +299,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void mark_complete(std::size_t fi);
   // Hands flat fi's gradients of this window to the reducer (with grad_sum, where there is one).
   void mark_ready(std::size_t fi);
-  // The accumulation dtype (spec.accumulate_dtype, else the reduce dtype) is wider than f's gradients:
-  // a window's backward passes are summed in it.
+  // The accumulation dtype (ShardingSpec::window_dtype: accumulate_dtype, else bf16 under bf16 masters,
+  // else the reduce dtype) is wider than f's gradients: a window's backward passes are summed in it.
   c10::ScalarType sum_dtype() const;
   bool sums_wider(const Flat& f) const;
   void add_to_grad_sum(Flat& f);     // grad_sum += grad_full (complete), in sum_dtype()

@@ -16,8 +16,21 @@
 #include <algorithm>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 namespace accel::zero {
+namespace {
+// A tensor of t's dtype, device and sizes over one zero element (every stride 0): a master.grad that
+// zero_grad() can reset or zero in place (bumping its version) at no memory cost. Not a view, which
+// zero_grad's detach_() would refuse.
+at::Tensor zeros_placeholder(const at::Tensor& t) {
+  c10::NoGradGuard no_grad;
+  const at::Tensor one = at::zeros({1}, t.options());
+  at::Tensor out = at::empty({0}, t.options());
+  out.set_(one.storage(), 0, t.sizes(), std::vector<std::int64_t>(static_cast<std::size_t>(t.dim()), 0));
+  return out;
+}
+}  // namespace
 
 using memory::Category;
 using memory::CategoryScope;
@@ -504,11 +517,11 @@ void Engine::finalize_backward() {
         f.master.mutable_grad() =
             sharding::storage_alias(plan_.masters_are_shards ? window.narrow(0, b, e - b) : window);
         note_master_grad(f);
-      } else if (!f.master.is_meta()) {
-        // A master of another dtype than the window (fp32 window over bf16 masters named in
-        // grad_accum_dtype, fp64 masters): zeros of its own, so that the discard is noticed all the same.
-        CategoryScope cat(Category::Gradients);
-        f.master.mutable_grad() = at::zeros_like(f.master);
+      } else {
+        // A master of another dtype than the window (fp32 masters over a bf16 window named in
+        // grad_accum_dtype, an fp32 window over bf16 or fp64 masters, masters on disk): a stand-in that
+        // holds no memory, so that the discard is noticed all the same.
+        f.master.mutable_grad() = zeros_placeholder(f.master);
         note_master_grad(f);
       }
     }

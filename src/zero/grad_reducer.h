@@ -26,7 +26,8 @@
 // allocated privately. Waiting inside backward is safe only if every rank launches the same
 // buckets at the same point of its backward relative to the other collectives it issues there: the
 // engine guarantees that (under sharded parameters it marks flats ready only at each unit's end of
-// backward, never earlier). A group of one rank (and no replicate group) reduces nothing.
+// backward, never earlier). A group of one rank reduces nothing inside the group: its flats' own
+// gradients are the results (averaged across the copies in flush() where there is a replicate group).
 #pragma once
 
 #include "base/memory.h"
