@@ -170,6 +170,30 @@ struct Trained {
   c10::Device device = c10::kCPU;
 };
 
+// The MLP's full weights, float32 on the CPU, on every rank (in the MLP's order): get_state_dict gives
+// them on the main process only, which sends them, so that every rank compares and no rank returns
+// early from a test the others go on with. dtypes: as get_state_dict gave them (main process only).
+std::map<std::string, at::Tensor> full_weights(Accelerator& acc,
+                                               std::map<std::string, at::ScalarType>* dtypes = nullptr) {
+  std::map<std::string, at::Tensor> full, out;
+  for (auto& [name, v] : acc.get_state_dict()) {
+    if (dtypes) (*dtypes)[name] = v.scalar_type();
+    full[name] = v;
+  }
+  for (const auto& kv : make_mlp()->named_parameters()) {
+    at::Tensor v = at::zeros(kv.value().sizes(), at::kFloat);
+    if (acc.is_main_process()) {
+      if (full.count(kv.key()))
+        v.copy_(full.at(kv.key()));
+      else
+        ADD_FAILURE() << "get_state_dict has no " << kv.key();
+    }
+    world()->broadcast(v);
+    out[kv.key()] = v;
+  }
+  return out;
+}
+
 // The same training through the Accelerator under `config` (each rank its rows of the batch).
 // build_sharded: the MLP is built under acc.sharded_init(), each rank seeded differently (rank 0's
 // values must win, as they do for the model built whole). On a device the scope shards the layers where
@@ -211,24 +235,7 @@ Trained accelerated(const std::string& config, int steps, const std::function<vo
     p->zero_grad();
   }
   if (check) check(acc);
-  // get_state_dict gives the full weights on the main process only: it sends them to every rank (in the MLP's order),
-  // so that every rank compares and no rank returns early from a test the others go on with.
-  std::map<std::string, at::Tensor> full;
-  for (auto& [name, v] : acc.get_state_dict()) {
-    t.dtypes[name] = v.scalar_type();
-    full[name] = v;
-  }
-  for (const auto& kv : make_mlp()->named_parameters()) {
-    at::Tensor v = at::zeros(kv.value().sizes(), at::kFloat);
-    if (acc.is_main_process()) {
-      if (full.count(kv.key()))
-        v.copy_(full.at(kv.key()));
-      else
-        ADD_FAILURE() << "get_state_dict has no " << kv.key();
-    }
-    world()->broadcast(v);
-    t.params[kv.key()] = v;
-  }
+  t.params = full_weights(acc, &t.dtypes);
   return t;
 }
 
@@ -322,21 +329,10 @@ TEST(CudaTraining_CUDA, AConfigsOptimizerAndScheduleTrainOnTheDeviceLikePlainLib
     adam.step();
     adam.zero_grad();
   }
-  // The full weights (get_state_dict's, on the main process) to every rank, against the reference.
-  std::map<std::string, at::Tensor> full;
-  for (auto& [name, v] : acc.get_state_dict()) full[name] = v;
   const double tol = world()->size() == 1 ? 1e-6 : 1e-5;  // (as EveryStrategyTrainsLikePlainLibtorchOnTheDevice)
-  for (const auto& kv : ref->named_parameters()) {
-    at::Tensor v = at::zeros(kv.value().sizes(), at::kFloat);
-    if (acc.is_main_process()) {
-      if (full.count(kv.key()))
-        v.copy_(full.at(kv.key()));
-      else
-        ADD_FAILURE() << "get_state_dict has no " << kv.key();
-    }
-    world()->broadcast(v);
-    EXPECT_LE(rel_err(v, kv.value().detach().cpu()), tol) << kv.key();
-  }
+  const auto got = full_weights(acc);
+  for (const auto& kv : ref->named_parameters())
+    EXPECT_LE(rel_err(got.at(kv.key()), kv.value().detach().cpu()), tol) << kv.key();
 }
 
 // bf16 compute, fp32 reduction on the device: an accumulation window of 4 micro-steps adds up in fp32
