@@ -400,6 +400,11 @@ void Engine::backward(const at::Tensor& loss) {
     for (auto& f : flats_)
       for (const auto& p : f.flat_param->params())
         if (p.grad().defined()) saved.emplace_back(p, p.grad().clone());
+  // Unreduced gradients of earlier micro-steps of this window (NoSync): a backward that fails may have
+  // added to them already, so they go with it.
+  const bool window_before = !plan_.passthrough && std::any_of(flats_.begin(), flats_.end(), [](const Flat& f) {
+    return f.grad_live || f.grad_sum.defined();
+  });
   std::size_t before = finalize_count_;
   try {
     loss.backward();
@@ -410,6 +415,11 @@ void Engine::backward(const at::Tensor& loss) {
       for (auto& [p, g] : saved) p.mutable_grad() = g;
     }
     abort_backward();
+    if (window_before)
+      log::warning(
+          "accel: a backward that failed inside an accumulation window dropped the gradients of the micro-steps "
+          "before it, which were not reduced yet (it may have added to them): the next step has only the "
+          "backward passes after this one");
     throw;
   }
   // No parameter of this rank received a gradient, so no hook queued the end-of-backward work.

@@ -627,7 +627,8 @@ TEST(EngineLifecycle, ZeroGradInAWindowDiscardsItWhateverTheMasterDtype) {
 
 // A NoSync backward that throws drops the window's fp32 sum (bf16 compute), and the placeholder
 // master.grad over it with it: kept, it would hold the sum's memory until the next sync backward. The
-// next micro-step's placeholder is a view of its own sum again.
+// next micro-step's placeholder is a view of its own sum again. The earlier micro-steps' gradients go
+// with the window, and a warning says so (none where the window was empty).
 TEST(EngineLifecycle, AFailedMicroStepLetsGoOfTheWindowsSum) {
   auto world = test::world();
   const int N = world->size(), r = world->rank();
@@ -656,16 +657,24 @@ TEST(EngineLifecycle, AFailedMicroStepLetsGoOfTheWindowsSum) {
         EXPECT_TRUE(f.master.grad().is_alias_of(f.grad_sum)) << f.flat_param->name();
       }
     };
-    {
-      zero::Engine::NoSync ns(e);
-      e.backward(at::mse_loss(mdl->forward(xl), yl));
-      expect_placeholders();
+    // A backward that throws; what it logged.
+    auto failing_backward = [&] {
       at::Tensor out = mdl->forward(xl);
       out.register_hook([](const at::Tensor& g) -> at::Tensor {
         if (g.defined()) throw std::runtime_error("injected");
         return g;
       });
+      testing::internal::CaptureStderr();
       EXPECT_THROW(e.backward(at::mse_loss(out, yl) * mdl->scale), std::exception);
+      return testing::internal::GetCapturedStderr();
+    };
+    const std::string kLost = "dropped the gradients of the micro-steps before it";
+    {
+      zero::Engine::NoSync ns(e);
+      EXPECT_EQ(failing_backward().find(kLost), std::string::npos) << "nothing was in the window";
+      e.backward(at::mse_loss(mdl->forward(xl), yl));
+      expect_placeholders();
+      EXPECT_NE(failing_backward().find(kLost), std::string::npos);
       for (const auto& f : e.flats()) {
         EXPECT_FALSE(f.grad_sum.defined()) << f.flat_param->name();
         EXPECT_FALSE(f.master.defined() && f.master.grad().defined())
