@@ -400,10 +400,10 @@ void Engine::backward(const at::Tensor& loss) {
     for (auto& f : flats_)
       for (const auto& p : f.flat_param->params())
         if (p.grad().defined()) saved.emplace_back(p, p.grad().clone());
-  // Unreduced gradients of earlier micro-steps of this window (NoSync): a backward that fails may have
-  // added to them already, so they go with it.
+  // Unreduced gradients of earlier micro-steps of this window (NoSync) that the optimizer steps on: a
+  // backward that fails may have added to them already, so they go with it.
   const bool window_before = !plan_.passthrough && std::any_of(flats_.begin(), flats_.end(), [](const Flat& f) {
-    return f.grad_live || f.grad_sum.defined();
+    return f.group >= 0 && (f.grad_live || f.grad_sum.defined());
   });
   std::size_t before = finalize_count_;
   try {
