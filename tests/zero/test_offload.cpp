@@ -234,7 +234,7 @@ TEST(OffloadEmulatedDevice, HostMemoryAndDiskEqualInMemoryBitwise) {
           if (in_backward && (where != OffloadDevice::Cpu || !c.optimizer)) continue;  // (host masters only)
           // bf16 micro-steps that reduce: the pending gradient is added to in host memory in fp32 (the
           // master's dtype, as DeepSpeed's offload accumulates), in memory in bf16 (the reduction's): not
-          // the same bits, by design.
+          // the same bits, by design. (Reduced in fp32, both add in fp32: compared.)
           const bool host_opt = c.optimizer && where == OffloadDevice::Cpu;
           if (host_opt && c.compute != at::kFloat && c.spec.reduce_dtype != at::kFloat &&
               accumulation == Accumulation::Reduced)
