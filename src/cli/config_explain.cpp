@@ -231,9 +231,9 @@ std::string explain_config(const AcceleratorConfig& given, std::optional<int> nu
     row("Dtypes",
         fmt::format("parameters {}, gradient reduction {}, accumulation {}, master {}",
                     dtype_name(s.param_dtype, "as the model"), dtype_name(s.reduce_dtype, "as the parameters"),
-                    s.accumulate_dtype || s.window_dtype(c10::kFloat) != c10::kBFloat16
-                        ? dtype_name(s.accumulate_dtype, "as the reduction")
-                        : "bf16 (as the bf16 masters' gradients)",
+                    s.accumulate_dtype                              ? dtype_label(*s.accumulate_dtype)
+                    : s.window_dtype(c10::kFloat) == c10::kBFloat16 ? "bf16 (as the bf16 masters' gradients)"
+                                                                    : "as the reduction",
                     dtype_name(s.master_dtype, "as the model")));
 
   const std::int64_t acc = cfg.gradient_accumulation_steps;

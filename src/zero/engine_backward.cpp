@@ -30,6 +30,14 @@ at::Tensor zeros_placeholder(const at::Tensor& t) {
   out.set_(one.storage(), 0, t.sizes(), std::vector<std::int64_t>(static_cast<std::size_t>(t.dim()), 0));
   return out;
 }
+
+// Lets go of f's placeholder master.grad where it is a view of `window` (which is going).
+void drop_placeholder_over(Engine::Flat& f, const at::Tensor& window) {
+  if (!window.defined() || !f.master_grad_set || !f.master.grad().defined() || !f.master.grad().is_alias_of(window))
+    return;
+  f.master.mutable_grad() = at::Tensor();
+  f.master_grad_set = false;
+}
 }  // namespace
 
 using memory::Category;
@@ -128,10 +136,7 @@ void Engine::mark_ready(std::size_t fi) {
   at::Tensor sum = std::exchange(f.grad_sum, at::Tensor());
   // The placeholder master.grad shares the sum's memory: it goes, so that the sum goes as soon as the
   // reduction needs it no more (the reduced gradient replaces it).
-  if (f.master_grad_set && f.master.grad().defined() && f.master.grad().is_alias_of(sum)) {
-    f.master.mutable_grad() = at::Tensor();
-    f.master_grad_set = false;
-  }
+  drop_placeholder_over(f, sum);
   const c10::ScalarType r = reducer_->reduce_dtype(), g = f.flat_param->full().scalar_type();
   if (r == g) {
     // Reduced in the gradients' own dtype (DeepSpeed's communication_data_type): the sum, rounded once,
@@ -341,11 +346,7 @@ void Engine::abort_backward() {
     f.grad_live = false;
     // (The window goes, as grad_full's part of it does, and so does a placeholder master.grad over it:
     // it would hold the sum's memory until the next sync backward.)
-    if (f.grad_sum.defined() && f.master_grad_set && f.master.grad().defined() &&
-        f.master.grad().is_alias_of(f.grad_sum)) {
-      f.master.mutable_grad() = at::Tensor();
-      f.master_grad_set = false;
-    }
+    drop_placeholder_over(f, f.grad_sum);
     f.grad_sum = at::Tensor();
     f.flat_param->detach_grads();
     f.host_grad_src = nullptr;  // a copy queued from a gradient this backward threw away
